@@ -1,0 +1,304 @@
+"""Typed configuration: pydantic models loaded from YAML with dotted command-line overrides.
+
+Every section of every command is a :class:`ConfigModel` (unknown keys are errors). :func:`load_config` reads a YAML
+file, applies ``a.b.c=value`` overrides and validates; any problem raises :class:`ConfigError` naming the key, the
+file (with its line when known) and the closest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+__all__ = [
+    "ConfigError",
+    "ConfigModel",
+    "RunConfig",
+    "WandbConfig",
+    "apply_overrides",
+    "config_hash",
+    "config_to_yaml",
+    "load_config",
+    "prepare_run_dir",
+    "write_resolved_config",
+]
+
+C = TypeVar("C", bound="ConfigModel")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported before any work starts."""
+
+
+class ConfigModel(BaseModel):
+    """Base class of every config section: unknown keys are rejected and assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+class WandbConfig(ConfigModel):
+    """Weights & Biases logging. ``mode: offline`` works without a network; keys come from the environment only."""
+
+    enabled: bool = False
+    project: str = "memrl"
+    entity: str | None = None
+    mode: typing.Literal["online", "offline", "disabled"] = "offline"
+    tags: list[str] = []
+
+
+class RunConfig(ConfigModel):
+    """Where a run writes its outputs, and its global seed."""
+
+    output_dir: str = "runs"
+    name: str | None = None
+    seed: int = 0
+    resume: bool = False
+    wandb: WandbConfig = WandbConfig()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# YAML with line numbers
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that remembers the line of every mapping key (dotted path -> 1-based line)."""
+
+
+def _load_yaml_with_lines(text: str, source: str) -> tuple[Any, dict[str, int]]:
+    try:
+        node = yaml.compose(text, Loader=_LineLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        raise ConfigError(f"{where}: invalid YAML: {exc.problem}") from None
+    lines: dict[str, int] = {}
+
+    def walk(n: yaml.Node, prefix: str) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for key_node, value_node in n.value:
+                key = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+                lines[key] = key_node.start_mark.line + 1
+                walk(value_node, key)
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                key = f"{prefix}.{i}"
+                lines[key] = item.start_mark.line + 1
+                walk(item, key)
+
+    if node is not None:
+        walk(node, "")
+    data = yaml.safe_load(text)
+    return data, lines
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Introspection: which model lives at a dotted path, for suggestions
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The concrete types inside Optional/Union/Annotated/list/dict annotations."""
+    origin = get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        out: list[Any] = []
+        for arg in get_args(annotation):
+            out.extend(_unwrap(arg))
+        return out
+    return [annotation]
+
+
+def _field_target(annotation: Any) -> tuple[str, type[BaseModel] | None]:
+    """('model', M) for a model field, ('container', M) for a list/dict of models, else ('', None)."""
+    for candidate in _unwrap(annotation):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return "model", candidate
+        if get_origin(candidate) in (list, tuple, dict, Sequence, typing.Mapping) and get_args(candidate):
+            for inner in _unwrap(get_args(candidate)[-1]):
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    return "container", inner
+    return "", None
+
+
+def _model_at(cls: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The model class reached by following a pydantic location from ``cls`` (list indices and dict keys skipped)."""
+    current: type[BaseModel] = cls
+    in_container = False
+    for part in loc:
+        if in_container:  # this part is an index or key into a list/dict of models
+            in_container = False
+            continue
+        if not isinstance(part, str) or part not in current.model_fields:
+            return None
+        kind, target = _field_target(current.model_fields[part].annotation)
+        if target is None:
+            return None
+        current, in_container = target, kind == "container"
+    return None if in_container else current
+
+
+def _suggest(prefix: str, key: str, candidates: Sequence[str]) -> str:
+    """'; did you mean 'prefix.close_key'?' or the list of valid keys at that level."""
+    match = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
+    if match:
+        return f"; did you mean '{prefix + '.' if prefix else ''}{match[0]}'?"
+    return f"; valid keys here: {', '.join(sorted(candidates))}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Overrides
+
+
+def _parse_override_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_overrides(cls: type[BaseModel], data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides to a nested dict, checking every key against ``cls``'s fields."""
+    data = dict(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}': expected KEY=VALUE (for example train.lr=1e-6)")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override '{item}': empty key component")
+        model: type[BaseModel] | None = cls
+        node = data
+        for depth, part in enumerate(parts):
+            if model is not None and part not in model.model_fields:
+                hint = _suggest(".".join(parts[:depth]), part, list(model.model_fields))
+                raise ConfigError(f"override '{item}': unknown key '{key}'{hint}")
+            if depth == len(parts) - 1:
+                node[part] = _parse_override_value(raw)
+            else:
+                child = node.get(part)
+                child = dict(child) if isinstance(child, dict) else {}
+                node[part] = child
+                node = child
+                model = _model_at(model, [part]) if model is not None else None
+    return data
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _format_validation_error(
+    cls: type[BaseModel], exc: ValidationError, source: str, lines: dict[str, int], override_keys: set[str]
+) -> str:
+    messages = []
+    for err in exc.errors():
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        dotted = ".".join(str(p) for p in loc)
+        if dotted in override_keys:
+            where = "command-line override"
+        else:
+            line = lines.get(dotted)
+            where = f"{source}:{line}" if line else source
+        if err["type"] == "extra_forbidden":
+            parent = _model_at(cls, loc[:-1])
+            fields = list(parent.model_fields) if parent is not None else []
+            prefix = ".".join(str(p) for p in loc[:-1])
+            hint = _suggest(prefix, str(loc[-1]), fields) if fields else ""
+            messages.append(f"{where}: unknown key '{dotted}'{hint}")
+        elif err["type"] == "missing":
+            messages.append(f"{where}: missing required value '{dotted}'")
+        else:
+            value = err.get("input")
+            shown = repr(value)
+            if len(shown) > 60:
+                shown = shown[:57] + "..."
+            messages.append(f"{where}: key '{dotted}': {err['msg']} (got {shown})")
+    return "invalid configuration:\n  " + "\n  ".join(messages)
+
+
+def load_config(
+    cls: type[C], path: str | Path | None = None, overrides: Sequence[str] = (), defaults: dict[str, Any] | None = None
+) -> C:
+    """Load ``cls`` from an optional YAML file plus dotted overrides; raise :class:`ConfigError` on any problem."""
+    data: dict[str, Any] = dict(defaults or {})
+    lines: dict[str, int] = {}
+    source = "<defaults>"
+    if path is not None:
+        file = Path(path)
+        source = str(file)
+        if not file.is_file():
+            raise ConfigError(f"config file not found: {file}")
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        loaded, lines = _load_yaml_with_lines(text, source)
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{file}: the top level must be a mapping of keys, got {type(loaded).__name__}")
+        data = _deep_merge(data, loaded)
+    data = apply_overrides(cls, data, overrides)
+    override_keys = {o.split("=", 1)[0].strip() for o in overrides}
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(cls, exc, source, lines, override_keys)) from None
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def config_to_yaml(cfg: BaseModel) -> str:
+    """The resolved config as YAML text (every default made explicit)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def config_hash(cfg: BaseModel) -> str:
+    """A short stable hash of the resolved config (identifies what produced an artefact)."""
+    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def write_resolved_config(cfg: BaseModel, run_dir: str | Path, name: str = "config.yaml") -> Path:
+    """Write the resolved config into ``run_dir`` atomically and return its path."""
+    from data.io import atomic_write_text
+
+    out = Path(run_dir) / name
+    atomic_write_text(out, config_to_yaml(cfg))
+    return out
+
+
+def prepare_run_dir(cfg: BaseModel, run: RunConfig, command: str) -> Path:
+    """Create (or, with ``run.resume``, reuse) the run directory and write the resolved config into it.
+
+    The directory is ``run.output_dir/run.name``; without a name it is ``<command>-<UTC timestamp>``.
+    """
+    import datetime
+
+    name = run.name or f"{command.replace(' ', '-')}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
+    run_dir = Path(run.output_dir) / name
+    if run_dir.exists() and any(run_dir.iterdir()) and not run.resume and (run_dir / "config.yaml").exists():
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run: pass --resume (run.resume=true) to continue it, "
+            "or choose another run.name"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_resolved_config(cfg, run_dir)
+    return run_dir

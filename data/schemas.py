@@ -1,0 +1,334 @@
+"""Core data types (ARCHITECTURE section 3): episodes, memory calls, memory-call trees and training groups.
+
+Token-in / token-out: a :class:`MemoryCall` keeps the engine's exact prompt ids, response ids and per-token log-probs
+plus the policy version that produced them; training rows are built from these ids, never by re-tokenising text.
+Every type round-trips losslessly through JSONL (:mod:`data.io`) and ``datasets`` Arrow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    WrapSerializer,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    "EnvSpec",
+    "Episode",
+    "Group",
+    "GroupSample",
+    "JsonDict",
+    "MemoryCall",
+    "MemoryCallTree",
+    "Message",
+    "QAPair",
+    "ReasonerUsage",
+    "Record",
+    "ScriptedPolicy",
+    "TreeNode",
+    "Turn",
+]
+
+
+def _json_blob_in(value: Any) -> Any:
+    """Accept a JSON string (how Arrow stores free-form dicts) as well as a dict."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a JSON object: {exc.msg}") from None
+    return value
+
+
+def _json_blob_out(value: Any, handler: Any, info: SerializationInfo) -> Any:
+    if info.context and info.context.get("arrow"):
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    return handler(value)
+
+
+JsonDict = Annotated[
+    dict[str, Any], BeforeValidator(_json_blob_in), WrapSerializer(_json_blob_out, when_used="always")
+]
+"""A free-form JSON object (metadata, extras). Stored as a JSON string column in Arrow, as an object in JSONL."""
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class Record(BaseModel):
+    """Base of every persisted type: unknown fields are rejected, floats must be finite."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), ser_json_inf_nan="strings")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Episodes
+
+
+class Message(Record):
+    """One chat message."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class Turn(Record):
+    """One step of a trajectory, in AMA-Bench's shape."""
+
+    turn_idx: int = Field(ge=0)
+    action: str
+    observation: str
+
+
+class QAPair(Record):
+    """A question about an episode with its gold answer, capability type and the turns that hold the evidence."""
+
+    question: str
+    answer: str
+    type: str = Field(min_length=1, description="A recall, B causal inference, C state updating, D abstraction, ...")
+    needle_turns: list[int] = []
+    qa_id: str | None = None
+    metadata: JsonDict = {}
+
+
+class EnvSpec(Record):
+    """How to rebuild an executable environment: a registered name, its difficulty parameters and a seed."""
+
+    name: str = Field(min_length=1)
+    seed: int
+    params: JsonDict = {}
+
+
+class Episode(Record):
+    """A task: AMA-Bench's fields plus our extras (environment spec, verifier, horizon)."""
+
+    episode_id: str = Field(min_length=1)
+    task: str
+    task_type: str = ""
+    domain: str = ""
+    trajectory: list[Turn] = []
+    qa_pairs: list[QAPair] = []
+    env: EnvSpec | None = None
+    horizon_tokens: int | None = None
+    metadata: JsonDict = {}
+
+    @field_validator("trajectory")
+    @classmethod
+    def _turns_in_order(cls, turns: list[Turn]) -> list[Turn]:
+        for before, after in itertools.pairwise(turns):
+            if after.turn_idx <= before.turn_idx:
+                raise ValueError(f"turn_idx must increase, got {before.turn_idx} then {after.turn_idx}")
+        return turns
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Memory calls and trees
+
+
+class MemoryCall(Record):
+    """One call of the memory model, token-in / token-out.
+
+    ``logprobs[i]`` is the sampling engine's log-probability of ``response_ids[i]`` (empty for engines without
+    log-probs, e.g. scripted experts). ``policy_version`` is the trainer version whose weights produced the call.
+    """
+
+    call_id: str = Field(min_length=1)
+    role: str = Field(min_length=1, description="consolidate, recall, bank_edit, intervene, ...")
+    messages: list[Message] = []
+    prompt_ids: list[int] = []
+    response_ids: list[int] = []
+    logprobs: list[FiniteFloat] = []
+    text: str = ""
+    finish_reason: str = "stop"
+    policy_version: int = 0
+    engine: str = ""
+    step: int = 0
+    prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    error: str | None = None
+    metadata: JsonDict = {}
+
+    @model_validator(mode="after")
+    def _consistent_tokens(self) -> MemoryCall:
+        if self.logprobs and len(self.logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"logprobs has {len(self.logprobs)} entries but response_ids has {len(self.response_ids)}"
+            )
+        return self
+
+
+class ReasonerUsage(Record):
+    """Reasoner token accounting: prompt tokens computed fresh, prompt tokens served from a prefix cache, generated."""
+
+    prompt_tokens: int = Field(0, ge=0)
+    cached_prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    calls: int = Field(0, ge=0)
+
+    @property
+    def spent(self) -> int:
+        """Tokens that cost compute: prefill not served from cache plus generated tokens."""
+        return self.prompt_tokens - self.cached_prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: ReasonerUsage) -> ReasonerUsage:
+        return ReasonerUsage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens + other.cached_prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            calls=self.calls + other.calls,
+        )
+
+
+class TreeNode(Record):
+    """A node of a memory-call tree: a memory call (or the root / a leaf) and the scores filled in later."""
+
+    node_id: str = Field(min_length=1)
+    parent_id: str | None = None
+    depth: int = Field(0, ge=0)
+    kind: Literal["root", "memory", "leaf"] = "memory"
+    call: MemoryCall | None = None
+    children: list[str] = []
+    group_id: str | None = None
+    reasoner_usage: ReasonerUsage = ReasonerUsage()
+    answer: str | None = None
+    outcome: FiniteFloat | None = None
+    value: FiniteFloat | None = None
+    committee_score: FiniteFloat | None = None
+    reward: FiniteFloat | None = None
+    advantage: FiniteFloat | None = None
+    metadata: JsonDict = {}
+
+
+class MemoryCallTree(Record):
+    """One task instance rolled out as a tree of memory calls; siblings share a parent context."""
+
+    tree_id: str = Field(min_length=1)
+    task_id: str
+    root_id: str
+    nodes: list[TreeNode]
+    reasoner_usage: ReasonerUsage = ReasonerUsage()
+    config_hash: str = ""
+    metadata: JsonDict = {}
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> MemoryCallTree:
+        ids = [n.node_id for n in self.nodes]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ValueError(f"duplicate node_id {dup!r}")
+        by_id = {n.node_id: n for n in self.nodes}
+        if self.root_id not in by_id:
+            raise ValueError(f"root_id {self.root_id!r} is not a node")
+        for node in self.nodes:
+            if node.node_id == self.root_id:
+                if node.parent_id is not None:
+                    raise ValueError(f"root {node.node_id!r} has a parent")
+                continue
+            if node.parent_id not in by_id:
+                raise ValueError(f"node {node.node_id!r}: parent {node.parent_id!r} is not a node")
+            if node.node_id not in by_id[node.parent_id].children:
+                raise ValueError(f"node {node.node_id!r} is missing from its parent's children")
+        for node in self.nodes:
+            for child in node.children:
+                if child not in by_id or by_id[child].parent_id != node.node_id:
+                    raise ValueError(f"node {node.node_id!r}: child {child!r} does not point back to it")
+        return self
+
+    def node(self, node_id: str) -> TreeNode:
+        """The node with this id."""
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    def leaves_below(self, node_id: str) -> list[TreeNode]:
+        """The leaves in the subtree rooted at ``node_id`` (the node itself if it is a leaf)."""
+        by_id = {n.node_id: n for n in self.nodes}
+        out, stack = [], [node_id]
+        while stack:
+            current = by_id[stack.pop()]
+            if current.children:
+                stack.extend(reversed(current.children))
+            else:
+                out.append(current)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training groups
+
+
+class GroupSample(Record):
+    """One candidate response of a group: token ids, the rollout engine's log-probs, reward and advantage."""
+
+    response_ids: list[int]
+    rollout_logprobs: list[FiniteFloat] = []
+    text: str = ""
+    finish_reason: str = "stop"
+    policy_version: int = 0
+    reward: FiniteFloat = 0.0
+    advantage: FiniteFloat = 0.0
+    node_id: str | None = None
+    metadata: JsonDict = {}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GroupSample:
+        if self.rollout_logprobs and len(self.rollout_logprobs) != len(self.response_ids):
+            raise ValueError("rollout_logprobs and response_ids differ in length")
+        return self
+
+
+class Group(Record):
+    """Siblings that share one parent context: the unit the group policy trainer consumes."""
+
+    group_id: str = Field(min_length=1)
+    task_id: str = ""
+    role: str = ""
+    prompt_ids: list[int]
+    messages: list[Message] = []
+    samples: list[GroupSample] = Field(min_length=1)
+    source: Literal["oat", "flat", "pivot", "other"] = "other"
+    metadata: JsonDict = {}
+
+    @property
+    def zero_variance(self) -> bool:
+        """True when every sample has the same reward (the group carries no learning signal)."""
+        rewards = [s.reward for s in self.samples]
+        return max(rewards) - min(rewards) <= 1e-12 or len(rewards) < 2
+
+    @property
+    def reward_std(self) -> float:
+        """Population standard deviation of the sample rewards."""
+        rewards = [s.reward for s in self.samples]
+        mean = sum(rewards) / len(rewards)
+        return math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Programmatic agents
+
+
+@runtime_checkable
+class ScriptedPolicy(Protocol):
+    """A programmatic agent (frozen reasoner, action agent, oracle expert) behind the ``scripted`` engine.
+
+    ``respond`` returns the text answer to ``messages``; ``rng`` is the request's seeded random generator (for
+    noise knobs), ``metadata`` the request's metadata (e.g. the task id an oracle looks its ground truth up by).
+    """
+
+    name: str
+
+    def respond(self, messages: list[Message], rng: random.Random, metadata: dict[str, Any]) -> str:
+        """Return the agent's reply."""
+        ...

@@ -1,0 +1,162 @@
+"""The ``memrl`` command line.
+
+Every job command takes ``--config FILE.yaml`` plus dotted overrides (``train.lr=1e-6``); the config is validated
+before any work starts and the resolved config is written into the run directory. Heavy imports happen only inside
+the command that needs them, so ``memrl --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from data.config import ConfigError
+
+__all__ = ["JOBS", "Job", "main"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """A config-driven command: ``memrl <path...> --config FILE [overrides]``."""
+
+    path: tuple[str, ...]
+    help: str
+    config: str  # "module:Class" of its top-level config model
+    runner: str  # "module:function" taking the validated config and returning an exit code (or None)
+    resumable: bool = False
+
+    def load(self, attr: str) -> Any:
+        """Import ``module:name``."""
+        module, name = getattr(self, attr).split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+JOBS: list[Job] = [
+    Job(
+        ("quickstart",),
+        "whole pipeline on the embedded default (tiny model, CPU)",
+        "launch.quickstart:QuickstartConfig",
+        "launch.quickstart:run_quickstart",
+    ),
+]
+
+
+def _add_job_arguments(parser: argparse.ArgumentParser, job: Job) -> None:
+    parser.add_argument("--config", help="YAML config file (omit to use the defaults)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=1e-6")
+    if job.resumable:
+        parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+
+
+def _run_job(job: Job, args: argparse.Namespace) -> int:
+    from data.config import load_config
+
+    overrides = list(args.overrides)
+    if getattr(args, "resume", False):
+        overrides.append("run.resume=true")
+    config = load_config(job.load("config"), args.config, overrides)
+    code = job.load("runner")(config)
+    return int(code or 0)
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    """Print the resolved config of a YAML file (its ``command`` key picks the schema)."""
+    import yaml
+
+    from data.config import config_to_yaml, load_config
+
+    by_name = {" ".join(j.path): j for j in JOBS}
+    command = args.command
+    if command is None and args.config:
+        try:
+            with open(args.config, encoding="utf-8") as fh:
+                loaded = yaml.safe_load(fh) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {args.config}") from None
+        command = loaded.get("command") if isinstance(loaded, dict) else None
+    if command is None:
+        raise ConfigError(f"cannot tell which command the config is for: give --command (one of {sorted(by_name)})")
+    if command not in by_name:
+        raise ConfigError(f"unknown command {command!r}; one of {sorted(by_name)}")
+    config = load_config(by_name[command].load("config"), args.config, args.overrides)
+    sys.stdout.write(config_to_yaml(config))
+    return 0
+
+
+def _model_tiny(args: argparse.Namespace) -> int:
+    """Write a tiny random-initialised Qwen3 model and its offline tokenizer."""
+    from rollout.models import TinyModelSpec, build_tiny_model
+
+    fields = {k: v for k, v in vars(args).items() if k in TinyModelSpec.model_fields and v is not None}
+    spec = TinyModelSpec(**fields)
+    out = build_tiny_model(args.out, spec)
+    print(f"tiny model written to {out} ({spec.layers} layers x {spec.hidden} hidden, vocab {spec.vocab_size})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (only commands that work are listed)."""
+    parser = argparse.ArgumentParser(prog="memrl", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
+    groups: dict[tuple[str, ...], Any] = {(): sub}
+    for job in JOBS:
+        for depth in range(1, len(job.path)):
+            key = job.path[:depth]
+            if key not in groups:
+                grp = groups[key[:-1]].add_parser(key[-1], help=f"{key[-1]} commands")
+                groups[key] = grp.add_subparsers(dest=f"cmd_{depth}", metavar="COMMAND", required=True)
+        p = groups[job.path[:-1]].add_parser(job.path[-1], help=job.help, description=job.help)
+        _add_job_arguments(p, job)
+        p.set_defaults(handler=lambda a, j=job: _run_job(j, a))
+
+    cfg = sub.add_parser("config", help="inspect configs").add_subparsers(
+        dest="cfg_cmd", metavar="COMMAND", required=True
+    )
+    show = cfg.add_parser("show", help="print the resolved config (defaults + file + overrides)")
+    show.add_argument("--config", help="YAML config file")
+    show.add_argument("--command", help="which command's schema (default: the file's `command` key)")
+    show.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    show.set_defaults(handler=_config_show)
+
+    model = sub.add_parser("model", help="model utilities").add_subparsers(
+        dest="model_cmd", metavar="COMMAND", required=True
+    )
+    tiny = model.add_parser("tiny", help="write a tiny random-initialised Qwen3 model + offline tokenizer")
+    tiny.add_argument("--out", required=True, help="output directory")
+    for name, kind in (
+        ("seed", int),
+        ("layers", int),
+        ("hidden", int),
+        ("head-dim", int),
+        ("kv-heads", int),
+        ("intermediate", int),
+        ("vocab-size", int),
+        ("max-position", int),
+        ("tokenizer-seed", int),
+    ):
+        tiny.add_argument(f"--{name}", type=kind, dest=name.replace("-", "_"))
+    tiny.set_defaults(handler=_model_tiny)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``memrl`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except ConfigError as exc:
+        print(f"memrl: config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("memrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Model and tokenizer loading, and the tiny-model factory used by tests and the embedded default.
+
+:func:`build_tiny_model` writes a random-initialised Qwen3-architecture causal LM plus a byte-level BPE tokenizer
+trained offline on the project's synthetic corpus, with a Qwen-style chat template and special tokens, in Hugging Face
+format. The same seed gives byte-identical files. :func:`load_causal_lm` / :func:`load_tokenizer` load it, or a real
+checkpoint by path or hub id, through the same code (safetensors only, ``trust_remote_code`` off by default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from data.config import ConfigModel
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "TEXT_TAG_TOKENS",
+    "TinyModelSpec",
+    "build_tiny_model",
+    "build_tokenizer",
+    "ensure_tiny_model",
+    "load_causal_lm",
+    "load_tokenizer",
+]
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+"""Control tokens (skipped when decoding)."""
+
+TEXT_TAG_TOKENS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+    "<context_for_action>",
+    "</context_for_action>",
+    "<no_intervention/>",
+    "<function=",
+    "</function>",
+    "<parameter=",
+    "</parameter>",
+]
+"""Tags that memory models write as text: single tokens, but kept when decoding (as in Qwen's tokenizer)."""
+
+# Qwen-style ChatML. The {% generation %} markers let TRL build the assistant-only loss mask from the template.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}"
+    "{{- '\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+class TinyModelSpec(ConfigModel):
+    """Shape of a tiny random-initialised Qwen3 model (head_dim 64 so the vLLM CPU backend can serve it)."""
+
+    seed: int = 0
+    layers: int = 2
+    hidden: int = 128
+    head_dim: int = 64
+    kv_heads: int | None = None
+    intermediate: int | None = None
+    vocab_size: int = 1024
+    max_position: int = 4096
+    tokenizer_seed: int = 0
+
+    @property
+    def heads(self) -> int:
+        """Attention heads (hidden / head_dim)."""
+        return self.hidden // self.head_dim
+
+    def fingerprint(self) -> str:
+        """A short hash of the spec, the corpus and the library versions (names a cache directory)."""
+        import tokenizers
+        import transformers
+
+        from data.corpus import synthetic_corpus
+
+        corpus_hash = hashlib.sha256("\n".join(synthetic_corpus(self.tokenizer_seed)).encode()).hexdigest()
+        blob = json.dumps(
+            [self.model_dump(), CHAT_TEMPLATE, corpus_hash, transformers.__version__, tokenizers.__version__],
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def build_tokenizer(vocab_size: int = 1024, seed: int = 0) -> Any:
+    """Train a byte-level BPE tokenizer on the synthetic corpus and wrap it with the chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from data.corpus import synthetic_corpus
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TEXT_TAG_TOKENS),
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(synthetic_corpus(seed)), trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TEXT_TAG_TOKENS])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        model_max_length=1 << 20,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> Path:
+    """Write a tiny random-initialised Qwen3 causal LM and its tokenizer to ``out_dir`` (deterministic per seed)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    spec = spec or TinyModelSpec()
+    if spec.hidden % spec.head_dim:
+        raise ValueError(f"hidden ({spec.hidden}) must be a multiple of head_dim ({spec.head_dim})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(spec.vocab_size, spec.tokenizer_seed)
+    vocab = len(tokenizer)
+    padded_vocab = -(-vocab // 64) * 64
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = Qwen3Config(
+        vocab_size=padded_vocab,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate or 3 * spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads or spec.heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position,
+        tie_word_embeddings=True,
+        bos_token_id=pad_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        use_cache=True,
+    )
+    config.torch_dtype = "float32"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, do_sample=True, temperature=1.0
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "memrl_tiny_spec.json").write_text(json.dumps(spec.model_dump(), indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def ensure_tiny_model(cache_root: str | Path, spec: TinyModelSpec | None = None) -> Path:
+    """Build the tiny model under ``cache_root/<fingerprint>`` unless it is already there; return its directory."""
+    import os
+    import shutil
+    import tempfile
+
+    spec = spec or TinyModelSpec()
+    root = Path(cache_root)
+    target = root / f"tiny-{spec.fingerprint()}"
+    if (target / "memrl_tiny_spec.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
+    try:
+        build_tiny_model(tmp, spec)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_tokenizer(name_or_path: str | Path, *, trust_remote_code: bool = False, revision: str | None = None) -> Any:
+    """Load a tokenizer by local path or hub id (the tiny model and real checkpoints alike)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=trust_remote_code, revision=revision)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(
+    name_or_path: str | Path,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+) -> Any:
+    """Load a causal LM from safetensors weights by local path or hub id."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+    if dtype not in torch_dtype:
+        raise ValueError(f"dtype must be one of {sorted(torch_dtype)}, got {dtype!r}")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(name_or_path),
+        dtype=torch_dtype[dtype],
+        trust_remote_code=trust_remote_code,
+        use_safetensors=True,
+        revision=revision,
+    )
+    return model.to(device)
