@@ -1,0 +1,282 @@
+"""Wire formats shared by the memory systems (``rollout``) and the programmatic agents (``data``): prompt templates,
+their renderers, and tolerant parsers. One home for each format: memory systems render with these functions, the
+scripted reasoner / action agent / oracle experts read with them, and SFT rows are the exact rendered messages.
+
+Parsers never raise on model output: they return what they could read plus a list of errors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CONSOLIDATE_SYSTEM",
+    "NOTHING_RELEVANT",
+    "PHASE1_SYSTEM",
+    "PHASE2_SYSTEM",
+    "RECALL_SYSTEM",
+    "SAM_REASONER_SYSTEM",
+    "ParsedToolCalls",
+    "ToolCall",
+    "parse_intervention",
+    "parse_sam_consolidate_prompt",
+    "parse_sam_memory_block",
+    "parse_sam_recall_prompt",
+    "parse_sam_recalled",
+    "parse_tool_calls",
+    "render_intervention",
+    "render_sam_consolidate_prompt",
+    "render_sam_memory_block",
+    "render_sam_recall_prompt",
+    "render_sam_recalled",
+    "render_tool_call",
+]
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tool calls: JSON inside <tool_call> tags (Hermes/Qwen2.5 style), Qwen3-Coder's XML-ish form, or a bare JSON object.
+
+
+@dataclass
+class ToolCall:
+    """One parsed tool call."""
+
+    name: str
+    arguments: dict[str, Any]
+    raw: str = ""
+
+
+@dataclass
+class ParsedToolCalls:
+    """Every well-formed call found in a text, in order, and a description of every malformed one."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+_TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.DOTALL)
+_XML_PARAM = re.compile(r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
+
+
+def _xml_value(raw: str) -> Any:
+    value = raw.strip()
+    if value[:1] in "[{" or value in ("true", "false", "null") or re.fullmatch(r"-?\d+(\.\d+)?", value or "x"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _from_json_object(obj: Any, raw: str) -> ToolCall | str:
+    if not isinstance(obj, dict):
+        return f"tool call is not a JSON object: {raw[:80]!r}"
+    name = obj.get("name")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return f"arguments of {name!r} are not JSON: {args[:80]!r}"
+    if not isinstance(name, str) or not name:
+        return f"tool call without a name: {raw[:80]!r}"
+    if not isinstance(args, dict):
+        return f"arguments of {name!r} are not an object"
+    return ToolCall(name=name, arguments=args, raw=raw)
+
+
+def _parse_one(body: str) -> ToolCall | str:
+    body_stripped = body.strip()
+    fn = _XML_FUNCTION.search(body_stripped)
+    if fn is not None:
+        name = fn.group(1).strip()
+        if not fn.group(0).rstrip().endswith("</function>"):
+            return f"truncated tool call {name!r} (no </function>)"
+        args = {m.group(1).strip(): _xml_value(m.group(2)) for m in _XML_PARAM.finditer(fn.group(2))}
+        return ToolCall(name=name, arguments=args, raw=body)
+    try:
+        obj = json.loads(body_stripped)
+    except json.JSONDecodeError as exc:
+        return f"tool call is not valid JSON ({exc.msg}): {body_stripped[:80]!r}"
+    return _from_json_object(obj, body)
+
+
+def parse_tool_calls(text: str) -> ParsedToolCalls:
+    """Find every tool call in ``text``: ``<tool_call>{json}</tool_call>``, ``<tool_call><function=NAME>
+    <parameter=P>V</parameter></function></tool_call>``, or (when no tag is present) bare JSON objects with a
+    ``name``. Never raises; a truncated or malformed call is reported in ``errors``."""
+    out = ParsedToolCalls()
+    if not isinstance(text, str):
+        out.errors.append("output is not text")
+        return out
+    found_tag = False
+    for match in _TAGGED.finditer(text):
+        found_tag = True
+        closed = match.group(0).endswith("</tool_call>")
+        parsed = _parse_one(match.group(1))
+        if isinstance(parsed, str):
+            out.errors.append(parsed if closed else f"truncated tool call (no </tool_call>): {parsed}")
+        elif not closed:
+            out.errors.append(f"truncated tool call {parsed.name!r} (no </tool_call>)")
+        else:
+            out.calls.append(parsed)
+    if not found_tag:
+        for match in _XML_FUNCTION.finditer(text):
+            parsed = _parse_one(match.group(0))
+            (out.errors.append(parsed) if isinstance(parsed, str) else out.calls.append(parsed))
+        if not out.calls and not out.errors:
+            decoder = json.JSONDecoder()
+            index = text.find("{")
+            while index != -1:
+                try:
+                    obj, end = decoder.raw_decode(text, index)
+                except json.JSONDecodeError:
+                    index = text.find("{", index + 1)
+                    continue
+                if isinstance(obj, dict) and "name" in obj:
+                    parsed = _from_json_object(obj, text[index:end])
+                    (out.errors.append(parsed) if isinstance(parsed, str) else out.calls.append(parsed))
+                index = text.find("{", end)
+    return out
+
+
+def render_tool_call(name: str, arguments: dict[str, Any], style: str = "json") -> str:
+    """Render one tool call as ``<tool_call>{json}</tool_call>`` (style ``json``) or the XML-ish form (``xml``)."""
+    if style == "json":
+        return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "</tool_call>"
+    if style == "xml":
+        params = "".join(
+            f"<parameter={k}>{v if isinstance(v, str) else json.dumps(v)}</parameter>" for k, v in arguments.items()
+        )
+        return f"<tool_call><function={name}>{params}</function></tool_call>"
+    raise ValueError(f"unknown tool-call style {style!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SAM memory-model prompts (seed 001 section 2.2). The user messages are short on purpose: tiny models read them.
+
+CONSOLIDATE_SYSTEM = "Write one compact memory cue for the page: what it establishes and what may matter later."
+RECALL_SYSTEM = "Read the page under the intent. Update the extraction with what serves the intent."
+NOTHING_RELEVANT = "nothing relevant"
+
+
+def render_sam_consolidate_prompt(page_id: int, page_text: str) -> list[dict[str, str]]:
+    """Messages for writing the cue of page ``page_id``."""
+    return [
+        {"role": "system", "content": CONSOLIDATE_SYSTEM},
+        {"role": "user", "content": f"page {page_id}:\n{page_text}\ncue:"},
+    ]
+
+
+def render_sam_recall_prompt(intent: str, page_id: int, page_text: str, so_far: str) -> list[dict[str, str]]:
+    """Messages for reading one selected page under ``intent``, carrying the running extraction ``so_far``."""
+    return [
+        {"role": "system", "content": RECALL_SYSTEM},
+        {
+            "role": "user",
+            "content": f"intent: {intent}\npage {page_id}:\n{page_text}\nso far: {so_far or NOTHING_RELEVANT}\nrecall:",
+        },
+    ]
+
+
+_CONSOLIDATE_RE = re.compile(r"\Apage (\d+):\n(.*)\ncue:\Z", re.DOTALL)
+_RECALL_RE = re.compile(r"\Aintent: (.*?)\npage (\d+):\n(.*)\nso far: (.*)\nrecall:\Z", re.DOTALL)
+
+
+def _last_user(messages: list[Any]) -> str:
+    for m in reversed(messages):
+        role = m["role"] if isinstance(m, dict) else m.role
+        if role == "user":
+            return m["content"] if isinstance(m, dict) else m.content
+    return ""
+
+
+def parse_sam_consolidate_prompt(messages: list[Any]) -> tuple[int, str] | None:
+    """(page id, page text) from consolidation messages, or None when they are not one."""
+    m = _CONSOLIDATE_RE.match(_last_user(messages))
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def parse_sam_recall_prompt(messages: list[Any]) -> tuple[str, int, str, str] | None:
+    """(intent, page id, page text, extraction so far) from recall messages, or None when they are not one."""
+    m = _RECALL_RE.match(_last_user(messages))
+    if not m:
+        return None
+    so_far = m.group(4)
+    return m.group(1), int(m.group(2)), m.group(3), "" if so_far == NOTHING_RELEVANT else so_far
+
+
+SAM_REASONER_SYSTEM = (
+    "You solve the task step by step. Tools: act(action) acts in the environment; memory(intent, page_ids) recalls "
+    "earlier pages listed under memory cues; answer(answer) ends the task. Reply with one tool call."
+)
+
+
+def render_sam_memory_block(task: str, cues: list[tuple[int, str]]) -> str:
+    """The reasoner's first user message: the task and the cue bank (one line per page)."""
+    lines = [f"task: {task}", "memory cues:" if cues else "memory cues: none"]
+    lines += [f"p{page_id}: {cue}" for page_id, cue in cues]
+    return "\n".join(lines)
+
+
+def parse_sam_memory_block(text: str) -> tuple[str, dict[int, str]]:
+    """(task, {page id: cue}) from :func:`render_sam_memory_block` output."""
+    task, cues = "", {}
+    for line in text.split("\n"):
+        if line.startswith("task: "):
+            task = line[len("task: ") :]
+        else:
+            m = re.match(r"p(\d+): (.*)\Z", line)
+            if m:
+                cues[int(m.group(1))] = m.group(2)
+    return task, cues
+
+
+def render_sam_recalled(intent: str, page_ids: list[int], content: str) -> str:
+    """The message that carries recalled content back to the reasoner."""
+    pages = ",".join(str(p) for p in page_ids)
+    return f"recalled for: {intent}\npages: {pages}\n{content}"
+
+
+def parse_sam_recalled(text: str) -> tuple[str, list[int], str] | None:
+    """(intent, page ids, content) from :func:`render_sam_recalled` output, or None."""
+    m = re.match(r"recalled for: (.*?)\npages: ([\d,]*)\n(.*)\Z", text, re.DOTALL)
+    if not m:
+        return None
+    return m.group(1), [int(p) for p in m.group(2).split(",") if p], m.group(3)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Proactive memory agent (seed 003 section 3.3): Phase 1 bank tools, Phase 2 reminder or silence.
+
+PHASE1_SYSTEM = (
+    "You manage the memory bank of an agent. Return zero or more tool calls: memory_update_status(content), "
+    "memory_save_knowledge(content), memory_save_procedural(content), memory_delete(id)."
+)
+PHASE2_SYSTEM = (
+    "Decide whether the agent needs a reminder before its next action. Answer <context_for_action>reminder"
+    "</context_for_action> or <no_intervention/>."
+)
+
+_INTERVENTION_RE = re.compile(r"<context_for_action>(.*?)</context_for_action>", re.DOTALL)
+
+
+def parse_intervention(text: str) -> tuple[str | None, str | None]:
+    """(reminder or None for silence, error or None). A missing tag means silence; an unclosed tag is an error."""
+    if not isinstance(text, str):
+        return None, "output is not text"
+    match = _INTERVENTION_RE.search(text)
+    if match:
+        reminder = match.group(1).strip()
+        return (reminder or None), (None if reminder else "empty <context_for_action>")
+    if "<context_for_action>" in text:
+        return None, "unclosed <context_for_action>"
+    return None, None
+
+
+def render_intervention(reminder: str | None) -> str:
+    """The Phase 2 output for a reminder, or ``<no_intervention/>`` for silence."""
+    return f"<context_for_action>{reminder}</context_for_action>" if reminder else "<no_intervention/>"
