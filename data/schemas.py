@@ -27,6 +27,7 @@ from pydantic import (
 __all__ = [
     "EnvSpec",
     "Episode",
+    "EpisodeTrace",
     "Group",
     "GroupSample",
     "JsonDict",
@@ -34,9 +35,10 @@ __all__ = [
     "MemoryCallTree",
     "Message",
     "QAPair",
-    "ReasonerUsage",
     "Record",
     "ScriptedPolicy",
+    "TokenUsage",
+    "TraceEvent",
     "TreeNode",
     "Turn",
 ]
@@ -168,8 +170,9 @@ class MemoryCall(Record):
         return self
 
 
-class ReasonerUsage(Record):
-    """Reasoner token accounting: prompt tokens computed fresh, prompt tokens served from a prefix cache, generated."""
+class TokenUsage(Record):
+    """Token accounting of a model: prompt tokens (of which ``cached_prompt_tokens`` came from a prefix cache) and
+    generated tokens, over ``calls`` calls."""
 
     prompt_tokens: int = Field(0, ge=0)
     cached_prompt_tokens: int = Field(0, ge=0)
@@ -181,8 +184,8 @@ class ReasonerUsage(Record):
         """Tokens that cost compute: prefill not served from cache plus generated tokens."""
         return self.prompt_tokens - self.cached_prompt_tokens + self.completion_tokens
 
-    def __add__(self, other: ReasonerUsage) -> ReasonerUsage:
-        return ReasonerUsage(
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             cached_prompt_tokens=self.cached_prompt_tokens + other.cached_prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
@@ -200,7 +203,8 @@ class TreeNode(Record):
     call: MemoryCall | None = None
     children: list[str] = []
     group_id: str | None = None
-    reasoner_usage: ReasonerUsage = ReasonerUsage()
+    reasoner_usage: TokenUsage = TokenUsage()
+    memory_usage: TokenUsage = TokenUsage()
     answer: str | None = None
     outcome: FiniteFloat | None = None
     value: FiniteFloat | None = None
@@ -217,7 +221,7 @@ class MemoryCallTree(Record):
     task_id: str
     root_id: str
     nodes: list[TreeNode]
-    reasoner_usage: ReasonerUsage = ReasonerUsage()
+    reasoner_usage: TokenUsage = TokenUsage()
     config_hash: str = ""
     metadata: JsonDict = {}
 
@@ -263,6 +267,37 @@ class MemoryCallTree(Record):
             else:
                 out.append(current)
         return out
+
+
+class TraceEvent(Record):
+    """One step of an agent-loop run: the reasoner's reply, how it was read, and what came back."""
+
+    step: int = Field(ge=0)
+    kind: Literal["act", "memory_tool", "answer", "error", "limit"]
+    reply: str = ""
+    observation: str = ""
+    error: str | None = None
+    reasoner_prompt_tokens: int = Field(0, ge=0)
+    reasoner_cached_tokens: int = Field(0, ge=0)
+    reasoner_completion_tokens: int = Field(0, ge=0)
+    memory_call_ids: list[str] = []
+
+
+class EpisodeTrace(Record):
+    """The record of one agent-loop run (the harness and the tree builder read these)."""
+
+    trace_id: str = Field(min_length=1)
+    task_id: str
+    memory_system: str
+    answer: str | None = None
+    outcome: FiniteFloat | None = None
+    events: list[TraceEvent] = []
+    memory_calls: list[MemoryCall] = []
+    reasoner_usage: TokenUsage = TokenUsage()
+    memory_usage: TokenUsage = TokenUsage()
+    peak_context_tokens: int = Field(0, ge=0)
+    stats: dict[str, int] = {}
+    metadata: JsonDict = {}
 
 
 # ----------------------------------------------------------------------------------------------------------------

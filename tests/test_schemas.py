@@ -17,7 +17,7 @@ from data.schemas import (
     MemoryCallTree,
     Message,
     QAPair,
-    ReasonerUsage,
+    TokenUsage,
     TreeNode,
     Turn,
 )
@@ -115,7 +115,7 @@ def trees(draw: st.DrawFn) -> MemoryCallTree:
             reward=draw(opt),
             advantage=draw(opt),
             answer=draw(st.one_of(st.none(), text)),
-            reasoner_usage=ReasonerUsage(prompt_tokens=draw(st.integers(0, 99)), completion_tokens=1, calls=1),
+            reasoner_usage=TokenUsage(prompt_tokens=draw(st.integers(0, 99)), completion_tokens=1, calls=1),
         )
         for i, p in enumerate(parents)
     ]
@@ -124,7 +124,7 @@ def trees(draw: st.DrawFn) -> MemoryCallTree:
         task_id=draw(ident),
         root_id="n0",
         nodes=nodes,
-        reasoner_usage=ReasonerUsage(prompt_tokens=5),
+        reasoner_usage=TokenUsage(prompt_tokens=5),
         config_hash="abc",
         metadata=draw(json_dict),
     )

@@ -1,0 +1,106 @@
+"""The memory-system interface: what the agent loop asks of SAM, the proactive agent, Mage, MemMA, AMA-Agent and the
+baselines.
+
+A memory system owns the frozen reasoner's context. The loop tells it what happened (:meth:`MemorySystem.on_turn`),
+asks it for the reasoner's messages, hands it the reasoner's memory tool calls, and before every reasoner call asks
+whether it needs the memory model first (:meth:`MemorySystem.next_memory_request`). Memory work that takes several
+model calls (page-by-page recall, Phase 1 then Phase 2) is an explicit state machine over plain data, so a rollout
+can be deep-copied at any pending memory call: that is how memory-call trees branch.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from data.config import ConfigModel
+from data.formats import ToolCall
+from data.schemas import MemoryCall, Message
+
+__all__ = ["MemoryRequest", "MemorySystem", "RoleSampling", "ToolResult", "Turn"]
+
+
+class RoleSampling(ConfigModel):
+    """Sampling settings of one memory role (or of the reasoner)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 128
+    stop: list[str] = []
+
+
+@dataclass
+class Turn:
+    """One reasoner step as the memory system sees it: the reasoner's raw reply and what came back."""
+
+    step: int
+    action_text: str
+    observation: str
+    role: str = "tool"  # the role of the message that carries the observation back
+
+
+@dataclass
+class MemoryRequest:
+    """A memory-model call the system needs: its role, the exact messages, and sampling settings."""
+
+    role: str
+    messages: list[Message]
+    sampling: RoleSampling
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ToolResult:
+    """What a memory tool returns to the reasoner (``error`` set for a malformed or impossible call)."""
+
+    content: str
+    error: str | None = None
+
+
+class MemorySystem(abc.ABC):
+    """Per-episode memory state and logic. Instances must survive ``copy.deepcopy`` (trees fork them)."""
+
+    name: str = "memory"
+    tools: tuple[str, ...] = ()  # reasoner tool names this system answers (e.g. "memory")
+
+    def __init__(self) -> None:
+        self.stats: dict[str, int] = {}
+
+    def count(self, key: str, n: int = 1) -> None:
+        """Increment a run statistic (errors, calls, ...)."""
+        self.stats[key] = self.stats.get(key, 0) + n
+
+    @abc.abstractmethod
+    def reset(self, task: str, metadata: dict[str, Any]) -> None:
+        """Start a new episode with the task statement."""
+
+    @abc.abstractmethod
+    def on_turn(self, turn: Turn) -> None:
+        """Record one reasoner step (the reply and the observation it produced)."""
+
+    @abc.abstractmethod
+    def reasoner_messages(self, system_prompt: str) -> list[Message]:
+        """The reasoner's active context for its next call."""
+
+    def after_reasoner_call(self) -> None:  # noqa: B027 - optional hook
+        """Called once the reasoner has consumed :meth:`reasoner_messages` (transient context is dropped here)."""
+
+    def next_memory_request(self) -> MemoryRequest | None:
+        """The memory-model call needed before the loop may go on, or None."""
+        return None
+
+    def on_memory_result(self, request: MemoryRequest, call: MemoryCall) -> None:  # noqa: B027
+        """Consume the memory model's answer to :meth:`next_memory_request` (``call.text`` may be garbage)."""
+
+    def on_tool_call(self, call: ToolCall, step: int) -> None:
+        """Start the memory tool the reasoner called; its result is ready when :meth:`tool_result` is not None."""
+        raise NotImplementedError(f"{self.name} has no tool {call.name!r}")
+
+    def tool_result(self) -> ToolResult | None:
+        """The finished result of the tool started by :meth:`on_tool_call` (taken once), or None if still working."""
+        return None
+
+    def active_context_tokens(self, count_tokens: Any) -> int:
+        """Tokens of the reasoner's active context, for the context-scaling benchmark."""
+        return sum(count_tokens(m.content) for m in self.reasoner_messages(""))
