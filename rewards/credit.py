@@ -1,0 +1,93 @@
+"""OAT-GRPO credit assignment over a memory-call tree (SAM, seed 001 section 2.3).
+
+Symbols (paper -> code):
+    L(n)   leaves in the subtree rooted at memory action n       -> tree.leaves_below(n)
+    V(n)   = mean_{l in L(n)} outcome(l)   Monte-Carlo node value -> node.value
+    c(n)   committee recoverability score in [0, 1]               -> node.committee_score (set by rewards.committee)
+    c_bar  centre: the sibling mean of c (default) or a constant  -> centre
+    r(n)   = V(n) + lambda * (c(n) - c_bar) [- format penalty]    -> node.reward
+    A(n)   group-relative advantage within the siblings of n     -> node.advantage (rewards.advantage)
+
+Siblings are the memory nodes that share a parent context (same ``group_id``). A group where any committee score
+is missing drops the committee term for the whole group, so siblings are always compared on the same terms.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Literal
+
+from data.config import ConfigModel
+from data.schemas import MemoryCallTree, TreeNode
+from rewards.advantage import AdvantageScale, group_advantages, is_zero_variance
+
+__all__ = ["CreditConfig", "CreditStats", "assign_credit", "node_values"]
+
+
+class CreditConfig(ConfigModel):
+    """Weights of the OAT reward and the advantage scaling."""
+
+    committee_weight: float = 0.5  # lambda
+    centre: Literal["siblings"] | float = "siblings"
+    advantage_scale: AdvantageScale = "std"
+    eps: float = 1e-6
+    format_penalty: float = 0.0  # subtracted from r(n) when the memory call's output was malformed
+
+
+@dataclass
+class CreditStats:
+    """What credit assignment saw: groups, and how many carried no signal."""
+
+    groups: int = 0
+    zero_variance_groups: int = 0
+    single_member_groups: int = 0
+    committee_dropped_groups: int = 0
+    rewards: list[float] = field(default_factory=list)
+
+
+def node_values(tree: MemoryCallTree) -> dict[str, float]:
+    """V(n) for every node: the mean outcome of the leaves below it (leaves without an outcome count as 0)."""
+    return {
+        n.node_id: sum(leaf.outcome or 0.0 for leaf in leaves) / len(leaves)
+        for n in tree.nodes
+        if (leaves := tree.leaves_below(n.node_id))
+    }
+
+
+def _sibling_groups(tree: MemoryCallTree) -> dict[str, list[TreeNode]]:
+    groups: dict[str, list[TreeNode]] = defaultdict(list)
+    for node in tree.nodes:
+        if node.kind == "memory":
+            groups[node.group_id or f"parent:{node.parent_id}"].append(node)
+    return groups
+
+
+def assign_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
+    """Fill ``value``, ``reward`` and ``advantage`` of every memory node of ``tree`` in place."""
+    values = node_values(tree)
+    for node in tree.nodes:
+        node.value = values.get(node.node_id)
+    stats = CreditStats()
+    for members in _sibling_groups(tree).values():
+        stats.groups += 1
+        scores = [m.committee_score for m in members]
+        use_committee = cfg.committee_weight != 0 and all(s is not None for s in scores)
+        if cfg.committee_weight != 0 and not use_committee:
+            stats.committee_dropped_groups += 1
+        if use_committee:
+            centre = sum(scores) / len(scores) if cfg.centre == "siblings" else float(cfg.centre)
+        rewards = []
+        for m in members:
+            r = m.value or 0.0
+            if use_committee:
+                r += cfg.committee_weight * (m.committee_score - centre)
+            if m.call is not None and m.call.error and cfg.format_penalty:
+                r -= cfg.format_penalty
+            rewards.append(r)
+        stats.single_member_groups += len(members) == 1
+        stats.zero_variance_groups += is_zero_variance(rewards)
+        for m, r, a in zip(members, rewards, group_advantages(rewards, cfg.advantage_scale, cfg.eps), strict=True):
+            m.reward, m.advantage = r, a
+        stats.rewards.extend(rewards)
+    return stats

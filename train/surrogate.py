@@ -1,0 +1,88 @@
+"""The clipped policy-gradient surrogate of the group trainer (shared by OAT-GRPO and pivot-turn GRPO).
+
+Per response token t of sample i (paper symbols: rho = ratio, epsilon = clip range, A = group advantage):
+
+    rho_t   = exp(log pi_theta(y_t) - log pi_old(y_t))              old = recomputed by the trainer before the update
+    pg_t    = -min(rho_t * A_i, clip(rho_t, 1 - eps_low, 1 + eps_high) * A_i)
+    w_t     = min(exp(log pi_old(y_t) - log pi_rollout(y_t)), tis_cap)   truncated importance sampling (optional):
+              corrects for the rollout engine sampling from slightly different numbers than the trainer computes
+    kl_t    = exp(r_t) - r_t - 1,  r_t = log pi_ref(y_t) - log pi_theta(y_t)   (k3 estimator, optional)
+    loss_t  = w_t * pg_t + beta * kl_t
+
+Aggregation: ``token-mean`` averages loss_t over every response token of the batch; ``sequence-mean`` averages each
+sample's tokens first, then the samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+__all__ = ["Aggregation", "SurrogateOutput", "aggregate", "clipped_surrogate"]
+
+Aggregation = Literal["token-mean", "sequence-mean"]
+
+
+@dataclass
+class SurrogateOutput:
+    """The loss to backpropagate and detached diagnostics."""
+
+    loss: torch.Tensor
+    clip_fraction: float
+    approx_kl_old: float
+    kl_ref: float
+    tis_weight_mean: float
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: Aggregation) -> torch.Tensor:
+    """Reduce a [batch, tokens] tensor over the response tokens selected by ``mask``."""
+    mask = mask.to(per_token.dtype)
+    if how == "token-mean":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if how == "sequence-mean":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)
+        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
+    raise ValueError(f"aggregation must be 'token-mean' or 'sequence-mean', got {how!r}")
+
+
+def clipped_surrogate(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: Aggregation = "token-mean",
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    rollout_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+) -> SurrogateOutput:
+    """Loss of the module docstring. Token tensors are [batch, tokens]; ``advantages`` is [batch]."""
+    adv = advantages.unsqueeze(-1)
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    tis_mean = 1.0
+    if tis_cap is not None and rollout_logprobs is not None:
+        weight = torch.exp(old_logprobs - rollout_logprobs).clamp(max=tis_cap).detach()
+        per_token = per_token * weight
+        tis_mean = float(aggregate(weight, mask, "token-mean"))
+    kl_value = 0.0
+    if ref_logprobs is not None and kl_coef:
+        log_ref_ratio = ref_logprobs - logprobs
+        kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0
+        per_token = per_token + kl_coef * kl
+        kl_value = float(aggregate(kl.detach(), mask, "token-mean"))
+    loss = aggregate(per_token, mask, aggregation)
+    with torch.no_grad():
+        was_clipped = (clipped < unclipped).to(logprobs.dtype)  # the min picked the clipped branch
+        clip_fraction = float(aggregate(was_clipped, mask, "token-mean"))
+        approx_kl = float(aggregate(0.5 * log_ratio.pow(2), mask, "token-mean"))
+    return SurrogateOutput(loss, clip_fraction, approx_kl, kl_value, tis_mean)
