@@ -22,7 +22,7 @@ from data.config import ConfigModel
 from data.schemas import MemoryCallTree, TreeNode
 from rewards.advantage import AdvantageScale, group_advantages, is_zero_variance
 
-__all__ = ["CreditConfig", "CreditStats", "assign_credit", "node_values"]
+__all__ = ["CreditConfig", "CreditStats", "assign_credit", "assign_flat_credit", "node_values"]
 
 
 class CreditConfig(ConfigModel):
@@ -91,3 +91,18 @@ def assign_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
             m.reward, m.advantage = r, a
         stats.rewards.extend(rewards)
     return stats
+
+
+def assign_flat_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
+    """Vanilla GRPO over trajectories (the flat baseline): the G trajectories of a task form one group on their
+    outcomes, and every memory call of trajectory i takes r = outcome_i and its advantage A_i."""
+    by_id = {n.node_id: n for n in tree.nodes}
+    leaves = [n for n in tree.nodes if n.kind == "leaf"]
+    outcomes = [leaf.outcome or 0.0 for leaf in leaves]
+    advantages = group_advantages(outcomes, cfg.advantage_scale, cfg.eps)
+    for leaf, outcome, advantage in zip(leaves, outcomes, advantages, strict=True):
+        node = by_id.get(leaf.parent_id or "")
+        while node is not None and node.kind == "memory":
+            node.value, node.reward, node.advantage = outcome, outcome, advantage
+            node = by_id.get(node.parent_id or "")
+    return CreditStats(groups=1, zero_variance_groups=int(is_zero_variance(outcomes)), rewards=outcomes)

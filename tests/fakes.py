@@ -1,0 +1,106 @@
+"""Small fakes shared by the loop and tree tests: a counting task, a two-call memory tool, a scripted engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from data.formats import ToolCall, render_tool_call
+from data.schemas import MemoryCall, Message
+from rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
+from rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
+
+
+class CountEnv:
+    """Say `act(tick)` until the counter reaches 3, then answer with the number of recalls seen."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id, self.task, self.max_steps = task_id, "tick three times, then recall, then answer", 10
+        self.ticks = 0
+
+    def reset(self) -> str:
+        return "start"
+
+    def step(self, action: str) -> tuple[str, bool]:
+        self.ticks += action == "tick"
+        return f"ticks={self.ticks}", False
+
+    def finish(self, answer: str | None) -> float:
+        return float(answer == "ok")
+
+
+class TwoCallMemory(MemorySystem):
+    """Keeps every turn; its `memory` tool needs two sequential memory-model calls."""
+
+    name = "two-call"
+    tools = ("memory",)
+
+    def reset(self, task: str, metadata: dict[str, Any]) -> None:
+        self.task, self.turns, self.queue, self.result, self.parts = task, [], [], None, []
+
+    def on_turn(self, turn: Turn) -> None:
+        self.turns.append(turn)
+
+    def reasoner_messages(self, system_prompt: str) -> list[Message]:
+        body = "\n".join(t.observation for t in self.turns)
+        return [Message(role="system", content=system_prompt), Message(role="user", content=body)]
+
+    def next_memory_request(self) -> MemoryRequest | None:
+        if not self.queue:
+            return None
+        return MemoryRequest(
+            role="recall", messages=[Message(role="user", content=self.queue[0])], sampling=RoleSampling()
+        )
+
+    def on_memory_result(self, request: MemoryRequest, call: MemoryCall) -> None:
+        self.queue.pop(0)
+        self.parts.append(call.text)
+        if not self.queue:
+            self.result = ToolResult(content="+".join(self.parts))
+
+    def on_tool_call(self, call: ToolCall, step: int) -> None:
+        self.queue, self.parts = ["part a", "part b"], []
+
+    def tool_result(self) -> ToolResult | None:
+        result, self.result = self.result, None
+        return result
+
+
+class FakeEngine(Engine):
+    """Reasoner: tick until ticks=3, then call memory, then answer. Memory: echo the request with a sample tag."""
+
+    def __init__(self, name: str, good_marker: str | None = None) -> None:
+        self.name, self.calls, self.batch_sizes, self.good_marker = name, 0, [], good_marker
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        self.calls += 1
+        self.batch_sizes.append(len(requests))
+        out = []
+        for req in requests:
+            text_in = req.messages[-1].content
+            completions = []
+            for k in range(req.sampling.n):
+                if self.name == "memory":
+                    text = f"{text_in}#{k}"
+                elif "recalled:" in text_in:
+                    good = self.good_marker is None or self.good_marker in text_in
+                    text = render_tool_call("answer", {"answer": "ok" if good else "bad"})
+                elif "ticks=3" in text_in:
+                    text = render_tool_call("memory", {"intent": "x"})
+                else:
+                    text = render_tool_call("act", {"action": "tick"})
+                completions.append(
+                    Completion(response_ids=[1, 2], logprobs=[-0.5, -0.25], text=text, finish_reason="stop")
+                )
+            out.append(
+                GenerationResult(
+                    prompt_ids=[7, 8, 9], completions=completions, usage=Usage(3, 2 * req.sampling.n), engine=self.name
+                )
+            )
+        return out
+
+
+class RecallAwareMemory(TwoCallMemory):
+    def on_turn(self, turn: Turn) -> None:
+        if turn.role == "user" and turn.step > 0:
+            turn = Turn(step=turn.step, action_text=turn.action_text, observation="recalled: " + turn.observation)
+        super().on_turn(turn)

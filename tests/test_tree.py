@@ -1,0 +1,78 @@
+"""Tree and flat rollouts over the fake counting task: structure, budgets, batching, groups."""
+
+from __future__ import annotations
+
+import pytest
+from fakes import CountEnv, FakeEngine, RecallAwareMemory
+
+from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
+from rollout.loop import EngineSet, Rollout
+from rollout.tree import TreeConfig, build_trees, trees_to_groups
+
+
+def make(task: str, rollout_id: str) -> Rollout:
+    return Rollout(CountEnv(task), RecallAwareMemory(), reasoner_system="sys", seed=0, rollout_id=rollout_id)
+
+
+def engines(marker: str | None = "part b#1") -> tuple[FakeEngine, FakeEngine, EngineSet]:
+    reasoner, memory = FakeEngine("reasoner", good_marker=marker), FakeEngine("memory")
+    return reasoner, memory, EngineSet(reasoner=reasoner, memory=memory)
+
+
+def test_tree_branches_at_every_trainable_call_up_to_depth() -> None:
+    _, _, eng = engines()
+    (tree,), stats = build_trees(["t0"], make, eng, TreeConfig(branch_factor=2, max_branch_depth=2, max_leaves=8))
+    nodes = {n.node_id: n for n in tree.nodes}
+    root = nodes["root"]
+    assert len(root.children) == 2  # first recall call: two siblings
+    level2 = [c for k in root.children for c in nodes[k].children]
+    assert len(level2) == 4 and all(nodes[c].kind == "memory" for c in level2)
+    leaves = [n for n in tree.nodes if n.kind == "leaf"]
+    assert len(leaves) == 4
+    # the answer is right only where the second call's sample 1 was taken
+    assert sorted(leaf.outcome for leaf in leaves) == [0.0, 0.0, 1.0, 1.0]
+    for key in root.children:  # siblings share one parent context
+        kids = [nodes[c] for c in nodes[key].children]
+        assert len({tuple(k.call.prompt_ids) for k in kids}) == 1 and len({k.group_id for k in kids}) == 1
+    # wavefront batching: one engine call per engine per wavefront, never one per sequence
+    assert stats.engine_calls["memory"] == 2 and stats.engine_calls["reasoner"] == 5
+    assert tree.reasoner_usage.calls == 3 + 1 + 4  # 3 ticks + memory tool call (shared), then 4 answers
+
+
+def test_leaf_budget_limits_branching() -> None:
+    _, _, eng = engines()
+    (tree,), _ = build_trees(["t0"], make, eng, TreeConfig(branch_factor=2, max_branch_depth=2, max_leaves=3))
+    assert sum(n.kind == "leaf" for n in tree.nodes) == 3
+
+
+def test_batch_of_tasks_shares_wavefronts() -> None:
+    _, memory, eng = engines()
+    trees, stats = build_trees([f"t{i}" for i in range(5)], make, eng, TreeConfig(branch_factor=4, max_branch_depth=1))
+    assert len(trees) == 5 and all(sum(n.kind == "leaf" for n in t.nodes) == 4 for t in trees)
+    assert stats.engine_calls["memory"] == 2 and stats.engine_calls["reasoner"] == 5
+    assert max(memory.batch_sizes) == 5 * 4  # the second memory call of every branch of every tree in one batch
+
+
+def test_credit_and_groups_from_a_tree() -> None:
+    _, _, eng = engines()
+    (tree,), _ = build_trees(["t0"], make, eng, TreeConfig(branch_factor=2, max_branch_depth=2, max_leaves=8))
+    stats = assign_credit(tree, CreditConfig(committee_weight=0.0))
+    groups = trees_to_groups([tree])
+    assert stats.groups == 3 and len(groups) == 3
+    first = next(g for g in groups if len(g.samples) == 2 and all(s.reward == 0.5 for s in g.samples))
+    assert first.zero_variance  # the first call does not matter: both of its subtrees score 1/2
+    deep = [g for g in groups if not g.zero_variance]
+    assert len(deep) == 2 and all(sorted(s.advantage for s in g.samples) == pytest.approx([-1.0, 1.0], abs=1e-4) for g in deep)
+
+
+def test_flat_mode_gives_each_trajectory_its_outcome() -> None:
+    _, memory, eng = engines(marker="part a#0")  # every trajectory samples #0 at n=1: all succeed
+    (tree,), _ = build_trees(["t0"], make, eng, TreeConfig(mode="flat", flat_group_size=3))
+    leaves = [n for n in tree.nodes if n.kind == "leaf"]
+    assert len(leaves) == 3 and all(leaf.outcome == 1.0 for leaf in leaves)
+    assert sum(n.kind == "memory" for n in tree.nodes) == 6  # two trainable calls per trajectory
+    credit = assign_flat_credit(tree, CreditConfig())
+    assert credit.zero_variance_groups == 1
+    groups = trees_to_groups([tree], source="flat")
+    assert len(groups) == 6 and all(len(g.samples) == 1 for g in groups)
+    assert max(memory.batch_sizes) == 3
