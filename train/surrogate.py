@@ -36,15 +36,23 @@ class SurrogateOutput:
     tis_weight_mean: float
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: Aggregation) -> torch.Tensor:
-    """Reduce a [batch, tokens] tensor over the response tokens selected by ``mask``."""
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, how: Aggregation, normalizer: float | None = None
+) -> torch.Tensor:
+    """Reduce a [batch, tokens] tensor over the response tokens selected by ``mask``.
+
+    ``normalizer`` replaces the batch's own token (token-mean) or sequence (sequence-mean) count: a micro-batch
+    divides by the count of its whole optimizer step, so accumulated micro-batches sum to the step's mean.
+    """
     mask = mask.to(per_token.dtype)
     if how == "token-mean":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+        denominator = normalizer if normalizer is not None else mask.sum().clamp(min=1.0)
+        return (per_token * mask).sum() / denominator
     if how == "sequence-mean":
         per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
         has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)
-        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
+        denominator = normalizer if normalizer is not None else has_tokens.sum().clamp(min=1.0)
+        return (per_seq * has_tokens).sum() / denominator
     raise ValueError(f"aggregation must be 'token-mean' or 'sequence-mean', got {how!r}")
 
 
@@ -61,6 +69,7 @@ def clipped_surrogate(
     kl_coef: float = 0.0,
     rollout_logprobs: torch.Tensor | None = None,
     tis_cap: float | None = None,
+    normalizer: float | None = None,
 ) -> SurrogateOutput:
     """Loss of the module docstring. Token tensors are [batch, tokens]; ``advantages`` is [batch]."""
     adv = advantages.unsqueeze(-1)
@@ -80,7 +89,7 @@ def clipped_surrogate(
         kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0
         per_token = per_token + kl_coef * kl
         kl_value = float(aggregate(kl.detach(), mask, "token-mean"))
-    loss = aggregate(per_token, mask, aggregation)
+    loss = aggregate(per_token, mask, aggregation, normalizer)
     with torch.no_grad():
         was_clipped = (clipped < unclipped).to(logprobs.dtype)  # the min picked the clipped branch
         clip_fraction = float(aggregate(was_clipped, mask, "token-mean"))

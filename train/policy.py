@@ -1,0 +1,86 @@
+"""Loading the trainable policy (full weights or a PEFT LoRA adapter) and computing token log-probs.
+
+Shared by SFT, the group trainer and export, so a policy is described the same way everywhere: a base model plus an
+optional adapter directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data.config import ConfigModel
+from rollout.models import load_causal_lm, load_tokenizer
+
+__all__ = ["LoraSettings", "PolicySpec", "load_policy", "response_logprobs", "save_policy"]
+
+
+class LoraSettings(ConfigModel):
+    """PEFT LoRA settings (``enabled: false`` trains full weights)."""
+
+    enabled: bool = True
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class PolicySpec(ConfigModel):
+    """Where a policy starts: a base checkpoint (path or hub id) and optionally a LoRA adapter trained on it."""
+
+    base: str
+    adapter: str | None = None
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+
+
+def load_policy(spec: PolicySpec, lora: LoraSettings, *, trainable: bool = True) -> tuple[Any, Any]:
+    """(model, tokenizer): the base, with the spec's adapter loaded (trainable) or a fresh LoRA when ``lora``
+    is enabled and no adapter is given; plain full weights otherwise."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    tokenizer = load_tokenizer(spec.base, trust_remote_code=spec.trust_remote_code)
+    model = load_causal_lm(spec.base, dtype=spec.dtype, trust_remote_code=spec.trust_remote_code)
+    if spec.adapter:
+        model = PeftModel.from_pretrained(model, spec.adapter, is_trainable=trainable)
+    elif lora.enabled:
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
+    return model, tokenizer
+
+
+def save_policy(model: Any, out_dir: str | Path, tokenizer: Any | None = None, state_dict: Any = None) -> Path:
+    """Save an adapter (PEFT) or full weights as safetensors into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True, state_dict=state_dict)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
+
+
+def response_logprobs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of every next token: ``out[:, t] = log p(input_ids[:, t + 1] | input_ids[:, :t + 1])``.
+
+    Returns ([B, T-1] log-probs, [B, T-1] entropies or None). Computed in fp32 from the raw logits (temperature 1),
+    the same definition the engines report for sampled tokens.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    log_norm = torch.logsumexp(logits, dim=-1)
+    chosen = torch.gather(logits, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logprobs = chosen - log_norm
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            probs = torch.softmax(logits, dim=-1)
+            entropy = log_norm - (probs * logits).sum(-1)
+    return logprobs, entropy
