@@ -157,7 +157,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         pad_token_id=pad_id,
         use_cache=True,
     )
-    config.torch_dtype = "float32"
+    config.dtype = "float32"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = Qwen3ForCausalLM(config)
