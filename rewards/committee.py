@@ -1,0 +1,234 @@
+"""Oracle-anchored recoverability reward c(n) (SAM, seed 001 section 2.3).
+
+For every sibling group (memory calls that share one parent context) a committee of M reference engines answers the
+same memory request (same intent, same pages: the exact messages the policy saw). The union of their answers stands
+in for the unobserved target space. A judge scores each candidate 1-10 on relevance, coverage and consistency against
+that union; c(n) is the mean of the three, rescaled to [0, 1].
+
+Committee and judge calls are made once per parent context and shared by all its siblings, batched per engine (the
+OpenAI-compatible backend runs them concurrently), and cached on disk by a hash of their inputs. A failed or
+unparseable call never stops training: depending on ``fallback`` the group is scored by the offline judge or its
+committee term is skipped (credit assignment then drops it for the whole group); either way it is counted.
+
+The offline judge is lexical: relevance = precision of the candidate's tokens against the union, coverage = recall of
+the union's tokens, consistency = share of the candidate's numbers and ids that the union contains. With the oracle
+expert of a synthetic task as the committee (it answers from the environment's ground truth) and the offline judge,
+no endpoint is needed: that is the embedded default.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from data.config import ConfigModel
+from data.schemas import MemoryCallTree, Message, TreeNode
+from rewards.cache import JsonCache, content_key
+from rollout.engines.base import Engine, GenerationRequest, SamplingParams
+
+__all__ = ["Committee", "CommitteeConfig", "CommitteeStats", "offline_judge", "parse_judge_scores"]
+
+JUDGE_SYSTEM = (
+    "You grade memory recalls. Score every candidate from 1 to 10 on relevance (no off-target content), coverage "
+    "(holds what the references hold) and consistency (does not contradict them), judged against the union of the "
+    'references. Reply with JSON only: [{"candidate": 1, "relevance": 7, "coverage": 5, "consistency": 9}, ...].'
+)
+
+
+class CommitteeConfig(ConfigModel):
+    """How c(n) is computed."""
+
+    enabled: bool = True
+    reference_max_tokens: int = 256
+    judge_max_tokens: int = 512
+    fallback: Literal["offline", "skip"] = "offline"
+    min_group_size: int = 2  # single-sample groups carry no advantage: do not pay for them
+    cache_dir: str | None = None
+
+
+@dataclass
+class CommitteeStats:
+    """Engine traffic and failures of one scoring pass."""
+
+    groups: int = 0
+    committee_requests: int = 0
+    judge_requests: int = 0
+    cache_hits: int = 0
+    failures: int = 0
+    fallbacks: int = 0
+    scores: list[float] = field(default_factory=list)
+
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+_NUMBERISH = re.compile(r"[a-z]*\d+[a-z0-9]*")
+
+
+def offline_judge(candidate: str, references: Sequence[str]) -> float:
+    """Lexical recoverability score in [0, 1] (see the module docstring)."""
+    cand = _TOKEN.findall(candidate.lower())
+    union = set(_TOKEN.findall(" ".join(references).lower()))
+    if not union:
+        return 1.0 if not cand else 0.0
+    if not cand:
+        return 0.0
+    relevance = sum(t in union for t in cand) / len(cand)
+    coverage = len(union & set(cand)) / len(union)
+    numbers = _NUMBERISH.findall(candidate.lower())
+    consistency = sum(n in union for n in numbers) / len(numbers) if numbers else 1.0
+    return (relevance + coverage + consistency) / 3.0
+
+
+def parse_judge_scores(text: str, n: int) -> list[float] | None:
+    """Per-candidate scores in [0, 1] from the judge's reply, or None when it cannot be read for all ``n``."""
+    match = re.search(r"\[.*\]", text, re.DOTALL)
+    if match:
+        try:
+            items = json.loads(match.group(0))
+        except json.JSONDecodeError:
+            items = None
+        if isinstance(items, list) and len(items) == n:
+            scores = []
+            for item in items:
+                if not isinstance(item, dict):
+                    return None
+                try:
+                    parts = [float(item[k]) for k in ("relevance", "coverage", "consistency")]
+                except (KeyError, TypeError, ValueError):
+                    return None
+                scores.append(sum(min(max((p - 1.0) / 9.0, 0.0), 1.0) for p in parts) / 3.0)
+            return scores
+    return None
+
+
+def _judge_messages(references: list[str], candidates: list[str]) -> list[Message]:
+    refs = "\n".join(f"[{i + 1}] {r}" for i, r in enumerate(references))
+    cands = "\n".join(f"({i + 1}) {c}" for i, c in enumerate(candidates))
+    return [
+        Message(role="system", content=JUDGE_SYSTEM),
+        Message(role="user", content=f"references:\n{refs}\ncandidates:\n{cands}"),
+    ]
+
+
+class Committee:
+    """Scores sibling groups of memory-call trees with c(n) (see the module docstring)."""
+
+    def __init__(self, cfg: CommitteeConfig, references: Sequence[Engine], judge: Engine | None = None) -> None:
+        if not references:
+            raise ValueError("the committee needs at least one reference engine (the oracle expert offline)")
+        self.cfg = cfg
+        self.references = list(references)
+        self.judge = judge
+        self.cache = JsonCache(cfg.cache_dir)
+
+    def _groups(self, trees: Sequence[MemoryCallTree]) -> list[tuple[MemoryCallTree, list[TreeNode]]]:
+        out = []
+        for tree in trees:
+            groups: dict[str, list[TreeNode]] = {}
+            for node in tree.nodes:
+                if node.kind == "memory" and node.call is not None:
+                    groups.setdefault(node.group_id or node.node_id, []).append(node)
+            out.extend((tree, members) for members in groups.values() if len(members) >= self.cfg.min_group_size)
+        return out
+
+    def _references(self, items: list[tuple[MemoryCallTree, list[TreeNode]]], stats: CommitteeStats) -> list[list]:
+        """refs[i][m]: reference engine m's answer for group i (None when it failed)."""
+        refs: list[list[str | None]] = [[None] * len(self.references) for _ in items]
+        for m, engine in enumerate(self.references):
+            todo: list[tuple[int, str, GenerationRequest]] = []
+            for i, (tree, members) in enumerate(items):
+                call = members[0].call
+                assert call is not None
+                key = content_key("reference", engine.name, [x.model_dump() for x in call.messages])
+                cached = self.cache.get(key)
+                if cached is not None:
+                    stats.cache_hits += 1
+                    refs[i][m] = cached
+                    continue
+                request = GenerationRequest(
+                    messages=list(call.messages),
+                    sampling=SamplingParams(temperature=0.0, max_tokens=self.cfg.reference_max_tokens, logprobs=False),
+                    metadata={**call.metadata, "task_id": tree.task_id, "role": call.role},
+                )
+                todo.append((i, key, request))
+            if not todo:
+                continue
+            stats.committee_requests += len(todo)
+            try:
+                results = engine.generate([r for _, _, r in todo])
+            except Exception:  # a dead endpoint must not stop training: the groups fall back below
+                stats.failures += len(todo)
+                continue
+            for (i, key, _), result in zip(todo, results, strict=True):
+                text = result.completions[0].text.strip() if result.completions else ""
+                refs[i][m] = text
+                self.cache.put(key, text)
+        return refs
+
+    def score(self, trees: Sequence[MemoryCallTree]) -> CommitteeStats:
+        """Set ``committee_score`` on the memory nodes of every sibling group of ``trees`` (in place)."""
+        stats = CommitteeStats()
+        if not self.cfg.enabled:
+            return stats
+        items = self._groups(trees)
+        stats.groups = len(items)
+        refs = self._references(items, stats)
+        judge_todo: list[tuple[int, list[str], str, GenerationRequest]] = []
+        for i, (_, members) in enumerate(items):
+            references = [r for r in refs[i] if r]
+            candidates = [m.call.text if m.call is not None else "" for m in members]
+            if not references:
+                self._fallback(members, None, stats)
+                continue
+            if self.judge is None:
+                for node, cand in zip(members, candidates, strict=True):
+                    node.committee_score = offline_judge(cand, references)
+                    stats.scores.append(node.committee_score)
+                continue
+            key = content_key("judge", self.judge.name, references, candidates)
+            cached = self.cache.get(key)
+            if cached is not None:
+                stats.cache_hits += 1
+                self._assign(members, cached, stats)
+                continue
+            messages = _judge_messages(references, candidates)
+            request = GenerationRequest(
+                messages=messages,
+                sampling=SamplingParams(temperature=0.0, max_tokens=self.cfg.judge_max_tokens, logprobs=False),
+                metadata={"role": "judge"},
+            )
+            judge_todo.append((i, references, key, request))
+        if judge_todo and self.judge is not None:
+            stats.judge_requests += len(judge_todo)
+            try:
+                results: list[Any] = self.judge.generate([r for *_, r in judge_todo])
+            except Exception:  # counted and scored by the fallback instead
+                results = [None] * len(judge_todo)
+            for (i, references, key, _), result in zip(judge_todo, results, strict=True):
+                members = items[i][1]
+                text = result.completions[0].text if result is not None and result.completions else ""
+                scores = parse_judge_scores(text, len(members))
+                if scores is None:
+                    stats.failures += 1
+                    self._fallback(members, references, stats)
+                    continue
+                self.cache.put(key, scores)
+                self._assign(members, scores, stats)
+        return stats
+
+    def _assign(self, members: list[TreeNode], scores: list[float], stats: CommitteeStats) -> None:
+        for node, score in zip(members, scores, strict=True):
+            node.committee_score = float(score)
+            stats.scores.append(node.committee_score)
+
+    def _fallback(self, members: list[TreeNode], references: list[str] | None, stats: CommitteeStats) -> None:
+        stats.fallbacks += 1
+        if self.cfg.fallback == "offline" and references:
+            for node in members:
+                node.committee_score = offline_judge(node.call.text if node.call is not None else "", references)
+                stats.scores.append(node.committee_score)
+        else:
+            for node in members:
+                node.committee_score = None
