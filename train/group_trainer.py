@@ -294,7 +294,7 @@ class GroupTrainer:
                         self.optimizer.zero_grad()
                     if not dummy:
                         n_micro += 1
-                        sums["loss"] += float(out.loss)
+                        sums["loss"] += float(out.loss.detach())
                         sums["clip_fraction"] += out.clip_fraction
                         sums["approx_kl"] += out.approx_kl_old
                         sums["kl_ref"] += out.kl_ref

@@ -1,0 +1,57 @@
+"""Atomic checkpoints: adapter-only for LoRA, exact restore of weights and optimizer, incomplete ones ignored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from test_group_trainer import groups_for
+
+from train.checkpoint import CheckpointManager
+from train.group_trainer import GroupTrainer, GroupTrainerConfig
+from train.policy import LoraSettings, PolicySpec
+
+
+def trainable(trainer: GroupTrainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def test_save_load_round_trip_and_pruning(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = GroupTrainerConfig(lr=1e-2, lora=LoraSettings(r=4, alpha=8))
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
+    groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
+    manager = CheckpointManager(tmp_path / "ckpt", keep=2)
+    for it in range(3):
+        trainer.step(groups)
+        manager.save(it, trainer.accelerator, trainer.model, {"iteration": it, "data_position": 10 * it})
+    saved = trainable(trainer)
+    latest = manager.latest()
+    assert latest is not None and latest.name == "ckpt-000002"
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("ckpt")) == [
+        "ckpt-000001",
+        "ckpt-000002",
+    ]
+    weights = list(latest.glob("*.safetensors"))
+    assert weights and sum(w.stat().st_size for w in weights) < 200_000  # adapter only, not the base
+
+    fresh = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
+    assert any(not torch.equal(v, trainable(fresh)[k]) for k, v in saved.items())
+    state = manager.load(latest, fresh.accelerator)
+    assert state == {"iteration": 2, "data_position": 20}
+    restored = trainable(fresh)
+    assert all(torch.equal(v, restored[k]) for k, v in saved.items())
+    # the optimizer moments came back too: the next update is identical
+    trainer.step(groups)
+    fresh.step(groups)
+    after_a, after_b = trainable(trainer), trainable(fresh)
+    assert max(float((after_a[k] - after_b[k]).abs().max()) for k in after_a) < 1e-6
+
+
+def test_incomplete_checkpoint_is_ignored(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    (root / "ckpt-000005").mkdir(parents=True)  # killed before its COMPLETE marker
+    (root / ".tmp-ckpt-000006").mkdir()
+    assert CheckpointManager(root).latest() is None
+    (root / "ckpt-000003").mkdir()
+    (root / "ckpt-000003" / "COMPLETE").write_text("ok\n")
+    assert CheckpointManager(root).latest().name == "ckpt-000003"
