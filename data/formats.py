@@ -13,26 +13,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "ACTION_AGENT_SYSTEM",
     "CONSOLIDATE_SYSTEM",
+    "MEMORY_CONTEXT_PREFIX",
     "NOTHING_RELEVANT",
     "PHASE1_SYSTEM",
     "PHASE2_SYSTEM",
     "RECALL_SYSTEM",
     "SAM_REASONER_SYSTEM",
+    "BankView",
     "ParsedToolCalls",
     "ToolCall",
+    "parse_bank",
     "parse_intervention",
+    "parse_memory_context",
+    "parse_phase_prompt",
     "parse_sam_consolidate_prompt",
     "parse_sam_memory_block",
     "parse_sam_recall_prompt",
     "parse_sam_recalled",
     "parse_tool_calls",
+    "parse_window",
+    "render_bank",
     "render_intervention",
+    "render_memory_context",
+    "render_phase1_prompt",
+    "render_phase2_prompt",
     "render_sam_consolidate_prompt",
     "render_sam_memory_block",
     "render_sam_recall_prompt",
     "render_sam_recalled",
     "render_tool_call",
+    "render_window",
 ]
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -280,3 +292,109 @@ def parse_intervention(text: str) -> tuple[str | None, str | None]:
 def render_intervention(reminder: str | None) -> str:
     """The Phase 2 output for a reminder, or ``<no_intervention/>`` for silence."""
     return f"<context_for_action>{reminder}</context_for_action>" if reminder else "<no_intervention/>"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Proactive memory agent: the action agent's prompt, the window / bank renderings, Phase 1 / Phase 2 prompts, and the
+# transient memory context. The scripted action agent and the oracle experts of ``data`` read exactly these shapes.
+
+ACTION_AGENT_SYSTEM = (
+    "You are a terminal agent. Follow the task. Reply with one tool call act(action) whose action is a shell command."
+)
+MEMORY_CONTEXT_PREFIX = "memory context: "
+
+
+def render_memory_context(reminder: str) -> str:
+    """The transient user message that carries a Phase 2 reminder into the action agent's next call."""
+    return f"{MEMORY_CONTEXT_PREFIX}{reminder}"
+
+
+def parse_memory_context(text: str) -> str | None:
+    """The reminder of a :func:`render_memory_context` message, or None."""
+    return text[len(MEMORY_CONTEXT_PREFIX) :] if text.startswith(MEMORY_CONTEXT_PREFIX) else None
+
+
+def render_window(steps: list[tuple[int, str, str]]) -> str:
+    """The memory agent's recent window: ``[step N] action: A`` then the observation, for each (N, A, O)."""
+    return "\n".join(f"[step {n}] action: {a}\n{o}" for n, a, o in steps)
+
+
+_WINDOW_HEAD = re.compile(r"^\[step (\d+)\] action: (.*)$", re.MULTILINE)
+
+
+def parse_window(text: str) -> list[tuple[int, str, str]]:
+    """(step, action, observation) triples from :func:`render_window` output."""
+    heads = list(_WINDOW_HEAD.finditer(text))
+    out = []
+    for i, m in enumerate(heads):
+        end = heads[i + 1].start() - 1 if i + 1 < len(heads) else len(text)
+        out.append((int(m.group(1)), m.group(2), text[m.end() + 1 : end] if m.end() < end else ""))
+    return out
+
+
+@dataclass
+class BankView:
+    """A rendered memory bank read back: the private status and the entries by id (``kN`` knowledge, ``pN``
+    procedural)."""
+
+    status: str = ""
+    knowledge: dict[str, str] = field(default_factory=dict)
+    procedural: dict[str, str] = field(default_factory=dict)
+
+
+def render_bank(status: str, knowledge: list[tuple[str, str]], procedural: list[tuple[str, str]]) -> str:
+    """The bank as the memory model reads it: ``status:``, then ``knowledge:`` and ``procedural:`` entry lines."""
+    lines = [f"status: {status or 'none'}", "knowledge:" if knowledge else "knowledge: none"]
+    lines += [f"{i}: {c}" for i, c in knowledge]
+    lines.append("procedural:" if procedural else "procedural: none")
+    lines += [f"{i}: {c}" for i, c in procedural]
+    return "\n".join(lines)
+
+
+def parse_bank(text: str) -> BankView:
+    """:func:`render_bank` output read back."""
+    bank = BankView()
+    section = None
+    for line in text.split("\n"):
+        if line.startswith("status: "):
+            bank.status = "" if line == "status: none" else line[len("status: ") :]
+        elif line.startswith("knowledge:"):
+            section = bank.knowledge
+        elif line.startswith("procedural:"):
+            section = bank.procedural
+        elif section is not None and (m := re.match(r"([kp]\d+): (.*)\Z", line)):
+            section[m.group(1)] = m.group(2)
+    return bank
+
+
+def _proactive_body(task: str, window: str, bank: str, tail: str) -> str:
+    return f"task: {task}\nrecent steps:\n{window or 'none'}\nbank:\n{bank}\n{tail}"
+
+
+def render_phase1_prompt(task: str, window: str, bank: str) -> list[dict[str, str]]:
+    """Phase 1 messages (bank management): the task, the recent window (:func:`render_window`) and the bank
+    (:func:`render_bank`); the reply is zero or more bank tool calls."""
+    return [
+        {"role": "system", "content": PHASE1_SYSTEM},
+        {"role": "user", "content": _proactive_body(task, window, bank, "tool calls:")},
+    ]
+
+
+def render_phase2_prompt(task: str, window: str, bank: str) -> list[dict[str, str]]:
+    """Phase 2 messages (reminder or silence) over the updated bank."""
+    return [
+        {"role": "system", "content": PHASE2_SYSTEM},
+        {"role": "user", "content": _proactive_body(task, window, bank, "decision:")},
+    ]
+
+
+_PHASE_RE = re.compile(r"\Atask: (.*?)\nrecent steps:\n(.*)\nbank:\n(.*)\n(tool calls|decision):\Z", re.DOTALL)
+
+
+def parse_phase_prompt(messages: list[Any]) -> tuple[int, str, str, BankView] | None:
+    """(phase 1 or 2, task, window text, bank) from Phase 1 / Phase 2 messages, or None."""
+    m = _PHASE_RE.match(_last_user(messages))
+    if not m:
+        return None
+    window = "" if m.group(2) == "none" else m.group(2)
+    return (1 if m.group(4) == "tool calls" else 2), m.group(1), window, parse_bank(m.group(3))

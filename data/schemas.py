@@ -36,6 +36,7 @@ __all__ = [
     "Message",
     "QAPair",
     "Record",
+    "SFTExample",
     "ScriptedPolicy",
     "TokenUsage",
     "TraceEvent",
@@ -298,6 +299,25 @@ class EpisodeTrace(Record):
     peak_context_tokens: int = Field(0, ge=0)
     stats: dict[str, int] = {}
     metadata: JsonDict = {}
+
+
+class SFTExample(Record):
+    """One chat-format SFT row of a memory role: the exact messages the memory model saw, then the expert's output as
+    the final assistant message (the only span the loss is taken on)."""
+
+    row_id: str = Field(min_length=1)
+    role: str = Field(min_length=1, description="consolidate, recall, bank_edit, intervene, ...")
+    messages: list[Message] = Field(min_length=2)
+    task_id: str = ""
+    trace_id: str = ""
+    metadata: JsonDict = {}
+
+    @field_validator("messages")
+    @classmethod
+    def _ends_with_target(cls, messages: list[Message]) -> list[Message]:
+        if messages[-1].role != "assistant":
+            raise ValueError(f"the last message must be the assistant target, got role {messages[-1].role!r}")
+        return messages
 
 
 # ----------------------------------------------------------------------------------------------------------------

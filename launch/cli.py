@@ -42,6 +42,8 @@ JOBS: list[Job] = [
         "launch.quickstart:QuickstartConfig",
         "launch.quickstart:run_quickstart",
     ),
+    Job(("data", "synth"), "synthetic long-horizon episodes -> train/eval JSONL + Arrow", "data.synth:SynthConfig",
+        "data.synth:run_synth"),
 ]
 
 

@@ -1,0 +1,122 @@
+"""The proactive oracle expert: Phase 1 bank edits and Phase 2 reminder-or-silence, from the true task state.
+
+It answers the prompts of :func:`~data.formats.render_phase1_prompt` (reply: bank tool calls rendered with
+:func:`~data.formats.render_tool_call`, one per line) and :func:`~data.formats.render_phase2_prompt` (reply:
+:func:`~data.formats.render_intervention`). It reads the task, the recent window and the bank from the prompt; the
+plan (which fact each subtask needs) comes from request metadata ``truth`` (:meth:`ProactiveTask.truth`) or from a
+``truths`` table by ``task_id``, and without either from the subtask names themselves.
+
+Phase 1 saves every fact visible in the task or the window that the bank lacks (requirements and environment facts
+as knowledge, diagnosed failures as procedural entries), updates the private status, and deletes entries no
+remaining subtask needs. Phase 2 reminds right before a pivot (the next subtask needs a fact the window does not
+show) with the bank entry that states it, and stays silent otherwise. Knobs: ``miss_rate`` (stay silent at a
+pivot), ``false_alarm_rate`` (remind needlessly at a non-pivot step), ``drop_rate`` (skip saving an entry).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from data.config import ConfigModel
+from data.formats import BankView, parse_phase_prompt, parse_window, render_intervention, render_tool_call
+from data.tasks.proactive import FACT_KINDS, FACTS, _subtask_by_name, fact_value, parse_next
+
+__all__ = ["ProactiveOracle", "ProactiveOracleConfig"]
+
+
+class ProactiveOracleConfig(ConfigModel):
+    """Noise knobs of the proactive oracle (defaults: a perfect expert)."""
+
+    miss_rate: float = Field(0.0, ge=0, le=1)
+    false_alarm_rate: float = Field(0.0, ge=0, le=1)
+    drop_rate: float = Field(0.0, ge=0, le=1)
+
+
+class ProactiveOracle:
+    """Programmatic expert for both proactive memory phases (a :class:`~data.schemas.ScriptedPolicy`)."""
+
+    name = "proactive-oracle"
+
+    def __init__(
+        self,
+        config: ProactiveOracleConfig | dict[str, Any] | None = None,
+        truths: Mapping[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self.config = (
+            config if isinstance(config, ProactiveOracleConfig) else ProactiveOracleConfig.model_validate(config or {})
+        )
+        self.truths = dict(truths or {})
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        """Bank tool calls (Phase 1) or a reminder / silence (Phase 2); empty text for any other prompt."""
+        parsed = parse_phase_prompt(messages)
+        if parsed is None:
+            return ""
+        phase, task, window, bank = parsed
+        truth = metadata.get("truth") or self.truths.get(str(metadata.get("task_id")), {})
+        if phase == 1:
+            return self.phase1(task, window, bank, truth, rng)
+        return self.phase2(window, bank, truth, rng)
+
+    @staticmethod
+    def _needs(truth: dict[str, Any], name: str, index: int) -> str | None:
+        plan = truth.get("plan")
+        if plan and 0 < index <= len(plan):
+            return plan[index - 1][1]
+        sub = _subtask_by_name(name)
+        return sub.fact if sub else None
+
+    @staticmethod
+    def _entries(bank: BankView) -> list[tuple[str, str]]:
+        return [*bank.knowledge.items(), *bank.procedural.items()]
+
+    def phase1(self, task: str, window: str, bank: BankView, truth: dict[str, Any], rng: random.Random) -> str:
+        """The bank edits for this memory step."""
+        calls = []
+        nxt = parse_next(window)
+        if nxt is not None:
+            calls.append(render_tool_call("memory_update_status", {"content": f"at subtask {nxt[1]} of {nxt[2]}: "
+                                                                               f"{nxt[0]}"}))
+        visible = f"{task}\n{window}"
+        entries = self._entries(bank)
+        kinds = truth.get("facts") or list(FACT_KINDS)
+        remaining = None
+        if nxt is not None and truth.get("plan"):
+            remaining = {fact for _, fact in truth["plan"][nxt[1] - 1 :] if fact}
+        for kind in kinds:
+            value = fact_value(kind, visible)
+            stored = [i for i, c in entries if fact_value(kind, c) is not None]
+            if remaining is not None and kind not in remaining:
+                calls += [render_tool_call("memory_delete", {"id": i}) for i in stored]
+                continue
+            if value is None or any(fact_value(kind, c) == value for _, c in entries):
+                continue
+            if rng.random() < self.config.drop_rate:
+                continue
+            fact = FACTS[kind]
+            tool = "memory_save_knowledge" if fact.memory == "knowledge" else "memory_save_procedural"
+            calls.append(render_tool_call(tool, {"content": fact.sentence(value)}))
+        return "\n".join(calls)
+
+    def phase2(self, window: str, bank: BankView, truth: dict[str, Any], rng: random.Random) -> str:
+        """A reminder right before a pivot, silence otherwise (noisy per the config)."""
+        steps = parse_window(window)
+        nxt = parse_next(steps[-1][2]) if steps else None
+        if nxt is None:
+            return render_intervention(None)
+        need = self._needs(truth, nxt[0], nxt[1])
+        seen = "\n".join(f"{a}\n{o}" for _, a, o in steps)
+        entries = self._entries(bank)
+        if need is not None and fact_value(need, seen) is None:
+            if rng.random() < self.config.miss_rate:
+                return render_intervention(None)
+            match = [c for _, c in entries if fact_value(need, c) is not None]
+            return render_intervention(match[-1] if match else None)
+        if entries and rng.random() < self.config.false_alarm_rate:
+            others = [c for _, c in entries if need is None or fact_value(need, c) is None]
+            return render_intervention(rng.choice(others) if others else None)
+        return render_intervention(None)

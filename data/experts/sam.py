@@ -1,0 +1,124 @@
+"""The SAM oracle expert: writes page cues and reads pages under an intent, from the page's true facts.
+
+It answers the two SAM memory-model prompts of :mod:`data.formats`:
+
+- consolidation (:func:`~data.formats.render_sam_consolidate_prompt`): one compact cue listing the entities the page
+  locates (``red key, blue box, chest 7``), or the rooms it passes through when it locates nothing;
+- recall (:func:`~data.formats.render_sam_recall_prompt`): the running extraction plus the page's fact lines that
+  serve the intent (an item the intent names, or a container / key it asks about), or
+  :data:`~data.formats.NOTHING_RELEVANT`.
+
+Knobs make it an imperfect expert, so rejection sampling has something to reject: ``error_rate`` (a cue that drops
+the relevant entity; a recall that returns a wrong place), recall style probabilities ``verbatim`` /
+``paraphrase`` / ``omission`` (``drawer 5 holds the red key``, or the line left out) and ``cue_omission`` (each
+entity of a cue dropped independently). The relevant entities come from request metadata ``gold_entities`` when the
+caller passes them (the true state), else the errors hit a random entity.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from data.config import ConfigModel
+from data.formats import NOTHING_RELEVANT, parse_sam_consolidate_prompt, parse_sam_recall_prompt
+from data.tasks.sam import parse_facts
+
+__all__ = ["SamOracle", "SamOracleConfig"]
+
+_ROOM = re.compile(r"^you are in the (.+)\.$", re.MULTILINE)
+
+
+class SamOracleConfig(ConfigModel):
+    """Noise knobs of the SAM oracle (defaults: a perfect expert)."""
+
+    error_rate: float = Field(0.0, ge=0, le=1)
+    verbatim: float = Field(1.0, ge=0)
+    paraphrase: float = Field(0.0, ge=0)
+    omission: float = Field(0.0, ge=0)
+    cue_omission: float = Field(0.0, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _some_style(self) -> SamOracleConfig:
+        if self.verbatim + self.paraphrase + self.omission <= 0:
+            raise ValueError("verbatim + paraphrase + omission must be positive")
+        return self
+
+
+def _mentions(text: str, entity: str) -> bool:
+    return re.search(rf"(?<![\w]){re.escape(entity)}(?![\w]| \d)", text) is not None
+
+
+class SamOracle:
+    """Programmatic expert for both SAM memory roles (a :class:`~data.schemas.ScriptedPolicy`)."""
+
+    name = "sam-oracle"
+
+    def __init__(self, config: SamOracleConfig | dict[str, Any] | None = None) -> None:
+        self.config = config if isinstance(config, SamOracleConfig) else SamOracleConfig.model_validate(config or {})
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        """The cue or the recall for the prompt in ``messages`` (empty text for any other prompt)."""
+        gold = list(metadata.get("gold_entities", []))
+        consolidate = parse_sam_consolidate_prompt(messages)
+        if consolidate is not None:
+            return self.cue(consolidate[1], rng, gold)
+        recall = parse_sam_recall_prompt(messages)
+        if recall is not None:
+            intent, _, page_text, so_far = recall
+            return self.recall(intent, page_text, so_far, rng)
+        return ""
+
+    def cue(self, page_text: str, rng: random.Random, gold: list[str] | None = None) -> str:
+        """The entities the page locates, in order of appearance (noisy per the config)."""
+        entities: list[str] = []
+        for line in page_text.split("\n"):
+            one = parse_facts(line)
+            for item in one.location:
+                entities.append(item)
+            for container, key in one.opener.items():
+                entities += [key, container]
+        entities = list(dict.fromkeys(entities))
+        cfg = self.config
+        if entities and rng.random() < cfg.error_rate:
+            relevant = [e for e in entities if e in (gold or [])]
+            victim = relevant[0] if relevant else rng.choice(entities)
+            entities = [e for e in entities if e != victim]
+        entities = [e for e in entities if not (cfg.cue_omission and rng.random() < cfg.cue_omission)]
+        if entities:
+            return ", ".join(entities)
+        rooms = list(dict.fromkeys(_ROOM.findall(page_text)))
+        return ", ".join(rooms) if rooms else NOTHING_RELEVANT
+
+    def recall(self, intent: str, page_text: str, so_far: str, rng: random.Random) -> str:
+        """``so_far`` plus the page's lines that serve ``intent`` (styled per the config)."""
+        cfg = self.config
+        lines = [line for line in so_far.split("\n") if line.strip()] if so_far else []
+        places = sorted({p for p in re.findall(r"\b[a-z]+ \d+\b", page_text)})
+        for raw in page_text.split("\n"):
+            facts = parse_facts(raw)
+            new: str | None = None
+            for item, place in facts.location.items():
+                if _mentions(intent, item):
+                    if rng.random() < cfg.error_rate:
+                        place = rng.choice([p for p in places if p != place] or [place])
+                    new = self._style(f"the {item} is in {place}", f"{place} holds the {item}", rng)
+            for container, key in facts.opener.items():
+                if _mentions(intent, container) or _mentions(intent, key):
+                    new = self._style(f"the {key} opens {container}", f"{container} opens with the {key}", rng)
+            if new and new not in lines:
+                lines.append(new)
+        return "\n".join(lines) if lines else NOTHING_RELEVANT
+
+    def _style(self, verbatim: str, paraphrase: str, rng: random.Random) -> str | None:
+        cfg = self.config
+        total = cfg.verbatim + cfg.paraphrase + cfg.omission
+        r = rng.random() * total
+        if r < cfg.verbatim:
+            return verbatim
+        if r < cfg.verbatim + cfg.paraphrase:
+            return paraphrase
+        return None

@@ -1,0 +1,144 @@
+"""Shared loader machinery: reading JSON / JSONL / parquet records with their line (or row) numbers, typed field
+access whose errors name the file, the line and the field, and all-or-nothing conversion to episode JSONL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from data.io import RecordError, describe_validation_error, write_jsonl
+from data.schemas import Episode
+
+__all__ = ["Where", "convert", "read_records"]
+
+
+class Where:
+    """A record's location (file and line, or row) for error messages."""
+
+    def __init__(self, path: Path, line: int, unit: str = "line") -> None:
+        self.path, self.line, self.unit = path, line, unit
+
+    def error(self, field: str, message: str) -> RecordError:
+        """A :class:`RecordError` naming the file, the line and ``field``."""
+        where = f"{self.path}:{self.line}" if self.unit == "line" else f"{self.path}: row {self.line}"
+        return RecordError(f"{where}: field '{field}': {message}")
+
+    def get(self, obj: dict[str, Any], field: str, kind: type | tuple[type, ...], prefix: str = "") -> Any:
+        """``obj[field]``, checked to be of type ``kind`` (bool is not accepted as int)."""
+        name = f"{prefix}{field}"
+        if field not in obj:
+            raise self.error(name, "missing")
+        value = obj[field]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds:
+            raise self.error(name, f"expected {_names(kinds)}, got bool")
+        if not isinstance(value, kinds):
+            raise self.error(name, f"expected {_names(kinds)}, got {_json_type(value)}")
+        return value
+
+    def text(self, obj: dict[str, Any], field: str, prefix: str = "") -> str:
+        """A string field; integers and floats (some benchmarks store numeric answers) become text."""
+        value = self.get(obj, field, (str, int, float), prefix)
+        return value if isinstance(value, str) else str(value)
+
+    def episode(self, data: dict[str, Any]) -> Episode:
+        """Validate an :class:`Episode`, reporting the first problem against this location."""
+        try:
+            episode = Episode.model_validate(data)
+        except ValidationError as exc:
+            raise RecordError(f"{self.path}:{self.line}: {describe_validation_error(exc)}") from None
+        if not episode.trajectory:
+            raise self.error("trajectory", "empty trajectory")
+        return episode
+
+
+def _names(kinds: tuple[type, ...]) -> str:
+    names = {str: "string", int: "integer", float: "number", list: "array", dict: "object", bool: "boolean"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _json_type(value: Any) -> str:
+    return {str: "string", int: "integer", float: "number", list: "array", dict: "object", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _decode(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise RecordError(f"{path}:{line}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _json_error(path: Path, text: str, exc: json.JSONDecodeError, offset: int = 0) -> RecordError:
+    line = text.count("\n", 0, offset + exc.pos) + 1
+    return RecordError(f"{path}:{line}: invalid JSON: {exc.msg}")
+
+
+def read_records(path: str | Path) -> Iterator[tuple[Where, dict[str, Any]]]:
+    """Yield (location, object) for every record of a ``.jsonl`` file (one per line), a ``.json`` file (an array of
+    objects, or one object) or a ``.parquet`` file (one per row)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecordError(f"{path}: file not found")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for row, obj in enumerate(pq.read_table(path).to_pylist()):
+            yield Where(path, row, "row"), obj
+        return
+    text = _decode(path)
+    if path.suffix == ".json":
+        decoder = json.JSONDecoder()
+        start = len(text) - len(text.lstrip())
+        if text[start : start + 1] != "[":
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise _json_error(path, text, exc) from None
+            yield _object(Where(path, text.count("\n", 0, start) + 1), obj)
+            return
+        pos = start + 1
+        while True:
+            while pos < len(text) and text[pos] in " \t\r\n,":
+                pos += 1
+            if pos >= len(text):
+                raise RecordError(f"{path}:{text.count(chr(10)) + 1}: invalid JSON: unterminated array")
+            if text[pos] == "]":
+                return
+            try:
+                obj, end = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError as exc:
+                raise _json_error(path, text, exc) from None
+            yield _object(Where(path, text.count("\n", 0, pos) + 1), obj)
+            pos = end
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+        yield _object(Where(path, lineno), obj)
+
+
+def _object(where: Where, obj: Any) -> tuple[Where, dict[str, Any]]:
+    if not isinstance(obj, dict):
+        raise where.error("<record>", f"expected an object, got {_json_type(obj)}")
+    return where, obj
+
+
+def convert(
+    src: str | Path, dst: str | Path, loader: Callable[[str | Path], list[Episode]]
+) -> list[Episode]:
+    """Load every episode of ``src`` with ``loader`` and write them to ``dst`` as JSONL. All or nothing: a malformed
+    record raises before anything is written."""
+    episodes = loader(src)
+    write_jsonl(dst, episodes)
+    return episodes

@@ -1,0 +1,44 @@
+"""Task families: AMA-style QA episodes, SAM scattered-evidence tasks, proactive behavioural-state-decay tasks.
+
+SAM and proactive tasks implement the agent loop's task interface (``task_id``, ``task``, ``max_steps``,
+``reset() -> str``, ``step(action) -> (observation, done)``, ``finish(answer) -> outcome``) plus ``snapshot()`` /
+``restore()``; :func:`make_task` rebuilds one from its :class:`~data.schemas.EnvSpec`.
+"""
+
+from __future__ import annotations
+
+from data.schemas import EnvSpec, Episode
+from data.tasks.ama import make_ama_episode
+from data.tasks.proactive import ActionAgent, ProactiveParams, ProactiveTask, simulate_proactive
+from data.tasks.sam import SamReasoner, SamTask, SamTaskParams, simulate_sam
+
+__all__ = [
+    "TASKS",
+    "ActionAgent",
+    "ProactiveParams",
+    "ProactiveTask",
+    "SamReasoner",
+    "SamTask",
+    "SamTaskParams",
+    "make_ama_episode",
+    "make_task",
+    "simulate_proactive",
+    "simulate_sam",
+    "task_from_episode",
+]
+
+TASKS: dict[str, type[SamTask] | type[ProactiveTask]] = {"sam": SamTask, "proactive": ProactiveTask}
+
+
+def make_task(spec: EnvSpec, task_id: str = "") -> SamTask | ProactiveTask:
+    """Rebuild the interactive task a spec names (``sam`` or ``proactive``)."""
+    if spec.name not in TASKS:
+        raise KeyError(f"unknown task family {spec.name!r}; registered: {sorted(TASKS)}")
+    return TASKS[spec.name].from_spec(spec, task_id)
+
+
+def task_from_episode(episode: Episode) -> SamTask | ProactiveTask:
+    """The interactive task behind a SAM or proactive :class:`Episode` (its ``env`` spec, its id)."""
+    if episode.env is None:
+        raise ValueError(f"episode {episode.episode_id!r} has no env spec")
+    return make_task(episode.env, episode.episode_id)

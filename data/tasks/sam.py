@@ -1,0 +1,521 @@
+"""SAM task family: guided exploration of the text world, then a question whose evidence sits in early pages.
+
+An episode is a tour of ``T`` steps through a :class:`~data.envs.textworld.TextWorldEnv`: every observation ends
+with ``next: ACTION`` (the tour's next step), and the observation of step ``T`` carries ``question: ...`` instead.
+Facts are short key-before-value lines (``the red key is in drawer 5``; a locked container prints ``the brass key
+opens chest 7``). The question asks where an item seen in the first ``evidence_frac`` of the tour is
+(``where is the red key?``) or, with two evidence facts, where the key that opens a container is (``where is the key
+that opens chest 7?``: one page says which key opens it, another where that key is).
+
+:class:`SamTask` implements the agent loop's task interface (``reset``, ``step -> (observation, done)``,
+``finish(answer) -> outcome``) plus ``snapshot()`` / ``restore()``. :class:`SamReasoner` is the scripted frozen
+reasoner; :func:`simulate_sam` is a reference loop that runs it with a memory behaviour (e.g. the oracle expert of
+:mod:`data.experts.sam`) or with no memory, so the task's success rates can be measured inside ``data``.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from data.config import ConfigModel
+from data.envs.base import count_tokens, turn_tokens
+from data.envs.textworld import TextWorldEnv, TextWorldParams
+from data.envs.vocab import COLORS, CONTAINERS, NOUNS
+from data.formats import (
+    NOTHING_RELEVANT,
+    SAM_REASONER_SYSTEM,
+    parse_sam_memory_block,
+    parse_sam_recalled,
+    parse_tool_calls,
+    render_sam_consolidate_prompt,
+    render_sam_memory_block,
+    render_sam_recall_prompt,
+    render_sam_recalled,
+    render_tool_call,
+)
+from data.schemas import EnvSpec, Episode, Message, QAPair, ScriptedPolicy, Turn
+from data.tasks.common import as_messages, content_of, normalize_answer, role_of
+
+__all__ = [
+    "SAM_TASK",
+    "SamFacts",
+    "SamReasoner",
+    "SamTask",
+    "SamTaskParams",
+    "parse_facts",
+    "simulate_sam",
+]
+
+SAM_TASK = "explore the house and answer the question at the end."
+
+_LOC = re.compile(r"^the (.+?) is in (\w+ \d+)$")
+_LOC_PARA = re.compile(r"^(\w+ \d+) holds the (.+)$")
+_OPENS = re.compile(r"^the (.+?) opens (\w+ \d+)$")
+_OPENS_PARA = re.compile(r"^(\w+ \d+) opens with the (.+)$")
+_QUESTION = re.compile(r"^question: where is the (.+)\?$", re.MULTILINE)
+_NEXT = re.compile(r"^next: (.+)$", re.MULTILINE)
+_OPENER_Q = "key that opens "
+
+
+@dataclass
+class SamFacts:
+    """Facts read from text: item -> place, container -> the key that opens it."""
+
+    location: dict[str, str] = field(default_factory=dict)
+    opener: dict[str, str] = field(default_factory=dict)
+
+    def update(self, other: SamFacts) -> None:
+        """Add ``other``'s facts (later facts win)."""
+        self.location.update(other.location)
+        self.opener.update(other.opener)
+
+
+def parse_facts(text: str) -> SamFacts:
+    """Every fact line of ``text``, in its verbatim (``the red key is in drawer 5``, ``the brass key opens
+    chest 7``) or paraphrased (``drawer 5 holds the red key``, ``chest 7 opens with the brass key``) form."""
+    facts = SamFacts()
+    for raw in text.split("\n"):
+        line = raw.strip().rstrip(".")
+        if m := _OPENS.match(line):
+            facts.opener[m.group(2)] = m.group(1)
+        elif m := _OPENS_PARA.match(line):
+            facts.opener[m.group(1)] = m.group(2)
+        elif m := _LOC.match(line):
+            facts.location[m.group(1)] = m.group(2)
+        elif m := _LOC_PARA.match(line):
+            facts.location[m.group(2)] = m.group(1)
+    return facts
+
+
+class SamTaskParams(ConfigModel):
+    """Knobs of a SAM task."""
+
+    horizon_steps: int | None = Field(24, ge=2, description="tour length T (steps before the question)")
+    target_tokens: int | None = Field(None, ge=64, description="grow the tour to this many tokens instead")
+    facts_per_obs: int = Field(3, ge=1, le=8, description="items listed when a container is opened")
+    containers_per_room: int = Field(3, ge=1, le=8)
+    n_evidence: Literal[1, 2] = 1
+    evidence_frac: float = Field(0.3, gt=0, le=1, description="the evidence lies in this first part of the tour")
+    locked_frac: float = Field(0.15, ge=0, le=1, description="share of containers that are locked")
+    n_colors: int = Field(len(COLORS), ge=2, le=len(COLORS))
+    n_nouns: int = Field(len(NOUNS), ge=2, le=len(NOUNS))
+    n_container_kinds: int = Field(len(CONTAINERS), ge=1, le=len(CONTAINERS))
+    step_slack: int = Field(6, ge=0, description="reasoner calls allowed beyond the tour (recall, answer)")
+
+    @model_validator(mode="after")
+    def _one_horizon(self) -> SamTaskParams:
+        if (self.horizon_steps is None) == (self.target_tokens is None):
+            raise ValueError("set exactly one of horizon_steps and target_tokens")
+        return self
+
+
+class SamTask:
+    """One SAM episode (see the module docstring). Deterministic for (params, seed); survives ``copy.deepcopy``."""
+
+    family = "sam"
+
+    def __init__(self, params: SamTaskParams | dict[str, Any] | None = None, seed: int = 0, task_id: str = "") -> None:
+        self.params = params if isinstance(params, SamTaskParams) else SamTaskParams.model_validate(params or {})
+        self.seed = seed
+        self.task_id = task_id or f"sam-{seed}"
+        self.task = SAM_TASK
+        self._build()
+        self.max_steps = len(self.tour) + self.params.step_slack
+        self.pos = 0
+        self.env = copy.deepcopy(self._fresh)
+
+    @classmethod
+    def from_spec(cls, spec: EnvSpec, task_id: str = "") -> SamTask:
+        """Rebuild from an :class:`EnvSpec` named ``sam``."""
+        return cls(spec.params, spec.seed, task_id)
+
+    @property
+    def spec(self) -> EnvSpec:
+        """The spec that rebuilds this task."""
+        return EnvSpec(name="sam", seed=self.seed, params=self.params.model_dump(mode="json"))
+
+    # ------------------------------------------------------------------------------------------------ building
+    def _world_params(self, n_rooms: int, variants: int) -> TextWorldParams:
+        p = self.params
+        n_containers = n_rooms * p.containers_per_room
+        return TextWorldParams(
+            n_rooms=n_rooms,
+            containers_per_room=p.containers_per_room,
+            items_per_container=p.facts_per_obs,
+            floor_items=0,
+            n_locked=min(len(COLORS), max(3 if p.n_evidence == 2 else 0, round(p.locked_frac * n_containers))),
+            n_colors=p.n_colors,
+            n_nouns=p.n_nouns,
+            n_container_kinds=p.n_container_kinds,
+            item_variants=variants,
+            verbosity=1,
+            lock_hints=True,
+        )
+
+    @staticmethod
+    def _tour(env: TextWorldEnv) -> list[str]:
+        """Depth-first tour: open every container of a room, then visit the unvisited neighbours and come back."""
+        actions: list[str] = []
+        visited: set[str] = set()
+        stack: list[tuple[str, list[tuple[str, str]]]] = []
+
+        def enter(room: str) -> None:
+            visited.add(room)
+            actions.extend(f"open {c}" for c in env.containers_in(room))
+            stack.append((room, sorted(env.s.exits[room].items())))
+
+        enter(env.s.room)
+        while stack:
+            room, todo = stack[-1]
+            while todo and todo[0][1] in visited:
+                todo.pop(0)
+            if not todo:
+                stack.pop()
+                if stack:
+                    parent = stack[-1][0]
+                    back = next(d for d, r in sorted(env.s.exits[room].items()) if r == parent)
+                    actions.append(f"go {back}")
+                continue
+            d, nxt = todo.pop(0)
+            actions.append(f"go {d}")
+            enter(nxt)
+        return actions
+
+    def _build(self) -> None:
+        p = self.params
+        rng = random.Random(self.seed)
+        steps = p.horizon_steps or max(8, p.target_tokens // (6 + 9 * p.facts_per_obs))  # type: ignore[operator]
+        n_rooms = max(2, steps // (p.containers_per_room + 2) + 2)
+        for _ in range(40):
+            n_containers = n_rooms * p.containers_per_room
+            pool = p.n_colors * p.n_nouns
+            variants = max(1, -(-(n_containers * p.facts_per_obs + 16) // pool))
+            world = self._world_params(n_rooms, variants)
+            env = TextWorldEnv(world, rng.getrandbits(31))
+            first = self._strip(env.reset())
+            tour = self._tour(env)
+            fresh = copy.deepcopy(env)
+            turns, events = [Turn(turn_idx=0, action="look", observation=first)], [list(env.events)]
+            # count each observation with its `next:` line, as the episode shows it
+            tokens = turn_tokens("look", first) + count_tokens(f"\nnext: {tour[0]}")
+            limit = p.horizon_steps or len(tour)
+            for i, action in enumerate(tour[:limit]):
+                obs = self._strip(env.step(action))
+                turns.append(Turn(turn_idx=i + 1, action=action, observation=obs))
+                events.append(list(env.events))
+                tokens += turn_tokens(action, obs) + count_tokens(f"\nnext: {tour[i + 1] if i + 1 < len(tour) else ''}")
+                if p.target_tokens is not None and tokens >= p.target_tokens:
+                    break
+            complete = len(turns) - 1 >= (p.horizon_steps or 0) and (
+                p.target_tokens is None or tokens >= p.target_tokens
+            )
+            if not complete:
+                n_rooms = int(n_rooms * 1.5) + 1
+                continue
+            chosen = self._choose_question(turns, events, rng)
+            if chosen is None:
+                continue
+            self.tour = [t.action for t in turns[1:]]
+            self._fresh = fresh
+            self.question, self.answer, self.evidence_turns, self.gold_entities = chosen
+            self._observations = [t.observation for t in turns]
+            return
+        raise ValueError(f"could not build a SAM task for {p.model_dump()} (seed {self.seed})")
+
+    @staticmethod
+    def _strip(observation: str) -> str:
+        return "\n".join(line for line in observation.split("\n") if not line.startswith("goal"))
+
+    def _choose_question(
+        self, turns: list[Turn], events: list[list[Any]], rng: random.Random
+    ) -> tuple[str, str, list[int], list[str]] | None:
+        last = max(1, int((len(turns) - 1) * self.params.evidence_frac))
+        if self.params.n_evidence == 2:
+            last = max(last, min(len(turns) - 1, 6))
+        seen: dict[str, tuple[int, str]] = {}
+        hints: dict[str, tuple[int, str]] = {}
+        for t in range(1, last + 1):
+            for e in events[t]:
+                if e.kind == "see":
+                    seen.setdefault(e.args[0], (t, e.args[1]))
+                elif e.kind == "hint":
+                    hints.setdefault(e.args[1], (t, e.args[0]))
+        if self.params.n_evidence == 1:
+            if not seen:
+                return None
+            item = rng.choice(sorted(seen))
+            t, place = seen[item]
+            return f"where is the {item}?", place, [t], [item]
+        pairs = [(c, k) for c, (_, k) in hints.items() if k in seen and seen[k][0] != hints[c][0]]
+        if not pairs:
+            return None
+        container, key = rng.choice(sorted(pairs))
+        return (
+            f"where is the {_OPENER_Q}{container}?",
+            seen[key][1],
+            sorted([hints[container][0], seen[key][0]]),
+            [key, container],
+        )
+
+    # ------------------------------------------------------------------------------------------------ running
+    def _suffix(self) -> str:
+        if self.pos >= len(self.tour):
+            return f"question: {self.question}"
+        return f"next: {self.tour[self.pos]}"
+
+    def reset(self) -> str:
+        """Start the episode; return the first observation."""
+        self.env = copy.deepcopy(self._fresh)
+        self.pos = 0
+        return f"{self._observations[0]}\n{self._suffix()}"
+
+    def step(self, action: str) -> tuple[str, bool]:
+        """Execute ``action`` in the world; the observation ends with the next tour step or the question."""
+        action = action.strip()
+        obs = self._strip(self.env.step(action))
+        if self.pos < len(self.tour) and action == self.tour[self.pos]:
+            self.pos += 1
+        return f"{obs}\n{self._suffix()}", False
+
+    def finish(self, answer: str | None) -> float:
+        """Normalised exact match of ``answer`` against the gold answer."""
+        return float(normalize_answer(answer) == normalize_answer(self.answer))
+
+    def snapshot(self) -> Any:
+        """The episode's state (world + tour position)."""
+        return copy.deepcopy((self.env.snapshot(), self.pos))
+
+    def restore(self, snap: Any) -> None:
+        """Return to a state taken by :meth:`snapshot`."""
+        world, pos = copy.deepcopy(snap)
+        self.env.restore(world)
+        self.pos = pos
+
+    def episode(self) -> Episode:
+        """The episode in AMA-Bench's shape: the tour as the trajectory, the question as its QA pair."""
+        turns = [Turn(turn_idx=0, action="look", observation=f"{self._observations[0]}\nnext: {self.tour[0]}")]
+        for i, action in enumerate(self.tour):
+            suffix = f"next: {self.tour[i + 1]}" if i + 1 < len(self.tour) else f"question: {self.question}"
+            turns.append(Turn(turn_idx=i + 1, action=action, observation=f"{self._observations[i + 1]}\n{suffix}"))
+        qa = QAPair(
+            question=self.question,
+            answer=self.answer,
+            type="A" if self.params.n_evidence == 1 else "B",
+            needle_turns=self.evidence_turns,
+            qa_id=f"{self.task_id}/q0",
+            metadata={"gold_entities": self.gold_entities, "hops": self.params.n_evidence},
+        )
+        return Episode(
+            episode_id=self.task_id,
+            task=self.task,
+            task_type="sam",
+            domain="textworld",
+            trajectory=turns,
+            qa_pairs=[qa],
+            env=self.spec,
+            horizon_tokens=sum(turn_tokens(t.action, t.observation) for t in turns),
+            metadata={"family": "sam", "tour_steps": len(self.tour), "gold_entities": self.gold_entities},
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- reasoner
+def _term_set(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+|\d+", text.lower())) - {"the", "a", "an", "is", "in", "where", "which", "that"}
+
+
+class SamReasoner:
+    """The scripted frozen reasoner of SAM tasks (a :class:`~data.schemas.ScriptedPolicy`).
+
+    It reads: the memory block (``task: ...`` / ``memory cues:`` / ``pN: cue``), observations (``user`` or ``tool``
+    messages; the latest ``next:`` line says what to do), recalled content (user messages from
+    :func:`~data.formats.render_sam_recalled`) and its own earlier tool calls (assistant messages). It replies with
+    one tool call: ``act`` while exploring; once the question is visible, ``answer`` if the facts it can see answer
+    it, else ``memory(intent, page_ids)`` on the best-matching untried pages while its recall budget lasts, else
+    ``answer("unknown")``.
+    """
+
+    name = "sam-reasoner"
+
+    def __init__(self, max_pages: int = 2, recall_budget: int = 2) -> None:
+        self.max_pages = max_pages
+        self.recall_budget = recall_budget
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        """Reply to the SAM memory system's messages with one tool call."""
+        cues: dict[int, str] = {}
+        facts = SamFacts()
+        question: str | None = None
+        next_action: str | None = None
+        tried: dict[str, set[int]] = {}
+        recalls = 0
+        for m in messages:
+            role, text = role_of(m), content_of(m)
+            if role == "system":
+                continue
+            if role == "assistant":
+                for call in parse_tool_calls(text).calls:
+                    if call.name == "memory":
+                        recalls += 1
+                        ids = call.arguments.get("page_ids", [])
+                        pages = tried.setdefault(str(call.arguments.get("intent", "")), set())
+                        pages.update(int(i) for i in ids if str(i).lstrip("-").isdigit())
+                continue
+            if role == "user" and text.startswith("task: "):
+                cues.update(parse_sam_memory_block(text)[1])
+                continue
+            recalled = parse_sam_recalled(text) if role == "user" else None
+            if recalled is not None:
+                facts.update(parse_facts(recalled[2]))
+                continue
+            facts.update(parse_facts(text))
+            if q := _QUESTION.search(text):
+                question = q.group(1)
+            if n := _NEXT.search(text):
+                next_action = n.group(1)
+        if question is None:
+            return render_tool_call("act", {"action": next_action or "look"})
+        answer, target_terms, intent = self._resolve(question, facts)
+        if answer is not None:
+            return render_tool_call("answer", {"answer": answer})
+        if recalls < self.recall_budget:
+            pages = self._select(cues, target_terms, tried.get(intent, set()))
+            if pages:
+                return render_tool_call("memory", {"intent": intent, "page_ids": pages})
+        return render_tool_call("answer", {"answer": "unknown"})
+
+    @staticmethod
+    def _resolve(question: str, facts: SamFacts) -> tuple[str | None, str, str]:
+        """(answer or None, the entity still sought, the recall intent)."""
+        if question.startswith(_OPENER_Q):
+            container = question[len(_OPENER_Q) :]
+            key = facts.opener.get(container)
+            if key is None:
+                return None, container, f"which key opens {container}"
+            if key in facts.location:
+                return facts.location[key], key, ""
+            return None, key, f"where is the {key}"
+        if question in facts.location:
+            return facts.location[question], question, ""
+        return None, question, f"where is the {question}"
+
+    def _select(self, cues: dict[int, str], target: str, tried: set[int]) -> list[int]:
+        """Untried pages whose cue best matches ``target`` (token overlap, the exact entity first, then recency)."""
+        terms = _term_set(target)
+        scored = []
+        for page_id, cue in cues.items():
+            if page_id in tried:
+                continue
+            entities = {e.strip() for e in cue.lower().split(",")}
+            score = len(terms & _term_set(cue)) + (10 if target in entities else 0)
+            if score > 0:
+                scored.append((-score, -page_id, page_id))
+        return [p for _, _, p in sorted(scored)[: self.max_pages]]
+
+
+# ---------------------------------------------------------------------------------------------------- reference loop
+def render_page(turns: list[tuple[str, str]]) -> str:
+    """A page's raw text: each turn as ``> action`` (omitted for the first observation) and its observation."""
+    parts = []
+    for action, observation in turns:
+        parts.append(f"> {action}\n{observation}" if action else observation)
+    return "\n".join(parts)
+
+
+@dataclass
+class SamRun:
+    """The result of :func:`simulate_sam`."""
+
+    answer: str | None
+    outcome: float
+    steps: int
+    recalls: int
+    pages: int
+    peak_context_tokens: int
+
+
+def simulate_sam(
+    task: SamTask,
+    reasoner: ScriptedPolicy,
+    memory: ScriptedPolicy | None,
+    *,
+    live_turns: int = 4,
+    page_turns: int = 4,
+    seed: int = 0,
+    metadata: dict[str, Any] | None = None,
+) -> SamRun:
+    """Run ``reasoner`` on ``task`` with SAM-style memory: raw turns beyond ``live_turns`` are cut into pages of
+    ``page_turns`` turns; ``memory`` (a policy answering :func:`~data.formats.render_sam_consolidate_prompt` and
+    :func:`~data.formats.render_sam_recall_prompt` messages, e.g. the oracle expert) writes each page's cue and reads
+    pages under the reasoner's intent. ``memory=None`` keeps the live window only (pages are dropped).
+
+    This is the reference for the agent loop's SAM system (``rollout``): the same message shapes, in-process.
+    """
+    rng = random.Random(seed)
+    meta = {"task_id": task.task_id, "gold_entities": task.gold_entities, **(metadata or {})}
+    live: list[tuple[str, str]] = [("", task.reset())]
+    pages: list[str] = []
+    cues: list[tuple[int, str]] = []
+    tail: list[Message] = []  # memory calls and recalled content since the last act
+    recalls, peak, step = 0, 0, 0
+    answer: str | None = None
+    while step < task.max_steps:
+        step += 1
+        messages = [
+            Message(role="system", content=SAM_REASONER_SYSTEM),
+            Message(role="user", content=render_sam_memory_block(task.task, cues)),
+        ]
+        for i, (action, observation) in enumerate(live):
+            if action:
+                messages.append(Message(role="assistant", content=action))
+            messages.append(Message(role="user" if i == 0 and not action else "tool", content=observation))
+        messages += tail
+        peak = max(peak, sum(count_tokens(m.content) for m in messages))
+        reply = reasoner.respond(messages, rng, meta)
+        calls = parse_tool_calls(reply).calls
+        if not calls:
+            live.append((reply, "error: no tool call in the reply"))
+            continue
+        call = calls[0]
+        if call.name == "answer":
+            answer = str(call.arguments.get("answer", ""))
+            break
+        if call.name == "memory":
+            recalls += 1
+            intent = str(call.arguments.get("intent", ""))
+            ids = [int(i) for i in call.arguments.get("page_ids", []) if 0 <= int(i) < len(pages)]
+            so_far = ""
+            for page_id in ids if memory is not None else []:
+                prompt = as_messages(render_sam_recall_prompt(intent, page_id, pages[page_id], so_far))
+                out = memory.respond(prompt, rng, {**meta, "role": "recall"}).strip()
+                so_far = "" if out == NOTHING_RELEVANT else out
+            tail += [
+                Message(role="assistant", content=reply),
+                Message(role="user", content=render_sam_recalled(intent, ids, so_far or NOTHING_RELEVANT)),
+            ]
+            continue
+        observation, _ = task.step(str(call.arguments.get("action", "")))
+        live.append((reply, observation))
+        tail = []
+        while len(live) > live_turns + page_turns - 1:
+            page, live = live[:page_turns], live[page_turns:]
+            text = render_page([(_act_text(a), o) for a, o in page])
+            page_id = len(pages)
+            pages.append(text)
+            if memory is not None:
+                prompt = as_messages(render_sam_consolidate_prompt(page_id, text))
+                cues.append((page_id, memory.respond(prompt, rng, {**meta, "role": "consolidate"}).strip()))
+    return SamRun(answer, task.finish(answer), step, recalls, len(pages), peak)
+
+
+def _act_text(reply: str) -> str:
+    calls = parse_tool_calls(reply).calls
+    if calls and calls[0].name == "act":
+        return str(calls[0].arguments.get("action", ""))
+    return reply
+
