@@ -17,18 +17,22 @@ from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
     "ConfigError",
     "ConfigModel",
+    "PlacementConfig",
+    "PolicyPlacement",
     "RunConfig",
+    "ServedModel",
     "WandbConfig",
     "apply_overrides",
     "config_hash",
     "config_to_yaml",
     "load_config",
     "prepare_run_dir",
+    "resolve_deepspeed_config",
     "write_resolved_config",
 ]
 
@@ -63,6 +67,53 @@ class RunConfig(ConfigModel):
     seed: int = 0
     resume: bool = False
     wandb: WandbConfig = WandbConfig()
+
+
+class ServedModel(ConfigModel):
+    """A frozen model behind OpenAI-compatible endpoints; requests are spread over all of them (more = faster)."""
+
+    model: str  # the name the servers answer to (vLLM's --served-model-name)
+    endpoints: list[str] = []  # base URLs ending in /v1, e.g. http://gpu01:8000/v1
+    api_key_env: str | None = None  # environment variable holding the key; None for local vLLM servers
+
+
+class PolicyPlacement(ConfigModel):
+    """Where the trained policy's own vLLM engine runs during rollouts.
+
+    ``colocate``: every training GPU also hosts the engine (``tensor_parallel_size`` ranks share one), which sleeps
+    while the trainer updates (``sleep_level`` 1 keeps the weights in CPU memory, 2 drops them; 0 never sleeps; GPU
+    only). ``separate``: the last ``gpus_per_node`` GPUs of every training node run the engine and the rest train.
+    """
+
+    mode: typing.Literal["colocate", "separate"] = "colocate"
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
+    sleep_level: typing.Literal[0, 1, 2] = 1
+    gpus_per_node: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_gpus(self) -> PolicyPlacement:
+        if self.mode == "colocate" and self.gpus_per_node:
+            raise ValueError("gpus_per_node applies to mode 'separate' only (colocated engines use the training GPUs)")
+        if self.mode == "separate" and (self.gpus_per_node < 1 or self.gpus_per_node % self.tensor_parallel_size):
+            raise ValueError(
+                f"mode 'separate' needs gpus_per_node >= 1 and a multiple of tensor_parallel_size "
+                f"({self.tensor_parallel_size}), got {self.gpus_per_node}"
+            )
+        return self
+
+
+class PlacementConfig(ConfigModel):
+    """Rollout placement: the policy engine, and the frozen reasoner / committee / judge servers (see docs/cluster.md).
+
+    ``reasoner``, ``committee`` and ``judge`` unset mean the recipe's own engines; the Slurm script fills them with the
+    endpoints of the servers it starts.
+    """
+
+    policy: PolicyPlacement = PolicyPlacement()
+    reasoner: ServedModel | None = None
+    committee: list[ServedModel] = []
+    judge: ServedModel | None = None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -302,3 +353,18 @@ def prepare_run_dir(cfg: BaseModel, run: RunConfig, command: str) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_resolved_config(cfg, run_dir)
     return run_dir
+
+
+def resolve_deepspeed_config(name_or_path: str) -> Path:
+    """The DeepSpeed JSON a recipe names: a file path, or a name under ``configs/deepspeed/`` (``zero2``, ...)."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.parent != Path("."):
+        if not path.is_file():
+            raise ConfigError(f"DeepSpeed config file not found: {path}")
+        return path
+    folder = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
+    named = folder / f"{name_or_path}.json"
+    if not named.is_file():
+        known = sorted(p.stem for p in folder.glob("*.json"))
+        raise ConfigError(f"unknown DeepSpeed config {name_or_path!r}; one of {known} or a path to a .json file")
+    return named

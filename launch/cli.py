@@ -44,6 +44,8 @@ JOBS: list[Job] = [
     ),
     Job(("data", "synth"), "synthetic long-horizon episodes -> train/eval JSONL + Arrow", "data.synth:SynthConfig",
         "data.synth:run_synth"),
+    Job(("sft",), "supervised fine-tuning on distilled memory-role datasets (TRL SFTTrainer, LoRA or full)",
+        "train.sft:SFTRunConfig", "train.sft:run_sft", resumable=True),
 ]
 
 

@@ -29,7 +29,7 @@ if [ -f "$stamp" ]; then
 else
   echo "[memrl setup] installing memrl[$MEMRL_EXTRA,dev] into $VENV (first run: a few minutes)"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$MEMRL_ROOT[$MEMRL_EXTRA,dev]" 2>&1 \
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "${MEMRL_ROOT}[${MEMRL_EXTRA},dev]" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" || true
   "$VENV/bin/python" -c "import data, rollout, rewards, train, launch" \
     || { echo "[memrl setup] install failed" >&2; exit 1; }
