@@ -62,7 +62,9 @@ def test_credit_and_groups_from_a_tree() -> None:
     first = next(g for g in groups if len(g.samples) == 2 and all(s.reward == 0.5 for s in g.samples))
     assert first.zero_variance  # the first call does not matter: both of its subtrees score 1/2
     deep = [g for g in groups if not g.zero_variance]
-    assert len(deep) == 2 and all(sorted(s.advantage for s in g.samples) == pytest.approx([-1.0, 1.0], abs=1e-4) for g in deep)
+    assert len(deep) == 2 and all(
+        sorted(s.advantage for s in g.samples) == pytest.approx([-1.0, 1.0], abs=1e-4) for g in deep
+    )
 
 
 def test_flat_mode_gives_each_trajectory_its_outcome() -> None:

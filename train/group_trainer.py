@@ -13,7 +13,9 @@ accelerate's accumulation and the data-parallel gradient mean, so 1 process and 
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from data.schemas import Group
 from train.policy import LoraSettings, PolicySpec, load_policy, response_logprobs, save_policy
 from train.surrogate import Aggregation, clipped_surrogate
 
-__all__ = ["GroupTrainer", "GroupTrainerConfig", "Row", "rows_from_groups"]
+__all__ = ["GroupTrainer", "GroupTrainerConfig", "Row", "make_accelerator", "rows_from_groups"]
 
 
 class GroupTrainerConfig(ConfigModel):
@@ -47,6 +49,7 @@ class GroupTrainerConfig(ConfigModel):
     tis_cap: float | None = None
     skip_zero_advantage: bool = True
     bf16: bool = False  # autocast forward passes (several times faster on recent CPUs and on GPUs)
+    deepspeed: str | None = None  # a configs/deepspeed name (zero2, zero3, zero2_cpu, ...) or a JSON path
     lora: LoraSettings = LoraSettings()
     seed: int = 0
 
@@ -115,18 +118,46 @@ def _collate(rows: list[Row], pad_id: int, device: torch.device) -> _Batch:
     return _Batch(ids.to(device), attn.to(device), resp.to(device), adv.to(device), roll.to(device), has_roll)
 
 
+def make_accelerator(cfg: GroupTrainerConfig) -> Any:
+    """The accelerator of a group-trainer run: plain (DDP under torchrun) or DeepSpeed ZeRO from ``cfg.deepspeed``.
+
+    With no dataloader to infer them from, DeepSpeed's "auto" sizes are filled in here: one row per micro-batch and
+    ``micro_batches`` accumulation steps (the trainer normalises its losses itself, so the row count is nominal).
+    """
+    from accelerate import Accelerator, DeepSpeedPlugin
+
+    from data.config import resolve_deepspeed_config
+
+    mixed = "bf16" if cfg.bf16 else "no"
+    if cfg.deepspeed is None:
+        return Accelerator(
+            cpu=not torch.cuda.is_available(), mixed_precision=mixed, gradient_accumulation_steps=cfg.micro_batches
+        )
+    ds = json.loads(resolve_deepspeed_config(cfg.deepspeed).read_text())
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    ds.update(
+        train_micro_batch_size_per_gpu=1,
+        gradient_accumulation_steps=cfg.micro_batches,
+        train_batch_size=cfg.micro_batches * world,
+        gradient_clipping=cfg.max_grad_norm,
+    )
+    plugin = DeepSpeedPlugin(hf_ds_config=ds)
+    if not torch.cuda.is_available():
+        # accelerate only pairs DeepSpeed with a GPU backend; on CPU (DS_ACCELERATOR=cpu) it must be told to use
+        # DeepSpeed and gloo explicitly, before its shared state is first created.
+        from accelerate import PartialState
+
+        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        PartialState(backend="gloo")
+    return Accelerator(deepspeed_plugin=plugin, mixed_precision=mixed, gradient_accumulation_steps=cfg.micro_batches)
+
+
 class GroupTrainer:
     """Clipped-surrogate updates on groups; owns the policy, optimizer and scheduler (see module docstring)."""
 
     def __init__(self, policy: PolicySpec, cfg: GroupTrainerConfig, *, accelerator: Any = None) -> None:
-        from accelerate import Accelerator
-
         self.cfg = cfg
-        self.accelerator = accelerator or Accelerator(
-            cpu=not torch.cuda.is_available(),
-            mixed_precision="bf16" if cfg.bf16 else "no",
-            gradient_accumulation_steps=cfg.micro_batches,
-        )
+        self.accelerator = accelerator or make_accelerator(cfg)
         if self.accelerator.gradient_accumulation_steps != cfg.micro_batches:
             raise ValueError(
                 f"the accelerator accumulates {self.accelerator.gradient_accumulation_steps} steps but "
