@@ -9,8 +9,10 @@ plan (which fact each subtask needs) comes from request metadata ``truth`` (:met
 Phase 1 saves every fact visible in the task or the window that the bank lacks (requirements and environment facts
 as knowledge, diagnosed failures as procedural entries), updates the private status, and deletes entries no
 remaining subtask needs. Phase 2 reminds right before a pivot (the next subtask needs a fact the window does not
-show) with the bank entry that states it, and stays silent otherwise. Knobs: ``miss_rate`` (stay silent at a
-pivot), ``false_alarm_rate`` (remind needlessly at a non-pivot step), ``drop_rate`` (skip saving an entry).
+show) with the bank entry that states it, or, when the bank lacks it, with the requirement as the task statement
+gives it (the statement is part of the prompt, and all the injection-only ablation has), and stays silent otherwise.
+Knobs: ``miss_rate`` (stay silent at a pivot), ``false_alarm_rate`` (remind needlessly at a non-pivot step),
+``drop_rate`` (skip saving an entry).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class ProactiveOracle:
         truth = metadata.get("truth") or self.truths.get(str(metadata.get("task_id")), {})
         if phase == 1:
             return self.phase1(task, window, bank, truth, rng)
-        return self.phase2(window, bank, truth, rng)
+        return self.phase2(window, bank, truth, rng, task)
 
     @staticmethod
     def _needs(truth: dict[str, Any], name: str, index: int) -> str | None:
@@ -102,8 +104,11 @@ class ProactiveOracle:
             calls.append(render_tool_call(tool, {"content": fact.sentence(value)}))
         return "\n".join(calls)
 
-    def phase2(self, window: str, bank: BankView, truth: dict[str, Any], rng: random.Random) -> str:
-        """A reminder right before a pivot, silence otherwise (noisy per the config)."""
+    def phase2(
+        self, window: str, bank: BankView, truth: dict[str, Any], rng: random.Random, task: str = ""
+    ) -> str:
+        """A reminder right before a pivot, silence otherwise (noisy per the config). The reminder is the bank entry
+        that states the needed fact, else the fact's sentence when the task statement states it, else silence."""
         steps = parse_window(window)
         nxt = parse_next(steps[-1][2]) if steps else None
         if nxt is None:
@@ -115,7 +120,10 @@ class ProactiveOracle:
             if rng.random() < self.config.miss_rate:
                 return render_intervention(None)
             match = [c for _, c in entries if fact_value(need, c) is not None]
-            return render_intervention(match[-1] if match else None)
+            if match:
+                return render_intervention(match[-1])
+            value = fact_value(need, task)
+            return render_intervention(FACTS[need].sentence(value) if value is not None else None)
         if entries and rng.random() < self.config.false_alarm_rate:
             others = [c for _, c in entries if need is None or fact_value(need, c) is None]
             return render_intervention(rng.choice(others) if others else None)

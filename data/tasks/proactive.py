@@ -7,8 +7,8 @@ directory never to touch); some commands fail with a diagnostic until a flag is 
 ``k`` steps; the statement only while it is inside that window) plus an optional reminder (a transient
 ``memory context:`` message). When the fact a subtask needs is out of sight it falls back to a default command: it
 violates a requirement (fatal), repeats a command that failed before (a wasted step), or has to re-read a file (a
-wasted step). A reminder that does not name the next subtask's fact costs a wasted step (``pwd``), so needless
-interventions hurt when the step budget is tight.
+wasted step). A reminder that does not name the next subtask's fact costs a wasted step (``pwd``; the agent does
+not double-check twice in a row), so needless interventions hurt when the step budget is tight.
 
 Pivots (steps where a reminder changes the agent's action) are computed by a reference run and stored in the
 episode metadata: the ground truth for pivot detection. :func:`simulate_proactive` is the reference loop with a
@@ -414,9 +414,12 @@ class ActionAgent:
             return "ls"
         seen = "\n".join(context)
         if reminder is not None:
-            if sub.fact is None or fact_value(sub.fact, reminder) is None:
-                return "pwd"  # an irrelevant reminder: the agent stops to double-check (a wasted step)
-            seen += "\n" + reminder
+            if sub.fact is not None and fact_value(sub.fact, reminder) is not None:
+                seen += "\n" + reminder
+            elif last_action != "pwd":
+                # an irrelevant reminder: the agent stops to double-check (a wasted step), but only once in a row,
+                # so a standing memory context (full-bank exposure, forced reminders) slows it down, not livelocks it
+                return "pwd"
         if sub.fact is None:
             return sub.default
         value = fact_value(sub.fact, seen)
