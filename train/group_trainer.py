@@ -345,6 +345,18 @@ class GroupTrainer:
         return metrics
 
     # ----------------------------------------------------------------------------------------------------------
+    def rng_state(self) -> Any:
+        """The state of the row-shuffling generator (saved in checkpoints)."""
+        return self._rng.getstate()
+
+    def set_rng_state(self, state: Any) -> None:
+        """Restore :meth:`rng_state` (JSON-loaded lists are turned back into the tuples ``random`` expects)."""
+
+        def as_tuple(x: Any) -> Any:
+            return tuple(as_tuple(v) for v in x) if isinstance(x, list) else x
+
+        self._rng.setstate(as_tuple(state))
+
     def save_policy(self, out_dir: str) -> str:
         """Save the adapter (LoRA) or the full weights as safetensors for the rollout engine and for export."""
         unwrapped = self.accelerator.unwrap_model(self.model)
