@@ -3,11 +3,26 @@
 Token-in / token-out: a :class:`GenerationResult` carries the exact prompt ids the engine consumed and, for each of
 the ``n`` samples, the response ids, the per-token log-probs of the sampled tokens, the text and the finish reason.
 A list of requests is one call, so backends can batch (vLLM) or run them concurrently (OpenAI-compatible).
+
+Conventions every backend follows (so results are comparable across backends and with the trainer):
+
+- Chat messages are rendered to prompt ids by the engine itself with the tokenizer's chat template
+  (:func:`chat_prompt_ids`); the ids are sent to the model and returned unchanged.
+- ``logprobs[i]`` is the log-probability of ``response_ids[i]`` under the model's *raw* distribution: log-softmax of
+  the unprocessed logits (temperature 1, no top-k/top-p), whatever sampling settings drew the token.
+- Sample ``i`` of a request seeded with ``s`` draws with seed :func:`sample_seed(s, i) <sample_seed>`; an unseeded
+  request takes the next seed of the engine's own counter, so a run is reproducible.
+- A stop string ends a sample: ``response_ids`` keep the token that completed it, ``text`` stops before it and the
+  finish reason is ``stop``. An end-of-sequence token is kept in ``response_ids`` and left out of ``text``.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
+import hashlib
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +36,12 @@ __all__ = [
     "GenerationResult",
     "SamplingParams",
     "Usage",
+    "chat_prompt_ids",
+    "find_stop",
+    "sample_seed",
+    "set_torch_threads",
     "to_memory_call",
+    "torch_threads",
 ]
 
 
@@ -41,6 +61,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     logprobs: bool = True
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -77,7 +98,11 @@ class Completion:
 
 @dataclass
 class Usage:
-    """Token accounting of one request (all samples). ``cached_prompt_tokens`` were served from a prefix cache."""
+    """Token accounting of one request (all samples). ``cached_prompt_tokens`` were served from a prefix cache.
+
+    Each sample is its own prefill, so ``prompt_tokens`` is the prompt length times ``n`` and ``cached_prompt_tokens``
+    the sum over samples (later samples of a request usually hit the blocks the first one cached).
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -101,10 +126,30 @@ class Engine(abc.ABC):
 
     name: str = "engine"
     policy_version: int = 0
+    seed: int = 0
 
     @abc.abstractmethod
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Generate for every request (one batched call); results are in request order."""
+
+    def request_seed(self, sampling: SamplingParams) -> int:
+        """The request's seed, or for an unseeded request the next seed of this engine's counter."""
+        if sampling.seed is not None:
+            return sampling.seed
+        counter = self.__dict__.setdefault("_unseeded_counter", itertools.count())
+        return sample_seed(self.seed, -1 - next(counter))
+
+    def load_adapter(self, path: str, version: int) -> None:
+        """Serve the LoRA adapter in directory ``path`` as policy ``version`` (backends with adapters only)."""
+        raise EngineError(f"{self.name}: this backend cannot load adapters")
+
+    def use_base(self, version: int = 0) -> None:
+        """Serve the base weights again (after :meth:`load_adapter`)."""
+        raise EngineError(f"{self.name}: this backend cannot load adapters")
+
+    def update_weights(self, weights: Any, version: int) -> None:
+        """Replace the full weights (a state dict or a directory of safetensors) and serve them as ``version``."""
+        raise EngineError(f"{self.name}: this backend cannot update weights")
 
     def close(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
         """Release processes, sockets and memory held by the engine."""
@@ -114,6 +159,65 @@ class Engine(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a request seeded with ``seed``.
+
+    A hash rather than ``seed + index``, so neighbouring request seeds never share samples. Fits in 63 bits.
+    """
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def chat_prompt_ids(
+    tokenizer: Any, messages: list[Message], chat_template_kwargs: dict[str, Any] | None = None
+) -> list[int]:
+    """Render ``messages`` with the tokenizer's chat template plus the generation prompt, as token ids."""
+    ids = tokenizer.apply_chat_template(
+        [m.model_dump() for m in messages],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+        **(chat_template_kwargs or {}),
+    )
+    return [int(i) for i in ids]
+
+
+def set_torch_threads(n: int) -> None:
+    """Set torch's intra-op CPU threads for the whole process.
+
+    Calls the builtin directly because vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op.
+    """
+    import torch
+
+    torch._C.set_num_threads(n)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` torch CPU threads (None: leave them alone), then restore the caller's count.
+
+    CPU engines generate with one thread by default: on a shared 2-core machine two threads were 4x (vLLM) to 12x
+    (transformers, tiny model) slower, because OpenMP workers spin while the other core is busy.
+    """
+    if n is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    set_torch_threads(n)
+    try:
+        yield
+    finally:
+        set_torch_threads(before)
+
+
+def find_stop(text: str, stops: list[str]) -> int | None:
+    """Index in ``text`` where the earliest of ``stops`` begins, or None."""
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None
 
 
 def to_memory_call(

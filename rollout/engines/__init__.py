@@ -1,0 +1,36 @@
+"""Inference engines: one interface (:mod:`rollout.engines.base`) over vLLM, transformers, OpenAI-compatible HTTP
+endpoints and scripted agents. Backends import their heavy dependencies only when built (:func:`build_engine`).
+"""
+
+from rollout.engines.base import (
+    Completion,
+    Engine,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    Usage,
+    chat_prompt_ids,
+    sample_seed,
+    to_memory_call,
+)
+from rollout.engines.config import EndpointConfig, EngineConfig, build_engine, load_scripted_policy
+from rollout.engines.prefix_cache import PrefixCacheSimulator
+
+__all__ = [
+    "Completion",
+    "EndpointConfig",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "GenerationRequest",
+    "GenerationResult",
+    "PrefixCacheSimulator",
+    "SamplingParams",
+    "Usage",
+    "build_engine",
+    "chat_prompt_ids",
+    "load_scripted_policy",
+    "sample_seed",
+    "to_memory_call",
+]

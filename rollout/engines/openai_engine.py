@@ -1,0 +1,497 @@
+"""The ``openai`` backend: OpenAI-compatible HTTP endpoints (``vllm serve`` processes, gateways to frontier models).
+
+Two APIs:
+
+- ``completions`` (the default when a tokenizer is configured): token-in/token-out against a vLLM server. Messages are
+  rendered to prompt ids here with the chat template and sent as ``prompt: [ids]`` with ``return_token_ids`` and
+  ``logprobs: 0``; the server returns the sampled ids and their log-probs under its ``logprobs_mode`` (vLLM's default
+  ``raw_logprobs``: log-softmax of the unprocessed logits, temperature 1, no top-k/top-p), the same definition as every
+  memrl backend. A server that returns no token ids yields text only.
+- ``chat`` (the default without a tokenizer): ``/chat/completions`` with the messages, for frontier gateways. Results
+  carry text, finish reason and the server's usage; no token ids or log-probs.
+
+Each sample is one HTTP request (seed ``sample_seed(request seed, i)``), so samples spread over endpoints and retry
+independently. Requests run on a private asyncio loop (one background thread per engine, so :meth:`generate` works
+from synchronous and asynchronous callers alike) with, per endpoint, bounded concurrency and request/token rate
+limits (token buckets that refill continuously and hold one second of budget, so a rolling per-minute window is never
+exceeded). A sample goes to the endpoint with the most free capacity, and a retry prefers another endpoint.
+429, 408, 5xx, timeouts, dropped connections and unparseable answers are retried with exponential backoff and jitter
+(honouring ``Retry-After``); other 4xx fail at once. Every attempt has a timeout and the whole call a deadline, so a
+call never hangs. A failure raises one :class:`~rollout.engines.base.EngineError` naming the endpoint and its last
+status. API keys are read from the environment variables the endpoints name, sent only as a bearer header, and never
+logged, stored in results or written anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from rollout.engines.base import (
+    Completion,
+    Engine,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    Usage,
+    chat_prompt_ids,
+    sample_seed,
+)
+from rollout.engines.config import EndpointConfig, EngineConfig
+
+__all__ = ["EndpointStats", "OpenAIEngine", "TokenBucket"]
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529})
+
+
+class TokenBucket:
+    """A continuously refilling budget of ``per_minute`` units a minute holding at most one second's worth.
+
+    A request larger than the capacity is admitted when the bucket is full and drives it negative, so later requests
+    wait for the debt. ``clock`` and ``sleep`` are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        per_minute: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.rate = per_minute / 60.0
+        self.capacity = max(1.0, self.rate)
+        self.level = self.capacity
+        self._clock, self._sleep = clock, sleep
+        self._stamp = clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self.level = min(self.capacity, self.level + (now - self._stamp) * self.rate)
+        self._stamp = now
+
+    async def take(self, amount: float, deadline: float) -> None:
+        """Wait until ``amount`` fits (or the bucket is full), then spend it; raise TimeoutError past ``deadline``."""
+        need = min(amount, self.capacity)
+        while True:
+            self._refill()
+            if self.level >= need:
+                self.level -= amount
+                return
+            wait = (need - self.level) / self.rate
+            if self._clock() + wait > deadline:
+                raise TimeoutError("rate limit wait would pass the deadline")
+            await self._sleep(wait)
+
+    def adjust(self, amount: float) -> None:
+        """Charge (positive) or refund (negative) units after the real cost is known."""
+        self._refill()
+        self.level = min(self.capacity, self.level - amount)
+
+
+@dataclass
+class EndpointStats:
+    """What one endpoint did: requests answered, attempts that failed, tokens and cost."""
+
+    requests: int = 0
+    failed_attempts: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass
+class _Endpoint:
+    cfg: EndpointConfig
+    model: str
+    headers: dict[str, str] = field(repr=False)
+    semaphore: asyncio.Semaphore
+    requests: TokenBucket | None
+    tokens: TokenBucket | None
+    assigned: int = 0
+    stats: EndpointStats = field(default_factory=EndpointStats)
+
+    @property
+    def label(self) -> str:
+        return f"{self.cfg.url} ({self.model})"
+
+    def cost(self, prompt: int, cached: int, completion: int) -> float:
+        cached_price = self.cfg.cached_input_usd_per_mtok
+        if cached_price is None:
+            cached_price = self.cfg.input_usd_per_mtok
+        dollars = (prompt - cached) * self.cfg.input_usd_per_mtok + cached * cached_price
+        return (dollars + completion * self.cfg.output_usd_per_mtok) / 1e6
+
+
+class _Retry(Exception):
+    """One failed attempt that may be retried: ``status`` says what happened, ``wait`` is the server's Retry-After."""
+
+    def __init__(self, status: str, wait: float = 0.0) -> None:
+        super().__init__(status)
+        self.status, self.wait = status, wait
+
+
+@dataclass
+class _Sample:
+    completion: Completion
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost: float
+
+
+class OpenAIEngine(Engine):
+    """Any OpenAI-compatible endpoints behind the engine interface (see the module docstring)."""
+
+    def __init__(
+        self,
+        endpoints: list[EndpointConfig],
+        *,
+        model: str | None = None,
+        tokenizer: Any = None,
+        api: str = "auto",
+        name: str = "openai",
+        seed: int = 0,
+        request_timeout_s: float = 120.0,
+        deadline_s: float = 1800.0,
+        max_retries: int = 6,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if not endpoints:
+            raise EngineError(f"{name}: no endpoints configured")
+        if api == "completions" and tokenizer is None:
+            raise EngineError(f"{name}: the completions API sends token ids and needs a tokenizer")
+        self.name = name
+        self.seed = seed
+        self.tokenizer = tokenizer
+        self.api = api if api != "auto" else ("completions" if tokenizer is not None else "chat")
+        self.request_timeout_s = request_timeout_s
+        self.deadline_s = deadline_s
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._rng = random.Random(seed)
+        headers = [self._headers(ep) for ep in endpoints]
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"memrl-{name}", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+        async def setup() -> tuple[httpx.AsyncClient, list[_Endpoint]]:
+            eps = []
+            for ep, hdr in zip(endpoints, headers, strict=True):
+                ep_model = ep.model or model
+                if not ep_model:
+                    raise EngineError(f"{name}: endpoint {ep.url} has no model (set endpoints[].model or model)")
+                eps.append(
+                    _Endpoint(
+                        cfg=ep,
+                        model=ep_model,
+                        headers=hdr,
+                        semaphore=asyncio.Semaphore(ep.max_concurrency),
+                        requests=TokenBucket(ep.requests_per_minute) if ep.requests_per_minute else None,
+                        tokens=TokenBucket(ep.tokens_per_minute) if ep.tokens_per_minute else None,
+                    )
+                )
+            connections = sum(ep.max_concurrency for ep in endpoints)
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(request_timeout_s),
+                limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+            )
+            return client, eps
+
+        try:
+            self._client, self._endpoints = self._run(setup(), timeout=30.0)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig) -> OpenAIEngine:
+        """Build from an :class:`EngineConfig`; ``tokenizer`` enables token-in/token-out completions."""
+        tokenizer = None
+        if cfg.tokenizer:
+            from rollout.models import load_tokenizer
+
+            tokenizer = load_tokenizer(cfg.tokenizer, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+        return cls(
+            list(cfg.endpoints),
+            model=cfg.model,
+            tokenizer=tokenizer,
+            api=cfg.api,
+            name=cfg.engine_name,
+            seed=cfg.seed,
+            request_timeout_s=cfg.request_timeout_s,
+            deadline_s=cfg.deadline_s,
+            max_retries=cfg.max_retries,
+            backoff_base_s=cfg.backoff_base_s,
+            backoff_max_s=cfg.backoff_max_s,
+            chat_template_kwargs=cfg.chat_template_kwargs,
+        )
+
+    def _headers(self, ep: EndpointConfig) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if ep.api_key_env:
+            key = os.environ.get(ep.api_key_env)
+            if not key:
+                raise EngineError(f"{self.name}: environment variable {ep.api_key_env} (key for {ep.url}) is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    # ------------------------------------------------------------------------------------------------------------
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Run every sample of every request concurrently; blocks until done (at most ``deadline_s``)."""
+        return self._run(self._generate(requests), timeout=self.deadline_s + 30.0)
+
+    async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """:meth:`generate` for callers already inside an event loop."""
+        if self._closed:
+            raise EngineError(f"{self.name}: the engine is closed")
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._generate(requests), self._loop))
+
+    def stats(self) -> dict[str, EndpointStats]:
+        """Per-endpoint request, failure, token and cost counters (keyed by URL and model)."""
+        return {ep.label: ep.stats for ep in self._endpoints}
+
+    def close(self) -> None:
+        """Close connections and stop the background loop; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        client = getattr(self, "_client", None)
+        if client is not None and self._loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(client.aclose(), self._loop).result(timeout=10.0)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10.0)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def _run(self, coro: Any, timeout: float) -> Any:
+        if self._closed:
+            coro.close()
+            raise EngineError(f"{self.name}: the engine is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout=timeout)
+        except TimeoutError:
+            future.cancel()
+            raise EngineError(f"{self.name}: no answer within {timeout:.0f} s") from None
+
+    # ------------------------------------------------------------------------------------------------------------
+    async def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        deadline = time.monotonic() + self.deadline_s
+        prompts: list[list[int]] = []
+        for r, req in enumerate(requests):
+            if self.api == "chat":
+                if req.messages is None:
+                    raise EngineError(f"{self.name}: request {r} has prompt ids, but the chat API needs messages")
+                prompts.append([])
+            elif req.prompt_ids is not None:
+                prompts.append(list(req.prompt_ids))
+            else:
+                prompts.append(chat_prompt_ids(self.tokenizer, req.messages or [], self.chat_template_kwargs))
+        tasks: list[list[asyncio.Task[_Sample]]] = []
+        for req, prompt_ids in zip(requests, prompts, strict=True):
+            seed = self.request_seed(req.sampling)
+            tasks.append(
+                [
+                    asyncio.ensure_future(self._sample(req, prompt_ids, sample_seed(seed, i), deadline))
+                    for i in range(req.sampling.n)
+                ]
+            )
+        flat = [t for per_request in tasks for t in per_request]
+        try:
+            await asyncio.gather(*flat)
+        except BaseException:
+            for task in flat:
+                task.cancel()
+            await asyncio.gather(*flat, return_exceptions=True)
+            raise
+        results = []
+        for prompt_ids, per_request in zip(prompts, tasks, strict=True):
+            samples = [t.result() for t in per_request]
+            usage = Usage(
+                prompt_tokens=sum(s.prompt_tokens for s in samples),
+                completion_tokens=sum(s.completion_tokens for s in samples),
+                cached_prompt_tokens=sum(s.cached_tokens for s in samples),
+                cost_usd=sum(s.cost for s in samples),
+            )
+            results.append(
+                GenerationResult(
+                    prompt_ids=prompt_ids,
+                    completions=[s.completion for s in samples],
+                    usage=usage,
+                    engine=self.name,
+                    policy_version=self.policy_version,
+                )
+            )
+        return results
+
+    def _choose(self, avoid: _Endpoint | None) -> _Endpoint:
+        candidates = [ep for ep in self._endpoints if ep is not avoid] or self._endpoints
+        load = {id(ep): ep.assigned / ep.cfg.max_concurrency for ep in candidates}
+        best = min(load.values())
+        return self._rng.choice([ep for ep in candidates if load[id(ep)] == best])
+
+    async def _sample(self, req: GenerationRequest, prompt_ids: list[int], seed: int, deadline: float) -> _Sample:
+        sp = req.sampling
+        payload = self._payload(req, prompt_ids, seed)
+        estimate = (len(prompt_ids) or sum(len(m.content) for m in req.messages or []) // 4) + sp.max_tokens
+        tried: list[str] = []
+        endpoint: _Endpoint | None = None
+        last = "no attempt made"
+        for attempt in range(self.max_retries + 1):
+            endpoint = self._choose(avoid=endpoint)
+            if endpoint.label not in tried:
+                tried.append(endpoint.label)
+            endpoint.assigned += 1  # counted from the choice on, so a burst of samples spreads evenly
+            try:
+                body = await self._attempt(endpoint, payload, estimate, deadline)
+                return self._parse(endpoint, body, prompt_ids, sp, estimate)
+            except _Retry as failure:
+                endpoint.stats.failed_attempts += 1
+                last = failure.status
+                wait = failure.wait
+            except EngineError:
+                endpoint.stats.failed_attempts += 1
+                raise
+            finally:
+                endpoint.assigned -= 1
+            if attempt == self.max_retries:
+                break
+            cap = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
+            delay = min(self.backoff_max_s, max(wait, cap / 2 + self._rng.uniform(0, cap / 2)))
+            if time.monotonic() + delay >= deadline:
+                last += f"; the {self.deadline_s:.0f} s deadline left no time to retry"
+                break
+            log.warning("%s: %s failed (%s); retry %d in %.2f s", self.name, endpoint.label, last, attempt + 1, delay)
+            await asyncio.sleep(delay)
+        assert endpoint is not None
+        raise EngineError(
+            f"{self.name}: request failed after {attempt + 1} attempt(s); last endpoint {endpoint.label} -> {last}"
+            + (f" (endpoints tried: {', '.join(tried)})" if len(tried) > 1 else "")
+        )
+
+    async def _attempt(self, ep: _Endpoint, payload: dict[str, Any], estimate: int, deadline: float) -> dict[str, Any]:
+        """One HTTP exchange: wait for a slot and the rate limits (until the deadline), then post with a timeout."""
+        url = ep.cfg.url.rstrip("/") + ("/chat/completions" if self.api == "chat" else "/completions")
+        try:
+            await asyncio.wait_for(ep.semaphore.acquire(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise _Retry("no free request slot before the deadline") from None
+        try:
+            try:
+                if ep.requests is not None:
+                    await ep.requests.take(1, deadline)
+                if ep.tokens is not None:
+                    await ep.tokens.take(estimate, deadline)
+            except TimeoutError:
+                raise _Retry("rate limit would hold the request past the deadline") from None
+            timeout = min(self.request_timeout_s, deadline - time.monotonic())
+            try:
+                # An outer bound on the whole exchange: per-read timeouts never fire on a server that drip-feeds bytes.
+                response = await asyncio.wait_for(
+                    self._client.post(url, json={**payload, "model": ep.model}, headers=ep.headers), max(0.0, timeout)
+                )
+            except asyncio.TimeoutError:
+                raise _Retry(f"timeout after {max(0.0, timeout):.1f} s") from None
+            except httpx.TimeoutException as exc:
+                raise _Retry(f"timeout ({type(exc).__name__})") from None
+            except httpx.TransportError as exc:
+                raise _Retry(f"connection error ({type(exc).__name__})") from None
+        finally:
+            ep.semaphore.release()
+        status = response.status_code
+        if status == 200:
+            try:
+                return response.json()
+            except ValueError:
+                raise _Retry("HTTP 200 with a body that is not JSON") from None
+        snippet = response.text[:300].replace("\n", " ")
+        if status in RETRYABLE_STATUS:
+            raise _Retry(f"HTTP {status}: {snippet}", _retry_after(response))
+        raise EngineError(f"{self.name}: {ep.label} -> HTTP {status} (not retryable): {snippet}")
+
+    def _payload(self, req: GenerationRequest, prompt_ids: list[int], seed: int) -> dict[str, Any]:
+        sp = req.sampling
+        payload: dict[str, Any] = {
+            "max_tokens": sp.max_tokens,
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "seed": seed,
+            "n": 1,
+        }
+        if sp.stop:
+            payload["stop"] = list(sp.stop)
+        if self.api == "chat":
+            payload["messages"] = [m.model_dump() for m in req.messages or []]
+            return payload
+        # vLLM extensions of the completions API: token ids in and out, raw log-probs of the sampled tokens.
+        payload.update(prompt=prompt_ids, return_token_ids=True, skip_special_tokens=True)
+        if sp.logprobs:
+            payload["logprobs"] = 0
+        if sp.top_k > 0:
+            payload["top_k"] = sp.top_k
+        if sp.ignore_eos:
+            payload["ignore_eos"] = True
+        return payload
+
+    def _parse(
+        self, ep: _Endpoint, body: dict[str, Any], prompt_ids: list[int], sp: SamplingParams, estimate: int
+    ) -> _Sample:
+        try:
+            choice = body["choices"][0]
+            usage = body.get("usage") or {}
+            if self.api == "chat":
+                text = choice["message"].get("content") or ""
+                ids: list[int] = []
+                logprobs: list[float] = []
+            else:
+                text = choice.get("text") or ""
+                ids = [int(t) for t in choice.get("token_ids") or []]
+                raw = ((choice.get("logprobs") or {}).get("token_logprobs")) or []
+                logprobs = [float(x) for x in raw] if sp.logprobs and len(raw) == len(ids) else []
+            finish = choice.get("finish_reason") or "stop"
+            prompt_tokens = int(usage.get("prompt_tokens") or len(prompt_ids))
+            completion_tokens = int(usage.get("completion_tokens") or len(ids))
+            cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise _Retry(f"HTTP 200 with an unexpected body ({type(exc).__name__}: {exc})") from None
+        cost = ep.cost(prompt_tokens, cached, completion_tokens)
+        stats = ep.stats
+        stats.requests += 1
+        stats.prompt_tokens += prompt_tokens
+        stats.cached_prompt_tokens += cached
+        stats.completion_tokens += completion_tokens
+        stats.cost_usd += cost
+        if ep.tokens is not None:
+            ep.tokens.adjust(prompt_tokens + completion_tokens - estimate)
+        completion = Completion(response_ids=ids, logprobs=logprobs, text=text, finish_reason=finish)
+        return _Sample(completion, prompt_tokens, cached, completion_tokens, cost)
+
+
+def _retry_after(response: httpx.Response) -> float:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return 0.0
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return 0.0

@@ -1,0 +1,133 @@
+"""The scripted backend: a programmatic agent (:class:`data.schemas.ScriptedPolicy`) behind the engine interface.
+
+Sample ``i`` of a request calls ``policy.respond(messages, rng, metadata)`` with ``rng = random.Random(seed_i)``,
+``seed_i = sample_seed(request seed, i)`` (an unseeded request takes the engine's next counter seed), so a run is
+reproducible. With a tokenizer the engine reports token-in/token-out results like a model engine would: prompt ids from
+the chat template, response ids = the tokenised reply plus end-of-sequence, and usage whose cached prompt tokens come
+from a simulated vLLM prefix cache (:class:`~rollout.engines.prefix_cache.PrefixCacheSimulator`). Log-probs are empty:
+a scripted agent has no distribution. Without a tokenizer only the text is returned and usage stays zero.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from data.schemas import ScriptedPolicy
+from rollout.engines.base import (
+    Completion,
+    Engine,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    Usage,
+    chat_prompt_ids,
+    find_stop,
+    sample_seed,
+)
+from rollout.engines.config import EngineConfig
+from rollout.engines.prefix_cache import PrefixCacheSimulator
+
+__all__ = ["ScriptedEngine"]
+
+
+class ScriptedEngine(Engine):
+    """Answer requests with a :class:`ScriptedPolicy`; optional tokenizer for token ids and cache accounting."""
+
+    def __init__(
+        self,
+        policy: ScriptedPolicy,
+        *,
+        tokenizer: Any = None,
+        seed: int = 0,
+        name: str | None = None,
+        block_size: int = 16,
+        cache_tokens: int = 1 << 22,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.name = name or f"scripted:{getattr(policy, 'name', type(policy).__name__)}"
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.cache = PrefixCacheSimulator(block_size, cache_tokens)
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig, policy: ScriptedPolicy) -> ScriptedEngine:
+        """Build from an :class:`EngineConfig` (``tokenizer`` or ``model`` names the tokenizer, if any)."""
+        tokenizer = None
+        if cfg.tokenizer or cfg.model:
+            from rollout.models import load_tokenizer
+
+            tokenizer = load_tokenizer(
+                cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
+            )
+        return cls(
+            policy,
+            tokenizer=tokenizer,
+            seed=cfg.seed,
+            name=cfg.name,
+            block_size=cfg.prefix_cache_block_size,
+            cache_tokens=cfg.prefix_cache_tokens,
+            chat_template_kwargs=cfg.chat_template_kwargs,
+        )
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Call the policy once per sample; with a tokenizer, count tokens and simulated cache hits."""
+        results: list[GenerationResult] = []
+        finished: list[tuple[list[int], list[int]]] = []
+        for req in requests:
+            if req.messages is None:
+                raise EngineError(f"{self.name}: a scripted agent answers chat messages, not raw prompt ids")
+            sp = req.sampling
+            seed = self.request_seed(sp)
+            prompt_ids = (
+                chat_prompt_ids(self.tokenizer, req.messages, self.chat_template_kwargs) if self.tokenizer else []
+            )
+            completions: list[Completion] = []
+            usage = Usage()
+            for i in range(sp.n):
+                rng = random.Random(sample_seed(seed, i))
+                text = self.policy.respond(list(req.messages), rng, dict(req.metadata))
+                if not isinstance(text, str):
+                    raise EngineError(f"{self.name}: respond() returned {type(text).__name__}, expected str")
+                completion = self._complete(text, sp.stop, sp.max_tokens)
+                completions.append(completion)
+                if self.tokenizer is not None:
+                    usage.prompt_tokens += len(prompt_ids)
+                    usage.completion_tokens += len(completion.response_ids)
+                    usage.cached_prompt_tokens += self.cache.lookup(prompt_ids)
+                    finished.append((prompt_ids, completion.response_ids))
+            results.append(
+                GenerationResult(
+                    prompt_ids=prompt_ids,
+                    completions=completions,
+                    usage=usage,
+                    engine=self.name,
+                    policy_version=self.policy_version,
+                )
+            )
+        # Generated blocks become reusable only after the batch's prompts were scheduled, as in vLLM.
+        for prompt_ids, response_ids in finished:
+            self.cache.insert(prompt_ids, response_ids)
+        return results
+
+    def _complete(self, text: str, stops: list[str], max_tokens: int) -> Completion:
+        cut = find_stop(text, stops)
+        finish = "stop"
+        if self.tokenizer is None:
+            text = text if cut is None else text[:cut]
+            return Completion(response_ids=[], logprobs=[], text=text, finish_reason=finish)
+        tok = self.tokenizer
+        if cut is None:
+            ids = [*tok.encode(text, add_special_tokens=False), tok.eos_token_id]
+        else:
+            # Keep the tokens up to the one that completes the stop string, like a model engine would.
+            stop = next(s for s in stops if s and text.startswith(s, cut))
+            ids = tok.encode(text[: cut + len(stop)], add_special_tokens=False)
+            text = text[:cut]
+        if len(ids) > max_tokens:
+            ids = ids[:max_tokens]
+            text = tok.decode(ids, skip_special_tokens=True)
+            finish = "length"
+        return Completion(response_ids=ids, logprobs=[], text=text, finish_reason=finish)

