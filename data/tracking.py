@@ -38,7 +38,7 @@ class MetricsLogger:
         self._start = time.time()
         self._wandb = None
         if resume_from_step is not None and self.path.exists():
-            self._truncate_after(resume_from_step)
+            self.truncate_after(resume_from_step)
         if wandb_cfg is not None and wandb_cfg.enabled and wandb_cfg.mode != "disabled":
             import wandb
 
@@ -47,7 +47,7 @@ class MetricsLogger:
                 dir=str(Path(run_dir)), name=name, config=config or {}, reinit="finish_previous",
             )
 
-    def _truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int) -> None:
         """Drop records of steps after ``step`` (work redone after a resume is logged again, not twice)."""
         kept = []
         for line in self.path.read_text(encoding="utf-8").splitlines():

@@ -44,6 +44,10 @@ JOBS: list[Job] = [
     ),
     Job(("data", "synth"), "synthetic long-horizon episodes -> train/eval JSONL + Arrow", "data.synth:SynthConfig",
         "data.synth:run_synth"),
+    Job(("data", "distill"), "run an expert memory model inside SAM / the proactive agent -> SFT datasets per role",
+        "rollout.expert_traces:DistillRunConfig", "rollout.expert_traces:run_distill", resumable=True),
+    Job(("train", "oat-grpo"), "OAT-GRPO: memory-call trees, committee rewards, group policy updates, weight sync",
+        "train.oat_grpo:OATGRPOConfig", "train.oat_grpo:run_oat_grpo", resumable=True),
     Job(("sft",), "supervised fine-tuning on distilled memory-role datasets (TRL SFTTrainer, LoRA or full)",
         "train.sft:SFTRunConfig", "train.sft:run_sft", resumable=True),
 ]

@@ -138,7 +138,7 @@ class Rollout:
             s = request.sampling
             params = SamplingParams(
                 temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=list(s.stop),
-                seed=_seed(self.seed, self.rollout_id, self._calls_made),
+                seed=_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
             )
             gen = GenerationRequest(messages=list(request.messages), sampling=params,
                                     metadata={**self._request_metadata(request.role), **request.metadata})
@@ -149,7 +149,7 @@ class Rollout:
         s = self.reasoner_sampling
         params = SamplingParams(
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=list(s.stop),
-            seed=_seed(self.seed, self.rollout_id, self._calls_made), logprobs=False,
+            seed=_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made), logprobs=False,
         )
         gen = GenerationRequest(messages=messages, sampling=params, metadata=self._request_metadata("reasoner"))
         return PendingCall(kind="reasoner", role="reasoner", request=gen)

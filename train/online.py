@@ -102,7 +102,9 @@ def run_online_loop(
         trainer.version, trainer.updates = state["policy_version"], state["updates"]
         history, evals = state.get("history", []), state.get("evals", [])
         trainer.set_rng_state(state["trainer_rng"])
-        print(f"[{desc}] resumed from {latest.name}: continuing at iteration {start}", flush=True)
+        if acc.is_main_process:
+            logger.truncate_after(state["iteration"])
+            print(f"[{desc}] resumed from {latest.name}: continuing at iteration {start}", flush=True)
     policy_dir = sync_policy(trainer, engine, policy_root)
     if start == 0 and evaluate is not None and acc.is_main_process:
         evals.append({"iteration": -1, **evaluate(-1)})

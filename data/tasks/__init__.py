@@ -7,6 +7,10 @@ SAM and proactive tasks implement the agent loop's task interface (``task_id``, 
 
 from __future__ import annotations
 
+from typing import Literal
+
+from data.config import ConfigError, ConfigModel
+from data.io import read_jsonl
 from data.schemas import EnvSpec, Episode
 from data.tasks.ama import make_ama_episode
 from data.tasks.proactive import ActionAgent, ProactiveParams, ProactiveTask, simulate_proactive
@@ -20,6 +24,8 @@ __all__ = [
     "SamReasoner",
     "SamTask",
     "SamTaskParams",
+    "TaskSetConfig",
+    "load_tasks",
     "make_ama_episode",
     "make_task",
     "simulate_proactive",
@@ -42,3 +48,29 @@ def task_from_episode(episode: Episode) -> SamTask | ProactiveTask:
     if episode.env is None:
         raise ValueError(f"episode {episode.episode_id!r} has no env spec")
     return make_task(episode.env, episode.episode_id)
+
+
+class TaskSetConfig(ConfigModel):
+    """A set of interactive tasks: the episodes of a JSONL file (``memrl data synth`` output), or ``count`` tasks
+    generated from the family's parameters with seeds ``seed, seed + 1, ...``."""
+
+    family: Literal["sam", "proactive"] = "sam"
+    episodes: str | None = None
+    count: int = 64
+    seed: int = 0
+    sam: SamTaskParams = SamTaskParams()
+    proactive: ProactiveParams = ProactiveParams()
+
+
+def load_tasks(cfg: TaskSetConfig, prefix: str = "task") -> list[SamTask | ProactiveTask]:
+    """The tasks of ``cfg`` (deterministic); ids are ``<prefix>-<seed>`` for generated tasks."""
+    if cfg.episodes:
+        tasks = [task_from_episode(e) for e in read_jsonl(cfg.episodes, Episode) if e.env is not None]
+        tasks = [t for t in tasks if t.family == cfg.family]
+        if not tasks:
+            raise ConfigError(f"{cfg.episodes}: no {cfg.family} episodes in the file")
+        return tasks[: cfg.count] if cfg.count else tasks
+    if cfg.family == "sam":
+        return [SamTask(cfg.sam, seed=cfg.seed + i, task_id=f"{prefix}-{cfg.seed + i}") for i in range(cfg.count)]
+    return [ProactiveTask(cfg.proactive, seed=cfg.seed + i, task_id=f"{prefix}-{cfg.seed + i}")
+            for i in range(cfg.count)]

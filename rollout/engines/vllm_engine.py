@@ -24,9 +24,13 @@ faster than two on a shared 2-core machine). The block size is the backend's (12
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import sys
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,35 @@ from rollout.engines.config import EngineConfig
 __all__ = ["VLLMEngine"]
 
 CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
+
+
+@contextlib.contextmanager
+def _modules_hidden_from_vllm_kernel_scan() -> Iterator[None]:
+    """Hide, while an engine starts, the modules that break vLLM's kernel-override scan.
+
+    When a platform registers kernel overrides, vLLM walks every module namespace in ``sys.modules`` and calls
+    ``vars()`` on each value. Once numba has run (bm25s does, for the BM25 memory baseline and the proactive agent's
+    prefilter), ``llvmlite.binding.ffi.lib`` answers ``__dict__`` through its ``__getattr__`` with a function wrapper,
+    and the scan fails ("'_lib_fn_wrapper' object has no attribute 'get'"). The modules stay imported; they are only
+    left out of ``sys.modules`` for the duration of the start.
+    """
+    hidden = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # touching deprecated module attributes warns
+        for name, module in list(sys.modules.items()):
+            namespace = getattr(module, "__dict__", None) or {}
+            for value in list(namespace.values()):
+                try:
+                    broken = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+                except TypeError:
+                    broken = False
+                if broken:
+                    hidden[name] = sys.modules.pop(name)
+                    break
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 class VLLMEngine(Engine):
@@ -118,7 +151,7 @@ class VLLMEngine(Engine):
         threads = (cfg.cpu_threads or 1) if cpu and in_process else cfg.cpu_threads
         from vllm import LLM
 
-        with torch_threads(threads):
+        with torch_threads(threads), _modules_hidden_from_vllm_kernel_scan():
             llm = LLM(**kwargs)
         tokenizer = load_tokenizer(
             cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision

@@ -1,0 +1,114 @@
+"""``memrl data distill``: run an expert memory model inside a memory system over a task set and distil its traces.
+
+The expert is the task family's programmatic oracle (with noise knobs, so rejection sampling has something to reject)
+or any engine, e.g. a frontier model behind an OpenAI-compatible endpoint. It runs inside SAM or the proactive agent
+with the family's frozen scripted reasoner / action agent; every trace goes through :class:`data.distill.DistillWriter`
+(rejection sampling, one chat-format dataset per memory role, resumable: finished traces are skipped on a rerun).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from tqdm.auto import tqdm
+
+from data.config import ConfigModel, RunConfig, prepare_run_dir
+from data.distill import DistillWriter, RejectionConfig
+from data.experts.proactive import ProactiveOracle, ProactiveOracleConfig
+from data.experts.sam import SamOracle, SamOracleConfig
+from data.tasks import TaskSetConfig, load_tasks
+from data.tasks.proactive import ActionAgent, ProactiveTask
+from data.tasks.sam import SamReasoner, SamTask
+from rollout.agents import sam_rollout
+from rollout.engines.config import EngineConfig, build_engine
+from rollout.engines.scripted import ScriptedEngine
+from rollout.loop import EngineSet, Rollout, run_rollouts
+from rollout.memory.proactive import ProactiveConfig, build_proactive_rollout
+from rollout.memory.sam import SamConfig
+from rollout.models import load_tokenizer
+
+__all__ = ["DistillRunConfig", "distill", "run_distill"]
+
+
+class DistillRunConfig(ConfigModel):
+    """What ``memrl data distill`` runs."""
+
+    command: Literal["data distill"] = "data distill"
+    run: RunConfig = RunConfig()
+    tasks: TaskSetConfig = TaskSetConfig()
+    expert: EngineConfig | None = None  # None: the family's oracle with the noise knobs below
+    sam_oracle: SamOracleConfig = SamOracleConfig()
+    proactive_oracle: ProactiveOracleConfig = ProactiveOracleConfig()
+    sam_memory: SamConfig = SamConfig()
+    proactive_memory: ProactiveConfig = ProactiveConfig()
+    reasoner_max_pages: int = 1
+    reasoner_recall_budget: int = 2
+    tokenizer: str | None = None  # token accounting of the scripted agents (a model dir or hub id)
+    rejection: RejectionConfig = RejectionConfig()
+    batch_size: int = 32
+    out: str | None = None  # default: <run dir>/sft
+
+
+def _engines(cfg: DistillRunConfig, tasks: list[Any]) -> EngineSet:
+    tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+    if cfg.tasks.family == "sam":
+        reasoner = ScriptedEngine(
+            SamReasoner(max_pages=cfg.reasoner_max_pages, recall_budget=cfg.reasoner_recall_budget),
+            tokenizer=tokenizer,
+            seed=cfg.run.seed,
+            name="reasoner",
+        )
+        expert = (
+            build_engine(cfg.expert)
+            if cfg.expert
+            else ScriptedEngine(SamOracle(cfg.sam_oracle), tokenizer=tokenizer, seed=cfg.run.seed, name="sam-oracle")
+        )
+    else:
+        reasoner = ScriptedEngine(ActionAgent(), tokenizer=tokenizer, seed=cfg.run.seed, name="action-agent")
+        truths = {t.task_id: t.truth() for t in tasks}
+        expert = (
+            build_engine(cfg.expert)
+            if cfg.expert
+            else ScriptedEngine(
+                ProactiveOracle(cfg.proactive_oracle, truths=truths),
+                tokenizer=tokenizer,
+                seed=cfg.run.seed,
+                name="proactive-oracle",
+            )
+        )
+    return EngineSet(reasoner=reasoner, memory=expert)
+
+
+def _rollout(cfg: DistillRunConfig, task: SamTask | ProactiveTask, seed: int) -> Rollout:
+    if isinstance(task, SamTask):
+        return sam_rollout(task, cfg.sam_memory, seed=seed, rollout_id="expert")
+    return build_proactive_rollout(task, cfg.proactive_memory, seed=seed, rollout_id="expert")
+
+
+def distill(cfg: DistillRunConfig, out_dir: str | Path) -> dict[str, Any]:
+    """Run the expert over the task set in batches and write the per-role datasets; returns the stats."""
+    tasks = load_tasks(cfg.tasks, "distill")
+    writer = DistillWriter(out_dir, cfg.rejection)
+    if writer.resumed:
+        print(f"[distill] resuming: {writer.resumed} traces already written", flush=True)
+    engines = _engines(cfg, tasks)
+    todo = [t for t in tasks if not writer.is_done(f"{t.task_id}/expert")]
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="distill")
+    for start in range(0, len(todo), cfg.batch_size):
+        batch = todo[start : start + cfg.batch_size]
+        traces = run_rollouts([_rollout(cfg, t, cfg.run.seed) for t in batch], engines)
+        for trace in traces:
+            writer.add(trace)
+        bar.update(len(batch))
+    bar.close()
+    return writer.finish()
+
+
+def run_distill(cfg: DistillRunConfig) -> int:
+    """Entry point of ``memrl data distill``."""
+    run_dir = prepare_run_dir(cfg, cfg.run, "data-distill")
+    out = Path(cfg.out) if cfg.out else run_dir / "sft"
+    distill(cfg, out)
+    print(f"[distill] datasets in {out}", flush=True)
+    return 0

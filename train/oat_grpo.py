@@ -1,0 +1,234 @@
+"""``memrl train oat-grpo``: OAT-GRPO for the SAM memory model (seed 001 section 2.3).
+
+Each iteration builds memory-call trees with the current policy in the rollout engine (the frozen reasoner continues
+every sibling), scores sibling groups with the committee (shared per parent context, cached), assigns OAT credit
+r(n) = V(n) + lambda (c(n) - c_bar) and sibling-group advantages, updates the policy with the group trainer, and syncs
+the new weights into the engine (train/online.py). Held-out success is measured with the same rollout code.
+
+The embedded default (tiny model, scripted reasoner, the oracle expert as committee, offline judge) needs no network;
+the paper's setup swaps in endpoints for the reasoner, the committee and the judge
+(configs/oat_grpo_sam_qwen3.5-9b.yaml).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, config_hash, prepare_run_dir
+from data.io import read_jsonl, write_jsonl
+from data.schemas import Episode
+from data.tasks.sam import SamTask, SamTaskParams
+from data.tracking import MetricsLogger
+from rewards.committee import Committee, CommitteeConfig
+from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
+from rollout.agents import sam_rollout
+from rollout.engines.base import Engine
+from rollout.engines.config import EngineConfig, build_engine
+from rollout.loop import EngineSet, run_rollouts
+from rollout.memory.sam import SamConfig
+from rollout.tree import TreeConfig, build_trees, trees_to_groups
+from train.group_trainer import GroupTrainer, GroupTrainerConfig
+from train.online import LoopConfig, run_online_loop
+from train.policy import PolicySpec
+
+__all__ = ["OATGRPOConfig", "TaskSetConfig", "evaluate_sam", "load_sam_tasks", "run_oat_grpo"]
+
+
+class TaskSetConfig(ConfigModel):
+    """SAM tasks: an episodes JSONL (``memrl data synth`` output) or ``count`` tasks generated from ``params``."""
+
+    episodes: str | None = None
+    count: int = 64
+    seed: int = 0
+    params: SamTaskParams = SamTaskParams()
+
+
+class CommitteeSetup(ConfigModel):
+    """Reference engines (empty: the synthetic task's oracle expert) and the judge (None: the offline judge)."""
+
+    references: list[EngineConfig] = []
+    judge: EngineConfig | None = None
+    settings: CommitteeConfig = CommitteeConfig()
+
+
+class OATGRPOConfig(ConfigModel):
+    """Everything ``memrl train oat-grpo`` needs."""
+
+    command: Literal["train oat-grpo"] = "train oat-grpo"
+    run: RunConfig = RunConfig()
+    placement: PlacementConfig = PlacementConfig()
+    policy: PolicySpec
+    engine: EngineConfig | None = None  # the policy's rollout engine; default: vLLM on policy.base
+    reasoner: EngineConfig | None = None  # the frozen reasoner; default: the scripted SAM reasoner
+    committee: CommitteeSetup = CommitteeSetup()
+    memory: SamConfig = SamConfig()
+    train_tasks: TaskSetConfig = TaskSetConfig()
+    eval_tasks: TaskSetConfig = TaskSetConfig(seed=10_000)
+    tasks_per_iteration: int = 16
+    tree: TreeConfig = TreeConfig()
+    credit: CreditConfig = CreditConfig()
+    trainer: GroupTrainerConfig = GroupTrainerConfig()
+    loop: LoopConfig = LoopConfig()
+    eval_greedy: bool = True  # also report held-out success with greedy memory decoding
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tasks and engines
+
+
+def load_sam_tasks(cfg: TaskSetConfig, prefix: str) -> list[SamTask]:
+    """The task set: rebuilt from an episodes file, or generated deterministically from (params, seed)."""
+    if cfg.episodes:
+        from data.tasks import task_from_episode
+
+        tasks = [task_from_episode(e) for e in read_jsonl(cfg.episodes, Episode)]
+        sam = [t for t in tasks if isinstance(t, SamTask)]
+        if not sam:
+            raise ConfigError(f"{cfg.episodes}: no SAM episodes in the file")
+        return sam[: cfg.count] if cfg.count else sam
+    return [SamTask(cfg.params, seed=cfg.seed + i, task_id=f"{prefix}-{cfg.seed + i}") for i in range(cfg.count)]
+
+
+def default_reasoner(tokenizer: str, seed: int) -> EngineConfig:
+    """The scripted SAM reasoner with the policy's tokenizer for exact token accounting."""
+    return EngineConfig(
+        backend="scripted", name="reasoner", scripted_policy="data.tasks.sam:SamReasoner",
+        scripted_kwargs={"max_pages": 1, "recall_budget": 2}, tokenizer=tokenizer, seed=seed,
+    )
+
+
+def default_oracle(tokenizer: str, seed: int) -> EngineConfig:
+    """The SAM oracle expert without noise: the offline committee's reference."""
+    return EngineConfig(backend="scripted", name="sam-oracle", scripted_policy="data.experts.sam:SamOracle",
+                        tokenizer=tokenizer, seed=seed)
+
+
+def policy_engine_config(cfg: OATGRPOConfig) -> EngineConfig:
+    """The rollout engine of the policy (vLLM on the base; LoRA hot-swap when the trainer trains an adapter)."""
+    lora = cfg.trainer.lora
+    adapter = cfg.policy.adapter is not None or lora.enabled
+    base = cfg.engine or EngineConfig(backend="vllm", name="policy", model=cfg.policy.base, dtype="float32")
+    updates: dict[str, Any] = {"model": base.model or cfg.policy.base}
+    if adapter:
+        updates.update(enable_lora=True, max_lora_rank=max(base.max_lora_rank, lora.r))
+    return base.model_copy(update=updates)
+
+
+def sampled(memory: SamConfig, temperature: float | None) -> SamConfig:
+    """The memory config with every role decoded at ``temperature`` (None: unchanged)."""
+    if temperature is None:
+        return memory
+    roles = {k: v.model_copy(update={"temperature": temperature}) for k, v in memory.sampling.items()}
+    return memory.model_copy(update={"sampling": roles})
+
+
+def evaluate_sam(
+    tasks: list[SamTask], engines: EngineSet, memory: SamConfig, *, seed: int, desc: str | None = None
+) -> dict[str, float]:
+    """Held-out success and tokens per task of a memory model inside SAM (one rollout per task)."""
+    start = time.perf_counter()
+    rollouts = [sam_rollout(t, memory, seed=seed, rollout_id="eval") for t in tasks]
+    traces = run_rollouts(rollouts, engines, progress=desc)
+    n = max(len(traces), 1)
+    return {
+        "success": sum(t.outcome or 0.0 for t in traces) / n,
+        "reasoner_tokens_per_task": sum(t.reasoner_usage.spent for t in traces) / n,
+        "memory_tokens_per_task": sum(t.memory_usage.prompt_tokens + t.memory_usage.completion_tokens
+                                      for t in traces) / n,
+        "memory_errors_per_task": sum(sum(v for k, v in t.stats.items() if "error" in k) for t in traces) / n,
+        "eval_s": time.perf_counter() - start,
+    }
+
+
+def iteration_batch(tasks: list[SamTask], size: int, seed: int, iteration: int) -> list[SamTask]:
+    """The tasks of an iteration: a pure function of (seed, iteration), reshuffled every pass over the set."""
+    per_epoch = max(len(tasks) // size, 1)
+    epoch, index = divmod(iteration, per_epoch)
+    order = list(range(len(tasks)))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return [tasks[i] for i in order[index * size : (index + 1) * size]]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def run_oat_grpo(cfg: OATGRPOConfig) -> int:
+    """Run the loop; writes metrics.jsonl, checkpoints, policy versions, trees of the last iteration, summary."""
+    run_dir = prepare_run_dir(cfg, cfg.run, "train-oat-grpo")
+    result = train_oat_grpo(cfg, run_dir)
+    print(f"[oat-grpo] done: {result['iterations_run']} iterations, policy {result['policy_dir']}")
+    return 0
+
+
+def train_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None) -> dict[str, Any]:
+    """The loop behind ``memrl train oat-grpo`` (also called by the quickstart); returns a summary dict."""
+    trainer = GroupTrainer(cfg.policy, cfg.trainer)
+    main = trainer.accelerator.is_main_process
+    tokenizer_path = cfg.policy.base
+    engine: Engine | None = build_engine(policy_engine_config(cfg)) if main else None
+    reasoner = build_engine(cfg.reasoner or default_reasoner(tokenizer_path, cfg.run.seed)) if main else None
+    references = [build_engine(c) for c in cfg.committee.references] if main else []
+    if main and not references:
+        references = [build_engine(default_oracle(tokenizer_path, cfg.run.seed))]
+    judge = build_engine(cfg.committee.judge) if main and cfg.committee.judge else None
+    settings = cfg.committee.settings
+    if settings.cache_dir is None:
+        settings = settings.model_copy(update={"cache_dir": str(run_dir / "committee_cache")})
+    committee = Committee(settings, references, judge) if main else None
+    train_tasks = load_sam_tasks(cfg.train_tasks, "train")
+    eval_tasks = load_sam_tasks(cfg.eval_tasks, "eval")
+    engines = EngineSet(reasoner=reasoner, memory=engine) if main else None  # type: ignore[arg-type]
+    chash = config_hash(cfg)
+    own_logger = logger is None
+    logger = logger or MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name)
+
+    def collect(iteration: int) -> tuple[list, dict[str, Any]]:
+        batch = iteration_batch(train_tasks, cfg.tasks_per_iteration, cfg.run.seed, iteration)
+        seed = cfg.run.seed * 7919 + iteration
+
+        def make(task: SamTask, rid: str) -> Any:
+            return sam_rollout(task, cfg.memory, seed=seed, rollout_id=rid)
+
+        trees, stats = build_trees(batch, make, engines, cfg.tree, config_hash=chash)
+        cstats = committee.score(trees) if cfg.credit.committee_weight else None
+        credit = [assign_credit(t, cfg.credit) if cfg.tree.mode == "tree" else assign_flat_credit(t, cfg.credit)
+                  for t in trees]
+        groups = trees_to_groups(trees, source="oat" if cfg.tree.mode == "tree" else "flat")
+        write_jsonl(run_dir / "trees_last.jsonl", trees)
+        leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
+        metrics: dict[str, Any] = {
+            "success": sum(n.outcome or 0.0 for n in leaves) / max(len(leaves), 1),
+            "leaves": len(leaves),
+            "reasoner_tokens": sum(t.reasoner_usage.spent for t in trees),
+            "memory_calls_trained": sum(len(g.samples) for g in groups),
+            "credit_groups": sum(c.groups for c in credit),
+            "credit_zero_variance_groups": sum(c.zero_variance_groups for c in credit),
+            "engine_calls": sum(stats.engine_calls.values()),
+            "wavefronts": stats.wavefronts,
+        }
+        if cstats is not None:
+            metrics.update(committee_requests=cstats.committee_requests, judge_requests=cstats.judge_requests,
+                           committee_cache_hits=cstats.cache_hits, committee_failures=cstats.failures,
+                           committee_score_mean=sum(cstats.scores) / max(len(cstats.scores), 1))
+        return groups, metrics
+
+    def evaluate(iteration: int) -> dict[str, Any]:
+        out = evaluate_sam(eval_tasks, engines, cfg.memory, seed=cfg.run.seed, desc="eval")
+        if cfg.eval_greedy:
+            greedy = evaluate_sam(eval_tasks, engines, sampled(cfg.memory, 0.0), seed=cfg.run.seed, desc="eval-greedy")
+            out["success_greedy"] = greedy["success"]
+        return out
+
+    result = run_online_loop(trainer=trainer, engine=engine, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
+                             collect=collect, evaluate=evaluate, logger=logger, desc="oat-grpo")
+    if own_logger:
+        logger.close()
+    if engine is not None:
+        engine.close()
+    return {"iterations_run": result.iterations_run, "updates": result.updates, "policy_dir": result.policy_dir,
+            "policy_version": result.policy_version, "history": result.history, "evals": result.evals,
+            "lora": trainer.is_peft}
+
