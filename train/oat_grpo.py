@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, config_hash, prepare_run_dir
-from data.io import read_jsonl, write_jsonl
-from data.schemas import Episode
-from data.tasks.sam import SamTask, SamTaskParams
+from data.io import write_jsonl
+from data.tasks import TaskSetConfig, load_tasks
+from data.tasks.sam import SamTask
 from data.tracking import MetricsLogger
 from rewards.committee import Committee, CommitteeConfig
 from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
@@ -34,16 +34,7 @@ from train.group_trainer import GroupTrainer, GroupTrainerConfig
 from train.online import LoopConfig, run_online_loop
 from train.policy import PolicySpec
 
-__all__ = ["OATGRPOConfig", "TaskSetConfig", "evaluate_sam", "load_sam_tasks", "run_oat_grpo"]
-
-
-class TaskSetConfig(ConfigModel):
-    """SAM tasks: an episodes JSONL (``memrl data synth`` output) or ``count`` tasks generated from ``params``."""
-
-    episodes: str | None = None
-    count: int = 64
-    seed: int = 0
-    params: SamTaskParams = SamTaskParams()
+__all__ = ["OATGRPOConfig", "evaluate_sam", "load_sam_tasks", "run_oat_grpo", "train_oat_grpo"]
 
 
 class CommitteeSetup(ConfigModel):
@@ -80,16 +71,10 @@ class OATGRPOConfig(ConfigModel):
 
 
 def load_sam_tasks(cfg: TaskSetConfig, prefix: str) -> list[SamTask]:
-    """The task set: rebuilt from an episodes file, or generated deterministically from (params, seed)."""
-    if cfg.episodes:
-        from data.tasks import task_from_episode
-
-        tasks = [task_from_episode(e) for e in read_jsonl(cfg.episodes, Episode)]
-        sam = [t for t in tasks if isinstance(t, SamTask)]
-        if not sam:
-            raise ConfigError(f"{cfg.episodes}: no SAM episodes in the file")
-        return sam[: cfg.count] if cfg.count else sam
-    return [SamTask(cfg.params, seed=cfg.seed + i, task_id=f"{prefix}-{cfg.seed + i}") for i in range(cfg.count)]
+    """The SAM tasks of a task set (see :func:`data.tasks.load_tasks`)."""
+    if cfg.family != "sam":
+        raise ConfigError(f"OAT-GRPO trains the SAM memory model: task family must be 'sam', got {cfg.family!r}")
+    return [t for t in load_tasks(cfg, prefix) if isinstance(t, SamTask)]
 
 
 def default_reasoner(tokenizer: str, seed: int) -> EngineConfig:
