@@ -15,11 +15,13 @@ from typing import Any
 __all__ = [
     "ACTION_AGENT_SYSTEM",
     "CONSOLIDATE_SYSTEM",
+    "LONG_CONTEXT_REASONER_SYSTEM",
     "MEMORY_CONTEXT_PREFIX",
     "NOTHING_RELEVANT",
     "PHASE1_SYSTEM",
     "PHASE2_SYSTEM",
     "RECALL_SYSTEM",
+    "RETRIEVAL_REASONER_SYSTEM",
     "SAM_REASONER_SYSTEM",
     "BankView",
     "ParsedToolCalls",
@@ -224,6 +226,15 @@ def parse_sam_recall_prompt(messages: list[Any]) -> tuple[str, int, str, str] | 
 SAM_REASONER_SYSTEM = (
     "You solve the task step by step. Tools: act(action) acts in the environment; memory(intent, page_ids) recalls "
     "earlier pages listed under memory cues; answer(answer) ends the task. Reply with one tool call."
+)
+# The reasoner's system prompts under the baselines (rollout.memory.baselines): the same task, other tools.
+RETRIEVAL_REASONER_SYSTEM = (
+    "You solve the task step by step. Tools: act(action) acts in the environment; memory(intent) retrieves the "
+    "earlier pages most relevant to the intent; answer(answer) ends the task. Reply with one tool call."
+)
+LONG_CONTEXT_REASONER_SYSTEM = (
+    "You solve the task step by step. Tools: act(action) acts in the environment; answer(answer) ends the task. "
+    "Reply with one tool call."
 )
 
 

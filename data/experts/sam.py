@@ -10,9 +10,14 @@ It answers the two SAM memory-model prompts of :mod:`data.formats`:
 
 Knobs make it an imperfect expert, so rejection sampling has something to reject: ``error_rate`` (a cue that drops
 the relevant entity; a recall that returns a wrong place), recall style probabilities ``verbatim`` /
-``paraphrase`` / ``omission`` (``drawer 5 holds the red key``, or the line left out) and ``cue_omission`` (each
-entity of a cue dropped independently). The relevant entities come from request metadata ``gold_entities`` when the
-caller passes them (the true state), else the errors hit a random entity.
+``paraphrase`` / ``omission`` (``drawer 5 holds the red key``, or the page's lines left out), drawn once per recall
+call (independent draws per call), and ``cue_omission`` (each entity of a cue dropped independently). The relevant
+entities come from request metadata ``gold_entities`` when the caller passes them (the true state), else the errors
+hit a random entity.
+
+``cue_max_entities`` keeps cues compact on long pages: at most that many entities, the relevant ones (the true state,
+``gold_entities``) first. That is oracle knowledge a real memory model does not have; it lets a benchmark measure the
+framework's context scaling with pages of many facts.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class SamOracleConfig(ConfigModel):
     paraphrase: float = Field(0.0, ge=0)
     omission: float = Field(0.0, ge=0)
     cue_omission: float = Field(0.0, ge=0, le=1)
+    cue_max_entities: int = Field(0, ge=0, description="at most this many entities per cue, gold first (0: all)")
 
     @model_validator(mode="after")
     def _some_style(self) -> SamOracleConfig:
@@ -88,14 +94,20 @@ class SamOracle:
             victim = relevant[0] if relevant else rng.choice(entities)
             entities = [e for e in entities if e != victim]
         entities = [e for e in entities if not (cfg.cue_omission and rng.random() < cfg.cue_omission)]
+        if cfg.cue_max_entities and len(entities) > cfg.cue_max_entities:
+            relevant = set(gold or [])
+            ranked = [e for e in entities if e in relevant] + [e for e in entities if e not in relevant]
+            keep = set(ranked[: cfg.cue_max_entities])
+            entities = [e for e in entities if e in keep]
         if entities:
             return ", ".join(entities)
         rooms = list(dict.fromkeys(_ROOM.findall(page_text)))
         return ", ".join(rooms) if rooms else NOTHING_RELEVANT
 
     def recall(self, intent: str, page_text: str, so_far: str, rng: random.Random) -> str:
-        """``so_far`` plus the page's lines that serve ``intent`` (styled per the config)."""
+        """``so_far`` plus the page's lines that serve ``intent``, in one style drawn for the whole call."""
         cfg = self.config
+        style: list[str] = []  # drawn at the first relevant line, then shared by the call's lines
         lines = [line for line in so_far.split("\n") if line.strip()] if so_far else []
         places = sorted({p for p in re.findall(r"\b[a-z]+ \d+\b", page_text)})
         for raw in page_text.split("\n"):
@@ -105,20 +117,19 @@ class SamOracle:
                 if _mentions(intent, item):
                     if rng.random() < cfg.error_rate:
                         place = rng.choice([p for p in places if p != place] or [place])
-                    new = self._style(f"the {item} is in {place}", f"{place} holds the {item}", rng)
+                    new = self._style(f"the {item} is in {place}", f"{place} holds the {item}", rng, style)
             for container, key in facts.opener.items():
                 if _mentions(intent, container) or _mentions(intent, key):
-                    new = self._style(f"the {key} opens {container}", f"{container} opens with the {key}", rng)
+                    new = self._style(f"the {key} opens {container}", f"{container} opens with the {key}", rng, style)
             if new and new not in lines:
                 lines.append(new)
         return "\n".join(lines) if lines else NOTHING_RELEVANT
 
-    def _style(self, verbatim: str, paraphrase: str, rng: random.Random) -> str | None:
-        cfg = self.config
-        total = cfg.verbatim + cfg.paraphrase + cfg.omission
-        r = rng.random() * total
-        if r < cfg.verbatim:
-            return verbatim
-        if r < cfg.verbatim + cfg.paraphrase:
-            return paraphrase
-        return None
+    def _style(self, verbatim: str, paraphrase: str, rng: random.Random, drawn: list[str]) -> str | None:
+        if not drawn:
+            cfg = self.config
+            r = rng.random() * (cfg.verbatim + cfg.paraphrase + cfg.omission)
+            drawn.append(
+                "verbatim" if r < cfg.verbatim else "paraphrase" if r < cfg.verbatim + cfg.paraphrase else "omission"
+            )
+        return {"verbatim": verbatim, "paraphrase": paraphrase}.get(drawn[0])

@@ -5,7 +5,10 @@ with ``next: ACTION`` (the tour's next step), and the observation of step ``T`` 
 Facts are short key-before-value lines (``the red key is in drawer 5``; a locked container prints ``the brass key
 opens chest 7``). The question asks where an item seen in the first ``evidence_frac`` of the tour is
 (``where is the red key?``) or, with two evidence facts, where the key that opens a container is (``where is the key
-that opens chest 7?``: one page says which key opens it, another where that key is).
+that opens chest 7?``: one page says which key opens it, another where that key is). With ``repeat_evidence_frac``
+that share of episodes states each evidence fact twice: the tour comes back to the evidence container before leaving
+its room (``close C`` then ``open C`` again; a locked container is tried again), so a reader that misses the first
+statement can still find the second.
 
 :class:`SamTask` implements the agent loop's task interface (``reset``, ``step -> (observation, done)``,
 ``finish(answer) -> outcome``) plus ``snapshot()`` / ``restore()``. :class:`SamReasoner` is the scripted frozen
@@ -16,6 +19,7 @@ reasoner; :func:`simulate_sam` is a reference loop that runs it with a memory be
 from __future__ import annotations
 
 import copy
+import functools
 import random
 import re
 from dataclasses import dataclass, field
@@ -49,6 +53,7 @@ __all__ = [
     "SamTask",
     "SamTaskParams",
     "parse_facts",
+    "render_page",
     "simulate_sam",
 ]
 
@@ -107,6 +112,9 @@ class SamTaskParams(ConfigModel):
     n_nouns: int = Field(len(NOUNS), ge=2, le=len(NOUNS))
     n_container_kinds: int = Field(len(CONTAINERS), ge=1, le=len(CONTAINERS))
     step_slack: int = Field(6, ge=0, description="reasoner calls allowed beyond the tour (recall, answer)")
+    repeat_evidence_frac: float = Field(
+        0.0, ge=0, le=1, description="share of episodes whose evidence facts are stated in two different turns"
+    )
 
     @model_validator(mode="after")
     def _one_horizon(self) -> SamTaskParams:
@@ -221,12 +229,47 @@ class SamTask:
             chosen = self._choose_question(turns, events, rng)
             if chosen is None:
                 continue
+            # A separate stream, so switching the knob on never changes which question an episode asks.
+            self.repeated_evidence = p.repeat_evidence_frac > 0 and (
+                random.Random(f"sam-repeat/{self.seed}").random() < p.repeat_evidence_frac
+            )
+            if self.repeated_evidence:
+                turns, chosen = self._repeat_evidence(fresh, tour, turns, events, chosen)
             self.tour = [t.action for t in turns[1:]]
             self._fresh = fresh
             self.question, self.answer, self.evidence_turns, self.gold_entities = chosen
             self._observations = [t.observation for t in turns]
             return
         raise ValueError(f"could not build a SAM task for {p.model_dump()} (seed {self.seed})")
+
+    def _repeat_evidence(
+        self,
+        fresh: TextWorldEnv,
+        tour: list[str],
+        turns: list[Turn],
+        events: list[list[Any]],
+        chosen: tuple[str, str, list[int], list[str]],
+    ) -> tuple[list[Turn], tuple[str, str, list[int], list[str]]]:
+        """Insert a revisit of every evidence container right after its room's run of ``open`` steps, replay the
+        episode with the same number of steps, and return the turns and the question with both evidence turns."""
+        question, answer, evidence, gold = chosen
+        actions = list(tour)
+        for t in sorted(evidence, reverse=True):
+            container = actions[t - 1][len("open ") :]
+            locked = any(e.kind == "hint" for e in events[t])
+            at = t
+            while at < len(actions) and actions[at].startswith("open "):
+                at += 1
+            actions[at:at] = [f"open {container}"] if locked else [f"close {container}", f"open {container}"]
+        env = copy.deepcopy(fresh)
+        replay = [turns[0]]
+        needles: set[int] = set()
+        for i, action in enumerate(actions[: len(turns) - 1]):
+            replay.append(Turn(turn_idx=i + 1, action=action, observation=self._strip(env.step(action))))
+            for e in env.events:
+                if (e.kind == "see" and e.args[0] in gold) or (e.kind == "hint" and e.args[1] in gold):
+                    needles.add(i + 1)
+        return replay, (question, answer, sorted(needles), gold)
 
     @staticmethod
     def _strip(observation: str) -> str:
@@ -320,11 +363,65 @@ class SamTask:
             qa_pairs=[qa],
             env=self.spec,
             horizon_tokens=sum(turn_tokens(t.action, t.observation) for t in turns),
-            metadata={"family": "sam", "tour_steps": len(self.tour), "gold_entities": self.gold_entities},
+            metadata={
+                "family": "sam",
+                "tour_steps": len(self.tour),
+                "gold_entities": self.gold_entities,
+                "repeated_evidence": self.repeated_evidence,
+            },
         )
 
 
 # ---------------------------------------------------------------------------------------------------- reasoner
+# The reasoner re-reads its whole context at every step; messages repeat from step to step, so what it reads from one
+# message is cached by the message text (a long-context run re-reads thousands of messages per step).
+
+
+@dataclass(frozen=True)
+class _Read:
+    location: tuple[tuple[str, str], ...] = ()
+    opener: tuple[tuple[str, str], ...] = ()
+    question: str | None = None
+    next_action: str | None = None
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _read_message(text: str, may_be_recalled: bool) -> _Read:
+    """Facts, question and next step of an observation; only facts of recalled content (a user message)."""
+    recalled = parse_sam_recalled(text) if may_be_recalled else None
+    facts = parse_facts(recalled[2] if recalled is not None else text)
+    location, opener = tuple(facts.location.items()), tuple(facts.opener.items())
+    if recalled is not None:
+        return _Read(location, opener)
+    q, n = _QUESTION.search(text), _NEXT.search(text)
+    return _Read(location, opener, q.group(1) if q else None, n.group(1) if n else None)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _memory_calls(text: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(intent, page ids) of every memory call in an assistant message."""
+    out = []
+    for call in parse_tool_calls(text).calls:
+        if call.name == "memory":
+            ids = call.arguments.get("page_ids", [])
+            ids = ids if isinstance(ids, list) else [ids]
+            pages = tuple(int(i) for i in ids if str(i).lstrip("-").isdigit())
+            out.append((str(call.arguments.get("intent", "")), pages))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _cues(text: str) -> tuple[tuple[int, str], ...]:
+    return tuple(parse_sam_memory_block(text)[1].items())
+
+
+def _memory_mode(system: str | None) -> Literal["cues", "intent", "none"]:
+    """The memory tool the system prompt offers: SAM's (page ids from the cues), intent-only retrieval, or none."""
+    if system is None or "memory(intent, page_ids)" in system:
+        return "cues"
+    return "intent" if "memory(intent)" in system else "none"
+
+
 def _term_set(text: str) -> set[str]:
     return set(re.findall(r"[a-z]+|\d+", text.lower())) - {"the", "a", "an", "is", "in", "where", "which", "that"}
 
@@ -332,11 +429,15 @@ def _term_set(text: str) -> set[str]:
 class SamReasoner:
     """The scripted frozen reasoner of SAM tasks (a :class:`~data.schemas.ScriptedPolicy`).
 
-    It reads: the memory block (``task: ...`` / ``memory cues:`` / ``pN: cue``), observations (``user`` or ``tool``
-    messages; the latest ``next:`` line says what to do), recalled content (user messages from
+    It reads: the system prompt (which tools it has: ``memory(intent, page_ids)`` as under SAM, ``memory(intent)``
+    as under the retrieval baselines, or no memory tool as under long-context; no system message means SAM's), the
+    memory block (``task: ...`` / ``memory cues:`` / ``pN: cue``), observations (``user`` or ``tool`` messages; the
+    latest ``next:`` line says what to do), recalled content (user messages from
     :func:`~data.formats.render_sam_recalled`) and its own earlier tool calls (assistant messages). It replies with
     one tool call: ``act`` while exploring; once the question is visible, ``answer`` if the facts it can see answer
-    it, else ``memory(intent, page_ids)`` on the best-matching untried pages while its recall budget lasts, else
+    it, else a recall: under SAM, ``memory(intent, page_ids)`` on the best-matching untried pages while the intent's
+    budget lasts (``recall_budget`` calls per intent; a recall that came back empty is followed by the next-best
+    pages); under retrieval, which has no cues to pick from, ``memory(intent)`` once per intent; else
     ``answer("unknown")``.
     """
 
@@ -353,40 +454,39 @@ class SamReasoner:
         question: str | None = None
         next_action: str | None = None
         tried: dict[str, set[int]] = {}
-        recalls = 0
+        recalls: dict[str, int] = {}
+        system: str | None = None
         for m in messages:
             role, text = role_of(m), content_of(m)
             if role == "system":
+                system = text
                 continue
             if role == "assistant":
-                for call in parse_tool_calls(text).calls:
-                    if call.name == "memory":
-                        recalls += 1
-                        ids = call.arguments.get("page_ids", [])
-                        pages = tried.setdefault(str(call.arguments.get("intent", "")), set())
-                        pages.update(int(i) for i in ids if str(i).lstrip("-").isdigit())
+                for intent, ids in _memory_calls(text):
+                    recalls[intent] = recalls.get(intent, 0) + 1
+                    tried.setdefault(intent, set()).update(ids)
                 continue
             if role == "user" and text.startswith("task: "):
-                cues.update(parse_sam_memory_block(text)[1])
+                cues.update(_cues(text))
                 continue
-            recalled = parse_sam_recalled(text) if role == "user" else None
-            if recalled is not None:
-                facts.update(parse_facts(recalled[2]))
-                continue
-            facts.update(parse_facts(text))
-            if q := _QUESTION.search(text):
-                question = q.group(1)
-            if n := _NEXT.search(text):
-                next_action = n.group(1)
+            read = _read_message(text, role == "user")
+            facts.location.update(read.location)
+            facts.opener.update(read.opener)
+            question = read.question or question
+            next_action = read.next_action or next_action
         if question is None:
             return render_tool_call("act", {"action": next_action or "look"})
         answer, target_terms, intent = self._resolve(question, facts)
         if answer is not None:
             return render_tool_call("answer", {"answer": answer})
-        if recalls < self.recall_budget:
+        mode = _memory_mode(system)
+        asked = recalls.get(intent, 0)
+        if mode == "cues" and asked < self.recall_budget:
             pages = self._select(cues, target_terms, tried.get(intent, set()))
             if pages:
                 return render_tool_call("memory", {"intent": intent, "page_ids": pages})
+        elif mode == "intent" and asked == 0:
+            return render_tool_call("memory", {"intent": intent})
         return render_tool_call("answer", {"answer": "unknown"})
 
     @staticmethod
@@ -419,11 +519,13 @@ class SamReasoner:
 
 
 # ---------------------------------------------------------------------------------------------------- reference loop
-def render_page(turns: list[tuple[str, str]]) -> str:
-    """A page's raw text: each turn as ``> action`` (omitted for the first observation) and its observation."""
+def render_page(turns: list[tuple[str, str]], steps: list[int] | None = None) -> str:
+    """A page's raw text: each turn as ``tN> action`` (``> action`` without ``steps``; the line is omitted for the
+    first observation, which has no action) and its observation."""
     parts = []
-    for action, observation in turns:
-        parts.append(f"> {action}\n{observation}" if action else observation)
+    for i, (action, observation) in enumerate(turns):
+        head = f"t{steps[i]}> " if steps is not None else "> "
+        parts.append(f"{head}{action}\n{observation}" if action else observation)
     return "\n".join(parts)
 
 
@@ -458,7 +560,7 @@ def simulate_sam(
     """
     rng = random.Random(seed)
     meta = {"task_id": task.task_id, "gold_entities": task.gold_entities, **(metadata or {})}
-    live: list[tuple[str, str]] = [("", task.reset())]
+    live: list[tuple[int, str, str]] = [(0, "", task.reset())]
     pages: list[str] = []
     cues: list[tuple[int, str]] = []
     tail: list[Message] = []  # memory calls and recalled content since the last act
@@ -470,7 +572,7 @@ def simulate_sam(
             Message(role="system", content=SAM_REASONER_SYSTEM),
             Message(role="user", content=render_sam_memory_block(task.task, cues)),
         ]
-        for i, (action, observation) in enumerate(live):
+        for i, (_, action, observation) in enumerate(live):
             if action:
                 messages.append(Message(role="assistant", content=action))
             messages.append(Message(role="user" if i == 0 and not action else "tool", content=observation))
@@ -479,7 +581,7 @@ def simulate_sam(
         reply = reasoner.respond(messages, rng, meta)
         calls = parse_tool_calls(reply).calls
         if not calls:
-            live.append((reply, "error: no tool call in the reply"))
+            live.append((step, reply, "error: no tool call in the reply"))
             continue
         call = calls[0]
         if call.name == "answer":
@@ -500,11 +602,11 @@ def simulate_sam(
             ]
             continue
         observation, _ = task.step(str(call.arguments.get("action", "")))
-        live.append((reply, observation))
+        live.append((step, reply, observation))
         tail = []
         while len(live) > live_turns + page_turns - 1:
             page, live = live[:page_turns], live[page_turns:]
-            text = render_page([(_act_text(a), o) for a, o in page])
+            text = render_page([(_act_text(a), o) for _, a, o in page], [n for n, _, _ in page])
             page_id = len(pages)
             pages.append(text)
             if memory is not None:

@@ -1,0 +1,87 @@
+"""How a rollout of a SAM task is built, in one place: the harness, the tree builder and the trainers call
+:func:`sam_rollout` (a task or episode + a memory config + seeds -> :class:`~rollout.loop.Rollout`) and, for the
+scripted reasoner and the oracle expert, :func:`sam_engines`.
+
+Example (the oracle as memory model; any engine can replace it, e.g. the vLLM engine of the trained model)::
+
+    engines = sam_engines(tokenizer=tok)
+    traces = run_rollouts([sam_rollout(task, {"name": "sam"}, seed=s) for s, task in enumerate(tasks)], engines)
+
+For :func:`rollout.tree.build_trees`: ``make_rollout=lambda task, rid: sam_rollout(task, cfg, rollout_id=rid)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from data.experts.sam import SamOracle, SamOracleConfig
+from data.schemas import Episode
+from data.tasks import task_from_episode
+from data.tasks.sam import SamReasoner, SamTask
+from rollout.engines.base import Engine
+from rollout.engines.scripted import ScriptedEngine
+from rollout.loop import EngineSet, Rollout
+from rollout.memory.base import MemorySystem, RoleSampling
+from rollout.memory.embedders import Embedder
+from rollout.memory.registry import MemoryConfig, build_memory
+from rollout.memory.sam import TokenCounter
+
+__all__ = ["sam_engines", "sam_rollout"]
+
+
+def sam_rollout(
+    task: SamTask | Episode,
+    memory: MemoryConfig | dict[str, Any] | MemorySystem,
+    *,
+    seed: int = 0,
+    rollout_id: str = "r",
+    count_tokens: TokenCounter | None = None,
+    embedder: Embedder | None = None,
+    reasoner_sampling: RoleSampling | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Rollout:
+    """A rollout of the frozen reasoner on a SAM task through the memory system ``memory`` (a config, a mapping with
+    ``name``, or a built system).
+
+    The task is copied (rollouts of one task never share state); the reasoner's system prompt is the memory system's
+    own (SAM's ``memory(intent, page_ids)``, intent-only retrieval, or no memory tool); the episode metadata carries
+    ``gold_entities`` (the oracle expert's view of the true state; other engines ignore it). ``seed`` seeds every
+    model call of the rollout (with ``rollout_id``, so forks of one rollout draw independently).
+    """
+    env = task_from_episode(task) if isinstance(task, Episode) else copy.deepcopy(task)
+    if not isinstance(env, SamTask):
+        raise TypeError(f"sam_rollout needs a SAM task, got {type(env).__name__}")
+    system = memory if isinstance(memory, MemorySystem) else build_memory(
+        memory, count_tokens=count_tokens, embedder=embedder
+    )
+    meta = {"family": "sam", "memory": system.name, "gold_entities": list(env.gold_entities), **(metadata or {})}
+    return Rollout(
+        env,
+        system,
+        reasoner_system=getattr(system, "reasoner_system", ""),
+        reasoner_sampling=reasoner_sampling,
+        seed=seed,
+        rollout_id=rollout_id,
+        metadata=meta,
+    )
+
+
+def sam_engines(
+    memory: Engine | None = None,
+    *,
+    tokenizer: Any = None,
+    oracle: SamOracleConfig | dict[str, Any] | None = None,
+    max_pages: int = 2,
+    recall_budget: int = 2,
+    seed: int = 0,
+) -> EngineSet:
+    """The scripted frozen reasoner (:class:`~data.tasks.sam.SamReasoner`) and a memory engine: ``memory`` when
+    given (e.g. the vLLM engine of the memory model), else the oracle expert (:class:`~data.experts.sam.SamOracle`
+    with the ``oracle`` noise knobs). With ``tokenizer`` the scripted engines report token ids and usage like a model
+    engine (the reasoner's prompt tokens are the tokenizer's count of the rendered chat)."""
+    reasoner = ScriptedEngine(SamReasoner(max_pages=max_pages, recall_budget=recall_budget), tokenizer=tokenizer,
+                              seed=seed, name="reasoner")
+    if memory is None:
+        memory = ScriptedEngine(SamOracle(oracle), tokenizer=tokenizer, seed=seed, name="sam-oracle")
+    return EngineSet(reasoner=reasoner, memory=memory)
