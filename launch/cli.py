@@ -28,6 +28,7 @@ class Job:
     config: str  # "module:Class" of its top-level config model
     runner: str  # "module:function" taking the validated config and returning an exit code (or None)
     resumable: bool = False
+    flags: tuple[tuple[str, str, str], ...] = ()  # (--flag, dotted config key it overrides, help)
 
     def load(self, attr: str) -> Any:
         """Import ``module:name``."""
@@ -50,6 +51,13 @@ JOBS: list[Job] = [
         "train.oat_grpo:OATGRPOConfig", "train.oat_grpo:run_oat_grpo", resumable=True),
     Job(("sft",), "supervised fine-tuning on distilled memory-role datasets (TRL SFTTrainer, LoRA or full)",
         "train.sft:SFTRunConfig", "train.sft:run_sft", resumable=True),
+    Job(("train", "pivot-grpo"), "pivot-turn GRPO for the proactive intervention agent (online loop)",
+        "train.pivot_grpo:PivotGRPOConfig", "train.pivot_grpo:run_pivot_grpo", resumable=True),
+    Job(("eval",), "harness: memory systems x memory models x datasets -> per-item results, breakdowns, report",
+        "launch.evaluate:EvalConfig", "launch.evaluate:run_eval", resumable=True),
+    Job(("export",), "merged Hugging Face checkpoint + model card, verified in transformers and vLLM",
+        "train.export:ExportConfig", "train.export:run_export",
+        flags=(("--push-to-hub", "push_to_hub", "upload the export to this Hub repository (needs HF_TOKEN)"),)),
 ]
 
 
@@ -58,6 +66,8 @@ def _add_job_arguments(parser: argparse.ArgumentParser, job: Job) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=1e-6")
     if job.resumable:
         parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    for flag, key, help_text in job.flags:
+        parser.add_argument(flag, dest=f"flag:{key}", metavar="VALUE", help=f"{help_text} (sets {key})")
 
 
 def _run_job(job: Job, args: argparse.Namespace) -> int:
@@ -66,6 +76,10 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if getattr(args, "resume", False):
         overrides.append("run.resume=true")
+    for _, key, _ in job.flags:
+        value = getattr(args, f"flag:{key}", None)
+        if value is not None:
+            overrides.append(f"{key}={value}")
     config = load_config(job.load("config"), args.config, overrides)
     code = job.load("runner")(config)
     return int(code or 0)

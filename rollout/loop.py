@@ -154,6 +154,21 @@ class Rollout:
         gen = GenerationRequest(messages=messages, sampling=params, metadata=self._request_metadata("reasoner"))
         return PendingCall(kind="reasoner", role="reasoner", request=gen)
 
+    def add_turn(self, turn: Turn) -> None:
+        """Give the memory system a turn the loop did not produce: a replayed trajectory turn or a question
+        (question-answering mode, :mod:`rollout.memory.workflow`).
+
+        Allowed only while no memory call is pending (its answer would be lost) and no memory tool is running. A
+        cached pending reasoner call is dropped, so the next :meth:`pending` sees the new turn. The step counter
+        moves up to ``turn.step``, so the reasoner's later steps are numbered after the replayed turns."""
+        if self.done:
+            raise RuntimeError("add_turn() on a finished rollout")
+        if self._tool_started_at is not None or (self._pending is not None and self._pending.kind == "memory"):
+            raise RuntimeError("add_turn() while a memory call is pending or a memory tool is running")
+        self._pending = None
+        self.step = max(self.step, turn.step)
+        self.memory.on_turn(turn)
+
     def fork(self, rollout_id: str) -> Rollout:
         """A deep copy that continues independently (used to branch at a pending memory call)."""
         twin = copy.deepcopy(self)
@@ -287,8 +302,12 @@ def run_rollouts(
     *,
     progress: str | None = None,
     on_memory_call: Callable[[Rollout, MemoryCall], None] | None = None,
+    on_result: Callable[[Rollout, PendingCall, GenerationResult], None] | None = None,
 ) -> list[EpisodeTrace]:
-    """Drive rollouts to the end in lockstep: each wavefront sends every pending call to its engine in one batch."""
+    """Drive rollouts to the end in lockstep: each wavefront sends every pending call to its engine in one batch.
+
+    ``on_result`` sees every call with the engine's answer before the rollout consumes it (offline labelled rollouts
+    record them for deterministic replay)."""
     active = [r for r in rollouts if not r.done]
     bar = tqdm(total=len(active), desc=progress, disable=progress is None, leave=False)
     while active:
@@ -300,7 +319,9 @@ def run_rollouts(
             batches.setdefault(id(engine), (engine, []))[1].append((rollout, call))
         for engine, items in batches.values():
             results = engine.generate([call.request for _, call in items])
-            for (rollout, _), result in zip(items, results, strict=True):
+            for (rollout, call), result in zip(items, results, strict=True):
+                if on_result is not None:
+                    on_result(rollout, call, result)
                 record = rollout.advance(result)
                 if record is not None and on_memory_call is not None:
                     on_memory_call(rollout, record)

@@ -1,0 +1,491 @@
+"""``memrl eval``: memory systems x memory models x datasets -> per-item results, breakdowns and a side-by-side report.
+
+For every dataset, system and model the harness (:mod:`rollout.harness`) yields one record per item (a question, or
+a task run); :mod:`rewards.scorers` scores it (exact match, token F1, BLEU-1, the AMA-Bench yes/no judge with its
+F1 fallback, LoCoMo per-category scores and its CORRECT/WRONG judge, task success from the verifier) and the record is
+appended to ``<run>/results.jsonl`` at once (fsynced). A rerun with ``--resume`` reads that file (a torn last line
+from a killed process is cut off), skips every finished item by its key (dataset, episode, item, system, model) and
+appends only the rest, so rows are never duplicated. ``report.md`` compares the methods side by side with tokens per
+question (reasoner and memory model), and breaks results down by QA type, LoCoMo category and horizon;
+``summary.json`` holds the same numbers.
+
+Defaults run offline: the reasoner of QA datasets is the programmatic reader and the memory model is the extractive
+scripted model (both in :mod:`rollout.harness`), the judge is the lexical stand-in
+(:class:`rewards.scorers.LexicalJudge`); task datasets use their family's scripted agent and oracle expert. Any of
+them can be an engine (vLLM / HF checkpoint, LoRA adapter, OpenAI-compatible endpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from tqdm.auto import tqdm
+
+from data.config import ConfigError, ConfigModel, RunConfig, config_hash, prepare_run_dir
+from data.io import append_jsonl, atomic_write_text, iter_jsonl
+from data.tasks import TaskSetConfig, load_tasks, make_ama_episode
+from rewards.scorers import (
+    LOCOMO_CATEGORY_NAMES,
+    JudgeItem,
+    JudgeScorer,
+    LexicalJudge,
+    lexical_scores,
+    locomo_category,
+    locomo_score,
+    verifier_outcome,
+)
+from rollout.engines.base import Engine
+from rollout.engines.config import EngineConfig, build_engine
+from rollout.harness import (
+    EvidenceReader,
+    ExtractiveMemoryModel,
+    ReaderConfig,
+    Scorer,
+    aggregate,
+    run_qa,
+    run_tasks,
+)
+from rollout.loop import EngineSet
+from rollout.memory.registry import MemoryConfig
+from rollout.memory.sam import make_token_counter
+
+__all__ = ["DatasetSpec", "EvalConfig", "ModelSpec", "SystemSpec", "evaluate", "load_results", "run_eval",
+           "write_report"]
+
+QA_KINDS = ("ama_synthetic", "amabench", "locomo", "memoryarena", "generic")
+TASK_SYSTEMS = {"sam": ("sam", "long_context", "bm25", "embedding"), "proactive": ("proactive",)}
+READER_NOTE = (
+    "The reasoner is the programmatic reader: it answers with the gold answer exactly when the question's evidence "
+    "(the needle turns' evidence strings, else the needle observations, else a gold answer) is in its context, and "
+    "otherwise says the answer is not mentioned. Its scores measure what each memory system surfaced to the reasoner, "
+    "not language ability."
+)
+
+
+class DatasetSpec(ConfigModel):
+    """One dataset: synthetic AMA-format episodes, a file in a public format, or a family of interactive tasks."""
+
+    name: str = Field(min_length=1)
+    kind: Literal["ama_synthetic", "amabench", "locomo", "memoryarena", "generic", "sam", "proactive"]
+    path: str | None = None  # the file of amabench / locomo / memoryarena / generic
+    envs: list[str] = ["textworld"]  # ama_synthetic: environments
+    target_tokens: list[int] = [1000]  # ama_synthetic: trajectory lengths (the horizon breakdown)
+    episodes_per_setting: int = Field(2, ge=1)
+    per_type: int = Field(2, ge=1, description="ama_synthetic: questions per type A-D")
+    noise: float = Field(0.1, ge=0, le=1)
+    env_params: dict[str, Any] = {}
+    seed: int = 0
+    tasks: TaskSetConfig | None = None  # sam / proactive: the task set (default: the family's defaults)
+    samples: int = Field(0, ge=0, description="tasks: sampled runs per task beside the greedy one")
+    temperature: float | None = Field(None, ge=0, description="tasks: sampling temperature (None: the config's)")
+    max_episodes: int | None = Field(None, ge=1)
+    max_questions: int | None = Field(None, ge=1, description="questions per episode at most")
+
+    @model_validator(mode="after")
+    def _needs(self) -> DatasetSpec:
+        if self.kind in ("amabench", "locomo", "memoryarena", "generic") and not self.path:
+            raise ValueError(f"dataset kind {self.kind!r} needs 'path'")
+        if self.tasks is not None and self.kind in ("sam", "proactive") and self.tasks.family != self.kind:
+            raise ValueError(f"tasks.family must be {self.kind!r} for a {self.kind} dataset")
+        return self
+
+
+class SystemSpec(ConfigModel):
+    """A memory system under a label (the same system with other settings needs another label)."""
+
+    label: str | None = None
+    memory: MemoryConfig
+
+    @property
+    def name(self) -> str:
+        """The label, or the system's name."""
+        return self.label or self.memory.name
+
+
+class ModelSpec(ConfigModel):
+    """A memory model: an engine (vLLM / HF checkpoint, OpenAI-compatible endpoint, scripted policy) and optionally a
+    LoRA adapter on it; ``engine: null`` is the dataset's scripted memory model (extractive model for QA, the oracle
+    expert for tasks)."""
+
+    name: str = Field(min_length=1)
+    engine: EngineConfig | None = None
+    adapter: str | None = None
+
+    @model_validator(mode="after")
+    def _adapter_needs_engine(self) -> ModelSpec:
+        if self.adapter and (self.engine is None or self.engine.backend not in ("vllm", "hf")):
+            raise ValueError("an adapter needs a vllm or hf engine")
+        return self
+
+
+def _default_systems() -> list[SystemSpec]:
+    names = ("sam", "long_context", "bm25", "embedding", "mage", "memma", "ama_agent", "proactive")
+    return [SystemSpec.model_validate({"memory": {"name": n}}) for n in names]
+
+
+class EvalConfig(ConfigModel):
+    """Everything ``memrl eval`` needs."""
+
+    command: Literal["eval"] = "eval"
+    run: RunConfig = RunConfig()
+    datasets: list[DatasetSpec] = [DatasetSpec(name="ama-synthetic", kind="ama_synthetic")]
+    systems: list[SystemSpec] = Field(default_factory=_default_systems)
+    models: list[ModelSpec] = [ModelSpec(name="scripted")]
+    reasoner: EngineConfig | None = None  # QA reasoner; None: the programmatic reader
+    reader: ReaderConfig = ReaderConfig()
+    judge: EngineConfig | None = None  # AMA-Bench yes/no judge; None: the offline lexical judge
+    locomo_judge: bool = True  # also run the CORRECT/WRONG judge on LoCoMo questions
+    judge_max_tokens: int = Field(64, ge=1)
+    tokenizer: str | None = "tiny"  # token accounting of scripted engines ("tiny": the tiny model's; None: none)
+    model_cache: str = ".cache/models"
+    episodes_per_batch: int = Field(4, ge=1)
+    slack_steps: int = Field(4, ge=1, description="reasoner calls allowed per question")
+
+    @model_validator(mode="after")
+    def _unique(self) -> EvalConfig:
+        for what, names in (("dataset", [d.name for d in self.datasets]), ("system", [s.name for s in self.systems]),
+                            ("model", [m.name for m in self.models])):
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                raise ValueError(f"{what} names must be unique, repeated: {sorted(dup)}")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# data
+
+
+def load_dataset(spec: DatasetSpec) -> list[Any]:
+    """The episodes (QA kinds) or tasks (``sam`` / ``proactive``) of a dataset."""
+    if spec.kind in ("sam", "proactive"):
+        tasks_cfg = spec.tasks or TaskSetConfig(family=spec.kind, count=8, seed=spec.seed)
+        tasks = load_tasks(tasks_cfg, prefix=spec.name)
+        return tasks[: spec.max_episodes] if spec.max_episodes else tasks
+    if spec.kind == "ama_synthetic":
+        episodes = [
+            make_ama_episode(env, dict(spec.env_params), spec.seed + i, target, noise=spec.noise,
+                             per_type=spec.per_type)
+            for env in spec.envs for target in spec.target_tokens for i in range(spec.episodes_per_setting)
+        ]
+    else:
+        from data.loaders import LOADERS
+
+        assert spec.path is not None
+        if not Path(spec.path).is_file():
+            raise ConfigError(f"dataset {spec.name!r}: file not found: {spec.path}")
+        episodes = LOADERS[spec.kind](spec.path)
+    return episodes[: spec.max_episodes] if spec.max_episodes else episodes
+
+
+def _items_of(spec: DatasetSpec, data: list[Any]) -> int:
+    if spec.kind in ("sam", "proactive"):
+        return len(data) * (1 + spec.samples)
+    per = spec.max_questions
+    return sum(min(len(e.qa_pairs), per) if per else len(e.qa_pairs) for e in data)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# results file
+
+
+def load_results(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a results file, first of each key; a torn last line (a killed writer) is cut off the file so
+    appends continue on a clean line."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        keep = raw.rfind(b"\n") + 1
+        with open(path, "r+b") as fh:
+            fh.truncate(keep)
+    seen: dict[str, dict[str, Any]] = {}
+    for record in iter_jsonl(path):
+        assert isinstance(record, dict)
+        seen.setdefault(str(record.get("key")), record)
+    return list(seen.values())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# engines and scoring
+
+
+class _Engines:
+    """Builds engines once per run and closes them at the end."""
+
+    def __init__(self, cfg: EvalConfig) -> None:
+        self.cfg = cfg
+        self.tokenizer: Any = None
+        self._tokenizer_loaded = False
+        self.models: dict[str, Engine] = {}
+        self.built: list[Engine] = []
+
+    def get_tokenizer(self) -> Any:
+        if not self._tokenizer_loaded:
+            self._tokenizer_loaded = True
+            name = self.cfg.tokenizer
+            if name is not None:
+                from rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
+
+                path = ensure_tiny_model(self.cfg.model_cache, TinyModelSpec()) if name == "tiny" else name
+                self.tokenizer = load_tokenizer(path)
+        return self.tokenizer
+
+    def build(self, cfg: EngineConfig) -> Engine:
+        engine = build_engine(cfg)
+        self.built.append(engine)
+        return engine
+
+    def scripted(self, policy: Any, name: str) -> Engine:
+        from rollout.engines.scripted import ScriptedEngine
+
+        return ScriptedEngine(policy, tokenizer=self.get_tokenizer(), name=name)
+
+    def memory_model(self, spec: ModelSpec) -> Engine | None:
+        if spec.engine is None:
+            return None
+        if spec.name not in self.models:
+            engine_cfg = spec.engine
+            if spec.adapter and engine_cfg.backend == "vllm":
+                engine_cfg = engine_cfg.model_copy(update={"enable_lora": True})
+            engine = self.build(engine_cfg)
+            if spec.adapter:
+                engine.load_adapter(spec.adapter, version=1)  # type: ignore[attr-defined]
+            self.models[spec.name] = engine
+        return self.models[spec.name]
+
+    def close(self) -> None:
+        for engine in self.built:
+            engine.close()
+
+
+def make_scorer(ama_judge: JudgeScorer, locomo_judge: JudgeScorer | None) -> Scorer:
+    """The scorer the harness calls per batch: lexical metrics, LoCoMo category scores and judges for QA records,
+    the verifier's outcome for task records."""
+
+    def score(records: list[dict[str, Any]]) -> list[dict[str, float]]:
+        out: list[dict[str, float]] = []
+        for r in records:
+            if r["mode"] != "qa":
+                out.append({"success": verifier_outcome(r.get("outcome"))})
+                continue
+            scores = lexical_scores(r["answer"], r["golds"])
+            category = locomo_category(r.get("category"))
+            if category is not None:
+                scores["locomo"] = locomo_score(r["answer"], r["gold"], category)
+            out.append(scores)
+        qa = [i for i, r in enumerate(records) if r["mode"] == "qa"]
+        items = [JudgeItem(records[i]["question"], records[i]["gold"], records[i]["answer"] or "",
+                           records[i].get("task", ""), records[i].get("task_type", "")) for i in qa]
+        for i, verdict in zip(qa, ama_judge.score(items), strict=True):
+            out[i].update(judge=verdict.score, judge_acc=float(verdict.score == 1.0),
+                          judge_parsed=float(verdict.parsed))
+        locomo = [i for i in qa if locomo_category(records[i].get("category")) is not None]
+        if locomo_judge is not None and locomo:
+            items = [JudgeItem(records[i]["question"], records[i]["gold"], records[i]["answer"] or "") for i in locomo]
+            for i, verdict in zip(locomo, locomo_judge.score(items), strict=True):
+                out[i]["locomo_judge"] = verdict.score
+        return out
+
+    return score
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the run
+
+
+def run_eval(cfg: EvalConfig) -> int:
+    """``memrl eval``: run (or resume) the evaluation into the run directory and print the report's main tables."""
+    run_dir = prepare_run_dir(cfg, cfg.run, "eval")
+    summary = evaluate(cfg, run_dir)
+    print((run_dir / "report.md").read_text(encoding="utf-8"))
+    print(f"[eval] {summary['items']} items in {run_dir / 'results.jsonl'}; report: {run_dir / 'report.md'}")
+    return 0
+
+
+def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
+    """Evaluate into ``run_dir`` (resuming from its ``results.jsonl``), write ``report.md`` and ``summary.json``, and
+    return the summary (in-process entry point)."""
+    run_dir = Path(run_dir)
+    results = run_dir / "results.jsonl"
+    start = time.perf_counter()
+    existing = load_results(results)
+    done = {r["key"] for r in existing}
+    engines = _Engines(cfg)
+    skipped: list[str] = []
+    written = 0
+    try:
+        judge_engine = engines.build(cfg.judge) if cfg.judge is not None else engines.scripted(LexicalJudge(), "judge")
+        ama_judge = JudgeScorer(judge_engine, "ama", cfg.judge_max_tokens)
+        locomo_judge = JudgeScorer(judge_engine, "locomo", cfg.judge_max_tokens * 2) if cfg.locomo_judge else None
+        scorer = make_scorer(ama_judge, locomo_judge)
+        reader = EvidenceReader(cfg.reader) if cfg.reasoner is None else None
+        qa_reasoner = engines.build(cfg.reasoner) if cfg.reasoner is not None else None
+        tokenizer = engines.get_tokenizer()
+        count_tokens = make_token_counter(tokenizer) if tokenizer is not None else None
+        for spec in cfg.datasets:
+            data = load_dataset(spec)
+            for system in cfg.systems:
+                if spec.kind in TASK_SYSTEMS and system.memory.name not in TASK_SYSTEMS[spec.kind]:
+                    skipped.append(f"{spec.name} x {system.name}: {spec.kind} tasks run "
+                                   f"{', '.join(TASK_SYSTEMS[spec.kind])} only")
+                    continue
+                for model in cfg.models:
+                    bar = tqdm(total=_items_of(spec, data), desc=f"{spec.name} {system.name} {model.name}",
+                               leave=False)
+                    if spec.kind in QA_KINDS:
+                        memory = engines.memory_model(model) or engines.scripted(ExtractiveMemoryModel(), "extractive")
+                        reasoner = qa_reasoner or engines.scripted(reader, "reader")
+                        records = run_qa(
+                            data, system.memory, EngineSet(reasoner=reasoner, memory=memory), dataset=spec.name,
+                            system=system.name, model=model.name, reader=reader, skip=done, scorer=scorer,
+                            count_tokens=count_tokens, episodes_per_batch=cfg.episodes_per_batch,
+                            slack_steps=cfg.slack_steps, seed=cfg.run.seed, max_questions=spec.max_questions,
+                            on_progress=bar.update,
+                        )
+                    else:
+                        task_engines = _task_engines(spec.kind, data, engines, engines.memory_model(model))
+                        records = run_tasks(
+                            data, system.memory, task_engines, dataset=spec.name, system=system.name,
+                            model=model.name, samples=spec.samples, temperature=spec.temperature, skip=done,
+                            scorer=scorer, count_tokens=count_tokens, seed=cfg.run.seed, on_progress=bar.update,
+                        )
+                    for record in records:
+                        if record["key"] in done:
+                            continue
+                        append_jsonl(results, record)
+                        done.add(record["key"])
+                        written += 1
+                    bar.close()
+    finally:
+        engines.close()
+    records = load_results(results)
+    summary = summarize(cfg, records, skipped)
+    summary.update(items=len(records), written_this_run=written, resumed_items=len(existing),
+                   wall_s=round(time.perf_counter() - start, 2), config_hash=config_hash(cfg))
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_report(cfg, summary, run_dir / "report.md")
+    return summary
+
+
+def _task_engines(kind: str, tasks: list[Any], engines: _Engines, memory: Engine | None) -> EngineSet:
+    if kind == "sam":
+        from data.experts.sam import SamOracle
+        from data.tasks.sam import SamReasoner
+
+        reasoner = engines.scripted(SamReasoner(), "reasoner")
+        return EngineSet(reasoner=reasoner, memory=memory or engines.scripted(SamOracle(), "sam-oracle"))
+    from data.experts.proactive import ProactiveOracle
+    from data.tasks.proactive import ActionAgent
+
+    reasoner = engines.scripted(ActionAgent(), "action-agent")
+    oracle = ProactiveOracle(truths={t.task_id: t.truth() for t in tasks})
+    return EngineSet(reasoner=reasoner, memory=memory or engines.scripted(oracle, "proactive-oracle"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# summary and report
+
+
+def summarize(cfg: EvalConfig, records: list[dict[str, Any]], skipped: list[str]) -> dict[str, Any]:
+    """Aggregates per dataset: the side-by-side rows (system x model) and breakdowns by QA type, LoCoMo category,
+    horizon, and greedy / sampled runs of tasks."""
+    datasets: dict[str, Any] = {}
+    for spec in cfg.datasets:
+        rows = [r for r in records if r["dataset"] == spec.name]
+        if not rows:
+            continue
+        entry: dict[str, Any] = {"kind": spec.kind, "episodes": len({r["episode_id"] for r in rows})}
+        if spec.kind in TASK_SYSTEMS:
+            entry["greedy"] = aggregate([r for r in rows if not r.get("sampled")])
+            entry["sampled"] = aggregate([r for r in rows if r.get("sampled")])
+            entry["by_horizon"] = aggregate([r for r in rows if not r.get("sampled")], ("system", "model", "horizon"))
+        else:
+            entry["overall"] = aggregate(rows)
+            entry["by_qa_type"] = aggregate(rows, ("system", "model", "qa_type"))
+            entry["by_horizon"] = aggregate(rows, ("system", "model", "horizon"))
+            if any(locomo_category(r.get("category")) is not None for r in rows):
+                entry["by_category"] = aggregate(rows, ("system", "model", "category"))
+        datasets[spec.name] = entry
+    return {"datasets": datasets, "skipped": skipped,
+            "reader": "programmatic" if cfg.reasoner is None else cfg.reasoner.engine_name,
+            "judge": "lexical (offline)" if cfg.judge is None else cfg.judge.engine_name}
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def _tokens(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def _pivot(rows: list[dict[str, Any]], column: str, metric: str) -> tuple[list[str], list[list[Any]]]:
+    values = sorted({str(r[column]) for r in rows}, key=lambda v: (len(v), v))
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        cells.setdefault((r["system"], r["model"]), {})[str(r[column])] = r.get(metric)
+    return values, [[s, m, *[cell.get(v) for v in values]] for (s, m), cell in cells.items()]
+
+
+def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> Path:
+    """The markdown report: per dataset the side-by-side table with tokens per item, then the breakdowns."""
+    lines = [f"# memrl eval: {cfg.run.name or 'run'}", ""]
+    if cfg.reasoner is None and any(s.kind in QA_KINDS for s in cfg.datasets):
+        lines += [f"**Reader.** {READER_NOTE}", ""]
+    lines += [f"Judge: {summary['judge']}. Memory models: "
+              + ", ".join(f"`{m.name}` ({m.engine.engine_name if m.engine else 'scripted'})" for m in cfg.models)
+              + ". Tokens are per question (per task run for task datasets): reasoner tokens spent (prefill not "
+              "served from cache plus generated), memory-model prompt + completion tokens (answer phase plus the "
+              "question's share of ingesting the trajectory).", ""]
+    for name, entry in summary["datasets"].items():
+        lines += [f"## {name} ({entry['kind']}, {entry['episodes']} episodes)", ""]
+        if entry["kind"] in TASK_SYSTEMS:
+            sampled = {(r["system"], r["model"]): r for r in entry["sampled"]}
+            rows = [[r["system"], r["model"], r["n"], r.get("success"),
+                     sampled.get((r["system"], r["model"]), {}).get("success"), _tokens(r["reasoner_tokens"]),
+                     _tokens(r["memory_tokens"])] for r in entry["greedy"]]
+            lines += _table(["system", "model", "tasks", "success (greedy)", "success (sampled)", "reasoner tok/task",
+                             "memory tok/task"], rows)
+            values, pivot = _pivot(entry["by_horizon"], "horizon", "success")
+            lines += ["", "Success (greedy) by horizon:", "", *_table(["system", "model", *values], pivot), ""]
+            continue
+        has_locomo = "by_category" in entry
+        header = ["system", "model", "questions", "judge acc", "judge score", "EM", "F1", "BLEU-1"]
+        header += ["LoCoMo", "LoCoMo judge"] if has_locomo else []
+        header += ["evidence in ctx", "reasoner tok/q", "memory tok/q"]
+        rows = []
+        for r in entry["overall"]:
+            row = [r["system"], r["model"], r["n"], r.get("judge_acc"), r.get("judge"), r.get("exact_match"),
+                   r.get("f1"), r.get("bleu1")]
+            row += [r.get("locomo"), r.get("locomo_judge")] if has_locomo else []
+            row += [r.get("evidence_in_context"), _tokens(r["reasoner_tokens"]), _tokens(r["memory_tokens"])]
+            rows.append(row)
+        lines += _table(header, rows)
+        values, pivot = _pivot(entry["by_qa_type"], "qa_type", "judge_acc")
+        lines += ["", "Judge accuracy by QA type:", "", *_table(["system", "model", *values], pivot)]
+        values, pivot = _pivot(entry["by_horizon"], "horizon", "judge_acc")
+        lines += ["", "Judge accuracy by horizon:", "", *_table(["system", "model", *values], pivot)]
+        if has_locomo:
+            by_cat = [dict(r, category=LOCOMO_CATEGORY_NAMES.get(locomo_category(r["category"]) or 0, "?"))
+                      for r in entry["by_category"]]
+            values, pivot = _pivot(by_cat, "category", "locomo")
+            lines += ["", "LoCoMo score by category:", "", *_table(["system", "model", *values], pivot)]
+        lines.append("")
+    if summary["skipped"]:
+        lines += ["Not applicable (skipped): " + "; ".join(summary["skipped"]) + ".", ""]
+    return atomic_write_text(path, "\n".join(lines) + "\n")

@@ -1,0 +1,229 @@
+"""Expert-trace distillation: rejection sampling, per-role chat rows, resumable writing, stats and Arrow copies."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+import data.distill as distill
+from data.distill import DistillWriter, RejectionConfig, distill_traces, load_sft_examples, role_file, trace_rows
+from data.formats import (
+    render_intervention,
+    render_phase1_prompt,
+    render_phase2_prompt,
+    render_sam_consolidate_prompt,
+    render_sam_recall_prompt,
+    render_tool_call,
+)
+from data.io import RecordError
+from data.schemas import EpisodeTrace, MemoryCall, Message, SFTExample
+
+COLORS = ["red", "blue", "green", "brass", "silver", "golden"]
+ITEMS = ["key", "gem", "coin", "book", "lamp"]
+PLACES = ["drawer", "chest", "box", "shelf"]
+
+
+def _msgs(raw: list[dict[str, str]]) -> list[Message]:
+    return [Message(**m) for m in raw]
+
+
+def expert_trace(i: int, error_rate: float, rng: random.Random) -> tuple[EpisodeTrace, bool]:
+    """A SAM + proactive trace of a noisy expert: with probability ``error_rate`` its recall names a wrong place and
+    the reasoner's answer is wrong (outcome 0). Returns the trace and whether the expert was right."""
+    item = f"{rng.choice(COLORS)} {rng.choice(ITEMS)}"
+    place = f"{rng.choice(PLACES)} {rng.randint(1, 9)}"
+    pages = [f"t{3 * p}> look around\nthe {rng.choice(COLORS)} lamp is in shelf {p}" for p in range(3)]
+    needle = rng.randrange(3)
+    pages[needle] = f"t{3 * needle}> open {place}\nthe {item} is in {place}"
+    calls = [
+        MemoryCall(
+            call_id=f"c{p}", role="consolidate", messages=_msgs(render_sam_consolidate_prompt(p, page)),
+            text=page.split("\n")[1].removeprefix("the ").replace(" is in ", ", "), step=p,
+        )
+        for p, page in enumerate(pages)
+    ]
+    right = rng.random() >= error_rate
+    said = place if right else f"{place.split()[0]} {int(place.split()[1]) % 9 + 1}"
+    calls.append(
+        MemoryCall(
+            call_id="r0", role="recall", step=3,
+            messages=_msgs(render_sam_recall_prompt(f"where is the {item}?", needle, pages[needle], "")),
+            text=f"the {item} is in {said}",
+        )
+    )
+    bank = "status: none\nknowledge: none\nprocedural: none"
+    window = f"[step 1] action: cat notes\nremember to use {place}"
+    calls.append(
+        MemoryCall(
+            call_id="b0", role="bank_edit", step=4, messages=_msgs(render_phase1_prompt("tidy up", window, bank)),
+            text=render_tool_call("memory_save_knowledge", {"content": f"use {place}"}),
+        )
+    )
+    calls.append(
+        MemoryCall(
+            call_id="i0", role="intervene", step=4, messages=_msgs(render_phase2_prompt("tidy up", window, bank)),
+            text=render_intervention(f"use {place}" if i % 2 else None),
+        )
+    )
+    trace = EpisodeTrace(
+        trace_id=f"trace-{i:04d}", task_id=f"task-{i:04d}", memory_system="sam", answer=said,
+        outcome=1.0 if said == place else 0.0, memory_calls=calls, metadata={"gold": place},
+    )
+    return trace, right
+
+
+def make_traces(n: int, error_rate: float, seed: int = 0) -> list[tuple[EpisodeTrace, bool]]:
+    rng = random.Random(seed)
+    return [expert_trace(i, error_rate, rng) for i in range(n)]
+
+
+def read_rows(out: Path) -> dict[str, list[SFTExample]]:
+    return {
+        p.stem: load_sft_examples(p)
+        for p in sorted(out.glob("*.jsonl"))
+        if p.name != distill.PROGRESS_FILE
+    }
+
+
+def test_rejection_keeps_only_correct_traces(tmp_path: Path) -> None:
+    pairs = make_traces(200, error_rate=0.3)
+    right = {t.trace_id for t, ok in pairs if ok}
+    stats = distill_traces([t for t, _ in pairs], tmp_path, progress=False)
+    rows = read_rows(tmp_path)
+    assert set(rows) == {"consolidate", "recall", "bank_edit", "intervene"}
+    kept_traces = {r.trace_id for role_rows in rows.values() for r in role_rows}
+    assert kept_traces == right  # every correct trace is kept, and nothing else
+    for r in rows["recall"]:  # the kept recall targets are true: the line is on the page the expert read
+        assert r.metadata["outcome"] == 1.0 and r.messages[-1].content in r.messages[-2].content
+    assert 110 <= len(right) <= 170  # 30% of 200 wrong, binomially
+    assert stats["traces"] == {
+        "total": 200, "kept": len(right), "rejected": 200 - len(right), "keep_rate": round(len(right) / 200, 4)
+    }
+    assert stats["roles"]["consolidate"]["kept"] == 3 * len(right)
+    assert stats["roles"]["consolidate"]["rejected"] == 3 * (200 - len(right))
+    for role in ("recall", "bank_edit", "intervene"):
+        assert stats["roles"][role]["kept"] == len(rows[role]) == len(right)
+        assert stats["roles"][role]["rejected"] == 200 - len(right)
+    assert stats["rows"]["kept"] == 6 * len(right)
+    assert json.loads((tmp_path / distill.STATS_FILE).read_text()) == stats
+
+
+def test_rows_are_the_exact_messages_plus_the_expert_output(tmp_path: Path) -> None:
+    trace, _ = make_traces(1, error_rate=0.0)[0]
+    rows, skipped = trace_rows(trace)
+    assert not skipped
+    assert [r.role for r in rows] == ["consolidate"] * 3 + ["recall", "bank_edit", "intervene"]
+    for row, call in zip(rows, trace.memory_calls, strict=True):
+        assert row.messages[:-1] == call.messages
+        assert row.messages[-1] == Message(role="assistant", content=call.text)
+        assert row.trace_id == trace.trace_id and row.task_id == trace.task_id
+        assert row.metadata["call_id"] == call.call_id
+    assert len({r.row_id for r in rows}) == len(rows)
+
+
+def test_arrow_copies_round_trip(tmp_path: Path) -> None:
+    distill_traces([t for t, _ in make_traces(12, 0.3, seed=3)], tmp_path, progress=False)
+    for role, rows in read_rows(tmp_path).items():
+        assert load_sft_examples(role_file(tmp_path, role, ".arrow")) == rows
+
+
+def test_keep_rule_options_and_skipped_calls(tmp_path: Path) -> None:
+    pairs = make_traces(20, 0.5, seed=1)
+    traces = [t for t, _ in pairs]
+    broken = traces[0].model_copy(deep=True)
+    broken.outcome = 1.0
+    broken.memory_calls[0].error = "engine timeout"
+    broken.memory_calls[1].finish_reason = "length"
+    traces[0] = broken
+    stats = distill_traces(
+        traces, tmp_path / "a", RejectionConfig(min_outcome=0.0, roles=["consolidate", "recall"]), progress=False
+    )
+    assert stats["traces"]["kept"] == 20
+    assert set(stats["roles"]) == {"consolidate", "recall"}
+    assert stats["roles"]["consolidate"]["skipped"] == 2 and stats["rows"]["skipped"] == 2
+    assert stats["roles"]["consolidate"]["kept"] == 3 * 20 - 2
+
+    even = distill_traces(traces, tmp_path / "b", keep=lambda t: int(t.trace_id[-1]) % 2 == 0, progress=False)
+    assert even["traces"]["kept"] == 10 and even["keep_rule"] == "custom predicate"
+
+    cfg = RejectionConfig(predicate="tests.test_distill:keep_odd")
+    assert cfg.keep_rule()(traces[1]) and not cfg.keep_rule()(traces[2])
+    with pytest.raises(Exception, match="cannot be imported"):
+        RejectionConfig(predicate="tests.test_distill:nope").keep_rule()
+
+    unscored = traces[1].model_copy(update={"outcome": None})
+    assert not RejectionConfig(min_outcome=0.0).keep_rule()(unscored)
+
+
+def keep_odd(trace: EpisodeTrace) -> bool:
+    return int(trace.trace_id[-1]) % 2 == 1
+
+
+def test_bad_role_names_are_refused_before_writing(tmp_path: Path) -> None:
+    trace, _ = make_traces(1, 0.0)[0]
+    trace.memory_calls[0].role = "../escape"
+    writer = DistillWriter(tmp_path)
+    with pytest.raises(ValueError, match="cannot name a dataset file"):
+        writer.add(trace)
+    assert not list(tmp_path.glob("*.jsonl"))
+    with pytest.raises(ValueError):
+        role_file(tmp_path, "progress")
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kill_at", [1, 5, 7, 23, 40])
+def test_resume_after_a_kill_gives_exactly_the_uninterrupted_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kill_at: int
+) -> None:
+    traces = [t for t, _ in make_traces(10, 0.3, seed=7)]
+    full = tmp_path / "full"
+    distill_traces(traces, full, progress=False)
+
+    # The kill lands inside the kill_at-th append (a row or a progress line): half of its bytes reach the disk.
+    real_append = distill.append_jsonl
+    calls = {"n": 0}
+
+    def dying_append(path, record):
+        calls["n"] += 1
+        if calls["n"] == kill_at:
+            line = record.model_dump_json() if hasattr(record, "model_dump_json") else json.dumps(record)
+            with open(path, "ab") as fh:
+                fh.write(line.encode()[: len(line) // 2])
+            raise Killed
+        real_append(path, record)
+
+    part = tmp_path / "part"
+    monkeypatch.setattr(distill, "append_jsonl", dying_append)
+    writer = DistillWriter(part)
+    with pytest.raises(Killed):
+        for trace in traces:
+            writer.add(trace)
+    monkeypatch.setattr(distill, "append_jsonl", real_append)
+    torn = [p for p in part.glob("*.jsonl") if not p.read_bytes().endswith(b"\n")]
+    assert torn  # the interruption left a torn last line behind
+
+    resumed = DistillWriter(part)
+    assert resumed.resumed == len(resumed.finished) < len(traces)
+    for trace in traces:
+        resumed.add(trace)
+    stats = resumed.finish(echo=False)
+    assert stats == json.loads((full / distill.STATS_FILE).read_text())
+    for name in sorted(p.name for p in full.glob("*.jsonl")):
+        if name == distill.PROGRESS_FILE:
+            continue
+        assert (part / name).read_bytes() == (full / name).read_bytes(), name
+    assert not resumed.add(traces[0])  # already done: nothing is written twice
+
+
+def test_malformed_rows_are_rejected_with_their_location(tmp_path: Path) -> None:
+    path = tmp_path / "recall.jsonl"
+    path.write_text(json.dumps({"row_id": "a", "role": "recall", "messages": [{"role": "user", "content": "x"},
+                                                                             {"role": "user", "content": "y"}]}) + "\n")
+    with pytest.raises(RecordError, match=r"recall.jsonl:1: field 'messages'"):
+        load_sft_examples(path)
