@@ -1,0 +1,532 @@
+"""``memrl sft``: supervised fine-tuning of a memory model on distilled expert rows (TRL ``SFTTrainer``).
+
+The data are the per-role datasets of :mod:`data.distill` (``<dir>/<role>.jsonl`` or ``.arrow``): one role, the
+plain concatenation of several (``roles: [consolidate, recall]``) or a weighted mixture
+(``roles: {consolidate: 1, recall: 3}``, weights are shares of the mixture). Rows become conversational
+prompt-completion examples (prompt = the messages the memory model saw, completion = the expert's output); TRL renders
+them with the tokenizer's chat template and takes the loss where its completion mask and, with
+``assistant_only_loss``, the template's ``{% generation %}`` span agree: exactly the final assistant message and its
+closing end-of-turn token.
+
+Training is TRL's: PEFT LoRA (``lora.enabled``) or full weights, any accelerate / DeepSpeed setup (``train.deepspeed``
+names a file under ``configs/deepspeed/`` or a path; ``accelerate launch --config_file configs/accelerate/...`` works
+too), bf16 mixed precision, checkpoints every ``train.save_steps`` in ``<run_dir>/checkpoints`` and ``--resume`` from
+the newest complete one (a checkpoint is complete once its ``trainer_state.json``, written last, is there).
+``train.batch_size`` is global: the per-device micro-batch and gradient accumulation follow from the world size, so
+1 and N processes take the same optimizer steps.
+
+Outputs in the run directory: ``config.yaml`` (resolved), ``metrics.jsonl`` (every logged step), ``summary.json``,
+and ``final/``: full weights (a base directory vLLM and transformers load) or the LoRA adapter (vLLM's
+``LoRARequest`` path), each with safetensors, the tokenizer and its chat template, plus ``memrl_sft.json`` naming
+the base the adapter belongs to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from data.config import (
+    ConfigError,
+    ConfigModel,
+    RunConfig,
+    WandbConfig,
+    config_hash,
+    prepare_run_dir,
+    resolve_deepspeed_config,
+)
+from data.distill import load_sft_examples, role_file
+from data.io import atomic_write_text
+from data.schemas import SFTExample
+from train.policy import LoraSettings, PolicySpec
+
+__all__ = [
+    "SFTDataConfig",
+    "SFTRunConfig",
+    "SFTTrainConfig",
+    "build_sft_trainer",
+    "latest_checkpoint",
+    "load_role_rows",
+    "mix_rows",
+    "run_sft",
+    "sft_args",
+    "sft_dataset",
+]
+
+# SFTConfig fields this module derives from the memrl config; `train.sft_args` may not set them.
+_MANAGED_ARGS = {
+    "output_dir", "run_name", "report_to", "max_steps", "num_train_epochs", "per_device_train_batch_size",
+    "per_device_eval_batch_size", "gradient_accumulation_steps", "learning_rate", "bf16", "use_cpu", "deepspeed",
+    "assistant_only_loss", "save_steps", "save_strategy", "seed", "data_seed", "model_init_kwargs",
+    "eval_strategy", "eval_steps",
+}  # fmt: skip
+
+
+class SFTDataConfig(ConfigModel):
+    """Which per-role datasets to train on and how to mix them."""
+
+    dir: str | None = Field(None, description="a `memrl data distill` output directory (<role>.jsonl / .arrow)")
+    roles: list[str] | dict[str, float] = Field(
+        ..., description="roles to train on: a list concatenates them, a {role: weight} map mixes them by share"
+    )
+    files: dict[str, str] = Field({}, description="role -> JSONL file or Arrow directory (overrides dir)")
+    mixture_rows: int | None = Field(None, ge=1, description="rows of a weighted mixture (default: all rows)")
+    eval_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of each role held out for eval loss")
+    max_eval_rows: int = Field(256, ge=1, description="cap on the held-out rows of each role")
+    chat_template_kwargs: dict[str, Any] = Field({}, description="passed to the chat template, e.g. enable_thinking")
+
+    @field_validator("roles")
+    @classmethod
+    def _some_roles(cls, roles: list[str] | dict[str, float]) -> list[str] | dict[str, float]:
+        if not roles:
+            raise ValueError("name at least one role")
+        if isinstance(roles, dict) and any(w <= 0 for w in roles.values()):
+            raise ValueError("mixture weights must be positive")
+        return roles
+
+    @model_validator(mode="after")
+    def _sources(self) -> SFTDataConfig:
+        missing = [r for r in self.role_names if r not in self.files and self.dir is None]
+        if missing:
+            raise ValueError(f"no dataset for roles {missing}: set data.dir or data.files")
+        return self
+
+    @property
+    def role_names(self) -> list[str]:
+        """The roles, in config order."""
+        return list(self.roles)
+
+    def source(self, role: str) -> Path:
+        """The dataset of ``role``: ``files[role]``, else ``<dir>/<role>.jsonl``, else ``<dir>/<role>.arrow``."""
+        if role in self.files:
+            return Path(self.files[role])
+        assert self.dir is not None
+        jsonl = role_file(self.dir, role)
+        return jsonl if jsonl.exists() else role_file(self.dir, role, ".arrow")
+
+
+class SFTTrainConfig(ConfigModel):
+    """Optimisation, precision, parallelism and checkpointing of the SFT stage."""
+
+    max_steps: int | None = Field(300, ge=1, description="optimizer steps (None: train `epochs` epochs)")
+    epochs: float = Field(1.0, gt=0)
+    batch_size: int = Field(32, ge=1, description="rows per optimizer step, over all processes")
+    per_device_batch_size: int | None = Field(None, ge=1, description="micro-batch (default: batch_size / world)")
+    lr: float = Field(2e-5, gt=0)
+    lr_scheduler: str = "linear"
+    warmup: float = Field(0.03, ge=0, description="warmup steps, or a fraction of the steps when < 1")
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    max_length: int | None = Field(1024, ge=8, description="tokens per row (longer rows are cut at the end)")
+    bf16: bool = Field(False, description="bf16 mixed precision (GPUs, and much faster on recent CPUs)")
+    gradient_checkpointing: bool = False
+    deepspeed: str | None = Field(None, description="DeepSpeed JSON: a name under configs/deepspeed/ or a path")
+    logging_steps: int = Field(10, ge=1)
+    save_steps: int = Field(100, ge=0, description="checkpoint every N steps (0: only the final model)")
+    save_total_limit: int | None = Field(2, ge=1)
+    eval_steps: int | None = Field(None, ge=1, description="eval loss every N steps (needs data.eval_fraction)")
+    progress: bool = True
+    sft_args: dict[str, Any] = Field({}, description="further trl.SFTConfig fields, e.g. {packing: true}")
+
+    @field_validator("sft_args")
+    @classmethod
+    def _unmanaged(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted(set(extra) & _MANAGED_ARGS)
+        if clash:
+            raise ValueError(f"{clash} are set from the memrl config (train.*, run.*), not through sft_args")
+        return extra
+
+
+class SFTRunConfig(ConfigModel):
+    """Config of ``memrl sft``."""
+
+    command: Literal["sft"] = "sft"
+    run: RunConfig = RunConfig()
+    model: PolicySpec
+    lora: LoraSettings = LoraSettings()
+    data: SFTDataConfig
+    train: SFTTrainConfig = SFTTrainConfig()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+
+
+def load_role_rows(cfg: SFTDataConfig) -> dict[str, list[SFTExample]]:
+    """The validated rows of every configured role."""
+    out = {}
+    for role in cfg.role_names:
+        path = cfg.source(role)
+        if not path.exists():
+            raise ConfigError(f"dataset of role {role!r} not found: {path}")
+        rows = load_sft_examples(path)
+        if not rows:
+            raise ConfigError(f"dataset of role {role!r} is empty: {path}")
+        out[role] = rows
+    return out
+
+
+def mix_rows(
+    rows: dict[str, list[SFTExample]], weights: dict[str, float] | None, total: int | None, seed: int
+) -> list[SFTExample]:
+    """Concatenate the roles (``weights`` None) or draw a mixture of ``total`` rows (default: all rows) in which each
+    role has its weight's share: a role short of its share is repeated whole, then topped up with a random subset.
+    Deterministic for ``seed``."""
+    if weights is None:
+        return [r for role_rows in rows.values() for r in role_rows]
+    rng = random.Random(seed)
+    size = total or sum(len(v) for v in rows.values())
+    norm = sum(weights.values())
+    out: list[SFTExample] = []
+    for role, role_rows in rows.items():
+        share = round(size * weights[role] / norm)
+        order = list(role_rows)
+        rng.shuffle(order)
+        out += order * (share // len(order)) + order[: share % len(order)]
+    rng.shuffle(out)
+    return out
+
+
+def _split_eval(
+    rows: dict[str, list[SFTExample]], fraction: float, cap: int, seed: int
+) -> tuple[dict[str, list[SFTExample]], list[SFTExample]]:
+    if fraction <= 0:
+        return rows, []
+    rng = random.Random(seed)
+    train, held = {}, []
+    for role, role_rows in rows.items():
+        order = list(role_rows)
+        rng.shuffle(order)
+        n = min(cap, max(1, round(len(order) * fraction))) if len(order) > 1 else 0
+        held += order[:n]
+        train[role] = order[n:]
+    return train, held
+
+
+def sft_dataset(rows: list[SFTExample], chat_template_kwargs: dict[str, Any] | None = None) -> Any:
+    """Rows as a conversational prompt-completion ``datasets.Dataset``: the prompt is every message the memory
+    model saw, the completion its final assistant message, so assistant turns inside the prompt stay out of the
+    loss."""
+    import datasets
+
+    records = []
+    for r in rows:
+        record: dict[str, Any] = {
+            "prompt": [m.model_dump() for m in r.messages[:-1]],
+            "completion": [r.messages[-1].model_dump()],
+        }
+        if chat_template_kwargs:
+            record["chat_template_kwargs"] = dict(chat_template_kwargs)
+        records.append(record)
+    return datasets.Dataset.from_list(records)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def _complete(path: Path) -> bool:
+    return (path / "trainer_state.json").is_file()
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[1])
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("checkpoint-") and p.name[11:].isdigit()]
+    return sorted(found, key=_step_of)
+
+
+def latest_checkpoint(folder: str | Path) -> Path | None:
+    """The newest complete ``checkpoint-N`` directory under ``folder`` (a kill mid-save leaves an incomplete one
+    without ``trainer_state.json``, which the Trainer writes last)."""
+    complete = [p for p in _checkpoints(Path(folder)) if _complete(p)]
+    return complete[-1] if complete else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Trainer
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _batch_layout(cfg: SFTTrainConfig, world: int) -> tuple[int, int]:
+    """(per-device micro-batch, gradient accumulation steps) giving ``cfg.batch_size`` rows per optimizer step."""
+    per_device = cfg.per_device_batch_size or max(1, cfg.batch_size // world)
+    accumulation, rest = divmod(cfg.batch_size, per_device * world)
+    if rest or accumulation < 1:
+        raise ConfigError(
+            f"train.batch_size {cfg.batch_size} is not a multiple of per-device batch {per_device} x {world} "
+            "process(es)"
+        )
+    return per_device, accumulation
+
+
+def sft_args(cfg: SFTRunConfig, output_dir: Path, has_eval: bool) -> Any:
+    """The ``trl.SFTConfig`` of ``cfg`` (creating it initialises the distributed state of a launched run)."""
+    import torch
+    from trl import SFTConfig
+
+    t = cfg.train
+    per_device, accumulation = _batch_layout(t, _world_size())
+    wandb_on = cfg.run.wandb.enabled and cfg.run.wandb.mode != "disabled"
+    kwargs: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "max_steps": t.max_steps if t.max_steps is not None else -1,
+        "num_train_epochs": t.epochs,
+        "per_device_train_batch_size": per_device,
+        "per_device_eval_batch_size": per_device,
+        "gradient_accumulation_steps": accumulation,
+        "learning_rate": t.lr,
+        "lr_scheduler_type": t.lr_scheduler,
+        "warmup_steps": t.warmup,
+        "weight_decay": t.weight_decay,
+        "max_grad_norm": t.max_grad_norm,
+        "max_length": t.max_length,
+        "bf16": t.bf16,
+        "use_cpu": not torch.cuda.is_available(),
+        "gradient_checkpointing": t.gradient_checkpointing,
+        "deepspeed": str(resolve_deepspeed_config(t.deepspeed)) if t.deepspeed else None,
+        "assistant_only_loss": True,
+        "logging_steps": t.logging_steps,
+        "logging_first_step": True,
+        "save_strategy": "steps" if t.save_steps else "no",
+        "save_steps": max(t.save_steps, 1),
+        "save_total_limit": t.save_total_limit,
+        "eval_strategy": "steps" if has_eval and t.eval_steps else "no",
+        "eval_steps": t.eval_steps,
+        "seed": cfg.run.seed,
+        "data_seed": cfg.run.seed,
+        "report_to": ["wandb"] if wandb_on else [],
+        "disable_tqdm": not t.progress,
+        "model_init_kwargs": {
+            "dtype": cfg.model.dtype,
+            "trust_remote_code": cfg.model.trust_remote_code,
+            "use_safetensors": True,
+        },
+        "trust_remote_code": cfg.model.trust_remote_code,
+        **t.sft_args,
+    }
+    try:
+        args = SFTConfig(**kwargs)
+    except TypeError as exc:  # an unknown sft_args key
+        raise ConfigError(f"train.sft_args: {exc}") from None
+    if args.deepspeed_plugin is not None and args.distributed_state.num_processes > 1:
+        import deepspeed
+
+        # On CPU the process group comes up through gloo, not DeepSpeed; ZeRO-3 partitions the model while it loads
+        # and needs DeepSpeed's view of the world then (it adopts the existing group).
+        deepspeed.init_distributed()
+    return args
+
+
+def _peft_config(lora: LoraSettings) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def build_sft_trainer(
+    cfg: SFTRunConfig,
+    args: Any,
+    train_rows: list[SFTExample],
+    eval_rows: list[SFTExample] | None = None,
+    callbacks: list[Any] | None = None,
+) -> Any:
+    """A TRL ``SFTTrainer`` over conversational rows: a fresh LoRA on the base (``lora.enabled``), the spec's adapter
+    trained further, or full weights; loss on the assistant span only."""
+    from trl import SFTTrainer
+
+    from rollout.models import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model.base, trust_remote_code=cfg.model.trust_remote_code)
+    peft_config = None
+    if cfg.model.adapter:
+        from train.policy import load_policy
+
+        model, _ = load_policy(cfg.model, cfg.lora, trainable=True)
+    else:
+        # TRL loads the base itself so DeepSpeed ZeRO-3 can partition it while loading.
+        model = cfg.model.base
+        peft_config = _peft_config(cfg.lora) if cfg.lora.enabled else None
+    return SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=sft_dataset(train_rows, cfg.data.chat_template_kwargs),
+        eval_dataset=sft_dataset(eval_rows, cfg.data.chat_template_kwargs) if eval_rows else None,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=callbacks,
+    )
+
+
+def _metrics_callback(run_dir: Path, resume_step: int, main: bool) -> Any:
+    """A ``TrainerCallback`` that appends every log to ``metrics.jsonl`` (main process; records after
+    ``resume_step`` are dropped first, they are redone) and keeps the losses for the summary."""
+    from transformers import TrainerCallback
+
+    from data.tracking import MetricsLogger
+
+    class MetricsToJsonl(TrainerCallback):
+        def __init__(self) -> None:
+            self.logger = MetricsLogger(run_dir, None, console=False, resume_from_step=resume_step) if main else None
+            self.losses: dict[str, list[float]] = {"loss": [], "eval_loss": []}
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+            logs = dict(logs or {})
+            for key, seen in self.losses.items():
+                if key in logs:
+                    seen.append(float(logs[key]))
+            if self.logger is not None:
+                self.logger.log(state.global_step, logs)
+
+    return MetricsToJsonl()
+
+
+def _init_wandb(wandb_cfg: WandbConfig, run_dir: Path, config: dict[str, Any]) -> None:
+    """Start (or, on resume, continue) the wandb run the Trainer's wandb callback then logs to."""
+    import wandb
+
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+    atomic_write_text(id_file, run_id + "\n")
+    wandb.init(
+        project=wandb_cfg.project, entity=wandb_cfg.entity, mode=wandb_cfg.mode, tags=list(wandb_cfg.tags),
+        dir=str(run_dir), name=run_dir.name, id=run_id, resume="allow", config=config,
+    )
+
+
+def _shared_run_dir(cfg: SFTRunConfig, state: Any) -> Path:
+    """The run directory, prepared by the main process and agreed on by every process."""
+    from accelerate.utils import broadcast_object_list
+
+    payload: list[Any] = [None]
+    if state.is_main_process:
+        try:
+            payload = [str(prepare_run_dir(cfg, cfg.run, "sft"))]
+        except ConfigError as exc:
+            payload = [exc]
+    if state.num_processes > 1:
+        broadcast_object_list(payload)
+    if isinstance(payload[0], ConfigError):
+        raise payload[0]
+    return Path(payload[0])
+
+
+def _save_final(trainer: Any, cfg: SFTRunConfig, final: Path, roles: list[str]) -> None:
+    """Write the final adapter or full weights (safetensors), tokenizer and chat template into ``final``."""
+    from peft import PeftModel
+
+    from train.policy import save_policy
+
+    accelerator = trainer.accelerator
+    state_dict = accelerator.get_state_dict(trainer.model_wrapped)
+    if accelerator.is_main_process:
+        model = accelerator.unwrap_model(trainer.model)
+        # A gathered (DeepSpeed) state dict holds tied weights as separate copies; keep one name per parameter,
+        # as an unsharded save does.
+        named = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+        state_dict = {k: v for k, v in state_dict.items() if k in named}
+        if final.exists():
+            shutil.rmtree(final)
+        save_policy(model, final, trainer.processing_class, state_dict=state_dict)
+        info = {
+            "kind": "lora" if isinstance(model, PeftModel) else "full",
+            "base": cfg.model.base,
+            "base_dir": str(Path(cfg.model.base).resolve()) if Path(cfg.model.base).exists() else None,
+            "started_from_adapter": cfg.model.adapter,
+            "roles": roles,
+            "global_step": trainer.state.global_step,
+            "config_hash": config_hash(cfg),
+        }
+        atomic_write_text(final / "memrl_sft.json", json.dumps(info, indent=2) + "\n")
+    accelerator.wait_for_everyone()
+
+
+def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
+    """Run the SFT stage (see the module docstring); ``callbacks`` are extra ``TrainerCallback`` s."""
+    rows = load_role_rows(cfg.data)
+    rows, eval_rows = _split_eval(rows, cfg.data.eval_fraction, cfg.data.max_eval_rows, cfg.run.seed)
+    weights = cfg.data.roles if isinstance(cfg.data.roles, dict) else None
+    train_rows = mix_rows(rows, weights, cfg.data.mixture_rows, cfg.run.seed)
+
+    provisional = Path(cfg.run.output_dir) / (cfg.run.name or "sft") / "checkpoints"
+    args = sft_args(cfg, provisional, bool(eval_rows))  # initialises the process group
+    state = args.distributed_state
+    run_dir = _shared_run_dir(cfg, state)
+    ckpt_dir = run_dir / "checkpoints"
+    args.output_dir = str(ckpt_dir)
+    main = state.is_main_process
+
+    resume_from = latest_checkpoint(ckpt_dir) if cfg.run.resume else None
+    if main:
+        for stale in _checkpoints(ckpt_dir):
+            if not _complete(stale):  # torn by a kill mid-save; the Trainer would otherwise count it
+                shutil.rmtree(stale, ignore_errors=True)
+        counts = {role: len(v) for role, v in rows.items()}
+        print(
+            f"sft: {len(train_rows)} train rows from {counts}, {len(eval_rows)} eval rows; "
+            f"{'LoRA' if cfg.lora.enabled or cfg.model.adapter else 'full'} on {cfg.model.base}; run dir {run_dir}"
+            + (f"; resuming from {resume_from.name}" if resume_from else ""),
+            flush=True,
+        )
+        if "wandb" in args.report_to:
+            _init_wandb(cfg.run.wandb, run_dir, cfg.model_dump(mode="json"))
+
+    resume_step = _step_of(resume_from) if resume_from else 0
+    # A run restarted from scratch (no complete checkpoint) drops every earlier record.
+    metrics = _metrics_callback(run_dir, resume_step if resume_from else -1, main)
+    # The eval loss before training comes from inside train(): DeepSpeed engines exist only there.
+    args.eval_on_start = bool(eval_rows) and resume_from is None
+    trainer = build_sft_trainer(cfg, args, train_rows, eval_rows, [metrics, *(callbacks or [])])
+    start = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    elapsed = time.perf_counter() - start
+    if eval_rows:
+        trainer.evaluate()
+    final = run_dir / "final"
+    _save_final(trainer, cfg, final, cfg.data.role_names)
+
+    if main:
+        steps_done = trainer.state.global_step - resume_step
+        losses, evals = metrics.losses["loss"], metrics.losses["eval_loss"]
+        summary = {
+            "global_step": trainer.state.global_step,
+            "steps_this_run": steps_done,
+            "steps_per_s": result.metrics.get("train_steps_per_second"),  # the training loop only
+            "wall_s": round(elapsed, 2),  # train() end to end, DeepSpeed engine setup included
+            "train_loss": float(result.training_loss) if not math.isnan(result.training_loss) else None,
+            "first_logged_loss": losses[0] if losses else None,
+            "last_logged_loss": losses[-1] if losses else None,
+            "eval_loss_before": evals[0] if evals and resume_from is None else None,
+            "eval_loss_after": evals[-1] if evals else None,
+            "train_rows": len(train_rows),
+            "eval_rows": len(eval_rows),
+            "world_size": state.num_processes,
+            "final_dir": str(final),
+            "resumed_from": resume_from.name if resume_from else None,
+        }
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        print(json.dumps(summary), flush=True)
+    if main and "wandb" in args.report_to:
+        import wandb
+
+        wandb.finish()
+    return 0
