@@ -55,7 +55,8 @@ def sam_rollout(
     system = memory if isinstance(memory, MemorySystem) else build_memory(
         memory, count_tokens=count_tokens, embedder=embedder
     )
-    meta = {"family": "sam", "memory": system.name, "gold_entities": list(env.gold_entities), **(metadata or {})}
+    meta = {"family": "sam", "memory": system.name, "gold_entities": list(env.gold_entities),
+            "evidence_steps": list(env.evidence_turns), **(metadata or {})}
     return Rollout(
         env,
         system,

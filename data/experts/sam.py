@@ -15,6 +15,11 @@ call (independent draws per call), and ``cue_omission`` (each entity of a cue dr
 entities come from request metadata ``gold_entities`` when the caller passes them (the true state), else the errors
 hit a random entity.
 
+``defer_to_later`` is the privileged expert's habit: reading a page whose relevant fact the tour states again on a
+later page (request metadata ``evidence_steps``, the true state), it answers "nothing relevant" with this probability
+and leaves the fact to the later page. That never hurts the expert, so its traces survive rejection sampling; a
+student that imitates it cannot see the later page and learns to drop the fact blindly (an imitation gap RL removes).
+
 ``cue_max_entities`` keeps cues compact on long pages: at most that many entities, the relevant ones (the true state,
 ``gold_entities``) first. That is oracle knowledge a real memory model does not have; it lets a benchmark measure the
 framework's context scaling with pages of many facts.
@@ -35,6 +40,7 @@ from data.tasks.sam import parse_facts
 __all__ = ["SamOracle", "SamOracleConfig"]
 
 _ROOM = re.compile(r"^you are in the (.+)\.$", re.MULTILINE)
+_STEP = re.compile(r"^t(\d+)> ", re.MULTILINE)
 
 
 class SamOracleConfig(ConfigModel):
@@ -45,6 +51,7 @@ class SamOracleConfig(ConfigModel):
     paraphrase: float = Field(0.0, ge=0)
     omission: float = Field(0.0, ge=0)
     cue_omission: float = Field(0.0, ge=0, le=1)
+    defer_to_later: float = Field(0.0, ge=0, le=1, description="drop a fact the tour restates on a later page")
     cue_max_entities: int = Field(0, ge=0, description="at most this many entities per cue, gold first (0: all)")
 
     @model_validator(mode="after")
@@ -75,6 +82,11 @@ class SamOracle:
         recall = parse_sam_recall_prompt(messages)
         if recall is not None:
             intent, _, page_text, so_far = recall
+            later = [int(x) for x in metadata.get("evidence_steps", [])]
+            steps = [int(x) for x in _STEP.findall(page_text)]
+            restated_later = steps and any(e > max(steps) for e in later) and any(e in steps for e in later)
+            if restated_later and self.config.defer_to_later and rng.random() < self.config.defer_to_later:
+                return so_far or NOTHING_RELEVANT
             return self.recall(intent, page_text, so_far, rng)
         return ""
 

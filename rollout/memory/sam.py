@@ -157,8 +157,9 @@ class SamConfig(PagingConfig):
     max_cue_tokens: int = Field(48, ge=1, description="a longer cue is cut to this many tokens")
     end_markers: list[str] = Field(["<|endoftext|>", "<|im_end|>"], description="memory outputs end at these")
     expert_metadata: list[str] = Field(
-        ["gold_entities"], description="episode metadata keys passed on in memory requests (the oracle expert reads "
-        "them; model engines ignore request metadata)"
+        ["gold_entities", "evidence_steps"],
+        description="episode metadata keys passed on in memory requests (the oracle expert reads them; model engines "
+        "ignore request metadata)",
     )
     sampling: dict[str, RoleSampling] = {
         "consolidate": RoleSampling(temperature=1.0, max_tokens=64),
