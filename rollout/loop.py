@@ -171,7 +171,9 @@ class Rollout:
 
     def fork(self, rollout_id: str) -> Rollout:
         """A deep copy that continues independently (used to branch at a pending memory call)."""
-        twin = copy.deepcopy(self)
+        # Records already made (events, memory calls) are never mutated: the twin shares them instead of copying.
+        memo: dict[int, Any] = {id(r): r for r in (*self.events, *self.memory_calls)}
+        twin = copy.deepcopy(self, memo)
         twin.rollout_id = rollout_id
         return twin
 

@@ -120,7 +120,10 @@ def evaluate_sam(
     n = max(len(traces), 1)
     return {
         "success": sum(t.outcome or 0.0 for t in traces) / n,
-        "reasoner_tokens_per_task": sum(t.reasoner_usage.spent for t in traces) / n,
+        "reasoner_tokens_per_task": sum(t.reasoner_usage.prompt_tokens + t.reasoner_usage.completion_tokens
+                                        for t in traces) / n,
+        # prefill not served from the (engine-wide, so run-order dependent) prefix cache, plus generated tokens
+        "reasoner_uncached_tokens_per_task": sum(t.reasoner_usage.spent for t in traces) / n,
         "memory_tokens_per_task": sum(t.memory_usage.prompt_tokens + t.memory_usage.completion_tokens
                                       for t in traces) / n,
         "memory_errors_per_task": sum(sum(v for k, v in t.stats.items() if "error" in k) for t in traces) / n,
