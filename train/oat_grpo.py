@@ -13,7 +13,6 @@ the paper's setup swaps in endpoints for the reasoner, the committee and the jud
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,14 +26,15 @@ from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
 from rollout.agents import sam_rollout
 from rollout.engines.base import Engine
 from rollout.engines.config import EngineConfig, build_engine
-from rollout.loop import EngineSet, run_rollouts
+from rollout.harness import evaluate_sam_memory
+from rollout.loop import EngineSet
 from rollout.memory.sam import SamConfig
 from rollout.tree import TreeConfig, build_trees, trees_to_groups
 from train.group_trainer import GroupTrainer, GroupTrainerConfig
 from train.online import LoopConfig, run_online_loop
 from train.policy import PolicySpec
 
-__all__ = ["OATGRPOConfig", "evaluate_sam", "load_sam_tasks", "run_oat_grpo", "train_oat_grpo"]
+__all__ = ["OATGRPOConfig", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
 
 
 class CommitteeSetup(ConfigModel):
@@ -63,7 +63,7 @@ class OATGRPOConfig(ConfigModel):
     credit: CreditConfig = CreditConfig()
     trainer: GroupTrainerConfig = GroupTrainerConfig()
     loop: LoopConfig = LoopConfig()
-    eval_greedy: bool = True  # also report held-out success with greedy memory decoding
+    eval_samples: int = 1  # sampled runs per held-out task (the memory config's own temperatures); plus one greedy
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def default_reasoner(tokenizer: str, seed: int) -> EngineConfig:
     """The scripted SAM reasoner with the policy's tokenizer for exact token accounting."""
     return EngineConfig(
         backend="scripted", name="reasoner", scripted_policy="data.tasks.sam:SamReasoner",
-        scripted_kwargs={"max_pages": 1, "recall_budget": 2}, tokenizer=tokenizer, seed=seed,
+        scripted_kwargs={"max_pages": 2, "recall_budget": 2}, tokenizer=tokenizer, seed=seed,
     )
 
 
@@ -102,33 +102,19 @@ def policy_engine_config(cfg: OATGRPOConfig) -> EngineConfig:
     return base.model_copy(update=updates)
 
 
-def sampled(memory: SamConfig, temperature: float | None) -> SamConfig:
-    """The memory config with every role decoded at ``temperature`` (None: unchanged)."""
-    if temperature is None:
-        return memory
-    roles = {k: v.model_copy(update={"temperature": temperature}) for k, v in memory.sampling.items()}
-    return memory.model_copy(update={"sampling": roles})
-
-
-def evaluate_sam(
-    tasks: list[SamTask], engines: EngineSet, memory: SamConfig, *, seed: int, desc: str | None = None
-) -> dict[str, float]:
-    """Held-out success and tokens per task of a memory model inside SAM (one rollout per task)."""
-    start = time.perf_counter()
-    rollouts = [sam_rollout(t, memory, seed=seed, rollout_id="eval") for t in tasks]
-    traces = run_rollouts(rollouts, engines, progress=desc)
-    n = max(len(traces), 1)
-    return {
-        "success": sum(t.outcome or 0.0 for t in traces) / n,
-        "reasoner_tokens_per_task": sum(t.reasoner_usage.prompt_tokens + t.reasoner_usage.completion_tokens
-                                        for t in traces) / n,
-        # prefill not served from the (engine-wide, so run-order dependent) prefix cache, plus generated tokens
-        "reasoner_uncached_tokens_per_task": sum(t.reasoner_usage.spent for t in traces) / n,
-        "memory_tokens_per_task": sum(t.memory_usage.prompt_tokens + t.memory_usage.completion_tokens
-                                      for t in traces) / n,
-        "memory_errors_per_task": sum(sum(v for k, v in t.stats.items() if "error" in k) for t in traces) / n,
-        "eval_s": time.perf_counter() - start,
+def summarize_eval(result: dict[str, Any]) -> dict[str, Any]:
+    """Flat metrics of :func:`rollout.harness.evaluate_sam_memory`: success sampled (the policy as trained) and greedy,
+    overall and per horizon, and tokens per task."""
+    out: dict[str, Any] = {
+        "success": result["success_sampled"],
+        "success_greedy": result["success_greedy"],
+        "reasoner_tokens_per_task": result["reasoner_tokens_per_task"],
+        "memory_tokens_per_task": result["memory_tokens_per_task"],
     }
+    for horizon, values in result["by_horizon"].items():
+        out[f"success/{horizon}"] = values["success_sampled"]
+        out[f"success_greedy/{horizon}"] = values["success_greedy"]
+    return out
 
 
 def iteration_batch(tasks: list[SamTask], size: int, seed: int, iteration: int) -> list[SamTask]:
@@ -204,11 +190,8 @@ def train_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger |
         return groups, metrics
 
     def evaluate(iteration: int) -> dict[str, Any]:
-        out = evaluate_sam(eval_tasks, engines, cfg.memory, seed=cfg.run.seed, desc="eval")
-        if cfg.eval_greedy:
-            greedy = evaluate_sam(eval_tasks, engines, sampled(cfg.memory, 0.0), seed=cfg.run.seed, desc="eval-greedy")
-            out["success_greedy"] = greedy["success"]
-        return out
+        return summarize_eval(evaluate_sam_memory(eval_tasks, engine, cfg.memory, samples=cfg.eval_samples,
+                                                  reasoner=reasoner, seed=cfg.run.seed))
 
     result = run_online_loop(trainer=trainer, engine=engine, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
                              collect=collect, evaluate=evaluate, logger=logger, desc="oat-grpo")
