@@ -493,7 +493,7 @@ def test_sbatch_stops_servers_and_training_on_sigterm(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert (tmp_path / "train.pid").exists(), (tmp_path / "out.log").read_text()
         train_pid = int((tmp_path / "train.pid").read_text())
-        proc.send_signal(signal.SIGUSR1)  # time limit near: 'train oat-grpo' cannot resume yet, so no requeue
+        proc.send_signal(signal.SIGUSR1)  # time limit near: 'train oat-grpo' resumes, so the job is requeued
         deadline = time.monotonic() + 30
         while "[memrl slurm] time limit near" not in (tmp_path / "out.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -505,8 +505,8 @@ def test_sbatch_stops_servers_and_training_on_sigterm(tmp_path: Path) -> None:
             proc.kill()
         log.close()
     out = (tmp_path / "out.log").read_text()
-    assert "time limit near: not requeueing" in out and "stopping the servers" in out
-    assert "requeue" not in (tmp_path / "calls.log").read_text()
+    assert "time limit near: requeueing job 4242" in out and "stopping the servers" in out
+    assert "requeue 4242" in (tmp_path / "calls.log").read_text()
     pids = [int(p) for p in (tmp_path / "server.pids").read_text().split()]
     assert wait_gone([*pids, train_pid]) == []
 
