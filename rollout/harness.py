@@ -779,11 +779,15 @@ def evaluate_sam_memory(
     reasoner: Engine | None = None,
     seed: int = 0,
     count_tokens: TokenCounter | None = None,
+    tasks_per_batch: int = 256,
+    progress: str | None = "eval",
 ) -> dict[str, Any]:
     """Evaluate a memory model inside SAM on SAM tasks, in process: one greedy run and ``samples`` sampled runs per
-    task. ``memory_engine`` None uses the SAM oracle expert. Returns ``success_greedy``, ``success_sampled`` (None
-    without samples), reasoner and memory tokens per task (``spent`` and prompt + completion), per-horizon success
-    and the records."""
+    task, ``tasks_per_batch`` runs in flight at once (one batched engine call per wavefront). ``memory_engine`` None
+    uses the SAM oracle expert. Returns ``success_greedy``, ``success_sampled`` (None without samples), reasoner and
+    memory tokens per task (``spent`` and prompt + completion), per-horizon success and the records."""
+    from tqdm.auto import tqdm
+
     from rollout.agents import sam_engines
     from rollout.memory.registry import parse_memory_config
 
@@ -791,8 +795,10 @@ def evaluate_sam_memory(
     engines = sam_engines(memory_engine, tokenizer=tokenizer, seed=seed)
     if reasoner is not None:
         engines = EngineSet(reasoner=reasoner, memory=engines.memory)
-    records = list(run_tasks(tasks, cfg, engines, dataset="sam", system=cfg.name, model="model", samples=samples,
-                             temperature=temperature, seed=seed, count_tokens=count_tokens))
+    with tqdm(total=len(tasks) * (1 + samples), desc=progress, disable=progress is None, leave=False) as bar:
+        records = list(run_tasks(tasks, cfg, engines, dataset="sam", system=cfg.name, model="model", samples=samples,
+                                 temperature=temperature, seed=seed, count_tokens=count_tokens,
+                                 tasks_per_batch=tasks_per_batch, on_progress=bar.update))
     greedy = [r for r in records if not r["sampled"]]
     sampled = [r for r in records if r["sampled"]]
 

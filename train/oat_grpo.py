@@ -6,18 +6,22 @@ r(n) = V(n) + lambda (c(n) - c_bar) and sibling-group advantages, updates the po
 the new weights into the engine (train/online.py). Held-out success is measured with the same rollout code.
 
 The embedded default (tiny model, scripted reasoner, the oracle expert as committee, offline judge) needs no network;
-the paper's setup swaps in endpoints for the reasoner, the committee and the judge
-(configs/oat_grpo_sam_qwen3.5-9b.yaml).
+the paper's setup swaps in endpoints for the reasoner, the committee and the judge, listed under ``placement``
+(configs/oat_grpo_sam_qwen3.5-9b.yaml; the Slurm script fills them with the servers it starts). A served model in
+``placement`` replaces the recipe's engine for that role and borrows its client settings when that is an ``openai``
+engine. Outputs: config.yaml, metrics.jsonl (with each iteration's task ids), checkpoints/, policy/vNNNNN,
+trees_last.jsonl, committee_cache/, summary.json.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any, Literal
 
-from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, config_hash, prepare_run_dir
-from data.io import write_jsonl
+from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
+from data.io import atomic_write_text, write_jsonl
 from data.tasks import TaskSetConfig, load_tasks
 from data.tasks.sam import SamTask
 from data.tracking import MetricsLogger
@@ -25,13 +29,13 @@ from rewards.committee import Committee, CommitteeConfig
 from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
 from rollout.agents import sam_rollout
 from rollout.engines.base import Engine
-from rollout.engines.config import EngineConfig, build_engine
+from rollout.engines.config import EndpointConfig, EngineConfig, build_engine
 from rollout.harness import evaluate_sam_memory
 from rollout.loop import EngineSet
 from rollout.memory.sam import SamConfig
 from rollout.tree import TreeConfig, build_trees, trees_to_groups
-from train.group_trainer import GroupTrainer, GroupTrainerConfig
-from train.online import LoopConfig, run_online_loop
+from train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
+from train.online import LoopConfig, run_online_loop, shared_run_dir
 from train.policy import PolicySpec
 
 __all__ = ["OATGRPOConfig", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
@@ -91,6 +95,38 @@ def default_oracle(tokenizer: str, seed: int) -> EngineConfig:
                         tokenizer=tokenizer, seed=seed)
 
 
+def served_engine(served: ServedModel, client: EngineConfig | None, name: str) -> EngineConfig:
+    """An ``openai`` engine on the endpoints of a placement entry; ``client``, when it is an ``openai`` engine config,
+    lends its client settings (api, timeouts, retries, per-endpoint concurrency, chat template kwargs)."""
+    if not served.endpoints:
+        raise ConfigError(f"placement: {name} ({served.model}) lists no endpoints")
+    client = client if client is not None and client.backend == "openai" else None
+    template = client.endpoints[0] if client is not None else EndpointConfig(url=served.endpoints[0])
+    endpoints = [template.model_copy(update={"url": url, "model": served.model, "api_key_env": served.api_key_env})
+                 for url in served.endpoints]
+    if client is not None:
+        return client.model_copy(update={"name": name, "model": served.model, "endpoints": endpoints})
+    return EngineConfig(backend="openai", name=name, model=served.model, endpoints=endpoints)
+
+
+def resolve_engines(cfg: OATGRPOConfig) -> tuple[EngineConfig, list[EngineConfig], EngineConfig | None]:
+    """(reasoner, committee references, judge): ``placement``'s served models where set (the Slurm script fills them
+    with the endpoints it starts), else the recipe's own engines; no references means the SAM oracle expert."""
+    place = cfg.placement
+    reasoner = cfg.reasoner or default_reasoner(cfg.policy.base, cfg.run.seed)
+    if place.reasoner is not None:
+        reasoner = served_engine(place.reasoner, cfg.reasoner, "reasoner")
+    own = cfg.committee.references
+    references = [served_engine(s, own[min(i, len(own) - 1)] if own else None, f"committee:{s.model}")
+                  for i, s in enumerate(place.committee)] or list(own)
+    if not references:
+        references = [default_oracle(cfg.policy.base, cfg.run.seed)]
+    judge = cfg.committee.judge
+    if place.judge is not None:
+        judge = served_engine(place.judge, cfg.committee.judge, "judge")
+    return reasoner, references, judge
+
+
 def policy_engine_config(cfg: OATGRPOConfig) -> EngineConfig:
     """The rollout engine of the policy (vLLM on the base; LoRA hot-swap when the trainer trains an adapter)."""
     lora = cfg.trainer.lora
@@ -130,34 +166,50 @@ def iteration_batch(tasks: list[SamTask], size: int, seed: int, iteration: int) 
 
 
 def run_oat_grpo(cfg: OATGRPOConfig) -> int:
-    """Run the loop; writes metrics.jsonl, checkpoints, policy versions, trees of the last iteration, summary."""
-    run_dir = prepare_run_dir(cfg, cfg.run, "train-oat-grpo")
-    result = train_oat_grpo(cfg, run_dir)
-    print(f"[oat-grpo] done: {result['iterations_run']} iterations, policy {result['policy_dir']}")
+    """Run the loop; writes metrics.jsonl, checkpoints, policy versions, trees of the last iteration, summary.json."""
+    accelerator = make_accelerator(cfg.trainer)
+    run_dir = shared_run_dir(cfg, cfg.run, "train-oat-grpo", accelerator)
+    result = train_oat_grpo(cfg, run_dir, accelerator=accelerator)
+    if accelerator.is_main_process:
+        evals = result["evals"]
+        summary = {
+            **{k: result[k] for k in ("iterations_run", "updates", "policy_version", "policy_dir", "lora")},
+            "iterations": cfg.loop.iterations,
+            "world_size": accelerator.num_processes,
+            "before": evals[0] if evals and evals[0]["iteration"] == -1 else None,
+            "after": evals[-1] if evals else None,
+            "training_reasoner_tokens": sum(h.get("reasoner_tokens", 0) for h in result["history"]),
+            "history": result["history"],
+        }
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
+        print(f"[oat-grpo] done: {result['iterations_run']} iterations, policy {result['policy_dir']}", flush=True)
     return 0
 
 
-def train_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None) -> dict[str, Any]:
-    """The loop behind ``memrl train oat-grpo`` (also called by the quickstart); returns a summary dict."""
-    trainer = GroupTrainer(cfg.policy, cfg.trainer)
+def train_oat_grpo(
+    cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None, eval_tasks: list[SamTask] | None = None,
+    accelerator: Any = None,
+) -> dict[str, Any]:
+    """The loop behind ``memrl train oat-grpo`` (also called by the quickstart, which passes its own logger and a
+    held-out set spanning several horizons); returns a summary dict."""
+    trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
     main = trainer.accelerator.is_main_process
-    tokenizer_path = cfg.policy.base
     engine: Engine | None = build_engine(policy_engine_config(cfg)) if main else None
-    reasoner = build_engine(cfg.reasoner or default_reasoner(tokenizer_path, cfg.run.seed)) if main else None
-    references = [build_engine(c) for c in cfg.committee.references] if main else []
-    if main and not references:
-        references = [build_engine(default_oracle(tokenizer_path, cfg.run.seed))]
-    judge = build_engine(cfg.committee.judge) if main and cfg.committee.judge else None
+    reasoner_cfg, reference_cfgs, judge_cfg = resolve_engines(cfg)
+    reasoner = build_engine(reasoner_cfg) if main else None
+    references = [build_engine(c) for c in reference_cfgs] if main else []
+    judge = build_engine(judge_cfg) if main and judge_cfg is not None else None
     settings = cfg.committee.settings
     if settings.cache_dir is None:
         settings = settings.model_copy(update={"cache_dir": str(run_dir / "committee_cache")})
     committee = Committee(settings, references, judge) if main else None
     train_tasks = load_sam_tasks(cfg.train_tasks, "train")
-    eval_tasks = load_sam_tasks(cfg.eval_tasks, "eval")
+    eval_tasks = eval_tasks if eval_tasks is not None else load_sam_tasks(cfg.eval_tasks, "eval")
     engines = EngineSet(reasoner=reasoner, memory=engine) if main else None  # type: ignore[arg-type]
     chash = config_hash(cfg)
     own_logger = logger is None
-    logger = logger or MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name)
+    logger = logger or MetricsLogger(run_dir, cfg.run.wandb if main else None, cfg.model_dump(mode="json"),
+                                     name=run_dir.name, console=main)
 
     def collect(iteration: int) -> tuple[list, dict[str, Any]]:
         batch = iteration_batch(train_tasks, cfg.tasks_per_iteration, cfg.run.seed, iteration)
@@ -174,6 +226,7 @@ def train_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger |
         write_jsonl(run_dir / "trees_last.jsonl", trees)
         leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
         metrics: dict[str, Any] = {
+            "tasks": [t.task_id for t in batch],  # the data order, checked against an uninterrupted run on resume
             "success": sum(n.outcome or 0.0 for n in leaves) / max(len(leaves), 1),
             "leaves": len(leaves),
             "reasoner_tokens": sum(t.reasoner_usage.spent for t in trees),

@@ -1,0 +1,144 @@
+"""The quickstart's report: ``report.md`` plus PNG plots (reward and success over iterations, held-out success before
+and after per horizon, reasoner tokens spent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_report"]
+
+
+def _plots(run_dir: Path, summary: dict[str, Any], history: list[dict[str, Any]]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    its = [h["iteration"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(its, [h.get("reward_mean", float("nan")) for h in history], label="reward r(n) (mean over trained calls)")
+    ax.plot(its, [h.get("success", float("nan")) for h in history], label="tree leaves solved")
+    ax.set_xlabel("OAT-GRPO iteration")
+    ax.set_ylim(0, 1.05)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("Training rollouts")
+    fig.tight_layout()
+    fig.savefig(run_dir / "reward_success.png", dpi=110)
+    plt.close(fig)
+    names.append("reward_success.png")
+
+    before, after = summary["eval_before"], summary["eval_after"]
+    horizons = sorted({k.split("/", 1)[1] for k in before if k.startswith("success/")},
+                      key=lambda h: int(h.split()[0]) if h.split()[0].isdigit() else 0)
+    if horizons:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        width = 0.2
+        for i, (label, data, key) in enumerate([
+            ("SFT (sampled)", before, "success"), ("SFT + OAT-GRPO (sampled)", after, "success"),
+            ("SFT (greedy)", before, "success_greedy"), ("SFT + OAT-GRPO (greedy)", after, "success_greedy"),
+        ]):
+            xs = [j + (i - 1.5) * width for j in range(len(horizons))]
+            ax.bar(xs, [data.get(f"{key}/{h}") or 0.0 for h in horizons], width, label=label)
+        ax.set_xticks(range(len(horizons)), horizons)
+        ax.set_xlabel("tour length before the question")
+        ax.set_ylabel("held-out success")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=7, loc="lower right")
+        ax.set_title("Held-out success per horizon")
+        fig.tight_layout()
+        fig.savefig(run_dir / "success_per_horizon.png", dpi=110)
+        plt.close(fig)
+        names.append("success_per_horizon.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    cumulative, total = [], 0
+    for h in history:
+        total += h.get("reasoner_tokens", 0)
+        cumulative.append(total)
+    ax.plot(its, cumulative)
+    ax.set_xlabel("OAT-GRPO iteration")
+    ax.set_ylabel("reasoner tokens (cumulative)")
+    ax.set_title("Reasoner tokens spent by tree rollouts (prefill not cached + generated)")
+    fig.tight_layout()
+    fig.savefig(run_dir / "tokens.png", dpi=110)
+    plt.close(fig)
+    names.append("tokens.png")
+    return names
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list[dict[str, Any]]) -> Path:
+    """Write ``report.md`` and the plots into ``run_dir``; returns the report path."""
+    plots = _plots(run_dir, summary, history)
+    before, after = summary["eval_before"], summary["eval_after"]
+    rows = [(name, v["success"], v["success_greedy"]) for name, v in summary["baselines"].items()]
+    rows += [("SFT", summary["success_sft"], summary["success_sft_greedy"]),
+             ("SFT + OAT-GRPO", summary["success_rl"], summary["success_rl_greedy"])]
+    d = summary["distill"]
+    lines = [
+        "# memrl quickstart report",
+        "",
+        "A tiny random-initialised Qwen3 memory model learns SAM's two memory roles (cue writing, intent-driven recall)"
+        " from a privileged oracle expert, then OAT-GRPO trains its recall inside SAM with a frozen scripted reasoner.",
+        "",
+        "## Held-out success inside SAM",
+        "",
+        f"{len(cfg.eval_horizons)} horizons x {cfg.eval_tasks_per_horizon} held-out tasks. *Sampled*: the memory model"
+        " as it is trained (cues greedy, recall sampled at temperature 1; mean of"
+        f" {cfg.eval_samples} runs per task). *Greedy*: every memory call decoded greedily.",
+        "",
+        "| memory model | success (sampled) | success (greedy) |",
+        "|---|---|---|",
+        *[f"| {n} | {_pct(s)} | {_pct(g)} |" for n, s, g in rows],
+        "",
+        "Per horizon:",
+        "",
+        "| horizon | SFT sampled | RL sampled | SFT greedy | RL greedy |",
+        "|---|---|---|---|---|",
+    ]
+    for key in sorted(k for k in before if k.startswith("success/")):
+        h = key.split("/", 1)[1]
+        lines.append(f"| {h} | {_pct(before.get(key))} | {_pct(after.get(key))} | "
+                     f"{_pct(before.get('success_greedy/' + h))} | {_pct(after.get('success_greedy/' + h))} |")
+    lines += [
+        "",
+        "## What happened",
+        "",
+        f"- Distillation: {d['traces']['kept']} of {d['traces']['total']} expert trajectories kept by rejection"
+        f" sampling ({d['rows']['kept']} SFT rows). The oracle sees the true state and, when it knows a later"
+        f" page restates a fact, leaves the fact out ({cfg.expert.defer_to_later:.0%} of the time). That never"
+        " costs the expert its answer, so these traces survive rejection sampling; the student cannot see the"
+        " later page and learns to drop facts blindly.",
+        f"- OAT-GRPO: {summary['rl_iterations']} iterations, {summary['rl_updates']} optimizer updates, trees with"
+        f" K={cfg.tree.branch_factor} siblings per recall (depth {cfg.tree.max_branch_depth}), reward"
+        f" r = V(n) + {cfg.credit.committee_weight} (c(n) - c_bar) with the oracle as committee and the offline judge;"
+        f" {summary['reasoner_tokens_rl']:,} reasoner tokens spent.",
+        f"- Reasoner tokens per task (prompt + generated): SFT {before['reasoner_tokens_per_task']:.0f}, after RL"
+        f" {after['reasoner_tokens_per_task']:.0f}; memory-model tokens per task:"
+        f" {before['memory_tokens_per_task']:.0f} -> {after['memory_tokens_per_task']:.0f}.",
+    ]
+    if summary.get("export"):
+        e = summary["export"]
+        lines.append(f"- Export: `{e['path']}` ({'verified' if e['ok'] else 'FAILED: ' + ', '.join(e['failures'])}"
+                     " in transformers and vLLM; weights differ from the untrained base).")
+    lines += [
+        f"- Wall time {summary['wall_s']:.0f} s (stages: "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in summary["stage_s"].items())
+        + f"); peak RSS {summary['peak_rss_gib']:.2f} GiB.",
+        "",
+        "## Plots",
+        "",
+        *[f"![{p}]({p})" for p in plots],
+        "",
+        "Files: `summary.json`, `metrics.jsonl` (one line per RL iteration and eval), `config.yaml` (the resolved"
+        " config), `distill/` (SFT datasets + stats), `sft/` and `rl/` (stage runs, checkpoints, policy versions),"
+        " `export/model` (the Hugging Face checkpoint and its model card).",
+    ]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
