@@ -147,3 +147,18 @@ def test_existing_run_dir_needs_resume(tmp_path: Path) -> None:
         prepare_run_dir(cfg, cfg.run, "toy")
     cfg.run.resume = True
     assert prepare_run_dir(cfg, cfg.run, "toy").is_dir()
+
+
+SHIPPED = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_config_validates_against_its_command(path: Path) -> None:
+    """Each recipe under configs/ names its command, and that command's config class accepts it as written."""
+    from launch.cli import JOBS
+
+    command = yaml.safe_load(path.read_text())["command"]
+    jobs = {" ".join(job.path): job for job in JOBS}
+    assert command in jobs, f"{path.name}: unknown command {command!r}"
+    cfg = load_config(jobs[command].load("config"), path)
+    assert cfg.command == command

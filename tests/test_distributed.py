@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_oat_grpo import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,3 +58,38 @@ def test_group_trainer_two_processes_zero2_matches_one(tiny_model_dir: Path, tmp
     assert two["loss"] == pytest.approx(one["loss"], abs=1e-6)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
     assert max_weight_diff(tmp_path / "p1", tmp_path / "p2") < 1e-4
+
+
+def oat_grpo_run(nproc: int, model: Path, out: Path, name: str) -> Path:
+    """One OAT-GRPO iteration of the tiny recipe through launch/torchrun.sh on CPU under DeepSpeed ZeRO-2."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    cmd = [
+        "bash", str(ROOT / "launch" / "torchrun.sh"), "--device", "cpu", "--nproc-per-node", str(nproc),
+        "--master-port", str(free_port()), "--", "train", "oat-grpo",
+        "--config", str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
+        *tiny_overrides(model, out, name), "loop.iterations=1", "eval_tasks.count=1",
+        "trainer.deepspeed=zero2_cpu", "trainer.micro_batches=2", "trainer.update_epochs=2",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out / name
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_oat_grpo_iteration_two_processes_zero2_matches_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    one = oat_grpo_run(1, tiny_model_dir, tmp_path, "one")
+    two = oat_grpo_run(2, tiny_model_dir, tmp_path, "two")
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (one, two)]
+    assert [s["world_size"] for s in summaries] == [1, 2]
+    assert summaries[0]["updates"] == summaries[1]["updates"] >= 1
+    (m1,), (m2,) = ([json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()
+                     if json.loads(x)["step"] == 0] for d in (one, two))
+    # The main process rolls out the same groups in both runs; the 2 ranks split their rows.
+    assert m2["tasks"] == m1["tasks"] and m2["rows"] == m1["rows"] > 0
+    assert m2["reward_mean"] == pytest.approx(m1["reward_mean"], abs=1e-9)
+    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5, abs=1e-7)
+    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)
+    # The checkpoint and the synced policy after the update equal the 1-process ones.
+    assert max_weight_diff(one / "policy" / "v00001", two / "policy" / "v00001") < 1e-4
+    assert all((d / "checkpoints" / "ckpt-000000" / "COMPLETE").exists() for d in (one, two))

@@ -52,6 +52,9 @@ class CheckpointManager:
             accelerator.save_state(str(tmp), safe_serialization=True)
         finally:
             hook.remove()
+        # Every rank writes its own files (RNG states, DeepSpeed optimizer shards): all must be done before the main
+        # process renames the directory, or a slower rank writes into a path that no longer exists.
+        accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             (tmp / "loop_state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
             (tmp / _MARKER).write_text("ok\n")

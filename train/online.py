@@ -24,13 +24,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from data.config import ConfigModel
+from data.config import ConfigError, ConfigModel, RunConfig, prepare_run_dir
 from data.schemas import Group
 from data.tracking import MetricsLogger
 from train.checkpoint import CheckpointManager
 from train.group_trainer import GroupTrainer
 
-__all__ = ["LoopConfig", "LoopResult", "broadcast_groups", "run_online_loop", "sync_policy"]
+__all__ = ["LoopConfig", "LoopResult", "broadcast_groups", "run_online_loop", "shared_run_dir", "sync_policy"]
 
 
 class LoopConfig(ConfigModel):
@@ -52,6 +52,25 @@ class LoopResult:
     policy_dir: str
     history: list[dict[str, Any]]
     evals: list[dict[str, Any]]
+
+
+def shared_run_dir(cfg: ConfigModel, run: RunConfig, command: str, state: Any) -> Path:
+    """The run directory, prepared (and its resolved config written) by the main process only and agreed on by every
+    process of a distributed run: otherwise the other ranks would find the main rank's fresh config and refuse to
+    start ("already holds a run"). ``state`` is an accelerate ``Accelerator`` or ``PartialState``."""
+    payload: list[str | None] = [None, None]  # [run directory, config error]
+    if state.is_main_process:
+        try:
+            payload[0] = str(prepare_run_dir(cfg, run, command))
+        except ConfigError as exc:
+            payload[1] = str(exc)
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(payload, from_process=0)
+    if payload[1] is not None:
+        raise ConfigError(payload[1])
+    return Path(str(payload[0]))
 
 
 def sync_policy(trainer: GroupTrainer, engine: Any, root: str | Path) -> str:

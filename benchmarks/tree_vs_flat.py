@@ -1,0 +1,168 @@
+"""Reasoner tokens per credit-bearing memory action: memory-call trees (OAT-GRPO) vs flat trajectories (vanilla GRPO).
+
+Both modes run the same SAM tasks with the same rollout seeds through :func:`rollout.tree.build_trees`:
+- tree: the recall is sampled K times from one parent context and each sibling is continued by its own copy of the
+  reasoner (``branch_factor`` K, depth 2, up to K^2 leaves);
+- flat: K independent trajectories per task (``flat_group_size`` K).
+A *credit-bearing* memory action is one that a group compares with alternatives: a tree node with at least one
+sibling, or any recall of a flat trajectory (its group holds the task's K trajectories). Reasoner tokens are what the
+frozen reasoner computes: prefill not served from the prefix cache plus generated tokens
+(:attr:`data.schemas.TokenUsage.spent`). The reasoner is the scripted SAM reasoner with the tiny model's tokenizer, so
+its engine simulates vLLM's prefix cache (blocks of 16 tokens, reusable after the batch that computed them): flat
+trajectories of one task share their identical prefixes through that cache, so the figure is what a real engine
+would spend, not a naive count.
+
+The memory model is the SAM oracle expert: a noise-free one writes the cues (deterministic, as a greedy memory model
+would, so the flat trajectories of a task agree until their first recall) and a noisy one recalls (errors and
+omissions, so sibling recalls differ and outcomes vary). Committee rewards are off: they cost no reasoner tokens.
+
+    .venv/bin/python benchmarks/tree_vs_flat.py [--tasks 16 --horizon 12 --ks 2 4 8]
+
+Prints a table, then one JSON object last: for every K, tokens per credit-bearing action in each mode and their
+ratio ``flat_over_tree`` (> 1: trees spend fewer reasoner tokens per trained action); beside it the same ratio per
+action whose advantage came out nonzero (``flat_over_tree_informative``: sibling recalls that lead to the same outcome
+carry no signal in a tree) and without prefix caching (``flat_over_tree_uncached``: prompt + generated tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Build trees (or flat groups) for ``tasks`` with fresh engines (an empty prefix cache) and count tokens."""
+    from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
+    from rollout.agents import sam_rollout
+    from rollout.engines.config import EngineConfig, build_engine
+    from rollout.loop import EngineSet
+    from rollout.memory.base import RoleSampling
+    from rollout.memory.sam import SamConfig
+    from rollout.tree import TreeConfig, build_trees
+
+    def scripted(name: str, policy: str, kwargs: dict[str, Any]) -> Any:
+        return build_engine(EngineConfig(backend="scripted", name=name, scripted_policy=policy, scripted_kwargs=kwargs,
+                                         tokenizer=tokenizer, seed=args.seed))
+
+    reasoner = scripted("reasoner", "data.tasks.sam:SamReasoner", {"max_pages": 2, "recall_budget": 2})
+    noisy = {"config": {"error_rate": args.error_rate, "verbatim": 1.0, "omission": args.omission}}
+    engines = EngineSet(
+        reasoner=reasoner,
+        memory=scripted("recall", "data.experts.sam:SamOracle", noisy),
+        by_role={"consolidate": scripted("consolidate", "data.experts.sam:SamOracle", {})},
+    )
+    memory = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
+                       sampling={"consolidate": RoleSampling(temperature=0.0, max_tokens=64),
+                                 "recall": RoleSampling(temperature=1.0, max_tokens=64)})
+    cfg = TreeConfig(mode=mode, branch_roles=["recall"], branch_factor=k, max_branch_depth=2, max_leaves=k * k,
+                     flat_group_size=k)
+
+    def make(task: Any, rollout_id: str) -> Any:
+        return sam_rollout(task, memory, seed=args.seed, rollout_id=rollout_id)
+
+    start = time.perf_counter()
+    trees, stats = build_trees(tasks, make, engines, cfg)
+    seconds = time.perf_counter() - start
+    credit = CreditConfig(committee_weight=0.0)
+    for tree in trees:
+        (assign_credit if mode == "tree" else assign_flat_credit)(tree, credit)
+    actions = informative = 0
+    for tree in trees:
+        siblings: dict[str, int] = {}
+        memory_nodes = [n for n in tree.nodes if n.kind == "memory"]
+        for node in memory_nodes:
+            siblings[node.group_id or node.node_id] = siblings.get(node.group_id or node.node_id, 0) + 1
+        for node in memory_nodes:
+            if mode == "flat" or siblings[node.group_id or node.node_id] > 1:
+                actions += 1
+                informative += bool(node.advantage)
+    spent = sum(t.reasoner_usage.spent for t in trees)
+    prompt = sum(t.reasoner_usage.prompt_tokens for t in trees)
+    cached = sum(t.reasoner_usage.cached_prompt_tokens for t in trees)
+    generated = sum(t.reasoner_usage.completion_tokens for t in trees)
+    leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
+    return {
+        "reasoner_tokens": spent,
+        "reasoner_prompt_tokens": prompt,
+        "reasoner_cached_prompt_tokens": cached,
+        "reasoner_generated_tokens": generated,
+        "reasoner_calls": sum(t.reasoner_usage.calls for t in trees),
+        "credit_bearing_actions": actions,
+        "actions_with_nonzero_advantage": informative,
+        "reasoner_tokens_per_action": spent / max(actions, 1),
+        "reasoner_tokens_per_informative_action": spent / max(informative, 1),
+        "reasoner_tokens_uncached_per_action": (prompt + generated) / max(actions, 1),
+        "leaves": len(leaves),
+        "success": sum(leaf.outcome or 0.0 for leaf in leaves) / max(len(leaves), 1),
+        "wavefronts": stats.wavefronts,
+        "seconds": round(seconds, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=16)
+    parser.add_argument("--horizon", type=int, default=12, help="tour steps of every SAM task")
+    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--error-rate", type=float, default=0.3, help="recall noise of the memory model")
+    parser.add_argument("--omission", type=float, default=0.5, help="weight of omissions among recall errors")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    from data.tasks import TaskSetConfig, load_tasks
+    from data.tasks.sam import SamTaskParams
+    from rollout.models import TinyModelSpec, ensure_tiny_model
+
+    tokenizer = str(ensure_tiny_model(Path(os.environ.get("MEMRL_MODEL_CACHE", ROOT / ".cache" / "models")),
+                                      TinyModelSpec()))
+    params = SamTaskParams(horizon_steps=args.horizon, facts_per_obs=1, containers_per_room=2)
+    tasks = load_tasks(TaskSetConfig(count=args.tasks, seed=args.seed, sam=params), "bench")
+
+    results: dict[str, Any] = {}
+    print(f"{'K':>3} {'mode':>5} {'actions':>8} {'tokens':>9} {'cached':>9} {'per action':>11} {'success':>8}")
+    for k in args.ks:
+        row: dict[str, Any] = {}
+        for mode in ("tree", "flat"):
+            r = run_mode(tasks, mode, k, tokenizer, args)
+            row[mode] = r
+            print(f"{k:>3} {mode:>5} {r['credit_bearing_actions']:>8} {r['reasoner_tokens']:>9} "
+                  f"{r['reasoner_cached_prompt_tokens']:>9} {r['reasoner_tokens_per_action']:>11.1f} "
+                  f"{r['success']:>8.3f}", flush=True)
+        row["flat_over_tree"] = row["flat"]["reasoner_tokens_per_action"] / max(
+            row["tree"]["reasoner_tokens_per_action"], 1e-9)
+        for suffix, key in (("informative", "per_informative_action"), ("uncached", "uncached_per_action")):
+            row[f"flat_over_tree_{suffix}"] = row["flat"][f"reasoner_tokens_{key}"] / max(
+                row["tree"][f"reasoner_tokens_{key}"], 1e-9)
+        results[str(k)] = row
+    summary = {
+        "benchmark": "tree_vs_flat",
+        "tasks": args.tasks,
+        "horizon": args.horizon,
+        "recall_error_rate": args.error_rate,
+        "flat_over_tree": {k: round(v["flat_over_tree"], 3) for k, v in results.items()},
+        "per_k": {
+            k: {
+                "tree_reasoner_tokens_per_action": round(v["tree"]["reasoner_tokens_per_action"], 1),
+                "flat_reasoner_tokens_per_action": round(v["flat"]["reasoner_tokens_per_action"], 1),
+                "flat_over_tree": round(v["flat_over_tree"], 3),
+                "flat_over_tree_informative": round(v["flat_over_tree_informative"], 3),
+                "flat_over_tree_uncached": round(v["flat_over_tree_uncached"], 3),
+                "tree": v["tree"],
+                "flat": v["flat"],
+            }
+            for k, v in results.items()
+        },
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

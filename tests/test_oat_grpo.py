@@ -1,0 +1,206 @@
+"""``memrl train oat-grpo`` end to end on the tiny config: outputs, SIGKILL + ``--resume``, and placement endpoints.
+
+The runs are subprocesses of the real CLI on the tiny model (transformers rollout engine, scripted reasoner, the
+oracle committee with the offline judge): 2 SAM tasks per iteration, a 6-step tour, K = 2, 3 iterations. The
+uninterrupted run is shared by the end-to-end test and the resume test. The 2-process DeepSpeed run is in
+tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from data.config import load_config
+from data.io import read_jsonl
+from data.schemas import MemoryCallTree
+from train.oat_grpo import OATGRPOConfig, resolve_engines
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "oat_grpo_tiny.yaml"
+PAPER = ROOT / "configs" / "oat_grpo_sam_qwen3.5-9b.yaml"
+ITERATIONS = 3
+
+
+def tiny_overrides(model: Path, out: Path, name: str) -> list[str]:
+    """The tiny config shrunk to seconds per iteration, with the random-init tiny model as the policy. Its cues are
+    noise, so the scripted reasoner finds no page worth recalling: the trees also branch at cue writing (sampled)."""
+    return [
+        f"policy.base={model}", f"engine.model={model}", f"run.output_dir={out}", f"run.name={name}",
+        "train_tasks.count=16", "train_tasks.sam.horizon_steps=6", "eval_tasks.count=2",
+        "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=4", "tree.branch_factor=2", "tree.max_leaves=4",
+        "tree.branch_roles=[consolidate, recall]", "memory.sampling.consolidate.temperature=1.0",
+        "memory.sampling.consolidate.max_tokens=16", "memory.sampling.recall.max_tokens=24",
+        f"loop.iterations={ITERATIONS}", "loop.eval_every=0", "loop.checkpoint_every=1", "loop.keep_checkpoints=2",
+    ]
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
+            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "launch.cli", "train", "oat-grpo", "--config", str(TINY), *args]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cli(*args), cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def iterations_of(run_dir: Path) -> dict[int, dict]:
+    """The metrics record of every training iteration (evaluation before training is step -1)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if r["step"] >= 0]
+    assert len(steps) == len(set(steps)), f"an iteration was logged twice: {steps}"
+    return {r["step"]: r for r in records if r["step"] >= 0}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("oat")
+    run_cli(*tiny_overrides(tiny_model_dir, out, "full"))
+    return out / "full"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# configs
+
+
+@pytest.mark.parametrize("path", [TINY, PAPER], ids=["tiny", "qwen3.5-9b"])
+def test_shipped_configs_load(path: Path) -> None:
+    cfg = load_config(OATGRPOConfig, path)
+    assert cfg.command == "train oat-grpo" and cfg.credit.committee_weight > 0
+    assert cfg.tree.mode == "tree" and cfg.tree.branch_roles == ["recall"]
+
+
+def test_paper_config_puts_reasoner_committee_and_judge_behind_endpoints() -> None:
+    cfg = load_config(OATGRPOConfig, PAPER)
+    reasoner, references, judge = resolve_engines(cfg)
+    assert reasoner.backend == "openai" and reasoner.model == "Qwen/Qwen3.5-35B-A3B"
+    assert reasoner.request_timeout_s == 300  # the recipe's client settings apply to the placement endpoints
+    assert [r.model for r in references] == ["gpt-5.4", "glm-4.7", "deepseek-v4-flash"]
+    assert all(r.backend == "openai" and r.endpoints[0].api_key_env for r in references)
+    assert len({r.name for r in references}) == 3  # distinct cache keys per committee member
+    assert judge is not None and judge.model == "gpt-5.4"
+    assert cfg.trainer.deepspeed == "zero3" and not cfg.trainer.lora.enabled
+
+
+def test_slurm_placement_overrides_replace_the_engines() -> None:
+    served = '{"model": "Qwen/Qwen3.5-35B-A3B", "endpoints": ["http://gpu01:8000/v1", "http://gpu01:8001/v1"]}'
+    committee = '[{"model": "Qwen/Qwen3.5-122B-A10B", "endpoints": ["http://gpu02:8000/v1"]}]'
+    cfg = load_config(OATGRPOConfig, PAPER, [f"placement.reasoner={served}", f"placement.committee={committee}"])
+    reasoner, references, _ = resolve_engines(cfg)
+    assert [e.url for e in reasoner.endpoints] == ["http://gpu01:8000/v1", "http://gpu01:8001/v1"]
+    assert all(e.max_concurrency == 64 for e in reasoner.endpoints)
+    assert [(r.model, [e.url for e in r.endpoints]) for r in references] == [
+        ("Qwen/Qwen3.5-122B-A10B", ["http://gpu02:8000/v1"])
+    ]
+    # Without placement the tiny recipe runs offline: scripted reasoner, the oracle expert as the committee.
+    reasoner, references, judge = resolve_engines(load_config(OATGRPOConfig, TINY))
+    assert reasoner.backend == "scripted" and [r.name for r in references] == ["sam-oracle"] and judge is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (a) end to end
+
+
+@pytest.mark.slow
+def test_cli_run_writes_config_metrics_checkpoints_policies_and_summary(uninterrupted: Path) -> None:
+    run_dir = uninterrupted
+    resolved = load_config(OATGRPOConfig, run_dir / "config.yaml")
+    assert resolved.loop.iterations == ITERATIONS and resolved.tasks_per_iteration == 4
+    its = iterations_of(run_dir)
+    assert sorted(its) == list(range(ITERATIONS))
+    versions_after = [its[i].get("policy_version") for i in range(ITERATIONS)]
+    for record in its.values():
+        assert len(record["tasks"]) == 4 and record["leaves"] >= 4 and record["reasoner_tokens"] > 0
+        assert record["memory_calls_trained"] > 0 and record["committee_requests"] >= 1
+        # An iteration whose groups all have zero variance is skipped: no update, no new policy version.
+        assert ("loss" in record and record["rows"] > 0) or record.get("skipped") == 1.0
+    trained = [i for i in range(ITERATIONS) if "loss" in its[i]]
+    assert trained, "no iteration updated the policy"
+    assert [v for v in versions_after if v is not None] == list(range(1, len(trained) + 1))
+    assert "eval/success" in its[ITERATIONS - 1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["iterations_run"] == ITERATIONS and summary["policy_version"] == len(trained)
+    assert summary["updates"] == its[ITERATIONS - 1]["updates"] >= len(trained)
+    assert summary["before"]["iteration"] == -1 and summary["after"]["iteration"] == ITERATIONS - 1
+    assert summary["training_reasoner_tokens"] == sum(r["reasoner_tokens"] for r in its.values())
+    # One policy directory per version; the last iteration's samples came from the policy before its update.
+    versions = sorted(p.name for p in (run_dir / "policy").iterdir())
+    assert versions == [f"v{v:05d}" for v in range(len(trained) + 1)]
+    assert (run_dir / "policy" / versions[-1] / "model.safetensors").is_file()
+    assert summary["policy_dir"].endswith(versions[-1])
+    trees = read_jsonl(run_dir / "trees_last.jsonl", MemoryCallTree)
+    calls = [n.call for t in trees for n in t.nodes if n.kind == "memory" and n.call is not None]
+    assert calls and {c.policy_version for c in calls} == {len([i for i in trained if i < ITERATIONS - 1])}
+    # Checkpoints: the newest two, complete.
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("ckpt-"))
+    assert ckpts == [f"ckpt-{ITERATIONS - 2:06d}", f"ckpt-{ITERATIONS - 1:06d}"]
+    assert all((run_dir / "checkpoints" / c / "COMPLETE").exists() for c in ckpts)
+    assert any((run_dir / "committee_cache").rglob("*"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (b) SIGKILL mid-run, then --resume
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the run ended before {path} appeared:\n{out[-2000:]}\n{err[-4000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(
+    uninterrupted: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    args = tiny_overrides(tiny_model_dir, tmp_path, "killed")
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(cli(*args), cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for(run_dir / "checkpoints" / f"ckpt-{0:06d}" / "COMPLETE", proc)
+        proc.send_signal(signal.SIGKILL)  # inside iteration 1: its rollouts have started
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (run_dir / "summary.json").exists()
+    assert not (run_dir / "checkpoints" / f"ckpt-{ITERATIONS - 1:06d}").exists()  # the run had not finished
+
+    resumed = run_cli(*args, "--resume")
+    assert "resumed from ckpt-" in resumed.stdout
+    ref, got = iterations_of(uninterrupted), iterations_of(run_dir)
+    assert sorted(got) == sorted(ref) == list(range(ITERATIONS))
+    # The same data order and the same number of updates as the uninterrupted run.
+    assert [got[i]["tasks"] for i in range(ITERATIONS)] == [ref[i]["tasks"] for i in range(ITERATIONS)]
+    assert [got[i]["updates"] for i in range(ITERATIONS)] == [ref[i]["updates"] for i in range(ITERATIONS)]
+    assert [got[i].get("policy_version") for i in range(ITERATIONS)] == [
+        ref[i].get("policy_version") for i in range(ITERATIONS)]
+    summary, ref_summary = (json.loads((d / "summary.json").read_text()) for d in (run_dir, uninterrupted))
+    assert summary["updates"] == ref_summary["updates"] >= 1
+    assert summary["policy_version"] == ref_summary["policy_version"] >= 1
+    assert [h["iteration"] for h in summary["history"]] == list(range(ITERATIONS))
+    # Restored weights, optimizer and rollout seeds: the resumed iterations roll out and learn the same way.
+    for i in range(ITERATIONS):
+        assert got[i]["reward_mean"] == pytest.approx(ref[i]["reward_mean"], abs=1e-9)
+        assert ("loss" in got[i]) == ("loss" in ref[i])
+        if "loss" in ref[i]:
+            assert got[i]["loss"] == pytest.approx(ref[i]["loss"], rel=1e-4, abs=1e-7)
