@@ -3,11 +3,12 @@
 The scripted action agent (``ActionAgent``, greedy) acts through the proactive memory agent whose memory model is the
 oracle expert (``ProactiveOracle``); every variant runs on the same tasks. Per variant: pass rate, injected reminders
 (Phase 2 or forced), full-bank exposures, the fraction of subtasks finished, the rate of requirement violations and the
-agent's double-checks (``pwd``: the cost of a memory context that does not bear on the next subtask). The step budget
-of a task is its perfect-memory run plus ``slack`` steps; a sweep over the slack shows how each variant's pass rate
-depends on how many wasted steps the budget forgives. Prints one line per run and one JSON object last.
+agent's double-checks (``pwd``: the cost of a memory context that does not bear on the next subtask, paid with
+probability ``--distraction``). The step budget of a task is its perfect-memory run plus ``slack`` steps; a sweep over
+the slack shows how each variant's pass rate depends on how many wasted steps the budget forgives. Prints one line per
+run and one JSON object last.
 
-    .venv/bin/python benchmarks/proactive_ablations.py [--tasks 32] [--slack 1] [--sweep 1,2,4,8,16]
+    .venv/bin/python benchmarks/proactive_ablations.py [--tasks 32] [--slack 2] [--distraction 0.3] [--sweep 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import time
 
 from data.experts import ProactiveOracle
-from data.tasks import ActionAgent, ProactiveTask
+from data.tasks import ActionAgent, ProactiveParams, ProactiveTask
 from rollout.engines.scripted import ScriptedEngine
 from rollout.loop import EngineSet, run_rollouts
 from rollout.memory.proactive import ProactiveConfig, build_proactive_rollout
@@ -26,9 +27,10 @@ from rollout.memory.workflow import action_of
 VARIANTS = ("no_memory", "full", "full_bank", "always_inject", "injection_only")
 
 
-def run_variant(tasks: list[ProactiveTask], variant: str) -> dict[str, float]:
+def run_variant(tasks: list[ProactiveTask], variant: str, distraction: float) -> dict[str, float]:
     truths = {t.task_id: t.truth() for t in tasks}
-    engines = EngineSet(reasoner=ScriptedEngine(ActionAgent()), memory=ScriptedEngine(ProactiveOracle(truths=truths)))
+    engines = EngineSet(reasoner=ScriptedEngine(ActionAgent(distraction)),
+                        memory=ScriptedEngine(ProactiveOracle(truths=truths)))
     rollouts = [build_proactive_rollout(t, ProactiveConfig(variant=variant), rollout_id=variant) for t in tasks]
     start = time.perf_counter()
     traces = run_rollouts(rollouts, engines)
@@ -63,15 +65,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=32)
     parser.add_argument("--n-subtasks", type=int, default=16)
-    parser.add_argument("--slack", type=int, default=1, help="the headline budget slack (the task family's default)")
-    parser.add_argument("--sweep", default="1,2,4,8,16", help="slack values for the sweep ('' to skip)")
+    parser.add_argument("--slack", type=int, default=ProactiveParams().slack,
+                        help="the headline budget slack (default: the task family's)")
+    parser.add_argument("--distraction", type=float, default=0.3,
+                        help="probability that an irrelevant reminder costs the action agent a step")
+    parser.add_argument("--sweep", default="0,1,2,3,4,8", help="slack values for the sweep ('' to skip)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     tasks = make_tasks(args.tasks, args.n_subtasks, args.slack, args.seed)
     variants = {}
     for variant in VARIANTS:
-        variants[variant] = run_variant(tasks, variant)
+        variants[variant] = run_variant(tasks, variant, args.distraction)
         print(json.dumps({"slack": args.slack, "variant": variant, **variants[variant]}), flush=True)
     lo, hi = variants["no_memory"]["pass_rate"], variants["full"]["pass_rate"]
     between = {v: lo < variants[v]["pass_rate"] < hi for v in VARIANTS[2:]}
@@ -81,7 +86,7 @@ def main() -> None:
         swept = tasks if slack == args.slack else make_tasks(args.tasks, args.n_subtasks, slack, args.seed)
         sweep[str(slack)] = {}
         for variant in VARIANTS:
-            figures = variants[variant] if slack == args.slack else run_variant(swept, variant)
+            figures = variants[variant] if slack == args.slack else run_variant(swept, variant, args.distraction)
             sweep[str(slack)][variant] = figures["pass_rate"]
         print(json.dumps({"sweep_slack": slack, **sweep[str(slack)]}), flush=True)
 
@@ -90,6 +95,7 @@ def main() -> None:
         "tasks": args.tasks,
         "n_subtasks": args.n_subtasks,
         "slack": args.slack,
+        "distraction": args.distraction,
         "pivots": sum(len(t.pivots) for t in tasks),
         "variants": variants,
         "strictly_between": between,

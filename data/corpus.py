@@ -90,8 +90,11 @@ def environment_samples(seed: int = 0, samples: int = 4) -> Iterator[str]:
             intent = f"where is the {task.gold_entities[0]}"
             yield render(*(lambda m: (m, oracle.respond(m, r, {})))(_sam_prompt("recall", start // 4, page, intent)))
         yield "\n".join(reasoner.respond(_reasoner_view(t.observation), r, {}) for t in episode.trajectory)
-        ptask = ProactiveTask({"n_subtasks": 12}, seed=s)
-        run = simulate_proactive(ptask, ActionAgent(), ProactiveOracle({"false_alarm_rate": 0.2}), seed=s)
+        # the task family's original budget and always-distracted agent, pinned so the corpus (and with it the
+        # tokenizer of every tiny model) stays what it was
+        ptask = ProactiveTask({"n_subtasks": 12, "slack": 1}, seed=s)
+        noisy = ProactiveOracle({"false_alarm_rate": 0.2})
+        run = simulate_proactive(ptask, ActionAgent(distraction=1.0), noisy, seed=s)
         yield "\n".join(f"> {t.action}\n{t.observation}" for t in run.turns)
         for _, messages, reply in run.memory_calls[:8]:
             yield render(messages, reply)

@@ -59,7 +59,7 @@ def test_agent_uses_a_reminder_only_when_it_names_the_next_fact() -> None:
     turns = [("", task.reset())]
     for t in task.reference.turns[1 : pivot["step"] + 1]:
         turns.append((t.action, t.observation))
-    agent = ActionAgent()
+    agent = ActionAgent(distraction=1.0)  # an irrelevant reminder always distracts it
     default = parse_tool_calls(agent.respond(window_messages(turns, 4, None), RNG, {})).calls[0]
     reminded = parse_tool_calls(agent.respond(window_messages(turns, 4, pivot["reminder"]), RNG, {})).calls[0]
     assert default.arguments["action"] != reminded.arguments["action"]

@@ -12,7 +12,11 @@ remaining subtask needs. Phase 2 reminds right before a pivot (the next subtask 
 show) with the bank entry that states it, or, when the bank lacks it, with the requirement as the task statement
 gives it (the statement is part of the prompt, and all the injection-only ablation has), and stays silent otherwise.
 Knobs: ``miss_rate`` (stay silent at a pivot), ``false_alarm_rate`` (remind needlessly at a non-pivot step),
-``drop_rate`` (skip saving an entry).
+``drop_rate`` (skip saving an entry), ``note_risk`` (Phase 1's status also names the open risk: the fact the next
+subtask needs while the window does not show it, ``; risk: SENTENCE``; a Phase 2 model then reads the decision-relevant
+state from one fixed place, which is how a small model can learn the when-to-intervene decision quickly),
+``cite_ids`` (Phase 2 cites the bank entry as the bank shows it, ``<context_for_action>k2: SENTENCE
+</context_for_action>``, for a memory agent with ``cite_entries``; the noted risk is written the same way).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class ProactiveOracleConfig(ConfigModel):
     miss_rate: float = Field(0.0, ge=0, le=1)
     false_alarm_rate: float = Field(0.0, ge=0, le=1)
     drop_rate: float = Field(0.0, ge=0, le=1)
+    note_risk: bool = False
+    cite_ids: bool = False
 
 
 class ProactiveOracle:
@@ -76,15 +82,21 @@ class ProactiveOracle:
     def _entries(bank: BankView) -> list[tuple[str, str]]:
         return [*bank.knowledge.items(), *bank.procedural.items()]
 
+    def _cite(self, entry_id: str, content: str) -> str:
+        """A bank entry as a reminder: its line (``k2: SENTENCE``) with ``cite_ids``, else its content."""
+        return f"{entry_id}: {content}" if self.config.cite_ids else content
+
     def phase1(self, task: str, window: str, bank: BankView, truth: dict[str, Any], rng: random.Random) -> str:
         """The bank edits for this memory step."""
         calls = []
         nxt = parse_next(window)
-        if nxt is not None:
-            calls.append(render_tool_call("memory_update_status", {"content": f"at subtask {nxt[1]} of {nxt[2]}: "
-                                                                               f"{nxt[0]}"}))
         visible = f"{task}\n{window}"
         entries = self._entries(bank)
+        if nxt is not None:
+            status = f"at subtask {nxt[1]} of {nxt[2]}: {nxt[0]}"
+            if self.config.note_risk and (risk := self._risk(window, entries, truth, task)) is not None:
+                status += f"; risk: {risk}"
+            calls.append(render_tool_call("memory_update_status", {"content": status}))
         kinds = truth.get("facts") or list(FACT_KINDS)
         remaining = None
         if nxt is not None and truth.get("plan"):
@@ -104,6 +116,21 @@ class ProactiveOracle:
             calls.append(render_tool_call(tool, {"content": fact.sentence(value)}))
         return "\n".join(calls)
 
+    def _risk(self, window: str, entries: list[tuple[str, str]], truth: dict[str, Any], task: str) -> str | None:
+        """The sentence of the fact the next subtask needs while the window does not show it (the bank entry that
+        states it, led by its id with ``cite_ids``; else the task statement's), or None: what :meth:`phase2` would
+        remind of."""
+        steps = parse_window(window)
+        nxt = parse_next(steps[-1][2]) if steps else None
+        need = self._needs(truth, nxt[0], nxt[1]) if nxt is not None else None
+        if need is None or fact_value(need, "\n".join(f"{a}\n{o}" for _, a, o in steps)) is not None:
+            return None
+        stored = [(i, c) for i, c in entries if fact_value(need, c) is not None]
+        if stored:
+            return self._cite(*stored[-1])
+        value = fact_value(need, task)
+        return FACTS[need].sentence(value) if value is not None else None
+
     def phase2(
         self, window: str, bank: BankView, truth: dict[str, Any], rng: random.Random, task: str = ""
     ) -> str:
@@ -119,12 +146,12 @@ class ProactiveOracle:
         if need is not None and fact_value(need, seen) is None:
             if rng.random() < self.config.miss_rate:
                 return render_intervention(None)
-            match = [c for _, c in entries if fact_value(need, c) is not None]
+            match = [(i, c) for i, c in entries if fact_value(need, c) is not None]
             if match:
-                return render_intervention(match[-1])
+                return render_intervention(self._cite(*match[-1]))
             value = fact_value(need, task)
             return render_intervention(FACTS[need].sentence(value) if value is not None else None)
         if entries and rng.random() < self.config.false_alarm_rate:
-            others = [c for _, c in entries if need is None or fact_value(need, c) is None]
-            return render_intervention(rng.choice(others) if others else None)
+            others = [(i, c) for i, c in entries if need is None or fact_value(need, c) is None]
+            return render_intervention(self._cite(*rng.choice(others)) if others else None)
         return render_intervention(None)

@@ -7,17 +7,23 @@ directory never to touch); some commands fail with a diagnostic until a flag is 
 ``k`` steps; the statement only while it is inside that window) plus an optional reminder (a transient
 ``memory context:`` message). When the fact a subtask needs is out of sight it falls back to a default command: it
 violates a requirement (fatal), repeats a command that failed before (a wasted step), or has to re-read a file (a
-wasted step). A reminder that does not name the next subtask's fact costs a wasted step (``pwd``; the agent does
-not double-check twice in a row), so needless interventions hurt when the step budget is tight.
+wasted step). A reminder that does not name the next subtask's fact distracts the agent with probability
+``distraction`` (default 0.3; a real model mostly ignores an irrelevant reminder): it stops to double-check, a wasted
+step (``pwd``; never twice in a row). Over-intervention is a graded cost: the step budget forgives ``slack`` wasted
+steps (default 2), so a few needless reminders are harmless and many are fatal.
 
-Pivots (steps where a reminder changes the agent's action) are computed by a reference run and stored in the
-episode metadata: the ground truth for pivot detection. :func:`simulate_proactive` is the reference loop with a
-memory behaviour (the oracle of :mod:`data.experts.proactive`) or without memory.
+Pivots (steps where a reminder changes the agent's action, :func:`find_pivot`) are computed by a reference run and
+stored in the episode metadata: the ground truth for pivot detection. A pivot whose fact is a requirement
+(``requirement: true``: interpreter, output location, protected directory) is fatal to miss; the others cost wasted
+steps. :func:`simulate_proactive` is the reference loop with a memory behaviour (the oracle of
+:mod:`data.experts.proactive`) or without memory.
 """
 
 from __future__ import annotations
 
 import copy
+import fnmatch
+import hashlib
 import random
 import re
 from collections.abc import Callable
@@ -50,10 +56,13 @@ __all__ = [
     "ProactiveRun",
     "ProactiveTask",
     "fact_value",
+    "find_pivot",
     "simulate_proactive",
 ]
 
 FACT_KINDS = ("interpreter", "output", "protected", "install_flag", "db_port")
+REQUIREMENTS = ("interpreter", "output", "protected")
+"""Fact kinds the task statement requires: acting without them violates the task (the verifier fails)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ def _install(pkg: str) -> Subtask:
 USES = {
     "interpreter": Subtask("run the pipeline", "interpreter", "python run.py", "{v} run.py"),
     "output": Subtask("save the result", "output", "cp build/result.txt result.txt", "cp build/result.txt {v}"),
-    "protected": Subtask("clean temporary files", "protected", "rm -rf build/tmp {v}/tmp", "rm -rf build/tmp"),
+    "protected": Subtask("clean temporary files", "protected", "rm -rf build/tmp data/*/tmp", "rm -rf build/tmp"),
     "db_port": Subtask("load the data", "db_port", "load --port 5432", "load --port {v}", "cat config.yaml"),
 }
 _NEXT = re.compile(r"^next: (.+) \(subtask (\d+) of (\d+)\)$", re.MULTILINE)
@@ -147,7 +156,7 @@ class ProactiveParams(ConfigModel):
     n_subtasks: int = Field(16, ge=6, le=500)
     facts: list[str] = Field(list(FACT_KINDS), description=f"fact kinds to plant, from {FACT_KINDS}")
     window: int = Field(4, ge=1, description="the action agent's window k (pivots are computed for it)")
-    slack: int = Field(1, ge=0, description="steps allowed beyond the perfect-memory run")
+    slack: int = Field(2, ge=0, description="steps allowed beyond the perfect-memory run")
     extra_installs: int = Field(1, ge=0, le=4, description="later installs that need the diagnosed flag")
 
 
@@ -290,9 +299,10 @@ class ProactiveTask:
         if cmd.startswith("rm -rf "):
             targets = cmd.split()[2:]
             for t in targets:
-                if t == v["protected"] or t.startswith(v["protected"] + "/"):
+                hit = {f for f in s.files if f == t or f.startswith(t + "/") or fnmatch.fnmatchcase(f, t)}
+                if t == v["protected"] or any(f.startswith(v["protected"] + "/") for f in hit):
                     s.violations.append(f"touched {v['protected']}")
-                s.files = {f for f in s.files if not (f == t or f.startswith(t + "/"))}
+                s.files -= hit
             return "", name == "clean temporary files" and "build/tmp" in targets
         if m := re.fullmatch(r"load --port (\d+)", cmd):
             if m.group(1) != v["db_port"]:
@@ -328,6 +338,13 @@ class ProactiveTask:
         if "output" in self.params.facts:
             ok = ok and v["output"] in s.files
         return ok
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ProactiveTask:
+        """A copy with its own terminal state. The plan, facts, statement, reference run and pivots never change after
+        construction, so copies share them (forking a rollout at every memory step stays cheap)."""
+        twin = copy.copy(self)
+        twin.s = copy.deepcopy(self.s, memo)
+        return twin
 
     def snapshot(self) -> Any:
         """The terminal state."""
@@ -380,9 +397,22 @@ class ProactiveTask:
 # ---------------------------------------------------------------------------------------------------- agent
 class ActionAgent:
     """The scripted action agent (a :class:`~data.schemas.ScriptedPolicy`): follows the ``next:`` line, acts on
-    the facts its context shows (window + reminder), else falls back to its default command."""
+    the facts its context shows (window + reminder), else falls back to its default command.
+
+    A reminder that does not name the next subtask's fact distracts it with probability ``distraction`` (a wasted
+    ``pwd``). The draw is keyed by (``seed``, task id, step) when the request names them (the agent loop's and
+    :func:`simulate_proactive`'s requests do), so counterfactual branches of one episode share their draws (common
+    random numbers: a branch differs from its sibling by its memory decisions only); otherwise it comes from the
+    request's seeded generator.
+    """
 
     name = "action-agent"
+
+    def __init__(self, distraction: float = 0.3, seed: int = 0) -> None:
+        if not 0.0 <= distraction <= 1.0:
+            raise ValueError(f"distraction must be in [0, 1], got {distraction}")
+        self.distraction = distraction
+        self.seed = seed
 
     def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
         """Reply with one ``act`` tool call."""
@@ -401,11 +431,26 @@ class ActionAgent:
                 continue
             context.append(text)
             last_obs = text
-        return render_tool_call("act", {"action": self.decide(context, reminder, last_obs, last_action)})
+        distracted = reminder is not None and self.distracted(rng, metadata)
+        return render_tool_call("act", {"action": self.decide(context, reminder, last_obs, last_action, distracted)})
+
+    def distracted(self, rng: random.Random, metadata: dict[str, Any]) -> bool:
+        """Whether an irrelevant reminder at this call costs a step (see the class docstring)."""
+        if self.distraction in (0.0, 1.0):
+            return self.distraction == 1.0
+        if "task_id" in metadata and "step" in metadata:
+            key = f"{self.seed}/{metadata['task_id']}/{metadata['step']}".encode()
+            draw = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") / 2**64
+        else:
+            draw = rng.random()
+        return draw < self.distraction
 
     @staticmethod
-    def decide(context: list[str], reminder: str | None, last_obs: str, last_action: str | None) -> str:
-        """The command for the next subtask given what is visible."""
+    def decide(
+        context: list[str], reminder: str | None, last_obs: str, last_action: str | None, distracted: bool = True
+    ) -> str:
+        """The command for the next subtask given what is visible (``distracted``: an irrelevant reminder costs a
+        double-check)."""
         nxt = parse_next(last_obs)
         if nxt is None:
             return "ls"
@@ -416,7 +461,7 @@ class ActionAgent:
         if reminder is not None:
             if sub.fact is not None and fact_value(sub.fact, reminder) is not None:
                 seen += "\n" + reminder
-            elif last_action != "pwd":
+            elif distracted and last_action != "pwd":
                 # an irrelevant reminder: the agent stops to double-check (a wasted step), but only once in a row,
                 # so a standing memory context (full-bank exposure, forced reminders) slows it down, not livelocks it
                 return "pwd"
@@ -496,6 +541,25 @@ def window_messages(turns: list[tuple[str, str]], k: int, reminder: str | None) 
     return messages
 
 
+def find_pivot(turns: list[tuple[str, str]], k: int) -> dict[str, Any] | None:
+    """The pivot at this point of an episode, or None. ``turns`` are the (action, observation) pairs so far (turn 0
+    is ``("", task statement)``); the step is a pivot when the next subtask needs a fact that the episode has shown
+    but the agent's last ``k`` turns do not: a reminder of it changes the agent's next action. Returns ``step``,
+    ``subtask`` (1-based), ``name``, ``fact``, ``requirement`` (missing it violates the task) and ``reminder`` (the
+    fact's canonical sentence)."""
+    nxt = parse_next(turns[-1][1])
+    sub = _subtask_by_name(nxt[0]) if nxt else None
+    if nxt is None or sub is None or sub.fact is None:
+        return None
+    start = max(0, len(turns) - k)
+    visible = "\n".join(o if i == 0 else f"{a}\n{o}" for i, (a, o) in enumerate(turns) if i >= start)
+    value = fact_value(sub.fact, "\n".join(f"{a}\n{o}" for a, o in turns))
+    if value is None or fact_value(sub.fact, visible) is not None:
+        return None
+    return {"step": len(turns) - 1, "subtask": nxt[1], "name": sub.name, "fact": sub.fact,
+            "requirement": sub.fact in REQUIREMENTS, "reminder": FACTS[sub.fact].sentence(value)}
+
+
 def simulate_proactive(
     task: ProactiveTask,
     agent: ScriptedPolicy,
@@ -534,21 +598,14 @@ def simulate_proactive(
             reply = memory.respond(prompt, rng, {**meta, "role": "intervene", "step": t})
             run.memory_calls.append(("intervene", prompt, reply))
             reminder = parse_intervention(reply)[0]
-        nxt = parse_next(turns[-1][1])
-        sub = _subtask_by_name(nxt[0]) if nxt else None
-        visible = "\n".join(o if i == 0 else f"{a}\n{o}" for i, a, o in window)
-        if sub is not None and sub.fact is not None:
-            known_before = "\n".join(f"{a}\n{o}" for a, o in turns)
-            value = fact_value(sub.fact, known_before)
-            if value is not None and fact_value(sub.fact, visible) is None:
-                sentence = FACTS[sub.fact].sentence(value)
-                run.pivots.append({"step": t, "subtask": nxt[1] if nxt else 0, "name": sub.name,
-                                   "fact": sub.fact, "reminder": sentence})
-                if ideal_reminders:
-                    reminder = sentence
+        pivot = find_pivot(turns, k)
+        if pivot is not None:
+            run.pivots.append(pivot)
+            if ideal_reminders:
+                reminder = pivot["reminder"]
         if reminder:
             run.reminders += 1
-        reply = agent.respond(window_messages(turns, k, reminder), rng, {"task_id": task.task_id})
+        reply = agent.respond(window_messages(turns, k, reminder), rng, {"task_id": task.task_id, "step": t})
         calls = parse_tool_calls(reply).calls
         action = str(calls[0].arguments.get("action", "")) if calls else reply
         if action == "pwd":

@@ -21,6 +21,11 @@ BM25 (``bm25s``), in creation order.
    ``<context_for_action>reminder</context_for_action>`` or ``<no_intervention/>``; a missing tag is silence, an
    unclosed or empty tag is a recorded error and also silence (:func:`~data.formats.parse_intervention`).
 
+With ``cite_entries``, a reminder that cites bank entries (``k2``, ``k2, p5``, or ids then ``:`` and the entry's text
+as the bank line shows it, ``k2: requirement: ...``) restates those entries: the action agent receives their exact
+contents (joined by ``; ``), never the model's copy of them. A compact, structured Phase 2 output for small models; an
+unknown id is a recorded error and the step stays silent.
+
 A reminder goes into the next action-agent call only, as a transient ``memory context:`` user message after the
 action agent's history (:func:`~data.formats.render_memory_context`); :meth:`ProactiveMemory.after_reasoner_call`
 drops it, so it never enters the persistent history. The action agent's context is otherwise its own history: the
@@ -49,6 +54,7 @@ restores a step and samples G alternative Phase 2 decisions from one state.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -88,6 +94,8 @@ __all__ = [
 ]
 
 BANK_TOOLS = ("memory_update_status", "memory_save_knowledge", "memory_save_procedural", "memory_delete")
+_action_of = functools.lru_cache(maxsize=1 << 16)(action_of)  # every prompt re-reads the window's replies
+_CITATION = re.compile(r"\s*([kKpP]\d+(?:\s*[,;\s]\s*[kKpP]\d+)*)\s*(?::.*)?", re.DOTALL)
 Variant = Literal["full", "full_bank", "always_inject", "injection_only", "no_memory"]
 
 
@@ -107,6 +115,7 @@ class ProactiveConfig(ConfigModel):
     )
     max_entries_per_type: int = Field(16, ge=1, description="entries per type shown in prompts (BM25 prefilter)")
     max_entry_chars: int = Field(400, ge=0, description="bank entries and status are cut to this length (0: whole)")
+    cite_entries: bool = Field(False, description="a reminder citing entry ids restates those entries")
     sampling: dict[str, RoleSampling] = {
         "bank_edit": RoleSampling(temperature=1.0, max_tokens=256),
         "intervene": RoleSampling(temperature=1.0, max_tokens=128),
@@ -280,8 +289,8 @@ class ProactiveMemory(MemorySystem):
             if cfg.trigger_on_error and self._error_re.search(observation):
                 fired.append("error")
             if cfg.trigger_on_repeat:
-                earlier = {action_of(r) for s, r, _, _ in self.turns[-cfg.window : -1] if s > 0}
-                if action_of(reply) in earlier:
+                earlier = {_action_of(r) for s, r, _, _ in self.turns[-cfg.window : -1] if s > 0}
+                if _action_of(reply) in earlier:
                     fired.append("repeat")
         return fired
 
@@ -313,7 +322,7 @@ class ProactiveMemory(MemorySystem):
         return MemoryRequest(role=role, messages=messages, sampling=sampling, metadata=metadata)
 
     def _window(self) -> list[tuple[int, str, str]]:
-        return [(s, " ".join(action_of(r).split()) if s > 0 else "", o)
+        return [(s, " ".join(_action_of(r).split()) if s > 0 else "", o)
                 for s, r, o, _ in self.turns[-self.config.window :]]
 
     def _window_text(self) -> str:
@@ -418,8 +427,26 @@ class ProactiveMemory(MemorySystem):
             return f"unknown id {entry_id!r}"
         return entry
 
+    def delivered(self, text: str) -> tuple[str | None, str | None, list[str] | None]:
+        """What a Phase 2 output delivers to the action agent now: (reminder or None, error or None, cited ids or
+        None). With ``cite_entries`` a citation becomes the cited entries' exact contents (an unknown id: silence and
+        an error)."""
+        reminder, error = parse_intervention(text)
+        cited = _CITATION.fullmatch(reminder) if reminder is not None and self.config.cite_entries else None
+        if cited is None:
+            return reminder, error, None
+        ids = re.findall(r"[kp]\d+", cited.group(1).lower())
+        entries = [self.bank.find(i) for i in ids]
+        if any(e is None for e in entries):
+            return None, f"unknown entry id in {ids}", ids
+        return "; ".join(e.content for e in entries if e is not None), error, ids
+
     def _intervene(self, call: MemoryCall) -> list[str]:
-        reminder, error = parse_intervention(call.text)
+        reminder, error, ids = self.delivered(call.text)
+        if ids is not None:
+            call.metadata["cited"] = ids
+            if reminder is None:
+                self.count("intervene_unknown_id")
         forced = False
         if reminder is None and self.config.variant == "always_inject":
             reminder = self._most_relevant_entry()
