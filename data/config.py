@@ -80,9 +80,10 @@ class ServedModel(ConfigModel):
 class PolicyPlacement(ConfigModel):
     """Where the trained policy's own vLLM engine runs during rollouts.
 
-    ``colocate``: every training GPU also hosts the engine (``tensor_parallel_size`` ranks share one), which sleeps
-    while the trainer updates (``sleep_level`` 1 keeps the weights in CPU memory, 2 drops them; 0 never sleeps; GPU
-    only). ``separate``: the last ``gpus_per_node`` GPUs of every training node run the engine and the rest train.
+    The main process owns the one engine (rollouts run there). ``colocate``: its workers share node 0's GPUs
+    0..TP-1 with the training ranks, and it sleeps while the trainer updates (``sleep_level`` 1 keeps the weights in
+    CPU memory, 2 drops them; 0 never sleeps; GPU only). ``separate``: the last ``gpus_per_node`` GPUs of every
+    training node are kept from training, and the engine runs on the first TP of node 0's.
     """
 
     mode: typing.Literal["colocate", "separate"] = "colocate"

@@ -416,14 +416,17 @@ class TrainLayout:
         elif policy.mode == "colocate":
             sleep = f"sleep level {policy.sleep_level} during updates" if policy.sleep_level else "never sleeps"
             engine = (
-                f"policy vLLM engine: colocated on the training GPUs (TP {policy.tensor_parallel_size}, "
+                f"policy vLLM engine: on the main process, colocated on node 0's training GPU(s) "
+                f"{_ranges(0, policy.tensor_parallel_size - 1)} (TP {policy.tensor_parallel_size}, "
                 f"{policy.gpu_memory_utilization:g} of GPU memory, {sleep})"
             )
         else:
+            first = self.nproc_per_node
+            tp = policy.tensor_parallel_size
+            idle = policy.gpus_per_node * self.nnodes - tp
             engine = (
-                f"policy vLLM engine: own GPUs {self._engine_gpus()} on every training node "
-                f"(TP {policy.tensor_parallel_size}, {policy.gpus_per_node // policy.tensor_parallel_size} engine(s) "
-                "per node)"
+                f"policy vLLM engine: on the main process, GPU(s) {_ranges(first, first + tp - 1)} of node 0 "
+                f"(TP {tp}); GPU(s) {self._engine_gpus()} kept from training on every node, {idle} of them idle"
             )
         lines = [
             f"world: {self.nnodes} node(s) x {self.nproc_per_node} process(es) = {self.world_size} ranks on "

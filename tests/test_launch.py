@@ -166,7 +166,7 @@ def test_torchrun_cpu_mode_and_separate_policy_gpus(tmp_path: Path) -> None:
     plan = plan_torchrun(["--", "sft", "--config", str(cfg)], slurm_env(0))
     assert plan.info["layout"]["nproc_per_node"] == 6  # 8 GPUs - 2 for the policy engine
     assert plan.info["layout"]["nodes"][0]["engine_gpus"] == "6-7"
-    assert "own GPUs 6-7 on every training node (TP 2, 1 engine(s) per node)" in plan.text
+    assert "on the main process, GPU(s) 6-7 of node 0 (TP 2)" in plan.text
     # An override of the run wins over its file.
     plan = plan_torchrun(["--", "sft", "--config", str(cfg), "placement.policy.gpus_per_node=4"], slurm_env(0))
     assert plan.info["layout"]["nproc_per_node"] == 4

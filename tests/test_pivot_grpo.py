@@ -148,10 +148,15 @@ def tiny_run(tmp_path: Path, model: Path, **overrides: Any) -> PivotGRPOConfig:
 
 
 @pytest.mark.slow
-def test_online_loop_runs_evaluates_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_online_loop_runs_evaluates_and_resumes(tmp_path: Path, tiny_model_dir: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollout.engines.base import Engine
     from train.pivot_grpo import run_pivot_grpo
 
+    slept: list[str] = []
+    monkeypatch.setattr(Engine, "sleep", lambda self: slept.append(self.name))
     assert run_pivot_grpo(tiny_run(tmp_path, tiny_model_dir)) == 0
+    assert len(slept) == 2  # the policy's engine sleeps once per update (a no-op off GPU)
     run = tmp_path / "pivot"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["iterations_run"] == 2 and summary["after"]["iteration"] == 1

@@ -29,7 +29,7 @@ from rewards.committee import Committee, CommitteeConfig
 from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
 from rollout.agents import sam_rollout
 from rollout.engines.base import Engine
-from rollout.engines.config import EndpointConfig, EngineConfig, build_engine
+from rollout.engines.config import EndpointConfig, EngineConfig, build_engine, place_policy_engine
 from rollout.harness import evaluate_sam_memory
 from rollout.loop import EngineSet
 from rollout.memory.sam import SamConfig
@@ -128,14 +128,15 @@ def resolve_engines(cfg: OATGRPOConfig) -> tuple[EngineConfig, list[EngineConfig
 
 
 def policy_engine_config(cfg: OATGRPOConfig) -> EngineConfig:
-    """The rollout engine of the policy (vLLM on the base; LoRA hot-swap when the trainer trains an adapter)."""
+    """The rollout engine of the policy (vLLM on the base; LoRA hot-swap when the trainer trains an adapter), placed
+    as ``placement.policy`` says."""
     lora = cfg.trainer.lora
     adapter = cfg.policy.adapter is not None or lora.enabled
     base = cfg.engine or EngineConfig(backend="vllm", name="policy", model=cfg.policy.base, dtype="float32")
     updates: dict[str, Any] = {"model": base.model or cfg.policy.base}
     if adapter:
         updates.update(enable_lora=True, max_lora_rank=max(base.max_lora_rank, lora.r))
-    return base.model_copy(update=updates)
+    return place_policy_engine(base.model_copy(update=updates), cfg.placement.policy)
 
 
 def summarize_eval(result: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """The online RL loop shared by OAT-GRPO and pivot-turn GRPO.
 
-Each iteration: collect groups with the current policy in the rollout engine (the caller's ``collect``), update the
-policy with the group trainer, sync the new weights into the engine (LoRA adapter hot-swap, or an in-place reload of
-full weights), evaluate every ``eval_every`` iterations, checkpoint every ``checkpoint_every`` iterations.
+Each iteration: collect groups with the current policy in the rollout engine (the caller's ``collect``), put the
+engine to sleep (vLLM sleep mode when ``placement.policy`` colocates it on GPUs; nothing otherwise), update the
+policy with the group trainer, sync the new weights into the engine, which wakes it (LoRA adapter hot-swap, or an
+in-place reload of full weights), evaluate every ``eval_every`` iterations, checkpoint every ``checkpoint_every``
+iterations.
 
 Rollouts run on the main process (it owns the policy's rollout engine; the frozen reasoner and committee are engines
 or endpoints of their own); the groups are broadcast to every training process as JSON, and the trainer shards them.
@@ -135,6 +137,8 @@ def run_online_loop(
         groups, metrics = collect(iteration) if acc.is_main_process else (None, {})
         rollout_s = time.perf_counter() - t0
         groups = broadcast_groups(groups, acc)
+        if engine is not None:  # colocated on GPU: free the engine's memory for the update; the sync wakes it
+            engine.sleep()
         update = trainer.step(groups)
         policy_dir = sync_policy(trainer, engine, policy_root)
         record = {**metrics, **update, "rollout_s": rollout_s, "iteration_s": time.perf_counter() - t0,

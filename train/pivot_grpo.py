@@ -38,7 +38,7 @@ from data.tasks import ProactiveTask, task_from_episode
 from data.tracking import MetricsLogger
 from rewards.pivot import PivotRewardConfig, pivot_groups
 from rollout.engines.base import Engine
-from rollout.engines.config import EndpointConfig, EngineConfig, build_engine
+from rollout.engines.config import EndpointConfig, EngineConfig, build_engine, place_policy_engine
 from rollout.loop import EngineSet, run_rollouts
 from rollout.memory.base import RoleSampling
 from rollout.memory.proactive import ProactiveConfig, build_proactive_rollout
@@ -177,7 +177,7 @@ def _with_truths(engine: Engine, tasks: list[ProactiveTask]) -> Engine:
 
 def build_engines(cfg: PivotGRPOConfig, tasks: list[ProactiveTask]) -> tuple[EngineSet, Engine]:
     """(the run's engines, the policy's rollout engine)."""
-    policy = build_engine(cfg.engine)
+    policy = build_engine(place_policy_engine(cfg.engine, cfg.placement.policy))
     reasoner = _with_truths(build_engine(_reasoner_config(cfg)), tasks)
     by_role = {"bank_edit": _with_truths(build_engine(cfg.phase1), tasks)} if cfg.phase1 is not None else {}
     return EngineSet(reasoner=reasoner, memory=policy, by_role=by_role), policy

