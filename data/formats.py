@@ -22,6 +22,7 @@ __all__ = [
     "PHASE2_SYSTEM",
     "RECALL_SYSTEM",
     "RETRIEVAL_REASONER_SYSTEM",
+    "SAM_FAILED_PAGES_PREFIX",
     "SAM_REASONER_SYSTEM",
     "BankView",
     "ParsedToolCalls",
@@ -32,6 +33,7 @@ __all__ = [
     "parse_phase_prompt",
     "parse_sam_consolidate_prompt",
     "parse_sam_memory_block",
+    "parse_sam_recall_failures",
     "parse_sam_recall_prompt",
     "parse_sam_recalled",
     "parse_tool_calls",
@@ -70,8 +72,10 @@ class ParsedToolCalls:
     errors: list[str] = field(default_factory=list)
 
 
-_TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-_XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.DOTALL)
+# A fragment ends at its closing tag, at the next opening tag, or at the end of the text: a stray opening tag must not
+# swallow the well-formed call that follows it (it becomes an error of its own instead).
+_TAGGED = re.compile(r"<tool_call>(.*?)(</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
+_XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|(?=<function=)|$)", re.DOTALL)
 _XML_PARAM = re.compile(r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
 
 
@@ -129,12 +133,13 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
     found_tag = False
     for match in _TAGGED.finditer(text):
         found_tag = True
-        closed = match.group(0).endswith("</tool_call>")
+        closed = bool(match.group(2))
+        why = "no </tool_call>" if match.end() == len(text) else "a new <tool_call> began before </tool_call>"
         parsed = _parse_one(match.group(1))
         if isinstance(parsed, str):
-            out.errors.append(parsed if closed else f"truncated tool call (no </tool_call>): {parsed}")
+            out.errors.append(parsed if closed else f"truncated tool call ({why}): {parsed}")
         elif not closed:
-            out.errors.append(f"truncated tool call {parsed.name!r} (no </tool_call>)")
+            out.errors.append(f"truncated tool call {parsed.name!r} ({why})")
         else:
             out.calls.append(parsed)
     if not found_tag:
@@ -258,18 +263,35 @@ def parse_sam_memory_block(text: str) -> tuple[str, dict[int, str]]:
     return task, cues
 
 
-def render_sam_recalled(intent: str, page_ids: list[int], content: str) -> str:
-    """The message that carries recalled content back to the reasoner."""
+SAM_FAILED_PAGES_PREFIX = "failed pages: "
+
+
+def render_sam_recalled(intent: str, page_ids: list[int], content: str, failed: list[str] | None = None) -> str:
+    """The message that carries recalled content back to the reasoner; ``failed`` (e.g. ``["p3 (empty output)"]``)
+    names the pages the memory model could not read, on a line of its own before the content."""
     pages = ",".join(str(p) for p in page_ids)
-    return f"recalled for: {intent}\npages: {pages}\n{content}"
+    note = f"{SAM_FAILED_PAGES_PREFIX}{'; '.join(failed)}\n" if failed else ""
+    return f"recalled for: {intent}\npages: {pages}\n{note}{content}"
+
+
+_RECALLED_RE = re.compile(
+    rf"recalled for: (.*?)\npages: ([\d,]*)\n(?:{re.escape(SAM_FAILED_PAGES_PREFIX)}([^\n]*)\n)?(.*)\Z", re.DOTALL
+)
 
 
 def parse_sam_recalled(text: str) -> tuple[str, list[int], str] | None:
-    """(intent, page ids, content) from :func:`render_sam_recalled` output, or None."""
-    m = re.match(r"recalled for: (.*?)\npages: ([\d,]*)\n(.*)\Z", text, re.DOTALL)
+    """(intent, page ids, content) from :func:`render_sam_recalled` output (the failed-pages line is not content),
+    or None."""
+    m = _RECALLED_RE.match(text)
     if not m:
         return None
-    return m.group(1), [int(p) for p in m.group(2).split(",") if p], m.group(3)
+    return m.group(1), [int(p) for p in m.group(2).split(",") if p], m.group(4)
+
+
+def parse_sam_recall_failures(text: str) -> list[str]:
+    """The failed-page notes of :func:`render_sam_recalled` output (empty when every page was read)."""
+    m = _RECALLED_RE.match(text)
+    return m.group(3).split("; ") if m and m.group(3) else []
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -284,20 +306,29 @@ PHASE2_SYSTEM = (
     "</context_for_action> or <no_intervention/>."
 )
 
-_INTERVENTION_RE = re.compile(r"<context_for_action>(.*?)</context_for_action>", re.DOTALL)
+# As for tool calls, a nested opening tag ends the fragment before it.
+_INTERVENTION_RE = re.compile(
+    r"<context_for_action>(.*?)(</context_for_action>|(?=<context_for_action>)|\Z)", re.DOTALL
+)
 
 
 def parse_intervention(text: str) -> tuple[str | None, str | None]:
-    """(reminder or None for silence, error or None). A missing tag means silence; an unclosed tag is an error."""
+    """(reminder or None for silence, error or None). A missing tag means silence. The reminder is the first
+    closed, non-empty ``<context_for_action>`` block; an unclosed or empty block before it (or instead of it) is the
+    error, so a stray opening tag is reported without hiding the reminder that follows it."""
     if not isinstance(text, str):
         return None, "output is not text"
-    match = _INTERVENTION_RE.search(text)
-    if match:
+    error: str | None = None
+    for match in _INTERVENTION_RE.finditer(text):
         reminder = match.group(1).strip()
-        return (reminder or None), (None if reminder else "empty <context_for_action>")
-    if "<context_for_action>" in text:
-        return None, "unclosed <context_for_action>"
-    return None, None
+        if match.group(2) and reminder:
+            return reminder, error
+        if error is None and match.group(2):
+            error = "empty <context_for_action>"
+        elif error is None:
+            nested = match.end() < len(text)
+            error = "unclosed <context_for_action>" + (" (a new one began before its closing tag)" if nested else "")
+    return None, error
 
 
 def render_intervention(reminder: str | None) -> str:

@@ -10,34 +10,82 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from tqdm.auto import tqdm
 
 from data.config import ConfigModel, RunConfig, prepare_run_dir
-from data.io import atomic_write_text, write_arrow, write_jsonl
+from data.io import atomic_write_text, describe_validation_error, write_arrow, write_jsonl
 from data.schemas import Episode
 
 __all__ = ["SynthConfig", "SynthSource", "build_episodes", "episode_stats", "run_synth"]
 
 
+_FAMILY_OPTIONS = {
+    "ama": {"env", "count", "target_tokens", "params", "noise", "qa_per_type"},
+    "sam": {"count", "target_tokens", "params"},
+    "proactive": {"count", "params"},
+}
+"""The options each family reads (a proactive task's length is ``params.n_subtasks``, not a token target)."""
+
+
 class SynthSource(ConfigModel):
-    """One kind of episode to generate: ``count`` episodes per target-token bin."""
+    """One kind of episode to generate: ``count`` episodes per target-token bin. An option the family does not read
+    (set to anything but its default) is an error, not silently ignored."""
 
     family: Literal["ama", "sam", "proactive"]
     env: Literal["textworld", "gridworld"] = Field("textworld", description="environment of an ama source")
     count: int = Field(4, ge=1)
-    target_tokens: list[int] = Field([], description="bins (ama: required; sam: grow tours to each; proactive: -)")
+    target_tokens: list[int] = Field(
+        [], description="bins (ama: required; sam: grow tours to each; proactive: not read)"
+    )
     params: dict[str, Any] = Field({}, description="environment / task parameters (difficulty vector, knobs)")
     noise: float = Field(0.1, ge=0, le=1, description="action noise of the optimal policy (ama)")
     qa_per_type: int = Field(3, ge=1, description="QA pairs per capability type A-D (ama)")
 
     @model_validator(mode="after")
-    def _bins(self) -> SynthSource:
+    def _check(self) -> SynthSource:
+        # An unread option left at its default is harmless, and every run's config.yaml spells all options out.
+        unread = sorted(
+            k for k in self.model_fields_set - _FAMILY_OPTIONS[self.family] - {"family"}
+            if getattr(self, k) != type(self).model_fields[k].default
+        )
+        if unread:
+            raise ValueError(
+                f"option(s) {', '.join(unread)} not read by family {self.family!r} "
+                f"(it reads: {', '.join(sorted(_FAMILY_OPTIONS[self.family]))})"
+            )
         if self.family == "ama" and not self.target_tokens:
             raise ValueError("an ama source needs target_tokens (e.g. [4096, 8192])")
         if any(t < 64 for t in self.target_tokens):
             raise ValueError("target_tokens must be >= 64")
+        self._check_params()
         return self
+
+    def _check_params(self) -> None:
+        """Validate ``params`` against the family's parameter model now, so a typo fails at load, not mid-run."""
+        from data.envs import REGISTRY
+        from data.tasks import ProactiveParams, SamTaskParams
+        from data.tasks.proactive import FACT_KINDS
+
+        params = dict(self.params)
+        if self.family == "ama":
+            model: type[ConfigModel] = REGISTRY[self.env].params_model
+        elif self.family == "sam":
+            model = SamTaskParams
+            if self.target_tokens:  # _one replaces the tour length by each bin
+                params.update(horizon_steps=None, target_tokens=self.target_tokens[0])
+        else:
+            model = ProactiveParams
+        try:
+            validated = model.model_validate(params)
+        except ValidationError as exc:
+            where = f"{self.env} " if self.family == "ama" else ""
+            raise ValueError(f"params of a {where}{self.family} source: {describe_validation_error(exc)}") from None
+        unknown = sorted(set(validated.facts) - set(FACT_KINDS)) if isinstance(validated, ProactiveParams) else []
+        if unknown:
+            raise ValueError(
+                f"params of a proactive source: field 'facts': unknown kinds {unknown}; one of {FACT_KINDS}"
+            )
 
 
 def _default_sources() -> list[SynthSource]:

@@ -28,6 +28,10 @@ class Job:
     config: str  # "module:Class" of its top-level config model
     runner: str  # "module:function" taking the validated config and returning an exit code (or None)
     resumable: bool = False
+    # Whether it runs across processes (accelerate / torch.distributed); launchers start any other command once.
+    distributed: bool = False
+    # Whether it builds the trained policy's own vLLM engine (placement.policy) in its main process.
+    policy_engine: bool = False
     flags: tuple[tuple[str, str, str], ...] = ()  # (--flag, dotted config key it overrides, help)
 
     def load(self, attr: str) -> Any:
@@ -42,17 +46,20 @@ JOBS: list[Job] = [
         "whole pipeline on the embedded default (tiny model, CPU)",
         "launch.quickstart:QuickstartConfig",
         "launch.quickstart:run_quickstart",
+        policy_engine=True,
     ),
     Job(("data", "synth"), "synthetic long-horizon episodes -> train/eval JSONL + Arrow", "data.synth:SynthConfig",
         "data.synth:run_synth"),
     Job(("data", "distill"), "run an expert memory model inside SAM / the proactive agent -> SFT datasets per role",
         "rollout.expert_traces:DistillRunConfig", "rollout.expert_traces:run_distill", resumable=True),
     Job(("train", "oat-grpo"), "OAT-GRPO: memory-call trees, committee rewards, group policy updates, weight sync",
-        "train.oat_grpo:OATGRPOConfig", "train.oat_grpo:run_oat_grpo", resumable=True),
+        "train.oat_grpo:OATGRPOConfig", "train.oat_grpo:run_oat_grpo", resumable=True, distributed=True,
+        policy_engine=True),
     Job(("sft",), "supervised fine-tuning on distilled memory-role datasets (TRL SFTTrainer, LoRA or full)",
-        "train.sft:SFTRunConfig", "train.sft:run_sft", resumable=True),
+        "train.sft:SFTRunConfig", "train.sft:run_sft", resumable=True, distributed=True),
     Job(("train", "pivot-grpo"), "pivot-turn GRPO for the proactive intervention agent (online loop)",
-        "train.pivot_grpo:PivotGRPOConfig", "train.pivot_grpo:run_pivot_grpo", resumable=True),
+        "train.pivot_grpo:PivotGRPOConfig", "train.pivot_grpo:run_pivot_grpo", resumable=True,
+        distributed=True, policy_engine=True),
     Job(("eval",), "harness: memory systems x memory models x datasets -> per-item results, breakdowns, report",
         "launch.evaluate:EvalConfig", "launch.evaluate:run_eval", resumable=True),
     Job(("export",), "merged Hugging Face checkpoint + model card, verified in transformers and vLLM",

@@ -7,7 +7,9 @@
 #
 # Without --hostfile, one is written from --hosts, else from the Slurm node list, else "localhost". Multi-node runs
 # need the launcher's way to reach the other nodes (pdsh: passwordless ssh; variables listed in ~/.deepspeed_env).
-# --dry-run prints the layout, the hostfile and the exact command without starting anything. See docs/cluster.md.
+# Commands that are not distributed (memrl eval, data synth/distill, export, quickstart) run as one plain process on
+# this node, without the DeepSpeed launcher. --dry-run prints the layout, the hostfile and the exact command without
+# starting anything. See docs/cluster.md.
 set -euo pipefail
 # shellcheck source=launch/common.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"

@@ -5,7 +5,9 @@ The launch scripts (``launch/torchrun.sh``, ``launch/deepspeed.sh``, ``launch/se
 assignments they ``eval``) and run it. ``--dry-run`` prints the same plan as text without starting anything, and
 ``--format json`` gives it to tests and tools. Everything is computed from arguments, Slurm variables
 (``SLURM_JOB_NODELIST`` through ``scontrol show hostnames`` when installed, ``SLURM_NODEID``, ``SLURM_GPUS_ON_NODE``
-...) and the ``run`` / ``placement`` sections of the run's config, so a plan can be checked anywhere.
+...) and the ``run`` / ``placement`` sections of the run's config, so a plan can be checked anywhere. Only the
+distributed memrl commands (``launch.cli.JOBS`` with ``distributed=True``) get many processes; the others run as one
+plain process on node rank 0.
 
     python -m launch.layout torchrun --nproc-per-node 8 --dry-run -- sft --config configs/sft.yaml
     python -m launch.layout slurm --nodes 4 --dry-run -- train oat-grpo --config configs/oat.yaml
@@ -23,7 +25,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -308,6 +310,36 @@ def _resumable(stage: str) -> bool:
     return any(" ".join(job.path) == stage and job.resumable for job in JOBS)
 
 
+# memrl commands that are not config-driven jobs; they run in one process.
+UTILITY_COMMANDS = ("config show", "model tiny")
+
+
+@dataclass(frozen=True)
+class CommandKind:
+    """How a launch runs its command: across processes or in one, and whether it builds the policy's vLLM engine."""
+
+    label: str  # "memrl eval", or "python -m MOD" for --module
+    distributed: bool
+    policy_engine: bool
+
+
+def command_kind(module: str, command: MemrlCommand) -> CommandKind:
+    """What the launched command is; raises :class:`LaunchError` for a memrl command that does not exist."""
+    if module != "launch.cli":
+        # Another module (a benchmark, a probe) is started as asked, once per process of the layout.
+        return CommandKind(f"python -m {module}", distributed=True, policy_engine=False)
+    from launch.cli import JOBS
+
+    stage = command.stage
+    for job in JOBS:
+        if " ".join(job.path) == stage:
+            return CommandKind(f"memrl {stage}", job.distributed, job.policy_engine)
+    if stage in UTILITY_COMMANDS:
+        return CommandKind(f"memrl {stage}", distributed=False, policy_engine=False)
+    known = sorted([" ".join(job.path) for job in JOBS] + list(UTILITY_COMMANDS))
+    raise LaunchError(f"unknown memrl command {stage!r}; one of {known}")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Plans
 
@@ -357,7 +389,11 @@ def _command_line(env: Mapping[str, str], cmd: Sequence[str]) -> str:
 
 @dataclass
 class TrainLayout:
-    """The training world: nodes in node-rank order, processes per node, rendezvous, and the policy engine's GPUs."""
+    """The world of a launch: nodes in node-rank order, processes per node, rendezvous, and the policy engine's GPUs.
+
+    ``policy`` is ``None`` when the command builds no policy vLLM engine. A command that is not distributed
+    (``single_process``) runs as one process on node 0; the other nodes start nothing.
+    """
 
     hosts: list[str]
     nproc_per_node: int
@@ -366,31 +402,42 @@ class TrainLayout:
     master_port: int
     device: Device
     gpus_per_node: int
-    policy: PolicyPlacement = field(default_factory=PolicyPlacement)
+    policy: PolicyPlacement | None = None
+    single_process: bool = False
+    label: str = "the command"
 
     @property
     def nnodes(self) -> int:
-        """Number of training nodes."""
+        """Number of nodes in the layout."""
         return len(self.hosts)
 
     @property
     def world_size(self) -> int:
-        """Number of training processes."""
-        return self.nnodes * self.nproc_per_node
+        """Number of processes started."""
+        return 1 if self.single_process else self.nnodes * self.nproc_per_node
 
     def global_ranks(self, node: int) -> range:
-        """The global ranks of one node."""
+        """The global ranks of one node (empty for the idle nodes of a single-process command)."""
+        if self.single_process:
+            return range(0, 1 if node == 0 else 0)
         return range(node * self.nproc_per_node, (node + 1) * self.nproc_per_node)
 
     def _engine_gpus(self) -> str:
-        if self.device == "cpu":
+        if self.policy is None or self.device == "cpu":
             return "-"
         if self.policy.mode == "separate":
             return _ranges(self.nproc_per_node, self.nproc_per_node + self.policy.gpus_per_node - 1)
         return "shared"
 
+    def _train_gpus(self, node: int) -> str:
+        if self.device == "cpu" or not self.global_ranks(node):
+            return "-"
+        if self.single_process:
+            return _ranges(0, self.gpus_per_node - 1)  # the one process sees every GPU of its node
+        return _ranges(0, self.nproc_per_node - 1)
+
     def nodes(self) -> list[dict[str, Any]]:
-        """One dict per node: host, global and local ranks, training GPUs, policy-engine GPUs."""
+        """One dict per node: host, global and local ranks (``None`` on an idle node), GPUs, policy-engine GPUs."""
         out = []
         for node, host in enumerate(self.hosts):
             ranks = self.global_ranks(node)
@@ -398,49 +445,72 @@ class TrainLayout:
                 {
                     "node": node,
                     "host": host,
-                    "global_ranks": [ranks[0], ranks[-1]],
-                    "local_ranks": [0, self.nproc_per_node - 1],
-                    "train_gpus": "-" if self.device == "cpu" else _ranges(0, self.nproc_per_node - 1),
+                    "global_ranks": [ranks[0], ranks[-1]] if ranks else None,
+                    "local_ranks": [0, len(ranks) - 1] if ranks else None,
+                    "train_gpus": self._train_gpus(node),
                     "engine_gpus": self._engine_gpus(),
                 }
             )
         return out
 
-    def describe(self) -> list[str]:
-        """Human-readable lines: the world, this node, the policy engine, and a per-node table."""
-        backend = "NCCL" if self.device == "gpu" else "gloo, DeepSpeed CPU accelerator"
-        ranks = self.global_ranks(self.node_rank)
+    def _engine_line(self) -> str | None:
         policy = self.policy
+        if policy is None:
+            return None
+        if self.single_process:
+            where = "its CPU" if self.device == "cpu" else "its node's GPUs"
+            return f"policy vLLM engine: built inside that one process, on {where}"
         if self.device == "cpu":
-            engine = "policy vLLM engine: colocated with training on CPU (no sleep mode on CPU)"
-        elif policy.mode == "colocate":
+            return "policy vLLM engine: colocated with training on CPU (no sleep mode on CPU)"
+        if policy.mode == "colocate":
             sleep = f"sleep level {policy.sleep_level} during updates" if policy.sleep_level else "never sleeps"
-            engine = (
+            return (
                 f"policy vLLM engine: on the main process, colocated on node 0's training GPU(s) "
                 f"{_ranges(0, policy.tensor_parallel_size - 1)} (TP {policy.tensor_parallel_size}, "
                 f"{policy.gpu_memory_utilization:g} of GPU memory, {sleep})"
             )
-        else:
-            first = self.nproc_per_node
-            tp = policy.tensor_parallel_size
-            idle = policy.gpus_per_node * self.nnodes - tp
-            engine = (
-                f"policy vLLM engine: on the main process, GPU(s) {_ranges(first, first + tp - 1)} of node 0 "
-                f"(TP {tp}); GPU(s) {self._engine_gpus()} kept from training on every node, {idle} of them idle"
-            )
+        first = self.nproc_per_node
+        tp = policy.tensor_parallel_size
+        idle = policy.gpus_per_node * self.nnodes - tp
+        return (
+            f"policy vLLM engine: on the main process, GPU(s) {_ranges(first, first + tp - 1)} of node 0 "
+            f"(TP {tp}); GPU(s) {self._engine_gpus()} kept from training on every node, {idle} of them idle"
+        )
+
+    def _describe_single(self) -> list[str]:
+        where = "CPU" if self.device == "cpu" else f"all {self.gpus_per_node} GPU(s) of its node visible to it"
+        lines = [f"{self.label} runs in one process (it is not distributed): node rank 0 ({self.hosts[0]}), {where}"]
+        if self.nnodes > 1:
+            lines.append(f"node rank(s) {_ranges(1, self.nnodes - 1)} start nothing")
+        here = "runs it" if self.node_rank == 0 else "nothing to start here"
+        lines.append(f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}): {here}")
+        engine = self._engine_line()
+        if engine:
+            lines.append(engine)
+        return lines
+
+    def describe(self) -> list[str]:
+        """Human-readable lines: the world, this node, the policy engine (when built), and a per-node table."""
+        if self.single_process:
+            return self._describe_single()
+        backend = "NCCL" if self.device == "gpu" else "gloo, DeepSpeed CPU accelerator"
+        ranks = self.global_ranks(self.node_rank)
         lines = [
             f"world: {self.nnodes} node(s) x {self.nproc_per_node} process(es) = {self.world_size} ranks on "
             f"{self.device.upper()} ({backend}); rendezvous {self.master_addr}:{self.master_port}",
             f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}), global ranks "
             f"{_ranges(ranks[0], ranks[-1])}, local ranks {_ranges(0, self.nproc_per_node - 1)}",
-            engine,
         ]
-        rows = [
-            [n["node"], n["host"], _ranges(*n["global_ranks"]), _ranges(*n["local_ranks"]), n["train_gpus"],
-             n["engine_gpus"]]
-            for n in self.nodes()
-        ]
-        lines += _table(["node", "host", "global ranks", "local ranks", "training GPUs", "policy-engine GPUs"], rows)
+        engine = self._engine_line()
+        if engine:
+            lines.append(engine)
+        header = ["node", "host", "global ranks", "local ranks", "training GPUs"]
+        rows = [[n["node"], n["host"], _ranges(*n["global_ranks"]), _ranges(*n["local_ranks"]), n["train_gpus"]]
+                for n in self.nodes()]  # fmt: skip
+        if self.policy is not None:
+            header.append("policy-engine GPUs")
+            rows = [[*row, n["engine_gpus"]] for row, n in zip(rows, self.nodes(), strict=True)]
+        lines += _table(header, rows)
         return lines
 
 
@@ -452,11 +522,14 @@ def _train_layout(
     master_addr: str | None,
     master_port: int | None,
     device_choice: str,
-    policy: PolicyPlacement,
+    policy: PolicyPlacement | None,
     env: Mapping[str, str],
     hosts: list[str] | None = None,
+    kind: CommandKind | None = None,
 ) -> TrainLayout:
-    """Resolve the training world from explicit values, then Slurm variables, then single-node defaults."""
+    """Resolve the world from explicit values, then Slurm variables, then single-node defaults. ``policy`` is the
+    policy engine's placement when the command builds one; ``kind`` says whether it is distributed."""
+    single = kind is not None and not kind.distributed
     slurm = SlurmEnv.from_env(env)
     slurm_hosts = list(hosts) if hosts is not None else (slurm.hosts if slurm else [])
     if nnodes is None:
@@ -479,21 +552,25 @@ def _train_layout(
         names = [master_addr if i == 0 else f"node{i}" for i in range(nnodes)]
     gpus = gpus_on_node(env)
     device = _resolve_device(device_choice, gpus)
-    if device == "cpu":
+    if single:
+        # One process, whatever was asked: its engines see every GPU of the node, so none is kept aside.
+        nproc_per_node = 1
+        if policy is not None:
+            policy = policy.model_copy(update={"mode": "colocate", "gpus_per_node": 0})
+    elif policy is not None and device == "cpu":
         policy = policy.model_copy(update={"mode": "colocate", "gpus_per_node": 0})
+    kept = policy.gpus_per_node if policy is not None else 0
     if nproc_per_node is None:
-        nproc_per_node = gpus - policy.gpus_per_node if device == "gpu" else 1
+        nproc_per_node = gpus - kept if device == "gpu" else 1
     if nproc_per_node < 1:
-        raise LaunchError(
-            f"no GPU left for training: {gpus} GPU(s) per node, {policy.gpus_per_node} kept for the policy engine"
-        )
-    if device == "gpu":
-        if nproc_per_node + policy.gpus_per_node > gpus:
+        raise LaunchError(f"no GPU left for training: {gpus} GPU(s) per node, {kept} kept for the policy engine")
+    if device == "gpu" and not single:
+        if nproc_per_node + kept > gpus:
             raise LaunchError(
-                f"{nproc_per_node} training process(es) + {policy.gpus_per_node} policy-engine GPU(s) need more than "
+                f"{nproc_per_node} training process(es) + {kept} policy-engine GPU(s) need more than "
                 f"the {gpus} GPU(s) of a node"
             )
-        if policy.mode == "colocate" and nproc_per_node % policy.tensor_parallel_size:
+        if policy is not None and policy.mode == "colocate" and nproc_per_node % policy.tensor_parallel_size:
             raise LaunchError(
                 f"colocated policy engine with TP {policy.tensor_parallel_size} needs a multiple of it as processes "
                 f"per node, got {nproc_per_node}"
@@ -507,6 +584,8 @@ def _train_layout(
         device=device,
         gpus_per_node=gpus,
         policy=policy,
+        single_process=single,
+        label=kind.label if kind is not None else "the command",
     )
 
 
@@ -581,8 +660,21 @@ def _torchrun_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _policy_of(kind: CommandKind, module: str, command: MemrlCommand) -> PolicyPlacement | None:
+    """The policy engine's placement when the command builds one; reading the config also checks it exists."""
+    view = launch_view(command) if module == "launch.cli" else None
+    return view.placement.policy if view is not None and kind.policy_engine else None
+
+
+def _ignored_for_single(kind: CommandKind, **given: int | None) -> list[str]:
+    """Notes for process counts asked of a command that runs in one process."""
+    return [f"note: --{name.replace('_', '-')} {value} ignored: {kind.label} runs in one process"
+            for name, value in given.items() if value is not None and value != 1]
+
+
 def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
-    """Plan ``launch/torchrun.sh [options] [--] COMMAND...`` for this node."""
+    """Plan ``launch/torchrun.sh [options] [--] COMMAND...`` for this node. A command that is not distributed runs
+    as one plain process on node rank 0, and the other nodes start nothing."""
     parser = _torchrun_parser()
     own, command = _split_command(argv)
     args = parser.parse_args(own)
@@ -590,7 +682,8 @@ def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         return _help_plan(parser)
     if not command and args.module == "launch.cli":
         raise LaunchError("give the memrl command to run after the options, e.g. -- sft --config FILE")
-    policy = launch_view(MemrlCommand(command)).placement.policy if args.module == "launch.cli" else PolicyPlacement()
+    memrl = MemrlCommand(command)
+    kind = command_kind(args.module, memrl)
     layout = _train_layout(
         nnodes=args.nnodes,
         nproc_per_node=args.nproc_per_node,
@@ -598,24 +691,36 @@ def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         master_addr=args.master_addr,
         master_port=args.master_port,
         device_choice=args.device,
-        policy=policy,
+        policy=_policy_of(kind, args.module, memrl),
         env=env,
+        kind=kind,
     )
     launch_env = _launch_env(layout, env)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", str(layout.nnodes),
-        "--nproc-per-node", str(layout.nproc_per_node),
-        "--node-rank", str(layout.node_rank),
-        "--master-addr", layout.master_addr,
-        "--master-port", str(layout.master_port),
-        "-m", args.module, *command,
-    ]  # fmt: skip
-    lines = ["memrl torchrun", *layout.describe(), f"command: {_command_line(launch_env, cmd)}"]
-    info = {"launcher": "torchrun", "layout": _layout_info(layout), "env": launch_env, "command": cmd}
+    if layout.single_process:
+        cmd = [sys.executable, "-m", args.module, *command]
+        notes = _ignored_for_single(kind, nproc_per_node=args.nproc_per_node)
+        runs_here = layout.node_rank == 0
+        command_line = _command_line(launch_env, cmd)
+        lines = ["memrl torchrun", *notes, *layout.describe(),
+                 f"command: {command_line}" if runs_here else f"command (on node rank 0 only): {command_line}"]
+    else:
+        runs_here = True
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", str(layout.nnodes),
+            "--nproc-per-node", str(layout.nproc_per_node),
+            "--node-rank", str(layout.node_rank),
+            "--master-addr", layout.master_addr,
+            "--master-port", str(layout.master_port),
+            "-m", args.module, *command,
+        ]  # fmt: skip
+        lines = ["memrl torchrun", *layout.describe(), f"command: {_command_line(launch_env, cmd)}"]
+    info = {"launcher": "torchrun", "layout": _layout_info(layout), "env": launch_env, "command": cmd,
+            "runs_here": runs_here}
     shell: dict[str, str | list[str]] = {
         "launch_env": [f"{k}={v}" for k, v in launch_env.items()],
-        "launch_cmd": cmd,
+        # An idle node of a single-process command gets no command: the script exits 0.
+        "launch_cmd": cmd if runs_here else [],
     }
     return Plan(lines, shell, info, args.dry_run)
 
@@ -625,11 +730,12 @@ def _layout_info(layout: TrainLayout) -> dict[str, Any]:
         "nnodes": layout.nnodes,
         "nproc_per_node": layout.nproc_per_node,
         "world_size": layout.world_size,
+        "single_process": layout.single_process,
         "node_rank": layout.node_rank,
         "master_addr": layout.master_addr,
         "master_port": layout.master_port,
         "device": layout.device,
-        "policy": layout.policy.model_dump(),
+        "policy": layout.policy.model_dump() if layout.policy is not None else None,
         "nodes": layout.nodes(),
     }
 
@@ -690,10 +796,14 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     slurm = SlurmEnv.from_env(env)
     gpus = gpus_on_node(env)
     device = _resolve_device(args.device, gpus)
-    policy = launch_view(MemrlCommand(command)).placement.policy if args.module == "launch.cli" else PolicyPlacement()
-    if device == "cpu":
+    memrl = MemrlCommand(command)
+    kind = command_kind(args.module, memrl)
+    single = not kind.distributed
+    policy = _policy_of(kind, args.module, memrl)
+    if policy is not None and (device == "cpu" or single):
         policy = policy.model_copy(update={"mode": "colocate", "gpus_per_node": 0})
-    default_slots = gpus - policy.gpus_per_node if device == "gpu" else 1
+    kept = policy.gpus_per_node if policy is not None else 0
+    default_slots = gpus - kept if device == "gpu" else 1
     if args.hostfile:
         entries = _read_hostfile(Path(args.hostfile))
         hostfile_path, write = args.hostfile, False
@@ -712,7 +822,7 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         if not 1 <= args.num_nodes <= len(entries):
             raise LaunchError(f"--num-nodes {args.num_nodes}: the hostfile lists {len(entries)} host(s)")
         entries = entries[: args.num_nodes]
-    nproc = args.num_gpus if args.num_gpus is not None else min(slots for _, slots in entries)
+    nproc = 1 if single else args.num_gpus if args.num_gpus is not None else min(slots for _, slots in entries)
     if nproc < 1:
         raise LaunchError(f"no process to start per node (slots / GPUs = {nproc})")
     master = args.master_addr or ("127.0.0.1" if entries[0][0] == "localhost" else entries[0][0])
@@ -725,9 +835,25 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         device=device,
         gpus_per_node=gpus,
         policy=policy,
+        single_process=single,
+        label=kind.label,
     )
     launch_env = _launch_env(layout, env)
     hostfile_text = "".join(f"{host} slots={slots}\n" for host, slots in entries)
+    if single:
+        # Not distributed: one plain process on this node, without the DeepSpeed launcher or a hostfile.
+        cmd = [sys.executable, "-m", args.module, *command]
+        lines = ["memrl deepspeed", *_ignored_for_single(kind, num_gpus=args.num_gpus),
+                 *[ln for ln in layout.describe() if not ln.startswith("this node:")],
+                 "it runs here, on the node that runs this script: no DeepSpeed launcher, no hostfile",
+                 f"command: {_command_line(launch_env, cmd)}"]  # fmt: skip
+        info = {"launcher": "deepspeed", "layout": _layout_info(layout), "hostfile": None,
+                "hostfile_text": "", "env": launch_env, "command": cmd}  # fmt: skip
+        shell_single: dict[str, str | list[str]] = {
+            "launch_env": [f"{k}={v}" for k, v in launch_env.items()], "launch_cmd": cmd,
+            "hostfile_path": hostfile_path, "hostfile_text": "", "write_hostfile": "0",
+        }  # fmt: skip
+        return Plan(lines, shell_single, info, args.dry_run)
     # DeepSpeed ssh-checks every host of a hostfile, this one included: a single local node runs without one.
     local = layout.nnodes == 1 and entries[0][0] in ("localhost", "127.0.0.1", socket.gethostname())
     if local:
@@ -1056,6 +1182,7 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     job_id = slurm.job_id if slurm and slurm.job_id else "dryrun"
     memrl = MemrlCommand(command)
     stage = memrl.stage
+    kind = command_kind("launch.cli", memrl)
     view = launch_view(memrl)
     setup, wanted = _services(args, stage)
 
@@ -1075,6 +1202,10 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     train_hosts = free
     if not train_hosts:
         raise LaunchError("no node left for training")
+    idle_hosts: list[str] = []
+    if not kind.distributed:
+        # One process: the first remaining node runs it, the others stay idle.
+        train_hosts, idle_hosts = train_hosts[:1], train_hosts[1:]
 
     extra_overrides: list[str] = []
     run_name = view.run.name
@@ -1099,12 +1230,12 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     resume = restarts > 0 and resumable and not memrl.has_resume
     train_argv = [*command, *extra_overrides, *(["--resume"] if resume else [])]
 
-    policy = view.placement.policy
+    policy = view.placement.policy if kind.policy_engine else None
     master_port = _master_port(args.master_port, env, slurm)
     layout = _train_layout(
         nnodes=len(train_hosts), nproc_per_node=None if device == "gpu" else 1, node_rank=0,
         master_addr=train_hosts[0], master_port=master_port, device_choice=device, policy=policy,
-        env={**env, "SLURM_GPUS_ON_NODE": str(gpus)}, hosts=train_hosts,
+        env={**env, "SLURM_GPUS_ON_NODE": str(gpus)}, hosts=train_hosts, kind=kind,
     )  # fmt: skip
     step_resources = ["--exclusive", "--kill-on-bad-exit=1"]
     if device == "gpu":
@@ -1130,7 +1261,11 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
             rows.append([h, s.label, f"{s.spec.served_name}: {s.replicas} server(s) x TP {s.spec.tp}, ports "
                          f"{_ranges(s.ports[0], s.ports[-1])}"])
     for n in layout.nodes():
-        rows.append([n["host"], "train", f"node rank {n['node']}, global ranks {_ranges(*n['global_ranks'])}"])
+        if layout.single_process:
+            rows.append([n["host"], "run", f"{kind.label}, one process"])
+        else:
+            rows.append([n["host"], "train", f"node rank {n['node']}, global ranks {_ranges(*n['global_ranks'])}"])
+    rows += [[h, "idle", f"nothing ({kind.label} runs in one process)"] for h in idle_hosts]
     lines += ["nodes:", *_table(["host", "role", "runs"], rows)]
     for i, s in enumerate(services):
         replicas = _vllm_replicas(
@@ -1165,7 +1300,11 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         "--master-addr", layout.master_addr, "--master-port", str(master_port),
         "--device", device, "--", *train_argv,
     ]  # fmt: skip
-    lines += [*layout.describe(), f"[train] {shlex.join(train_cmd)}"]
+    if layout.single_process:
+        lines += [*(ln for ln in layout.describe() if not ln.startswith("this node:")),
+                  f"[run] {shlex.join(train_cmd)}"]  # fmt: skip
+    else:
+        lines += [*layout.describe(), f"[train] {shlex.join(train_cmd)}"]
     if services:
         lines.append("[stop] when training ends (or the job is cancelled / preempted): SIGTERM to the server steps")
     if resume:
@@ -1199,6 +1338,7 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         "gpus_per_node": gpus,
         "services": serve_info,
         "train_hosts": train_hosts,
+        "idle_hosts": idle_hosts,
         "layout": _layout_info(layout),
         "overrides": extra_overrides,
         "resume": resume,

@@ -10,7 +10,8 @@ Stages, each in its own folder of the run directory:
 3. ``sft``: TRL SFTTrainer on both roles.
 4. ``rl``: OAT-GRPO with vLLM rollouts: memory-call trees branching at every recall, the oracle as committee with
    the offline judge, group updates, weight sync; held-out success before (the SFT model) and after.
-5. ``export``: a Hugging Face checkpoint with a model card, verified in transformers and vLLM.
+5. ``export``: a Hugging Face checkpoint with a model card that records the held-out results
+   (``heldout_results.json``), verified in transformers and vLLM.
 6. ``report.md`` + PNG plots + ``summary.json``.
 
 Held-out success is reported two ways: with the memory model decoded as it is trained (cues greedy, recall sampled at
@@ -38,7 +39,7 @@ from train.group_trainer import GroupTrainerConfig
 from train.online import LoopConfig
 from train.policy import LoraSettings
 
-__all__ = ["QuickstartConfig", "run_quickstart"]
+__all__ = ["QuickstartConfig", "heldout_results", "run_quickstart"]
 
 
 def _task_params(horizon: int) -> SamTaskParams:
@@ -185,11 +186,15 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     evals = rl["evals"]
     before, after = evals[0], evals[-1]
 
+    # The held-out figures go into the exported model card, so they are written before the export.
+    results_path = run_dir / "heldout_results.json"
+    results_path.write_text(json.dumps(heldout_results(cfg, before, after, baselines), indent=2) + "\n")
     export_checks: dict[str, Any] | None = None
     if cfg.export:
         export_cfg = ExportConfig(
             run=RunConfig(output_dir=str(run_dir), name="export"), policy=PolicySpec(base=rl["policy_dir"]),
-            reference_base=str(base), recipe=str(run_dir / "config.yaml"), model_name="memrl-quickstart-sam-tiny",
+            reference_base=str(base), recipe=str(run_dir / "config.yaml"), results=str(results_path),
+            model_name="memrl-quickstart-sam-tiny",
         )
         export_checks = stages.run("export", "Hugging Face checkpoint + model card, verified in transformers and vLLM",
                                    lambda: export_model(export_cfg, run_dir / "export" / "model"))
@@ -217,6 +222,26 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     _print_table(summary)
     print(f"\n[quickstart] report: {run_dir / 'report.md'}", flush=True)
     return 0
+
+
+def heldout_results(cfg: QuickstartConfig, before: dict[str, Any], after: dict[str, Any],
+                    baselines: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Held-out success inside SAM of the SFT model and the SFT + OAT-GRPO model (sampled as trained, and greedy),
+    overall and per horizon, beside the baselines: what the exported model card records."""
+    horizons = [k.split("/", 1)[1] for k in before if k.startswith("success/")]
+    return {
+        "eval": (f"held-out SAM tasks: horizons {cfg.eval_horizons} x {cfg.eval_tasks_per_horizon} tasks; sampled = "
+                 f"recall at temperature 1, mean of {cfg.eval_samples} run(s) per task; greedy = every call greedy"),
+        "success_sft": before["success"],
+        "success_rl": after["success"],
+        "success_sft_greedy": before["success_greedy"],
+        "success_rl_greedy": after["success_greedy"],
+        "per_horizon": {h: {"sft": before.get(f"success/{h}"), "rl": after.get(f"success/{h}"),
+                            "sft_greedy": before.get(f"success_greedy/{h}"),
+                            "rl_greedy": after.get(f"success_greedy/{h}")} for h in horizons},
+        "baselines": {name: {"success": v["success"], "success_greedy": v["success_greedy"]}
+                      for name, v in baselines.items()},
+    }
 
 
 def _print_table(summary: dict[str, Any]) -> None:

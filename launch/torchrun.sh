@@ -8,7 +8,9 @@
 #   srun --ntasks-per-node=1 launch/torchrun.sh -- train oat-grpo --config X.yaml    # every node of a Slurm job
 #   launch/torchrun.sh --device cpu --nproc-per-node 2 -- sft --config tiny.yaml     # 2 CPU processes (gloo)
 #
-# --dry-run prints the world layout and the exact command without starting anything. See docs/cluster.md.
+# Commands that are not distributed (memrl eval, data synth/distill, export, quickstart) run as one plain process on
+# node rank 0; the other nodes start nothing. --dry-run prints the world layout and the exact command without
+# starting anything. See docs/cluster.md.
 set -euo pipefail
 # shellcheck source=launch/common.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
@@ -18,7 +20,8 @@ dry_run=0 layout_text='' launch_env=() launch_cmd=()
 plan="$(memrl_plan torchrun "$@")"
 eval "$plan"
 printf '%s\n' "$layout_text"
-if [ "$dry_run" = 1 ]; then
+# An empty command: a single-process command on a node other than node rank 0, which starts nothing.
+if [ "$dry_run" = 1 ] || [ "${#launch_cmd[@]}" -eq 0 ]; then
   exit 0
 fi
 exec env "${launch_env[@]}" "${launch_cmd[@]}"

@@ -5,8 +5,9 @@ same memory request (same intent, same pages: the exact messages the policy saw)
 in for the unobserved target space. A judge scores each candidate 1-10 on relevance, coverage and consistency against
 that union; c(n) is the mean of the three, rescaled to [0, 1].
 
-Committee and judge calls are made once per parent context and shared by all its siblings, batched per engine (the
-OpenAI-compatible backend runs them concurrently), and cached on disk by a hash of their inputs. A failed or
+Committee and judge calls are made once per parent context and shared by all its siblings, batched per engine, the
+M members in parallel threads (the OpenAI-compatible backend also runs each batch concurrently), and cached on disk by
+a hash of their inputs and token limits; empty or failed answers are counted and not cached. A failed or
 unparseable call never stops training: depending on ``fallback`` the group is scored by the offline judge or its
 committee term is skipped (credit assignment then drops it for the whole group); either way it is counted.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -134,16 +136,17 @@ class Committee:
         return out
 
     def _references(self, items: list[tuple[MemoryCallTree, list[TreeNode]]], stats: CommitteeStats) -> list[list]:
-        """refs[i][m]: reference engine m's answer for group i (None when it failed)."""
+        """refs[i][m]: reference engine m's answer for group i (None when it failed or came back empty)."""
         refs: list[list[str | None]] = [[None] * len(self.references) for _ in items]
+        todo: dict[int, list[tuple[int, str, GenerationRequest]]] = {}
         for m, engine in enumerate(self.references):
-            todo: list[tuple[int, str, GenerationRequest]] = []
             for i, (tree, members) in enumerate(items):
                 call = members[0].call
                 assert call is not None
-                key = content_key("reference", engine.name, [x.model_dump() for x in call.messages])
+                key = content_key("reference", engine.name, self.cfg.reference_max_tokens,
+                                  [x.model_dump() for x in call.messages])
                 cached = self.cache.get(key)
-                if cached is not None:
+                if cached:
                     stats.cache_hits += 1
                     refs[i][m] = cached
                     continue
@@ -152,20 +155,41 @@ class Committee:
                     sampling=SamplingParams(temperature=0.0, max_tokens=self.cfg.reference_max_tokens, logprobs=False),
                     metadata={**call.metadata, "task_id": tree.task_id, "role": call.role},
                 )
-                todo.append((i, key, request))
-            if not todo:
-                continue
-            stats.committee_requests += len(todo)
-            try:
-                results = engine.generate([r for _, _, r in todo])
-            except Exception:  # a dead endpoint must not stop training: the groups fall back below
-                stats.failures += len(todo)
-                continue
-            for (i, key, _), result in zip(todo, results, strict=True):
-                text = result.completions[0].text.strip() if result.completions else ""
+                todo.setdefault(m, []).append((i, key, request))
+        for m, results in self._generate_per_engine(todo).items():
+            stats.committee_requests += len(todo[m])
+            for (i, key, _), result in zip(todo[m], results or [None] * len(todo[m]), strict=True):
+                text = result.completions[0].text.strip() if result is not None and result.completions else ""
+                if not text:  # a dead endpoint or an empty answer: not cached, so a rerun asks again
+                    stats.failures += 1
+                    continue
                 refs[i][m] = text
                 self.cache.put(key, text)
         return refs
+
+    def _generate_per_engine(
+        self, todo: dict[int, list[tuple[int, str, GenerationRequest]]]
+    ) -> dict[int, list[Any] | None]:
+        """One batched call per committee member, the members concurrently (a distinct engine object per thread, so
+        no engine serves two threads); a member whose call raises gets None."""
+        by_engine: dict[int, list[int]] = {}
+        for m in todo:
+            by_engine.setdefault(id(self.references[m]), []).append(m)
+
+        def run(members: list[int]) -> dict[int, list[Any] | None]:
+            out: dict[int, list[Any] | None] = {}
+            for m in members:
+                try:
+                    out[m] = self.references[m].generate([r for _, _, r in todo[m]])
+                except Exception:  # a dead endpoint must not stop training: the groups fall back
+                    out[m] = None
+            return out
+
+        chunks = list(by_engine.values())
+        if len(chunks) <= 1:
+            return run(chunks[0]) if chunks else {}
+        with ThreadPoolExecutor(max_workers=len(chunks), thread_name_prefix="committee") as pool:
+            return {m: r for part in pool.map(run, chunks) for m, r in part.items()}
 
     def score(self, trees: Sequence[MemoryCallTree]) -> CommitteeStats:
         """Set ``committee_score`` on the memory nodes of every sibling group of ``trees`` (in place)."""
@@ -187,7 +211,7 @@ class Committee:
                     node.committee_score = offline_judge(cand, references)
                     stats.scores.append(node.committee_score)
                 continue
-            key = content_key("judge", self.judge.name, references, candidates)
+            key = content_key("judge", self.judge.name, self.cfg.judge_max_tokens, references, candidates)
             cached = self.cache.get(key)
             if cached is not None:
                 stats.cache_hits += 1

@@ -55,3 +55,25 @@ def test_incomplete_checkpoint_is_ignored(tmp_path: Path) -> None:
     (root / "ckpt-000003").mkdir()
     (root / "ckpt-000003" / "COMPLETE").write_text("ok\n")
     assert CheckpointManager(root).latest().name == "ckpt-000003"
+
+
+def test_reward_cache_is_snapshotted_and_restored(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from rewards.cache import JsonCache, content_key
+
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4)))
+    cache_dir = tmp_path / "run" / "committee_cache"
+    cache = JsonCache(cache_dir)
+    cache.put(content_key("reference", "a"), "drawer 5")
+    manager = CheckpointManager(tmp_path / "run" / "checkpoints")
+    ckpt = manager.save(0, trainer.accelerator, trainer.model, {"iteration": 0}, {"reward_cache": cache_dir})
+    cache.put(content_key("reference", "b"), "drawer 2")  # after the checkpoint: not in its snapshot
+    assert len(list((ckpt / "reward_cache").rglob("*.json"))) == 1
+
+    # the checkpoint copied to another machine, without the run's cache: loading brings the answers back
+    moved = tmp_path / "elsewhere" / ckpt.name
+    moved.parent.mkdir()
+    ckpt.rename(moved)
+    target = tmp_path / "elsewhere" / "committee_cache"
+    assert manager.load(moved, trainer.accelerator, {"reward_cache": target}) == {"iteration": 0}
+    assert JsonCache(target).get(content_key("reference", "a")) == "drawer 5"
+    assert JsonCache(target).get(content_key("reference", "b")) is None

@@ -102,6 +102,35 @@ def test_dead_reference_engine_is_not_fatal() -> None:
     assert stats.failures == 3 and all(n.committee_score is None for n in ts[0].nodes)
 
 
+def test_empty_answers_are_counted_not_cached_and_token_limits_key_the_cache(tmp_path: Path) -> None:
+    cfg = CommitteeConfig(cache_dir=str(tmp_path / "cache"))
+    silent = Recorder("ref", lambda r: "  ")
+    stats = Committee(cfg, [silent], None).score(trees(1))
+    assert stats.failures == 3 and stats.fallbacks == 3 and not list((tmp_path / "cache").rglob("*.json"))
+    answering = Recorder("ref", lambda r: "part b#1")
+    assert Committee(cfg, [answering], None).score(trees(1)).cache_hits == 0 and answering.calls == 1
+    again = Recorder("ref", lambda r: "part b#1")
+    assert Committee(cfg, [again], None).score(trees(1)).cache_hits == 3 and again.calls == 0
+    longer = Recorder("ref", lambda r: "part b#1")  # a different token limit is a different question
+    Committee(cfg.model_copy(update={"reference_max_tokens": 64}), [longer], None).score(trees(1))
+    assert longer.calls == 1
+
+
+def test_committee_members_answer_concurrently() -> None:
+    import threading
+
+    meeting = threading.Barrier(2, timeout=10)
+
+    class Waiting(Recorder):
+        def generate(self, requests):
+            meeting.wait()  # each member waits for the other: only concurrent calls get past
+            return super().generate(requests)
+
+    refs = [Waiting("ref-a", lambda r: "part b#1"), Waiting("ref-b", lambda r: "part b")]
+    stats = Committee(CommitteeConfig(), refs, None).score(trees(1))
+    assert stats.failures == 0 and [r.calls for r in refs] == [1, 1]
+
+
 def test_offline_judge_and_parser() -> None:
     ref = ["the red key is in drawer 5"]
     assert offline_judge("the red key is in drawer 5", ref) == pytest.approx(1.0)

@@ -85,6 +85,18 @@ def _ama(**override: object) -> dict:
         ([_ama(trajectory=[])], r":2: field 'trajectory': empty trajectory"),
         ([_ama(qa_pairs=[{"question": "q", "answer": None, "type": "A"}])],
          r":2: field 'qa_pairs\[0\].answer': expected string or integer or number, got null"),
+        ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": 5}])],
+         r":2: field 'qa_pairs\[0\].needle_turns': expected array, got integer"),
+        ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": None}])],
+         r":2: field 'qa_pairs\[0\].needle_turns': expected array, got null"),
+        ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": [1, "2"]}])],
+         r":2: field 'qa_pairs\[0\].needle_turns\[1\]': expected integer, got string"),
+        ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": [True]}])],
+         r":2: field 'qa_pairs\[0\].needle_turns\[0\]': expected integer, got boolean"),
+        ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "qa_id": None}])],
+         r":2: field 'qa_pairs\[0\].qa_id': expected string or integer or number, got null"),
+        ([_ama(domain=["web"])], r":2: field 'domain': expected string or integer or number, got array"),
+        ([_ama(task_type=None)], r":2: field 'task_type': expected string or integer or number, got null"),
     ],
 )
 def test_malformed_amabench_names_file_line_field_and_writes_nothing(
@@ -134,3 +146,30 @@ def test_generic_validation_error_names_the_field(tmp_path: Path) -> None:
     write_jsonl(src, [{"episode_id": "a", "task": "t", "trajectory": [turn]}])
     with pytest.raises(RecordError, match=r"g\.jsonl:1: field 'trajectory\[0\]\.turn_idx'"):
         load_generic(src)
+
+
+@pytest.mark.parametrize(
+    ("evidence", "expected"),
+    [([3], r"field 'qa\[1\]\.evidence\[0\]': expected string, got integer"),
+     (["D2:2", None], r"field 'qa\[1\]\.evidence\[1\]': expected string, got null"),
+     ("D2:2", r"field 'qa\[1\]\.evidence': expected array, got string")],
+)
+def test_locomo_evidence_that_is_not_a_string_fails_and_writes_nothing(
+    tmp_path: Path, evidence: object, expected: str
+) -> None:
+    sample = json.loads((FIX / "locomo_small.json").read_text())[0]
+    sample["qa"][1]["evidence"] = evidence
+    src = tmp_path / "locomo.json"
+    src.write_text(json.dumps([sample], indent=1))
+    with pytest.raises(RecordError, match=r"locomo\.json:2: " + expected):
+        convert(src, tmp_path / "out.jsonl", load_locomo)
+    assert list(tmp_path.iterdir()) == [src]
+
+
+def test_memoryarena_task_of_the_wrong_type_fails(tmp_path: Path) -> None:
+    ma = tmp_path / "ma.jsonl"
+    record = {"id": "x", "questions": ["q"], "answers": ["a"], "backgrounds": "bg", "task": None}
+    ma.write_text(json.dumps(record) + "\n")
+    with pytest.raises(RecordError, match=r"ma\.jsonl:1: field 'task': expected string or integer or number, got null"):
+        convert(ma, tmp_path / "out.jsonl", load_memoryarena)
+    assert list(tmp_path.iterdir()) == [ma]

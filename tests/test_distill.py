@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import data.distill as distill
+import rollout.expert_traces as expert_traces
+from data.config import RunConfig, load_config
 from data.distill import DistillWriter, RejectionConfig, distill_traces, load_sft_examples, role_file, trace_rows
+from data.experts.sam import SamOracleConfig
 from data.formats import (
     render_intervention,
     render_phase1_prompt,
@@ -18,8 +22,18 @@ from data.formats import (
     render_sam_recall_prompt,
     render_tool_call,
 )
-from data.io import RecordError
+from data.io import RecordError, iter_jsonl
 from data.schemas import EpisodeTrace, MemoryCall, Message, SFTExample
+from data.tasks import TaskSetConfig, load_tasks
+from data.tasks.common import content_of, role_of
+from data.tasks.sam import SamReasoner, SamTaskParams
+from rollout.agents import sam_rollout
+from rollout.engines.scripted import ScriptedEngine
+from rollout.expert_traces import DistillRunConfig, run_distill
+from rollout.loop import EngineSet, run_rollouts
+from rollout.memory.sam import SamConfig
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 COLORS = ["red", "blue", "green", "brass", "silver", "golden"]
 ITEMS = ["key", "gem", "coin", "book", "lamp"]
@@ -227,3 +241,138 @@ def test_malformed_rows_are_rejected_with_their_location(tmp_path: Path) -> None
                                                                              {"role": "user", "content": "y"}]}) + "\n")
     with pytest.raises(RecordError, match=r"recall.jsonl:1: field 'messages'"):
         load_sft_examples(path)
+
+
+# ---------------------------------------------------------------------------------------------------- the real runner
+def noisy_sam_distill(root: Path, name: str, **run: Any) -> DistillRunConfig:
+    """40 short SAM tasks, the SAM oracle wrong 30% of the time (a wrong place in a recall, a dropped cue entity)."""
+    return DistillRunConfig(
+        run=RunConfig(output_dir=str(root), name=name, seed=0, **run),
+        tasks=TaskSetConfig(count=40, seed=0,
+                            sam=SamTaskParams(horizon_steps=8, facts_per_obs=1, containers_per_room=2)),
+        sam_oracle=SamOracleConfig(error_rate=0.3),
+        sam_memory=SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3),
+        reasoner_max_pages=2,
+        batch_size=16,
+    )
+
+
+class Replay:
+    """A memory policy that answers each prompt with the output a dataset row recorded for it (empty if none)."""
+
+    name = "replay"
+
+    def __init__(self, rows: list[SFTExample]) -> None:
+        self.outputs = {(r.task_id, self.key(r.messages[:-1])): r.messages[-1].content for r in rows}
+        self.used: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+
+    @staticmethod
+    def key(messages: list[Any]) -> tuple[tuple[str, str], ...]:
+        return tuple((role_of(m), content_of(m)) for m in messages)
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        key = (metadata["task_id"], self.key(messages))
+        self.used.add(key)
+        return self.outputs.get(key, "")
+
+
+def test_distill_with_a_30pct_wrong_oracle_keeps_only_correct_trajectories_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = noisy_sam_distill(tmp_path, "noisy")
+    out = tmp_path / "noisy" / "sft"
+
+    # killed after the first batch of 16 trajectories
+    real_run = expert_traces.run_rollouts
+    batches = {"n": 0}
+
+    def dying_run(*args: Any, **kwargs: Any) -> Any:
+        batches["n"] += 1
+        if batches["n"] == 2:
+            raise Killed
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(expert_traces, "run_rollouts", dying_run)
+    with pytest.raises(Killed):
+        run_distill(cfg)
+    monkeypatch.setattr(expert_traces, "run_rollouts", real_run)
+    assert len(list(iter_jsonl(out / distill.PROGRESS_FILE))) == 16
+    assert run_distill(noisy_sam_distill(tmp_path, "noisy", resume=True)) == 0
+    assert "resuming: 16 traces already written" in capsys.readouterr().out
+
+    # the resumed run wrote exactly what an uninterrupted run writes, and a rerun of a finished run adds nothing
+    run_distill(noisy_sam_distill(tmp_path, "straight"))
+    roles = ("consolidate", "recall")
+    for role in roles:
+        assert role_file(out, role).read_bytes() == role_file(tmp_path / "straight" / "sft", role).read_bytes()
+    before = {role: role_file(out, role).read_bytes() for role in roles}
+    run_distill(noisy_sam_distill(tmp_path, "noisy", resume=True))
+    assert {role: role_file(out, role).read_bytes() for role in roles} == before
+
+    progress = list(iter_jsonl(out / distill.PROGRESS_FILE))
+    assert sorted(e["task_id"] for e in progress) == sorted(t.task_id for t in load_tasks(cfg.tasks, "distill"))
+    stats = json.loads((out / distill.STATS_FILE).read_text())
+    kept = {e["task_id"] for e in progress if e["kept"]}
+    assert stats["traces"]["total"] == 40 and stats["traces"]["kept"] == len(kept)
+    assert 0 < len(kept) < 40  # the 30% expert errors cost some trajectories their answer, and they were rejected
+    assert all(e["outcome"] == 1.0 for e in progress if e["kept"])
+    assert all(e["outcome"] < 1.0 for e in progress if not e["kept"])
+    rows = [r for role in roles for r in load_sft_examples(role_file(out, role))]
+    assert len({r.row_id for r in rows}) == len(rows)
+    assert {r.task_id for r in rows} == kept and all(r.metadata["outcome"] == 1.0 for r in rows)
+
+    # replay: the kept rows alone drive each kept task to the correct answer, as judged by the task's verifier
+    tasks = {t.task_id: t for t in load_tasks(cfg.tasks, "distill")}
+    replay = Replay(rows)
+    engines = EngineSet(reasoner=ScriptedEngine(SamReasoner(max_pages=cfg.reasoner_max_pages)),
+                        memory=ScriptedEngine(replay))
+    traces = run_rollouts([sam_rollout(tasks[i], cfg.sam_memory, rollout_id="replay") for i in sorted(kept)], engines)
+    for trace in traces:
+        assert trace.outcome == 1.0 and trace.answer == tasks[trace.task_id].answer
+        assert not any(c.error for c in trace.memory_calls)
+    assert replay.used == set(replay.outputs)  # every row was a call of the replayed trajectories, none is missing
+
+
+@pytest.mark.parametrize(
+    ("distill_file", "sft_file", "family_roles"),
+    [
+        ("distill_tiny.yaml", "sft_tiny.yaml", {"consolidate", "recall"}),
+        ("distill_sam_qwen3.5-9b.yaml", "sft_sam_qwen3.5-9b.yaml", {"consolidate", "recall"}),
+        ("distill_proactive_qwen3.5-27b.yaml", "sft_proactive_qwen3.5-27b.yaml", {"bank_edit", "intervene"}),
+    ],
+)
+def test_each_sft_config_reads_what_a_distill_config_writes(
+    distill_file: str, sft_file: str, family_roles: set[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from train.sft import SFTRunConfig
+
+    cfg = load_config(DistillRunConfig, CONFIGS / distill_file)
+    sft = load_config(SFTRunConfig, CONFIGS / sft_file)
+    assert cfg.command == "data distill" and sft.command == "sft"
+    assert set(sft.data.role_names) <= family_roles  # the distilled family has the roles the SFT trains on
+    assert cfg.rejection.roles is None or set(sft.data.role_names) <= set(cfg.rejection.roles)
+    if cfg.expert is not None:  # a paper setup: a frontier expert behind an OpenAI-compatible endpoint
+        assert cfg.expert.backend == "openai" and cfg.expert.endpoints
+        assert all(e.api_key_env and e.url.startswith("https://") for e in cfg.expert.endpoints)
+
+    # where the real runner writes (paths relative to the working directory, like the SFT config's), without the expert
+    written: list[Path] = []
+    monkeypatch.setattr(expert_traces, "distill", lambda _cfg, out: written.append(Path(out)) or {})
+    monkeypatch.chdir(tmp_path)
+    assert run_distill(cfg) == 0
+    assert written == [Path(sft.data.dir)]
+    assert (tmp_path / sft.data.dir / "config.yaml").is_file()  # the run's resolved config sits beside the datasets
+
+
+def test_the_tiny_distill_config_writes_the_roles_sft_tiny_trains_on(tmp_path: Path) -> None:
+    from train.sft import SFTRunConfig, load_role_rows
+
+    cfg = load_config(DistillRunConfig, CONFIGS / "distill_tiny.yaml",
+                      [f"run.output_dir={tmp_path}", f"out={tmp_path / 'distill-tiny'}", "tasks.count=24",
+                       "tokenizer=null"])
+    sft = load_config(SFTRunConfig, CONFIGS / "sft_tiny.yaml", [f"data.dir={tmp_path / 'distill-tiny'}"])
+    run_distill(cfg)
+    stats = json.loads((tmp_path / "distill-tiny" / distill.STATS_FILE).read_text())
+    assert stats["traces"]["kept"] == 24  # the tiny recipe's expert answers every task
+    rows = load_role_rows(sft.data)  # what `memrl sft` would read
+    assert set(rows) == set(sft.data.role_names) and all(rows.values())

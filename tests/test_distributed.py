@@ -62,7 +62,9 @@ def test_group_trainer_two_processes_zero2_matches_one(tiny_model_dir: Path, tmp
 
 def oat_grpo_run(nproc: int, model: Path, out: Path, name: str) -> Path:
     """One OAT-GRPO iteration of the tiny recipe through launch/torchrun.sh on CPU under DeepSpeed ZeRO-2."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    # MEMRL_PYTHON: the launcher runs this interpreter, not whatever .venv or python3 it would find.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
+           "MEMRL_PYTHON": sys.executable}
     cmd = [
         "bash", str(ROOT / "launch" / "torchrun.sh"), "--device", "cpu", "--nproc-per-node", str(nproc),
         "--master-port", str(free_port()), "--", "train", "oat-grpo",

@@ -81,3 +81,46 @@ def test_micro_batch_accumulation_equals_one_batch(tiny_model_dir: Path) -> None
         one, three = one_step(1, aggregation), one_step(3, aggregation)
         assert three["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
         assert three["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+
+
+def test_single_sample_groups_do_not_count_as_zero_variance(tiny_model_dir: Path) -> None:
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4)))
+    siblings = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant", n_groups=1)
+    flat = [  # flat mode: one sample per group, its advantage computed from the trajectory
+        Group(group_id=f"flat{k}", prompt_ids=siblings[0].prompt_ids, samples=[s])
+        for k, s in enumerate(groups_for(trainer.tokenizer, "drawer 5", "drawer 2", n_groups=1)[0].samples)
+    ]
+    metrics = trainer.step(siblings + flat)
+    assert metrics["zero_variance_group_fraction"] == 0.0 and metrics["single_sample_groups"] == 2.0
+    assert metrics["zero_advantage_sample_fraction"] == 0.0
+    only_flat = trainer.step(flat)
+    assert "zero_variance_group_fraction" not in only_flat and only_flat["rows"] == 2
+
+
+def test_kl_to_a_frozen_copy_of_full_weights(tiny_model_dir: Path) -> None:
+    cfg = GroupTrainerConfig(lr=1e-3, kl_coef=0.1, lora=LoraSettings(enabled=False))
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
+    reference = trainer._frozen_reference
+    assert reference is not None and not reference.training
+    assert next(reference.parameters()).device == trainer.device
+    groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
+    first = trainer.step(groups)
+    assert abs(first["kl_ref"]) < 1e-6  # the policy starts at the reference
+    second = trainer.step(groups)
+    assert second["kl_ref"] > 0 and not any(p.requires_grad for p in reference.parameters())
+
+
+def test_old_logprobs_are_scored_without_dropout(tiny_model_dir: Path) -> None:
+    cfg = GroupTrainerConfig(kl_coef=0.1, lora=LoraSettings(r=4, dropout=0.5))
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
+    modes: list[bool] = []
+    score = trainer._score
+
+    def recording(rows, *, reference):
+        modes.append(trainer.model.training)
+        return score(rows, reference=reference)
+
+    trainer._score = recording  # type: ignore[method-assign]
+    trainer.step(groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant"))
+    assert modes == [False, False]  # pi_old and pi_ref in eval mode (dropout off)
+    assert trainer.model.training  # the update passes ran in train mode

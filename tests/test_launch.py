@@ -101,14 +101,14 @@ def test_slurm_gpu_counts(value: str, count: int) -> None:
 
 def test_torchrun_dry_run_one_node_eight_gpus() -> None:
     env = clean_env(CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
-    res = run(ROOT / "launch" / "torchrun.sh", "--dry-run", "--", "quickstart", "run.seed=3", env=env)
+    res = run(ROOT / "launch" / "torchrun.sh", "--dry-run", "--", "sft", "run.seed=3", env=env)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "world: 1 node(s) x 8 process(es) = 8 ranks on GPU (NCCL)" in out
     assert "this node: node rank 0" in out and "global ranks 0-7, local ranks 0-7" in out
     expected = (
         f"{PY} -m torch.distributed.run --nnodes 1 --nproc-per-node 8 --node-rank 0 --master-addr 127.0.0.1 "
-        "--master-port 29500 -m launch.cli quickstart run.seed=3"
+        "--master-port 29500 -m launch.cli sft run.seed=3"
     )
     assert expected in out
     assert "DS_ACCELERATOR" not in out  # GPU run
@@ -116,7 +116,7 @@ def test_torchrun_dry_run_one_node_eight_gpus() -> None:
 
 @pytest.mark.parametrize("node", [0, 3])
 def test_torchrun_dry_run_four_nodes_from_slurm_variables(node: int) -> None:
-    res = run(ROOT / "launch" / "torchrun.sh", "--dry-run", "--", "quickstart", env=slurm_env(node))
+    res = run(ROOT / "launch" / "torchrun.sh", "--dry-run", "--", "train", "oat-grpo", env=slurm_env(node))
     assert res.returncode == 0, res.stderr
     out = res.stdout
     lo = 8 * node
@@ -131,7 +131,7 @@ def test_torchrun_dry_run_four_nodes_from_slurm_variables(node: int) -> None:
 def test_torchrun_layout_every_node_gets_distinct_ranks() -> None:
     ranks = []
     for node in range(4):
-        info = json.loads(plan_torchrun(["--", "quickstart"], slurm_env(node)).render("json"))
+        info = json.loads(plan_torchrun(["--", "sft"], slurm_env(node)).render("json"))
         assert info["layout"]["world_size"] == 32 and info["layout"]["node_rank"] == node
         lo, hi = info["layout"]["nodes"][node]["global_ranks"]
         ranks.extend(range(lo, hi + 1))
@@ -141,7 +141,7 @@ def test_torchrun_layout_every_node_gets_distinct_ranks() -> None:
 def test_torchrun_inside_an_srun_step_uses_the_step_nodes() -> None:
     # A step over the last two nodes of the job: node rank = place in the step, not SLURM_NODEID of the job.
     env = slurm_env(3, SLURM_STEP_NODELIST="gpu[03-04]", SLURM_NODEID="1")
-    plan = plan_torchrun(["--nnodes", "2", "--master-addr", "gpu03", "--", "quickstart"], env)
+    plan = plan_torchrun(["--nnodes", "2", "--master-addr", "gpu03", "--", "sft"], env)
     info = plan.info["layout"]
     assert (info["nnodes"], info["node_rank"], info["master_addr"]) == (2, 1, "gpu03")
     assert [n["host"] for n in info["nodes"]] == ["gpu03", "gpu04"]
@@ -150,30 +150,31 @@ def test_torchrun_inside_an_srun_step_uses_the_step_nodes() -> None:
 def test_torchrun_uses_scontrol_when_installed(tmp_path: Path) -> None:
     bin_dir = fake_bin(tmp_path)
     env = slurm_env(1, SLURM_JOB_NODELIST="gpu-[a-d]", SLURMD_NODENAME="gpu-b", PATH=f"{bin_dir}:{os.environ['PATH']}")
-    res = run(ROOT / "launch" / "torchrun.sh", "--dry-run", "quickstart", env=env)
+    res = run(ROOT / "launch" / "torchrun.sh", "--dry-run", "sft", env=env)
     assert res.returncode == 0, res.stderr
     assert "this node: node rank 1 (gpu-b), global ranks 8-15" in res.stdout
     assert "--master-addr gpu-a" in res.stdout
 
 
 def test_torchrun_cpu_mode_and_separate_policy_gpus(tmp_path: Path) -> None:
-    plan = plan_torchrun(["--device", "cpu", "--nproc-per-node", "2", "--", "quickstart"], clean_env())
+    plan = plan_torchrun(["--device", "cpu", "--nproc-per-node", "2", "--", "sft"], clean_env())
     assert plan.info["env"]["DS_ACCELERATOR"] == "cpu"
     assert "gloo" in plan.text and plan.info["layout"]["world_size"] == 2
 
     cfg = write_config(tmp_path, {"placement": {"policy": {"mode": "separate", "gpus_per_node": 2,
                                                            "tensor_parallel_size": 2}}})
-    plan = plan_torchrun(["--", "sft", "--config", str(cfg)], slurm_env(0))
+    oat = ["--", "train", "oat-grpo", "--config", str(cfg)]
+    plan = plan_torchrun(oat, slurm_env(0))
     assert plan.info["layout"]["nproc_per_node"] == 6  # 8 GPUs - 2 for the policy engine
     assert plan.info["layout"]["nodes"][0]["engine_gpus"] == "6-7"
     assert "on the main process, GPU(s) 6-7 of node 0 (TP 2)" in plan.text
     # An override of the run wins over its file.
-    plan = plan_torchrun(["--", "sft", "--config", str(cfg), "placement.policy.gpus_per_node=4"], slurm_env(0))
+    plan = plan_torchrun([*oat, "placement.policy.gpus_per_node=4"], slurm_env(0))
     assert plan.info["layout"]["nproc_per_node"] == 4
 
     cfg = write_config(tmp_path, {"placement": {"policy": {"tensor_parallel_size": 4}}})
     with pytest.raises(LaunchError, match="TP 4 needs a multiple"):
-        plan_torchrun(["--nproc-per-node", "6", "--", "sft", "--config", str(cfg)], slurm_env(0))
+        plan_torchrun(["--nproc-per-node", "6", "--", "train", "pivot-grpo", "--config", str(cfg)], slurm_env(0))
 
 
 def test_torchrun_usage_errors_and_help() -> None:
@@ -210,25 +211,112 @@ def test_torchrun_really_runs_two_cpu_processes(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Commands that are not distributed run in one process; the policy engine line is only there when one is built
+
+SINGLE = [["eval"], ["data", "distill"], ["data", "synth"], ["export"], ["quickstart"]]
+GPUS8 = "0,1,2,3,4,5,6,7"
+
+
+@pytest.mark.parametrize("stage", SINGLE, ids=" ".join)
+def test_single_process_commands_one_node_eight_gpus(stage: list[str]) -> None:
+    label = "memrl " + " ".join(stage)
+    env = clean_env(CUDA_VISIBLE_DEVICES=GPUS8)
+    res = run(ROOT / "launch" / "torchrun.sh", "--dry-run", "--nproc-per-node", "8", "--", *stage, "run.seed=3",
+              env=env)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert f"{label} runs in one process (it is not distributed)" in out
+    assert f"note: --nproc-per-node 8 ignored: {label} runs in one process" in out
+    assert f"{PY} -m launch.cli {' '.join(stage)} run.seed=3" in out and "torch.distributed.run" not in out
+    plan = plan_torchrun(["--", *stage], env)
+    assert plan.info["layout"]["world_size"] == 1 and plan.info["layout"]["single_process"] is True
+    assert plan.shell["launch_cmd"] == [PY, "-m", "launch.cli", *stage]
+
+    res = run(ROOT / "launch" / "deepspeed.sh", "--dry-run", "--", *stage, env=env)
+    assert res.returncode == 0, res.stderr
+    assert f"{label} runs in one process" in res.stdout and "deepspeed.launcher" not in res.stdout
+    assert f"command: env PYTHONUNBUFFERED=1 PYTHONPATH={ROOT}" in res.stdout
+    assert res.stdout.rstrip().endswith(f"{PY} -m launch.cli {' '.join(stage)}")
+
+
+@pytest.mark.parametrize("stage", SINGLE, ids=" ".join)
+def test_single_process_commands_four_nodes_eight_gpus(stage: list[str], tmp_path: Path) -> None:
+    label = "memrl " + " ".join(stage)
+    first = plan_torchrun(["--", *stage], slurm_env(0))
+    assert first.info["runs_here"] is True and first.shell["launch_cmd"] == [PY, "-m", "launch.cli", *stage]
+    assert "node rank(s) 1-3 start nothing" in first.text and "this node: node rank 0 (gpu01): runs it" in first.text
+    for node in (1, 3):
+        other = plan_torchrun(["--", *stage], slurm_env(node))
+        assert other.info["runs_here"] is False and other.shell["launch_cmd"] == []
+        assert f"this node: node rank {node} (gpu{node + 1:02d}): nothing to start here" in other.text
+    # The Slurm job runs it once, on the first node left after the servers; the rest stay idle.
+    plan = plan_slurm(["--dry-run", "--", *stage, f"run.output_dir={tmp_path}"], slurm_env(0))
+    assert plan.info["train_hosts"] == ["gpu01"] and plan.info["idle_hosts"] == ["gpu02", "gpu03", "gpu04"]
+    assert plan.info["layout"]["world_size"] == 1
+    cmd = " ".join(plan.info["train_command"])
+    assert "--nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=gpu01 " in cmd
+    assert f"torchrun.sh --nnodes 1 --nproc-per-node 1 --master-addr gpu01 --master-port 20777 --device gpu -- " \
+        f"{' '.join(stage)}" in cmd
+    assert f"gpu04  idle  nothing ({label} runs in one process)" in plan.text
+    plan = plan_deepspeed(["--hosts", "gpu[01-04]", "--", *stage], slurm_env(0))
+    assert plan.info["layout"]["world_size"] == 1 and plan.shell["write_hostfile"] == "0"
+
+
+def test_an_idle_node_really_starts_nothing(tmp_path: Path) -> None:
+    res = run(ROOT / "launch" / "torchrun.sh", "--", "data", "synth", f"run.output_dir={tmp_path / 'runs'}",
+              env=slurm_env(2))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "this node: node rank 2 (gpu03): nothing to start here" in res.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unknown_memrl_command_is_refused() -> None:
+    res = run(ROOT / "launch" / "torchrun.sh", "--dry-run", "--", "train", "ppo", env=clean_env())
+    assert res.returncode == 2 and "unknown memrl command 'train ppo'" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("stage", "engine"),
+    [(["train", "oat-grpo"], "on the main process"), (["train", "pivot-grpo"], "on the main process"),
+     (["quickstart"], "built inside that one process"), (["sft"], None), (["eval"], None), (["export"], None),
+     (["data", "distill"], None)],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else str(v),
+)
+def test_policy_engine_line_only_for_commands_that_build_one(stage: list[str], engine: str | None) -> None:
+    for env in (clean_env(CUDA_VISIBLE_DEVICES=GPUS8), slurm_env(1)):
+        text = plan_torchrun(["--", *stage], env).text
+        assert ("policy vLLM engine" in text) is (engine is not None)
+        if engine is not None:
+            assert f"policy vLLM engine: {engine}" in text
+        assert ("policy-engine GPUs" in text) is (stage in (["train", "oat-grpo"], ["train", "pivot-grpo"]))
+    text = plan_slurm(["--dry-run", "--setup", "none", "--", *stage], slurm_env(0)).text
+    assert ("policy vLLM engine" in text) is (engine is not None)
+    text = plan_deepspeed(["--", *stage], clean_env(CUDA_VISIBLE_DEVICES=GPUS8)).text
+    assert ("policy vLLM engine" in text) is (engine is not None)
+    # Another module: the launcher cannot know, so it claims no engine.
+    assert "policy vLLM engine" not in plan_torchrun(["--module", "bench", "--", "x"], clean_env()).text
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # deepspeed
 
 
 def test_deepspeed_dry_run_one_node_eight_gpus() -> None:
     env = clean_env(CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
-    res = run(ROOT / "launch" / "deepspeed.sh", "--dry-run", "--", "quickstart", env=env)
+    res = run(ROOT / "launch" / "deepspeed.sh", "--dry-run", "--", "sft", env=env)
     assert res.returncode == 0, res.stderr
     assert "world: 1 node(s) x 8 process(es) = 8 ranks on GPU" in res.stdout
     # DeepSpeed ssh-checks every host of a hostfile: one local node runs without one.
     assert "single local node: no hostfile" in res.stdout
     assert (
         f"{PY} -m deepspeed.launcher.runner --num_gpus 8 --master_port 29500 --no_local_rank --module launch.cli "
-        "quickstart" in res.stdout
+        "sft" in res.stdout
     )
 
 
 def test_deepspeed_dry_run_four_nodes_from_slurm_and_from_a_hostfile(tmp_path: Path) -> None:
     out_file = tmp_path / "hosts.txt"
-    res = run(ROOT / "launch" / "deepspeed.sh", "--dry-run", "--hostfile-out", str(out_file), "quickstart",
+    res = run(ROOT / "launch" / "deepspeed.sh", "--dry-run", "--hostfile-out", str(out_file), "sft",
               env=slurm_env(0))
     assert res.returncode == 0, res.stderr
     assert "world: 4 node(s) x 8 process(es) = 32 ranks" in res.stdout
@@ -668,6 +756,82 @@ def test_serve_a_real_cpu_vllm_server(tmp_path: Path, tiny_model_dir: Path) -> N
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# setup.sh / quickstart.sh / test.sh --dry-run
+
+
+def fresh_copy(tmp_path: Path) -> Path:
+    """The setup scripts and pyproject.toml in a new directory, as in a fresh clone (no .venv)."""
+    repo = tmp_path / "repo"
+    (repo / "launch").mkdir(parents=True)
+    for name in ("setup.sh", "quickstart.sh", "test.sh", "common.sh"):
+        (repo / "launch" / name).write_text((ROOT / "launch" / name).read_text())
+    (repo / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    return repo
+
+
+def tree(path: Path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "command"),
+    [
+        ("setup.sh", [], None),
+        ("quickstart.sh", ["loop.iterations=3", "--dry-run", "--config", "my file.yaml"],
+         "{venv}/bin/memrl quickstart loop.iterations=3 --config 'my file.yaml'"),
+        ("test.sh", ["--dry-run"], "{venv}/bin/python -m pytest -m 'not slow' -q"),
+        ("test.sh", ["--dry-run", "-k", "config"], "{venv}/bin/python -m pytest -k config"),
+    ],
+)
+def test_setup_scripts_dry_run_create_nothing(tmp_path: Path, script: str, args: list[str],
+                                              command: str | None) -> None:
+    repo = fresh_copy(tmp_path)
+    venv = tmp_path / "venv"
+    before = tree(tmp_path)
+    env = clean_env(MEMRL_VENV=str(venv), MEMRL_EXTRA="cpu", MEMRL_DRY_RUN="0", PYTHON="python3")
+    argv = args if script != "setup.sh" else ["--dry-run"]
+    res = run(repo / "launch" / script, *argv, env=env, cwd=repo)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not venv.exists() and tree(tmp_path) == before  # nothing created, in the copy or for the venv
+    out = res.stdout
+    assert "[memrl setup] dry run: nothing is created or installed" in out
+    assert f"venv: {venv} does not exist; it would be created with:\n  python3 -m venv {venv}" in out
+    assert "extra: cpu (MEMRL_EXTRA)" in out and "install: would run (a new venv)" in out
+    assert f"{venv}/bin/python -m pip --disable-pip-version-check install --quiet -e '{repo}[cpu,dev]'" in out
+    if command is not None:
+        assert "  " + command.format(venv=venv) in out
+
+
+def test_setup_dry_run_reports_an_up_to_date_venv_and_runs_nothing_in_it(tmp_path: Path) -> None:
+    repo = fresh_copy(tmp_path)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls.log"
+    # A stand-in interpreter that logs how it is called: a dry run may only ask its version.
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\necho "$*" >>{calls}\necho "Python 3.11.9"\n')
+    (venv / "bin" / "python").chmod(0o755)
+    env = clean_env(MEMRL_VENV=str(venv), MEMRL_EXTRA="gpu")
+    res = run(repo / "launch" / "setup.sh", "--dry-run", env=env, cwd=repo)
+    assert res.returncode == 0, res.stderr
+    assert f"venv: {venv} (exists, Python 3.11.9)" in res.stdout and "extra: gpu (MEMRL_EXTRA)" in res.stdout
+    stamp = re.search(r"install: would run \(no stamp (\S+)\)", res.stdout)
+    assert stamp is not None and "torchvision" not in res.stdout  # the gpu extra keeps them
+    Path(stamp.group(1)).touch()
+    res = run(repo / "launch" / "quickstart.sh", "--dry-run", env=env, cwd=repo)
+    assert res.returncode == 0, res.stderr
+    assert f"install: skipped: the venv is up to date (stamp {stamp.group(1)})" in res.stdout
+    assert "would run:\n  /" not in res.stdout.split("[memrl quickstart]")[0]  # no pip step listed
+    assert f"  {venv}/bin/memrl quickstart" in res.stdout
+    assert set(calls.read_text().split()) == {"-V"}
+    assert sorted(p.name for p in venv.iterdir()) == [".memrl-installed-" + stamp.group(1).split("-")[-1], "bin"]
+
+
+def test_setup_rejects_unknown_arguments(tmp_path: Path) -> None:
+    res = run(ROOT / "launch" / "setup.sh", "--drydrun", env=clean_env(MEMRL_VENV=str(tmp_path / "v")))
+    assert res.returncode == 2 and "unknown argument '--drydrun'" in res.stderr and not (tmp_path / "v").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Configs and scripts
 
 
@@ -698,19 +862,66 @@ def test_deepspeed_configs_are_complete_and_valid() -> None:
     assert resolve_deepspeed_config(str(resolve_deepspeed_config("zero2"))) == resolve_deepspeed_config("zero2")
 
 
+ACCELERATE_NAMES = {"ddp", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero2_cpu", "zero3_cpu"}
+
+
 def test_accelerate_configs_load_and_point_at_existing_deepspeed_files() -> None:
     from accelerate.commands.config.config_args import ClusterConfig
 
     files = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
-    assert {f.stem for f in files} == {"ddp", "zero2", "zero3", "zero2_offload", "zero3_offload"}
+    assert {f.stem for f in files} == ACCELERATE_NAMES
     for path in files:
         cfg = ClusterConfig.from_yaml_file(str(path))
-        if cfg.distributed_type == "DEEPSPEED":
-            ds_file = ROOT / cfg.deepspeed_config["deepspeed_config_file"]
-            assert ds_file.stem == path.stem and ds_file.is_file()
-            assert cfg.deepspeed_config["zero3_init_flag"] is (json.loads(ds_file.read_text())[
-                "zero_optimization"]["stage"] == 3)
-        assert cfg.use_cpu is False and cfg.mixed_precision == "bf16"
+        cpu = path.stem.endswith("_cpu")
+        assert cfg.use_cpu is cpu
+        if cfg.distributed_type != "DEEPSPEED":
+            assert cfg.mixed_precision == "bf16"
+            continue
+        # Each names its DeepSpeed file like resolve_deepspeed_config does; the precision is that file's (accelerate
+        # refuses a mixed_precision key beside a deepspeed_config_file): bf16 on GPU, fp32 on CPU.
+        ds_file = ROOT / cfg.deepspeed_config["deepspeed_config_file"]
+        assert ds_file == resolve_deepspeed_config(path.stem)
+        ds = json.loads(ds_file.read_text())
+        assert cfg.mixed_precision is None
+        assert ds["bf16"]["enabled"] is not cpu and ds["fp16"]["enabled"] is False
+        assert cfg.deepspeed_config["zero3_init_flag"] is (ds["zero_optimization"]["stage"] == 3)
+
+
+ACCELERATE_PROBE = """
+import json, os, sys, types
+import torch
+from accelerate import Accelerator, PartialState
+PartialState(backend="gloo")  # accelerate does not create the process group on CPU by itself
+acc = Accelerator()
+model = torch.nn.Linear(4, 2)
+model.config = types.SimpleNamespace(hidden_size=4)  # DeepSpeed's "auto" bucket sizes read it
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)
+model, opt, data = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2), data)
+x, y = next(iter(data))
+acc.backward(torch.nn.functional.mse_loss(model(x), y))
+opt.step()
+out = {"world": acc.num_processes, "type": str(acc.distributed_type), "backend": acc.state.backend,
+       "stage": acc.state.deepspeed_plugin.zero_stage, "dtype": str(next(model.parameters()).dtype)}
+open(os.path.join(sys.argv[1], f"rank{acc.process_index}.json"), "w").write(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["zero2_cpu", "zero3_cpu"])
+def test_accelerate_cpu_configs_run_two_fp32_processes(tmp_path: Path, name: str) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(ACCELERATE_PROBE)
+    cmd = [PY, "-m", "accelerate.commands.launch", "--config_file", f"configs/accelerate/{name}.yaml",
+           "--main_process_port", str(free_port()), str(probe), str(tmp_path)]
+    res = subprocess.run(cmd, cwd=ROOT, env=clean_env(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    stage = int(name[4])
+    for rank in (0, 1):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert out == {"world": 2, "type": "DistributedType.DEEPSPEED", "backend": "gloo", "stage": stage,
+                       "dtype": "torch.float32"}
 
 
 def test_placement_config_validation() -> None:

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from data.experts import ProactiveOracle
 from data.formats import (
     MEMORY_CONTEXT_PREFIX,
+    parse_intervention,
     parse_phase_prompt,
+    parse_tool_calls,
     render_intervention,
     render_tool_call,
 )
@@ -329,12 +331,43 @@ def test_build_from_episode_and_config_defaults() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- properties
+def test_a_stray_opening_tag_does_not_swallow_the_next_wellformed_call_or_reminder() -> None:
+    good = save("knowledge", "use python3.11")
+    strays = ["<tool_call>oops ", "<tool_call>", '<tool_call>{"name": "memory_save_knowledge"',
+              "<tool_call><function=memory_save_knowledge><parameter=content>half"]
+    for stray in strays:
+        parsed = parse_tool_calls(stray + good)
+        assert [(c.name, c.arguments) for c in parsed.calls] == [
+            ("memory_save_knowledge", {"content": "use python3.11"})
+        ]
+        assert len(parsed.errors) == 1 and "a new <tool_call> began before </tool_call>" in parsed.errors[0]
+    reminder, error = parse_intervention("<context_for_action> bad <context_for_action>real</context_for_action>")
+    assert reminder == "real" and error == "unclosed <context_for_action> (a new one began before its closing tag)"
+    assert parse_intervention("<context_for_action></context_for_action><context_for_action>real"
+                              "</context_for_action>") == ("real", "empty <context_for_action>")
+    assert parse_intervention("<context_for_action>half\n") == (None, "unclosed <context_for_action>")
+
+
 _WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz :-./", min_size=1, max_size=30).map(lambda s: "a" + s)
-_NOISE = st.text(max_size=60).filter(lambda s: "<tool_call>" not in s and "context_for_action>" not in s)
+# Noise is arbitrary text mixed with the pieces model output breaks into: whole, partial and closing tags of both
+# phases, the start of a JSON call. A well-formed call or reminder after them must still be found.
+_TAG_PIECES = [
+    "<tool_call>", "</tool_call>", "<tool_call", "tool_call>", "</tool_",
+    "<function=", "<function=memory_save_knowledge>", "</function>", "<parameter=content>", "</parameter>",
+    '{"name": "memory_save_knowledge", "arguments": {', "{", "}",
+    "<context_for_action>", "</context_for_action>", "<context_for_action", "context_for_action>", "</context_for",
+    "<no_intervention/>", "<", ">", "/",
+]
+_NOISE = st.lists(st.one_of(st.text(max_size=20), st.sampled_from(_TAG_PIECES)), max_size=6).map("".join)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.text(max_size=300))
+def is_subsequence(needles: list[Any], haystack: list[Any]) -> bool:
+    rest = iter(haystack)
+    return all(any(n == h for h in rest) for n in needles)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=300), st.lists(_NOISE, max_size=8).map("".join)))
 def test_phase_parsers_never_raise_on_arbitrary_text(text: str) -> None:
     memory = fresh()
     call = run_memory(memory, memory.next_memory_request(), text)
@@ -344,7 +377,7 @@ def test_phase_parsers_never_raise_on_arbitrary_text(text: str) -> None:
     memory.reasoner_messages("s")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["knowledge", "procedural"]), _WORDS, st.sampled_from(["json", "xml"])),
                 min_size=1, max_size=5), st.lists(_NOISE, min_size=6, max_size=6))
 def test_wellformed_calls_in_noise_are_found_in_order(calls: list[tuple[str, str, str]], noise: list[str]) -> None:
@@ -352,20 +385,26 @@ def test_wellformed_calls_in_noise_are_found_in_order(calls: list[tuple[str, str
     parts = [noise[0]]
     for i, (kind, content, style) in enumerate(calls):
         parts += [render_tool_call(f"memory_save_{kind}", {"content": content}, style=style), noise[i + 1]]
-    call = run_memory(memory, memory.next_memory_request(), "".join(parts))
-    assert [(e.kind, e.content) for e in memory.bank.entries] == [
-        (kind, " ".join(content.split())) for kind, content, _ in calls
-    ]
-    assert call.error is None
+    text = "".join(parts)
+    call = run_memory(memory, memory.next_memory_request(), text)
+    got = [(e.kind, e.content) for e in memory.bank.entries]
+    expected = [(kind, " ".join(content.split())) for kind, content, _ in calls]
+    assert is_subsequence(expected, got)  # a stray tag in the noise may add an error, never hide a call
+    if text.count("<tool_call>") == len(calls):  # the noise opened no tool call of its own
+        assert got == expected and call.error is None
+    else:
+        assert call.error is not None and memory.stats["bank_edit_malformed"] >= 1
 
 
-@settings(max_examples=100, deadline=None)
-@given(_NOISE, _WORDS, _NOISE)
+@settings(max_examples=150, deadline=None)
+@given(_NOISE.filter(lambda s: "</context_for_action>" not in s), _WORDS, _NOISE)
 def test_reminder_in_noise_is_found(before: str, reminder: str, after: str) -> None:
     memory = fresh(variant="injection_only")
     call = run_memory(memory, memory.next_memory_request(), before + render_intervention(reminder) + after)
-    assert call.metadata["reminder"] == reminder.strip() and call.error is None
+    assert call.metadata["reminder"] == reminder.strip()
     assert memory.reasoner_messages("s")[-1].content == MEMORY_CONTEXT_PREFIX + reminder.strip()
+    # a tag the noise opened before the reminder is reported (unclosed), the reminder still delivered
+    assert (call.error is None) == ("<context_for_action>" not in before)
 
 
 @settings(max_examples=60, deadline=None)

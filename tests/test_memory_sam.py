@@ -18,6 +18,7 @@ from data.formats import (
     NOTHING_RELEVANT,
     ToolCall,
     parse_sam_memory_block,
+    parse_sam_recall_failures,
     parse_sam_recall_prompt,
     parse_sam_recalled,
     parse_tool_calls,
@@ -250,6 +251,60 @@ def test_malformed_memory_outputs_are_recorded_counted_and_skipped(text: str, fi
     assert memory.stats["sam_recall_errors"] == 2 and memory.stats["sam_error_recall_failed"] == 1
 
 
+@pytest.mark.parametrize(
+    ("text", "finish", "note"),
+    [
+        ("", "stop", "p3 (empty output)"),
+        ("?!... --", "stop", "p3 (no letters or digits)"),
+        ('<tool_call>{"name": "memory", "arguments": {"intent": "x"', "stop", "p3 (a tool call, not memory text)"),
+        ("the red cup 3 is in bo", "length", "p3 (output cut at max_tokens)"),
+    ],
+)
+def test_a_recall_with_a_failed_page_returns_what_was_read_and_names_the_failure(text: str, finish: str,
+                                                                                 note: str) -> None:
+    memory = SamMemory(SamConfig(**ONE_TURN))
+    feed(memory, 12)
+    answer_all(memory)
+    intent = "where is the red cup 2"
+    memory.on_tool_call(ToolCall("memory", {"intent": intent, "page_ids": [5, 3, 2]}), 13)
+    good = {2: "the red cup 2 is in box 2", 5: "the red cup 2 is in box 2\nthe red cup 5 is in box 5"}
+    calls = {}
+    while (request := memory.next_memory_request()) is not None:
+        page = request.metadata["page_id"]
+        calls[page] = MemoryCall(call_id=f"c{page}", role="recall", text=good.get(page, text),
+                                 finish_reason="stop" if page in good else finish)
+        memory.on_memory_result(request, calls[page])
+    result = memory.tool_result()
+    # the recovered extraction is returned, and the reasoner is told which page failed and why
+    assert result is not None and result.error is None
+    assert result.content == f"recalled for: {intent}\npages: 2,3,5\nfailed pages: {note}\n{good[5]}"
+    assert parse_sam_recalled(result.content) == (intent, [2, 3, 5], good[5])
+    assert parse_sam_recall_failures(result.content) == [note]
+    assert calls[3].error and calls[2].error is None and calls[5].error is None
+    assert memory.stats["sam_partial_recalls"] == 1 and memory.stats["sam_recall_errors"] == 1
+    assert "sam_tool_errors" not in memory.stats
+
+
+def test_several_failed_pages_are_all_named_and_the_last_good_extraction_kept() -> None:
+    memory = SamMemory(SamConfig(**ONE_TURN))
+    feed(memory, 12)
+    answer_all(memory)
+    memory.on_tool_call(ToolCall("memory", {"intent": "where is the red cup 1", "page_ids": [1, 4, 6]}), 13)
+    outputs = {1: ("the red cup 1 is in box 1", "stop"), 4: ("", "stop"), 6: ("the red", "length")}
+    while (request := memory.next_memory_request()) is not None:
+        text, finish = outputs[request.metadata["page_id"]]
+        memory.on_memory_result(request, MemoryCall(call_id="c", role="recall", text=text, finish_reason=finish))
+    result = memory.tool_result()
+    assert result.error is None
+    assert parse_sam_recall_failures(result.content) == ["p4 (empty output)", "p6 (output cut at max_tokens)"]
+    assert parse_sam_recalled(result.content)[2] == "the red cup 1 is in box 1"
+    # every recall succeeding leaves no note at all
+    memory.on_tool_call(ToolCall("memory", {"intent": "where is the red cup 1", "page_ids": [1]}), 14)
+    answer_all(memory, "the red cup 1 is in box 1")
+    assert parse_sam_recall_failures(memory.tool_result().content) == []
+    assert memory.stats["sam_partial_recalls"] == 1
+
+
 def test_an_unexpected_result_is_an_orphan_not_a_crash() -> None:
     memory = SamMemory(SamConfig(**ONE_TURN))
     feed(memory, 3)
@@ -259,6 +314,21 @@ def test_an_unexpected_result_is_an_orphan_not_a_crash() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- in the loop
+class Recording(ScriptedEngine):
+    """A scripted engine that keeps every request it answered and every result it gave."""
+
+    def __init__(self, policy: Any, **kwargs: Any) -> None:
+        super().__init__(policy, **kwargs)
+        self.seen: list[GenerationRequest] = []
+        self.results: list[GenerationResult] = []
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        results = super().generate(requests)
+        self.seen += requests
+        self.results += results
+        return results
+
+
 class RecallGarbage:
     """The oracle's cues, but garbage for every recall."""
 
@@ -327,6 +397,44 @@ def test_garbage_recalls_never_crash_the_loop() -> None:
     assert trace.stats["memory_tool_errors"] == len(failed) and trace.answer == "unknown"
 
 
+class FirstPageFails:
+    """The oracle, except that the first page of every multi-page recall comes back empty."""
+
+    name = "first-page-fails"
+
+    def __init__(self) -> None:
+        self.oracle = SamOracle()
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        if parse_sam_recall_prompt(messages) is not None and metadata["read_index"] == 0 \
+                and len(metadata["page_ids"]) > 1:
+            return ""
+        return self.oracle.respond(messages, rng, metadata)
+
+
+def test_in_the_loop_the_reasoner_sees_which_pages_of_a_recall_failed() -> None:
+    tasks = [SamTask({"horizon_steps": 40, "n_evidence": 2}, seed=s) for s in range(4)]
+    reasoner = Recording(SamReasoner())
+    engines = EngineSet(reasoner=reasoner, memory=ScriptedEngine(FirstPageFails()))
+    traces = run_rollouts([sam_rollout(t, SamConfig(**SMALL)) for t in tasks], engines)
+    partial = 0
+    for trace in traces:
+        calls = {c.call_id: c for c in trace.memory_calls}
+        for event in (e for e in trace.events if e.kind == "memory_tool"):
+            reads = [calls[i] for i in event.memory_call_ids]
+            failed = [f"p{c.metadata['page_id']} (empty output)" for c in reads if c.error]
+            if not failed or len(failed) == len(reads):
+                continue
+            partial += 1
+            assert event.error is None and parse_sam_recall_failures(event.observation) == failed
+            assert parse_sam_recalled(event.observation)[2] == reads[-1].text
+            # the note reaches the reasoner's next call, as part of the recalled message
+            assert any(m.content == event.observation for r in reasoner.seen for m in r.messages)
+        assert trace.stats.get("sam_partial_recalls", 0) == sum(
+            1 for e in trace.events if e.kind == "memory_tool" and parse_sam_recall_failures(e.observation))
+    assert partial > 0
+
+
 def test_bad_reasoner_tool_calls_are_tool_errors_and_the_run_goes_on() -> None:
     task = SamTask({"horizon_steps": 40}, seed=2)
     bad = [
@@ -355,11 +463,6 @@ def test_bad_reasoner_tool_calls_are_tool_errors_and_the_run_goes_on() -> None:
 
 
 def test_reasoner_prompt_tokens_equal_the_tokenizer_count_of_the_rendered_chat(tokenizer: Any) -> None:
-    class Recording(ScriptedEngine):
-        def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-            self.seen = [*getattr(self, "seen", []), *requests]
-            return super().generate(requests)
-
     reasoner = Recording(SamReasoner(), tokenizer=tokenizer)
     memory_engine = ScriptedEngine(SamOracle(), tokenizer=tokenizer)
     counter = make_token_counter(tokenizer)
@@ -384,6 +487,75 @@ def test_reasoner_prompt_tokens_equal_the_tokenizer_count_of_the_rendered_chat(t
         assert unit.context_tokens == encoded + len(tokenizer.encode(unit.observation, add_special_tokens=False))
     assert all(p.tokens == len(tokenizer.encode(p.text, add_special_tokens=False)) for p in memory.pages)
     assert copy.deepcopy(memory).count_tokens is memory.count_tokens  # the tokenizer is shared, not copied
+
+
+class Wordy:
+    """A memory policy whose answers vary in length with the sample's rng (samples of one request differ)."""
+
+    name = "wordy"
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        return " ".join(f"the red cup {rng.randint(1, 999)} is in box {i}" for i in range(rng.randint(1, 4)))
+
+
+def test_generated_tokens_equal_the_tokenizer_count_of_what_was_generated(tokenizer: Any) -> None:
+    eos = tokenizer.eos_token_id
+
+    def generated(text: str) -> int:  # the engine's reply ends with end-of-sequence
+        return len(tokenizer.encode(text, add_special_tokens=False)) + 1
+
+    sampling = {"consolidate": {"temperature": 1.0, "max_tokens": 64}, "recall": {"temperature": 1.0, "max_tokens": 9}}
+    config = SamConfig(**SMALL, sampling=sampling)
+    reasoner = Recording(SamReasoner(), tokenizer=tokenizer)
+    memory_engine = ScriptedEngine(SamOracle(), tokenizer=tokenizer)
+    rollouts = [sam_rollout(SamTask({"horizon_steps": 30, "n_evidence": 2}, seed=s), config,
+                            count_tokens=make_token_counter(tokenizer)) for s in range(3)]
+    traces = run_rollouts(rollouts, EngineSet(reasoner=reasoner, memory=memory_engine))
+
+    # reasoner: one event per call, its completion tokens are the tokenised reply plus end-of-sequence
+    replies = [r.completions[0] for r in reasoner.results]
+    assert all(c.finish_reason == "stop" and c.response_ids[-1] == eos for c in replies)
+    assert all(tokenizer.decode(c.response_ids, skip_special_tokens=True) == c.text for c in replies)
+    events = [e for t in traces for e in t.events if e.kind != "limit"]
+    assert sorted(e.reply for e in events) == sorted(c.text for c in replies)
+    for event in events:
+        assert event.reasoner_completion_tokens == generated(event.reply)
+    for trace in traces:
+        steps = [e for e in trace.events if e.kind != "limit"]
+        assert trace.reasoner_usage.completion_tokens == sum(generated(e.reply) for e in steps)
+
+    # memory calls: a finished output counts its tokens plus end-of-sequence, a cut one exactly max_tokens
+    calls = [c for t in traces for c in t.memory_calls]
+    finishes = {(c.role, c.finish_reason) for c in calls}
+    assert {("consolidate", "stop"), ("recall", "stop"), ("recall", "length")} <= finishes
+    for call in calls:
+        assert call.completion_tokens == len(call.response_ids)
+        assert tokenizer.decode(call.response_ids, skip_special_tokens=True) == call.text
+        if call.finish_reason == "stop":
+            assert call.completion_tokens == generated(call.text)
+        else:
+            assert call.completion_tokens == sampling[call.role]["max_tokens"] and call.response_ids[-1] != eos
+    for trace in traces:
+        assert trace.memory_usage.completion_tokens == sum(c.completion_tokens for c in trace.memory_calls)
+        assert trace.memory_usage.calls == len(trace.memory_calls)
+
+    # a branch that takes sample k of an n-sample call counts sample k's tokens, not the whole result's
+    rollout = sam_rollout(SamTask({"horizon_steps": 30}, seed=7), SamConfig(**SMALL),
+                          count_tokens=make_token_counter(tokenizer))
+    engines = EngineSet(reasoner=ScriptedEngine(SamReasoner(), tokenizer=tokenizer),
+                        memory=ScriptedEngine(Wordy(), tokenizer=tokenizer))
+    while (call := rollout.pending()).kind != "memory":
+        rollout.advance(engines.reasoner.generate([call.request])[0])
+    call.request.sampling.n = 4
+    result = engines.memory.generate([call.request])[0]
+    texts = [c.text for c in result.completions]
+    assert len({generated(t) for t in texts}) > 1  # the samples differ in length
+    before = rollout.memory_usage.completion_tokens
+    for k, text in enumerate(texts):
+        branch = rollout.fork(f"r.{k}")
+        record = branch.advance(result, sample=k)
+        assert record.completion_tokens == generated(text)
+        assert branch.memory_usage.completion_tokens - before == generated(text)
 
 
 def test_fork_at_a_pending_recall_gives_independent_branches() -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -290,12 +291,26 @@ def test_shipped_configs_load(name: str) -> None:
 # (d) 2 processes under torchrun with DeepSpeed ZeRO-2 on CPU
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _cli(args: list[str], env: dict[str, str], nproc: int = 1) -> subprocess.CompletedProcess[str]:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                "--master_port", str(29500 + os.getpid() % 1000)] if nproc > 1 else [sys.executable]
-    proc = subprocess.run([*launcher, "-m", "launch.cli", "sft", *args], cwd=ROOT, env=env, capture_output=True,
+    """``memrl sft`` in this process's interpreter: plainly for 1 process, through launch/torchrun.sh on CPU for more
+    (the path the docs give for CPU runs: gloo, DS_ACCELERATOR=cpu)."""
+    if nproc > 1:
+        cmd = ["bash", str(ROOT / "launch" / "torchrun.sh"), "--device", "cpu", "--nproc-per-node", str(nproc),
+               "--master-port", str(_free_port()), "--", "sft", *args]
+    else:
+        cmd = [sys.executable, "-m", "launch.cli", "sft", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**env, "MEMRL_PYTHON": sys.executable}, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    if nproc > 1:
+        # The launcher's plan, printed before it starts the processes.
+        assert f"world: 1 node(s) x {nproc} process(es) = {nproc} ranks on CPU" in proc.stdout
     return proc
 
 

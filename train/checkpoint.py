@@ -1,5 +1,8 @@
 """Atomic checkpoints for the online loops: policy (adapter only for LoRA), optimizer, scheduler, RNG states of every
-process (accelerate's ``save_state``), plus the loop's own state (iteration, data position, policy version).
+process (accelerate's ``save_state``), plus the loop's own state (iteration, data position, policy version) and
+attached directories such as the reward cache. The cache is content-addressed and append-only, so a checkpoint holds a
+hard-linked snapshot of it (a copy across filesystems), and loading puts back the entries the live cache lacks: a
+checkpoint copied elsewhere resumes without paying for committee calls again.
 
 A checkpoint is written into a temporary directory and renamed into place once every file is there, so a kill at
 any moment leaves either the previous checkpoints or a complete new one; :meth:`CheckpointManager.latest` only sees
@@ -39,8 +42,12 @@ class CheckpointManager:
         )
         return found[-1][1] if found else None
 
-    def save(self, iteration: int, accelerator: Any, model: Any, state: dict[str, Any]) -> Path:
-        """Checkpoint after ``iteration``: accelerator state (all processes) plus the loop's ``state`` (JSON)."""
+    def save(
+        self, iteration: int, accelerator: Any, model: Any, state: dict[str, Any],
+        attach: dict[str, Path] | None = None,
+    ) -> Path:
+        """Checkpoint after ``iteration``: accelerator state (all processes), the loop's ``state`` (JSON) and a
+        snapshot of every ``attach`` directory under its name."""
         final = self.root / f"ckpt-{iteration:06d}"
         tmp = self.root / f".tmp-ckpt-{iteration:06d}"
         if accelerator.is_main_process:
@@ -57,6 +64,8 @@ class CheckpointManager:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             (tmp / "loop_state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
+            for name, source in (attach or {}).items():
+                _link_tree(Path(source), tmp / name)
             (tmp / _MARKER).write_text("ok\n")
             if final.exists():
                 shutil.rmtree(final)
@@ -66,12 +75,16 @@ class CheckpointManager:
         accelerator.wait_for_everyone()
         return final
 
-    def load(self, path: str | Path, accelerator: Any) -> dict[str, Any]:
-        """Restore the accelerator state saved at ``path`` and return the loop's state."""
+    def load(self, path: str | Path, accelerator: Any, attach: dict[str, Path] | None = None) -> dict[str, Any]:
+        """Restore the accelerator state saved at ``path``, put the attached snapshots' missing entries back into the
+        ``attach`` directories, and return the loop's state."""
         path = Path(path)
         if not (path / _MARKER).exists():
             raise FileNotFoundError(f"{path} is not a complete checkpoint")
         accelerator.load_state(str(path), strict=False)
+        if accelerator.is_main_process:
+            for name, target in (attach or {}).items():
+                _link_tree(path / name, Path(target))
         return json.loads((path / "loop_state.json").read_text())
 
     def _prune(self) -> None:
@@ -82,6 +95,23 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(".tmp-ckpt-*"):
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """Hard-link every file of ``source`` into ``target`` (copy when linking fails); existing files are kept."""
+    if not source.is_dir():
+        return
+    for file in source.rglob("*"):
+        if not file.is_file() or file.name.startswith("."):
+            continue
+        dest = target / file.relative_to(source)
+        if dest.exists():
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(file, dest)
+        except OSError:
+            shutil.copy2(file, dest)
 
 
 def _adapter_only_hook(models: list[Any], weights: list[Any], output_dir: str) -> None:

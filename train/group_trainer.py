@@ -171,6 +171,7 @@ class GroupTrainer:
                 policy.model_copy(update={"adapter": None}), LoraSettings(enabled=False), trainable=False
             )
             self._frozen_reference.eval().requires_grad_(False)
+            self._frozen_reference.to(self.accelerator.device)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
         warmup = max(cfg.warmup_steps, 0)
@@ -228,12 +229,18 @@ class GroupTrainer:
         cfg = self.cfg
         start = time.perf_counter()
         all_rows = rows_from_groups(groups, skip_zero_advantage=cfg.skip_zero_advantage)
-        zero_var = sum(1 for g in groups if g.zero_variance)
+        # A one-sample group (flat mode, Phase 2 follow-ups) carries an advantage computed elsewhere: it has no
+        # variance to speak of, so the fraction is over groups of two or more and zero advantages are counted apart.
+        siblings = [g for g in groups if len(g.samples) > 1]
+        samples = [s for g in groups for s in g.samples]
         metrics: dict[str, float] = {
             "groups": float(len(groups)),
-            "zero_variance_group_fraction": zero_var / max(len(groups), 1),
+            "single_sample_groups": float(len(groups) - len(siblings)),
+            "zero_advantage_sample_fraction": sum(abs(s.advantage) <= 1e-12 for s in samples) / max(len(samples), 1),
             "rows": float(len(all_rows)),
         }
+        if siblings:
+            metrics["zero_variance_group_fraction"] = sum(g.zero_variance for g in siblings) / len(siblings)
         rewards = [s.reward for g in groups for s in g.samples]
         if rewards:
             mean = sum(rewards) / len(rewards)
@@ -250,10 +257,12 @@ class GroupTrainer:
         if not all_rows:
             metrics["skipped"] = 1.0
             return metrics
-        self.model.train()
+        # pi_old and pi_ref without dropout: with it, the ratio would differ from 1 before any update
+        self.model.eval()
         order = list(range(len(all_rows)))
         old = dict(zip(order, self._score(all_rows, reference=False), strict=True))
         ref = dict(zip(order, self._score(all_rows, reference=True), strict=True)) if cfg.kl_coef else None
+        self.model.train()
         gaps = [
             (
                 old[i][len(r.prompt_ids) - 1 : len(r.prompt_ids) - 1 + len(r.response_ids)]

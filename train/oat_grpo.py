@@ -248,7 +248,8 @@ def train_oat_grpo(
                                                   reasoner=reasoner, seed=cfg.run.seed))
 
     result = run_online_loop(trainer=trainer, engine=engine, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
-                             collect=collect, evaluate=evaluate, logger=logger, desc="oat-grpo")
+                             collect=collect, evaluate=evaluate, logger=logger, desc="oat-grpo",
+                             attach={"reward_cache": Path(str(settings.cache_dir))})
     if own_logger:
         logger.close()
     if engine is not None:

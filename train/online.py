@@ -109,8 +109,10 @@ def run_online_loop(
     evaluate: Callable[[int], dict[str, Any]] | None,
     logger: MetricsLogger,
     desc: str = "rl",
+    attach: dict[str, Path] | None = None,
 ) -> LoopResult:
-    """Run the loop (see the module docstring). ``collect(iteration)`` is called on the main process only."""
+    """Run the loop (see the module docstring). ``collect(iteration)`` is called on the main process only;
+    ``attach`` names directories (the reward cache) that every checkpoint snapshots and a resume restores."""
     acc = trainer.accelerator
     ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
     policy_root = run_dir / "policy"
@@ -118,7 +120,7 @@ def run_online_loop(
     history: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
     if resume and (latest := ckpt.latest()) is not None:
-        state = ckpt.load(latest, acc)
+        state = ckpt.load(latest, acc, attach)
         start = state["iteration"] + 1
         trainer.version, trainer.updates = state["policy_version"], state["updates"]
         history, evals = state.get("history", []), state.get("evals", [])
@@ -156,6 +158,6 @@ def run_online_loop(
             ckpt.save(iteration, acc, trainer.model, {
                 "iteration": iteration, "policy_version": trainer.version, "updates": trainer.updates,
                 "trainer_rng": trainer.rng_state(), "history": history, "evals": evals,
-            })
+            }, attach)
     return LoopResult(cfg.iterations - start, trainer.updates, trainer.version, policy_dir, history, evals)
 

@@ -56,6 +56,7 @@ class Event:
 
     ``kind`` is one of: ``see`` (obj, loc), ``enter`` (room), ``move`` (obj, src, dst), ``unlock`` (target, key),
     ``open`` (container), ``fail`` (action, reason), ``goal`` (goal text), ``goal_done`` (goal text),
+    ``goal_step`` (goal text, text of the chain step just done; not for a goal's last step),
     ``see_lock`` (locked target shown), ``hint`` (key, container it opens).
     """
 
@@ -84,8 +85,36 @@ class Env(abc.ABC):
 
     @property
     def spec(self) -> EnvSpec:
-        """The spec that rebuilds this environment."""
-        return EnvSpec(name=self.name, seed=self.seed, params=self.params.model_dump(mode="json"))
+        """The spec that rebuilds this environment. A parameter marked ``omit_if_default`` is left out while it has
+        its default, so knobs added later do not change the episodes (and files) written without them."""
+        params = self.params.model_dump(mode="json")
+        for name, info in type(self.params).model_fields.items():
+            extra = info.json_schema_extra
+            if isinstance(extra, dict) and extra.get("omit_if_default") and params.get(name) == info.default:
+                del params[name]
+        return EnvSpec(name=self.name, seed=self.seed, params=params)
+
+    def _advance_goal(self, lines: list[str]) -> bool:
+        """The current chain step is met: move to the next one (a step already met counts at once); when the chain
+        is done, count the goal and draw a new one. Returns whether the whole goal was done. For worlds whose state
+        ``s`` has ``chain``, ``chain_pos``, ``goal``, ``goals_done`` and that define ``step_met``, ``step_text``,
+        ``goal_text`` and ``_new_goal``."""
+        s: Any = self.s  # type: ignore[attr-defined]
+        world: Any = self
+        while s.chain_pos + 1 < len(s.chain):
+            text = world.step_text(s.chain[s.chain_pos])
+            s.chain_pos += 1
+            s.goal = s.chain[s.chain_pos]
+            self.events.append(Event("goal_step", (world.goal_text(), text)))
+            lines.append(f"goal step {s.chain_pos} of {len(s.chain)} done: {text}")
+            if not world.step_met(s.goal):
+                return False
+        text = world.goal_text()
+        s.goals_done += 1
+        self.events.append(Event("goal_done", (text,)))
+        lines.append(f"goal done: {text}")
+        lines += world._new_goal()
+        return True
 
     @abc.abstractmethod
     def reset(self) -> str:

@@ -1,6 +1,8 @@
 """A grid/room world (BabyAI-like): a grid of square rooms joined by doors (some locked, each opened by the key of
 its colour), balls, boxes and keys to carry (one at a time), and an endless chain of goals (``pick up the X``,
-``put the X in room N``, ``go to room N``).
+``put the X in room N``, ``go to room N``). With ``chain_length`` k > 1 each goal is an instruction chain of k such
+steps (``put the red ball in room 3, then go to room 1``) that must be done in order: the transition function checks
+the current step after every action (``goal step i of k done: ...``) and the goal is done when the last step is.
 
 Actions: ``go north|south|east|west`` (one cell), ``pick up the X`` (on its cell, hands empty), ``drop the X`` (on a
 free, non-door cell), ``unlock the C door`` (next to it, carrying the C key), ``look``. The agent sees its own room
@@ -38,6 +40,9 @@ class GridWorldParams(ConfigModel):
     n_objects: int = Field(6, ge=1, le=64, description="balls and boxes")
     n_locked: int = Field(2, ge=0, le=len(COLORS))
     verbosity: int = Field(1, ge=0, le=2)
+    chain_length: int = Field(
+        1, ge=1, le=16, description="steps per goal (an instruction chain)", json_schema_extra={"omit_if_default": True}
+    )
 
 
 @dataclass
@@ -50,7 +55,9 @@ class GridState:
     objects: dict[str, Cell | None] = field(default_factory=dict)  # name -> cell, None when carried
     carrying: str | None = None
     visited: list[str] = field(default_factory=list)
-    goal: tuple[str, ...] | None = None
+    goal: tuple[str, ...] | None = None  # the current step of ``chain``
+    chain: list[tuple[str, ...]] = field(default_factory=list)
+    chain_pos: int = 0
     goals_done: int = 0
     last_failure: str | None = None
     rng: random.Random = field(default_factory=random.Random)
@@ -214,43 +221,70 @@ class GridWorldEnv(Env):
         s = self.s
         things = sorted(n for n in s.objects if not n.endswith(" key"))
         rooms = [f"room {n + 1}" for n in range(self.params.rooms_x * self.params.rooms_y)]
-        kind = s.rng.choice(["pick", "put", "put", "go"])
-        if kind == "pick" and things:
-            goal: tuple[str, ...] = ("pick", s.rng.choice(things))
-        elif kind == "put" and things:
-            thing = s.rng.choice(things)
-            cell = s.objects[thing]
-            current = self.room_of(cell) if cell is not None else None
-            goal = ("put", thing, s.rng.choice([r for r in rooms if r != current] or rooms))
-        else:
-            here = self.room_of(s.agent)
-            goal = ("go", s.rng.choice([r for r in rooms if r != here] or rooms))
-        s.goal = goal
-        if self._goal_met():
-            return self._new_goal()
+        # Later steps are drawn against the state the earlier ones leave behind (a projection), so no step is
+        # trivially met when it is drawn; the first step sees the true state.
+        here = self.room_of(s.agent)
+        carrying = s.carrying
+        where = {n: (self.room_of(c) if c is not None else None) for n, c in s.objects.items()}
+        chain: list[tuple[str, ...]] = []
+        while len(chain) < self.params.chain_length:
+            kind = s.rng.choice(["pick", "put", "put", "go"])
+            if kind == "pick" and things:
+                step: tuple[str, ...] = ("pick", s.rng.choice(things))
+            elif kind == "put" and things:
+                thing = s.rng.choice(things)
+                current = where[thing]
+                step = ("put", thing, s.rng.choice([r for r in rooms if r != current] or rooms))
+            else:
+                step = ("go", s.rng.choice([r for r in rooms if r != here] or rooms))
+            if step[0] == "pick":
+                met = carrying == step[1]
+            else:
+                met = (where[step[1]] if step[0] == "put" else here) == step[-1]
+            if met:
+                continue
+            chain.append(step)
+            if step[0] in ("pick", "put") and carrying not in (None, step[1]):
+                where[str(carrying)] = "?"  # the policy drops it somewhere on the way
+            if step[0] == "pick":
+                here = where[step[1]] or "?"
+                carrying, where[step[1]] = step[1], None
+            elif step[0] == "put":
+                where[step[1]], here, carrying = step[2], step[2], None
+            else:
+                here = step[1]
+        s.chain, s.chain_pos, s.goal = chain, 0, chain[0]
         text = self.goal_text()
         self.events.append(Event("goal", (text,)))
         return [f"goal: {text}"]
 
+    @staticmethod
+    def step_text(step: tuple[str, ...]) -> str:
+        """One step of a goal chain as text."""
+        if step[0] == "pick":
+            return f"pick up the {step[1]}"
+        if step[0] == "put":
+            return f"put the {step[1]} in {step[2]}"
+        return f"go to {step[1]}"
+
     def goal_text(self) -> str:
-        """The current goal as text."""
-        g = self.s.goal
-        assert g is not None
-        if g[0] == "pick":
-            return f"pick up the {g[1]}"
-        if g[0] == "put":
-            return f"put the {g[1]} in {g[2]}"
-        return f"go to {g[1]}"
+        """The current goal (the whole chain) as text."""
+        assert self.s.goal is not None
+        return ", then ".join(self.step_text(g) for g in self.s.chain)
+
+    def step_met(self, step: tuple[str, ...]) -> bool:
+        """Whether the true state satisfies one chain step."""
+        s = self.s
+        if step[0] == "pick":
+            return s.carrying == step[1]
+        if step[0] == "put":
+            cell = s.objects[step[1]]
+            return cell is not None and self.room_of(cell) == step[2]
+        return self.room_of(s.agent) == step[1]
 
     def _goal_met(self) -> bool:
-        s, g = self.s, self.s.goal
-        assert g is not None
-        if g[0] == "pick":
-            return s.carrying == g[1]
-        if g[0] == "put":
-            cell = s.objects[g[1]]
-            return cell is not None and self.room_of(cell) == g[2]
-        return self.room_of(s.agent) == g[1]
+        assert self.s.goal is not None
+        return self.step_met(self.s.goal)
 
     # ------------------------------------------------------------------------------------------------ stepping
     def _fail(self, action: str, reason: str) -> str:
@@ -317,16 +351,14 @@ class GridWorldEnv(Env):
             lines = self._describe(full=True)
         else:
             return self._fail(action, "unknown action")
-        if self._goal_met():
-            text = self.goal_text()
-            s.goals_done += 1
-            self.events.append(Event("goal_done", (text,)))
-            lines.append(f"goal done: {text}")
-            lines += self._new_goal()
-        elif v >= 2:
+        if (not self._goal_met() or not self._advance_goal(lines)) and v >= 2:
             lines.append(f"you carry the {s.carrying}." if s.carrying else "you carry nothing.")
-            lines.append(f"goal: {self.goal_text()}")
+            lines.append(f"goal: {self.goal_text()}{self._progress()}")
         return "\n".join(lines)
+
+    def _progress(self) -> str:
+        s = self.s
+        return f" (step {s.chain_pos + 1} of {len(s.chain)})" if len(s.chain) > 1 else ""
 
     # ------------------------------------------------------------------------------------------------ policy
     def _bfs(self, targets: set[Cell], ignore_locks: bool = False) -> list[Cell] | None:
@@ -447,5 +479,6 @@ class GridWorldEnv(Env):
             "visited": list(s.visited),
             "visible": sorted(n for n, c in s.objects.items() if c is None or c in cells),
             "goals_done": s.goals_done,
+            "goal_steps_done": s.chain_pos,
             "last_failure": s.last_failure,
         }

@@ -1,5 +1,9 @@
 """A text-adventure world (TextWorld-like): rooms joined by exits, containers (some locked) holding items, an
-inventory, and an endless chain of ``put the X in the C`` goals.
+inventory, and an endless chain of ``put the X in the C`` goals. With ``chain_length`` k > 1 each goal is an
+instruction chain of k steps done in order (``put the red key in chest 3, then take the blue map to the kitchen``):
+the first step is a ``put``, later ones a ``put`` or a ``take the X to the ROOM`` (carry it there); the transition
+function checks the current step after every action (``goal step i of k done: ...``) and the goal is done when the
+last step is.
 
 Actions: ``go DIR``, ``open C``, ``close C``, ``take X from C``, ``take X`` (from the floor), ``put X in C``,
 ``unlock C with K``, ``look``, ``inventory``. An impossible action fails with a reason and changes nothing.
@@ -40,6 +44,9 @@ class TextWorldParams(ConfigModel):
     item_variants: int = Field(1, ge=1, le=1000, description="numbered copies of each colour+noun name")
     verbosity: int = Field(1, ge=0, le=2)
     lock_hints: bool = Field(True, description="a locked container names the key that opens it")
+    chain_length: int = Field(
+        1, ge=1, le=16, description="steps per goal (an instruction chain)", json_schema_extra={"omit_if_default": True}
+    )
 
 
 @dataclass
@@ -57,7 +64,10 @@ class TextWorldState:
     room_containers: dict[str, list[str]] = field(default_factory=dict)
     room: str = ""
     visited: list[str] = field(default_factory=list)
-    goal: tuple[str, str] | None = None  # (item, container)
+    goal: tuple[str, str, str] | None = None  # the current step of ``chain``: ("put", item, container) or
+    # ("bring", item, room)
+    chain: list[tuple[str, str, str]] = field(default_factory=list)
+    chain_pos: int = 0
     goals_done: int = 0
     last_failure: str | None = None
     rng: random.Random = field(default_factory=random.Random)
@@ -237,17 +247,49 @@ class TextWorldEnv(Env):
     def _new_goal(self) -> list[str]:
         s = self.s
         items = sorted(s.loc)
-        item = s.rng.choice(items)
-        targets = sorted(c for c in s.container_room if c != s.loc[item])
-        s.goal = (item, s.rng.choice(targets))
+        # Later steps are drawn against the state the earlier ones leave behind (a projection), so no step is
+        # trivially met when it is drawn.
+        loc, room = dict(s.loc), s.room
+        chain: list[tuple[str, str, str]] = []
+        while len(chain) < self.params.chain_length:
+            kind = "put" if not chain else s.rng.choice(["put", "put", "bring"])
+            item = s.rng.choice(items)
+            rooms = [r for r in s.rooms if r != room]
+            if kind == "bring" and rooms:
+                step = ("bring", item, s.rng.choice(rooms))
+                loc[item], room = INVENTORY, step[2]
+            else:
+                targets = sorted(c for c in s.container_room if c != loc[item])
+                step = ("put", item, s.rng.choice(targets))
+                loc[item], room = step[2], s.container_room[step[2]]
+            chain.append(step)
+        s.chain, s.chain_pos, s.goal = chain, 0, chain[0]
         text = self.goal_text()
         self.events.append(Event("goal", (text,)))
         return [f"goal: {text}"]
 
+    @staticmethod
+    def step_text(step: tuple[str, str, str]) -> str:
+        """One step of a goal chain as text."""
+        if step[0] == "bring":
+            return f"take the {step[1]} to the {step[2]}"
+        return f"put the {step[1]} in {step[2]}"
+
     def goal_text(self) -> str:
-        """The current goal as text."""
+        """The current goal (the whole chain) as text."""
         assert self.s.goal is not None
-        return f"put the {self.s.goal[0]} in {self.s.goal[1]}"
+        return ", then ".join(self.step_text(g) for g in self.s.chain)
+
+    def step_met(self, step: tuple[str, str, str]) -> bool:
+        """Whether the true state satisfies one chain step."""
+        s = self.s
+        if step[0] == "bring":
+            return s.loc[step[1]] == INVENTORY and s.room == step[2]
+        return s.loc[step[1]] == step[2]
+
+    def _progress(self) -> str:
+        s = self.s
+        return f" (step {s.chain_pos + 1} of {len(s.chain)})" if len(s.chain) > 1 else ""
 
     # ------------------------------------------------------------------------------------------------ stepping
     def _fail(self, action: str, reason: str) -> str:
@@ -351,16 +393,11 @@ class TextWorldEnv(Env):
         else:
             carried = sorted(self._contents(INVENTORY))
             lines = [f"you carry: {', '.join(carried) or 'nothing'}." if v else f"carry: {' '.join(carried) or '-'}"]
-        if s.goal is not None and s.loc[s.goal[0]] == s.goal[1]:
-            text = self.goal_text()
-            s.goals_done += 1
-            self.events.append(Event("goal_done", (text,)))
-            lines.append(f"goal done: {text}")
-            lines += self._new_goal()
-        elif v >= 2:
+        done = s.goal is not None and self.step_met(s.goal) and self._advance_goal(lines)
+        if not done and v >= 2:
             carried = sorted(self._contents(INVENTORY))
             lines.append(f"you carry: {', '.join(carried) or 'nothing'}.")
-            lines.append(f"goal: {self.goal_text()}")
+            lines.append(f"goal: {self.goal_text()}{self._progress()}")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------------------------------------ policy
@@ -411,9 +448,11 @@ class TextWorldEnv(Env):
         """Shortest plan toward the current goal, one action at a time."""
         s = self.s
         assert s.goal is not None
-        item, target = s.goal
+        kind, item, target = s.goal
         if s.loc[item] != INVENTORY:
             return self._fetch(item)
+        if kind == "bring":
+            return self._path_step(target) or "look"
         return self._ready(target) or f"put {item} in {target}"
 
     def random_action(self, rng: random.Random) -> str:
@@ -447,6 +486,7 @@ class TextWorldEnv(Env):
             "visited": list(s.visited),
             "visible": sorted(visible),
             "goals_done": s.goals_done,
+            "goal_steps_done": s.chain_pos,
             "last_failure": s.last_failure,
         }
 

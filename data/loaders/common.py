@@ -45,6 +45,31 @@ class Where:
         value = self.get(obj, field, (str, int, float), prefix)
         return value if isinstance(value, str) else str(value)
 
+    def optional_text(self, obj: dict[str, Any], field: str, default: str | None, prefix: str = "") -> str | None:
+        """Like :meth:`text`, but ``default`` when the field is absent (a present null or object is an error,
+        not the string ``"None"``)."""
+        return self.text(obj, field, prefix) if field in obj else default
+
+    def int_list(self, obj: dict[str, Any], field: str, prefix: str = "") -> list[int]:
+        """An optional array of integers (absent -> ``[]``); a wrong container or element type is an error."""
+        if field not in obj:
+            return []
+        values = self.get(obj, field, list, prefix)
+        for i, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise self.error(f"{prefix}{field}[{i}]", f"expected integer, got {_json_type(value)}")
+        return list(values)
+
+    def str_list(self, obj: dict[str, Any], field: str, prefix: str = "") -> list[str]:
+        """An optional array of strings (absent -> ``[]``); a wrong container or element type is an error."""
+        if field not in obj:
+            return []
+        values = self.get(obj, field, list, prefix)
+        for i, value in enumerate(values):
+            if not isinstance(value, str):
+                raise self.error(f"{prefix}{field}[{i}]", f"expected string, got {_json_type(value)}")
+        return list(values)
+
     def episode(self, data: dict[str, Any]) -> Episode:
         """Validate an :class:`Episode`, reporting the first problem against this location."""
         try:
@@ -62,9 +87,9 @@ def _names(kinds: tuple[type, ...]) -> str:
 
 
 def _json_type(value: Any) -> str:
-    return {str: "string", int: "integer", float: "number", list: "array", dict: "object", type(None): "null"}.get(
-        type(value), type(value).__name__
-    )
+    names = {str: "string", int: "integer", float: "number", list: "array", dict: "object", bool: "boolean",
+             type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _decode(path: Path) -> str:

@@ -46,16 +46,16 @@ def load_amabench(path: str | Path) -> list[Episode]:
                     "question": where.text(qa, "question", prefix),
                     "answer": where.text(qa, "answer", prefix),
                     "type": where.text(qa, "type", prefix),
-                    "needle_turns": list(qa.get("needle_turns", [])),
-                    "qa_id": str(qa["qa_id"]) if "qa_id" in qa else None,
+                    "needle_turns": where.int_list(qa, "needle_turns", prefix),
+                    "qa_id": where.optional_text(qa, "qa_id", None, prefix),
                     "metadata": {k: v for k, v in qa.items() if k not in _AMA_QA_FIELDS},
                 }
             )
         data = {
             "episode_id": where.text(obj, "episode_id"),
             "task": where.text(obj, "task"),
-            "task_type": str(obj.get("task_type", "")),
-            "domain": str(obj.get("domain", "")),
+            "task_type": where.optional_text(obj, "task_type", ""),
+            "domain": where.optional_text(obj, "domain", ""),
             "trajectory": turns,
             "qa_pairs": qas,
             "metadata": {"source": "amabench", **{k: v for k, v in obj.items() if k not in _AMA_FIELDS}},
@@ -120,8 +120,9 @@ def load_locomo(path: str | Path) -> list[Episode]:
                 answer = LOCOMO_NOT_MENTIONED
             else:
                 raise where.error(f"{prefix}answer", "missing (and no adversarial_answer)")
-            evidence = where.get(qa, "evidence", list, prefix) if "evidence" in qa else []
-            ids = [p.strip() for e in evidence if isinstance(e, str) for p in e.split(";") if p.strip()]
+            # LoCoMo joins several ids in one entry ("D2:1; D1:2"); a non-string entry is a broken file, not noise.
+            evidence = where.str_list(qa, "evidence", prefix)
+            ids = [p.strip() for e in evidence for p in e.split(";") if p.strip()]
             unresolved = [d for d in ids if d not in by_dia]
             if unresolved:
                 meta["unresolved_evidence"] = unresolved
@@ -184,7 +185,7 @@ def load_memoryarena(path: str | Path) -> list[Episode]:
                         "metadata": meta})
         data = {
             "episode_id": rid,
-            "task": str(obj.get("task", "answer the questions from the background")),
+            "task": where.optional_text(obj, "task", "answer the questions from the background"),
             "task_type": "memoryarena",
             "domain": "memoryarena",
             "trajectory": turns,

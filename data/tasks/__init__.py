@@ -13,6 +13,7 @@ from data.config import ConfigError, ConfigModel
 from data.io import read_jsonl
 from data.schemas import EnvSpec, Episode
 from data.tasks.ama import make_ama_episode
+from data.tasks.check import check_episode_qa
 from data.tasks.proactive import ActionAgent, ProactiveParams, ProactiveTask, simulate_proactive
 from data.tasks.sam import SamReasoner, SamTask, SamTaskParams, simulate_sam
 
@@ -25,6 +26,7 @@ __all__ = [
     "SamTask",
     "SamTaskParams",
     "TaskSetConfig",
+    "check_episode_qa",
     "load_tasks",
     "make_ama_episode",
     "make_task",

@@ -26,15 +26,19 @@ new extraction (:data:`~data.formats.NOTHING_RELEVANT` empties it). The last ext
     assistant  <tool_call>{"name": "act", ...}</tool_call>          one pair per live unit
     tool       observation
     assistant  <tool_call>{"name": "memory", "arguments": {"intent": ..., "page_ids": [...]}}</tool_call>
-    user       recalled for: ... / pages: 3,7 / extraction               (or "error: ..." for a failed call)
+    user       recalled for: ... / pages: 3,7 / [failed pages: p7 (empty output)] / extraction
+               (or "error: ..." when every page failed)
 
 **Malformed memory outputs never stop the loop.** Outputs are cleaned (cut at an end-of-text marker, stripped; cues
 folded to one line and capped at ``max_cue_tokens``). Empty text, text without letters or digits, a tool call
 (complete or truncated) and output cut at ``max_tokens`` are errors: the call's :class:`~data.schemas.MemoryCall`
 gets ``error``, the run counts ``sam_<role>_errors`` and ``sam_error_<kind>``, and the output contributes nothing
-(a page whose cue failed is listed as ``(no cue)``; a recall whose every page failed is a tool error). Invalid tool
-calls (no intent, page ids that are not numbers or do not exist, too many pages, an empty store) are tool errors
-with a clear message, counted as ``sam_tool_errors`` and ``sam_error_<kind>``. Other garbage passes through as text.
+(a page whose cue failed is listed as ``(no cue)``; a recall whose every page failed is a tool error). When only
+some pages of a recall failed, the reasoner gets what the others gave plus a ``failed pages:`` line naming each
+failed page and why (counted as ``sam_partial_recalls``), so it can retry them instead of trusting a silent gap.
+Invalid tool calls (no intent, page ids that are not numbers or do not exist, too many pages, an empty store) are
+tool errors with a clear message, counted as ``sam_tool_errors`` and ``sam_error_<kind>``. Other garbage passes
+through as text.
 
 All per-episode state is plain data (lists, dicts, dataclasses), so a rollout deep-copies at any pending call. Token
 counts use the ``count_tokens`` callable (default :func:`data.envs.base.count_tokens`; :func:`make_token_counter`
@@ -85,6 +89,13 @@ __all__ = [
 
 TokenCounter = Callable[[str], int]
 MISSING_CUE = "(no cue)"
+# What the reasoner is told about a page the memory model failed on: short, since it stays in the live context.
+_BRIEF_ERRORS = {
+    "tool_call": "a tool call, not memory text",
+    "truncated": "output cut at max_tokens",
+    "empty": "empty output",
+    "no_text": "no letters or digits",
+}
 
 
 class TokenizerCounter:
@@ -206,7 +217,8 @@ class RecallJob:
     index: int = 0
     so_far: str = ""
     read: int = 0  # pages whose output was usable
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # full messages, for the all-pages-failed tool error
+    failed: list[str] = field(default_factory=list)  # brief notes (``p3 (empty output)``) shown to the reasoner
 
 
 def parse_page_ids(value: Any) -> list[int] | None:
@@ -443,6 +455,7 @@ class SamMemory(PagedMemory):
             if kind is not None:
                 self._call_error(call, "recall", kind, message)
                 job.errors.append(f"page {page_id}: {message}")
+                job.failed.append(f"p{page_id} ({_BRIEF_ERRORS.get(kind, kind)})")
             else:
                 job.read += 1
                 job.so_far = "" if text.lower() == NOTHING_RELEVANT else text
@@ -516,7 +529,10 @@ class SamMemory(PagedMemory):
             return
         if not job.so_far:
             self.count("sam_empty_recalls")
-        self._result = ToolResult(content=render_sam_recalled(job.intent, job.page_ids, job.so_far or NOTHING_RELEVANT))
+        if job.failed:
+            self.count("sam_partial_recalls")
+        content = render_sam_recalled(job.intent, job.page_ids, job.so_far or NOTHING_RELEVANT, job.failed)
+        self._result = ToolResult(content=content)
 
     def tool_result(self) -> ToolResult | None:
         """The finished recall (or tool error), taken once."""

@@ -1,0 +1,21 @@
+"""docs/configs.md is generated from the config models and must match them."""
+
+from __future__ import annotations
+
+from launch.cli import JOBS
+from launch.config_reference import DEFAULT_OUT, main, reference
+
+
+def test_committed_reference_is_up_to_date() -> None:
+    assert main(["--check"]) == 0, "docs/configs.md is stale: run python -m launch.config_reference"
+
+
+def test_reference_covers_every_command_with_types_defaults_and_meanings() -> None:
+    text = reference()
+    for job in JOBS:
+        assert f"## `memrl {' '.join(job.path)}`" in text
+    # a line comment in the model's source becomes the key's meaning; a nested section links to its table
+    assert "| `horizon` | int | `12` | tour steps before the question, for distillation and RL |" in text
+    assert "| `run` | RunConfig | (section) | see [RunConfig](#runconfig) |" in text
+    assert "| `policy` | PolicySpec | **required** |" in text  # a key without a default is marked required
+    assert DEFAULT_OUT.name == "configs.md"
