@@ -52,20 +52,20 @@ class ConfigModel(BaseModel):
 class WandbConfig(ConfigModel):
     """Weights & Biases logging. ``mode: offline`` works without a network; keys come from the environment only."""
 
-    enabled: bool = False
-    project: str = "memrl"
-    entity: str | None = None
-    mode: typing.Literal["online", "offline", "disabled"] = "offline"
-    tags: list[str] = []
+    enabled: bool = False  # log metrics to wandb (metrics.jsonl is always written)
+    project: str = "memrl"  # wandb project
+    entity: str | None = None  # wandb team or user; None: your default
+    mode: typing.Literal["online", "offline", "disabled"] = "offline"  # wandb mode; disabled logs nothing to wandb
+    tags: list[str] = []  # wandb run tags
 
 
 class RunConfig(ConfigModel):
     """Where a run writes its outputs, and its global seed."""
 
-    output_dir: str = "runs"
-    name: str | None = None
-    seed: int = 0
-    resume: bool = False
+    output_dir: str = "runs"  # parent directory of the run directory
+    name: str | None = None  # run directory name; None: <command>-<UTC timestamp>
+    seed: int = 0  # global RNG seed of the run
+    resume: bool = False  # reuse an existing run directory and continue from its latest checkpoint
     wandb: WandbConfig = WandbConfig()
 
 
@@ -86,11 +86,11 @@ class PolicyPlacement(ConfigModel):
     training node are kept from training, and the engine runs on the first TP of node 0's.
     """
 
-    mode: typing.Literal["colocate", "separate"] = "colocate"
-    tensor_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
-    sleep_level: typing.Literal[0, 1, 2] = 1
-    gpus_per_node: int = Field(0, ge=0)
+    mode: typing.Literal["colocate", "separate"] = "colocate"  # colocate: share the training GPUs; separate: own GPUs
+    tensor_parallel_size: int = Field(1, ge=1)  # vLLM tensor-parallel size (TP) of the policy engine
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)  # fraction of each GPU's memory vLLM may take
+    sleep_level: typing.Literal[0, 1, 2] = 1  # colocate: 0 never sleeps, 1 weights to CPU, 2 drop weights
+    gpus_per_node: int = Field(0, ge=0)  # separate: GPUs per node kept for the engine; 0 with colocate
 
     @model_validator(mode="after")
     def _check_gpus(self) -> PolicyPlacement:

@@ -32,9 +32,9 @@ class SynthSource(ConfigModel):
     """One kind of episode to generate: ``count`` episodes per target-token bin. An option the family does not read
     (set to anything but its default) is an error, not silently ignored."""
 
-    family: Literal["ama", "sam", "proactive"]
+    family: Literal["ama", "sam", "proactive"]  # task family to generate: ama (QA episodes), sam or proactive
     env: Literal["textworld", "gridworld"] = Field("textworld", description="environment of an ama source")
-    count: int = Field(4, ge=1)
+    count: int = Field(4, ge=1)  # episodes per target-token bin (or in all without bins)
     target_tokens: list[int] = Field(
         [], description="bins (ama: required; sam: grow tours to each; proactive: not read)"
     )
@@ -100,12 +100,12 @@ def _default_sources() -> list[SynthSource]:
 class SynthConfig(ConfigModel):
     """Config of ``memrl data synth``."""
 
-    command: Literal["data synth"] = "data synth"
+    command: Literal["data synth"] = "data synth"  # the command this config is for
     run: RunConfig = RunConfig(output_dir="runs", name=None)
     sources: list[SynthSource] = Field(default_factory=_default_sources)
     eval_fraction: float = Field(0.25, ge=0, lt=1, description="share of each source and bin held out for eval")
-    arrow: bool = True
-    histogram_bins: list[int] = [4096, 8192, 16384, 32768, 65536, 131072]
+    arrow: bool = True  # also write train.arrow/ and eval.arrow/ datasets next to the JSONL
+    histogram_bins: list[int] = [4096, 8192, 16384, 32768, 65536, 131072]  # token-length histogram edges of the stats
 
 
 def _seed(*parts: Any) -> int:

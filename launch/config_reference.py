@@ -34,7 +34,16 @@ whose type is another section is documented once, where it first appears; later 
 
 
 def _line_comments(cls: type) -> dict[str, str]:
-    """Field name -> the comment at the end of its line in ``cls``'s source (empty when there is none)."""
+    """Field name -> the comment at the end of its line in the source of ``cls`` or of the base that declares it."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's comment overrides its base's
+        if klass is not BaseModel and issubclass(klass, BaseModel):
+            out.update(_own_line_comments(klass))
+    return out
+
+
+def _own_line_comments(cls: type) -> dict[str, str]:
+    """Field name -> the comment at the end of its line in ``cls``'s own source (empty when there is none)."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):

@@ -69,20 +69,22 @@ READER_NOTE = (
 class DatasetSpec(ConfigModel):
     """One dataset: synthetic AMA-format episodes, a file in a public format, or a family of interactive tasks."""
 
-    name: str = Field(min_length=1)
-    kind: Literal["ama_synthetic", "amabench", "locomo", "memoryarena", "generic", "sam", "proactive"]
+    name: str = Field(min_length=1)  # label of the dataset in results
+    kind: Literal["ama_synthetic", "amabench", "locomo", "memoryarena", "generic", "sam", "proactive"] = Field(
+        description="synthetic AMA episodes, a file in a public format (path), or a task family (tasks)"
+    )
     path: str | None = None  # the file of amabench / locomo / memoryarena / generic
     envs: list[str] = ["textworld"]  # ama_synthetic: environments
     target_tokens: list[int] = [1000]  # ama_synthetic: trajectory lengths (the horizon breakdown)
-    episodes_per_setting: int = Field(2, ge=1)
+    episodes_per_setting: int = Field(2, ge=1)  # ama_synthetic: episodes per env and target length
     per_type: int = Field(2, ge=1, description="ama_synthetic: questions per type A-D")
-    noise: float = Field(0.1, ge=0, le=1)
-    env_params: dict[str, Any] = {}
-    seed: int = 0
+    noise: float = Field(0.1, ge=0, le=1)  # ama_synthetic: action noise of the trajectory policy
+    env_params: dict[str, Any] = {}  # ama_synthetic: environment parameters
+    seed: int = 0  # seed of the first synthetic episode (or default task set)
     tasks: TaskSetConfig | None = None  # sam / proactive: the task set (default: the family's defaults)
     samples: int = Field(0, ge=0, description="tasks: sampled runs per task beside the greedy one")
     temperature: float | None = Field(None, ge=0, description="tasks: sampling temperature (None: the config's)")
-    max_episodes: int | None = Field(None, ge=1)
+    max_episodes: int | None = Field(None, ge=1)  # episodes (or tasks) used at most; None: all
     max_questions: int | None = Field(None, ge=1, description="questions per episode at most")
 
     @model_validator(mode="after")
@@ -97,7 +99,7 @@ class DatasetSpec(ConfigModel):
 class SystemSpec(ConfigModel):
     """A memory system under a label (the same system with other settings needs another label)."""
 
-    label: str | None = None
+    label: str | None = None  # name in results; None: the memory system's name
     memory: MemoryConfig
 
     @property
@@ -111,9 +113,9 @@ class ModelSpec(ConfigModel):
     LoRA adapter on it; ``engine: null`` is the dataset's scripted memory model (extractive model for QA, the oracle
     expert for tasks)."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1)  # label of the model in results
     engine: EngineConfig | None = None
-    adapter: str | None = None
+    adapter: str | None = None  # LoRA adapter directory served on the (vllm / hf) engine
 
     @model_validator(mode="after")
     def _adapter_needs_engine(self) -> ModelSpec:
@@ -130,7 +132,7 @@ def _default_systems() -> list[SystemSpec]:
 class EvalConfig(ConfigModel):
     """Everything ``memrl eval`` needs."""
 
-    command: Literal["eval"] = "eval"
+    command: Literal["eval"] = "eval"  # the command this config is for
     run: RunConfig = RunConfig()
     datasets: list[DatasetSpec] = [DatasetSpec(name="ama-synthetic", kind="ama_synthetic")]
     systems: list[SystemSpec] = Field(default_factory=_default_systems)
@@ -139,10 +141,10 @@ class EvalConfig(ConfigModel):
     reader: ReaderConfig = ReaderConfig()
     judge: EngineConfig | None = None  # AMA-Bench yes/no judge; None: the offline lexical judge
     locomo_judge: bool = True  # also run the CORRECT/WRONG judge on LoCoMo questions
-    judge_max_tokens: int = Field(64, ge=1)
+    judge_max_tokens: int = Field(64, ge=1)  # max tokens of a judge reply (twice this for LoCoMo)
     tokenizer: str | None = "tiny"  # token accounting of scripted engines ("tiny": the tiny model's; None: none)
-    model_cache: str = ".cache/models"
-    episodes_per_batch: int = Field(4, ge=1)
+    model_cache: str = ".cache/models"  # where the tiny model (tokenizer "tiny") is built and reused
+    episodes_per_batch: int = Field(4, ge=1)  # QA episodes run and scored together
     slack_steps: int = Field(4, ge=1, description="reasoner calls allowed per question")
 
     @model_validator(mode="after")

@@ -49,40 +49,40 @@ def _task_params(horizon: int) -> SamTaskParams:
 class QuickstartSFT(ConfigModel):
     """The SFT stage of the quickstart."""
 
-    max_steps: int = 300
-    batch_size: int = 32
-    lr: float = 2e-3
-    role_weights: dict[str, float] = {"consolidate": 0.4, "recall": 0.6}
+    max_steps: int = 300  # optimizer steps of the SFT stage
+    batch_size: int = 32  # examples per SFT step (rows mixed = max_steps x batch_size)
+    lr: float = 2e-3  # SFT learning rate
+    role_weights: dict[str, float] = {"consolidate": 0.4, "recall": 0.6}  # share of the SFT mixture per memory role
 
 
 class QuickstartConfig(ConfigModel):
     """The embedded default of ``memrl quickstart`` (every value measured to fit minutes on 2 CPU cores)."""
 
-    command: Literal["quickstart"] = "quickstart"
+    command: Literal["quickstart"] = "quickstart"  # the command this config is for
     run: RunConfig = RunConfig(output_dir="runs")
     model: TinyModelSpec = TinyModelSpec()
-    model_cache: str = ".cache/models"
+    model_cache: str = ".cache/models"  # directory the tiny model is built into and reused from
     horizon: int = 12  # tour steps before the question, for distillation and RL
-    eval_horizons: list[int] = [12, 24]
-    distill_tasks: int = 600
-    eval_tasks_per_horizon: int = 60
+    eval_horizons: list[int] = [12, 24]  # horizons (tour steps) of the held-out eval task sets
+    distill_tasks: int = 600  # SAM tasks the oracle is run on to make SFT data
+    eval_tasks_per_horizon: int = 60  # held-out tasks per eval horizon
     expert: SamOracleConfig = SamOracleConfig(defer_to_later=0.9)
     memory: SamConfig = SamConfig(
         page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
         sampling={"consolidate": RoleSampling(temperature=0.0, max_tokens=64),
                   "recall": RoleSampling(temperature=1.0, max_tokens=64)},
     )
-    reasoner_max_pages: int = 2
+    reasoner_max_pages: int = 2  # page ids the scripted reasoner asks for per recall
     sft: QuickstartSFT = QuickstartSFT()
-    rl_tasks: int = 512
-    tasks_per_iteration: int = 16
+    rl_tasks: int = 512  # SAM tasks in the RL training set
+    tasks_per_iteration: int = 16  # tasks rolled out per RL iteration
     tree: TreeConfig = TreeConfig(branch_factor=4, max_branch_depth=2, max_leaves=16)
     credit: CreditConfig = CreditConfig(committee_weight=0.5)
     trainer: GroupTrainerConfig = GroupTrainerConfig(lr=2e-4, lora=LoraSettings(enabled=False))
     loop: LoopConfig = LoopConfig(iterations=24, checkpoint_every=12)
-    eval_samples: int = 2
-    evaluate_untrained: bool = True
-    export: bool = True
+    eval_samples: int = 2  # sampled eval runs per task (plus one greedy)
+    evaluate_untrained: bool = True  # also evaluate the untrained model (greedy) as a baseline
+    export: bool = True  # export the RL model as a HF checkpoint + model card at the end
 
 
 def _peak_rss_gib() -> float:

@@ -43,12 +43,12 @@ JUDGE_SYSTEM = (
 class CommitteeConfig(ConfigModel):
     """How c(n) is computed."""
 
-    enabled: bool = True
-    reference_max_tokens: int = 256
-    judge_max_tokens: int = 512
-    fallback: Literal["offline", "skip"] = "offline"
+    enabled: bool = True  # compute c(n); false: no committee term
+    reference_max_tokens: int = 256  # max tokens of each committee member's answer
+    judge_max_tokens: int = 512  # max tokens of the judge's reply
+    fallback: Literal["offline", "skip"] = "offline"  # failed call: offline judge scores the group, or skip its c(n)
     min_group_size: int = 2  # single-sample groups carry no advantage: do not pay for them
-    cache_dir: str | None = None
+    cache_dir: str | None = None  # on-disk cache of answers; None: <run dir>/committee_cache
 
 
 @dataclass

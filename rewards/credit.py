@@ -29,9 +29,9 @@ class CreditConfig(ConfigModel):
     """Weights of the OAT reward and the advantage scaling."""
 
     committee_weight: float = 0.5  # lambda
-    centre: Literal["siblings"] | float = "siblings"
-    advantage_scale: AdvantageScale = "std"
-    eps: float = 1e-6
+    centre: Literal["siblings"] | float = "siblings"  # c_bar: "siblings" (the sibling mean of c) or a constant
+    advantage_scale: AdvantageScale = "std"  # A(n): divide the centred reward by the group std, or none
+    eps: float = 1e-6  # added to the std when dividing by it
     format_penalty: float = 0.0  # subtracted from r(n) when the memory call's output was malformed
 
 

@@ -40,10 +40,10 @@ class PivotRewardConfig(ConfigModel):
     """Reward of a pivot-turn sample and the group advantage."""
 
     reminder_cost: float = Field(0.0, ge=0, description="subtracted per reminder")
-    cost_scope: Literal["decision", "continuation"] = "decision"
+    cost_scope: Literal["decision", "continuation"] = "decision"  # charge the decision's reminder, or all to the end
     format_penalty: float = Field(0.5, ge=0, description="subtracted for a malformed output")
-    strict_format: bool = True
-    advantage: AdvantageScale = "std"
+    strict_format: bool = True  # exact Phase 2 format; false: only what parse_intervention rejects
+    advantage: AdvantageScale = "std"  # group advantage: centred and divided by the std, or centred only
 
 
 def is_malformed(call: MemoryCall, strict: bool = True) -> bool:

@@ -34,7 +34,7 @@ __all__ = ["DistillRunConfig", "distill", "run_distill"]
 class DistillRunConfig(ConfigModel):
     """What ``memrl data distill`` runs."""
 
-    command: Literal["data distill"] = "data distill"
+    command: Literal["data distill"] = "data distill"  # the command this config is for
     run: RunConfig = RunConfig()
     tasks: TaskSetConfig = TaskSetConfig()
     expert: EngineConfig | None = None  # None: the family's oracle with the noise knobs below
@@ -42,11 +42,11 @@ class DistillRunConfig(ConfigModel):
     proactive_oracle: ProactiveOracleConfig = ProactiveOracleConfig()
     sam_memory: SamConfig = SamConfig()
     proactive_memory: ProactiveConfig = ProactiveConfig()
-    reasoner_max_pages: int = 1
-    reasoner_recall_budget: int = 2
+    reasoner_max_pages: int = 1  # page ids the scripted SAM reasoner asks for per recall
+    reasoner_recall_budget: int = 2  # recall calls per intent of the scripted SAM reasoner
     tokenizer: str | None = None  # token accounting of the scripted agents (a model dir or hub id)
     rejection: RejectionConfig = RejectionConfig()
-    batch_size: int = 32
+    batch_size: int = 32  # tasks rolled out together per batch
     out: str | None = None  # default: <run dir>/sft
 
 

@@ -65,15 +65,15 @@ CHAT_TEMPLATE = (
 class TinyModelSpec(ConfigModel):
     """Shape of a tiny random-initialised Qwen3 model (head_dim 64 so the vLLM CPU backend can serve it)."""
 
-    seed: int = 0
-    layers: int = 2
-    hidden: int = 128
-    head_dim: int = 64
-    kv_heads: int | None = None
-    intermediate: int | None = None
-    vocab_size: int = 1024
-    max_position: int = 4096
-    tokenizer_seed: int = 0
+    seed: int = 0  # weight-init RNG seed
+    layers: int = 2  # transformer layers
+    hidden: int = 128  # hidden size (a multiple of head_dim)
+    head_dim: int = 64  # attention head size; heads = hidden / head_dim
+    kv_heads: int | None = None  # key/value heads; None: as many as attention heads
+    intermediate: int | None = None  # MLP size; None: 3 x hidden
+    vocab_size: int = 1024  # BPE tokenizer vocabulary size (incl. special tokens)
+    max_position: int = 4096  # max positions (context length in tokens)
+    tokenizer_seed: int = 0  # seed of the synthetic corpus the tokenizer is trained on
 
     @property
     def heads(self) -> int:

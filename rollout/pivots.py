@@ -207,8 +207,8 @@ class PrefilterConfig(ConfigModel):
     tool_error: bool = Field(True, description="the step follows a tool error")
     repeat: bool = Field(True, description="the step precedes a command the window already holds")
     every_step: bool = Field(False, description="every memory step is a candidate (no pre-filter)")
-    state_change_pattern: str = _STATE_CHANGE
-    error_pattern: str = _TOOL_ERROR
+    state_change_pattern: str = _STATE_CHANGE  # regex of a state-changing command
+    error_pattern: str = _TOOL_ERROR  # regex of an observation that is a tool error
 
     @field_validator("state_change_pattern", "error_pattern")
     @classmethod
@@ -229,15 +229,15 @@ class DetectConfig(ConfigModel):
     policy_samples: int = Field(2, ge=0, description="fresh samples of the memory engine per candidate")
     bank_reminders: bool = Field(True, description="try reminders that restate one bank entry each")
     min_spread: float = Field(0.5, gt=0, description="outcome spread that marks a pivot")
-    max_candidates_per_rollout: int | None = Field(None, ge=1)
+    max_candidates_per_rollout: int | None = Field(None, ge=1)  # first N candidate steps per rollout; None: all
 
 
 class PivotGroupConfig(ConfigModel):
     """Pivot-turn groups: G samples per pivot from the restored state."""
 
-    group_size: int = Field(8, ge=2)
-    phases: Literal["phase2", "phase1+2"] = "phase2"
-    pivots_per_iteration: int = Field(16, ge=1)
+    group_size: int = Field(8, ge=2)  # G: samples per pivot
+    phases: Literal["phase2", "phase1+2"] = "phase2"  # sample Phase 2, or Phase 1 with each sample's own Phase 2
+    pivots_per_iteration: int = Field(16, ge=1)  # pivots drawn from the pool per iteration
     non_pivots_per_iteration: int = Field(
         0, ge=0, description="labelled non-pivot candidates grouped too: with a per-reminder cost they teach silence "
         "where a reminder changes no outcome (0: pivots only)")

@@ -34,11 +34,11 @@ __all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "trees_to_groups"]
 class TreeConfig(ConfigModel):
     """Budgets of tree (or flat) rollouts."""
 
-    mode: Literal["tree", "flat"] = "tree"
-    branch_roles: list[str] = ["recall"]
+    mode: Literal["tree", "flat"] = "tree"  # tree: K-way branching at memory calls; flat: G rollouts per task
+    branch_roles: list[str] = ["recall"]  # trainable memory roles: their calls become nodes and branch
     branch_factor: int = 4  # K siblings per trainable call
-    max_branch_depth: int = 2
-    max_leaves: int = 16
+    max_branch_depth: int = 2  # only the first this many trainable calls on a path branch
+    max_leaves: int = 16  # no branching that would take the tree past this many live leaves
     reasoner_token_budget: int | None = None  # per tree: stop branching once this many reasoner tokens are spent
     flat_group_size: int = 4  # G trajectories per task in flat mode
 

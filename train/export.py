@@ -34,19 +34,19 @@ TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 class VerifyConfig(ConfigModel):
     """What the export is checked with."""
 
-    transformers: bool = True
-    vllm: bool = True
-    prompt: str = "where is the red key?"
-    max_new_tokens: int = Field(8, ge=1)
+    transformers: bool = True  # check the export generates in transformers
+    vllm: bool = True  # check the export generates in vLLM
+    prompt: str = "where is the red key?"  # user message of the generation checks
+    max_new_tokens: int = Field(8, ge=1)  # tokens generated (greedy) per check
     vllm_kv_cache_memory_bytes: int | None = Field(256 << 20, gt=0, description="None: vLLM's platform default")
-    vllm_max_model_len: int | None = Field(1024, ge=16)
-    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    vllm_max_model_len: int | None = Field(1024, ge=16)  # vLLM context length of the check; None: the model's
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # GPU memory share (if no vllm_kv_cache_memory_bytes)
 
 
 class ExportConfig(ConfigModel):
     """Everything ``memrl export`` needs."""
 
-    command: Literal["export"] = "export"
+    command: Literal["export"] = "export"  # the command this config is for
     run: RunConfig = RunConfig()
     policy: PolicySpec
     output: str | None = None  # the export directory (default: <run dir>/model)
@@ -55,11 +55,11 @@ class ExportConfig(ConfigModel):
     recipe: str | None = None  # the training run's resolved config (YAML), recorded in the model card
     results: str | None = None  # evaluation results (summary JSON), recorded in the model card
     model_name: str | None = None  # the card's title
-    license: str | None = None
-    max_shard_size: str = "5GB"
+    license: str | None = None  # license in the model card (e.g. apache-2.0); None: none
+    max_shard_size: str = "5GB"  # largest safetensors shard, e.g. 5GB
     verify: VerifyConfig = VerifyConfig()
     push_to_hub: str | None = None  # a Hub repository id (``user/name``); also ``--push-to-hub REPO``
-    private: bool = True
+    private: bool = True  # a pushed Hub repository is private
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -34,24 +34,24 @@ __all__ = ["GroupTrainer", "GroupTrainerConfig", "Row", "make_accelerator", "row
 class GroupTrainerConfig(ConfigModel):
     """Optimisation settings of the group trainer."""
 
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    update_epochs: int = 1
-    optimizer_steps_per_epoch: int = 1
+    lr: float = 1e-5  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
+    max_grad_norm: float = 1.0  # gradient-norm clipping threshold
+    warmup_steps: int = 0  # linear LR warmup, in optimizer steps (0: none)
+    update_epochs: int = 1  # passes over each update's rows
+    optimizer_steps_per_epoch: int = 1  # optimizer steps each pass is split into
     micro_batches: int = 1  # per process and optimizer step (gradient accumulation)
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    aggregation: Aggregation = "token-mean"
-    kl_coef: float = 0.0
-    tis_cap: float | None = None
-    skip_zero_advantage: bool = True
+    clip_low: float = 0.2  # eps_low: ratio clipped below at 1 - clip_low
+    clip_high: float = 0.2  # eps_high: ratio clipped above at 1 + clip_high
+    aggregation: Aggregation = "token-mean"  # loss mean over all response tokens, or per sequence first
+    kl_coef: float = 0.0  # beta: weight of the k3 KL to the reference (base) model; 0: off
+    tis_cap: float | None = None  # cap of the truncated importance weight pi_old/pi_rollout; None: off
+    skip_zero_advantage: bool = True  # drop groups whose advantages are all zero
     bf16: bool = False  # autocast forward passes (several times faster on recent CPUs and on GPUs)
     deepspeed: str | None = None  # a configs/deepspeed name (zero2, zero3, zero2_cpu, ...) or a JSON path
     lora: LoraSettings = LoraSettings()
-    seed: int = 0
+    seed: int = 0  # RNG seed of the row shuffling
 
 
 @dataclass

@@ -52,7 +52,7 @@ class CommitteeSetup(ConfigModel):
 class OATGRPOConfig(ConfigModel):
     """Everything ``memrl train oat-grpo`` needs."""
 
-    command: Literal["train oat-grpo"] = "train oat-grpo"
+    command: Literal["train oat-grpo"] = "train oat-grpo"  # the command this config is for
     run: RunConfig = RunConfig()
     placement: PlacementConfig = PlacementConfig()
     policy: PolicySpec
@@ -62,7 +62,7 @@ class OATGRPOConfig(ConfigModel):
     memory: SamConfig = SamConfig()
     train_tasks: TaskSetConfig = TaskSetConfig()
     eval_tasks: TaskSetConfig = TaskSetConfig(seed=10_000)
-    tasks_per_iteration: int = 16
+    tasks_per_iteration: int = 16  # training tasks rolled out (as trees) per iteration
     tree: TreeConfig = TreeConfig()
     credit: CreditConfig = CreditConfig()
     trainer: GroupTrainerConfig = GroupTrainerConfig()

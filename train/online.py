@@ -38,10 +38,10 @@ __all__ = ["LoopConfig", "LoopResult", "broadcast_groups", "run_online_loop", "s
 class LoopConfig(ConfigModel):
     """Iteration schedule of an online loop."""
 
-    iterations: int = 20
+    iterations: int = 20  # rollout + update iterations
     eval_every: int = 0  # 0: only before the first and after the last iteration
-    checkpoint_every: int = 5
-    keep_checkpoints: int = 2
+    checkpoint_every: int = 5  # checkpoint every this many iterations (and after the last; 0: last only)
+    keep_checkpoints: int = 2  # most recent checkpoints kept on disk
 
 
 @dataclass

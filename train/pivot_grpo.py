@@ -72,10 +72,10 @@ class TaskSetConfig(ConfigModel):
     """Proactive tasks: ``count`` generated ones (``params``, seeds ``seed_start`` ...), or the proactive episodes of
     a JSONL file (``episodes``: e.g. ``memrl data synth`` output; ``count`` caps them)."""
 
-    params: dict[str, Any] = {}
-    seed_start: int = 0
-    count: int = Field(32, ge=1)
-    episodes: str | None = None
+    params: dict[str, Any] = {}  # ProactiveParams of generated tasks
+    seed_start: int = 0  # seed of the first generated task (then +1, ...)
+    count: int = Field(32, ge=1)  # tasks to generate, or at most this many from episodes
+    episodes: str | None = None  # JSONL whose proactive episodes are the tasks; None: generate
 
     def load(self) -> list[ProactiveTask]:
         """The tasks, built from their specs."""
@@ -109,13 +109,13 @@ class EvalConfig(ConfigModel):
     temperature: float | None = Field(None, ge=0, description="None: the memory roles' rollout temperature")
     greedy: bool = True  # also evaluate greedy decoding
     repeats: int = Field(1, ge=1, description="rollouts per task (different seeds)")
-    no_memory_baseline: bool = True
+    no_memory_baseline: bool = True  # also evaluate the no_memory variant once, as a baseline
 
 
 class PivotGRPOConfig(ConfigModel):
     """Config of ``memrl train pivot-grpo``."""
 
-    command: Literal["train pivot-grpo"] = "train pivot-grpo"
+    command: Literal["train pivot-grpo"] = "train pivot-grpo"  # the command this config is for
     run: RunConfig = RunConfig()
     placement: PlacementConfig = PlacementConfig()
     policy: PolicySpec

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from data.config import ConfigModel
 from rollout.models import load_causal_lm, load_tokenizer
@@ -20,20 +21,23 @@ __all__ = ["LoraSettings", "PolicySpec", "load_policy", "response_logprobs", "sa
 class LoraSettings(ConfigModel):
     """PEFT LoRA settings (``enabled: false`` trains full weights)."""
 
-    enabled: bool = True
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    enabled: bool = True  # train a LoRA adapter; false: full weights
+    r: int = 16  # LoRA rank
+    alpha: int = 32  # LoRA alpha (scale alpha / r)
+    dropout: float = 0.0  # LoRA dropout
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="names of the modules LoRA adapts",
+    )
 
 
 class PolicySpec(ConfigModel):
     """Where a policy starts: a base checkpoint (path or hub id) and optionally a LoRA adapter trained on it."""
 
-    base: str
-    adapter: str | None = None
-    dtype: str = "float32"
-    trust_remote_code: bool = False
+    base: str  # base checkpoint: local path or hub id
+    adapter: str | None = None  # LoRA adapter directory to start from; None: a fresh one (or full weights)
+    dtype: str = "float32"  # torch dtype the weights load in (float32, bfloat16, ...)
+    trust_remote_code: bool = False  # allow the checkpoint's custom modelling code
 
 
 def load_policy(spec: PolicySpec, lora: LoraSettings, *, trainable: bool = True) -> tuple[Any, Any]:

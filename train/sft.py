@@ -118,23 +118,23 @@ class SFTTrainConfig(ConfigModel):
     """Optimisation, precision, parallelism and checkpointing of the SFT stage."""
 
     max_steps: int | None = Field(300, ge=1, description="optimizer steps (None: train `epochs` epochs)")
-    epochs: float = Field(1.0, gt=0)
+    epochs: float = Field(1.0, gt=0)  # epochs to train when max_steps is None
     batch_size: int = Field(32, ge=1, description="rows per optimizer step, over all processes")
     per_device_batch_size: int | None = Field(None, ge=1, description="micro-batch (default: batch_size / world)")
-    lr: float = Field(2e-5, gt=0)
-    lr_scheduler: str = "linear"
+    lr: float = Field(2e-5, gt=0)  # peak learning rate
+    lr_scheduler: str = "linear"  # transformers LR scheduler type (linear, cosine, constant, ...)
     warmup: float = Field(0.03, ge=0, description="warmup steps, or a fraction of the steps when < 1")
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0)  # AdamW weight decay
+    max_grad_norm: float = Field(1.0, gt=0)  # gradient-norm clipping threshold
     max_length: int | None = Field(1024, ge=8, description="tokens per row (longer rows are cut at the end)")
     bf16: bool = Field(False, description="bf16 mixed precision (GPUs, and much faster on recent CPUs)")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in backward (less memory, slower)
     deepspeed: str | None = Field(None, description="DeepSpeed JSON: a name under configs/deepspeed/ or a path")
-    logging_steps: int = Field(10, ge=1)
+    logging_steps: int = Field(10, ge=1)  # log metrics every N steps
     save_steps: int = Field(100, ge=0, description="checkpoint every N steps (0: only the final model)")
-    save_total_limit: int | None = Field(2, ge=1)
+    save_total_limit: int | None = Field(2, ge=1)  # checkpoints kept on disk; None: all
     eval_steps: int | None = Field(None, ge=1, description="eval loss every N steps (needs data.eval_fraction)")
-    progress: bool = True
+    progress: bool = True  # show the progress bar
     sft_args: dict[str, Any] = Field({}, description="further trl.SFTConfig fields, e.g. {packing: true}")
 
     @field_validator("sft_args")
@@ -149,7 +149,7 @@ class SFTTrainConfig(ConfigModel):
 class SFTRunConfig(ConfigModel):
     """Config of ``memrl sft``."""
 
-    command: Literal["sft"] = "sft"
+    command: Literal["sft"] = "sft"  # the command this config is for
     run: RunConfig = RunConfig()
     model: PolicySpec
     lora: LoraSettings = LoraSettings()

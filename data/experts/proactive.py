@@ -37,11 +37,11 @@ __all__ = ["ProactiveOracle", "ProactiveOracleConfig"]
 class ProactiveOracleConfig(ConfigModel):
     """Noise knobs of the proactive oracle (defaults: a perfect expert)."""
 
-    miss_rate: float = Field(0.0, ge=0, le=1)
-    false_alarm_rate: float = Field(0.0, ge=0, le=1)
-    drop_rate: float = Field(0.0, ge=0, le=1)
-    note_risk: bool = False
-    cite_ids: bool = False
+    miss_rate: float = Field(0.0, ge=0, le=1)  # chance of staying silent at a pivot
+    false_alarm_rate: float = Field(0.0, ge=0, le=1)  # chance of a needless reminder at a non-pivot step
+    drop_rate: float = Field(0.0, ge=0, le=1)  # chance of skipping saving a bank entry
+    note_risk: bool = False  # Phase 1 status also names the open risk
+    cite_ids: bool = False  # Phase 2 reminders cite the bank entry's id (k2: ...)
 
 
 class ProactiveOracle:

@@ -46,11 +46,11 @@ _STEP = re.compile(r"^t(\d+)> ", re.MULTILINE)
 class SamOracleConfig(ConfigModel):
     """Noise knobs of the SAM oracle (defaults: a perfect expert)."""
 
-    error_rate: float = Field(0.0, ge=0, le=1)
-    verbatim: float = Field(1.0, ge=0)
-    paraphrase: float = Field(0.0, ge=0)
-    omission: float = Field(0.0, ge=0)
-    cue_omission: float = Field(0.0, ge=0, le=1)
+    error_rate: float = Field(0.0, ge=0, le=1)  # chance of a cue missing the gold entity / a wrong recalled place
+    verbatim: float = Field(1.0, ge=0)  # relative weight of verbatim recall style (drawn once per call)
+    paraphrase: float = Field(0.0, ge=0)  # relative weight of paraphrased recall style
+    omission: float = Field(0.0, ge=0)  # relative weight of recall that leaves the page's lines out
+    cue_omission: float = Field(0.0, ge=0, le=1)  # probability each entity of a cue is dropped
     defer_to_later: float = Field(0.0, ge=0, le=1, description="drop a fact the tour restates on a later page")
     cue_max_entities: int = Field(0, ge=0, description="at most this many entities per cue, gold first (0: all)")
 

@@ -56,10 +56,10 @@ class TaskSetConfig(ConfigModel):
     """A set of interactive tasks: the episodes of a JSONL file (``memrl data synth`` output), or ``count`` tasks
     generated from the family's parameters with seeds ``seed, seed + 1, ...``."""
 
-    family: Literal["sam", "proactive"] = "sam"
-    episodes: str | None = None
-    count: int = 64
-    seed: int = 0
+    family: Literal["sam", "proactive"] = "sam"  # task family
+    episodes: str | None = None  # JSONL of episodes to load; None: generate count tasks
+    count: int = 64  # tasks to generate, or at most this many from episodes (there 0: all)
+    seed: int = 0  # seed of the first generated task (then seed + 1, ...)
     sam: SamTaskParams = SamTaskParams()
     proactive: ProactiveParams = ProactiveParams()
 

@@ -153,7 +153,7 @@ def parse_next(text: str) -> tuple[str, int, int] | None:
 class ProactiveParams(ConfigModel):
     """Knobs of a proactive task."""
 
-    n_subtasks: int = Field(16, ge=6, le=500)
+    n_subtasks: int = Field(16, ge=6, le=500)  # subtasks the task is made of
     facts: list[str] = Field(list(FACT_KINDS), description=f"fact kinds to plant, from {FACT_KINDS}")
     window: int = Field(4, ge=1, description="the action agent's window k (pivots are computed for it)")
     slack: int = Field(2, ge=0, description="steps allowed beyond the perfect-memory run")

@@ -104,13 +104,13 @@ class SamTaskParams(ConfigModel):
     horizon_steps: int | None = Field(24, ge=2, description="tour length T (steps before the question)")
     target_tokens: int | None = Field(None, ge=64, description="grow the tour to this many tokens instead")
     facts_per_obs: int = Field(3, ge=1, le=8, description="items listed when a container is opened")
-    containers_per_room: int = Field(3, ge=1, le=8)
-    n_evidence: Literal[1, 2] = 1
+    containers_per_room: int = Field(3, ge=1, le=8)  # containers in each room
+    n_evidence: Literal[1, 2] = 1  # 1: where is an item; 2: where is the key that opens a container
     evidence_frac: float = Field(0.3, gt=0, le=1, description="the evidence lies in this first part of the tour")
     locked_frac: float = Field(0.15, ge=0, le=1, description="share of containers that are locked")
-    n_colors: int = Field(len(COLORS), ge=2, le=len(COLORS))
-    n_nouns: int = Field(len(NOUNS), ge=2, le=len(NOUNS))
-    n_container_kinds: int = Field(len(CONTAINERS), ge=1, le=len(CONTAINERS))
+    n_colors: int = Field(len(COLORS), ge=2, le=len(COLORS))  # colours item names are drawn from
+    n_nouns: int = Field(len(NOUNS), ge=2, le=len(NOUNS))  # nouns item names are drawn from
+    n_container_kinds: int = Field(len(CONTAINERS), ge=1, le=len(CONTAINERS))  # container kinds (chest, ...) used
     step_slack: int = Field(6, ge=0, description="reasoner calls allowed beyond the tour (recall, answer)")
     repeat_evidence_frac: float = Field(
         0.0, ge=0, le=1, description="share of episodes whose evidence facts are stated in two different turns"

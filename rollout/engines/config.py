@@ -27,15 +27,15 @@ class EndpointConfig(ConfigModel):
     million tokens (cached prompt tokens at ``cached_input_usd_per_mtok`` when set, else at the input price).
     """
 
-    url: str = Field(min_length=1)
-    model: str | None = None
-    api_key_env: str | None = None
-    max_concurrency: int = Field(8, ge=1)
-    requests_per_minute: float | None = Field(None, gt=0)
-    tokens_per_minute: float | None = Field(None, gt=0)
-    input_usd_per_mtok: float = Field(0.0, ge=0)
-    cached_input_usd_per_mtok: float | None = Field(None, ge=0)
-    output_usd_per_mtok: float = Field(0.0, ge=0)
+    url: str = Field(min_length=1)  # API base, e.g. http://host:8000/v1
+    model: str | None = None  # served model name; None: the engine's model
+    api_key_env: str | None = None  # environment variable holding the API key; None: no key
+    max_concurrency: int = Field(8, ge=1)  # requests in flight at once
+    requests_per_minute: float | None = Field(None, gt=0)  # request rate limit; None: unlimited
+    tokens_per_minute: float | None = Field(None, gt=0)  # token rate limit (prompt + output); None: unlimited
+    input_usd_per_mtok: float = Field(0.0, ge=0)  # USD per million prompt tokens
+    cached_input_usd_per_mtok: float | None = Field(None, ge=0)  # cached prompt; None: input price
+    output_usd_per_mtok: float = Field(0.0, ge=0)  # USD per million completion tokens
 
 
 class EngineConfig(ConfigModel):
@@ -48,52 +48,52 @@ class EngineConfig(ConfigModel):
     thread while generating). ``prefix_cache_*`` size the scripted backend's simulated vLLM prefix cache.
     """
 
-    backend: Literal["vllm", "hf", "openai", "scripted"]
-    name: str | None = None
-    model: str | None = None
-    tokenizer: str | None = None
-    revision: str | None = None
-    trust_remote_code: bool = False
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    max_model_len: int | None = Field(None, ge=16)
-    seed: int = 0
-    chat_template_kwargs: dict[str, Any] = {}
+    backend: Literal["vllm", "hf", "openai", "scripted"]  # vllm, hf (transformers), openai (HTTP) or scripted
+    name: str | None = None  # label in results and logs; None: the backend name
+    model: str | None = None  # checkpoint path or hub id; openai: the served model name
+    tokenizer: str | None = None  # tokenizer path or hub id; None: model's (vllm, hf)
+    revision: str | None = None  # hub revision (branch, tag, commit) of model and tokenizer
+    trust_remote_code: bool = False  # allow the checkpoint's custom code
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # weight dtype (vllm, hf); auto: the checkpoint's
+    max_model_len: int | None = Field(None, ge=16)  # context length in tokens (prompt + output); None: the model's
+    seed: int = 0  # seed of the per-sample seeds of unseeded requests
+    chat_template_kwargs: dict[str, Any] = {}  # extra chat-template arguments (e.g. enable_thinking)
 
     # vllm
-    tensor_parallel_size: int = Field(1, ge=1)
-    kv_cache_memory_bytes: int | None = Field(None, gt=0)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    enable_prefix_caching: bool = True
-    block_size: int | None = Field(None, ge=1)
-    enable_lora: bool = False
-    max_lora_rank: int = Field(16, ge=1)
-    max_loras: int = Field(1, ge=1)
-    max_num_seqs: int | None = Field(None, ge=1)
-    enforce_eager: bool | None = None
-    enable_chunked_prefill: bool | None = None
-    in_process: bool | None = None
-    cpu_threads: int | None = Field(None, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)  # vLLM tensor-parallel size (GPUs per engine)
+    kv_cache_memory_bytes: int | None = Field(None, gt=0)  # vLLM KV-cache bytes; None: 256 MiB on CPU
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # GPU memory share (if no kv_cache_memory_bytes)
+    enable_prefix_caching: bool = True  # vLLM automatic prefix caching
+    block_size: int | None = Field(None, ge=1)  # vLLM KV-cache block size in tokens; None: vLLM's
+    enable_lora: bool = False  # serve LoRA adapters (a LoRA policy's rollouts)
+    max_lora_rank: int = Field(16, ge=1)  # largest LoRA rank vLLM can serve
+    max_loras: int = Field(1, ge=1)  # LoRA adapters vLLM holds at once
+    max_num_seqs: int | None = Field(None, ge=1)  # vLLM sequences per batch at most; None: vLLM's
+    enforce_eager: bool | None = None  # no CUDA graphs; None: on CPU only
+    enable_chunked_prefill: bool | None = None  # vLLM chunked prefill; None: off on CPU, vLLM's default on GPU
+    in_process: bool | None = None  # vLLM engine core in this process; None: on CPU only
+    cpu_threads: int | None = Field(None, ge=1)  # torch threads while generating; None: 1 in-process on CPU
     sleep_level: Literal[0, 1, 2] = 0  # GPU: sleep mode on; the online loop puts the engine to sleep during updates
     cuda_devices: list[int] | None = None  # GPU ids of the engine's workers (placement 'separate'); default 0..TP-1
 
     # hf
-    device: str | None = None
-    batch_size: int = Field(64, ge=1)
+    device: str | None = None  # hf device; None: cuda if available, else cpu
+    batch_size: int = Field(64, ge=1)  # hf: rows per generate() call
 
     # openai
     endpoints: list[EndpointConfig] = []
-    api: Literal["auto", "completions", "chat"] = "auto"
-    request_timeout_s: float = Field(120.0, gt=0)
-    deadline_s: float = Field(1800.0, gt=0)
-    max_retries: int = Field(6, ge=0)
-    backoff_base_s: float = Field(0.5, ge=0)
-    backoff_max_s: float = Field(30.0, ge=0)
+    api: Literal["auto", "completions", "chat"] = "auto"  # chat, or completions (token ids); auto: by tokenizer
+    request_timeout_s: float = Field(120.0, gt=0)  # timeout of one HTTP attempt, seconds
+    deadline_s: float = Field(1800.0, gt=0)  # deadline of a whole generate call, seconds
+    max_retries: int = Field(6, ge=0)  # retries per sample after a retryable failure
+    backoff_base_s: float = Field(0.5, ge=0)  # first retry backoff, doubled per attempt (jittered), seconds
+    backoff_max_s: float = Field(30.0, ge=0)  # longest retry backoff, seconds
 
     # scripted
-    scripted_policy: str | None = None
-    scripted_kwargs: dict[str, Any] = {}
-    prefix_cache_block_size: int = Field(16, ge=1)
-    prefix_cache_tokens: int = Field(1 << 22, ge=1)
+    scripted_policy: str | None = None  # import path "package.module:Class" of the scripted policy
+    scripted_kwargs: dict[str, Any] = {}  # keyword arguments of the scripted policy
+    prefix_cache_block_size: int = Field(16, ge=1)  # block size (tokens) of the simulated prefix cache
+    prefix_cache_tokens: int = Field(1 << 22, ge=1)  # capacity (tokens) of the simulated prefix cache
 
     @model_validator(mode="after")
     def _backend_needs(self) -> EngineConfig:

@@ -59,20 +59,20 @@ __all__ = ["AMAConfig", "AMAMemory", "StateNode"]
 class AMAConfig(ConfigModel):
     """AMA-Agent's switches (the paper's ablations), retrieval limits and sandbox limits."""
 
-    graph: bool = True
-    tool_retrieval: bool = True
-    top_k: int = 5
-    traversal_depth: int = 2
-    max_traversal_nodes: int = 12
-    max_tool_rounds: int = 2
-    assoc_links: int = 3
+    graph: bool = True  # build the causality graph; false: w/o Causality Graph
+    tool_retrieval: bool = True  # sufficiency check + tools; false: similarity top-k only
+    top_k: int = 5  # nodes retrieved by similarity per query
+    traversal_depth: int = 2  # hops of the graph-neighbourhood traversal
+    max_traversal_nodes: int = 12  # nodes one traversal adds at most
+    max_tool_rounds: int = 2  # tool calls per retrieval at most
+    assoc_links: int = 3  # association edges to the last N nodes sharing an object
     context_states: int = 4  # recent states shown to the graph builder
-    keyword_hits: int = 8
-    allow_scripts: bool = True
-    script_output_chars: int = 2000
-    recent_turns: int = 4
-    observation_chars: int = 400
-    embedder: EmbedderName = "minilm"
+    keyword_hits: int = 8  # turns one keyword search returns at most
+    allow_scripts: bool = True  # the keyword route may run model-written scripts (sandboxed)
+    script_output_chars: int = 2000  # script output cut to this length
+    recent_turns: int = 4  # raw recent turns shown to the reasoner
+    observation_chars: int = 400  # observations cut to this length in prompts (0: whole)
+    embedder: EmbedderName = "minilm"  # minilm (all-MiniLM-L6-v2) or hashing (bag of words, no model)
     sandbox: SandboxConfig = SandboxConfig()
     sampling: dict[str, RoleSampling] = {
         "ama_graph_build": RoleSampling(temperature=0.0, max_tokens=192),

@@ -24,10 +24,10 @@ __all__ = ["MemoryRequest", "MemorySystem", "RoleSampling", "ToolResult", "Turn"
 class RoleSampling(ConfigModel):
     """Sampling settings of one memory role (or of the reasoner)."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 128
-    stop: list[str] = []
+    temperature: float = 1.0  # sampling temperature (0: greedy)
+    top_p: float = 1.0  # nucleus sampling mass
+    max_tokens: int = 128  # max generated tokens per call
+    stop: list[str] = []  # extra stop strings
 
 
 @dataclass

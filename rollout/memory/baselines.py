@@ -64,7 +64,7 @@ _TOKEN_PATTERN = r"(?u)\b\w+\b"
 class LongContextConfig(ConfigModel):
     """The long-context baseline: the reasoner's window and the chat template's per-message cost."""
 
-    name: Literal["long_context"] = "long_context"
+    name: Literal["long_context"] = "long_context"  # selects this memory system
     window_tokens: int = Field(32768, ge=1, description="the reasoner's window: its prompt never exceeds this")
     message_overhead_tokens: int = Field(5, ge=0, description="template tokens around each message")
     prompt_overhead_tokens: int = Field(3, ge=0, description="template tokens of the generation prompt")
@@ -73,18 +73,18 @@ class LongContextConfig(ConfigModel):
 class BM25Config(PagingConfig):
     """BM25 retrieval over raw pages."""
 
-    name: Literal["bm25"] = "bm25"
+    name: Literal["bm25"] = "bm25"  # selects this memory system
     top_k: int = Field(3, ge=1, description="pages returned per memory call")
-    k1: float = 1.5
-    b: float = 0.75
+    k1: float = 1.5  # BM25 term-frequency saturation k1
+    b: float = 0.75  # BM25 length normalisation b
 
 
 class EmbeddingConfig(PagingConfig):
     """Embedding retrieval over raw pages."""
 
-    name: Literal["embedding"] = "embedding"
+    name: Literal["embedding"] = "embedding"  # selects this memory system
     top_k: int = Field(3, ge=1, description="pages returned per memory call")
-    embedder: EmbedderName = "minilm"
+    embedder: EmbedderName = "minilm"  # minilm (all-MiniLM-L6-v2) or hashing (bag of words, no model)
 
 
 class LongContextMemory(MemorySystem):

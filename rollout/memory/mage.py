@@ -58,9 +58,9 @@ __all__ = ["BottomNode", "ExecutionState", "Hints", "MageConfig", "MageMemory", 
 class MageConfig(ConfigModel):
     """Mage's switches (the paper's ablations) and limits."""
 
-    compress: bool = True
-    maintain: bool = True
-    revise: bool = True
+    compress: bool = True  # Compress on; false: w/o Compress (no Maintain, no Revise either)
+    maintain: bool = True  # Maintain validates each new summary; false: w/o Maintain
+    revise: bool = True  # Revise on a Maintain failure and the revise tool; false: only noted
     agent_summaries: bool = True  # use the summary the reasoner passes to compress(); else the memory model writes it
     max_raw_turns: int = 12  # fallback Compress once R holds this many turns
     max_raw_chars: int = 8000  # ... or this many characters

@@ -75,20 +75,20 @@ class MemMAConfig(ConfigModel):
     construction_guidance: bool = True  # /C when False
     iterative_retrieval: bool = True  # /R when False
     self_evolution: bool = True  # /E when False
-    top_k: int = 10
+    top_k: int = 10  # entries retrieved per query (and as a probe's evidence)
     refine_budget: int = 3  # H
     probes_per_session: int = 5  # J
-    chunk_turns: int = 4
-    session_chunks: int = 2
-    view_size: int = 8
-    max_edits_per_chunk: int = 8
-    verify_judge: Literal["model", "lexical"] = "model"
-    consolidation: Literal["model", "similarity"] = "model"
+    chunk_turns: int = 4  # turns per chunk (one construction step)
+    session_chunks: int = 2  # chunks per session (probe-and-repair after each)
+    view_size: int = 8  # entries in the Meta-Thinker's memory view of a chunk
+    max_edits_per_chunk: int = 8  # Memory Manager edits applied per chunk at most
+    verify_judge: Literal["model", "lexical"] = "model"  # probe answers judged by the memory model or lexically
+    consolidation: Literal["model", "similarity"] = "model"  # repairs consolidated by the memory model or by similarity
     skip_similarity: float = 0.9  # similarity rule: at least this close to an entry -> SKIP
     merge_similarity: float = 0.5  # ... at least this close -> MERGE into it, else INSERT
-    recent_turns: int = 4
-    observation_chars: int = 400
-    embedder: EmbedderName = "minilm"
+    recent_turns: int = 4  # raw recent turns shown to the reasoner
+    observation_chars: int = 400  # observations cut to this length in prompts (0: whole)
+    embedder: EmbedderName = "minilm"  # minilm (all-MiniLM-L6-v2) or hashing (bag of words, no model)
     sampling: dict[str, RoleSampling] = {
         role: RoleSampling(temperature=0.0, max_tokens=256)
         for role in ("memma_meta_think", "memma_manage", "memma_query", "memma_answer", "memma_probe",

@@ -102,13 +102,13 @@ Variant = Literal["full", "full_bank", "always_inject", "injection_only", "no_me
 class ProactiveConfig(ConfigModel):
     """The proactive memory agent's settings; ``variant`` selects the paper's ablations (see the module docstring)."""
 
-    name: Literal["proactive"] = "proactive"
-    variant: Variant = "full"
+    name: Literal["proactive"] = "proactive"  # selects this memory system
+    variant: Variant = "full"  # Table 2 ablation: full, full_bank, always_inject, injection_only, no_memory
     window: int = Field(8, ge=1, description="k: steps of recent trajectory the memory model sees")
     action_window: int = Field(0, ge=0, description="steps of history in the action agent's context (0: all)")
     trigger_every: int = Field(1, ge=0, description="N: memory step at t = 0 and every N steps (0: first step only)")
-    trigger_on_error: bool = False
-    trigger_on_repeat: bool = False
+    trigger_on_error: bool = False  # g(t) also fires after a tool error (error_pattern)
+    trigger_on_repeat: bool = False  # g(t) also fires after a command repeated in the window
     error_pattern: str = Field(
         r"(?im)^(error|fatal|traceback)\b|command not found|cannot stat|no such file",
         description="an observation matching this regex is a tool error (for trigger_on_error)",

@@ -41,19 +41,19 @@ __all__ = [
 class MageMemoryConfig(MageConfig):
     """:class:`~rollout.memory.mage.MageConfig` selectable by ``name: mage``."""
 
-    name: Literal["mage"] = "mage"
+    name: Literal["mage"] = "mage"  # selects this memory system
 
 
 class MemMAMemoryConfig(MemMAConfig):
     """:class:`~rollout.memory.memma.MemMAConfig` selectable by ``name: memma``."""
 
-    name: Literal["memma"] = "memma"
+    name: Literal["memma"] = "memma"  # selects this memory system
 
 
 class AMAMemoryConfig(AMAConfig):
     """:class:`~rollout.memory.ama_agent.AMAConfig` selectable by ``name: ama_agent``."""
 
-    name: Literal["ama_agent"] = "ama_agent"
+    name: Literal["ama_agent"] = "ama_agent"  # selects this memory system
 
 
 MemoryConfig = Annotated[

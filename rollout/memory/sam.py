@@ -163,7 +163,7 @@ class SamConfig(PagingConfig):
         {name: sam, page_turns: 1, live_capacity_turns: 4, keep_recent_turns: 3}
     """
 
-    name: Literal["sam"] = "sam"
+    name: Literal["sam"] = "sam"  # selects this memory system
     max_recall_pages: int = Field(4, ge=1, description="at most this many page ids per memory call")
     max_cue_tokens: int = Field(48, ge=1, description="a longer cue is cut to this many tokens")
     end_markers: list[str] = Field(["<|endoftext|>", "<|im_end|>"], description="memory outputs end at these")

@@ -56,11 +56,11 @@ SandboxStatus = Literal["ok", "timeout", "memory", "network", "fs_violation", "f
 class SandboxConfig(ConfigModel):
     """Limits of one sandboxed script run."""
 
-    time_limit_s: float = 5.0
-    memory_limit_mb: int = 512
-    file_size_limit_mb: int = 8
-    max_open_files: int = 64
-    max_output_chars: int = 8000
+    time_limit_s: float = 5.0  # wall-time limit, seconds
+    memory_limit_mb: int = 512  # address-space limit (RLIMIT_AS), MiB
+    file_size_limit_mb: int = 8  # largest file (and stdout/stderr) it may write, MiB
+    max_open_files: int = 64  # open file descriptors at most
+    max_output_chars: int = 8000  # stdout and stderr read back up to this many characters
     isolate_network: bool = True  # enter a fresh network namespace when the host allows it
     drop_privileges: bool = True  # run as `nobody` when the parent is root
 
