@@ -107,7 +107,7 @@ def describe_validation_error(exc: ValidationError) -> str:
     """Render a pydantic error as ``field 'a.b[0].c': message`` parts joined by '; '."""
     parts = []
     for err in exc.errors():
-        parts.append(f"field '{_field_path(err['loc'])}': {err['msg']}")
+        parts.append(f"field '{_field_path(err['loc'])}': {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
 
 

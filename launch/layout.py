@@ -477,30 +477,33 @@ class TrainLayout:
             f"(TP {tp}); GPU(s) {self._engine_gpus()} kept from training on every node, {idle} of them idle"
         )
 
-    def _describe_single(self) -> list[str]:
+    def _describe_single(self, this_node: bool) -> list[str]:
         where = "CPU" if self.device == "cpu" else f"all {self.gpus_per_node} GPU(s) of its node visible to it"
         lines = [f"{self.label} runs in one process (it is not distributed): node rank 0 ({self.hosts[0]}), {where}"]
         if self.nnodes > 1:
             lines.append(f"node rank(s) {_ranges(1, self.nnodes - 1)} start nothing")
-        here = "runs it" if self.node_rank == 0 else "nothing to start here"
-        lines.append(f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}): {here}")
+        if this_node:
+            here = "runs it" if self.node_rank == 0 else "nothing to start here"
+            lines.append(f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}): {here}")
         engine = self._engine_line()
         if engine:
             lines.append(engine)
         return lines
 
-    def describe(self) -> list[str]:
-        """Human-readable lines: the world, this node, the policy engine (when built), and a per-node table."""
+    def describe(self, this_node: bool = True) -> list[str]:
+        """Human-readable lines: the world, this node (unless ``this_node`` is false: launchers that run on one host
+        for all nodes), the policy engine (when built), and a per-node table."""
         if self.single_process:
-            return self._describe_single()
+            return self._describe_single(this_node)
         backend = "NCCL" if self.device == "gpu" else "gloo, DeepSpeed CPU accelerator"
         ranks = self.global_ranks(self.node_rank)
         lines = [
             f"world: {self.nnodes} node(s) x {self.nproc_per_node} process(es) = {self.world_size} ranks on "
             f"{self.device.upper()} ({backend}); rendezvous {self.master_addr}:{self.master_port}",
-            f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}), global ranks "
-            f"{_ranges(ranks[0], ranks[-1])}, local ranks {_ranges(0, self.nproc_per_node - 1)}",
         ]
+        if this_node:
+            lines.append(f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}), global ranks "
+                         f"{_ranges(ranks[0], ranks[-1])}, local ranks {_ranges(0, self.nproc_per_node - 1)}")
         engine = self._engine_line()
         if engine:
             lines.append(engine)
@@ -844,7 +847,7 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         # Not distributed: one plain process on this node, without the DeepSpeed launcher or a hostfile.
         cmd = [sys.executable, "-m", args.module, *command]
         lines = ["memrl deepspeed", *_ignored_for_single(kind, num_gpus=args.num_gpus),
-                 *[ln for ln in layout.describe() if not ln.startswith("this node:")],
+                 *layout.describe(this_node=False),
                  "it runs here, on the node that runs this script: no DeepSpeed launcher, no hostfile",
                  f"command: {_command_line(launch_env, cmd)}"]  # fmt: skip
         info = {"launcher": "deepspeed", "layout": _layout_info(layout), "hostfile": None,
@@ -872,7 +875,7 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         sys.executable, "-m", "deepspeed.launcher.runner", *placement_args,
         "--no_local_rank", "--module", args.module, *command,
     ]  # fmt: skip
-    lines = ["memrl deepspeed", *[ln for ln in layout.describe() if not ln.startswith("this node:")]]
+    lines = ["memrl deepspeed", *layout.describe(this_node=False)]
     if local:
         lines.append("single local node: no hostfile (DeepSpeed would ssh to every host it lists)")
     else:
@@ -1301,7 +1304,7 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         "--device", device, "--", *train_argv,
     ]  # fmt: skip
     if layout.single_process:
-        lines += [*(ln for ln in layout.describe() if not ln.startswith("this node:")),
+        lines += [*layout.describe(this_node=False),
                   f"[run] {shlex.join(train_cmd)}"]  # fmt: skip
     else:
         lines += [*layout.describe(), f"[train] {shlex.join(train_cmd)}"]

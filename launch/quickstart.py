@@ -187,8 +187,9 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     before, after = evals[0], evals[-1]
 
     # The held-out figures go into the exported model card, so they are written before the export.
+    results = heldout_results(cfg, before, after, baselines)
     results_path = run_dir / "heldout_results.json"
-    results_path.write_text(json.dumps(heldout_results(cfg, before, after, baselines), indent=2) + "\n")
+    results_path.write_text(json.dumps(results, indent=2) + "\n")
     export_checks: dict[str, Any] | None = None
     if cfg.export:
         export_cfg = ExportConfig(
@@ -200,12 +201,8 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
                                    lambda: export_model(export_cfg, run_dir / "export" / "model"))
 
     summary = {
-        "success_sft": before["success"],
-        "success_rl": after["success"],
-        "success_sft_greedy": before["success_greedy"],
-        "success_rl_greedy": after["success_greedy"],
-        "baselines": {k: {"success": v["success"], "success_greedy": v["success_greedy"]}
-                      for k, v in baselines.items()},
+        **{k: results[k] for k in ("success_sft", "success_rl", "success_sft_greedy", "success_rl_greedy",
+                                   "baselines")},
         "eval_before": before,
         "eval_after": after,
         "distill": {"traces": distill_stats["traces"], "rows": distill_stats["rows"]},

@@ -7,18 +7,9 @@
 # the command, and creates, installs and runs nothing.
 set -euo pipefail
 
-MEMRL_DRY_RUN=0
-args=()
-for arg in "$@"; do
-  if [ "$arg" = --dry-run ]; then
-    MEMRL_DRY_RUN=1
-  else
-    args+=("$arg")
-  fi
-done
 # shellcheck source=launch/setup.sh
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/setup.sh"
-cmd=("$VENV/bin/memrl" quickstart "${args[@]}")
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/setup.sh"  # takes out --dry-run
+cmd=("$VENV/bin/memrl" quickstart "${MEMRL_ARGS[@]}")
 if [ "$MEMRL_DRY_RUN" = 1 ]; then
   echo "[memrl quickstart] would run, in $MEMRL_ROOT:"
   memrl_show_cmd "${cmd[@]}"

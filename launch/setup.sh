@@ -6,7 +6,7 @@
 #   bash launch/setup.sh [--dry-run]
 #
 # --dry-run prints the venv, the extra, whether the install would run or is skipped and the commands, and creates
-# or installs nothing. Scripts that source this file (quickstart.sh, test.sh) get the same with MEMRL_DRY_RUN=1.
+# or installs nothing. Scripts that source this file (quickstart.sh, test.sh) take --dry-run the same way.
 # Environment: MEMRL_VENV (default .venv), MEMRL_EXTRA (cpu|gpu, default detected), PYTHON (default python3).
 set -euo pipefail
 
@@ -14,24 +14,23 @@ MEMRL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MEMRL_VENV:-$MEMRL_ROOT/.venv}"
 PYTHON_BIN="${PYTHON:-python3}"
 
-if [ "${BASH_SOURCE[0]}" = "$0" ]; then
-  # Run directly: only the arguments decide, never an inherited variable.
-  MEMRL_DRY_RUN=0
-  for arg in "$@"; do
-    case "$arg" in
-      --dry-run) MEMRL_DRY_RUN=1 ;;
-      -h | --help)
-        sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
-        exit 0
-        ;;
-      *)
-        echo "setup.sh: unknown argument '$arg' (it takes only --dry-run)" >&2
-        exit 2
-        ;;
-    esac
-  done
-fi
-MEMRL_DRY_RUN="${MEMRL_DRY_RUN:-0}"
+# The arguments decide, never an inherited variable. Sourced, this file sees its caller's arguments: --dry-run is
+# taken out and the rest is left in MEMRL_ARGS for the caller's command.
+MEMRL_DRY_RUN=0
+MEMRL_ARGS=()
+for arg in "$@"; do
+  if [ "$arg" = --dry-run ]; then
+    MEMRL_DRY_RUN=1
+  elif [ "${BASH_SOURCE[0]}" != "$0" ]; then
+    MEMRL_ARGS+=("$arg")
+  elif [ "$arg" = -h ] || [ "$arg" = --help ]; then
+    sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+    exit 0
+  else
+    echo "setup.sh: unknown argument '$arg' (it takes only --dry-run)" >&2
+    exit 2
+  fi
+done
 
 # Print a command, one line, each word quoted only when the shell needs it.
 memrl_show_cmd() {
@@ -44,6 +43,13 @@ memrl_show_cmd() {
     fi
   done
   printf '  %s\n' "${words[*]}"
+}
+
+# The install stamp: keyed by pyproject.toml, the extra and the venv's Python, so any change reinstalls.
+memrl_stamp() {
+  local key
+  key="$( (cat "$MEMRL_ROOT/pyproject.toml"; echo "$MEMRL_EXTRA"; "$1" -V) | sha256sum | cut -c1-16)"
+  echo "$VENV/.memrl-installed-$key"
 }
 
 memrl_setup() {
@@ -73,14 +79,14 @@ memrl_setup() {
       fi
       echo "[memrl setup] install: would run (a new venv)"
     else
-      local key
-      key="$( (cat "$MEMRL_ROOT/pyproject.toml"; echo "$MEMRL_EXTRA"; "$py" -V) | sha256sum | cut -c1-16)"
+      local stamp
+      stamp="$(memrl_stamp "$py")"
       echo "[memrl setup] venv: $VENV (exists, $("$py" -V 2>&1))"
-      if [ -f "$VENV/.memrl-installed-$key" ]; then
-        echo "[memrl setup] install: skipped: the venv is up to date (stamp $VENV/.memrl-installed-$key)"
+      if [ -f "$stamp" ]; then
+        echo "[memrl setup] install: skipped: the venv is up to date (stamp $stamp)"
         return 0
       fi
-      echo "[memrl setup] install: would run (no stamp $VENV/.memrl-installed-$key)"
+      echo "[memrl setup] install: would run (no stamp $stamp)"
     fi
     echo "[memrl setup] would run:"
     memrl_show_cmd "${upgrade_pip[@]}"
@@ -100,9 +106,8 @@ memrl_setup() {
     "${create[@]}"
   fi
 
-  local stamp_key stamp
-  stamp_key="$( (cat "$MEMRL_ROOT/pyproject.toml"; echo "$MEMRL_EXTRA"; "$py" -V) | sha256sum | cut -c1-16)"
-  stamp="$VENV/.memrl-installed-$stamp_key"
+  local stamp
+  stamp="$(memrl_stamp "$py")"
   if [ -f "$stamp" ]; then
     echo "[memrl setup] .venv is up to date ($MEMRL_EXTRA extra); skipping install"
   else

@@ -8,17 +8,8 @@
 # installs and runs nothing.
 set -euo pipefail
 
-MEMRL_DRY_RUN=0
-args=()
-for arg in "$@"; do
-  if [ "$arg" = --dry-run ]; then
-    MEMRL_DRY_RUN=1
-  else
-    args+=("$arg")
-  fi
-done
 # shellcheck source=launch/setup.sh
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/setup.sh"
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/setup.sh"  # takes out --dry-run
 offline=(HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false)
 pytest=("$VENV/bin/python" -m pytest)
 
@@ -47,8 +38,8 @@ else
   cd "$MEMRL_ROOT"
   export "${offline[@]}"
 fi
-if [ "${#args[@]}" -gt 0 ]; then
-  run_pytest "${args[@]}"
+if [ "${#MEMRL_ARGS[@]}" -gt 0 ]; then
+  run_pytest "${MEMRL_ARGS[@]}"
   exit $?
 fi
 [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] ruff"

@@ -116,6 +116,11 @@ class Env(abc.ABC):
         lines += world._new_goal()
         return True
 
+    def _progress(self) -> str:
+        """`` (step i of k)`` while a goal chain is under way (empty for single-step goals)."""
+        s: Any = self.s  # type: ignore[attr-defined]
+        return f" (step {s.chain_pos + 1} of {len(s.chain)})" if len(s.chain) > 1 else ""
+
     @abc.abstractmethod
     def reset(self) -> str:
         """Build the initial state from the seed; return the first observation (the answer to ``look``)."""

@@ -282,10 +282,6 @@ class GridWorldEnv(Env):
             return cell is not None and self.room_of(cell) == step[2]
         return self.room_of(s.agent) == step[1]
 
-    def _goal_met(self) -> bool:
-        assert self.s.goal is not None
-        return self.step_met(self.s.goal)
-
     # ------------------------------------------------------------------------------------------------ stepping
     def _fail(self, action: str, reason: str) -> str:
         self.s.last_failure = reason
@@ -351,14 +347,11 @@ class GridWorldEnv(Env):
             lines = self._describe(full=True)
         else:
             return self._fail(action, "unknown action")
-        if (not self._goal_met() or not self._advance_goal(lines)) and v >= 2:
+        done = s.goal is not None and self.step_met(s.goal) and self._advance_goal(lines)
+        if not done and v >= 2:
             lines.append(f"you carry the {s.carrying}." if s.carrying else "you carry nothing.")
             lines.append(f"goal: {self.goal_text()}{self._progress()}")
         return "\n".join(lines)
-
-    def _progress(self) -> str:
-        s = self.s
-        return f" (step {s.chain_pos + 1} of {len(s.chain)})" if len(s.chain) > 1 else ""
 
     # ------------------------------------------------------------------------------------------------ policy
     def _bfs(self, targets: set[Cell], ignore_locks: bool = False) -> list[Cell] | None:

@@ -287,10 +287,6 @@ class TextWorldEnv(Env):
             return s.loc[step[1]] == INVENTORY and s.room == step[2]
         return s.loc[step[1]] == step[2]
 
-    def _progress(self) -> str:
-        s = self.s
-        return f" (step {s.chain_pos + 1} of {len(s.chain)})" if len(s.chain) > 1 else ""
-
     # ------------------------------------------------------------------------------------------------ stepping
     def _fail(self, action: str, reason: str) -> str:
         self.s.last_failure = reason

@@ -13,7 +13,7 @@ Every check also fails when a replayed observation differs from the recorded one
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from typing import Any
 
 from data.qa import check_qa, replay_views
 from data.schemas import Episode, Turn
@@ -27,16 +27,21 @@ _OPENER_Q = "key that opens "
 _PROACTIVE_Q = re.compile(r"what is the (.+) fact of this task\?")
 
 
-def _replay(episode: Episode, reset: str, step: Callable[[str], tuple[str, bool]]) -> str | None:
-    """The first mismatch between the recorded and the replayed observations, or None."""
+def _replayed(episode: Episode, family: type[SamTask] | type[ProactiveTask]) -> tuple[Any, str | None]:
+    """The task rebuilt from the episode's spec with every recorded action replayed, or the first problem: no spec,
+    or a replayed observation that differs from the recorded one."""
+    if episode.env is None:
+        return None, f"{episode.episode_id}: no env spec to replay"
+    task = family.from_spec(episode.env, episode.episode_id)
     turns: list[Turn] = episode.trajectory
-    if reset != turns[0].observation:
-        return f"{episode.episode_id}: turn 0: the rebuilt task's first observation differs"
+    if task.reset() != turns[0].observation:
+        return None, f"{episode.episode_id}: turn 0: the rebuilt task's first observation differs"
     for turn in turns[1:]:
-        observation, _ = step(turn.action)
+        observation, _ = task.step(turn.action)
         if observation != turn.observation:
-            return f"{episode.episode_id}: turn {turn.turn_idx}: replayed observation differs from the recorded one"
-    return None
+            where = f"{episode.episode_id}: turn {turn.turn_idx}"
+            return None, f"{where}: replayed observation differs from the recorded one"
+    return task, None
 
 
 def _needle_problems(qa_id: str, turns: list[Turn], needles: list[int], statements: list[str]) -> list[str]:
@@ -60,12 +65,9 @@ def _needle_problems(qa_id: str, turns: list[Turn], needles: list[int], statemen
 
 def check_sam_qa(episode: Episode) -> list[str]:
     """Problems with a SAM episode's QA pairs against its replayed world (empty when all are right)."""
-    if episode.env is None:
-        return [f"{episode.episode_id}: no env spec to replay"]
-    task = SamTask.from_spec(episode.env, episode.episode_id)
-    mismatch = _replay(episode, task.reset(), task.step)
-    if mismatch:
-        return [mismatch]
+    task, problem = _replayed(episode, SamTask)
+    if task is None:
+        return [str(problem)]
     world = task.env.s
     last = episode.trajectory[-1].observation
     problems = []
@@ -100,12 +102,9 @@ def check_sam_qa(episode: Episode) -> list[str]:
 
 def check_proactive_qa(episode: Episode) -> list[str]:
     """Problems with a proactive episode's QA pairs against its replayed terminal (empty when all are right)."""
-    if episode.env is None:
-        return [f"{episode.episode_id}: no env spec to replay"]
-    task = ProactiveTask.from_spec(episode.env, episode.episode_id)
-    mismatch = _replay(episode, task.reset(), task.step)
-    if mismatch:
-        return [mismatch]
+    task, problem = _replayed(episode, ProactiveTask)
+    if task is None:
+        return [str(problem)]
     problems = []
     for qa in episode.qa_pairs:
         qa_id = qa.qa_id or qa.question

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from data.config import ConfigModel
 from data.envs.base import turn_tokens
@@ -159,6 +159,14 @@ class ProactiveParams(ConfigModel):
     slack: int = Field(2, ge=0, description="steps allowed beyond the perfect-memory run")
     extra_installs: int = Field(1, ge=0, le=4, description="later installs that need the diagnosed flag")
 
+    @field_validator("facts")
+    @classmethod
+    def _known_kinds(cls, facts: list[str]) -> list[str]:
+        unknown = sorted(set(facts) - set(FACT_KINDS))
+        if unknown:
+            raise ValueError(f"unknown kinds {unknown}; one of {FACT_KINDS}")
+        return facts
+
 
 @dataclass
 class TermState:
@@ -180,9 +188,6 @@ class ProactiveTask:
         self, params: ProactiveParams | dict[str, Any] | None = None, seed: int = 0, task_id: str = ""
     ) -> None:
         self.params = params if isinstance(params, ProactiveParams) else ProactiveParams.model_validate(params or {})
-        unknown = set(self.params.facts) - set(FACT_KINDS)
-        if unknown:
-            raise ValueError(f"unknown fact kinds {sorted(unknown)}; choose from {FACT_KINDS}")
         self.seed = seed
         self.task_id = task_id or f"proactive-{seed}"
         rng = random.Random(seed)

@@ -150,10 +150,10 @@ def place_policy_engine(engine: EngineConfig, placement: PolicyPlacement, *, gpu
         wanted["cuda_devices"] = (
             list(range(local_world_size, local_world_size + placement.tensor_parallel_size)) if separate else None
         )
-    chosen = {"sleep_level": "sleep_level", "cuda_devices": "mode"}
+    placement_key = {"cuda_devices": "mode"}  # the placement field each engine value comes from, when named apart
     update: dict[str, Any] = {}
     for key, value in wanted.items():
-        in_placement = chosen.get(key, key) in placement.model_fields_set
+        in_placement = placement_key.get(key, key) in placement.model_fields_set
         if key in engine.model_fields_set and not in_placement:
             continue
         if key in engine.model_fields_set and getattr(engine, key) != value:
