@@ -110,6 +110,7 @@ _STOPWORDS = frozenset(re.findall(r"\w+", """
     you your i me my we our as if not no yes any all
 """))
 _WORD = re.compile(r"[a-z0-9]+")
+_STEP_MARK = re.compile(r"t\d+")  # the ``tN>`` turn markers of SAM pages
 
 
 def item_key(dataset: str, episode_id: str, item_id: str, system: str, model: str) -> str:
@@ -281,8 +282,8 @@ class EvidenceReader:
                     break
             if not cues:
                 return None
-            wanted = set(terms(question))
-            ranked = sorted(cues, key=lambda p: (-len(wanted & set(terms(cues[p]))), -p))
+            wanted = stems(question)
+            ranked = sorted(cues, key=lambda p: (-len(wanted & stems(cues[p])), -p))
             k = self.config.max_pages
             chosen = ranked[attempt * k : (attempt + 1) * k]
             if not chosen:
@@ -328,6 +329,71 @@ def _entities(text: str, limit: int = 12) -> list[str]:
     return out
 
 
+def stems(text: str) -> set[str]:
+    """Crudely stemmed content terms (``painted`` and ``paints`` -> ``paint``), so a question matches the words of a
+    conversation that inflects them differently."""
+    return {_stem(t) for t in terms(text)}
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(word) > len(suffix) + 2 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
+def _fit(parts: list[str], sep: str, chars: int) -> str:
+    """``parts`` joined by ``sep``, as many leading ones as fit in ``chars`` characters."""
+    out = ""
+    for part in parts:
+        joined = f"{out}{sep}{part}" if out else part
+        if len(joined) > chars:
+            break
+        out = joined
+    return out
+
+
+def _fit_indices(order: list[int], lines: list[str], chars: int) -> list[int]:
+    """Indices of ``lines`` taken in ``order`` while their joined length fits in ``chars``."""
+    taken, used = [], 0
+    for i in order:
+        if used + len(lines[i]) + 1 > chars:
+            continue
+        taken.append(i)
+        used += len(lines[i]) + 1
+    return taken
+
+
+def _salient_entities(text: str, limit: int = 16) -> list[str]:
+    """The page's entities (:func:`_entities`), the rarest on the page first: on a conversation page the names
+    and small talk recur while the facts occur once, and a cue cut to its token budget should keep the facts."""
+    found = [e for e in _entities(text, limit=10_000) if not _STEP_MARK.fullmatch(e)]
+    counts: dict[str, int] = {}
+    for word in _WORD.findall(text.lower()):
+        counts[word] = counts.get(word, 0) + 1
+    rank = {e: (max(counts.get(w, 0) for w in e.split()), i) for i, e in enumerate(found)}
+    return sorted(found, key=lambda e: rank[e])[:limit]
+
+
+def _best_lines(text: str, query: str, limit: int) -> list[str]:
+    """The lines of ``text`` that match ``query`` best, at most ``limit``, in page order. A shared (stemmed) term
+    weighs the inverse of the number of lines holding it, so a speaker's name on every other line counts little
+    beside the one line that holds the asked-about word."""
+    lines = [line.strip() for line in text.split("\n") if line.strip()]
+    line_stems = [stems(line) for line in lines]
+    wanted = stems(query)
+    df: dict[str, int] = {}
+    for found in line_stems:
+        for t in found & wanted:
+            df[t] = df.get(t, 0) + 1
+    scores = [sum(1 / df[t] for t in found & wanted) for found in line_stems]
+    best = max(scores, default=0.0)
+    if best <= 0:
+        return []
+    ranked = sorted((i for i, v in enumerate(scores) if v >= best / 2), key=lambda i: (-scores[i], i))[:limit]
+    return [lines[i] for i in sorted(ranked)]
+
+
 def _relevant_lines(text: str, query: str) -> list[str]:
     wanted = set(terms(query))
     return [line.strip() for line in text.split("\n") if line.strip() and wanted & set(terms(line))]
@@ -346,9 +412,14 @@ class ExtractiveMemoryModel:
 
     name = "extractive"
 
-    def __init__(self, sufficient: float = 0.6, max_lines: int = 8) -> None:
+    def __init__(self, sufficient: float = 0.6, max_lines: int = 8, cue_chars: int = 96,
+                 recall_chars: int = 200) -> None:
         self.sufficient = sufficient
         self.max_lines = max_lines
+        # SAM's default budgets are 64 (cue) and 128 (recall) tokens and an output cut there is an error: the
+        # scripted model stays under them even with the tiny model's 1k-token vocabulary (under 2 characters a token)
+        self.cue_chars = cue_chars
+        self.recall_chars = recall_chars
 
     def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
         """The extractive answer to the role's prompt (empty text for a prompt it does not know)."""
@@ -362,7 +433,7 @@ class ExtractiveMemoryModel:
     # SAM
     def _consolidate(self, messages: list[Any], user: str) -> str:
         parsed = parse_sam_consolidate_prompt(messages)
-        return ", ".join(_entities(parsed[1] if parsed else user)) or "nothing notable"
+        return _fit(_salient_entities(parsed[1] if parsed else user), ", ", self.cue_chars) or "nothing notable"
 
     def _recall(self, messages: list[Any], user: str) -> str:
         parsed = parse_sam_recall_prompt(messages)
@@ -370,8 +441,13 @@ class ExtractiveMemoryModel:
             return NOTHING_RELEVANT
         intent, _, page_text, so_far = parsed
         lines = [line for line in so_far.split("\n") if line.strip()]
-        lines += [line for line in _relevant_lines(page_text, intent) if line not in lines]
-        return "\n".join(lines[-self.max_lines:]) if lines else NOTHING_RELEVANT
+        lines += [line for line in _best_lines(page_text, intent, self.max_lines) if line not in lines]
+        # the best-matching lines that fit the role's output budget, kept in reading order
+        wanted = stems(intent)
+        ranked = sorted(range(len(lines)), key=lambda i: (-len(wanted & stems(lines[i])), i))
+        chosen = set(_fit_indices(ranked, lines, self.recall_chars))
+        kept = [line for i, line in enumerate(lines) if i in chosen]
+        return "\n".join(kept) if kept else NOTHING_RELEVANT
 
     # Mage
     def _mage_compress(self, messages: list[Any], user: str) -> str:
