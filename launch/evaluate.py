@@ -33,8 +33,12 @@ from rewards.scorers import (
     JudgeItem,
     JudgeScorer,
     LexicalJudge,
+    ama_exact_match,
+    ama_f1,
+    best_of,
     lexical_scores,
     locomo_category,
+    locomo_option_answer,
     locomo_score,
     verifier_outcome,
 )
@@ -276,13 +280,19 @@ def make_scorer(ama_judge: JudgeScorer, locomo_judge: JudgeScorer | None) -> Sco
                 out.append({"success": verifier_outcome(r.get("outcome"))})
                 continue
             scores = lexical_scores(r["answer"], r["golds"])
+            scores["ama_em"] = best_of(ama_exact_match, r["answer"], r["golds"])
+            scores["ama_f1"] = best_of(ama_f1, r["answer"], r["golds"])
             category = locomo_category(r.get("category"))
             if category is not None:
-                scores["locomo"] = locomo_score(r["answer"], r["gold"], category)
+                answer = r["answer"] or ""
+                if category == 5 and isinstance(r.get("options"), dict):
+                    answer = locomo_option_answer(answer, r["options"])
+                scores["locomo"] = float(locomo_score(answer, r["gold"], category))
             out.append(scores)
         qa = [i for i, r in enumerate(records) if r["mode"] == "qa"]
         items = [JudgeItem(records[i]["question"], records[i]["gold"], records[i]["answer"] or "",
-                           records[i].get("task", ""), records[i].get("task_type", "")) for i in qa]
+                           records[i].get("task", ""), records[i].get("task_type", ""),
+                           str(records[i].get("episode_id", ""))) for i in qa]
         for i, verdict in zip(qa, ama_judge.score(items), strict=True):
             out[i].update(judge=verdict.score, judge_acc=float(verdict.score == 1.0),
                           judge_parsed=float(verdict.parsed))
@@ -371,6 +381,7 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
                    wall_s=round(time.perf_counter() - start, 2), config_hash=config_hash(cfg))
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     write_report(cfg, summary, run_dir / "report.md")
+    write_per_question(cfg, records, run_dir / "per_question.tsv")
     return summary
 
 
@@ -393,9 +404,40 @@ def _task_engines(kind: str, tasks: list[Any], engines: _Engines, memory: Engine
 # summary and report
 
 
+OFFICIAL = {
+    "locomo": ("locomo", "category", "LoCoMo F1 by category (its `task_eval/evaluation.py`: stemmed token F1, "
+               "multi-hop over comma-separated parts, adversarial by 'not mentioned')"),
+    "amabench": ("judge_acc", "qa_type", "AMA-Bench judge accuracy by QA type (its `compute_llm_as_judge` yes/no "
+                 "prompt; an unparsable reply scores its token F1; accuracy counts scores of 1)"),
+    "ama_synthetic": ("judge_acc", "qa_type", "AMA-Bench judge accuracy by QA type"),
+    "generic": ("judge_acc", "qa_type", "judge accuracy by QA type"),
+    "memoryarena": ("judge_acc", None, "MemoryArena task success rate (every subtask of a task correct) and progress "
+                    "score (share of a task's subtasks correct); a subtask is correct when the judge accepts it"),
+}
+"""Per dataset kind: (the record score of the official metric, its breakdown field, what it is)."""
+NEEDS_MODEL_NOTE = (
+    "the scripted memory model surfaced none of the questions' evidence to the reasoner on this dataset; this "
+    "system needs a real memory model here (`models[].engine`), and its score says nothing about the system"
+)
+
+
+def _task_rows(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """One row per (system, model, task) with MemoryArena's ``success`` (every subtask right) and ``progress``
+    (share of subtasks right), each subtask judged by ``metric``."""
+    tasks: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        score = (r.get("scores") or {}).get(metric)
+        tasks.setdefault((r["system"], r["model"], r["episode_id"]), []).append(float(score == 1.0))
+    return [{"system": s, "model": m, "episode_id": e,
+             "scores": {"success": float(all(v)), "progress": sum(v) / len(v)},
+             "reasoner_tokens": {"spent": 0}, "memory_tokens_answer": {"prompt": 0, "completion": 0}}
+            for (s, m, e), v in tasks.items()]
+
+
 def summarize(cfg: EvalConfig, records: list[dict[str, Any]], skipped: list[str]) -> dict[str, Any]:
-    """Aggregates per dataset: the side-by-side rows (system x model) and breakdowns by QA type, LoCoMo category,
-    horizon, and greedy / sampled runs of tasks."""
+    """Aggregates per dataset: the official metric first, the side-by-side rows (system x model) and breakdowns by QA
+    type, LoCoMo category, horizon (the generator's target length, else the conversation's length in tokens), and
+    greedy / sampled runs of tasks. Every mean carries its 95% bootstrap interval (``<metric>_ci``)."""
     datasets: dict[str, Any] = {}
     for spec in cfg.datasets:
         rows = [r for r in records if r["dataset"] == spec.name]
@@ -411,11 +453,51 @@ def summarize(cfg: EvalConfig, records: list[dict[str, Any]], skipped: list[str]
             entry["by_qa_type"] = aggregate(rows, ("system", "model", "qa_type"))
             entry["by_horizon"] = aggregate(rows, ("system", "model", "horizon"))
             if any(locomo_category(r.get("category")) is not None for r in rows):
-                entry["by_category"] = aggregate(rows, ("system", "model", "category"))
+                entry["by_category"] = aggregate(
+                    [dict(r, category=LOCOMO_CATEGORY_NAMES[locomo_category(r.get("category")) or 0])
+                     for r in rows if locomo_category(r.get("category")) is not None], ("system", "model", "category"))
+            if spec.kind == "memoryarena":
+                entry["tasks"] = aggregate(_task_rows(rows, OFFICIAL["memoryarena"][0]))
+            defaults = [r for r in rows if r.get("loader_defaults")]
+            if defaults:
+                notes = sorted({d for r in defaults for d in r["loader_defaults"]})
+                entry["loader_defaults"] = {"questions": len({(r["episode_id"], r["item_id"]) for r in defaults}),
+                                            "examples": notes[:5]}
+            entry["needs_model"] = [
+                [r["system"], r["model"]] for r in entry["overall"]
+                if r.get("evidence_in_context") == 0.0 and _scripted(cfg, r["model"]) and r["memory_tokens"]
+            ]
         datasets[spec.name] = entry
     return {"datasets": datasets, "skipped": skipped,
             "reader": "programmatic" if cfg.reasoner is None else cfg.reasoner.engine_name,
             "judge": "lexical (offline)" if cfg.judge is None else cfg.judge.engine_name}
+
+
+def _scripted(cfg: EvalConfig, model: str) -> bool:
+    return any(m.name == model and m.engine is None for m in cfg.models)
+
+
+def write_per_question(cfg: EvalConfig, records: list[dict[str, Any]], path: str | Path) -> Path:
+    """``per_question.tsv``: one line per question (task run) sorted by dataset, episode, item, system and model, with
+    the official score, the judge's, the answer and the gold answer, so two runs can be compared with ``diff``."""
+    kinds = {d.name: d.kind for d in cfg.datasets}
+    header = ["dataset", "episode", "item", "system", "model", "type", "official", "judge", "answer", "gold"]
+    lines = ["\t".join(header)]
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.4f}"
+        return " ".join(str(value).split())
+
+    for r in sorted(records, key=lambda r: (r["dataset"], r["episode_id"], r["item_id"], r["system"], r["model"])):
+        scores = r.get("scores") or {}
+        metric = OFFICIAL.get(kinds.get(r["dataset"], ""), ("success",))[0]
+        lines.append("\t".join(cell(v) for v in (
+            r["dataset"], r["episode_id"], r["item_id"], r["system"], r["model"], r.get("qa_type") or r.get("mode"),
+            scores.get(metric), scores.get("judge"), r.get("answer"), r.get("gold"))))
+    return atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -424,6 +506,15 @@ def _fmt(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}" if abs(value) < 100 else f"{value:.0f}"
     return str(value)
+
+
+def _ci(row: dict[str, Any], metric: str) -> str:
+    """``mean [low, high]`` of a metric (its 95% bootstrap interval), or ``-``."""
+    value = row.get(metric)
+    if value is None:
+        return "-"
+    low, high = row.get(f"{metric}_ci") or (None, None)
+    return f"{value:.3f} [{low:.2f}, {high:.2f}]" if low is not None else _fmt(value)
 
 
 def _tokens(value: float | None) -> int | None:
@@ -436,16 +527,29 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines
 
 
-def _pivot(rows: list[dict[str, Any]], column: str, metric: str) -> tuple[list[str], list[list[Any]]]:
-    values = sorted({str(r[column]) for r in rows}, key=lambda v: (len(v), v))
+def _horizon_key(value: str) -> tuple[float, str]:
+    digits = "".join(ch for ch in value if ch.isdigit())
+    scale = 1024 if "K" in value else 1
+    return (int(digits) * scale if digits else float("inf"), value)
+
+
+def _pivot(rows: list[dict[str, Any]], column: str, metric: str, order: list[str] | None = None,
+           overall: list[dict[str, Any]] | None = None) -> tuple[list[str], list[list[Any]]]:
+    values = order or sorted({str(r[column]) for r in rows}, key=_horizon_key if column == "horizon" else None)
+    values = [v for v in values if any(str(r[column]) == v for r in rows)]
     cells: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
-        cells.setdefault((r["system"], r["model"]), {})[str(r[column])] = r.get(metric)
-    return values, [[s, m, *[cell.get(v) for v in values]] for (s, m), cell in cells.items()]
+        cells.setdefault((r["system"], r["model"]), {})[str(r[column])] = _ci(r, metric)
+    totals = {(r["system"], r["model"]): _ci(r, metric) for r in overall or []}
+    head = (["all"] if overall is not None else []) + values
+    body = [[s, m, *([totals.get((s, m), "-")] if overall is not None else []), *[cell.get(v, "-") for v in values]]
+            for (s, m), cell in cells.items()]
+    return head, body
 
 
 def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> Path:
-    """The markdown report: per dataset the side-by-side table with tokens per item, then the breakdowns."""
+    """The markdown report: per dataset the benchmark's official metric, the side-by-side table with tokens per
+    item, then the breakdowns; every mean carries its 95% bootstrap interval ``[low, high]``."""
     lines = [f"# memrl eval: {cfg.run.name or 'run'}", ""]
     if cfg.reasoner is None and any(s.kind in QA_KINDS for s in cfg.datasets):
         lines += [f"**Reader.** {READER_NOTE}", ""]
@@ -453,41 +557,59 @@ def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> 
               + ", ".join(f"`{m.name}` ({m.engine.engine_name if m.engine else 'scripted'})" for m in cfg.models)
               + ". Tokens are per question (per task run for task datasets): reasoner tokens spent (prefill not "
               "served from cache plus generated), memory-model prompt + completion tokens (answer phase plus the "
-              "question's share of ingesting the trajectory).", ""]
+              "question's share of ingesting the trajectory). Every score is the mean with its 95% bootstrap "
+              "confidence interval [low, high] (1000 resamples of the questions, or tasks).", ""]
     for name, entry in summary["datasets"].items():
         lines += [f"## {name} ({entry['kind']}, {entry['episodes']} episodes)", ""]
         if entry["kind"] in TASK_SYSTEMS:
             sampled = {(r["system"], r["model"]): r for r in entry["sampled"]}
-            rows = [[r["system"], r["model"], r["n"], r.get("success"),
-                     sampled.get((r["system"], r["model"]), {}).get("success"), _tokens(r["reasoner_tokens"]),
+            rows = [[r["system"], r["model"], r["n"], _ci(r, "success"),
+                     _ci(sampled.get((r["system"], r["model"]), {}), "success"), _tokens(r["reasoner_tokens"]),
                      _tokens(r["memory_tokens"])] for r in entry["greedy"]]
             lines += _table(["system", "model", "tasks", "success (greedy)", "success (sampled)", "reasoner tok/task",
                              "memory tok/task"], rows)
             values, pivot = _pivot(entry["by_horizon"], "horizon", "success")
             lines += ["", "Success (greedy) by horizon:", "", *_table(["system", "model", *values], pivot), ""]
             continue
+        metric, column, what = OFFICIAL[entry["kind"]]
+        lines += [f"**Official metric: {what}.**", ""]
+        if entry["kind"] == "memoryarena":
+            rows = [[r["system"], r["model"], r["n"], _ci(r, "success"), _ci(r, "progress")] for r in entry["tasks"]]
+            lines += _table(["system", "model", "tasks", "success rate", "progress score"], rows)
+        else:
+            breakdown = entry["by_category"] if column == "category" else entry["by_qa_type"]
+            order = [LOCOMO_CATEGORY_NAMES[k] for k in sorted(LOCOMO_CATEGORY_NAMES)] if column == "category" else None
+            values, pivot = _pivot(breakdown, column, metric, order, entry["overall"])
+            lines += _table(["system", "model", *values], pivot)
+        lines.append("")
+        for system, model in entry.get("needs_model", []):
+            lines += [f"**{system} x {model}:** {NEEDS_MODEL_NOTE}.", ""]
         has_locomo = "by_category" in entry
         header = ["system", "model", "questions", "judge acc", "judge score", "EM", "F1", "BLEU-1"]
         header += ["LoCoMo", "LoCoMo judge"] if has_locomo else []
         header += ["evidence in ctx", "reasoner tok/q", "memory tok/q"]
         rows = []
         for r in entry["overall"]:
-            row = [r["system"], r["model"], r["n"], r.get("judge_acc"), r.get("judge"), r.get("exact_match"),
-                   r.get("f1"), r.get("bleu1")]
-            row += [r.get("locomo"), r.get("locomo_judge")] if has_locomo else []
-            row += [r.get("evidence_in_context"), _tokens(r["reasoner_tokens"]), _tokens(r["memory_tokens"])]
+            row = [r["system"], r["model"], r["n"], _ci(r, "judge_acc"), _ci(r, "judge"), _ci(r, "exact_match"),
+                   _ci(r, "f1"), _ci(r, "bleu1")]
+            row += [_ci(r, "locomo"), _ci(r, "locomo_judge")] if has_locomo else []
+            row += [_ci(r, "evidence_in_context"), _tokens(r["reasoner_tokens"]), _tokens(r["memory_tokens"])]
             rows.append(row)
-        lines += _table(header, rows)
-        values, pivot = _pivot(entry["by_qa_type"], "qa_type", "judge_acc")
-        lines += ["", "Judge accuracy by QA type:", "", *_table(["system", "model", *values], pivot)]
-        values, pivot = _pivot(entry["by_horizon"], "horizon", "judge_acc")
-        lines += ["", "Judge accuracy by horizon:", "", *_table(["system", "model", *values], pivot)]
-        if has_locomo:
-            by_cat = [dict(r, category=LOCOMO_CATEGORY_NAMES.get(locomo_category(r["category"]) or 0, "?"))
-                      for r in entry["by_category"]]
-            values, pivot = _pivot(by_cat, "category", "locomo")
-            lines += ["", "LoCoMo score by category:", "", *_table(["system", "model", *values], pivot)]
+        lines += ["All metrics:", "", *_table(header, rows)]
+        if column != "qa_type":
+            values, pivot = _pivot(entry["by_qa_type"], "qa_type", "judge_acc")
+            lines += ["", "Judge accuracy by QA type:", "", *_table(["system", "model", *values], pivot)]
+        values, pivot = _pivot(entry["by_horizon"], "horizon", metric)
+        label = "LoCoMo F1" if metric == "locomo" else "Judge accuracy"
+        lines += ["", f"{label} by horizon (conversation length in tokens, or the generator's target length):", "",
+                  *_table(["system", "model", *values], pivot)]
+        if "loader_defaults" in entry:
+            d = entry["loader_defaults"]
+            lines += ["", f"Loader defaults (as the benchmark's own loader takes them): {d['questions']} questions, "
+                      "e.g. " + "; ".join(f"`{x}`" for x in d["examples"]) + "."]
         lines.append("")
     if summary["skipped"]:
         lines += ["Not applicable (skipped): " + "; ".join(summary["skipped"]) + ".", ""]
+    lines += ["Per-question results (sorted, for `diff` between runs): `per_question.tsv`; every record: "
+              "`results.jsonl`.", ""]
     return atomic_write_text(path, "\n".join(lines) + "\n")

@@ -3,16 +3,20 @@ yes/no LLM judge, LoCoMo per-category scoring and its CORRECT/WRONG JSON judge, 
 
 - **Lexical metrics** use SQuAD-style normalisation (:func:`data.tasks.common.normalize_answer`: lower case, no
   punctuation, no articles); with several gold answers (MemoryArena alternatives) the best one counts.
-- **AMA-Bench judge** (seed 004 appendix C; the benchmark's reference evaluation): the judge model gets the question,
-  the reference answer and the prediction and must reply ``yes`` or ``no``. Parsing: ``<think>...</think>`` blocks are
-  removed, then the *last* whole-word ``yes`` or ``no`` (case-insensitive) decides; a reply with neither falls back
-  to the token F1 of the prediction against the reference (a soft score in [0, 1]). Accuracy counts scores equal
-  to 1.0; the mean score is reported beside it.
+- **AMA-Bench judge** (seed 004 appendix C; ``compute_llm_as_judge`` of AMA-Bench's ``utils/evaluation_metrics.py``):
+  the judge model gets the ``Task Type`` / ``Episode ID`` / ``Task Context`` lines, the question, the reference answer
+  and the prediction, and must reply ``yes`` or ``no``; the prompt ends ``Answer:<think></think>``. Parsing:
+  ``<think>...</think>`` blocks are removed, then the *last* whole-word ``yes`` or ``no`` (case-insensitive)
+  decides; a reply with neither falls back to AMA-Bench's token F1 (:func:`ama_f1`: punctuation becomes a space,
+  ``_`` stays, so ``turn-left`` equals ``turn left``). Accuracy counts scores equal to 1.0; the mean score is
+  reported beside it.
 - **LoCoMo** (its reference ``task_eval/evaluation.py``): normalisation drops commas, punctuation and the words
   ``a an the and``; tokens are Porter-stemmed. Categories 2 (temporal), 3 (open domain) and 4 (single hop) score the
   stemmed token F1 (category 3 against the part of the gold answer before the first ``;``); category 1 (multi hop)
   splits prediction and gold at commas and averages, over gold parts, the best F1 of any predicted part; category 5
-  (adversarial) scores 1 when the prediction says ``no information available`` or ``not mentioned``, else 0.
+  (adversarial) scores 1 when the prediction says ``no information available`` or ``not mentioned``, else 0; a reply
+  naming an option of the adversarial question (``a``, ``(b)``) is that option's text first
+  (:func:`locomo_option_answer`, the official ``get_cat_5_answer``).
 - **LoCoMo judge** (the CORRECT/WRONG protocol of LLM-judged LoCoMo evaluations): the judge replies with JSON
   ``{"reasoning": ..., "label": "CORRECT" | "WRONG"}``; the parser reads the last JSON object with a ``label``, else
   the last bare CORRECT/WRONG word; neither gives None (the caller counts it and falls back to token F1).
@@ -28,16 +32,20 @@ import json
 import math
 import random
 import re
+import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import regex
 
 from data.schemas import Message
 from data.tasks.common import normalize_answer
 from rollout.engines.base import Engine, GenerationRequest, SamplingParams
 
 __all__ = [
+    "AMA_JUDGE_MAX_TOKENS",
     "AMA_JUDGE_TEMPLATE",
     "LOCOMO_CATEGORY_NAMES",
     "LOCOMO_JUDGE_TEMPLATE",
@@ -45,6 +53,9 @@ __all__ = [
     "JudgeScorer",
     "JudgeVerdict",
     "LexicalJudge",
+    "ama_exact_match",
+    "ama_f1",
+    "ama_normalize",
     "best_of",
     "bleu1",
     "exact_match",
@@ -53,6 +64,8 @@ __all__ = [
     "locomo_category",
     "locomo_f1",
     "locomo_multi_f1",
+    "locomo_normalize",
+    "locomo_option_answer",
     "locomo_score",
     "parse_locomo_judge",
     "parse_yes_no",
@@ -135,25 +148,31 @@ AMA_JUDGE_TEMPLATE = (
     "Predicted Answer: {predicted}\n\n"
     'Is the predicted answer correct? Respond with ONLY "yes" or "no". Do not include any thinking process, '
     "explanation, or additional text.\n\n"
-    "Answer:"
+    "Answer:<think></think>"
 )
-"""The AMA-Bench judge prompt (one user message); ``context`` lists the task type and description when known."""
+"""The AMA-Bench judge prompt (one user message), as ``compute_llm_as_judge`` of its ``utils/evaluation_metrics.py``
+writes it: ``context`` holds the ``Task Type``, ``Episode ID`` and ``Task Context`` lines of the fields that are set,
+and the trailing empty ``<think></think>`` turns a Qwen3 judge's thinking off."""
+
+AMA_JUDGE_MAX_TOKENS = 2048
+"""The official judge's token limit (``judge_client.query(..., max_tokens=2048)``)."""
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 
 
-def render_ama_judge(question: str, reference: str, predicted: str, task: str = "", task_type: str = "") -> list[
-        Message]:
+def render_ama_judge(question: str, reference: str, predicted: str, task: str = "", task_type: str = "",
+                     episode_id: str = "") -> list[Message]:
     """The AMA-Bench judge's messages for one answer."""
-    context = "\n".join(p for p in (f"Task Type: {task_type}" if task_type else "",
-                                    f"Task Context: {task}" if task else "") if p)
+    context = "\n".join(line for line in (f"Task Type: {task_type}" if task_type else "",
+                                           f"Episode ID: {episode_id}" if episode_id else "",
+                                           f"Task Context: {task}" if task else "") if line)
     text = AMA_JUDGE_TEMPLATE.format(context=context, question=question, reference=reference, predicted=predicted)
     return [Message(role="user", content=text)]
 
 
 def parse_yes_no(text: str) -> bool | None:
     """AMA-Bench's rule: drop ``<think>`` blocks; the last whole-word ``yes``/``no`` wins; None without either."""
-    body = _THINK.sub("", text or "").lower()
+    body = _THINK.sub("", text or "").strip().lower()
     last_yes = max((m.start() for m in re.finditer(r"\byes\b", body)), default=-1)
     last_no = max((m.start() for m in re.finditer(r"\bno\b", body)), default=-1)
     if last_yes == last_no:
@@ -161,11 +180,41 @@ def parse_yes_no(text: str) -> bool | None:
     return last_yes > last_no
 
 
+def ama_normalize(text: str | None) -> str:
+    """AMA-Bench's ``normalize_text``: lower case, every character that is not a word character or space becomes a
+    space (so ``turn-left`` reads ``turn left``; ``_`` is a word character and stays), the articles ``a an the``
+    go, whitespace collapses."""
+    text = (text or "").lower()
+    text = re.sub(r"[^\w\s]", " ", text)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def ama_exact_match(prediction: str | None, gold: str) -> float:
+    """AMA-Bench's ``compute_exact_match``: 1.0 when the normalised strings are equal."""
+    return 1.0 if ama_normalize(prediction) == ama_normalize(gold) else 0.0
+
+
+def ama_f1(prediction: str | None, gold: str) -> float:
+    """AMA-Bench's ``compute_f1_score``: token F1 of the normalised strings (both empty: 1.0; one empty: 0.0)."""
+    pred, ref = ama_normalize(prediction).split(), ama_normalize(gold).split()
+    if not pred and not ref:
+        return 1.0
+    if not pred or not ref:
+        return 0.0
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * (precision * recall) / (precision + recall)
+
+
 def judge_score(reply: str, prediction: str | None, gold: str) -> tuple[float, bool]:
-    """(score, parsed): 1.0 / 0.0 from the judge's yes / no, else the token F1 fallback with ``parsed`` False."""
+    """(score, parsed): 1.0 / 0.0 from the judge's yes / no, else AMA-Bench's token F1 fallback with ``parsed``
+    False."""
     verdict = parse_yes_no(reply)
     if verdict is None:
-        return token_f1(prediction, gold), False
+        return ama_f1(prediction, gold), False
     return float(verdict), True
 
 
@@ -174,8 +223,18 @@ def judge_score(reply: str, prediction: str | None, gold: str) -> tuple[float, b
 
 LOCOMO_CATEGORY_NAMES = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
 _LOCOMO_BY_NAME = {v: k for k, v in LOCOMO_CATEGORY_NAMES.items()}
-_PUNCTUATION = set("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+_PUNCTUATION = set(string.punctuation)
 _stemmer: Any = None
+
+
+_LOCOMO_ARTICLES = regex.compile(r"\b(a|an|the|and)\b")
+
+
+def locomo_normalize(text: str) -> str:
+    """LoCoMo's ``normalize_answer``: drop commas, lower case, drop ``string.punctuation``, replace the words
+    ``a an the and`` by spaces (with the ``regex`` module, as the official code), collapse whitespace."""
+    text = "".join(ch for ch in text.replace(",", "").lower() if ch not in _PUNCTUATION)
+    return " ".join(_LOCOMO_ARTICLES.sub(" ", text).split())
 
 
 def _locomo_tokens(text: str) -> list[str]:
@@ -184,9 +243,7 @@ def _locomo_tokens(text: str) -> list[str]:
         from nltk.stem import PorterStemmer
 
         _stemmer = PorterStemmer()
-    text = "".join(ch for ch in text.replace(",", "").lower() if ch not in _PUNCTUATION)
-    text = re.sub(r"\b(a|an|the|and)\b", " ", text)
-    return [_stemmer.stem(w) for w in text.split()]
+    return [_stemmer.stem(w) for w in locomo_normalize(text).split()]
 
 
 def locomo_f1(prediction: str, gold: str) -> float:
@@ -216,6 +273,18 @@ def locomo_category(value: int | str | None) -> int | None:
     if isinstance(value, str):
         return int(value) if value.isdigit() and int(value) in LOCOMO_CATEGORY_NAMES else _LOCOMO_BY_NAME.get(value)
     return None
+
+
+def locomo_option_answer(prediction: str, options: dict[str, str]) -> str:
+    """LoCoMo's ``get_cat_5_answer``: an adversarial question offers options (a) and (b); a one-character reply
+    (``a``) or a three-character one (``(a)``) becomes the option's text, anything else stays as it is (stripped and
+    lower-cased)."""
+    reply = prediction.strip().lower()
+    if len(reply) == 1:
+        return options["a"] if "a" in reply else options["b"]
+    if len(reply) == 3:
+        return options["a"] if "(a)" in reply else options["b"]
+    return reply
 
 
 def locomo_score(prediction: str | None, gold: str, category: int) -> float:
@@ -301,6 +370,7 @@ class JudgeItem:
     predicted: str
     task: str = ""
     task_type: str = ""
+    episode_id: str = ""
 
 
 class JudgeScorer:
@@ -315,7 +385,8 @@ class JudgeScorer:
     def _messages(self, item: JudgeItem) -> list[Message]:
         if self.protocol == "locomo":
             return render_locomo_judge(item.question, item.reference, item.predicted)
-        return render_ama_judge(item.question, item.reference, item.predicted, item.task, item.task_type)
+        return render_ama_judge(item.question, item.reference, item.predicted, item.task, item.task_type,
+                                item.episode_id)
 
     def score(self, items: Sequence[JudgeItem]) -> list[JudgeVerdict]:
         """A verdict per item (greedy decoding; the judge is never sampled)."""

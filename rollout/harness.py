@@ -83,6 +83,9 @@ __all__ = [
     "ReplayEnv",
     "Scorer",
     "aggregate",
+    "asked_as",
+    "bootstrap_ci",
+    "conversation_tokens",
     "drive_memory",
     "evaluate_sam_memory",
     "horizon_label",
@@ -146,21 +149,35 @@ def _usage_minus(after: TokenUsage, before: TokenUsage) -> TokenUsage:
     )
 
 
-def horizon_label(tokens: int | None) -> str:
-    """A horizon bucket: the smallest power of two of K tokens that holds ``tokens`` (``4K``), or ``?``."""
-    if not tokens:
-        return "?"
+def horizon_label(tokens: int) -> str:
+    """A horizon bucket: the smallest power of two of K tokens that holds ``tokens`` (``<=4K tok``)."""
     k = 1
     while k * 1024 < tokens:
         k *= 2
-    return f"{k}K"
+    return f"<={k}K tok"
 
 
-def _episode_horizon(episode: Episode) -> str:
+def conversation_tokens(episode: Episode, count_tokens: TokenCounter | None = None) -> int:
+    """The length of an episode's recorded trajectory in tokens (every action and observation), counted with
+    ``count_tokens`` or, without one, estimated as one token per four characters."""
+    text = "\n".join(f"{t.action}\n{t.observation}" for t in episode.trajectory)
+    return count_tokens(text) if count_tokens is not None else max(1, len(text) // 4)
+
+
+def _episode_horizon(episode: Episode, length: int) -> str:
+    """The horizon bin: the generator's target length when it has one, else the bucket of the recorded length
+    (``episode.horizon_tokens`` when the file gives it, else ``length``)."""
     target = episode.metadata.get("target_tokens")
     if isinstance(target, int):
         return f"{target} tok"
-    return horizon_label(episode.horizon_tokens)
+    return horizon_label(episode.horizon_tokens or length)
+
+
+def asked_as(qa: QAPair) -> str:
+    """The question as the benchmark's own prompt asks it (LoCoMo adds its date instruction to temporal questions
+    and the two options to adversarial ones, in ``metadata.asked_as``), else the question."""
+    asked = qa.metadata.get("asked_as")
+    return asked if isinstance(asked, str) and asked else qa.question
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -670,13 +687,16 @@ def run_qa(
             asked_at = (episode.trajectory[-1].turn_idx if episode.trajectory else 0) + 1
             for index, qa in todo:
                 fork = base.fork(f"{dataset}|{system}|{model}|{_qa_id(qa, index)}")
-                text = qa.question if isinstance(fork.memory, JobQueueMemory) else f"question: {qa.question}"
+                asked = asked_as(qa)
+                text = asked if isinstance(fork.memory, JobQueueMemory) else f"question: {asked}"
                 evidence = question_evidence(episode, qa)
                 if reader is not None:
                     reader.register(fork.env.task_id, fork.rollout_id,
-                                    ReaderQuestion(qa.question, qa.answer, evidence, asked_at))
+                                    ReaderQuestion(asked, qa.answer, evidence, asked_at))
                 fork.add_turn(Turn(step=asked_at, action_text="", observation=text, role="user"))
                 forks.append((fork, base, episode, index, qa, evidence))
+        lengths = {id(e): conversation_tokens(e, count_tokens) for e, _ in work}
+        horizons = {id(e): _episode_horizon(e, lengths[id(e)]) for e, _ in work}
         last_prompt: dict[int, str] = {}
         traces = run_rollouts([f[0] for f in forks], engines, on_result=_prompt_recorder(last_prompt))
         shares = {id(base): max(1, sum(1 for f in forks if f[1] is base)) for base in bases}
@@ -685,14 +705,17 @@ def run_qa(
             memory_answer = _usage_minus(fork.memory_usage, base.memory_usage)
             ingest = usage_dict(base.memory_usage)
             share = {k: v / shares[id(base)] for k, v in ingest.items()}
-            context = last_prompt.get(id(fork), "").replace(qa.question, " ")
+            context = last_prompt.get(id(fork), "").replace(asked_as(qa), " ")
             records.append({
                 "key": item_key(dataset, episode.episode_id, _qa_id(qa, index), system, model),
                 "dataset": dataset, "mode": "qa", "episode_id": episode.episode_id, "item_id": _qa_id(qa, index),
                 "system": system, "model": model, "question": qa.question, "gold": qa.answer,
                 "golds": golds_of(qa), "answer": trace.answer, "qa_type": qa.type,
-                "category": qa.metadata.get("category"), "horizon": _episode_horizon(episode),
-                "horizon_tokens": episode.horizon_tokens, "task": episode.task, "task_type": episode.task_type,
+                "category": qa.metadata.get("category"), "options": qa.metadata.get("options"),
+                "horizon": horizons[id(episode)], "horizon_tokens": episode.horizon_tokens or lengths[id(episode)],
+                "task": episode.task, "task_type": episode.task_type,
+                "loader_defaults": [*episode.metadata.get("loader_defaults", []),
+                                    *qa.metadata.get("loader_defaults", [])],
                 "evidence_in_context": evidence.share(context),
                 "reasoner_tokens": usage_dict(fork.reasoner_usage),
                 "memory_tokens_answer": usage_dict(memory_answer),
@@ -814,9 +837,23 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 1000, seed: int = 0) -> list[float]:
+    """The percentile bootstrap confidence interval of the mean of ``values`` ([low, high]; a fixed seed, so a
+    report is reproducible)."""
+    import numpy as np
+
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return [float("nan"), float("nan")]
+    means = data[np.random.default_rng(seed).integers(0, data.size, (resamples, data.size))].mean(axis=1)
+    tail = (1 - level) / 2
+    return [float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))]
+
+
 def aggregate(records: Iterable[dict[str, Any]], by: Sequence[str] = ("system", "model")) -> list[dict[str, Any]]:
-    """Group records by the fields ``by`` and average every score plus the tokens per item: reasoner tokens spent,
-    memory tokens (answer phase plus the share of ingestion), and ``evidence_in_context`` when present."""
+    """Group records by the fields ``by`` and average every score (with its 95% bootstrap interval under
+    ``<score>_ci``) plus the tokens per item: reasoner tokens spent, memory tokens (answer phase plus the share of
+    ingestion), and ``evidence_in_context`` when present."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for record in records:
         groups.setdefault(tuple(record.get(k) for k in by), []).append(record)
@@ -831,6 +868,7 @@ def aggregate(records: Iterable[dict[str, Any]], by: Sequence[str] = ("system", 
                     metrics.setdefault(name, []).append(float(value))
         for name, values in sorted(metrics.items()):
             row[name] = _mean(values)
+            row[f"{name}_ci"] = bootstrap_ci(values)
         row["reasoner_tokens"] = _mean([r["reasoner_tokens"]["spent"] for r in items])
         row["memory_tokens"] = _mean([
             r["memory_tokens_answer"]["prompt"] + r["memory_tokens_answer"]["completion"]
@@ -840,6 +878,7 @@ def aggregate(records: Iterable[dict[str, Any]], by: Sequence[str] = ("system", 
         evidence = [r["evidence_in_context"] for r in items if "evidence_in_context" in r]
         if evidence:
             row["evidence_in_context"] = _mean(evidence)
+            row["evidence_in_context_ci"] = bootstrap_ci(evidence)
         out.append(row)
     return out
 

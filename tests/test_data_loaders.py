@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from benchmark_files import write_amabench, write_locomo, write_memoryarena
 
 from data.io import RecordError, read_jsonl, write_jsonl
 from data.loaders import LOADERS, convert, load_amabench, load_generic, load_locomo, load_memoryarena
+from data.loaders.formats import LOCOMO_DATE_INSTRUCTION, LOCOMO_NOT_MENTIONED
 from data.schemas import Episode
 
 FIX = Path(__file__).parent / "fixtures"
@@ -79,7 +81,7 @@ def _ama(**override: object) -> dict:
     ("lines", "expected"),
     [
         (["{not json"], r":2: invalid JSON"),
-        ([{k: v for k, v in _ama().items() if k != "task"}], r":2: field 'task': missing"),
+        ([_ama(task=["x"])], r":2: field 'task': expected string or integer or number, got array"),
         ([_ama(trajectory=[{"turn_idx": "zero", "action": "a", "observation": "o"}])],
          r":2: field 'trajectory\[0\].turn_idx': expected integer, got string"),
         ([_ama(trajectory=[])], r":2: field 'trajectory': empty trajectory"),
@@ -136,7 +138,7 @@ def test_malformed_locomo_and_memoryarena(tmp_path: Path) -> None:
     with pytest.raises(RecordError, match=r"ma\.jsonl:1: field 'answers': 1 answers for 2 questions"):
         load_memoryarena(ma)
     ma.write_text(json.dumps({"id": "x", "questions": [], "answers": [], "backgrounds": []}) + "\n")
-    with pytest.raises(RecordError, match="field 'backgrounds': empty trajectory"):
+    with pytest.raises(RecordError, match="field 'questions': no subtasks"):
         load_memoryarena(ma)
 
 
@@ -173,3 +175,82 @@ def test_memoryarena_task_of_the_wrong_type_fails(tmp_path: Path) -> None:
     with pytest.raises(RecordError, match=r"ma\.jsonl:1: field 'task': expected string or integer or number, got null"):
         convert(ma, tmp_path / "out.jsonl", load_memoryarena)
     assert list(tmp_path.iterdir()) == [ma]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Files in the benchmarks' real formats (tests/benchmark_files.py): every field kept as the official code keeps it
+
+
+def test_locomo_real_format_keeps_captions_evidence_and_both_adversarial_answers(tmp_path: Path) -> None:
+    (ep,) = load_locomo(write_locomo(tmp_path / "locomo10.json"))
+    turns = ep.metadata["turns"]
+    image = ep.trajectory[turns["D2:1"]["turn_idx"]]
+    # the official prompts read an image turn as '<text> and shared <blip_caption>'
+    assert image.observation == ("[1:14 pm on 25 May, 2023] Look at this, I am researching adoption agencies now. "
+                                 "and shared a photo of a stack of brochures")
+    assert turns["D2:1"]["img_url"] == ["https://example.org/adoption.jpg"]
+    assert turns["D2:1"]["query"] == "adoption brochures" and turns["D2:1"]["session"] == 2
+    assert ep.trajectory[0].observation.startswith("[1:56 pm on 8 May, 2023] ")
+    assert ep.metadata["speakers"] == ["Caroline", "Melanie"]
+    assert set(ep.metadata) >= {"observation", "session_summary", "event_summary", "session_dates"}
+    by_q = {q.question: q for q in ep.qa_pairs}
+    multi = by_q["Where did Caroline's necklace come from and what class did Melanie sign up for?"]
+    assert multi.needle_turns == [turns["D3:3"]["turn_idx"], turns["D3:6"]["turn_idx"]]  # "D3:3 D3:6"
+    assert "unresolved_evidence" not in multi.metadata and multi.metadata["evidence_ids"] == ["D3:3 D3:6"]
+    mixed = by_q["What did Caroline share and Melanie paint?"]  # "D2:1; D1:5"
+    assert mixed.needle_turns == sorted([turns["D2:1"]["turn_idx"], turns["D1:5"]["turn_idx"]])
+    assert by_q["How many kids does Melanie have?"].answer == "3"
+    temporal = by_q["When did Caroline go to the LGBTQ support group?"]
+    assert temporal.metadata["asked_as"] == temporal.question + LOCOMO_DATE_INSTRUCTION
+    assert "asked_as" not in by_q["What did Melanie paint?"].metadata
+    both = by_q["What did Caroline's mentor give her brother?"]
+    assert both.answer == LOCOMO_NOT_MENTIONED and both.type == "adversarial"
+    assert both.metadata["answer"] == "a necklace" and both.metadata["adversarial_answer"] == "a necklace"
+    only_trap = by_q["What did Melanie paint in her kitchen?"]
+    assert "answer" not in only_trap.metadata and only_trap.metadata["adversarial_answer"] == "a lake sunrise"
+    options = only_trap.metadata["options"]
+    assert sorted(options.values()) == sorted([LOCOMO_NOT_MENTIONED, "a lake sunrise"])
+    assert only_trap.metadata["asked_as"].endswith(f"Select the correct answer: (a) {options['a']} (b) "
+                                                   f"{options['b']}. ")
+    # the same file loads the same way (the option order is fixed by the question id)
+    assert load_locomo(tmp_path / "locomo10.json") == [ep]
+
+
+def test_amabench_real_format_takes_the_official_defaults_and_records_them(tmp_path: Path) -> None:
+    first, second = load_amabench(write_amabench(tmp_path / "open_end_qa_set.jsonl"))
+    assert first.episode_id == "3" and first.domain == "GAME"
+    qa = first.qa_pairs
+    assert qa[0].type == "A" and "loader_defaults" not in qa[0].metadata
+    assert qa[1].type == "unknown" and qa[1].metadata["loader_defaults"] == ["qa_pairs[1].type: missing -> 'unknown'"]
+    assert qa[2].type == "unknown" and qa[2].metadata["loader_defaults"] == ["qa_pairs[2].type: null -> 'unknown'"]
+    # a list answer reads as the official judge prompt prints it, and the list is kept
+    assert qa[3].answer == "['key', 'chest']" and qa[3].metadata["answer_list"] == ["key", "chest"]
+    assert qa[3].metadata["loader_defaults"] == ["qa_pairs[3].answer: list -> \"['key', 'chest']\""]
+    assert second.trajectory[0].turn_idx == 0
+    assert second.task_type == "unknown" and second.domain == "unknown"
+    assert second.metadata["loader_defaults"] == [
+        "trajectory[0].turn_idx: missing -> 0", "task_type: missing -> 'unknown'", "domain: missing -> 'unknown'"]
+    assert second.qa_pairs[0].answer == "Sakura"
+
+
+def test_amabench_turns_without_turn_idx_stay_in_order(tmp_path: Path) -> None:
+    record = _ama(trajectory=[{"action": "a", "observation": "o"}, {"action": "b", "observation": "p"},
+                              {"turn_idx": 7, "action": "c", "observation": "q"}, {"action": "d"}])
+    src = tmp_path / "ama.jsonl"
+    src.write_text(json.dumps(record) + "\n")
+    (ep,) = load_amabench(src)
+    assert [t.turn_idx for t in ep.trajectory] == [0, 1, 7, 8]
+    assert ep.trajectory[3].observation == ""
+    assert "trajectory[3].observation: missing -> ''" in ep.metadata["loader_defaults"]
+
+
+def test_memoryarena_real_format(tmp_path: Path) -> None:
+    formal, travel, search = load_memoryarena(write_memoryarena(tmp_path / "tasks.jsonl"))
+    assert formal.episode_id == "0" and formal.metadata["paper_name"] == "paper-17"
+    assert [t.action for t in formal.trajectory] == ["read background of subtask 1", "read background of subtask 2"]
+    assert [q.answer for q in formal.qa_pairs] == ["7", "49"] and formal.qa_pairs[1].metadata["subtask"] == 2
+    assert travel.metadata["base_person"]["name"] == "Jennifer" and len(travel.trajectory) == 1
+    assert [t.observation for t in search.trajectory] == [q.question for q in search.qa_pairs]
+    assert search.metadata["loader_defaults"] == ["backgrounds: none -> the subtask prompts are the turns"]
+    assert search.qa_pairs[1].answer == "MIT"
+    assert search.qa_pairs[1].metadata["alternatives"] == ["MIT", "Massachusetts Institute of Technology"]

@@ -181,8 +181,17 @@ def test_eval_runs_every_system_side_by_side_with_tokens(tmp_path: Path, tiny_mo
     assert "programmatic reader" in report and "reasoner tok/q" in report and "memory tok/q" in report
     for system in rows:
         assert f"| {system} | scripted |" in report
-    assert "Judge accuracy by QA type" in report and "| A | B | C | D |" in report
+    assert "Official metric: AMA-Bench judge accuracy by QA type" in report and "| all | A | B | C | D |" in report
     assert "400 tok" in report and "700 tok" in report  # the horizon breakdown
+    assert "?" not in report.split("by horizon")[1]
+    # every score is a mean with its 95% bootstrap interval
+    lc = rows["long_context"]
+    assert lc["judge_acc_ci"] == [1.0, 1.0] and "1.000 [1.00, 1.00]" in report
+    sam = rows["sam"]
+    assert sam["judge_acc_ci"][0] <= sam["judge_acc"] <= sam["judge_acc_ci"][1]
+    per_question = (tmp_path / "ev" / "per_question.tsv").read_text().splitlines()
+    assert per_question[0].split("\t")[:7] == ["dataset", "episode", "item", "system", "model", "type", "official"]
+    assert len(per_question) == 1 + 8 * len(rows) and per_question[1:] == sorted(per_question[1:])
 
 
 def test_eval_resumes_after_an_interruption_without_duplicates(tmp_path: Path, tiny_model_dir: Path,
@@ -262,7 +271,10 @@ def test_eval_on_task_families_and_loaded_formats(tmp_path: Path, tiny_model_dir
     assert {r["system"] for r in data["arena"]["overall"]} == {"long_context", "proactive"}
     assert any("sam x proactive" in s for s in summary["skipped"])
     report = (tmp_path / "ev" / "report.md").read_text()
-    assert "LoCoMo score by category" in report and "success (greedy)" in report
+    assert "Official metric: LoCoMo F1 by category" in report and "success (greedy)" in report
+    assert "Official metric: MemoryArena task success rate" in report
+    assert {r["system"] for r in data["arena"]["tasks"]} == {"long_context", "proactive"}
+    assert all(r["n"] == 2 and 0 <= r["success"] <= r["progress"] <= 1 for r in data["arena"]["tasks"])
 
 
 def test_engines_from_config_replace_the_reader_and_the_judge(tmp_path: Path, tiny_model_dir: Path) -> None:

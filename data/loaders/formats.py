@@ -4,11 +4,13 @@ line (or row) and the field."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
 
-from data.loaders.common import read_records
+from data.loaders.common import Where, read_records
 from data.schemas import Episode
 
 __all__ = ["LOADERS", "load_amabench", "load_generic", "load_locomo", "load_memoryarena"]
@@ -17,23 +19,52 @@ _AMA_QA_FIELDS = {"question", "answer", "type", "needle_turns", "qa_id"}
 _AMA_FIELDS = {"episode_id", "task", "task_type", "domain", "trajectory", "qa_pairs"}
 
 
+def _official_text(value: Any) -> str:
+    """A value as the official code's f-strings print it (a list answer reads ``['a', 'b']``)."""
+    return value if isinstance(value, str) else str(value)
+
+
+def _default(where: Where, obj: dict[str, Any], field: str, value: Any, name: str, taken: list[str],
+             null_too: bool = False) -> Any:
+    """``obj[field]`` as text (a list for an answer), or ``value`` when it is missing (or null, with ``null_too``),
+    noted in ``taken``; another type is an error naming the field."""
+    if field not in obj or (null_too and obj[field] is None):
+        taken.append(f"{name}: {'missing' if field not in obj else 'null'} -> {value!r}")
+        return value
+    if field == "answer" and isinstance(obj[field], list):
+        return obj[field]
+    return where.text(obj, field, name[: -len(field)])
+
+
 def load_amabench(path: str | Path) -> list[Episode]:
     """AMA-Bench episodes: ``episode_id, task, task_type, domain, trajectory[{turn_idx, action, observation}],
-    qa_pairs[{question, answer, type, ...}]``; other fields go to ``metadata``."""
+    qa_pairs[{question, answer, type, ...}]``; other fields go to ``metadata``.
+
+    Accepts what the official ``src/run.py`` / ``src/memory_interface.py`` accept, with their defaults: a missing
+    ``task`` is empty, a missing ``task_type`` or ``domain`` is ``unknown``, a missing turn ``action`` /
+    ``observation`` is empty, a missing ``turn_idx`` is 0 (a later turn without one follows the turn before it, since
+    turns must stay in order), a missing question or answer is empty, a missing or null QA ``type`` is ``unknown``,
+    and a non-string answer (a list) reads as the official prompt prints it (``['a', 'b']``; the list stays in
+    ``metadata.answer_list``). Each default taken is listed in ``metadata.loader_defaults`` (the episode's for its own
+    fields and turns, the QA pair's for its fields) so results can show it."""
     out = []
     for where, obj in read_records(path):
+        defaults: list[str] = []
         turns = []
         for i, turn in enumerate(where.get(obj, "trajectory", list)):
             prefix = f"trajectory[{i}]."
             if not isinstance(turn, dict):
                 raise where.error(f"trajectory[{i}]", "expected an object")
-            turns.append(
-                {
-                    "turn_idx": where.get(turn, "turn_idx", int, prefix),
-                    "action": where.text(turn, "action", prefix),
-                    "observation": where.text(turn, "observation", prefix),
-                }
-            )
+            if "turn_idx" in turn:
+                turn_idx = where.get(turn, "turn_idx", int, prefix)
+            else:
+                turn_idx = 0 if not turns else turns[-1]["turn_idx"] + 1
+                defaults.append(f"{prefix}turn_idx: missing -> {turn_idx}")
+            turns.append({
+                "turn_idx": turn_idx,
+                "action": _default(where, turn, "action", "", f"{prefix}action", defaults),
+                "observation": _default(where, turn, "observation", "", f"{prefix}observation", defaults),
+            })
         if not turns:
             raise where.error("trajectory", "empty trajectory")
         qas = []
@@ -41,24 +72,33 @@ def load_amabench(path: str | Path) -> list[Episode]:
             prefix = f"qa_pairs[{i}]."
             if not isinstance(qa, dict):
                 raise where.error(f"qa_pairs[{i}]", "expected an object")
-            qas.append(
-                {
-                    "question": where.text(qa, "question", prefix),
-                    "answer": where.text(qa, "answer", prefix),
-                    "type": where.text(qa, "type", prefix),
-                    "needle_turns": where.int_list(qa, "needle_turns", prefix),
-                    "qa_id": where.optional_text(qa, "qa_id", None, prefix),
-                    "metadata": {k: v for k, v in qa.items() if k not in _AMA_QA_FIELDS},
-                }
-            )
+            qa_defaults: list[str] = []
+            answer = _default(where, qa, "answer", "", f"{prefix}answer", qa_defaults)
+            meta: dict[str, Any] = {k: v for k, v in qa.items() if k not in _AMA_QA_FIELDS}
+            if isinstance(answer, list):
+                meta["answer_list"] = answer
+                qa_defaults.append(f"{prefix}answer: list -> {_official_text(answer)!r}")
+            qtype = _default(where, qa, "type", "unknown", f"{prefix}type", qa_defaults, null_too=True)
+            question = _default(where, qa, "question", "", f"{prefix}question", qa_defaults)
+            if qa_defaults:
+                meta["loader_defaults"] = qa_defaults
+            qas.append({
+                "question": _official_text(question),
+                "answer": _official_text(answer),
+                "type": _official_text(qtype) or "unknown",
+                "needle_turns": where.int_list(qa, "needle_turns", prefix),
+                "qa_id": where.optional_text(qa, "qa_id", None, prefix),
+                "metadata": meta,
+            })
         data = {
             "episode_id": where.text(obj, "episode_id"),
-            "task": where.text(obj, "task"),
-            "task_type": where.optional_text(obj, "task_type", ""),
-            "domain": where.optional_text(obj, "domain", ""),
+            "task": _default(where, obj, "task", "", "task", defaults),
+            "task_type": _default(where, obj, "task_type", "unknown", "task_type", defaults),
+            "domain": _default(where, obj, "domain", "unknown", "domain", defaults),
             "trajectory": turns,
             "qa_pairs": qas,
-            "metadata": {"source": "amabench", **{k: v for k, v in obj.items() if k not in _AMA_FIELDS}},
+            "metadata": {"source": "amabench", **{k: v for k, v in obj.items() if k not in _AMA_FIELDS},
+                         **({"loader_defaults": defaults} if defaults else {})},
         }
         out.append(where.episode(data))
     return out
@@ -66,26 +106,48 @@ def load_amabench(path: str | Path) -> list[Episode]:
 
 LOCOMO_CATEGORIES = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
 LOCOMO_NOT_MENTIONED = "Not mentioned in the conversation"
+LOCOMO_DATE_INSTRUCTION = " Use DATE of CONVERSATION to answer with an approximate date."
+"""What LoCoMo's QA prompt (``task_eval/gpt_utils.py``) appends to every temporal (category 2) question."""
+LOCOMO_SELECT = " Select the correct answer: (a) {} (b) {}. "
+"""What it appends to every adversarial (category 5) question: the trap answer and "Not mentioned in the
+conversation" in random order (here: an order fixed by the question id)."""
 _SESSION = re.compile(r"session_(\d+)\Z")
+_EVIDENCE_SEP = re.compile(r"[;,\s]+")
+_UTTERANCE_FIELDS = {"speaker", "dia_id", "text"}
+_LOCOMO_QA_FIELDS = {"question", "answer", "adversarial_answer", "evidence", "category"}
+
+
+def locomo_turn_text(text: str, caption: str | None) -> str:
+    """An utterance as LoCoMo's prompts read it: a shared image is its BLIP caption (``... and shared <caption>``)."""
+    return f"{text} and shared {caption}" if caption else text
 
 
 def load_locomo(path: str | Path) -> list[Episode]:
     """LoCoMo samples (``sample_id, conversation{speaker_a, speaker_b, session_N_date_time, session_N[{speaker,
-    dia_id, text}]}, qa[{question, answer | adversarial_answer, evidence[dia_id], category 1-5}]``).
+    dia_id, text, img_url?, blip_caption?, query?}]}, qa[{question, answer?, adversarial_answer?, evidence[dia_id],
+    category 1-5}]``, plus ``observation``, ``session_summary``, ``event_summary`` kept in ``metadata``).
 
-    Each utterance is a turn (action: the speaker, observation: the text); a session's first turn carries its date.
-    Category 5 (adversarial) questions have the gold answer "Not mentioned in the conversation" and keep the trap
-    answer in ``metadata.adversarial_answer``. Evidence ids become needle turns.
+    Each utterance is a turn (action: the speaker, observation: the text, with ``and shared <caption>`` for an image
+    as in the official prompts); a session's first turn carries its date. ``metadata.turns`` maps each ``dia_id`` to
+    its turn index and keeps the utterance's other fields (``img_url``, ``blip_caption``, ``query``).
+
+    Questions: the gold answer of category 5 (adversarial) is "Not mentioned in the conversation"; the row's
+    ``answer`` and ``adversarial_answer`` (either or both) stay in ``metadata``. ``metadata.asked_as`` is the question
+    as the official QA prompt asks it: temporal questions with the date instruction, adversarial ones with the
+    two-option selection (``metadata.options`` maps ``a``/``b`` to the options). Evidence entries may join several
+    ids with ``;`` or spaces (``"D9:1 D4:4 D4:6"``); the ids become needle turns, unknown ids stay in
+    ``metadata.unresolved_evidence``.
     """
     out = []
     for where, obj in read_records(path):
         sample_id = where.text(obj, "sample_id")
         conv = where.get(obj, "conversation", dict)
-        where.get(conv, "speaker_a", str, "conversation.")
-        where.get(conv, "speaker_b", str, "conversation.")
+        speakers = [where.get(conv, "speaker_a", str, "conversation."), where.get(conv, "speaker_b", str,
+                                                                                   "conversation.")]
         sessions = sorted((int(m.group(1)), k) for k in conv if (m := _SESSION.match(k)))
         turns: list[dict[str, Any]] = []
         by_dia: dict[str, int] = {}
+        dia_meta: dict[str, dict[str, Any]] = {}
         dates: dict[str, str] = {}
         for number, key in sessions:
             date_key = f"{key}_date_time"
@@ -97,10 +159,13 @@ def load_locomo(path: str | Path) -> list[Episode]:
                     raise where.error(f"conversation.{key}[{i}]", "expected an object")
                 speaker = where.text(utt, "speaker", prefix)
                 dia_id = where.text(utt, "dia_id", prefix)
-                text = where.text(utt, "text", prefix)
+                caption = where.optional_text(utt, "blip_caption", None, prefix)
+                text = locomo_turn_text(where.text(utt, "text", prefix), caption)
                 if i == 0 and date:
                     text = f"[{date}] {text}"
                 by_dia[dia_id] = len(turns)
+                dia_meta[dia_id] = {"turn_idx": len(turns), "session": number,
+                                    **{k: v for k, v in utt.items() if k not in _UTTERANCE_FIELDS}}
                 turns.append({"turn_idx": len(turns), "action": speaker, "observation": text})
         if not turns:
             raise where.error("conversation", "empty trajectory (no session_N utterances)")
@@ -112,46 +177,73 @@ def load_locomo(path: str | Path) -> list[Episode]:
             category = where.get(qa, "category", int, prefix)
             if category not in LOCOMO_CATEGORIES:
                 raise where.error(f"{prefix}category", f"expected 1-5, got {category}")
-            meta: dict[str, Any] = {"category": category}
-            if "answer" in qa:
-                answer = where.text(qa, "answer", prefix)
-            elif "adversarial_answer" in qa:
-                meta["adversarial_answer"] = where.text(qa, "adversarial_answer", prefix)
+            question = where.text(qa, "question", prefix)
+            qa_id = f"{sample_id}/q{i}"
+            meta: dict[str, Any] = {"category": category,
+                                    **{k: v for k, v in qa.items() if k not in _LOCOMO_QA_FIELDS}}
+            for field in ("answer", "adversarial_answer"):
+                if field in qa:
+                    meta[field] = where.text(qa, field, prefix)
+            if category == 5:
+                if "answer" not in meta and "adversarial_answer" not in meta:
+                    raise where.error(f"{prefix}adversarial_answer", "missing (and no answer)")
                 answer = LOCOMO_NOT_MENTIONED
+                # the official prompt offers the row's answer if it has one, else its adversarial answer
+                trap = meta.get("answer", meta.get("adversarial_answer"))
+                first, second = (LOCOMO_NOT_MENTIONED, trap) if _coin(qa_id) else (trap, LOCOMO_NOT_MENTIONED)
+                meta["options"] = {"a": first, "b": second}
+                meta["asked_as"] = question + LOCOMO_SELECT.format(first, second)
+            elif "answer" in meta:
+                answer = meta.pop("answer")
+                if category == 2:
+                    meta["asked_as"] = question + LOCOMO_DATE_INSTRUCTION
             else:
-                raise where.error(f"{prefix}answer", "missing (and no adversarial_answer)")
-            # LoCoMo joins several ids in one entry ("D2:1; D1:2"); a non-string entry is a broken file, not noise.
+                raise where.error(f"{prefix}answer", "missing")
             evidence = where.str_list(qa, "evidence", prefix)
-            ids = [p.strip() for e in evidence for p in e.split(";") if p.strip()]
+            ids = [p for e in evidence for p in _EVIDENCE_SEP.split(e.strip()) if p]
             unresolved = [d for d in ids if d not in by_dia]
             if unresolved:
                 meta["unresolved_evidence"] = unresolved
+            meta["evidence_ids"] = evidence
             qas.append(
                 {
-                    "question": where.text(qa, "question", prefix),
+                    "question": question,
                     "answer": answer,
                     "type": LOCOMO_CATEGORIES[category],
                     "needle_turns": sorted({by_dia[d] for d in ids if d in by_dia}),
-                    "qa_id": f"{sample_id}/q{i}",
+                    "qa_id": qa_id,
                     "metadata": meta,
                 }
             )
         data = {
             "episode_id": sample_id,
-            "task": f"conversation between {conv['speaker_a']} and {conv['speaker_b']}",
+            "task": f"conversation between {speakers[0]} and {speakers[1]}",
             "task_type": "conversation",
             "domain": "locomo",
             "trajectory": turns,
             "qa_pairs": qas,
-            "metadata": {"source": "locomo", "session_dates": dates, "dia_ids": list(by_dia)},
+            "metadata": {"source": "locomo", "speakers": speakers, "session_dates": dates, "turns": dia_meta,
+                         **{k: v for k, v in obj.items() if k not in ("sample_id", "conversation", "qa")}},
         }
         out.append(where.episode(data))
     return out
 
 
+def _coin(key: str) -> bool:
+    """A fair coin fixed by ``key`` (the official prompt flips ``random.random() < 0.5`` per question)."""
+    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 2 == 0
+
+
 def load_memoryarena(path: str | Path) -> list[Episode]:
-    """MemoryArena records (``id, questions[], answers[], backgrounds``): each background (a string or a list of
-    strings) is a turn; questions and answers pair up by position (an answer list keeps its alternatives)."""
+    """MemoryArena tasks (the ``ZexueHe/memoryarena`` JSONL files: ``id, questions[], answers[], backgrounds?``,
+    plus per-family fields such as ``paper_name`` or ``base_person``, kept in ``metadata``).
+
+    Subtask *i* is question *i* with answer *i* (a list answer keeps its alternatives in ``metadata.alternatives``;
+    a structured one, such as a travel plan, reads as its JSON). ``backgrounds`` is, as published, absent (bundled
+    shopping, progressive search), one string for every subtask (group travel planner) or one string per subtask
+    (formal reasoning): each background is a turn, in subtask order. A task without backgrounds has nothing
+    recorded to remember offline (its subtasks are solved in their environment): its turns are the subtask prompts
+    in order, and ``metadata.loader_defaults`` says so."""
     out = []
     for where, obj in read_records(path):
         rid = where.text(obj, "id")
@@ -159,30 +251,44 @@ def load_memoryarena(path: str | Path) -> list[Episode]:
         answers = where.get(obj, "answers", list)
         if len(questions) != len(answers):
             raise where.error("answers", f"{len(answers)} answers for {len(questions)} questions")
-        backgrounds = where.get(obj, "backgrounds", (str, list))
-        if isinstance(backgrounds, str):
+        if not questions:
+            raise where.error("questions", "no subtasks")
+        for i, q in enumerate(questions):
+            if not isinstance(q, str):
+                raise where.error(f"questions[{i}]", "expected a string")
+        backgrounds = obj.get("backgrounds")
+        if backgrounds is None:
+            backgrounds = []
+        elif isinstance(backgrounds, str):
             backgrounds = [backgrounds]
+        elif not isinstance(backgrounds, list):
+            raise where.error("backgrounds", "expected a string or an array of strings")
+        defaults: list[str] = []
         turns = []
+        per_subtask = len(backgrounds) == len(questions) > 1
         for i, bg in enumerate(backgrounds):
             if not isinstance(bg, str):
                 raise where.error(f"backgrounds[{i}]", "expected a string")
-            turns.append({"turn_idx": i, "action": "read background", "observation": bg})
+            action = f"read background of subtask {i + 1}" if per_subtask else "read background"
+            turns.append({"turn_idx": i, "action": action, "observation": bg})
         if not turns:
-            raise where.error("backgrounds", "empty trajectory")
+            defaults.append("backgrounds: none -> the subtask prompts are the turns")
+            turns = [{"turn_idx": i, "action": f"subtask {i + 1}", "observation": q} for i, q in enumerate(questions)]
         qas = []
         for i, (q, a) in enumerate(zip(questions, answers, strict=True)):
-            if not isinstance(q, str):
-                raise where.error(f"questions[{i}]", "expected a string")
-            meta: dict[str, Any] = {}
-            if isinstance(a, list):
-                if not a or not all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in a):
-                    raise where.error(f"answers[{i}]", "expected a string, a number or a non-empty list of them")
+            meta: dict[str, Any] = {"subtask": i + 1}
+            if isinstance(a, list) and a and all(isinstance(x, (str, int, float)) and not isinstance(x, bool)
+                                                 for x in a):
                 meta["alternatives"] = [str(x) for x in a]
                 a = a[0]
             if isinstance(a, bool) or not isinstance(a, (str, int, float)):
-                raise where.error(f"answers[{i}]", "expected a string or a number")
+                if a is None or a == [] or a == {}:
+                    raise where.error(f"answers[{i}]", "expected an answer, got nothing")
+                meta["answer_json"] = a
+                a = json.dumps(a, ensure_ascii=False, sort_keys=True)
             qas.append({"question": q, "answer": str(a), "type": "memoryarena", "qa_id": f"{rid}/q{i}",
                         "metadata": meta})
+        extras = {k: v for k, v in obj.items() if k not in ("id", "questions", "answers", "backgrounds", "task")}
         data = {
             "episode_id": rid,
             "task": where.optional_text(obj, "task", "answer the questions from the background"),
@@ -190,7 +296,7 @@ def load_memoryarena(path: str | Path) -> list[Episode]:
             "domain": "memoryarena",
             "trajectory": turns,
             "qa_pairs": qas,
-            "metadata": {"source": "memoryarena"},
+            "metadata": {"source": "memoryarena", **extras, **({"loader_defaults": defaults} if defaults else {})},
         }
         out.append(where.episode(data))
     return out
