@@ -33,6 +33,7 @@ class Job:
     # Whether it builds the trained policy's own vLLM engine (placement.policy) in its main process.
     policy_engine: bool = False
     flags: tuple[tuple[str, str, str], ...] = ()  # (--flag, dotted config key it overrides, help)
+    dry_run: str | None = None  # "module:function" printing what the run needs (its --dry-run), or None
 
     def load(self, attr: str) -> Any:
         """Import ``module:name``."""
@@ -61,7 +62,8 @@ JOBS: list[Job] = [
         "train.pivot_grpo:PivotGRPOConfig", "train.pivot_grpo:run_pivot_grpo", resumable=True,
         distributed=True, policy_engine=True),
     Job(("eval",), "harness: memory systems x memory models x datasets -> per-item results, breakdowns, report",
-        "launch.evaluate:EvalConfig", "launch.evaluate:run_eval", resumable=True),
+        "launch.evaluate:EvalConfig", "launch.evaluate:run_eval", resumable=True,
+        dry_run="launch.evaluate:dry_run_eval"),
     Job(("export",), "merged Hugging Face checkpoint + model card, verified in transformers and vLLM",
         "train.export:ExportConfig", "train.export:run_export",
         flags=(("--push-to-hub", "push_to_hub", "upload the export to this Hub repository (needs HF_TOKEN)"),)),
@@ -75,6 +77,8 @@ def _add_job_arguments(parser: argparse.ArgumentParser, job: Job) -> None:
         parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     for flag, key, help_text in job.flags:
         parser.add_argument(flag, dest=f"flag:{key}", metavar="VALUE", help=f"{help_text} (sets {key})")
+    if job.dry_run:
+        parser.add_argument("--dry-run", action="store_true", help="print the files and endpoints it needs and stop")
 
 
 def _run_job(job: Job, args: argparse.Namespace) -> int:
@@ -88,7 +92,7 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
         if value is not None:
             overrides.append(f"{key}={value}")
     config = load_config(job.load("config"), args.config, overrides)
-    code = job.load("runner")(config)
+    code = job.load("dry_run" if getattr(args, "dry_run", False) else "runner")(config)
     return int(code or 0)
 
 

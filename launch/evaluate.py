@@ -18,6 +18,7 @@ them can be an engine (vLLM / HF checkpoint, LoRA adapter, OpenAI-compatible end
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -57,8 +58,8 @@ from rollout.loop import EngineSet
 from rollout.memory.registry import MemoryConfig
 from rollout.memory.sam import make_token_counter
 
-__all__ = ["DatasetSpec", "EvalConfig", "ModelSpec", "SystemSpec", "evaluate", "load_results", "run_eval",
-           "write_report"]
+__all__ = ["DatasetSpec", "EvalConfig", "ModelSpec", "SystemSpec", "dry_run_eval", "evaluate", "load_results",
+           "run_eval", "write_per_question", "write_report"]
 
 QA_KINDS = ("ama_synthetic", "amabench", "locomo", "memoryarena", "generic")
 TASK_SYSTEMS = {"sam": ("sam", "long_context", "bm25", "embedding"), "proactive": ("proactive",)}
@@ -141,6 +142,7 @@ class EvalConfig(ConfigModel):
     datasets: list[DatasetSpec] = [DatasetSpec(name="ama-synthetic", kind="ama_synthetic")]
     systems: list[SystemSpec] = Field(default_factory=_default_systems)
     models: list[ModelSpec] = [ModelSpec(name="scripted")]
+    data_dir: str | None = None  # a dataset's relative path is read under this directory; None: the working dir
     reasoner: EngineConfig | None = None  # QA reasoner; None: the programmatic reader
     reader: ReaderConfig = ReaderConfig()
     judge: EngineConfig | None = None  # AMA-Bench yes/no judge; None: the offline lexical judge
@@ -165,7 +167,15 @@ class EvalConfig(ConfigModel):
 # data
 
 
-def load_dataset(spec: DatasetSpec) -> list[Any]:
+def dataset_path(spec: DatasetSpec, data_dir: str | None = None) -> Path | None:
+    """The file of a dataset: its ``path``, under ``data_dir`` when relative (``~`` expanded)."""
+    if spec.path is None:
+        return None
+    path = Path(spec.path).expanduser()
+    return path if path.is_absolute() or data_dir is None else Path(data_dir).expanduser() / path
+
+
+def load_dataset(spec: DatasetSpec, data_dir: str | None = None) -> list[Any]:
     """The episodes (QA kinds) or tasks (``sam`` / ``proactive``) of a dataset."""
     if spec.kind in ("sam", "proactive"):
         tasks_cfg = spec.tasks or TaskSetConfig(family=spec.kind, count=8, seed=spec.seed)
@@ -180,10 +190,11 @@ def load_dataset(spec: DatasetSpec) -> list[Any]:
     else:
         from data.loaders import LOADERS
 
-        assert spec.path is not None
-        if not Path(spec.path).is_file():
-            raise ConfigError(f"dataset {spec.name!r}: file not found: {spec.path}")
-        episodes = LOADERS[spec.kind](spec.path)
+        path = dataset_path(spec, data_dir)
+        assert path is not None
+        if not path.is_file():
+            raise ConfigError(f"dataset {spec.name!r}: file not found: {path} (set its path, or data_dir=DIR)")
+        episodes = LOADERS[spec.kind](path)
     return episodes[: spec.max_episodes] if spec.max_episodes else episodes
 
 
@@ -319,6 +330,52 @@ def run_eval(cfg: EvalConfig) -> int:
     return 0
 
 
+def _engine_lines(role: str, engine: EngineConfig | None, default: str) -> list[str]:
+    if engine is None:
+        return [f"  {role}: {default} (offline, no endpoint)"]
+    if engine.backend == "openai":
+        lines = []
+        for ep in engine.endpoints:
+            key = ep.api_key_env
+            state = "no key" if key is None else f"key from ${key} ({'set' if os.environ.get(key) else 'NOT SET'})"
+            lines.append(f"  {role}: OpenAI-compatible endpoint {ep.url} model {ep.model or engine.model!r}, {state}")
+        return lines or [f"  {role}: openai backend WITHOUT endpoints"]
+    if engine.backend in ("vllm", "hf"):
+        model = engine.model or "?"
+        where = "local directory" if Path(model).expanduser().exists() else "NOT FOUND locally (a hub id?)"
+        return [f"  {role}: in-process {engine.backend} engine on {model} ({where})"]
+    return [f"  {role}: scripted policy {engine.scripted_policy or '(default)'}"]
+
+
+def dry_run_eval(cfg: EvalConfig) -> int:
+    """``memrl eval --dry-run``: print the files and endpoints the evaluation needs (and whether they are there)
+    without loading data or calling a model."""
+    lines = [f"memrl eval (dry run): run directory {Path(cfg.run.output_dir) / (cfg.run.name or 'eval')}", "files:"]
+    missing = 0
+    for spec in cfg.datasets:
+        path = dataset_path(spec, cfg.data_dir)
+        if path is None:
+            lines.append(f"  {spec.name} ({spec.kind}): generated, no file")
+            continue
+        found = path.is_file()
+        missing += not found
+        lines.append(f"  {spec.name} ({spec.kind}): {path} ({'found' if found else 'NOT FOUND'})")
+    lines.append("models and endpoints:")
+    for model in cfg.models:
+        lines += _engine_lines(f"memory model {model.name!r}", model.engine, "scripted extractive model")
+        if model.adapter:
+            found = Path(model.adapter).expanduser().is_dir()
+            missing += not found
+            lines.append(f"    LoRA adapter {model.adapter} ({'found' if found else 'NOT FOUND'})")
+    lines += _engine_lines("reasoner", cfg.reasoner, "programmatic reader")
+    lines += _engine_lines("judge", cfg.judge, "lexical judge")
+    lines.append("systems: " + ", ".join(s.name for s in cfg.systems))
+    if missing:
+        lines.append(f"{missing} file(s) missing")
+    print("\n".join(lines))
+    return 0
+
+
 def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
     """Evaluate into ``run_dir`` (resuming from its ``results.jsonl``), write ``report.md`` and ``summary.json``, and
     return the summary (in-process entry point)."""
@@ -340,7 +397,7 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
         tokenizer = engines.get_tokenizer()
         count_tokens = make_token_counter(tokenizer) if tokenizer is not None else None
         for spec in cfg.datasets:
-            data = load_dataset(spec)
+            data = load_dataset(spec, cfg.data_dir)
             for system in cfg.systems:
                 if spec.kind in TASK_SYSTEMS and system.memory.name not in TASK_SYSTEMS[spec.kind]:
                     skipped.append(f"{spec.name} x {system.name}: {spec.kind} tasks run "
