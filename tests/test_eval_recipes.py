@@ -5,6 +5,7 @@ plainly that it needs a real memory model."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -100,7 +101,7 @@ def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, tiny_mod
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(tiny_model_dir), "--served-model-name", "tiny",
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "4096", "--gpu-memory-utilization", "0.1",
+        "--max-model-len", "4096", "--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(256 << 20),
         "--no-enable-chunked-prefill",  # seeded requests + chunked prefill crash the CPU sampler
     ]  # fmt: skip
     with open(log_path, "wb") as log_file:
@@ -120,15 +121,18 @@ def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, tiny_mod
             time.sleep(2)
         url = f"http://127.0.0.1:{port}/v1"
         endpoint = f"[{{url: '{url}', model: tiny, max_concurrency: 8}}]"
-        write_locomo(tmp_path / "locomo10.json")
+        # 64 turns: over SAM's live capacity (2048 tokens) in the tiny model's tokens, under its 4096 positions
+        write_locomo(tmp_path / "locomo10.json", turns_per_session=16)
         cfg = load_config(EvalConfig, RECIPES["locomo"], [
             f"data_dir={tmp_path}", f"run.output_dir={tmp_path / 'runs'}",
             f"models=[{{name: trained, engine: {{backend: openai, name: memory, api: chat, endpoints: {endpoint}}}}}]",
             f"reasoner.endpoints={endpoint}", f"judge.endpoints={endpoint}", "judge_max_tokens=16",
+            f"tokenizer={tiny_model_dir}",
         ])
         summary = evaluate(cfg, tmp_path / "runs" / "eval-locomo")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
