@@ -5,9 +5,13 @@ a task run); :mod:`rewards.scorers` scores it (exact match, token F1, BLEU-1, th
 F1 fallback, LoCoMo per-category scores and its CORRECT/WRONG judge, task success from the verifier) and the record is
 appended to ``<run>/results.jsonl`` at once (fsynced). A rerun with ``--resume`` reads that file (a torn last line
 from a killed process is cut off), skips every finished item by its key (dataset, episode, item, system, model) and
-appends only the rest, so rows are never duplicated. ``report.md`` compares the methods side by side with tokens per
-question (reasoner and memory model), and breaks results down by QA type, LoCoMo category and horizon;
-``summary.json`` holds the same numbers.
+appends only the rest, so rows are never duplicated. ``report.md`` leads each dataset with the benchmark's official
+metric (LoCoMo F1 by category, AMA-Bench judge accuracy by QA type, MemoryArena task success rate and progress
+score), compares the methods side by side with tokens per question (reasoner and memory model), and breaks results
+down by QA type, LoCoMo category and horizon (the generator's target length, else the conversation's length in
+tokens); every mean carries its 95% bootstrap interval. ``summary.json`` holds the same numbers and
+``per_question.tsv`` one sorted line per question, to ``diff`` two runs. ``memrl eval --dry-run`` prints the files and
+endpoints a config needs and stops.
 
 Defaults run offline: the reasoner of QA datasets is the programmatic reader and the memory model is the extractive
 scripted model (both in :mod:`rollout.harness`), the judge is the lexical stand-in
@@ -645,10 +649,12 @@ def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> 
         header = ["system", "model", "questions", "judge acc", "judge score", "EM", "F1", "BLEU-1"]
         header += ["LoCoMo", "LoCoMo judge"] if has_locomo else []
         header += ["evidence in ctx", "reasoner tok/q", "memory tok/q"]
+        # AMA-Bench's own normalisation for its EM / F1 (punctuation becomes a space), SQuAD's elsewhere
+        em, f1 = ("ama_em", "ama_f1") if entry["kind"] in ("amabench", "ama_synthetic") else ("exact_match", "f1")
         rows = []
         for r in entry["overall"]:
-            row = [r["system"], r["model"], r["n"], _ci(r, "judge_acc"), _ci(r, "judge"), _ci(r, "exact_match"),
-                   _ci(r, "f1"), _ci(r, "bleu1")]
+            row = [r["system"], r["model"], r["n"], _ci(r, "judge_acc"), _ci(r, "judge"), _ci(r, em), _ci(r, f1),
+                   _ci(r, "bleu1")]
             row += [_ci(r, "locomo"), _ci(r, "locomo_judge")] if has_locomo else []
             row += [_ci(r, "evidence_in_context"), _tokens(r["reasoner_tokens"]), _tokens(r["memory_tokens"])]
             rows.append(row)

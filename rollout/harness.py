@@ -7,7 +7,8 @@ Two modes.
 recorded trajectory once per (episode, system, model), following :mod:`rollout.memory.workflow`'s protocol: a
 :class:`Rollout` over a :class:`ReplayEnv` is given every trajectory turn (:meth:`Rollout.add_turn`, step =
 ``turn_idx``) and runs the memory-model calls that ingestion needs. Each question is then answered from a fork of that
-state: the question arrives as a ``user`` turn one step after the last one, and the frozen reasoner answers through
+state: the question arrives as a ``user`` turn one step after the last one (worded as the benchmark's own prompt asks
+it, :func:`asked_as`: LoCoMo's date instruction and adversarial options), and the frozen reasoner answers through
 the system (calling its retrieval tool if it has one) with ``answer(answer)``. Memory tokens of the ingestion are
 shared by the episode's questions (``memory_tokens_ingest_share``); memory tokens of the answer phase are the fork's
 own. ``evidence_in_context`` is the share of the question's evidence strings (below) present in the reasoner's last
@@ -28,13 +29,14 @@ answering it uses the system's retrieval tool when the system prompt offers one 
 pages whose cues share the most terms with the question. Its score therefore measures what the memory surfaced to the
 reasoner, not language ability; a model reasoner (any engine) replaces it for the latter.
 
-**The extractive memory model** (:class:`ExtractiveMemoryModel`, the default memory model of QA mode): a scripted
-model without ground truth that answers every memory role of every system with extractive text: SAM cues list the
-page's entities and recalls keep the page lines that share terms with the intent; Mage summaries keep each step's
-action and the start of its observation and Maintain passes; AMA-Agent records each turn's observation as its state
-and checks sufficiency by term coverage; MemMA adds one entry per turn line, critiques by term coverage, and answers
-with the best-matching evidence line; the proactive agent saves window steps as knowledge and reminds with entries
-that share terms with the newest step. It makes a side-by-side run possible offline; any engine replaces it.
+**The extractive memory model** (:class:`ExtractiveMemoryModel`, the default memory model of QA mode): a scripted model
+without ground truth that answers every memory role of every system with extractive text: SAM cues list the page's
+rarest entities (on a conversation page the facts, not the small talk) and recalls keep the page lines that match the
+intent best (stemmed terms, weighted by how rare they are on the page), both within SAM's output budgets; Mage summaries
+keep each step's action and the start of its observation and Maintain passes; AMA-Agent records each turn's observation
+as its state and checks sufficiency by term coverage; MemMA adds one entry per turn line, critiques by term coverage,
+and answers with the best-matching evidence line; the proactive agent saves window steps as knowledge and reminds with
+entries that share terms with the newest step. It makes a side-by-side run possible offline; any engine replaces it.
 
 Records are plain dicts (JSON-ready) keyed by :func:`item_key` (dataset, episode, item, system, model). The harness
 never imports :mod:`rewards`: a ``scorer`` callable maps a batch of records to score dicts.

@@ -94,14 +94,18 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, model_cache: Path) -> None:
+    from rollout.models import TinyModelSpec, ensure_tiny_model
+
+    # the default tiny model with 16K positions: the untrained reasoner's replies pile up in its context
+    tiny_model_dir = ensure_tiny_model(model_cache, TinyModelSpec(max_position=16384))
     port = _free_port()
     log_path = tmp_path / "server.log"
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(tiny_model_dir), "--served-model-name", "tiny",
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "4096", "--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(256 << 20),
+        "--max-model-len", "16384", "--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(256 << 20),
         "--no-enable-chunked-prefill",  # seeded requests + chunked prefill crash the CPU sampler
     ]  # fmt: skip
     with open(log_path, "wb") as log_file:
@@ -121,8 +125,8 @@ def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, tiny_mod
             time.sleep(2)
         url = f"http://127.0.0.1:{port}/v1"
         endpoint = f"[{{url: '{url}', model: tiny, max_concurrency: 8}}]"
-        # 64 turns: over SAM's live capacity (2048 tokens) in the tiny model's tokens, under its 4096 positions
-        write_locomo(tmp_path / "locomo10.json", turns_per_session=16)
+        # 96 turns (about 2900 of the tiny model's tokens): over SAM's live capacity (2048 tokens)
+        write_locomo(tmp_path / "locomo10.json", turns_per_session=24)
         cfg = load_config(EvalConfig, RECIPES["locomo"], [
             f"data_dir={tmp_path}", f"run.output_dir={tmp_path / 'runs'}",
             f"models=[{{name: trained, engine: {{backend: openai, name: memory, api: chat, endpoints: {endpoint}}}}}]",
