@@ -343,6 +343,9 @@ def _engine_lines(role: str, engine: EngineConfig | None, default: str) -> list[
             key = ep.api_key_env
             state = "no key" if key is None else f"key from ${key} ({'set' if os.environ.get(key) else 'NOT SET'})"
             lines.append(f"  {role}: OpenAI-compatible endpoint {ep.url} model {ep.model or engine.model!r}, {state}")
+        if engine.tokenizer is not None:
+            found = Path(engine.tokenizer).expanduser().exists()
+            lines.append(f"    tokenizer {engine.tokenizer} ({'found' if found else 'NOT FOUND locally (a hub id?)'})")
         return lines or [f"  {role}: openai backend WITHOUT endpoints"]
     if engine.backend in ("vllm", "hf"):
         model = engine.model or "?"

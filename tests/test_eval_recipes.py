@@ -40,7 +40,7 @@ def test_recipe_shows_and_dry_runs(name: str, tmp_path: Path, capsys: pytest.Cap
                  f"run.output_dir={tmp_path / 'runs'}"]) == 0
     out = capsys.readouterr().out
     assert "http://127.0.0.1:8001/v1 model 'memory'" in out and "reasoner: OpenAI-compatible endpoint" in out
-    assert "judge: OpenAI-compatible endpoint" in out
+    assert "judge: OpenAI-compatible endpoint" in out and "tokenizer runs/export/model" in out
     files = {"locomo": ["locomo10.json (found)"], "amabench": ["open_end_qa_set.jsonl (found)"],
              "memoryarena": ["group_travel_planner.jsonl (found)", "formal_reasoning_math.jsonl (NOT FOUND)"]}[name]
     for line in files:
@@ -129,7 +129,8 @@ def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, model_ca
         write_locomo(tmp_path / "locomo10.json", turns_per_session=24)
         cfg = load_config(EvalConfig, RECIPES["locomo"], [
             f"data_dir={tmp_path}", f"run.output_dir={tmp_path / 'runs'}",
-            f"models=[{{name: trained, engine: {{backend: openai, name: memory, api: chat, endpoints: {endpoint}}}}}]",
+            f"models=[{{name: trained, engine: {{backend: openai, name: memory, tokenizer: '{tiny_model_dir}', "
+            f"endpoints: {endpoint}}}}}]",
             f"reasoner.endpoints={endpoint}", f"judge.endpoints={endpoint}", "judge_max_tokens=16",
             f"tokenizer={tiny_model_dir}",
         ])
