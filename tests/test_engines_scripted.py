@@ -97,6 +97,21 @@ def test_token_accounting_with_tokenizer(tokenizer) -> None:
     assert call.response_ids == res.completions[1].response_ids and call.engine == engine.name
 
 
+def test_memory_call_counts_tokens_from_usage_without_ids() -> None:
+    # A chat-API endpoint answers text only: the call's token counts come from the server's usage, not 0.
+    from rollout.engines.base import Completion, GenerationResult, Usage
+
+    req = ask("q", n=2)
+    res = GenerationResult(
+        prompt_ids=[],
+        completions=[Completion(response_ids=[], logprobs=[], text="a", finish_reason="stop")] * 2,
+        usage=Usage(prompt_tokens=40, completion_tokens=14),
+        engine="chat",
+    )
+    call = to_memory_call("c0", "recall", req, res, sample=0)
+    assert (call.prompt_tokens, call.completion_tokens) == (20, 7)
+
+
 def test_stop_strings_and_max_tokens(tokenizer) -> None:
     engine = ScriptedEngine(Dice(words=12), tokenizer=tokenizer)
     full = engine.generate([ask("q")])[0].completions[0]

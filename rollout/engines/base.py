@@ -236,6 +236,10 @@ def to_memory_call(
 ) -> MemoryCall:
     """Record sample ``sample`` of ``result`` as a :class:`MemoryCall` (token ids and log-probs kept as is)."""
     completion = result.completions[sample]
+    # A chat-API endpoint returns text without token ids: count its tokens from the server's usage instead of as 0.
+    n = max(1, len(result.completions))
+    prompt_tokens = len(result.prompt_ids) or result.usage.prompt_tokens // n
+    completion_tokens = len(completion.response_ids) or result.usage.completion_tokens // n
     return MemoryCall(
         call_id=call_id,
         role=role,
@@ -248,8 +252,8 @@ def to_memory_call(
         policy_version=result.policy_version,
         engine=result.engine,
         step=step,
-        prompt_tokens=len(result.prompt_ids),
-        completion_tokens=len(completion.response_ids),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         error=error,
         metadata=dict(metadata or {}),
     )
