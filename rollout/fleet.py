@@ -24,6 +24,7 @@ Actor calls run one at a time per worker, so a sync queued behind a job lands af
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,8 +37,8 @@ from data.schemas import Group, MemoryCallTree
 from rollout.loop import Rollout
 from rollout.worker import RolloutWorker, TreeBatch, TreeJob, WorkerSpec
 
-__all__ = ["EngineSlot", "FleetCollection", "FleetConfig", "FleetResult", "FleetWeightSyncClient", "RolloutFleet",
-           "plan_fleet", "shard_tasks"]
+__all__ = ["EngineSlot", "FleetCollection", "FleetConfig", "FleetResult", "FleetWeightSyncClient", "LocalFleet",
+           "RolloutFleet", "build_fleet", "plan_fleet", "shard_tasks"]
 
 
 class FleetConfig(ConfigModel):
@@ -257,14 +258,24 @@ class RolloutFleet:
 
         for w in sorted(self.down):
             handle = self.handles[w]
-            try:
-                ray.get(handle.version.remote(), timeout=self.cfg.restart_timeout_s)
-                if self._last_sync is not None:
-                    ray.get(handle.sync.remote(*self._last_sync), timeout=self.cfg.restart_timeout_s)
-            except Exception as exc:  # restarts exhausted, node lost, or start-up failed
+            deadline = time.monotonic() + self.cfg.restart_timeout_s
+            while True:
+                try:
+                    ray.get(handle.version.remote(), timeout=max(deadline - time.monotonic(), 0.1))
+                    if self._last_sync is not None:
+                        ray.get(handle.sync.remote(*self._last_sync), timeout=self.cfg.restart_timeout_s)
+                    break
+                except ray.exceptions.ActorUnavailableError:  # restarting: its engine is still starting
+                    if time.monotonic() < deadline:
+                        time.sleep(1.0)
+                        continue
+                    exc: BaseException = TimeoutError(f"not back after {self.cfg.restart_timeout_s:.0f}s")
+                except Exception as error:  # restarts exhausted, node lost, or start-up failed
+                    exc = error
                 self.gone.add(w)
                 warnings.warn(f"rollout worker {w} did not restart ({type(exc).__name__}): the fleet shrinks to "
                               f"{len(self.handles) - len(self.gone)} workers", stacklevel=2)
+                break
             self.down.discard(w)
 
     @property
@@ -318,6 +329,12 @@ class RolloutFleet:
         """Every worker's engine sleeps (colocated on GPUs; nothing on CPU)."""
         self._fan_out("sleep")
 
+    def call_one(self, fn: Callable[[Any, Any], Any]) -> Any:
+        """Run ``fn(policy engine, reasoner)`` on one live worker (held-out evaluation)."""
+        import ray
+
+        return ray.get(self.handles[self.live()[0]].call.remote(fn))
+
     def versions(self) -> list[int]:
         """The policy version every live worker serves."""
         return self._fan_out("version")
@@ -338,6 +355,67 @@ class RolloutFleet:
         for handle in self.handles:
             ray.kill(handle)
         remove_placement_group(self.group)
+
+
+class LocalFleet:
+    """One :class:`~rollout.worker.RolloutWorker` in this process, no Ray (``fleet.workers: 0``): the same interface
+    as :class:`RolloutFleet`, a job built when it is submitted."""
+
+    name = "local"
+    size = 1
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.worker = RolloutWorker(0, spec)
+        self.spec = spec
+
+    @property
+    def policy_version(self) -> int:
+        """The version the engine serves."""
+        return self.worker.version()
+
+    def submit(self, iteration: int, tasks: Sequence[Any], seed: int,
+               make_rollout: Callable[[Any, str, int], Rollout], costs: Sequence[float] | None = None) -> _Done:
+        """Build the trees now (under the current policy version); the result is ready at once."""
+        batch = self.worker.build(TreeJob(iteration, list(tasks), seed, make_rollout))
+        return _Done(FleetResult(
+            trees=batch.trees, groups=[g for gs in batch.groups for g in gs], metrics=_merge_metrics([batch]),
+            worker_of={t.task_id: 0 for t in batch.trees},
+            memory_calls={task_id: {0: calls} for task_id, calls in batch.memory_calls.items()},
+            policy_versions=[batch.policy_version] * len(batch.trees), reruns=0))
+
+    def load_adapter(self, path: str, version: int) -> None:
+        """Serve the LoRA adapter in ``path`` as ``version``."""
+        self.worker.sync("adapter", str(path), version)
+
+    def update_weights(self, path: str, version: int) -> None:
+        """Reload the full weights in ``path`` as ``version``."""
+        self.worker.sync("weights", str(path), version)
+
+    def sleep(self) -> None:
+        """The engine sleeps (colocated on GPUs; nothing on CPU)."""
+        self.worker.sleep()
+
+    def call_one(self, fn: Callable[[Any, Any], Any]) -> Any:
+        """Run ``fn(policy engine, reasoner)`` here."""
+        return self.worker.call(fn)
+
+    def close(self) -> None:
+        """Release the engines."""
+        self.worker.close()
+
+
+@dataclass
+class _Done:
+    value: FleetResult
+
+    def result(self) -> FleetResult:
+        return self.value
+
+
+def build_fleet(spec: WorkerSpec, cfg: FleetConfig, placement: PolicyPlacement | None = None,
+                ) -> RolloutFleet | LocalFleet:
+    """The rollout workers ``cfg`` asks for: Ray actors, or with ``workers: 0`` one worker in this process."""
+    return LocalFleet(spec) if cfg.workers == 0 else RolloutFleet(spec, cfg, placement)
 
 
 class FleetWeightSyncClient:

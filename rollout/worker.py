@@ -133,6 +133,10 @@ class RolloutWorker:
             self.engine.update_weights(path, version)
         return self.engine.policy_version
 
+    def call(self, fn: Callable[[Engine, Engine], Any]) -> Any:
+        """Run ``fn(policy engine, reasoner)`` here (held-out evaluation with this worker's engines)."""
+        return fn(self.engine, self.reasoner)
+
     def sleep(self) -> None:
         """Free the engine's GPU memory while the trainer updates (vLLM sleep mode; nothing on CPU)."""
         self.engine.sleep()

@@ -1,0 +1,190 @@
+"""The rollout fleet on a local Ray cluster (started once for this module) with scripted engines.
+
+Acceptance of the rollout plane: 1 and 2 workers give identical groups and trainer metrics, every tree is served by
+one worker; one-step-off keeps every sample within one version of the trainer and every group on one version; a
+SIGKILLed worker's trees are re-run with nothing double-counted; a full-weight sync reaches every worker and old
+policy versions are pruned. The SAM tasks are rolled out by the scripted oracle as the memory model (with recall
+errors, so siblings differ) and the scripted SAM reasoner, both with the tiny model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from data.config import PolicyPlacement
+from data.tasks import TaskSetConfig, load_tasks
+from data.tasks.sam import SamTaskParams
+from rewards.committee import CommitteeConfig
+from rewards.credit import CreditConfig
+from rollout.engines.config import EngineConfig
+from rollout.fleet import FleetConfig, LocalFleet, RolloutFleet, plan_fleet, shard_tasks
+from rollout.memory.sam import SamConfig
+from rollout.tree import TreeConfig
+from rollout.worker import WorkerSpec
+from train.group_trainer import GroupTrainer, GroupTrainerConfig
+from train.oat_grpo import SamTreeRollout, TreeScorer
+from train.online import prune_policy_versions
+from train.policy import PolicySpec
+
+ray = pytest.importorskip("ray")
+
+MEMORY = SamConfig.model_validate({
+    "page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3,
+    "sampling": {"consolidate": {"temperature": 0.0, "max_tokens": 48},
+                 "recall": {"temperature": 1.0, "max_tokens": 48}},
+})
+TASKS = TaskSetConfig(count=6, sam=SamTaskParams(horizon_steps=8, facts_per_obs=1, containers_per_room=2,
+                                                 repeat_evidence_frac=0.5))
+
+
+def spec(tokenizer: Path, latency_s: float = 0.0) -> WorkerSpec:
+    """Scripted memory model (the noisy oracle, optionally slowed down) and reasoner; offline committee + credit."""
+    oracle: dict[str, Any] = {"scripted_policy": "data.experts.sam:SamOracle",
+                              "scripted_kwargs": {"config": {"error_rate": 0.3}}}
+    if latency_s:
+        oracle = {"scripted_policy": "rollout.engines.scripted:DelayedPolicy",
+                  "scripted_kwargs": {"policy": "data.experts.sam:SamOracle", "latency_s": latency_s,
+                                      "kwargs": {"config": {"error_rate": 0.3}}}}
+    policy = EngineConfig(backend="scripted", name="policy", tokenizer=str(tokenizer), **oracle)
+    reasoner = EngineConfig(backend="scripted", name="reasoner", scripted_policy="data.tasks.sam:SamReasoner",
+                            scripted_kwargs={"max_pages": 2, "recall_budget": 2}, tokenizer=str(tokenizer))
+    references = [EngineConfig(backend="scripted", name="sam-oracle", scripted_policy="data.experts.sam:SamOracle",
+                               tokenizer=str(tokenizer))]
+    scorer = TreeScorer(references, None, CommitteeConfig(), CreditConfig(committee_weight=0.5), "tree")
+    return WorkerSpec(policy=policy, reasoner=reasoner, tree=TreeConfig(branch_factor=2, max_leaves=4),
+                      make_scorer=scorer)
+
+
+def dumped(groups: list[Any]) -> list[dict[str, Any]]:
+    return sorted((g.model_dump(mode="json") for g in groups), key=lambda g: g["group_id"])
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Any:
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[Any]:
+    return load_tasks(TASKS, "train")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# placement and sharding (no Ray)
+
+
+def test_plan_fleet_separate_uses_the_kept_gpus_of_every_node() -> None:
+    slots = plan_fleet(PolicyPlacement(mode="separate", gpus_per_node=4), nodes=4, gpus_per_node=8)
+    assert len(slots) == 16 and {s.node for s in slots} == {0, 1, 2, 3}
+    assert [s.gpus for s in slots if s.node == 2] == [(4,), (5,), (6,), (7,)] and not any(s.sleeps for s in slots)
+    colocated = plan_fleet(PolicyPlacement(mode="colocate", tensor_parallel_size=2), nodes=2, gpus_per_node=8)
+    assert len(colocated) == 8 and colocated[1].gpus == (2, 3) and all(s.sleeps for s in colocated)
+
+
+def test_shard_tasks_keeps_whole_tasks_and_follows_speed() -> None:
+    shards = shard_tasks([1.0] * 6, [1.0, 1.0])
+    assert sorted(i for s in shards for i in s) == list(range(6)) and [len(s) for s in shards] == [3, 3]
+    fast_slow = shard_tasks([1.0] * 6, [2.0, 1.0])
+    assert [len(s) for s in fast_slow] == [4, 2]
+    uneven = shard_tasks([5.0, 1.0, 1.0, 1.0, 1.0, 1.0], [1.0, 1.0])
+    assert uneven[0] == [0] and uneven[1] == [1, 2, 3, 4, 5]
+
+
+def test_prune_keeps_the_newest_and_the_protected_versions(tmp_path: Path) -> None:
+    for v in range(6):
+        (tmp_path / f"v{v:05d}").mkdir()
+    prune_policy_versions(tmp_path, 2, protect={1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v00001", "v00004", "v00005"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the fleet
+
+
+def test_two_workers_match_one_and_the_trainer_agrees(ray_cluster: Any, tasks: list[Any], tiny_model_dir: Path,
+                                                      tmp_path: Path) -> None:
+    """Acceptance 1: identical groups (in task order, so also sorted by tree id) from 1 in-process worker, 1 Ray
+    worker and 2 Ray workers; the trainer's metrics after 2 iterations agree within 1e-6; every tree's memory calls
+    ran on one worker."""
+    make = SamTreeRollout(MEMORY)
+    local = LocalFleet(spec(tiny_model_dir))
+    fleets = {1: RolloutFleet(spec(tiny_model_dir), FleetConfig(workers=1, cpus_per_worker=0.5)),
+              2: RolloutFleet(spec(tiny_model_dir), FleetConfig(workers=2, cpus_per_worker=0.5))}
+    try:
+        metrics: dict[str, list[dict[str, float]]] = {}
+        reference: dict[int, list[dict[str, Any]]] = {}
+        for name, fleet in [("local", local), ("1", fleets[1]), ("2", fleets[2])]:
+            torch.manual_seed(0)  # the same trainer start for every run: only the groups may differ
+            trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lr=1e-3, seed=0))
+            metrics[name] = []
+            for iteration in range(2):
+                result = fleet.submit(iteration, tasks, 7919 + iteration, make).result()
+                assert [t.task_id for t in result.trees] == [t.task_id for t in tasks]
+                if name == "local":
+                    reference[iteration] = [g.model_dump(mode="json") for g in result.groups]
+                    assert reference[iteration], "no trainable group"
+                else:  # the same groups, in the same (task) order
+                    assert [g.model_dump(mode="json") for g in result.groups] == reference[iteration]
+                for task_id, served in result.memory_calls.items():
+                    assert list(served) == [result.worker_of[task_id]]  # one worker served the whole tree
+                if name == "2":
+                    assert set(result.worker_of.values()) == {0, 1}
+                metrics[name].append(trainer.step(result.groups))
+                out = str(tmp_path / name / f"v{trainer.version:05d}")
+                fleet.update_weights(out, trainer.version)  # scripted engines take the version only
+            versions = fleet.versions() if name != "local" else [local.policy_version]
+            assert trainer.version >= 1 and versions == [trainer.version] * int(name if name != "local" else 1)
+        for name in ("1", "2"):
+            for mine, ref in zip(metrics[name], metrics["local"], strict=True):
+                assert mine.keys() == ref.keys()
+                for key, value in ref.items():
+                    if not key.endswith("_s"):  # wall-clock figures (seconds, tokens per second) are not results
+                        assert abs(mine[key] - value) <= 1e-6, (name, key)
+    finally:
+        local.close()
+        for fleet in fleets.values():
+            fleet.close()
+
+
+def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[Any], tiny_model_dir: Path) -> None:
+    """Acceptance 4: SIGKILL a worker mid-iteration: the iteration completes with every tree exactly once (the same
+    groups as an undisturbed run); Ray restarts the worker, which gets the last weight sync back; a worker that
+    cannot restart leaves the fleet with a warning."""
+    make = SamTreeRollout(MEMORY)
+    local = LocalFleet(spec(tiny_model_dir))
+    local.update_weights("/nonexistent/v00003", 3)
+    reference = dumped(local.submit(0, tasks, 7, make).result().groups)
+    local.close()
+    fleet = RolloutFleet(spec(tiny_model_dir, latency_s=0.05),
+                         FleetConfig(workers=2, cpus_per_worker=0.5, max_restarts=1, restart_timeout_s=120))
+    try:
+        fleet.update_weights("/nonexistent/v00003", 3)
+        victim = ray.get(fleet.handles[0].call.remote(lambda engine, reasoner: os.getpid()))
+        pending = fleet.submit(0, tasks, 7, make)
+        time.sleep(1.0)
+        os.kill(victim, signal.SIGKILL)
+        with pytest.warns(UserWarning, match="rollout worker 0 died"):
+            result = pending.result()
+        assert result.reruns >= 1 and dumped(result.groups) == reference
+        assert len(result.trees) == len(tasks) and len({t.task_id for t in result.trees}) == len(tasks)
+        assert set(result.worker_of.values()) == {1}
+        assert fleet.size == 2 and fleet.versions() == [3, 3]  # restarted, the last sync replayed
+        # restarts exhausted: the fleet shrinks
+        victim = ray.get(fleet.handles[0].call.remote(lambda engine, reasoner: os.getpid()))
+        pending = fleet.submit(1, tasks, 7, make)
+        time.sleep(1.0)
+        os.kill(victim, signal.SIGKILL)
+        with pytest.warns(UserWarning, match="fleet shrinks to 1"):
+            result = pending.result()
+        assert dumped(result.groups) != [] and fleet.size == 1 and len(result.trees) == len(tasks)
+    finally:
+        fleet.close()
