@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -188,3 +189,77 @@ def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[An
         assert dumped(result.groups) != [] and fleet.size == 1 and len(result.trees) == len(tasks)
     finally:
         fleet.close()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one-step-off training
+
+
+def scripted_policy_overrides(model: Path, out: Path, name: str, iterations: int) -> list[str]:
+    """The tiny OAT-GRPO config with the noisy oracle as the rollout engine (the tiny model still trains)."""
+    return [
+        f"policy.base={model}", "engine.backend=scripted", "engine.scripted_policy=data.experts.sam:SamOracle",
+        "engine.scripted_kwargs={config: {error_rate: 0.3}}", f"engine.tokenizer={model}", "engine.model=null",
+        f"run.output_dir={out}", f"run.name={name}", "train_tasks.count=16", "train_tasks.sam.horizon_steps=8",
+        "eval_tasks.count=2", "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=4", "tree.max_leaves=4",
+        f"loop.iterations={iterations}", "loop.eval_every=0", "loop.checkpoint_every=1", "loop.max_staleness=1",
+        "trainer.lr=1e-3",
+    ]
+
+
+def test_one_step_off_on_the_fleet(ray_cluster: Any, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Acceptance 3 (staleness) and 5 (pruning): with k = 1 on 2 Ray workers, iteration i's trees come from the
+    policy before update i - 1, every sample is at most one version behind the trainer, every group has one
+    version, truncated importance sampling is on, and at most keep_policy_versions directories remain."""
+    from data.config import load_config
+    from train.oat_grpo import OATGRPOConfig, train_oat_grpo
+
+    iterations = 3
+    cfg = load_config(OATGRPOConfig, Path(__file__).parents[1] / "configs" / "oat_grpo_tiny.yaml",
+                      [*scripted_policy_overrides(tiny_model_dir, tmp_path, "k1", iterations),
+                       "fleet.workers=2", "fleet.cpus_per_worker=0.5"])
+    run_dir = tmp_path / "k1"
+    run_dir.mkdir()
+    result = train_oat_grpo(cfg, run_dir)
+    history = result["history"]
+    assert [h["iteration"] for h in history] == list(range(iterations))
+    trainer_versions = [0] + [int(h["policy_version"]) for h in history[:-1]]  # the trainer's version at update i
+    for i, h in enumerate(history):
+        launched_under = trainer_versions[max(i - 1, 0)]
+        assert h["policy_version_collected"] == launched_under
+        assert h["staleness_max"] == trainer_versions[i] - launched_under <= 1
+        assert h["mixed_version_groups"] == 0 and h["sync_s"] > 0
+    assert any(h["staleness_max"] == 1 for h in history), "no update ran one step off"
+    assert len(list((run_dir / "policy").iterdir())) <= cfg.loop.keep_policy_versions
+    assert "staleness_max" in (run_dir / "metrics.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_one_step_off_sigkill_resume_reproduces_order_and_versions(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Acceptance 3 (resume): SIGKILL a k = 1 run after its first checkpoint; ``--resume`` relaunches the collection
+    that was in flight under its recorded version, so task order and policy versions match an uninterrupted run."""
+    from test_oat_grpo import ROOT, cli, cli_env, iterations_of, run_cli, wait_for
+
+    iterations = 4
+    full = scripted_policy_overrides(tiny_model_dir, tmp_path, "full", iterations)
+    run_cli(*full)
+    args = scripted_policy_overrides(tiny_model_dir, tmp_path, "killed", iterations)
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(cli(*args), cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for(run_dir / "checkpoints" / f"ckpt-{1:06d}" / "COMPLETE", proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (run_dir / "summary.json").exists()
+    resumed = run_cli(*args, "--resume")
+    assert "resumed from ckpt-" in resumed.stdout
+    ref, got = iterations_of(tmp_path / "full"), iterations_of(run_dir)
+    assert sorted(got) == sorted(ref) == list(range(iterations))
+    for key in ("tasks", "policy_version_collected", "staleness_max", "updates", "policy_version"):
+        assert [got[i].get(key) for i in range(iterations)] == [ref[i].get(key) for i in range(iterations)], key
+    for i in range(iterations):
+        assert got[i]["reward_mean"] == pytest.approx(ref[i]["reward_mean"], abs=1e-9)
