@@ -27,6 +27,7 @@ from data.config import (
     RunConfig,
     apply_overrides,
 )
+from rollout.fleet import FleetConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MASTER_PORT = 29500
@@ -244,14 +245,17 @@ class MemrlCommand:
 
 
 class LaunchView(ConfigModel):
-    """The parts of a run's config the launchers read: where the run writes and how rollouts are placed."""
+    """The parts of a run's config the launchers read: where the run writes, how rollouts are placed and how many
+    rollout workers the fleet has."""
 
     run: RunConfig = RunConfig()
     placement: PlacementConfig = PlacementConfig()
+    fleet: FleetConfig = FleetConfig()
 
 
 def launch_view(command: MemrlCommand) -> LaunchView:
-    """Read ``run`` and ``placement`` from the command's config file and overrides (other sections are not read)."""
+    """Read ``run``, ``placement`` and ``fleet`` from the command's config file and overrides (other sections are
+    not read)."""
     data: dict[str, Any] = {}
     source = command.config_path or "<defaults>"
     if command.config_path:
@@ -264,7 +268,7 @@ def launch_view(command: MemrlCommand) -> LaunchView:
             raise LaunchError(f"{path}: invalid YAML: {exc}") from None
         if not isinstance(loaded, dict):
             raise LaunchError(f"{path}: the top level must be a mapping of keys")
-        data = {key: loaded[key] for key in ("run", "placement") if key in loaded}
+        data = {key: loaded[key] for key in LaunchView.model_fields if key in loaded}
     wanted = [o for o in command.overrides if o.split("=", 1)[0].split(".")[0] in LaunchView.model_fields]
     try:
         return LaunchView.model_validate(apply_overrides(LaunchView, data, wanted))
@@ -373,6 +377,7 @@ class TrainLayout:
     policy: PolicyPlacement | None = None
     single_process: bool = False
     label: str = "the command"
+    fleet_engines: int = 0  # policy engines of the Ray rollout fleet (0: the main process's own engine)
 
     @property
     def nnodes(self) -> int:
@@ -425,6 +430,9 @@ class TrainLayout:
         policy = self.policy
         if policy is None:
             return None
+        if self.fleet_engines:
+            return (f"policy vLLM engines: the rollout fleet's {self.fleet_engines} Ray worker(s) (above), driven by "
+                    f"the main process")
         if self.single_process:
             where = "its CPU" if self.device == "cpu" else "its node's GPUs"
             return f"policy vLLM engine: built inside that one process, on {where}"

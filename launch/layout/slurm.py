@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,13 +14,12 @@ from typing import Any
 
 import yaml
 
-from data.config import (
-    ServedModel,
-)
+from data.config import ServedModel
 from launch.layout.common import (
     ROOT,
     Device,
     LaunchError,
+    LaunchView,
     MemrlCommand,
     Plan,
     SlurmEnv,
@@ -39,6 +39,7 @@ from launch.layout.common import (
 )
 from launch.layout.serve import ServeSpec, _vllm_replicas
 from launch.layout.torchrun import _layout_info
+from rollout.fleet import EngineSlot, plan_fleet
 
 SETUPS: dict[str, dict[str, Any]] = {
     # SAM memory model (Qwen3.5-9B, trained): a frozen 35B-class reasoner (MoE, 4 x TP-2 servers per node) and an
@@ -95,6 +96,7 @@ def _slurm_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="port of the first server on every serving node")
     parser.add_argument("--master-port", type=int, help="training rendezvous port (default: from the job id)")
     parser.add_argument("--health-timeout", type=int, default=1800, help="seconds to wait for the servers (1800)")
+    parser.add_argument("--ray-port", type=int, default=6379, help="port of the Ray head of the rollout fleet (6379)")
     parser.add_argument("--max-restarts", type=int, default=20,
                         help="requeue at most this many times when the time limit nears (SIGUSR1); 0 disables")
     parser.add_argument("--log-dir", help="server logs and endpoints.yaml (default: RUN_DIR/slurm)")
@@ -211,6 +213,10 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         return ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
                 f"--nodelist={','.join(nodes)}", *step_resources]  # fmt: skip
 
+    def srun_overlap(nodes: list[str]) -> list[str]:  # Ray shares the training nodes with the training step
+        return ["srun", f"--nodes={len(nodes)}", "--ntasks=1", f"--nodelist={','.join(nodes)}", "--overlap",
+                *([f"--gpus-per-node={gpus}"] if device == "gpu" else [])]  # fmt: skip
+
     shell: dict[str, str | list[str]] = {"serve_count": str(len(services))}
     serve_logs, serve_info = [], []
     lines = [
@@ -253,6 +259,22 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
             "  which starts on each of its nodes:",
             *[f"    {_command_line(e, c)}" for e, c, _ in replicas],
         ]
+    fleet = _fleet_plan(view, kind.policy_engine, train_hosts if kind.distributed else train_hosts[:1], gpus,
+                        device, args.ray_port)
+    ray_steps: list[list[str]] = []
+    if fleet is not None:
+        ray_steps = [[*srun_overlap([h]), *start] for h, start in fleet["starts"]]
+        for i, step in enumerate(ray_steps):
+            shell[f"ray_{i}"] = step
+        engines = fleet["engines"]
+        layout.fleet_engines = len(engines)
+        lines += [f"rollout fleet: {len(engines)} engine(s) x TP {fleet['tp']} on {len(fleet['hosts'])} node(s) "
+                  f"({fleet['mode']}), Ray head {fleet['address']}; one RolloutWorker actor per engine",
+                  *_table(["host", "GPUs per engine"],
+                          [[h, " ".join(",".join(map(str, e["gpus"])) for e in engines if e["host"] == h)]
+                           for h in fleet["hosts"]]),
+                  *[f"[ray] {shlex.join(step)}" for step in ray_steps],
+                  f"[train] with RAY_ADDRESS={fleet['address']} (the driver on rank 0 joins the fleet)"]
     health = [u.replace("/v1", "/health") for s in services for u in s.endpoints]
     if services:
         lines.append(f"[wait] up to {args.health_timeout} s for: {' '.join(health)}")
@@ -291,6 +313,9 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
             "endpoints_text": endpoints_text,
             "train_cmd": train_cmd,
             "auto_requeue": str(int(auto_requeue)),
+            "ray_count": str(len(ray_steps)),
+            "ray_address": fleet["address"] if fleet else "",
+            "ray_nodes": str(len(fleet["hosts"])) if fleet else "0",
             "max_restarts": str(args.max_restarts),
         }
     )
@@ -311,5 +336,36 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         "placement": placement,
         "train_command": train_cmd,
         "health_urls": health,
+        "fleet": {k: v for k, v in fleet.items() if k != "starts"} if fleet else None,
     }
     return Plan(lines, shell, info, args.dry_run)
+
+
+def _fleet_plan(view: LaunchView, policy_engine: bool, hosts: list[str], gpus: int, device: Device,
+                port: int) -> dict[str, Any] | None:
+    """The Ray rollout fleet on the training nodes (None when the run uses no fleet): a Ray head on the first node,
+    a Ray worker on every other, each advertising only the GPUs the fleet may use there."""
+    if not policy_engine or view.fleet.workers == 0:
+        return None
+    policy = view.placement.policy
+    slots = plan_fleet(policy, len(hosts), gpus) if device == "gpu" else [
+        EngineSlot(node, (), False) for node in range(len(hosts))]
+    if view.fleet.workers is not None:
+        if view.fleet.workers > len(slots):
+            raise LaunchError(f"fleet.workers={view.fleet.workers}, but the training nodes have {len(slots)} engine "
+                              f"slot(s) ({policy.mode}, TP {policy.tensor_parallel_size})")
+        slots = slots[: view.fleet.workers]
+    used = sorted({s.node for s in slots})
+    address = f"{hosts[0]}:{port}"
+    ray_start = [sys.executable, "-m", "ray.scripts.scripts", "start", "--include-dashboard=false",
+                 "--disable-usage-stats", "--block"]
+    starts = []
+    for node in used if 0 in used else [0, *used]:  # the head on the first node, even without engines there
+        fleet_gpus = sorted({g for s in slots if s.node == node for g in s.gpus})
+        visible = [f"CUDA_VISIBLE_DEVICES={','.join(map(str, fleet_gpus))}"] if fleet_gpus else []
+        role = ["--head", f"--port={port}"] if node == 0 else [f"--address={address}"]
+        starts.append((hosts[node], ["env", *visible, *ray_start, *role, f"--num-gpus={len(fleet_gpus)}"]))
+    return {"mode": policy.mode, "tp": policy.tensor_parallel_size, "address": address,
+            "hosts": [hosts[n] for n in used],
+            "engines": [{"host": hosts[s.node], "gpus": list(s.gpus), "sleeps": s.sleeps} for s in slots],
+            "starts": starts}
