@@ -100,6 +100,26 @@ def test_shard_tasks_keeps_whole_tasks_and_follows_speed() -> None:
     assert uneven[0] == [0] and uneven[1] == [1, 2, 3, 4, 5]
 
 
+def test_sticky_engine_sends_a_tree_to_one_endpoint() -> None:
+    from fakes import FakeEngine
+
+    from data.schemas import Message
+    from rollout.engines.base import GenerationRequest
+    from rollout.engines.sticky import StickyEngine
+
+    endpoints = [FakeEngine("memory") for _ in range(3)]
+    sticky = StickyEngine(endpoints, "memory")  # type: ignore[arg-type]
+    requests = [GenerationRequest(messages=[Message(role="user", content=f"q{i}")], metadata={"task_id": f"t{i % 5}"})
+                for i in range(20)]
+    results = sticky.generate(requests)
+    assert [r.completions[0].text for r in results] == [f"q{i}#0" for i in range(20)]  # request order kept
+    by_task: dict[str, set[int]] = {}
+    for request in requests:
+        by_task.setdefault(request.metadata["task_id"], set()).add(sticky.endpoint_of(request))
+    assert all(len(e) == 1 for e in by_task.values()) and sum(e.calls for e in endpoints) == len(
+        {i for s in by_task.values() for i in s})  # one batched call per endpoint used
+
+
 def test_prune_keeps_the_newest_and_the_protected_versions(tmp_path: Path) -> None:
     for v in range(6):
         (tmp_path / f"v{v:05d}").mkdir()
