@@ -1,9 +1,11 @@
 """``memrl train oat-grpo``: OAT-GRPO for the SAM memory model (seed 001 section 2.3).
 
-Each iteration builds memory-call trees with the current policy in the rollout engine (the frozen reasoner continues
+Each iteration builds memory-call trees with the current policy in the rollout engines (the frozen reasoner continues
 every sibling), scores sibling groups with the committee (shared per parent context, cached), assigns OAT credit
 r(n) = V(n) + lambda (c(n) - c_bar) and sibling-group advantages, updates the policy with the group trainer, and syncs
-the new weights into the engine (train/online.py). Held-out success is measured with the same rollout code.
+the new weights into the engines (train/online.py). Trees, committee scoring and credit run inside the rollout
+workers (rollout/worker.py): one in this process, or with ``fleet.workers`` a Ray fleet on every node
+(rollout/fleet.py). Held-out success is measured with the same rollout code.
 
 The embedded default (tiny model, scripted reasoner, the oracle expert as committee, offline judge) needs no network;
 the paper's setup swaps in endpoints for the reasoner, the committee and the judge, listed under ``placement``
