@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shared by the launch scripts (sourced, not run): the repository root, the Python that runs memrl, the plan of a
-# launch computed by launch/layout.py, and stopping processes by id.
+# launch computed by launch/layout/, and stopping processes by id.
 # A plan is a list of bash assignments (dry_run, layout_text and script-specific arrays) that the caller evals.
 
 MEMRL_ROOT="${MEMRL_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"

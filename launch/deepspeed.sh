@@ -14,7 +14,7 @@ set -euo pipefail
 # shellcheck source=launch/common.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 
-# The plan's variables (launch/layout.py plan_deepspeed).
+# The plan's variables (launch/layout/deepspeed.py plan_deepspeed).
 dry_run=0 layout_text='' launch_env=() launch_cmd=() write_hostfile=0 hostfile_path='' hostfile_text=''
 plan="$(memrl_plan deepspeed "$@")"
 eval "$plan"

@@ -39,7 +39,7 @@ PY
 }
 
 cmd_run() {
-  # The plan's variables (launch/layout.py plan_serve); replica_0.. are arrays named by index.
+  # The plan's variables (launch/layout/serve.py plan_serve); replica_0.. are arrays named by index.
   local dry_run=0 layout_text='' log_dir='' replica_count=0 plan i rc=0
   local -a replica_logs=() endpoints=() pids=()
   plan="$(memrl_plan serve "$@")"
@@ -69,7 +69,7 @@ cmd_run() {
 }
 
 cmd_start() {
-  # The plan's variables (launch/layout.py plan_serve) that `start` reports.
+  # The plan's variables (launch/layout/serve.py plan_serve) that `start` reports.
   local pid_file='' args=() dry_run=0 layout_text='' plan
   local -a endpoints=() health_urls=()
   while [ "$#" -gt 0 ]; do

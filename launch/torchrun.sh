@@ -15,7 +15,7 @@ set -euo pipefail
 # shellcheck source=launch/common.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 
-# The plan's variables (launch/layout.py plan_torchrun).
+# The plan's variables (launch/layout/torchrun.py plan_torchrun).
 dry_run=0 layout_text='' launch_env=() launch_cmd=()
 plan="$(memrl_plan torchrun "$@")"
 eval "$plan"

@@ -221,7 +221,7 @@ class Committee:
             request = GenerationRequest(
                 messages=messages,
                 sampling=SamplingParams(temperature=0.0, max_tokens=self.cfg.judge_max_tokens, logprobs=False),
-                metadata={"role": "judge"},
+                metadata={"role": "judge", "task_id": items[i][0].task_id},  # sticky endpoint per tree
             )
             judge_todo.append((i, references, key, request))
         if judge_todo and self.judge is not None:

@@ -437,14 +437,14 @@ def test_slurm_dry_run_outside_an_allocation_and_real_run_refused(tmp_path: Path
 
 def test_slurm_requeued_job_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = oat_config(tmp_path)
-    monkeypatch.setattr(layout, "_resumable", lambda stage: stage == "train oat-grpo")
+    monkeypatch.setattr(layout.slurm, "_resumable", lambda stage: stage == "train oat-grpo")
     argv = ["--dry-run", "--", "train", "oat-grpo", "--config", str(cfg)]
     first = plan_slurm(argv, slurm_env(0))
     assert first.info["resume"] is False and first.shell["auto_requeue"] == "1"
     again = plan_slurm(argv, slurm_env(0, SLURM_RESTART_COUNT="1"))
     assert again.info["resume"] is True and again.info["train_command"][-1] == "--resume"
     assert again.info["run_dir"] == first.info["run_dir"]  # the same run directory after a requeue
-    monkeypatch.setattr(layout, "_resumable", lambda stage: False)
+    monkeypatch.setattr(layout.slurm, "_resumable", lambda stage: False)
     assert plan_slurm(argv, slurm_env(0)).shell["auto_requeue"] == "0"
 
 
@@ -942,3 +942,25 @@ def test_every_script_is_shellcheck_clean() -> None:
     assert set(SCRIPTS) <= set(scripts)
     res = subprocess.run([str(shellcheck), *map(str, scripts)], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_slurm_dry_run_shows_the_rollout_fleet_on_every_node(tmp_path: Path) -> None:
+    """4 nodes x 8 GPUs, separate with 4 training GPUs per node: 16 rollout engines (TP 1) on 4 nodes, a Ray head
+    and 3 Ray workers each advertising only GPUs 4-7; a run without a fleet starts no Ray."""
+    cfg = write_config(tmp_path, {"run": {"output_dir": str(tmp_path / "runs")}, "fleet": {"workers": None},
+                                  "placement": {"policy": {"mode": "separate", "gpus_per_node": 4}}})
+    argv = ["--dry-run", "--setup", "none", "--", "train", "oat-grpo", "--config", str(cfg)]
+    plan = plan_slurm(argv, slurm_env(0))
+    fleet = plan.info["fleet"]
+    assert len(fleet["engines"]) == 16 and fleet["tp"] == 1 and fleet["hosts"] == ["gpu01", "gpu02", "gpu03", "gpu04"]
+    assert {tuple(e["gpus"]) for e in fleet["engines"]} == {(4,), (5,), (6,), (7,)}
+    assert plan.info["layout"]["nproc_per_node"] == 4 and plan.shell["ray_count"] == "4"
+    steps = [plan.shell[f"ray_{i}"] for i in range(4)]
+    assert all("CUDA_VISIBLE_DEVICES=4,5,6,7" in s and "--num-gpus=4" in s and "--overlap" in s for s in steps)
+    assert "--head" in steps[0] and all("--address=gpu01:6379" in s for s in steps[1:])
+    assert "rollout fleet: 16 engine(s) x TP 1 on 4 node(s) (separate)" in plan.text
+    assert plan.shell["ray_address"] == "gpu01:6379"
+    two = plan_slurm([*argv, "fleet.workers=2"], slurm_env(0))
+    assert len(two.info["fleet"]["engines"]) == 2 and two.info["fleet"]["hosts"] == ["gpu01"]
+    without = plan_slurm([*argv, "fleet.workers=0"], slurm_env(0))
+    assert without.info["fleet"] is None and without.shell["ray_count"] == "0"

@@ -136,9 +136,11 @@ def test_cli_run_writes_config_metrics_checkpoints_policies_and_summary(uninterr
     assert summary["updates"] == its[ITERATIONS - 1]["updates"] >= len(trained)
     assert summary["before"]["iteration"] == -1 and summary["after"]["iteration"] == ITERATIONS - 1
     assert summary["training_reasoner_tokens"] == sum(r["reasoner_tokens"] for r in its.values())
-    # One policy directory per version; the last iteration's samples came from the policy before its update.
+    # The newest loop.keep_policy_versions (2) policy directories; the last iteration's samples came from the
+    # policy before its update.
     versions = sorted(p.name for p in (run_dir / "policy").iterdir())
-    assert versions == [f"v{v:05d}" for v in range(len(trained) + 1)]
+    assert versions == [f"v{v:05d}" for v in range(len(trained) + 1)][-2:]
+    assert all(r["sync_s"] > 0 and r["staleness_max"] == 0 for r in its.values())
     assert (run_dir / "policy" / versions[-1] / "model.safetensors").is_file()
     assert summary["policy_dir"].endswith(versions[-1])
     trees = read_jsonl(run_dir / "trees_last.jsonl", MemoryCallTree)

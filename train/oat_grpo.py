@@ -1,9 +1,11 @@
 """``memrl train oat-grpo``: OAT-GRPO for the SAM memory model (seed 001 section 2.3).
 
-Each iteration builds memory-call trees with the current policy in the rollout engine (the frozen reasoner continues
+Each iteration builds memory-call trees with the current policy in the rollout engines (the frozen reasoner continues
 every sibling), scores sibling groups with the committee (shared per parent context, cached), assigns OAT credit
 r(n) = V(n) + lambda (c(n) - c_bar) and sibling-group advantages, updates the policy with the group trainer, and syncs
-the new weights into the engine (train/online.py). Held-out success is measured with the same rollout code.
+the new weights into the engines (train/online.py). Trees, committee scoring and credit run inside the rollout
+workers (rollout/worker.py): one in this process, or with ``fleet.workers`` a Ray fleet on every node
+(rollout/fleet.py). Held-out success is measured with the same rollout code.
 
 The embedded default (tiny model, scripted reasoner, the oracle expert as committee, offline judge) needs no network;
 the paper's setup swaps in endpoints for the reasoner, the committee and the judge, listed under ``placement``
@@ -17,26 +19,33 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+
 from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
 from data.io import atomic_write_text, write_jsonl
+from data.schemas import MemoryCallTree
 from data.tasks import TaskSetConfig, load_tasks
 from data.tasks.sam import SamTask
 from data.tracking import MetricsLogger
 from rewards.committee import Committee, CommitteeConfig
 from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
 from rollout.agents import sam_rollout
-from rollout.engines.base import Engine
-from rollout.engines.config import EndpointConfig, EngineConfig, build_engine, place_policy_engine
+from rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
+from rollout.engines.sticky import build_sticky_engine
+from rollout.fleet import FleetConfig, FleetResult, build_fleet
 from rollout.harness import evaluate_sam_memory
-from rollout.loop import EngineSet
+from rollout.loop import Rollout
 from rollout.memory.sam import SamConfig
-from rollout.tree import TreeConfig, build_trees, trees_to_groups
+from rollout.tree import TreeConfig
+from rollout.worker import Scorer, WorkerSpec
 from train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
 from train.online import LoopConfig, run_online_loop, shared_run_dir
 from train.policy import PolicySpec
+from train.weight_sync import InMemoryWeightSync
 
 __all__ = ["OATGRPOConfig", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
 
@@ -67,6 +76,7 @@ class OATGRPOConfig(ConfigModel):
     credit: CreditConfig = CreditConfig()
     trainer: GroupTrainerConfig = GroupTrainerConfig()
     loop: LoopConfig = LoopConfig()
+    fleet: FleetConfig = FleetConfig()  # rollout workers (Ray actors) on every node; 0 workers: this process's engine
     eval_samples: int = 1  # sampled runs per held-out task (the memory config's own temperatures); plus one greedy
 
 
@@ -163,6 +173,87 @@ def iteration_batch(tasks: list[SamTask], size: int, seed: int, iteration: int) 
     return [tasks[i] for i in order[index * size : (index + 1) * size]]
 
 
+
+@dataclass
+class TreeScorer:
+    """Committee (+ judge) scoring and OAT credit of a worker's trees; called once inside each rollout worker, where
+    it builds the committee's clients (sticky per tree) and returns the scorer."""
+
+    references: list[EngineConfig]
+    judge: EngineConfig | None
+    settings: CommitteeConfig
+    credit: CreditConfig
+    mode: str
+
+    def __call__(self) -> Scorer:
+        committee = Committee(self.settings, [build_sticky_engine(c) for c in self.references],
+                              build_sticky_engine(self.judge) if self.judge is not None else None)
+
+        def score(trees: list[MemoryCallTree]) -> dict[str, Any]:
+            cstats = committee.score(trees) if self.credit.committee_weight else None
+            credit = [assign_credit(t, self.credit) if self.mode == "tree" else assign_flat_credit(t, self.credit)
+                      for t in trees]
+            metrics: dict[str, Any] = {"credit_groups": sum(c.groups for c in credit),
+                                       "credit_zero_variance_groups": sum(c.zero_variance_groups for c in credit)}
+            if cstats is not None:
+                metrics.update(committee_requests=cstats.committee_requests, judge_requests=cstats.judge_requests,
+                               committee_cache_hits=cstats.cache_hits, committee_failures=cstats.failures,
+                               committee_score_sum=sum(cstats.scores), committee_scores=len(cstats.scores))
+            return metrics
+
+        return score
+
+
+@dataclass
+class SamTreeRollout:
+    """Starts a worker's rollouts: ``(task, rollout id, seed) -> Rollout`` under the recipe's memory config."""
+
+    memory: SamConfig
+
+    def __call__(self, task: SamTask, rollout_id: str, seed: int) -> Rollout:
+        return sam_rollout(task, self.memory, seed=seed, rollout_id=rollout_id)
+
+
+def collection_metrics(batch: list[SamTask], result: FleetResult) -> dict[str, Any]:
+    """An iteration's metrics from the trees the fleet built (summed over workers where the workers report)."""
+    leaves = [n for t in result.trees for n in t.nodes if n.kind == "leaf"]
+    metrics: dict[str, Any] = {
+        "tasks": [t.task_id for t in batch],  # the data order, checked against an uninterrupted run on resume
+        "success": sum(n.outcome or 0.0 for n in leaves) / max(len(leaves), 1),
+        "leaves": len(leaves),
+        "reasoner_tokens": sum(t.reasoner_usage.spent for t in result.trees),
+        "memory_calls_trained": sum(len(g.samples) for g in result.groups),
+        "rerun_tasks": result.reruns,
+        **result.metrics,
+    }
+    if "committee_scores" in metrics:
+        metrics["committee_score_mean"] = metrics.pop("committee_score_sum") / max(metrics.pop("committee_scores"), 1)
+    return metrics
+
+
+@dataclass
+class _Collected:
+    """An iteration's trees in flight; :meth:`result` gives the loop its groups and metrics."""
+
+    pending: Any
+    batch: list[SamTask]
+    trees_path: Path
+
+    def result(self) -> tuple[list, dict[str, Any]]:
+        result: FleetResult = self.pending.result()
+        write_jsonl(self.trees_path, result.trees)
+        return result.groups, collection_metrics(self.batch, result)
+
+
+def use_in_memory_sync(cfg: OATGRPOConfig, gpu: bool) -> bool:
+    """Whether full weights go to the fleet by NCCL broadcast (GPUs, a Ray fleet, full-weight training) or by disk."""
+    full = cfg.policy.adapter is None and not cfg.trainer.lora.enabled
+    if cfg.loop.weight_sync == "nccl" and not (gpu and full and cfg.fleet.workers != 0):
+        raise ConfigError("loop.weight_sync: nccl needs GPUs, a Ray fleet (fleet.workers != 0) and full-weight "
+                          "training (LoRA adapters are synced by directory)")
+    return cfg.loop.weight_sync == "nccl" or (cfg.loop.weight_sync == "auto" and gpu and full
+                                              and cfg.fleet.workers != 0)
+
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -195,65 +286,49 @@ def train_oat_grpo(
     held-out set spanning several horizons); returns a summary dict."""
     trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
     main = trainer.accelerator.is_main_process
-    engine: Engine | None = build_engine(policy_engine_config(cfg)) if main else None
+    gpu = torch.cuda.is_available()
+    if cfg.loop.max_staleness and gpu and cfg.placement.policy.mode == "colocate":
+        raise ConfigError("loop.max_staleness > 0 generates while the trainer updates: placement.policy.mode must be "
+                          "'separate' on GPUs")
+    in_memory = use_in_memory_sync(cfg, gpu)
     reasoner_cfg, reference_cfgs, judge_cfg = resolve_engines(cfg)
-    reasoner = build_engine(reasoner_cfg) if main else None
-    references = [build_engine(c) for c in reference_cfgs] if main else []
-    judge = build_engine(judge_cfg) if main and judge_cfg is not None else None
     settings = cfg.committee.settings
     if settings.cache_dir is None:
         settings = settings.model_copy(update={"cache_dir": str(run_dir / "committee_cache")})
-    committee = Committee(settings, references, judge) if main else None
+    spec = WorkerSpec(
+        policy=policy_engine_config(cfg), reasoner=reasoner_cfg, tree=cfg.tree, config_hash=config_hash(cfg),
+        make_scorer=TreeScorer(reference_cfgs, judge_cfg, settings, cfg.credit, cfg.tree.mode),
+        weight_transfer="nccl" if in_memory else None,
+    )
+    fleet = build_fleet(spec, cfg.fleet, cfg.placement.policy) if main else None
     train_tasks = load_sam_tasks(cfg.train_tasks, "train")
     eval_tasks = eval_tasks if eval_tasks is not None else load_sam_tasks(cfg.eval_tasks, "eval")
-    engines = EngineSet(reasoner=reasoner, memory=engine) if main else None  # type: ignore[arg-type]
-    chash = config_hash(cfg)
+    make_rollout = SamTreeRollout(cfg.memory)
     own_logger = logger is None
     logger = logger or MetricsLogger(run_dir, cfg.run.wandb if main else None, cfg.model_dump(mode="json"),
                                      name=run_dir.name, console=main)
 
-    def collect(iteration: int) -> tuple[list, dict[str, Any]]:
+    def collect(iteration: int) -> _Collected:
+        assert fleet is not None
         batch = iteration_batch(train_tasks, cfg.tasks_per_iteration, cfg.run.seed, iteration)
-        seed = cfg.run.seed * 7919 + iteration
+        pending = fleet.submit(iteration, batch, cfg.run.seed * 7919 + iteration, make_rollout)
+        return _Collected(pending, batch, run_dir / "trees_last.jsonl")
 
-        def make(task: SamTask, rid: str) -> Any:
-            return sam_rollout(task, cfg.memory, seed=seed, rollout_id=rid)
-
-        trees, stats = build_trees(batch, make, engines, cfg.tree, config_hash=chash)
-        cstats = committee.score(trees) if cfg.credit.committee_weight else None
-        credit = [assign_credit(t, cfg.credit) if cfg.tree.mode == "tree" else assign_flat_credit(t, cfg.credit)
-                  for t in trees]
-        groups = trees_to_groups(trees, source="oat" if cfg.tree.mode == "tree" else "flat")
-        write_jsonl(run_dir / "trees_last.jsonl", trees)
-        leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
-        metrics: dict[str, Any] = {
-            "tasks": [t.task_id for t in batch],  # the data order, checked against an uninterrupted run on resume
-            "success": sum(n.outcome or 0.0 for n in leaves) / max(len(leaves), 1),
-            "leaves": len(leaves),
-            "reasoner_tokens": sum(t.reasoner_usage.spent for t in trees),
-            "memory_calls_trained": sum(len(g.samples) for g in groups),
-            "credit_groups": sum(c.groups for c in credit),
-            "credit_zero_variance_groups": sum(c.zero_variance_groups for c in credit),
-            "engine_calls": sum(stats.engine_calls.values()),
-            "wavefronts": stats.wavefronts,
-        }
-        if cstats is not None:
-            metrics.update(committee_requests=cstats.committee_requests, judge_requests=cstats.judge_requests,
-                           committee_cache_hits=cstats.cache_hits, committee_failures=cstats.failures,
-                           committee_score_mean=sum(cstats.scores) / max(len(cstats.scores), 1))
-        return groups, metrics
+    memory_cfg, samples, seed = cfg.memory, cfg.eval_samples, cfg.run.seed
 
     def evaluate(iteration: int) -> dict[str, Any]:
-        return summarize_eval(evaluate_sam_memory(eval_tasks, engine, cfg.memory, samples=cfg.eval_samples,
-                                                  reasoner=reasoner, seed=cfg.run.seed))
+        assert fleet is not None
+        return fleet.call_one(lambda engine, reasoner: summarize_eval(evaluate_sam_memory(
+            eval_tasks, engine, memory_cfg, samples=samples, reasoner=reasoner, seed=seed)))
 
-    result = run_online_loop(trainer=trainer, engine=engine, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
+    result = run_online_loop(trainer=trainer, engine=fleet, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
                              collect=collect, evaluate=evaluate, logger=logger, desc="oat-grpo",
-                             attach={"reward_cache": Path(str(settings.cache_dir))})
+                             attach={"reward_cache": Path(str(settings.cache_dir))},
+                             in_memory=InMemoryWeightSync(trainer, fleet) if in_memory else None)
     if own_logger:
         logger.close()
-    if engine is not None:
-        engine.close()
+    if fleet is not None:
+        fleet.close()
     return {"iterations_run": result.iterations_run, "updates": result.updates, "policy_dir": result.policy_dir,
             "policy_version": result.policy_version, "history": result.history, "evals": result.evals,
             "lora": trainer.is_peft}

@@ -6,24 +6,36 @@ policy with the group trainer, sync the new weights into the engine, which wakes
 in-place reload of full weights), evaluate every ``eval_every`` iterations, checkpoint every ``checkpoint_every``
 iterations.
 
-Rollouts run on the main process (it owns the policy's rollout engine; the frozen reasoner and committee are engines
-or endpoints of their own); the groups are broadcast to every training process as JSON, and the trainer shards them.
-So N processes make the same update as one. Every sample records the policy version that produced it.
+Rollouts are driven by the main process: its own policy engine, or a fleet of rollout workers on every node
+(:mod:`rollout.fleet`; ``collect`` then returns a collection in flight, anything with ``.result()``); the groups are
+broadcast to every training process as JSON, and the trainer shards them. So N processes make the same update as
+one. Every sample records the policy version that produced it.
+
+Bounded staleness (``max_staleness: k``): the collection of iteration ``i + k`` is launched under the policy of
+iteration ``i``, before its update, so with a fleet it runs while the trainer updates (k = 1: one-step-off). Every
+tree is built under one policy version (a worker runs a weight sync only between jobs); truncated importance sampling
+is switched on; the staleness of each update is logged. k = 0 is the synchronous loop. The weights reach the engines
+through ``policy/vNNNNN`` (LoRA adapters; full weights on CPU), or in memory by NCCL broadcast on GPUs
+(train/weight_sync.py); only the newest ``keep_policy_versions`` version directories are kept.
 
 Resume: ``--resume`` restores the newest complete checkpoint (policy, optimizer, scheduler, RNG states, iteration) and
 continues with the next iteration. Batches are a pure function of (seed, iteration), so the data order after a resume
-is the order of an uninterrupted run, and metrics of iterations redone after the checkpoint are logged once.
+is the order of an uninterrupted run, and metrics of iterations redone after the checkpoint are logged once. With
+k >= 1 the checkpoint also names the collections that were in flight and their policy versions: the resume
+relaunches them under those versions (their directories are kept), so the versions match an uninterrupted run too.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
 from data.config import ConfigError, ConfigModel, RunConfig, prepare_run_dir
@@ -32,7 +44,8 @@ from data.tracking import MetricsLogger
 from train.checkpoint import CheckpointManager
 from train.group_trainer import GroupTrainer
 
-__all__ = ["LoopConfig", "LoopResult", "broadcast_groups", "run_online_loop", "shared_run_dir", "sync_policy"]
+__all__ = ["LoopConfig", "LoopResult", "broadcast_groups", "prune_policy_versions", "run_online_loop", "shared_run_dir",
+           "sync_policy"]
 
 
 class LoopConfig(ConfigModel):
@@ -42,6 +55,19 @@ class LoopConfig(ConfigModel):
     eval_every: int = 0  # 0: only before the first and after the last iteration
     checkpoint_every: int = 5  # checkpoint every this many iterations (and after the last; 0: last only)
     keep_checkpoints: int = 2  # most recent checkpoints kept on disk
+    max_staleness: int = Field(0, ge=0)  # k: collect iteration i + k under the policy of iteration i; 0: synchronous
+    keep_policy_versions: int = Field(2, ge=1)  # newest policy/vNNNNN directories kept (checkpoints are separate)
+    weight_sync: Literal["auto", "disk", "nccl"] = "auto"  # full weights: auto = nccl on GPUs with a fleet, else disk
+
+    @model_validator(mode="after")
+    def _versions_for_staleness(self) -> LoopConfig:
+        if self.keep_policy_versions < self.max_staleness + 1:
+            raise ValueError(f"keep_policy_versions ({self.keep_policy_versions}) must be at least max_staleness + 1 "
+                             f"({self.max_staleness + 1}): a resume relaunches collections under older versions")
+        return self
+
+
+STALE_TIS_CAP = 2.0  # truncated importance sampling cap forced on with max_staleness > 0 (verl's default cap)
 
 
 @dataclass
@@ -75,16 +101,42 @@ def shared_run_dir(cfg: ConfigModel, run: RunConfig, command: str, state: Any) -
     return Path(str(payload[0]))
 
 
-def sync_policy(trainer: GroupTrainer, engine: Any, root: str | Path) -> str:
-    """Save the trainer's policy as version ``trainer.version`` under ``root`` and load it into the rollout engine."""
+def sync_policy(trainer: GroupTrainer, engine: Any, root: str | Path, in_memory: Any = None, *,
+                save: bool = True) -> str:
+    """Give the rollout engine (or fleet) the trainer's policy as version ``trainer.version``: full weights in
+    memory when ``in_memory`` (a :class:`train.weight_sync.InMemoryWeightSync`) is given, else through the version's
+    directory under ``root`` (adapter or full weights). ``save`` also writes the directory on the in-memory path."""
     out = str(Path(root) / f"v{trainer.version:05d}")
+    if in_memory is not None and not trainer.is_peft:
+        if save:
+            trainer.save_policy(out)
+        in_memory.send()
+        return out
     trainer.save_policy(out)
     if engine is not None and trainer.accelerator.is_main_process:
-        if trainer.is_peft:
-            engine.load_adapter(out, trainer.version)
-        else:
-            engine.update_weights(out, trainer.version)
+        load_policy_version(engine, out, trainer.version, trainer.is_peft)
     return out
+
+
+def load_policy_version(engine: Any, directory: str, version: int, adapter: bool) -> None:
+    """Load a saved policy version into the rollout engine (or every worker of a fleet)."""
+    if adapter:
+        engine.load_adapter(directory, version)
+    else:
+        engine.update_weights(directory, version)
+
+
+def prune_policy_versions(root: Path, keep: int, protect: set[int]) -> None:
+    """Delete all but the newest ``keep`` version directories under ``root``, never one in ``protect``."""
+    versions = sorted(int(p.name[1:]) for p in root.glob("v[0-9]*") if p.is_dir() and p.name[1:].isdigit())
+    for version in versions[:-keep]:
+        if version not in protect:
+            shutil.rmtree(root / f"v{version:05d}", ignore_errors=True)
+
+
+def _result(collection: Any) -> tuple[list[Group], dict[str, Any]]:
+    """A collection's groups and metrics: ``collect`` returns them, or a collection in flight to wait for."""
+    return collection.result() if callable(getattr(collection, "result", None)) else collection
 
 
 def broadcast_groups(groups: list[Group] | None, accelerator: Any) -> list[Group]:
@@ -105,20 +157,30 @@ def run_online_loop(
     cfg: LoopConfig,
     run_dir: Path,
     resume: bool,
-    collect: Callable[[int], tuple[list[Group], dict[str, Any]]],
+    collect: Callable[[int], Any],
     evaluate: Callable[[int], dict[str, Any]] | None,
     logger: MetricsLogger,
     desc: str = "rl",
     attach: dict[str, Path] | None = None,
+    in_memory: Any = None,
 ) -> LoopResult:
-    """Run the loop (see the module docstring). ``collect(iteration)`` is called on the main process only;
-    ``attach`` names directories (the reward cache) that every checkpoint snapshots and a resume restores."""
+    """Run the loop (see the module docstring). ``collect(iteration)`` is called on the main process only and
+    returns (groups, metrics) or a collection in flight with ``.result()``; ``engine`` is the policy's rollout
+    engine or fleet; ``in_memory`` the GPU weight sync of full weights; ``attach`` names directories (the reward
+    cache) that every checkpoint snapshots and a resume restores."""
     acc = trainer.accelerator
     ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
     policy_root = run_dir / "policy"
+    if cfg.max_staleness and trainer.cfg.tis_cap is None:  # samples up to k versions old: weight by pi_old / pi_rollout
+        trainer.cfg = trainer.cfg.model_copy(update={"tis_cap": STALE_TIS_CAP})
+        if acc.is_main_process:
+            print(f"[{desc}] max_staleness={cfg.max_staleness}: truncated importance sampling on "
+                  f"(trainer.tis_cap={STALE_TIS_CAP})", flush=True)
     start = 0
     history: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
+    in_flight: dict[int, Any] = {}  # iteration -> its collection, launched before its turn when k >= 1
+    launched: dict[int, int] = {}  # iteration -> the policy version its collection was launched under
     if resume and (latest := ckpt.latest()) is not None:
         state = ckpt.load(latest, acc, attach)
         start = state["iteration"] + 1
@@ -128,7 +190,13 @@ def run_online_loop(
         if acc.is_main_process:
             logger.truncate_after(state["iteration"])
             print(f"[{desc}] resumed from {latest.name}: continuing at iteration {start}", flush=True)
-    policy_dir = sync_policy(trainer, engine, policy_root)
+        # relaunch the collections that were in flight, each under the version it had in the uninterrupted run
+        for iteration, version in sorted((int(i), v) for i, v in state.get("launched", {}).items()):
+            if acc.is_main_process:
+                load_policy_version(engine, str(policy_root / f"v{version:05d}"), version, trainer.is_peft)
+                in_flight[iteration] = collect(iteration)
+            launched[iteration] = version
+    policy_dir = sync_policy(trainer, engine, policy_root, in_memory, save=cfg.max_staleness > 0)
     if start == 0 and evaluate is not None and acc.is_main_process:
         evals.append({"iteration": -1, **evaluate(-1)})
         logger.log(-1, {f"eval/{k}": v for k, v in evals[-1].items() if k != "iteration"})
@@ -136,16 +204,32 @@ def run_online_loop(
                total=cfg.iterations)
     for iteration in bar:
         t0 = time.perf_counter()
-        groups, metrics = collect(iteration) if acc.is_main_process else (None, {})
+        # launch this iteration's collection and, with k >= 1, the next k under the current policy (the fleet builds
+        # them while the trainer updates)
+        for ahead in range(iteration, min(iteration + cfg.max_staleness, cfg.iterations - 1) + 1):
+            if ahead not in launched:
+                if acc.is_main_process:
+                    in_flight[ahead] = collect(ahead)
+                launched[ahead] = trainer.version
+        groups, metrics = _result(in_flight.pop(iteration)) if acc.is_main_process else (None, {})
         rollout_s = time.perf_counter() - t0
         groups = broadcast_groups(groups, acc)
-        if engine is not None:  # colocated on GPU: free the engine's memory for the update; the sync wakes it
-            engine.sleep()
+        versions = [s.policy_version for g in groups for s in g.samples]
+        staleness = {"policy_version_collected": launched.pop(iteration),
+                     "staleness_max": trainer.version - min(versions, default=trainer.version),
+                     "staleness_mean": trainer.version - sum(versions) / len(versions) if versions else 0.0,
+                     "mixed_version_groups": sum(len({s.policy_version for s in g.samples}) > 1 for g in groups)}
+        if engine is not None and not cfg.max_staleness:  # colocated on GPU: free the engine's memory for the update
+            engine.sleep()  # (the sync wakes it); with k >= 1 the engines keep generating during the update
         update = trainer.step(groups)
-        policy_dir = sync_policy(trainer, engine, policy_root)
-        record = {**metrics, **update, "rollout_s": rollout_s, "iteration_s": time.perf_counter() - t0,
-                  "updates": trainer.updates}
         last = iteration == cfg.iterations - 1
+        t_sync = time.perf_counter()
+        policy_dir = sync_policy(trainer, engine, policy_root, in_memory, save=cfg.max_staleness > 0 or last)
+        sync_s = time.perf_counter() - t_sync
+        if acc.is_main_process:  # the versions still in flight are relaunched by a resume: keep their directories
+            prune_policy_versions(policy_root, cfg.keep_policy_versions, set(launched.values()) | {trainer.version})
+        record = {**metrics, **update, **staleness, "rollout_s": rollout_s, "sync_s": sync_s,
+                  "iteration_s": time.perf_counter() - t0, "updates": trainer.updates}
         if evaluate is not None and acc.is_main_process and (last or (cfg.eval_every and
                                                                      (iteration + 1) % cfg.eval_every == 0)):
             evals.append({"iteration": iteration, **evaluate(iteration)})
@@ -158,6 +242,6 @@ def run_online_loop(
             ckpt.save(iteration, acc, trainer.model, {
                 "iteration": iteration, "policy_version": trainer.version, "updates": trainer.updates,
                 "trainer_rng": trainer.rng_state(), "history": history, "evals": evals,
+                "launched": {str(i): v for i, v in launched.items()},
             }, attach)
     return LoopResult(cfg.iterations - start, trainer.updates, trainer.version, policy_dir, history, evals)
-

@@ -75,6 +75,7 @@ class EngineConfig(ConfigModel):
     cpu_threads: int | None = Field(None, ge=1)  # torch threads while generating; None: 1 in-process on CPU
     sleep_level: Literal[0, 1, 2] = 0  # GPU: sleep mode on; the online loop puts the engine to sleep during updates
     cuda_devices: list[int] | None = None  # GPU ids of the engine's workers (placement 'separate'); default 0..TP-1
+    weight_transfer: Literal["nccl"] | None = None  # GPU: receive full weights by NCCL broadcast; None: reload
 
     # hf
     device: str | None = None  # hf device; None: cuda if available, else cpu

@@ -11,6 +11,7 @@ a scripted agent has no distribution. Without a tokenizer only the text is retur
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 from data.schemas import ScriptedPolicy
@@ -28,7 +29,7 @@ from rollout.engines.base import (
 from rollout.engines.config import EngineConfig
 from rollout.engines.prefix_cache import PrefixCacheSimulator
 
-__all__ = ["ScriptedEngine"]
+__all__ = ["DelayedPolicy", "ScriptedEngine"]
 
 
 class ScriptedEngine(Engine):
@@ -131,3 +132,21 @@ class ScriptedEngine(Engine):
             text = tok.decode(ids, skip_special_tokens=True)
             finish = "length"
         return Completion(response_ids=ids, logprobs=[], text=text, finish_reason=finish)
+
+
+class DelayedPolicy:
+    """A scripted policy that answers like ``policy`` after ``latency_s`` seconds per call: an engine of simulated
+    latency (benchmarks/rollout_scaling.py, the fleet's fault tests). ``policy`` is an import path
+    ``"package.module:Class"`` built with ``kwargs``."""
+
+    def __init__(self, policy: str, latency_s: float, kwargs: dict[str, Any] | None = None) -> None:
+        from rollout.engines.config import load_scripted_policy
+
+        self.inner = load_scripted_policy(policy, kwargs)
+        self.latency_s = latency_s
+        self.name = f"delayed:{getattr(self.inner, 'name', policy)}"
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        """Sleep, then answer as the wrapped policy."""
+        time.sleep(self.latency_s)
+        return self.inner.respond(messages, rng, metadata)

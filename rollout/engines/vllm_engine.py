@@ -155,6 +155,12 @@ class VLLMEngine(Engine):
             kwargs["block_size"] = cfg.block_size
         if cfg.max_num_seqs is not None:
             kwargs["max_num_seqs"] = cfg.max_num_seqs
+        if cfg.weight_transfer is not None:  # the trainer broadcasts full weights in memory (rollout/fleet.py)
+            if cpu:
+                raise EngineError(f"{cfg.engine_name}: weight_transfer {cfg.weight_transfer!r} needs GPUs")
+            from vllm.config import WeightTransferConfig
+
+            kwargs["weight_transfer_config"] = WeightTransferConfig(backend=cfg.weight_transfer)
         sleep_level = 0 if cpu else cfg.sleep_level
         if sleep_level:
             kwargs["enable_sleep_mode"] = True
@@ -298,9 +304,7 @@ class VLLMEngine(Engine):
         (measured: "ParallelLMHead: Failed to load weights" and stale logits). Any adapter is dropped, since the
         workers reset their LoRA state on reload.
         """
-        llm = self._running(wake=False)
-        if self._asleep:  # vLLM's order for RL weight sync: weights back first, KV cache after the reload
-            llm.wake_up(tags=["weights"])
+        llm = self.wake_for_weights()
         tied = bool(getattr(llm.llm_engine.vllm_config.model_config.hf_config, "tie_word_embeddings", False))
         with tempfile.TemporaryDirectory(prefix="memrl-weights-") as directory:
             if isinstance(weights, dict):
@@ -312,14 +316,26 @@ class VLLMEngine(Engine):
                     llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
             except (ValueError, RuntimeError, KeyError) as exc:
                 raise EngineError(f"{self.name}: reloading weights from {weights} failed: {exc}") from exc
-        if self._asleep:
-            llm.wake_up()
-            self._asleep = 0
+        self.wake_after_weights()
         llm.reset_prefix_cache()
         if self._lora is not None:
             llm.llm_engine.remove_lora(self._lora.lora_int_id)
             self._lora = None
         self.policy_version = version
+
+    def wake_for_weights(self) -> Any:
+        """Before new weights arrive: bring back the weights' memory only (vLLM's order for an RL weight sync: the
+        KV cache comes back after the update); returns the ``vllm.LLM``."""
+        llm = self._running(wake=False)
+        if self._asleep:
+            llm.wake_up(tags=["weights"])
+        return llm
+
+    def wake_after_weights(self) -> None:
+        """After new weights arrived: bring the KV cache back."""
+        if self._asleep:
+            self._running(wake=False).wake_up()
+            self._asleep = 0
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached KV block (benchmarks start cold with this)."""

@@ -1,0 +1,618 @@
+"""Shared pieces of the launch plans: hosts and devices, the memrl command being launched and the run-config
+sections the launchers read, the plan object, and the training world layout every launcher starts from."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import ValidationError
+
+from data.config import (
+    ConfigError,
+    ConfigModel,
+    PlacementConfig,
+    PolicyPlacement,
+    RunConfig,
+    apply_overrides,
+)
+from rollout.fleet import FleetConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MASTER_PORT = 29500
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+Device = Literal["gpu", "cpu"]
+
+
+class LaunchError(ValueError):
+    """A launch that cannot be laid out (bad arguments, too few nodes, unreadable config...)."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Hosts and devices
+
+
+def _split_top_level(expr: str) -> list[str]:
+    """Split a Slurm hostlist at the commas that are not inside brackets."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(expr):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise LaunchError(f"malformed host list {expr!r}: unbalanced ']'")
+        elif ch == "," and depth == 0:
+            items.append(expr[start:i])
+            start = i + 1
+    if depth:
+        raise LaunchError(f"malformed host list {expr!r}: unbalanced '['")
+    items.append(expr[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _expand_item(item: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", item)
+    if match is None:
+        return [item]
+    prefix, body, rest = item[: match.start()], match.group(1), item[match.end() :]
+    values: list[str] = []
+    for part in body.split(","):
+        part = part.strip()
+        if re.fullmatch(r"\d+-\d+", part):
+            lo, hi = part.split("-")
+            if int(hi) < int(lo):
+                raise LaunchError(f"malformed host range {part!r} in {item!r}")
+            values.extend(f"{n:0{len(lo)}d}" for n in range(int(lo), int(hi) + 1))
+        elif re.fullmatch(r"\d+", part):
+            values.append(part)
+        else:
+            raise LaunchError(f"malformed host range {part!r} in {item!r}")
+    return [prefix + value + tail for value in values for tail in _expand_item(rest)]
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm host list (``gpu[01-03,07],login1``) in Python, exactly like ``scontrol show hostnames``."""
+    hosts: list[str] = []
+    for item in _split_top_level(expr):
+        hosts.extend(_expand_item(item))
+    return hosts
+
+
+def slurm_hostnames(nodelist: str, env: Mapping[str, str]) -> list[str]:
+    """Host names of a Slurm node list: ``scontrol show hostnames`` when installed, else :func:`expand_hostlist`."""
+    scontrol = shutil.which("scontrol", path=env.get("PATH"))
+    if scontrol:
+        out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, check=False)
+        if out.returncode == 0 and out.stdout.split():
+            return out.stdout.split()
+    return expand_hostlist(nodelist)
+
+
+def _gpu_count(value: str) -> int:
+    """GPUs in a Slurm GPU count: ``8``, ``a100:8`` or ``a100:4,v100:2``."""
+    total = 0
+    for part in value.split(","):
+        last = part.strip().split(":")[-1].split("(")[0]
+        if not last.isdigit():
+            raise LaunchError(f"cannot read a GPU count from {value!r}")
+        total += int(last)
+    return total
+
+
+def gpus_on_node(env: Mapping[str, str]) -> int:
+    """GPUs this process may use: Slurm's count, else ``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``, else 0."""
+    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        if env.get(key):
+            return _gpu_count(env[key])
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v for v in visible.split(",") if v.strip()]
+        return 0 if ids in ([], ["-1"], ["NoDevFiles"]) else len(ids)
+    smi = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if smi:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+        if out.returncode == 0:
+            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    return 0
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class SlurmEnv:
+    """What the Slurm variables say about this process (``None`` fields when not set)."""
+
+    job_id: str | None
+    job_name: str | None
+    hosts: list[str]  # the step's nodes inside ``srun``, else the job's nodes
+    job_hosts: list[str]  # the job's nodes
+    node_name: str | None
+    node_id: int | None
+    restart_count: int
+    cpus_on_node: int | None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SlurmEnv | None:
+        """Read the Slurm variables; ``None`` outside Slurm."""
+        job_list = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not env.get("SLURM_JOB_ID") and not job_list:
+            return None
+        job_hosts = slurm_hostnames(job_list, env) if job_list else []
+        step_list = env.get("SLURM_STEP_NODELIST")
+        hosts = slurm_hostnames(step_list, env) if step_list else job_hosts
+        node_id = env.get("SLURM_NODEID")
+        cpus = env.get("SLURM_CPUS_ON_NODE")
+        return cls(
+            job_id=env.get("SLURM_JOB_ID"),
+            job_name=env.get("SLURM_JOB_NAME"),
+            hosts=hosts,
+            job_hosts=job_hosts,
+            node_name=env.get("SLURMD_NODENAME"),
+            node_id=int(node_id) if node_id and node_id.isdigit() else None,
+            restart_count=int(env.get("SLURM_RESTART_COUNT") or 0),
+            cpus_on_node=int(cpus) if cpus and cpus.isdigit() else None,
+        )
+
+    def rank_of_this_node(self) -> int | None:
+        """This node's position in :attr:`hosts` (by ``SLURMD_NODENAME``), else ``SLURM_NODEID``."""
+        if self.node_name and self.node_name in self.hosts:
+            return self.hosts.index(self.node_name)
+        return self.node_id
+
+
+def _master_port(explicit: int | None, env: Mapping[str, str], slurm: SlurmEnv | None) -> int:
+    """The rendezvous port: argument, ``MASTER_PORT``, a port derived from the Slurm job id, or 29500."""
+    if explicit is not None:
+        return explicit
+    if env.get("MASTER_PORT", "").isdigit():
+        return int(env["MASTER_PORT"])
+    if slurm is not None and slurm.job_id and slurm.job_id.isdigit():
+        # Jobs sharing a node must not collide on one port.
+        return 20000 + int(slurm.job_id) % 20000
+    return DEFAULT_MASTER_PORT
+
+
+def _resolve_device(choice: str, gpus: int) -> Device:
+    if choice == "auto":
+        return "gpu" if gpus > 0 else "cpu"
+    if choice == "gpu" and gpus == 0:
+        raise LaunchError("--device gpu but no GPU is visible (no Slurm GPU count, CUDA_VISIBLE_DEVICES or nvidia-smi)")
+    return "gpu" if choice == "gpu" else "cpu"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The memrl command being launched and the run config sections the launcher reads
+
+
+@dataclass(frozen=True)
+class MemrlCommand:
+    """The arguments given to ``memrl`` (``train oat-grpo --config FILE key=value ...``)."""
+
+    argv: list[str]
+
+    @property
+    def stage(self) -> str:
+        """The command words before the first option or override, e.g. ``train oat-grpo``."""
+        words = []
+        for arg in self.argv:
+            if arg.startswith("-") or "=" in arg:
+                break
+            words.append(arg)
+        return " ".join(words)
+
+    @property
+    def config_path(self) -> str | None:
+        """The ``--config`` file, if any."""
+        for i, arg in enumerate(self.argv):
+            if arg == "--config" and i + 1 < len(self.argv):
+                return self.argv[i + 1]
+            if arg.startswith("--config="):
+                return arg.split("=", 1)[1]
+        return None
+
+    @property
+    def overrides(self) -> list[str]:
+        """The dotted ``key=value`` overrides."""
+        out = []
+        skip = False
+        for arg in self.argv:
+            if skip:
+                skip = False
+            elif arg == "--config":
+                skip = True
+            elif not arg.startswith("-") and "=" in arg:
+                out.append(arg)
+        return out
+
+    @property
+    def has_resume(self) -> bool:
+        """Whether ``--resume`` or ``run.resume=true`` is already given."""
+        return "--resume" in self.argv or any(o.replace(" ", "") == "run.resume=true" for o in self.overrides)
+
+
+class LaunchView(ConfigModel):
+    """The parts of a run's config the launchers read: where the run writes, how rollouts are placed and how many
+    rollout workers the fleet has."""
+
+    run: RunConfig = RunConfig()
+    placement: PlacementConfig = PlacementConfig()
+    fleet: FleetConfig = FleetConfig()
+
+
+def launch_view(command: MemrlCommand) -> LaunchView:
+    """Read ``run``, ``placement`` and ``fleet`` from the command's config file and overrides (other sections are
+    not read)."""
+    data: dict[str, Any] = {}
+    source = command.config_path or "<defaults>"
+    if command.config_path:
+        path = Path(command.config_path)
+        if not path.is_file():
+            raise LaunchError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise LaunchError(f"{path}: invalid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise LaunchError(f"{path}: the top level must be a mapping of keys")
+        data = {key: loaded[key] for key in LaunchView.model_fields if key in loaded}
+    wanted = [o for o in command.overrides if o.split("=", 1)[0].split(".")[0] in LaunchView.model_fields]
+    try:
+        return LaunchView.model_validate(apply_overrides(LaunchView, data, wanted))
+    except (ConfigError, ValidationError) as exc:
+        raise LaunchError(f"{source}: {exc}") from None
+
+
+def _resumable(stage: str) -> bool:
+    from launch.cli import JOBS
+
+    return any(" ".join(job.path) == stage and job.resumable for job in JOBS)
+
+
+# memrl commands that are not config-driven jobs; they run in one process.
+UTILITY_COMMANDS = ("config show", "model tiny")
+
+
+@dataclass(frozen=True)
+class CommandKind:
+    """How a launch runs its command: across processes or in one, and whether it builds the policy's vLLM engine."""
+
+    label: str  # "memrl eval", or "python -m MOD" for --module
+    distributed: bool
+    policy_engine: bool
+
+
+def command_kind(module: str, command: MemrlCommand) -> CommandKind:
+    """What the launched command is; raises :class:`LaunchError` for a memrl command that does not exist."""
+    if module != "launch.cli":
+        # Another module (a benchmark, a probe) is started as asked, once per process of the layout.
+        return CommandKind(f"python -m {module}", distributed=True, policy_engine=False)
+    from launch.cli import JOBS
+
+    stage = command.stage
+    for job in JOBS:
+        if " ".join(job.path) == stage:
+            return CommandKind(f"memrl {stage}", job.distributed, job.policy_engine)
+    if stage in UTILITY_COMMANDS:
+        return CommandKind(f"memrl {stage}", distributed=False, policy_engine=False)
+    known = sorted([" ".join(job.path) for job in JOBS] + list(UTILITY_COMMANDS))
+    raise LaunchError(f"unknown memrl command {stage!r}; one of {known}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plans
+
+
+@dataclass
+class Plan:
+    """What a launch script will do: text for people, bash assignments for the script, a dict for tests."""
+
+    lines: list[str]
+    shell: dict[str, str | list[str]]
+    info: dict[str, Any]
+    dry_run: bool
+
+    @property
+    def text(self) -> str:
+        """The plan as printed by ``--dry-run`` (and at the start of a real launch)."""
+        return "\n".join(self.lines)
+
+    def render(self, fmt: str) -> str:
+        """``text``, ``json`` or ``shell`` (bash assignments, every value quoted)."""
+        if fmt == "json":
+            return json.dumps({**self.info, "dry_run": self.dry_run, "text": self.text}, indent=2)
+        if fmt == "shell":
+            out = [f"dry_run={int(self.dry_run)}", f"layout_text={shlex.quote(self.text)}"]
+            for name, value in self.shell.items():
+                if isinstance(value, list):
+                    out.append(f"{name}=({' '.join(shlex.quote(v) for v in value)})")
+                else:
+                    out.append(f"{name}={shlex.quote(value)}")
+            return "\n".join(out)
+        return self.text
+
+
+def _ranges(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> list[str]:
+    cells = [list(map(str, header)), *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+
+
+def _command_line(env: Mapping[str, str], cmd: Sequence[str]) -> str:
+    return shlex.join([*(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), *cmd])
+
+
+@dataclass
+class TrainLayout:
+    """The world of a launch: nodes in node-rank order, processes per node, rendezvous, and the policy engine's GPUs.
+
+    ``policy`` is ``None`` when the command builds no policy vLLM engine. A command that is not distributed
+    (``single_process``) runs as one process on node 0; the other nodes start nothing.
+    """
+
+    hosts: list[str]
+    nproc_per_node: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    device: Device
+    gpus_per_node: int
+    policy: PolicyPlacement | None = None
+    single_process: bool = False
+    label: str = "the command"
+    fleet_engines: int = 0  # policy engines of the Ray rollout fleet (0: the main process's own engine)
+
+    @property
+    def nnodes(self) -> int:
+        """Number of nodes in the layout."""
+        return len(self.hosts)
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes started."""
+        return 1 if self.single_process else self.nnodes * self.nproc_per_node
+
+    def global_ranks(self, node: int) -> range:
+        """The global ranks of one node (empty for the idle nodes of a single-process command)."""
+        if self.single_process:
+            return range(0, 1 if node == 0 else 0)
+        return range(node * self.nproc_per_node, (node + 1) * self.nproc_per_node)
+
+    def _engine_gpus(self) -> str:
+        if self.policy is None or self.device == "cpu":
+            return "-"
+        if self.policy.mode == "separate":
+            return _ranges(self.nproc_per_node, self.nproc_per_node + self.policy.gpus_per_node - 1)
+        return "shared"
+
+    def _train_gpus(self, node: int) -> str:
+        if self.device == "cpu" or not self.global_ranks(node):
+            return "-"
+        if self.single_process:
+            return _ranges(0, self.gpus_per_node - 1)  # the one process sees every GPU of its node
+        return _ranges(0, self.nproc_per_node - 1)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """One dict per node: host, global and local ranks (``None`` on an idle node), GPUs, policy-engine GPUs."""
+        out = []
+        for node, host in enumerate(self.hosts):
+            ranks = self.global_ranks(node)
+            out.append(
+                {
+                    "node": node,
+                    "host": host,
+                    "global_ranks": [ranks[0], ranks[-1]] if ranks else None,
+                    "local_ranks": [0, len(ranks) - 1] if ranks else None,
+                    "train_gpus": self._train_gpus(node),
+                    "engine_gpus": self._engine_gpus(),
+                }
+            )
+        return out
+
+    def _engine_line(self) -> str | None:
+        policy = self.policy
+        if policy is None:
+            return None
+        if self.fleet_engines:
+            return (f"policy vLLM engines: the rollout fleet's {self.fleet_engines} Ray worker(s) (above), driven by "
+                    f"the main process")
+        if self.single_process:
+            where = "its CPU" if self.device == "cpu" else "its node's GPUs"
+            return f"policy vLLM engine: built inside that one process, on {where}"
+        if self.device == "cpu":
+            return "policy vLLM engine: colocated with training on CPU (no sleep mode on CPU)"
+        if policy.mode == "colocate":
+            sleep = f"sleep level {policy.sleep_level} during updates" if policy.sleep_level else "never sleeps"
+            return (
+                f"policy vLLM engine: on the main process, colocated on node 0's training GPU(s) "
+                f"{_ranges(0, policy.tensor_parallel_size - 1)} (TP {policy.tensor_parallel_size}, "
+                f"{policy.gpu_memory_utilization:g} of GPU memory, {sleep})"
+            )
+        first = self.nproc_per_node
+        tp = policy.tensor_parallel_size
+        idle = policy.gpus_per_node * self.nnodes - tp
+        return (
+            f"policy vLLM engine: on the main process, GPU(s) {_ranges(first, first + tp - 1)} of node 0 "
+            f"(TP {tp}); GPU(s) {self._engine_gpus()} kept from training on every node, {idle} of them idle"
+        )
+
+    def _describe_single(self, this_node: bool) -> list[str]:
+        where = "CPU" if self.device == "cpu" else f"all {self.gpus_per_node} GPU(s) of its node visible to it"
+        lines = [f"{self.label} runs in one process (it is not distributed): node rank 0 ({self.hosts[0]}), {where}"]
+        if self.nnodes > 1:
+            lines.append(f"node rank(s) {_ranges(1, self.nnodes - 1)} start nothing")
+        if this_node:
+            here = "runs it" if self.node_rank == 0 else "nothing to start here"
+            lines.append(f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}): {here}")
+        engine = self._engine_line()
+        if engine:
+            lines.append(engine)
+        return lines
+
+    def describe(self, this_node: bool = True) -> list[str]:
+        """Human-readable lines: the world, this node (unless ``this_node`` is false: launchers that run on one host
+        for all nodes), the policy engine (when built), and a per-node table."""
+        if self.single_process:
+            return self._describe_single(this_node)
+        backend = "NCCL" if self.device == "gpu" else "gloo, DeepSpeed CPU accelerator"
+        ranks = self.global_ranks(self.node_rank)
+        lines = [
+            f"world: {self.nnodes} node(s) x {self.nproc_per_node} process(es) = {self.world_size} ranks on "
+            f"{self.device.upper()} ({backend}); rendezvous {self.master_addr}:{self.master_port}",
+        ]
+        if this_node:
+            lines.append(f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}), global ranks "
+                         f"{_ranges(ranks[0], ranks[-1])}, local ranks {_ranges(0, self.nproc_per_node - 1)}")
+        engine = self._engine_line()
+        if engine:
+            lines.append(engine)
+        header = ["node", "host", "global ranks", "local ranks", "training GPUs"]
+        rows = [[n["node"], n["host"], _ranges(*n["global_ranks"]), _ranges(*n["local_ranks"]), n["train_gpus"]]
+                for n in self.nodes()]  # fmt: skip
+        if self.policy is not None:
+            header.append("policy-engine GPUs")
+            rows = [[*row, n["engine_gpus"]] for row, n in zip(rows, self.nodes(), strict=True)]
+        lines += _table(header, rows)
+        return lines
+
+
+def _train_layout(
+    *,
+    nnodes: int | None,
+    nproc_per_node: int | None,
+    node_rank: int | None,
+    master_addr: str | None,
+    master_port: int | None,
+    device_choice: str,
+    policy: PolicyPlacement | None,
+    env: Mapping[str, str],
+    hosts: list[str] | None = None,
+    kind: CommandKind | None = None,
+) -> TrainLayout:
+    """Resolve the world from explicit values, then Slurm variables, then single-node defaults. ``policy`` is the
+    policy engine's placement when the command builds one; ``kind`` says whether it is distributed."""
+    single = kind is not None and not kind.distributed
+    slurm = SlurmEnv.from_env(env)
+    slurm_hosts = list(hosts) if hosts is not None else (slurm.hosts if slurm else [])
+    if nnodes is None:
+        nnodes = len(slurm_hosts) or 1
+    if nnodes < 1:
+        raise LaunchError(f"--nnodes must be >= 1, got {nnodes}")
+    known_hosts = slurm_hosts if len(slurm_hosts) == nnodes else []
+    if node_rank is None:
+        from_slurm = slurm.rank_of_this_node() if slurm and known_hosts else (slurm.node_id if slurm else None)
+        node_rank = from_slurm if from_slurm is not None else 0
+    if not 0 <= node_rank < nnodes:
+        raise LaunchError(f"node rank {node_rank} is outside 0..{nnodes - 1}")
+    if master_addr is None:
+        master_addr = env.get("MASTER_ADDR") or (known_hosts[0] if known_hosts else "127.0.0.1")
+    if known_hosts:
+        names = known_hosts
+    elif nnodes == 1:
+        names = [master_addr if master_addr not in ("127.0.0.1", "localhost") else socket.gethostname()]
+    else:
+        names = [master_addr if i == 0 else f"node{i}" for i in range(nnodes)]
+    gpus = gpus_on_node(env)
+    device = _resolve_device(device_choice, gpus)
+    if single:
+        # One process, whatever was asked: its engines see every GPU of the node, so none is kept aside.
+        nproc_per_node = 1
+        if policy is not None:
+            policy = policy.model_copy(update={"mode": "colocate", "gpus_per_node": 0})
+    elif policy is not None and device == "cpu":
+        policy = policy.model_copy(update={"mode": "colocate", "gpus_per_node": 0})
+    kept = policy.gpus_per_node if policy is not None else 0
+    if nproc_per_node is None:
+        nproc_per_node = gpus - kept if device == "gpu" else 1
+    if nproc_per_node < 1:
+        raise LaunchError(f"no GPU left for training: {gpus} GPU(s) per node, {kept} kept for the policy engine")
+    if device == "gpu" and not single:
+        if nproc_per_node + kept > gpus:
+            raise LaunchError(
+                f"{nproc_per_node} training process(es) + {kept} policy-engine GPU(s) need more than "
+                f"the {gpus} GPU(s) of a node"
+            )
+        if policy is not None and policy.mode == "colocate" and nproc_per_node % policy.tensor_parallel_size:
+            raise LaunchError(
+                f"colocated policy engine with TP {policy.tensor_parallel_size} needs a multiple of it as processes "
+                f"per node, got {nproc_per_node}"
+            )
+    return TrainLayout(
+        hosts=names,
+        nproc_per_node=nproc_per_node,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=_master_port(master_port, env, slurm),
+        device=device,
+        gpus_per_node=gpus,
+        policy=policy,
+        single_process=single,
+        label=kind.label if kind is not None else "the command",
+    )
+
+
+def _launch_env(layout: TrainLayout, env: Mapping[str, str]) -> dict[str, str]:
+    """Environment of the training processes (only what the launcher adds)."""
+    path = [str(ROOT), *(p for p in env.get("PYTHONPATH", "").split(":") if p and p != str(ROOT))]
+    out = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": ":".join(path)}
+    if "OMP_NUM_THREADS" not in env:
+        # torchrun would otherwise pin every process to 1 thread.
+        out["OMP_NUM_THREADS"] = str(max(1, _cpu_count() // layout.nproc_per_node))
+    if layout.device == "cpu":
+        out["DS_ACCELERATOR"] = "cpu"
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Argument handling shared by the subcommands
+
+
+_FLAGS = {"--dry-run", "-h", "--help"}
+
+
+def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split ``[launcher options] [--] command...``: the command starts at ``--`` or at the first bare word."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[:i], argv[i + 1 :]
+        if not arg.startswith("-"):
+            return argv[:i], argv[i:]
+        i += 1 if (arg in _FLAGS or "=" in arg) else 2
+    return argv, []
+
+
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
+    parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    parser.add_argument("--dry-run", action="store_true", help="print the layout and commands, start nothing")
+    parser.add_argument("--format", choices=["text", "json", "shell"], default="text", help=argparse.SUPPRESS)
+    return parser
+
+
+def _help_plan(parser: argparse.ArgumentParser) -> Plan:
+    return Plan(parser.format_help().rstrip().splitlines(), {}, {"help": True}, dry_run=True)
+
+
+def _device_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto",
+                        help="gpu (NCCL) or cpu (gloo, DS_ACCELERATOR=cpu); auto = gpu when one is visible")

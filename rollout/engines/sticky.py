@@ -1,0 +1,82 @@
+"""Sticky endpoint choice: every request of one tree goes to the same server.
+
+An ``openai`` engine with several endpoints normally sends each request to the least-loaded one, which spreads a
+tree's calls (and so its shared prefix) over every server's prefix cache. :class:`StickyEngine` holds one engine per
+endpoint instead and routes a request by a hash of its task id (a tree is one task's tree, so the hash of the task id
+is the hash of the tree id): the frozen reasoner's, the committee's and the judge's prefix caches then see a tree's
+whole history. Requests without a task id route by a hash of their prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rollout.engines.base import Engine, GenerationRequest, GenerationResult
+from rollout.engines.config import EngineConfig, build_engine
+
+__all__ = ["StickyEngine", "build_sticky_engine", "sticky_index"]
+
+
+def sticky_index(key: str, n: int) -> int:
+    """The endpoint (0..n-1) that serves ``key``: stable across processes and runs (unlike Python's ``hash``)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") % n
+
+
+def _route_key(request: GenerationRequest) -> str:
+    task_id = request.metadata.get("task_id")
+    if task_id is not None:
+        return str(task_id)
+    if request.prompt_ids is not None:
+        return json.dumps(request.prompt_ids)
+    return json.dumps([m.model_dump(mode="json") for m in request.messages or []])
+
+
+class StickyEngine(Engine):
+    """One engine per endpoint; a request goes to ``engines[sticky_index(task id, n)]``, the engines concurrently."""
+
+    def __init__(self, engines: list[Engine], name: str) -> None:
+        if not engines:
+            raise ValueError("StickyEngine needs at least one engine")
+        self.engines = engines
+        self.name = name
+
+    def endpoint_of(self, request: GenerationRequest) -> int:
+        """The index of the engine that serves ``request``."""
+        return sticky_index(_route_key(request), len(self.engines))
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Split the requests by endpoint, generate on every endpoint at once, return the results in request order."""
+        parts: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            parts.setdefault(self.endpoint_of(request), []).append(i)
+        out: list[Any] = [None] * len(requests)
+
+        def run(item: tuple[int, list[int]]) -> None:
+            endpoint, indices = item
+            for i, result in zip(indices, self.engines[endpoint].generate([requests[i] for i in indices]),
+                                 strict=True):
+                out[i] = result
+
+        if len(parts) == 1:
+            run(next(iter(parts.items())))
+        else:
+            with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="sticky") as pool:
+                list(pool.map(run, parts.items()))
+        return out
+
+    def close(self) -> None:
+        """Close every endpoint's engine."""
+        for engine in self.engines:
+            engine.close()
+
+
+def build_sticky_engine(cfg: EngineConfig) -> Engine:
+    """:func:`build_engine`, except that an ``openai`` engine with several endpoints becomes a :class:`StickyEngine`
+    of one engine per endpoint (the per-endpoint client settings are kept)."""
+    if cfg.backend != "openai" or len(cfg.endpoints) < 2:
+        return build_engine(cfg)
+    engines = [build_engine(cfg.model_copy(update={"endpoints": [endpoint]})) for endpoint in cfg.endpoints]
+    return StickyEngine(engines, cfg.engine_name)

