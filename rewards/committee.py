@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import Field
+
 from data.config import ConfigModel
 from data.schemas import MemoryCallTree, Message, TreeNode
 from rewards.cache import JsonCache, content_key
@@ -44,10 +46,10 @@ class CommitteeConfig(ConfigModel):
     """How c(n) is computed."""
 
     enabled: bool = True  # compute c(n); false: no committee term
-    reference_max_tokens: int = 256  # max tokens of each committee member's answer
-    judge_max_tokens: int = 512  # max tokens of the judge's reply
+    reference_max_tokens: int = Field(256, ge=1)  # max tokens of each committee member's answer
+    judge_max_tokens: int = Field(512, ge=1)  # max tokens of the judge's reply
     fallback: Literal["offline", "skip"] = "offline"  # failed call: offline judge scores the group, or skip its c(n)
-    min_group_size: int = 2  # single-sample groups carry no advantage: do not pay for them
+    min_group_size: int = Field(2, ge=1)  # single-sample groups carry no advantage: do not pay for them
     cache_dir: str | None = None  # on-disk cache of answers; None: <run dir>/committee_cache
 
 

@@ -20,6 +20,8 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
+
 from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
 from data.io import atomic_write_text, write_jsonl
 from data.tasks import TaskSetConfig, load_tasks
@@ -38,7 +40,7 @@ from train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerat
 from train.online import LoopConfig, run_online_loop, shared_run_dir
 from train.policy import PolicySpec
 
-__all__ = ["OATGRPOConfig", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
+__all__ = ["OATGRPOConfig", "check_inputs", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
 
 
 class CommitteeSetup(ConfigModel):
@@ -62,12 +64,12 @@ class OATGRPOConfig(ConfigModel):
     memory: SamConfig = SamConfig()
     train_tasks: TaskSetConfig = TaskSetConfig()
     eval_tasks: TaskSetConfig = TaskSetConfig(seed=10_000)
-    tasks_per_iteration: int = 16  # training tasks rolled out (as trees) per iteration
+    tasks_per_iteration: int = Field(16, ge=1)  # training tasks rolled out (as trees) per iteration
     tree: TreeConfig = TreeConfig()
     credit: CreditConfig = CreditConfig()
     trainer: GroupTrainerConfig = GroupTrainerConfig()
     loop: LoopConfig = LoopConfig()
-    eval_samples: int = 1  # sampled runs per held-out task (the memory config's own temperatures); plus one greedy
+    eval_samples: int = Field(1, ge=0)  # sampled runs per held-out task (the memory config's temperatures) + 1 greedy
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -79,6 +81,13 @@ def load_sam_tasks(cfg: TaskSetConfig, prefix: str) -> list[SamTask]:
     if cfg.family != "sam":
         raise ConfigError(f"OAT-GRPO trains the SAM memory model: task family must be 'sam', got {cfg.family!r}")
     return [t for t in load_tasks(cfg, prefix) if isinstance(t, SamTask)]
+
+
+def check_inputs(cfg: OATGRPOConfig) -> None:
+    """Checks only this command knows (the generic ones are in launch/preflight.py): both task sets are SAM tasks."""
+    for key, tasks in (("train_tasks", cfg.train_tasks), ("eval_tasks", cfg.eval_tasks)):
+        if tasks.family != "sam":
+            raise ConfigError(f"{key}.family={tasks.family!r}: OAT-GRPO trains the SAM memory model; use 'sam'")
 
 
 def default_reasoner(tokenizer: str, seed: int) -> EngineConfig:

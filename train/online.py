@@ -12,7 +12,8 @@ So N processes make the same update as one. Every sample records the policy vers
 
 Resume: ``--resume`` restores the newest complete checkpoint (policy, optimizer, scheduler, RNG states, iteration) and
 continues with the next iteration. Batches are a pure function of (seed, iteration), so the data order after a resume
-is the order of an uninterrupted run, and metrics of iterations redone after the checkpoint are logged once.
+is the order of an uninterrupted run, and metrics of iterations redone after the checkpoint are logged once (the
+records after the restored iteration are dropped first; with no complete checkpoint, all of them).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
 from tqdm.auto import tqdm
 
 from data.config import ConfigError, ConfigModel, RunConfig, prepare_run_dir
@@ -38,10 +40,10 @@ __all__ = ["LoopConfig", "LoopResult", "broadcast_groups", "run_online_loop", "s
 class LoopConfig(ConfigModel):
     """Iteration schedule of an online loop."""
 
-    iterations: int = 20  # rollout + update iterations
-    eval_every: int = 0  # 0: only before the first and after the last iteration
-    checkpoint_every: int = 5  # checkpoint every this many iterations (and after the last; 0: last only)
-    keep_checkpoints: int = 2  # most recent checkpoints kept on disk
+    iterations: int = Field(20, ge=1)  # rollout + update iterations
+    eval_every: int = Field(0, ge=0)  # 0: only before the first and after the last iteration
+    checkpoint_every: int = Field(5, ge=0)  # checkpoint every this many iterations (and after the last; 0: last only)
+    keep_checkpoints: int = Field(2, ge=1)  # most recent checkpoints kept on disk
 
 
 @dataclass
@@ -128,6 +130,10 @@ def run_online_loop(
         if acc.is_main_process:
             logger.truncate_after(state["iteration"])
             print(f"[{desc}] resumed from {latest.name}: continuing at iteration {start}", flush=True)
+    elif acc.is_main_process:
+        # A start from scratch (also a --resume that finds no complete checkpoint, e.g. after a kill during the first
+        # checkpoint write) logs every step again, the eval before training (step -1) included: drop what is there.
+        logger.truncate_after(-2)
     policy_dir = sync_policy(trainer, engine, policy_root)
     if start == 0 and evaluate is not None and acc.is_main_process:
         evals.append({"iteration": -1, **evaluate(-1)})
