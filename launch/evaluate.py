@@ -163,9 +163,8 @@ class EvalConfig(ConfigModel):
 
 
 def check_inputs(cfg: EvalConfig) -> None:
-    """Before anything is created: every dataset file exists and holds at least one episode, and the tiny model's
-    cache folder (tokenizer "tiny") is writable."""
-    from data.checks import check_existing_file, check_output_dir
+    """Before anything is created: every dataset file exists and holds at least one episode."""
+    from data.checks import check_existing_file
 
     for i, spec in enumerate(cfg.datasets):
         key = f"datasets.{i}.path"
@@ -183,8 +182,6 @@ def check_inputs(cfg: EvalConfig) -> None:
                             f"{exc})") from None
         if not episodes:
             raise UserError(f"{key}: {spec.path} holds no episodes, so there is nothing to evaluate")
-    if cfg.tokenizer == "tiny":
-        check_output_dir(cfg.model_cache, "model_cache")
 
 
 def load_dataset(spec: DatasetSpec) -> list[Any]:

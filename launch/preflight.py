@@ -18,7 +18,7 @@ from data.checks import check_adapter_dir, check_existing_file, check_model_ref,
 from data.config import RunConfig
 from data.errors import UserError
 
-__all__ = ["POSITIVE_KEYS", "check_config"]
+__all__ = ["OUTPUT_KEYS", "POSITIVE_KEYS", "check_config"]
 
 # Counts and sizes that make no sense at zero (pydantic already rejects what a model bounds itself; these keys are
 # bounded here wherever they appear, including in sections that do not declare it).
@@ -27,6 +27,8 @@ POSITIVE_KEYS = frozenset({
     "group_size", "max_tokens", "repeats", "keep_checkpoints", "reference_max_tokens", "judge_max_tokens",
     "min_group_size", "max_steps", "distill_tasks", "eval_tasks_per_horizon", "rl_tasks",
 })
+# Folders a command writes into besides its run directory (checked writable without being created).
+OUTPUT_KEYS = frozenset({"out", "output", "model_cache", "cache_dir"})
 # Integers that may be negative (-1 means "off" for top_k; seeds are any integer).
 _SIGNED_KEYS = frozenset({"top_k"})
 
@@ -74,12 +76,16 @@ def _check_section(section: BaseModel, prefix: str) -> None:
     fields = type(section).model_fields
     for name in fields:
         value = getattr(section, name)
-        if isinstance(value, bool) or not isinstance(value, int):
-            continue
-        if value < 0 and not _is_signed(name):
-            raise UserError(f"{_key(prefix, name)}={value}: must be >= 0")
-        if value < 1 and name in POSITIVE_KEYS:
-            raise UserError(f"{_key(prefix, name)}={value}: must be >= 1")
+        if isinstance(value, str) and name in OUTPUT_KEYS:
+            check_output_dir(value, _key(prefix, name))
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        for number in numbers:
+            if isinstance(number, bool) or not isinstance(number, int):
+                continue
+            if number < 0 and not _is_signed(name):
+                raise UserError(f"{_key(prefix, name)}={value}: must be >= 0")
+            if number < 1 and name in POSITIVE_KEYS:
+                raise UserError(f"{_key(prefix, name)}={value}: must be >= 1")
     kind = type(section).__name__
     if kind == "EngineConfig":
         _check_engine(section, prefix)

@@ -247,9 +247,7 @@ def train_oat_grpo(
             "wavefronts": stats.wavefronts,
         }
         if cstats is not None:
-            metrics.update(committee_requests=cstats.committee_requests, judge_requests=cstats.judge_requests,
-                           committee_cache_hits=cstats.cache_hits, committee_failures=cstats.failures,
-                           committee_score_mean=sum(cstats.scores) / max(len(cstats.scores), 1))
+            metrics.update(cstats.metrics())
         return groups, metrics
 
     def evaluate(iteration: int) -> dict[str, Any]:
