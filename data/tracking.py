@@ -96,8 +96,12 @@ class MetricsLogger:
 # console routing
 
 _MEMRL_PACKAGES = frozenset({"data", "rollout", "rewards", "train", "launch", "benchmarks", "__main__"})
-_MACHINERY = ("tqdm", "io", "_io", "codecs", "contextlib", "data.tracking", "threading")
+# Stream plumbing between a writer and the console (wandb wraps sys.stdout.write while a run is live).
+_MACHINERY = ("tqdm", "io", "_io", "codecs", "contextlib", "data.tracking", "threading",
+              "wandb.sdk.lib.console_capture")
 _LOG_MACHINERY = ("logging", "warnings", "py.warnings")
+# Third-party writers whose output is the progress of a memrl stage: the SFT trainer's progress bar and loss lines.
+_SHOWN = ("transformers.trainer_callback",)
 
 
 def _from_memrl() -> bool:
@@ -108,7 +112,7 @@ def _from_memrl() -> bool:
         if module.startswith(_LOG_MACHINERY):
             return False
         if not module.startswith(_MACHINERY):
-            return module.split(".", 1)[0] in _MEMRL_PACKAGES
+            return module.split(".", 1)[0] in _MEMRL_PACKAGES or module.startswith(_SHOWN)
         frame = frame.f_back
     return False
 

@@ -69,6 +69,8 @@ class CommitteeStats:
     fallbacks: int = 0  # groups scored by the fallback (offline judge) or left without c(n)
     scored_groups: int = 0  # groups whose members got c(n) (committee judge, offline judge or fallback)
     scores: list[float] = field(default_factory=list)
+    # HTTP attempts of endpoint engines (answered / failed: errors, timeouts), references and judge; retries included
+    http: dict[str, int] = field(default_factory=dict)
 
     @property
     def failures(self) -> int:
@@ -83,6 +85,7 @@ class CommitteeStats:
             "committee_failures": self.reference_failures, "judge_failures": self.judge_failures,
             "committee_fallbacks": self.fallbacks, "committee_scored_groups": self.scored_groups,
         }
+        out.update(self.http)
         if self.scores:
             out["committee_score_mean"] = sum(self.scores) / len(self.scores)
         return out
@@ -214,6 +217,28 @@ class Committee:
         stats = CommitteeStats()
         if not self.cfg.enabled:
             return stats
+        http_before = self._http_counts()
+        try:
+            return self._score(trees, stats)
+        finally:
+            after = self._http_counts()
+            stats.http = {k: after[k] - http_before.get(k, 0) for k in after}
+
+    def _http_counts(self) -> dict[str, int]:
+        """Cumulative answered / failed HTTP attempts of the endpoint engines (those that report ``stats()``)."""
+        out: dict[str, int] = {}
+        for prefix, engines in (("committee", self.references), ("judge", [self.judge] if self.judge else [])):
+            seen: set[int] = set()
+            for engine in engines:
+                if id(engine) in seen or not callable(getattr(engine, "stats", None)):
+                    continue
+                seen.add(id(engine))
+                for ep in engine.stats().values():
+                    out[f"{prefix}_http_answered"] = out.get(f"{prefix}_http_answered", 0) + ep.requests
+                    out[f"{prefix}_http_failed"] = out.get(f"{prefix}_http_failed", 0) + ep.failed_attempts
+        return out
+
+    def _score(self, trees: Sequence[MemoryCallTree], stats: CommitteeStats) -> CommitteeStats:
         items = self._groups(trees)
         stats.groups = len(items)
         refs = self._references(items, stats)
