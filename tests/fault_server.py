@@ -48,7 +48,7 @@ class FaultServer:
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
                 with server._lock:
