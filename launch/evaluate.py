@@ -166,6 +166,9 @@ def check_inputs(cfg: EvalConfig) -> None:
     """Before anything is created: every dataset file exists and holds at least one episode."""
     from data.checks import check_existing_file
 
+    for key in ("datasets", "systems", "models"):
+        if not getattr(cfg, key):
+            raise ConfigError(f"{key}: the list is empty, so there is nothing to evaluate; name at least one")
     for i, spec in enumerate(cfg.datasets):
         key = f"datasets.{i}.path"
         if spec.kind in ("ama_synthetic", "sam", "proactive"):

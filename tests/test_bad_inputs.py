@@ -203,6 +203,8 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
         yield f"eval/{kind}-empty", [*ev, f"datasets=[{{name: d, kind: {kind}, path: {ws['empty']}}}]"], [
             "empty.jsonl"]
         yield f"eval/{kind}-folder", [*ev, f"datasets=[{{name: d, kind: {kind}, path: {root}}}]"], [str(root)]
+    for key in ("datasets", "systems", "models"):
+        yield f"eval/{key}-empty-list", [*ev, f"{key}=[]"], [key, "empty"]
     yield "eval/generic-no-path", [*ev, "datasets=[{name: d, kind: generic}]"], ["datasets.0", "path"]
     yield "eval/generic-garbage", [*ev, f"datasets=[{{name: d, kind: generic, path: {ws['garbage']}}}]"], [
         "garbage.json"]
