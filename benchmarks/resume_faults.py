@@ -2,10 +2,11 @@
 the uninterrupted run's weights and a ``metrics.jsonl`` holding each step once?
 
 The run is the tiny CPU recipe (configs/oat_grpo_tiny.yaml shrunk as in tests/test_oat_grpo.py, a checkpoint after
-every iteration). One uninterrupted run gives the reference weights and its wall time T. Trial 0 kills during the
-first checkpoint write (the moment its temporary folder appears); the others at a moment drawn uniformly from
-[0.05 T, 0.95 T] after start. Each killed run is resumed to completion (a kill that lands after the run finished is
-re-drawn). Prints one line per trial, then one JSON line: ``resumes_equal`` (e.g. ``20/20``), what the kills hit.
+every iteration). One uninterrupted run gives the reference weights and its timing. Trial 0 kills during the first
+checkpoint write (the moment its temporary folder appears); the others at a moment drawn uniformly from the reference
+run's active span (from its run directory appearing, after imports and checks, to its end). Each killed run is
+resumed to completion (a kill that lands after the run finished is re-drawn). Prints one line per trial, then
+``resumes_equal: N/M`` and one JSON line with what the kills hit.
 
     .venv/bin/python benchmarks/resume_faults.py --trials 20 --work /tmp/resume-faults
 """
@@ -50,12 +51,20 @@ def env() -> dict[str, str]:
             "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def run(cmd: list[str]) -> float:
+def run(cmd: list[str], run_dir: Path | None = None) -> tuple[float, float]:
+    """Run to completion; returns (seconds until ``run_dir/config.yaml`` appeared, i.e. the run started after
+    imports and checks, or 0; total seconds)."""
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=1800)
+    started = 0.0
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while run_dir is not None and proc.poll() is None and not started:
+        if (run_dir / "config.yaml").exists():
+            started = time.perf_counter() - start
+        time.sleep(0.01)
+    out, err = proc.communicate(timeout=1800)
     if proc.returncode != 0:
-        raise RuntimeError(f"run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return time.perf_counter() - start
+        raise RuntimeError(f"run failed ({proc.returncode}):\n{out[-2000:]}\n{err[-3000:]}")
+    return started, time.perf_counter() - start
 
 
 def weights(run_dir: Path) -> dict[str, object]:
@@ -117,7 +126,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     model = ensure_tiny_model(os.environ.get("MEMRL_MODEL_CACHE", ROOT / ".cache" / "models"), TinyModelSpec())
-    wall = run(command(model, work, "reference"))
+    started, wall = run(command(model, work, "reference"), work / "reference")
     reference = weights(work / "reference")
     expected_steps = steps(work / "reference")
     rng = random.Random(args.seed)
@@ -126,7 +135,7 @@ def main() -> None:
         name = f"trial-{trial:02d}"
         run_dir = work / name
         while True:
-            moment = None if trial == 0 else rng.uniform(0.05 * wall, 0.95 * wall)
+            moment = None if trial == 0 else rng.uniform(started, wall)
             hit = kill_at(command(model, work, name), run_dir, moment)
             if not hit["finished"]:
                 break
@@ -141,6 +150,7 @@ def main() -> None:
     print(f"resumes_equal: {equal}/{args.trials}", flush=True)
     print(json.dumps({
         "benchmark": "resume_faults", "iterations": ITERATIONS, "uninterrupted_wall_s": round(wall, 1),
+        "run_started_at_s": round(started, 1),
         "expected_steps": expected_steps, "resumes_equal": f"{equal}/{args.trials}",
         "kills_during_checkpoint_write": sum(bool(t["checkpoint_being_written"]) for t in trials),
         "kills_before_first_checkpoint": sum(not t["complete_checkpoints"] for t in trials),

@@ -23,11 +23,11 @@ def _benchmark():
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_the_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
     bench = _benchmark()
-    wall = bench.run(bench.command(tiny_model_dir, tmp_path, "reference"))
+    started, wall = bench.run(bench.command(tiny_model_dir, tmp_path, "reference"), tmp_path / "reference")
     reference = bench.weights(tmp_path / "reference")
     expected = bench.steps(tmp_path / "reference")
     assert expected == [-1, 0, 1, 2, 3]
-    for trial, moment in enumerate((None, random.Random(1).uniform(0.4 * wall, 0.9 * wall))):
+    for trial, moment in enumerate((None, random.Random(1).uniform(started, wall))):
         name = f"killed-{trial}"
         hit = bench.kill_at(bench.command(tiny_model_dir, tmp_path, name), tmp_path / name, moment)
         if hit["finished"]:
