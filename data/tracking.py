@@ -31,7 +31,8 @@ from data.io import append_jsonl, atomic_write_text
 
 __all__ = ["MetricsLogger", "bind_run_log", "format_metrics", "quiet_console", "run_log_path"]
 
-_CONSOLE_KEYS = ("reward_mean", "success", "loss", "clip_fraction", "approx_kl", "entropy", "grad_norm")
+_CONSOLE_KEYS = ("reward_mean", "success", "loss", "clip_fraction", "approx_kl", "entropy", "grad_norm",
+                 "eval/success", "eval/success_greedy")
 
 
 def format_metrics(step: int, metrics: dict[str, Any], keys: tuple[str, ...] = _CONSOLE_KEYS) -> str:
@@ -80,8 +81,9 @@ class MetricsLogger:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
         record = {"step": step, "time_s": round(time.time() - self._start, 3), **clean}
         append_jsonl(self.path, record)
-        if self.console:
-            print(format_metrics(step, metrics), flush=True)
+        line = format_metrics(step, metrics)
+        if self.console and line.rstrip() != f"[step {step}]":  # nothing worth a console line
+            print(line, flush=True)
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=step)
 
