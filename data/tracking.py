@@ -140,6 +140,10 @@ class _Router(io.TextIOBase):
         return self.log.fileno()
 
     @property
+    def buffer(self) -> Any:  # byte writers likewise
+        return self.log.buffer
+
+    @property
     def encoding(self) -> str:  # type: ignore[override]
         return getattr(self.console, "encoding", None) or "utf-8"
 
