@@ -209,10 +209,20 @@ def _config_show(args: argparse.Namespace) -> int:
 
 def _model_tiny(args: argparse.Namespace) -> int:
     """Write a tiny random-initialised Qwen3 model and its offline tokenizer."""
+    from data.checks import check_output_dir
     from rollout.models import TinyModelSpec, build_tiny_model
 
+    check_output_dir(args.out, "--out")
+    from pydantic import ValidationError
+
+    from launch.preflight import check_config
+
     fields = {k: v for k, v in vars(args).items() if k in TinyModelSpec.model_fields and v is not None}
-    spec = TinyModelSpec(**fields)
+    try:
+        spec = TinyModelSpec(**fields)
+    except ValidationError as exc:
+        raise ConfigError(f"memrl model tiny: {exc.errors()[0]['msg']}") from None
+    check_config(spec)
     out = build_tiny_model(args.out, spec)
     print(f"tiny model written to {out} ({spec.layers} layers x {spec.hidden} hidden, vocab {spec.vocab_size})")
     return 0

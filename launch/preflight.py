@@ -26,6 +26,7 @@ POSITIVE_KEYS = frozenset({
     "iterations", "tasks_per_iteration", "branch_factor", "max_leaves", "flat_group_size", "batch_size",
     "group_size", "max_tokens", "repeats", "keep_checkpoints", "reference_max_tokens", "judge_max_tokens",
     "min_group_size", "max_steps", "distill_tasks", "eval_tasks_per_horizon", "rl_tasks",
+    "layers", "hidden", "head_dim", "vocab_size", "max_position",  # a tiny model's shape
 })
 # Folders a command writes into besides its run directory (checked writable without being created).
 OUTPUT_KEYS = frozenset({"out", "output", "model_cache", "cache_dir"})

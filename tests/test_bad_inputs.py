@@ -146,6 +146,8 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
             yield f"{command}/resume-unnamed", [*argv, *base, "--resume"], ["run.name", "taken"]
     yield "config show/yaml-syntax", ["config", "show", "--config", str(ws["yaml_error"])], ["broken.yaml:4"]
     yield "config show/missing", ["config", "show", "--config", str(root / "nope.yaml")], ["nope.yaml"]
+    yield "model tiny/out-under-file", ["model", "tiny", "--out", f"{ws['afile']}/m"], ["--out", "afile.txt"]
+    yield "model tiny/zero-layers", ["model", "tiny", "--out", f"{root}/m", "--layers", "0"], ["layers"]
 
     # counts and sizes without their lower bound
     bounds = {
