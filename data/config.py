@@ -19,6 +19,8 @@ from typing import Any, TypeVar, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from data.errors import UserError
+
 __all__ = [
     "ConfigError",
     "ConfigModel",
@@ -39,7 +41,7 @@ __all__ = [
 C = TypeVar("C", bound="ConfigModel")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration problem, reported before any work starts."""
 
 
@@ -353,6 +355,9 @@ def prepare_run_dir(cfg: BaseModel, run: RunConfig, command: str) -> Path:
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     write_resolved_config(cfg, run_dir)
+    from data.tracking import bind_run_log
+
+    bind_run_log(run_dir)  # captured third-party output (``memrl ... `` without --verbose) goes to run.log
     return run_dir
 
 

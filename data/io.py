@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from data.errors import UserError
+
 __all__ = [
     "RecordError",
     "append_jsonl",
@@ -34,7 +36,7 @@ __all__ = [
 M = TypeVar("M", bound=BaseModel)
 
 
-class RecordError(ValueError):
+class RecordError(UserError, ValueError):
     """A malformed record: the message names the file, the line (or row) and the field."""
 
 

@@ -1,20 +1,32 @@
 """The ``memrl`` command line.
 
-Every job command takes ``--config FILE.yaml`` plus dotted overrides (``train.lr=1e-6``); the config is validated
-before any work starts and the resolved config is written into the run directory. Heavy imports happen only inside
-the command that needs them, so ``memrl --help`` answers at once.
+Every job command takes ``--config FILE.yaml`` plus dotted overrides (``train.lr=1e-6``). Before anything is created
+the config is validated and so is everything it names (data records, model and adapter paths, output folders:
+launch/preflight.py plus the command's own checks); the run directory is created only when the run starts, and a
+start that fails on bad input removes what it created. Expected failures (:class:`~data.errors.UserError`) print one
+message with the fix and exit 2; a traceback means a bug and comes with the log file's path (exit 1). Third-party
+output goes to the run's ``run.log`` unless ``--verbose``. Heavy imports happen only inside the command that needs
+them, so ``memrl --help`` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import importlib
+import os
+import shutil
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from data.config import ConfigError
+from data.errors import UserError
 
 __all__ = ["JOBS", "Job", "main"]
 
@@ -34,6 +46,7 @@ class Job:
     policy_engine: bool = False
     flags: tuple[tuple[str, str, str], ...] = ()  # (--flag, dotted config key it overrides, help)
     dry_run: str | None = None  # "module:function" printing what the run needs (its --dry-run), or None
+    checks: str | None = None  # "module:function" checking the validated config before anything is created
 
     def load(self, attr: str) -> Any:
         """Import ``module:name``."""
@@ -55,23 +68,26 @@ JOBS: list[Job] = [
         "rollout.expert_traces:DistillRunConfig", "rollout.expert_traces:run_distill", resumable=True),
     Job(("train", "oat-grpo"), "OAT-GRPO: memory-call trees, committee rewards, group policy updates, weight sync",
         "train.oat_grpo:OATGRPOConfig", "train.oat_grpo:run_oat_grpo", resumable=True, distributed=True,
-        policy_engine=True),
+        policy_engine=True, checks="train.oat_grpo:check_inputs"),
     Job(("sft",), "supervised fine-tuning on distilled memory-role datasets (TRL SFTTrainer, LoRA or full)",
-        "train.sft:SFTRunConfig", "train.sft:run_sft", resumable=True, distributed=True),
+        "train.sft:SFTRunConfig", "train.sft:run_sft", resumable=True, distributed=True,
+        checks="train.sft:check_inputs"),
     Job(("train", "pivot-grpo"), "pivot-turn GRPO for the proactive intervention agent (online loop)",
         "train.pivot_grpo:PivotGRPOConfig", "train.pivot_grpo:run_pivot_grpo", resumable=True,
         distributed=True, policy_engine=True),
     Job(("eval",), "harness: memory systems x memory models x datasets -> per-item results, breakdowns, report",
         "launch.evaluate:EvalConfig", "launch.evaluate:run_eval", resumable=True,
-        dry_run="launch.evaluate:dry_run_eval"),
+        dry_run="launch.evaluate:dry_run_eval", checks="launch.evaluate:check_inputs"),
     Job(("export",), "merged Hugging Face checkpoint + model card, verified in transformers and vLLM",
-        "train.export:ExportConfig", "train.export:run_export",
+        "train.export:ExportConfig", "train.export:run_export", checks="train.export:check_inputs",
         flags=(("--push-to-hub", "push_to_hub", "upload the export to this Hub repository (needs HF_TOKEN)"),)),
 ]
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser, job: Job) -> None:
     parser.add_argument("--config", help="YAML config file (omit to use the defaults)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show third-party warnings and engine logs on the console (always in run.log)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=1e-6")
     if job.resumable:
         parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
@@ -92,8 +108,79 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
         if value is not None:
             overrides.append(f"{key}={value}")
     config = load_config(job.load("config"), args.config, overrides)
-    code = job.load("dry_run" if getattr(args, "dry_run", False) else "runner")(config)
+    if getattr(args, "dry_run", False):
+        # a dry run reports what is missing, so it runs before the checks that would stop at the first missing file
+        return int(job.load("dry_run")(config) or 0)
+    from launch.preflight import check_config
+
+    check_config(config)
+    if job.checks:
+        job.load("checks")(config)
+    run = getattr(config, "run", None)
+    with _created_only_on_success(Path(run.output_dir) if run is not None else None):
+        from data.tracking import quiet_console
+
+        with quiet_console(not args.verbose and not os.environ.get("MEMRL_VERBOSE")):
+            try:
+                code = job.load("runner")(config)
+            except (UserError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                raise _Bug(exc, _save_traceback()) from exc
     return int(code or 0)
+
+
+class _Bug(Exception):
+    """An unexpected exception (a bug), with the file its traceback was saved to."""
+
+    def __init__(self, error: BaseException, log: Path) -> None:
+        super().__init__(str(error))
+        self.error, self.log = error, log
+
+
+def _save_traceback() -> Path:
+    """Append the current traceback to the run's log (a temporary file when the run has none yet)."""
+    from data.tracking import run_log_path
+
+    text = traceback.format_exc()
+    path = run_log_path()
+    if path is None or not path.parent.is_dir() or path.parent == Path(tempfile.gettempdir()):
+        path = Path(tempfile.gettempdir()) / f"memrl-crash-{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(text)
+    return path
+
+
+def _has_complete_checkpoint(folder: Path) -> bool:
+    return any(folder.rglob("COMPLETE")) or any(folder.rglob("trainer_state.json"))
+
+
+@contextlib.contextmanager
+def _created_only_on_success(output_dir: Path | None) -> Iterator[None]:
+    """On a failed start (a :class:`UserError` from the runner) remove the folders this command created under
+    ``output_dir`` (and ``output_dir`` itself if it created it), unless they already hold a complete checkpoint."""
+    if output_dir is None:
+        yield
+        return
+    top = output_dir.absolute()
+    while not top.parent.exists() and top != top.parent:
+        top = top.parent
+    existed = top.exists()
+    before = set(os.listdir(output_dir)) if output_dir.is_dir() else set()
+    try:
+        yield
+    except UserError:
+        if not existed:
+            if top.exists() and not _has_complete_checkpoint(top):
+                shutil.rmtree(top, ignore_errors=True)
+        elif output_dir.is_dir():
+            for name in set(os.listdir(output_dir)) - before:
+                new = output_dir / name
+                if new.is_dir() and not _has_complete_checkpoint(new):
+                    shutil.rmtree(new, ignore_errors=True)
+                elif new.is_file():
+                    new.unlink()
+        raise
 
 
 def _config_show(args: argparse.Namespace) -> int:
@@ -108,8 +195,14 @@ def _config_show(args: argparse.Namespace) -> int:
         try:
             with open(args.config, encoding="utf-8") as fh:
                 loaded = yaml.safe_load(fh) or {}
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):
             raise ConfigError(f"config file not found: {args.config}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{args.config}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{args.config}:{mark.line + 1}" if mark is not None else args.config
+            raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
         command = loaded.get("command") if isinstance(loaded, dict) else None
     if command is None:
         raise ConfigError(f"cannot tell which command the config is for: give --command (one of {sorted(by_name)})")
@@ -122,10 +215,20 @@ def _config_show(args: argparse.Namespace) -> int:
 
 def _model_tiny(args: argparse.Namespace) -> int:
     """Write a tiny random-initialised Qwen3 model and its offline tokenizer."""
+    from data.checks import check_output_dir
     from rollout.models import TinyModelSpec, build_tiny_model
 
+    check_output_dir(args.out, "--out")
+    from pydantic import ValidationError
+
+    from launch.preflight import check_config
+
     fields = {k: v for k, v in vars(args).items() if k in TinyModelSpec.model_fields and v is not None}
-    spec = TinyModelSpec(**fields)
+    try:
+        spec = TinyModelSpec(**fields)
+    except ValidationError as exc:
+        raise ConfigError(f"memrl model tiny: {exc.errors()[0]['msg']}") from None
+    check_config(spec)
     out = build_tiny_model(args.out, spec)
     print(f"tiny model written to {out} ({spec.layers} layers x {spec.hidden} hidden, vocab {spec.vocab_size})")
     return 0
@@ -186,6 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"memrl: config error: {exc}", file=sys.stderr)
         return 2
+    except UserError as exc:
+        print(f"memrl: error: {exc}", file=sys.stderr)
+        return 2
+    except _Bug as bug:
+        print(f"memrl: unexpected error (a bug, please report it): {type(bug.error).__name__}: {bug.error}\n"
+              f"the traceback is in {bug.log}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("memrl: interrupted", file=sys.stderr)
         return 130

@@ -31,6 +31,7 @@ from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
 from data.config import ConfigError, ConfigModel, RunConfig, config_hash, prepare_run_dir
+from data.errors import UserError
 from data.io import append_jsonl, atomic_write_text, iter_jsonl
 from data.tasks import TaskSetConfig, load_tasks, make_ama_episode
 from rewards.scorers import (
@@ -62,8 +63,8 @@ from rollout.loop import EngineSet
 from rollout.memory.registry import MemoryConfig
 from rollout.memory.sam import make_token_counter
 
-__all__ = ["DatasetSpec", "EvalConfig", "ModelSpec", "SystemSpec", "dry_run_eval", "evaluate", "load_results",
-           "run_eval", "write_per_question", "write_report"]
+__all__ = ["DatasetSpec", "EvalConfig", "ModelSpec", "SystemSpec", "check_inputs", "dry_run_eval", "evaluate",
+           "load_results", "run_eval", "write_per_question", "write_report"]
 
 QA_KINDS = ("ama_synthetic", "amabench", "locomo", "memoryarena", "generic")
 TASK_SYSTEMS = {"sam": ("sam", "long_context", "bm25", "embedding"), "proactive": ("proactive",)}
@@ -169,6 +170,32 @@ class EvalConfig(ConfigModel):
 
 # ----------------------------------------------------------------------------------------------------------------
 # data
+
+
+def check_inputs(cfg: EvalConfig) -> None:
+    """Before anything is created: every dataset file exists and holds at least one episode."""
+    from data.checks import check_existing_file
+
+    for key in ("datasets", "systems", "models"):
+        if not getattr(cfg, key):
+            raise ConfigError(f"{key}: the list is empty, so there is nothing to evaluate; name at least one")
+    for i, spec in enumerate(cfg.datasets):
+        key = f"datasets.{i}.path"
+        if spec.kind in ("ama_synthetic", "sam", "proactive"):
+            continue  # generated (counts are bounded) or a task set the generic checks read
+        path = dataset_path(spec, cfg.data_dir)
+        if path is None:
+            raise ConfigError(f"{key}: dataset {spec.name!r} of kind {spec.kind} needs a file")
+        check_existing_file(str(path), key, what=f"{spec.kind} dataset file")
+        try:
+            episodes = load_dataset(spec, cfg.data_dir)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, UserError):
+                raise
+            raise UserError(f"{key}: {path} is not a readable {spec.kind} dataset ({type(exc).__name__}: "
+                            f"{exc})") from None
+        if not episodes:
+            raise UserError(f"{key}: {path} holds no episodes, so there is nothing to evaluate")
 
 
 def dataset_path(spec: DatasetSpec, data_dir: str | None = None) -> Path | None:

@@ -4,7 +4,8 @@
 #   bash launch/quickstart.sh [--dry-run] [--config FILE] [key=value ...]
 #
 # Other arguments go to `memrl quickstart`. --dry-run prints the venv, the extra, whether the install would run and
-# the command, and creates, installs and runs nothing.
+# the command, and creates, installs and runs nothing. The console shows memrl's stage banners, progress bars and
+# results; third-party warnings and engine logs go to <run dir>/run.log (--verbose shows them on the console too).
 set -euo pipefail
 
 # shellcheck source=launch/setup.sh

@@ -7,9 +7,12 @@ that union; c(n) is the mean of the three, rescaled to [0, 1].
 
 Committee and judge calls are made once per parent context and shared by all its siblings, batched per engine, the
 M members in parallel threads (the OpenAI-compatible backend also runs each batch concurrently), and cached on disk by
-a hash of their inputs and token limits; empty or failed answers are counted and not cached. A failed or
-unparseable call never stops training: depending on ``fallback`` the group is scored by the offline judge or its
-committee term is skipped (credit assignment then drops it for the whole group); either way it is counted.
+a hash of their inputs and token limits; empty or failed answers are counted and not cached. Requests fail one at a
+time (:meth:`~rollout.engines.base.Engine.generate_each`): a request that runs out of retries costs its own answer,
+never the batch's. A failed or unparseable call never stops training: a group with no reference answer, or whose
+judge reply failed, is scored by the offline judge or its committee term is skipped (``fallback``; credit
+assignment then drops it for the whole group). :class:`CommitteeStats` counts failed requests, fallbacks and scored
+groups separately.
 
 The offline judge is lexical: relevance = precision of the candidate's tokens against the union, coverage = recall of
 the union's tokens, consistency = share of the candidate's numbers and ids that the union contains. With the oracle
@@ -25,6 +28,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from pydantic import Field
 
 from data.config import ConfigModel
 from data.schemas import MemoryCallTree, Message, TreeNode
@@ -44,10 +49,10 @@ class CommitteeConfig(ConfigModel):
     """How c(n) is computed."""
 
     enabled: bool = True  # compute c(n); false: no committee term
-    reference_max_tokens: int = 256  # max tokens of each committee member's answer
-    judge_max_tokens: int = 512  # max tokens of the judge's reply
+    reference_max_tokens: int = Field(256, ge=1)  # max tokens of each committee member's answer
+    judge_max_tokens: int = Field(512, ge=1)  # max tokens of the judge's reply
     fallback: Literal["offline", "skip"] = "offline"  # failed call: offline judge scores the group, or skip its c(n)
-    min_group_size: int = 2  # single-sample groups carry no advantage: do not pay for them
+    min_group_size: int = Field(2, ge=1)  # single-sample groups carry no advantage: do not pay for them
     cache_dir: str | None = None  # on-disk cache of answers; None: <run dir>/committee_cache
 
 
@@ -55,13 +60,35 @@ class CommitteeConfig(ConfigModel):
 class CommitteeStats:
     """Engine traffic and failures of one scoring pass."""
 
-    groups: int = 0
-    committee_requests: int = 0
-    judge_requests: int = 0
+    groups: int = 0  # sibling groups eligible for c(n)
+    committee_requests: int = 0  # reference requests sent (cache misses)
+    judge_requests: int = 0  # judge requests sent (cache misses)
     cache_hits: int = 0
-    failures: int = 0
-    fallbacks: int = 0
+    reference_failures: int = 0  # reference requests that failed or came back empty
+    judge_failures: int = 0  # judge requests that failed or could not be parsed
+    fallbacks: int = 0  # groups scored by the fallback (offline judge) or left without c(n)
+    scored_groups: int = 0  # groups whose members got c(n) (committee judge, offline judge or fallback)
     scores: list[float] = field(default_factory=list)
+    # HTTP attempts of endpoint engines (answered / failed: errors, timeouts), references and judge; retries included
+    http: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> int:
+        """Failed requests, reference and judge."""
+        return self.reference_failures + self.judge_failures
+
+    def metrics(self) -> dict[str, float | int]:
+        """Flat metrics; the mean score is absent when nothing was scored (a mean over nothing is not 0)."""
+        out: dict[str, float | int] = {
+            "committee_groups": self.groups, "committee_requests": self.committee_requests,
+            "judge_requests": self.judge_requests, "committee_cache_hits": self.cache_hits,
+            "committee_failures": self.reference_failures, "judge_failures": self.judge_failures,
+            "committee_fallbacks": self.fallbacks, "committee_scored_groups": self.scored_groups,
+        }
+        out.update(self.http)
+        if self.scores:
+            out["committee_score_mean"] = sum(self.scores) / len(self.scores)
+        return out
 
 
 _TOKEN = re.compile(r"[a-z0-9]+")
@@ -158,10 +185,10 @@ class Committee:
                 todo.setdefault(m, []).append((i, key, request))
         for m, results in self._generate_per_engine(todo).items():
             stats.committee_requests += len(todo[m])
-            for (i, key, _), result in zip(todo[m], results or [None] * len(todo[m]), strict=True):
-                text = result.completions[0].text.strip() if result is not None and result.completions else ""
-                if not text:  # a dead endpoint or an empty answer: not cached, so a rerun asks again
-                    stats.failures += 1
+            for (i, key, _), result in zip(todo[m], results, strict=True):
+                text = _text(result).strip()
+                if not text:  # a failed request or an empty answer: not cached, so a rerun asks again
+                    stats.reference_failures += 1
                     continue
                 refs[i][m] = text
                 self.cache.put(key, text)
@@ -169,21 +196,15 @@ class Committee:
 
     def _generate_per_engine(
         self, todo: dict[int, list[tuple[int, str, GenerationRequest]]]
-    ) -> dict[int, list[Any] | None]:
+    ) -> dict[int, list[Any]]:
         """One batched call per committee member, the members concurrently (a distinct engine object per thread, so
-        no engine serves two threads); a member whose call raises gets None."""
+        no engine serves two threads); each request's result, or its exception when it failed."""
         by_engine: dict[int, list[int]] = {}
         for m in todo:
             by_engine.setdefault(id(self.references[m]), []).append(m)
 
-        def run(members: list[int]) -> dict[int, list[Any] | None]:
-            out: dict[int, list[Any] | None] = {}
-            for m in members:
-                try:
-                    out[m] = self.references[m].generate([r for _, _, r in todo[m]])
-                except Exception:  # a dead endpoint must not stop training: the groups fall back
-                    out[m] = None
-            return out
+        def run(members: list[int]) -> dict[int, list[Any]]:
+            return {m: _each(self.references[m], [r for _, _, r in todo[m]]) for m in members}
 
         chunks = list(by_engine.values())
         if len(chunks) <= 1:
@@ -196,6 +217,28 @@ class Committee:
         stats = CommitteeStats()
         if not self.cfg.enabled:
             return stats
+        http_before = self._http_counts()
+        try:
+            return self._score(trees, stats)
+        finally:
+            after = self._http_counts()
+            stats.http = {k: after[k] - http_before.get(k, 0) for k in after}
+
+    def _http_counts(self) -> dict[str, int]:
+        """Cumulative answered / failed HTTP attempts of the endpoint engines (those that report ``stats()``)."""
+        out: dict[str, int] = {}
+        for prefix, engines in (("committee", self.references), ("judge", [self.judge] if self.judge else [])):
+            seen: set[int] = set()
+            for engine in engines:
+                if id(engine) in seen or not callable(getattr(engine, "stats", None)):
+                    continue
+                seen.add(id(engine))
+                for ep in engine.stats().values():
+                    out[f"{prefix}_http_answered"] = out.get(f"{prefix}_http_answered", 0) + ep.requests
+                    out[f"{prefix}_http_failed"] = out.get(f"{prefix}_http_failed", 0) + ep.failed_attempts
+        return out
+
+    def _score(self, trees: Sequence[MemoryCallTree], stats: CommitteeStats) -> CommitteeStats:
         items = self._groups(trees)
         stats.groups = len(items)
         refs = self._references(items, stats)
@@ -207,9 +250,7 @@ class Committee:
                 self._fallback(members, None, stats)
                 continue
             if self.judge is None:
-                for node, cand in zip(members, candidates, strict=True):
-                    node.committee_score = offline_judge(cand, references)
-                    stats.scores.append(node.committee_score)
+                self._assign(members, [offline_judge(cand, references) for cand in candidates], stats)
                 continue
             key = content_key("judge", self.judge.name, self.cfg.judge_max_tokens, references, candidates)
             cached = self.cache.get(key)
@@ -226,16 +267,12 @@ class Committee:
             judge_todo.append((i, references, key, request))
         if judge_todo and self.judge is not None:
             stats.judge_requests += len(judge_todo)
-            try:
-                results: list[Any] = self.judge.generate([r for *_, r in judge_todo])
-            except Exception:  # counted and scored by the fallback instead
-                results = [None] * len(judge_todo)
+            results = _each(self.judge, [r for *_, r in judge_todo])
             for (i, references, key, _), result in zip(judge_todo, results, strict=True):
                 members = items[i][1]
-                text = result.completions[0].text if result is not None and result.completions else ""
-                scores = parse_judge_scores(text, len(members))
-                if scores is None:
-                    stats.failures += 1
+                scores = parse_judge_scores(_text(result), len(members))
+                if scores is None:  # a failed request or an unreadable reply: this group alone falls back
+                    stats.judge_failures += 1
                     self._fallback(members, references, stats)
                     continue
                 self.cache.put(key, scores)
@@ -243,6 +280,7 @@ class Committee:
         return stats
 
     def _assign(self, members: list[TreeNode], scores: list[float], stats: CommitteeStats) -> None:
+        stats.scored_groups += 1
         for node, score in zip(members, scores, strict=True):
             node.committee_score = float(score)
             stats.scores.append(node.committee_score)
@@ -250,9 +288,26 @@ class Committee:
     def _fallback(self, members: list[TreeNode], references: list[str] | None, stats: CommitteeStats) -> None:
         stats.fallbacks += 1
         if self.cfg.fallback == "offline" and references:
+            stats.scored_groups += 1
             for node in members:
                 node.committee_score = offline_judge(node.call.text if node.call is not None else "", references)
                 stats.scores.append(node.committee_score)
         else:
             for node in members:
                 node.committee_score = None
+
+
+def _each(engine: Engine, requests: list[GenerationRequest]) -> list[Any]:
+    """Per-request results of one batched call (an exception in place of each failed request; a whole call that
+    raises, e.g. a dead engine, fails every request of it)."""
+    try:
+        return engine.generate_each(requests)
+    except Exception as exc:
+        return [exc] * len(requests)
+
+
+def _text(result: Any) -> str:
+    """The first completion's text, or "" for a failed request."""
+    if isinstance(result, Exception) or result is None or not result.completions:
+        return ""
+    return result.completions[0].text

@@ -76,6 +76,26 @@ def test_full_weights_without_a_reference_are_not_compared(tmp_path: Path, tiny_
     assert not same["ok"] and same["failures"] == ["differs_from_base"]  # an unchanged model is caught
 
 
+def test_a_failed_export_leaves_no_folder_behind(tmp_path: Path, tiny_model_dir: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export is assembled in a temporary sibling folder: a failure after the weights are written leaves
+    neither the export folder nor the temporary one."""
+    import train.export as export
+
+    def broken(*args: object) -> dict:
+        raise RuntimeError("verification crashed")
+
+    monkeypatch.setattr(export, "_generate_transformers", broken)
+    with pytest.raises(RuntimeError, match="verification crashed"):
+        export_model(_config(tmp_path, tiny_model_dir, None, verify={"vllm": False, "transformers": True}),
+                     tmp_path / "out" / "model")
+    assert list((tmp_path / "out").iterdir()) == []
+    with pytest.raises(ConfigError, match="not empty"):  # an export never writes into a folder holding files
+        (tmp_path / "taken").mkdir()
+        (tmp_path / "taken" / "x").write_text("x")
+        export_model(_config(tmp_path, tiny_model_dir, None), tmp_path / "taken")
+
+
 def test_push_to_hub_fails_before_any_work_without_token_or_network(
         tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.delenv("HF_TOKEN", raising=False)

@@ -7,14 +7,17 @@ tokenizer with its chat template, the generation config and a model card (``READ
 the recipe (the training run's resolved config, when given) and evaluation results (a results / summary JSON, when
 given); (4) verify: the export loads in transformers and generates, loads in the vLLM engine (``rollout.engines``)
 and generates, and its weights differ from the base's (the adapter's base, or ``reference_base`` for full weights);
-(5) upload the folder with ``huggingface_hub``. ``export_model`` is the in-process entry point and returns the
-verification record, also written to ``memrl_export.json`` in the export.
+(5) upload the folder with ``huggingface_hub``. Everything is written into a temporary sibling folder that is renamed
+into place only when complete, so a failed or killed export leaves no half-written model behind; the files it reads
+(policy, recipe, results) are checked before any work starts (:func:`check_inputs`). ``export_model`` is the
+in-process entry point and returns the verification record, also written to ``memrl_export.json`` in the export.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +29,8 @@ from data.config import ConfigError, ConfigModel, RunConfig, prepare_run_dir
 from data.io import atomic_write_text
 from train.policy import PolicySpec
 
-__all__ = ["ExportConfig", "VerifyConfig", "check_hub_access", "export_model", "run_export", "weight_difference"]
+__all__ = ["ExportConfig", "VerifyConfig", "check_hub_access", "check_inputs", "export_model", "run_export",
+           "weight_difference"]
 
 TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
@@ -229,16 +233,60 @@ def render_model_card(cfg: ExportConfig, merged: bool, checks: dict[str, Any], n
     return "\n".join(lines)
 
 
+def check_inputs(cfg: ExportConfig) -> None:
+    """Before any work: the recipe and results files exist and parse, the reference base is a model, and the export
+    folder is writable and not already holding files (the policy paths are checked by the generic preflight)."""
+    from data.checks import check_existing_file, check_model_ref, check_output_dir
+
+    if cfg.recipe:
+        check_existing_file(cfg.recipe, "recipe", what="recipe (resolved config YAML)")
+        try:
+            yaml.safe_load(Path(cfg.recipe).read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"recipe: {cfg.recipe} is not readable YAML ({exc})") from None
+    if cfg.results:
+        check_existing_file(cfg.results, "results", what="results JSON")
+        try:
+            json.loads(Path(cfg.results).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"results: {cfg.results} is not valid JSON ({exc})") from None
+    if cfg.reference_base:
+        check_model_ref(cfg.reference_base, "reference_base")
+    if cfg.output:
+        check_output_dir(cfg.output, "output")
+        out = Path(cfg.output)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ConfigError(f"output: {out} already exists and is not an empty folder; choose another output or "
+                              "remove it")
+
+
 def export_model(cfg: ExportConfig, out_dir: str | Path) -> dict[str, Any]:
     """Merge (or take) the weights, write the Hugging Face folder and model card into ``out_dir``, verify it, and
-    return the verification record. Hub access is checked by the caller before this runs."""
+    return the verification record. Hub access is checked by the caller before this runs. The folder is assembled
+    under a temporary name beside ``out_dir`` and renamed into place only when complete."""
+    final = Path(out_dir)
+    if final.exists() and (not final.is_dir() or any(final.iterdir())):
+        raise ConfigError(f"export folder {final} already exists and is not empty; choose another output")
+    tmp = final.parent / f".{final.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        checks = _export_into(cfg, tmp, final)
+        if final.exists():
+            final.rmdir()
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return checks
+
+
+def _export_into(cfg: ExportConfig, out: Path, final: Path) -> dict[str, Any]:
     import torch
 
     from train.policy import LoraSettings, load_policy
 
     start = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     spec = cfg.policy.model_copy(update={"dtype": cfg.dtype or cfg.policy.dtype})
     model, tokenizer = load_policy(spec, LoraSettings(enabled=False), trainable=False)
     merged = spec.adapter is not None
@@ -266,9 +314,9 @@ def export_model(cfg: ExportConfig, out_dir: str | Path) -> dict[str, Any]:
     diff = checks["differs_from_base"]
     if diff is not None and not diff["differs"]:
         failures.append("differs_from_base")
-    name = cfg.model_name or (cfg.push_to_hub or out.name)
+    name = cfg.model_name or (cfg.push_to_hub or final.name)
     atomic_write_text(out / "README.md", render_model_card(cfg, merged, checks, name))
-    checks.update(path=str(out), ok=not failures, failures=failures, export_s=round(time.perf_counter() - start, 2))
+    checks.update(path=str(final), ok=not failures, failures=failures, export_s=round(time.perf_counter() - start, 2))
     atomic_write_text(out / "memrl_export.json", json.dumps(checks, indent=2, sort_keys=True) + "\n")
     return checks
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from pydantic import Field
 
 from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
 from data.io import atomic_write_text, write_jsonl
@@ -47,7 +48,7 @@ from train.online import LoopConfig, run_online_loop, shared_run_dir
 from train.policy import PolicySpec
 from train.weight_sync import InMemoryWeightSync
 
-__all__ = ["OATGRPOConfig", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
+__all__ = ["OATGRPOConfig", "check_inputs", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
 
 
 class CommitteeSetup(ConfigModel):
@@ -71,13 +72,13 @@ class OATGRPOConfig(ConfigModel):
     memory: SamConfig = SamConfig()
     train_tasks: TaskSetConfig = TaskSetConfig()
     eval_tasks: TaskSetConfig = TaskSetConfig(seed=10_000)
-    tasks_per_iteration: int = 16  # training tasks rolled out (as trees) per iteration
+    tasks_per_iteration: int = Field(16, ge=1)  # training tasks rolled out (as trees) per iteration
     tree: TreeConfig = TreeConfig()
     credit: CreditConfig = CreditConfig()
     trainer: GroupTrainerConfig = GroupTrainerConfig()
     loop: LoopConfig = LoopConfig()
     fleet: FleetConfig = FleetConfig()  # rollout workers (Ray actors) on every node; 0 workers: this process's engine
-    eval_samples: int = 1  # sampled runs per held-out task (the memory config's own temperatures); plus one greedy
+    eval_samples: int = Field(1, ge=0)  # sampled runs per held-out task (the memory config's temperatures) + 1 greedy
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -89,6 +90,13 @@ def load_sam_tasks(cfg: TaskSetConfig, prefix: str) -> list[SamTask]:
     if cfg.family != "sam":
         raise ConfigError(f"OAT-GRPO trains the SAM memory model: task family must be 'sam', got {cfg.family!r}")
     return [t for t in load_tasks(cfg, prefix) if isinstance(t, SamTask)]
+
+
+def check_inputs(cfg: OATGRPOConfig) -> None:
+    """Checks only this command knows (the generic ones are in launch/preflight.py): both task sets are SAM tasks."""
+    for key, tasks in (("train_tasks", cfg.train_tasks), ("eval_tasks", cfg.eval_tasks)):
+        if tasks.family != "sam":
+            raise ConfigError(f"{key}.family={tasks.family!r}: OAT-GRPO trains the SAM memory model; use 'sam'")
 
 
 def default_reasoner(tokenizer: str, seed: int) -> EngineConfig:
@@ -196,8 +204,8 @@ class TreeScorer:
             metrics: dict[str, Any] = {"credit_groups": sum(c.groups for c in credit),
                                        "credit_zero_variance_groups": sum(c.zero_variance_groups for c in credit)}
             if cstats is not None:
-                metrics.update(committee_requests=cstats.committee_requests, judge_requests=cstats.judge_requests,
-                               committee_cache_hits=cstats.cache_hits, committee_failures=cstats.failures,
+                # counts add up over workers; the mean score is rebuilt from its sum and count by the driver
+                metrics.update({k: v for k, v in cstats.metrics().items() if k != "committee_score_mean"},
                                committee_score_sum=sum(cstats.scores), committee_scores=len(cstats.scores))
             return metrics
 
@@ -227,7 +235,9 @@ def collection_metrics(batch: list[SamTask], result: FleetResult) -> dict[str, A
         **result.metrics,
     }
     if "committee_scores" in metrics:
-        metrics["committee_score_mean"] = metrics.pop("committee_score_sum") / max(metrics.pop("committee_scores"), 1)
+        total, count = metrics.pop("committee_score_sum"), metrics.pop("committee_scores")
+        if count:  # a mean over nothing is absent, not 0
+            metrics["committee_score_mean"] = total / count
     return metrics
 
 

@@ -20,9 +20,10 @@ through ``policy/vNNNNN`` (LoRA adapters; full weights on CPU), or in memory by 
 
 Resume: ``--resume`` restores the newest complete checkpoint (policy, optimizer, scheduler, RNG states, iteration) and
 continues with the next iteration. Batches are a pure function of (seed, iteration), so the data order after a resume
-is the order of an uninterrupted run, and metrics of iterations redone after the checkpoint are logged once. With
-k >= 1 the checkpoint also names the collections that were in flight and their policy versions: the resume
-relaunches them under those versions (their directories are kept), so the versions match an uninterrupted run too.
+is the order of an uninterrupted run, and metrics of iterations redone after the checkpoint are logged once (the
+records after the restored iteration are dropped first; with no complete checkpoint, all of them). With k >= 1 the
+checkpoint also names the collections that were in flight and their policy versions: the resume relaunches them under
+those versions (their directories are kept), so the versions match an uninterrupted run too.
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ __all__ = ["LoopConfig", "LoopResult", "broadcast_groups", "prune_policy_version
 class LoopConfig(ConfigModel):
     """Iteration schedule of an online loop."""
 
-    iterations: int = 20  # rollout + update iterations
-    eval_every: int = 0  # 0: only before the first and after the last iteration
-    checkpoint_every: int = 5  # checkpoint every this many iterations (and after the last; 0: last only)
-    keep_checkpoints: int = 2  # most recent checkpoints kept on disk
+    iterations: int = Field(20, ge=1)  # rollout + update iterations
+    eval_every: int = Field(0, ge=0)  # 0: only before the first and after the last iteration
+    checkpoint_every: int = Field(5, ge=0)  # checkpoint every this many iterations (and after the last; 0: last only)
+    keep_checkpoints: int = Field(2, ge=1)  # most recent checkpoints kept on disk
     max_staleness: int = Field(0, ge=0)  # k: collect iteration i + k under the policy of iteration i; 0: synchronous
     keep_policy_versions: int = Field(2, ge=1)  # newest policy/vNNNNN directories kept (checkpoints are separate)
     weight_sync: Literal["auto", "disk", "nccl"] = "auto"  # full weights: auto = nccl on GPUs with a fleet, else disk
@@ -196,6 +197,10 @@ def run_online_loop(
                 load_policy_version(engine, str(policy_root / f"v{version:05d}"), version, trainer.is_peft)
                 in_flight[iteration] = collect(iteration)
             launched[iteration] = version
+    elif acc.is_main_process:
+        # A start from scratch (also a --resume that finds no complete checkpoint, e.g. after a kill during the first
+        # checkpoint write) logs every step again, the eval before training (step -1) included: drop what is there.
+        logger.truncate_after(-2)
     policy_dir = sync_policy(trainer, engine, policy_root, in_memory, save=cfg.max_staleness > 0)
     if start == 0 and evaluate is not None and acc.is_main_process:
         evals.append({"iteration": -1, **evaluate(-1)})

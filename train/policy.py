@@ -45,6 +45,11 @@ def load_policy(spec: PolicySpec, lora: LoraSettings, *, trainable: bool = True)
     is enabled and no adapter is given; plain full weights otherwise."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
+    from data.checks import check_adapter_dir, check_model_ref
+
+    check_model_ref(spec.base, "policy base")  # a missing local path is named, never taken for a hub id
+    if spec.adapter:
+        check_adapter_dir(spec.adapter, "policy adapter")
     tokenizer = load_tokenizer(spec.base, trust_remote_code=spec.trust_remote_code)
     model = load_causal_lm(spec.base, dtype=spec.dtype, trust_remote_code=spec.trust_remote_code)
     if spec.adapter:

@@ -54,6 +54,7 @@ __all__ = [
     "SFTRunConfig",
     "SFTTrainConfig",
     "build_sft_trainer",
+    "check_inputs",
     "latest_checkpoint",
     "load_role_rows",
     "mix_rows",
@@ -159,6 +160,14 @@ class SFTRunConfig(ConfigModel):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Data
+
+
+def check_inputs(cfg: SFTRunConfig) -> None:
+    """Before anything is created: every role's dataset is read and each row checked against its schema (file:line:
+    field), and a named DeepSpeed config exists."""
+    load_role_rows(cfg.data)
+    if cfg.train.deepspeed:
+        resolve_deepspeed_config(cfg.train.deepspeed)
 
 
 def load_role_rows(cfg: SFTDataConfig) -> dict[str, list[SFTExample]]:

@@ -132,6 +132,23 @@ class Engine(abc.ABC):
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Generate for every request (one batched call); results are in request order."""
 
+    def generate_each(self, requests: list[GenerationRequest]) -> list[GenerationResult | Exception]:
+        """Like :meth:`generate`, but a request that fails yields its exception in its place instead of failing the
+        batch. Engines whose requests are independent (HTTP endpoints) override this so each request fails alone;
+        the default makes one batched call and, only if that raises, asks again one request at a time."""
+        try:
+            return list(self.generate(requests))
+        except Exception:
+            if len(requests) == 1:
+                raise
+        out: list[GenerationResult | Exception] = []
+        for request in requests:
+            try:
+                out.append(self.generate([request])[0])
+            except Exception as exc:  # recorded per request by the caller
+                out.append(exc)
+        return out
+
     def request_seed(self, sampling: SamplingParams) -> int:
         """The request's seed, or for an unseeded request the next seed of this engine's counter."""
         if sampling.seed is not None:

@@ -192,6 +192,10 @@ def build_engine(cfg: EngineConfig, policy: ScriptedPolicy | None = None) -> Eng
         return ScriptedEngine.from_config(cfg, policy)
     if policy is not None:
         raise ValueError(f"a policy object only applies to the scripted backend, not {cfg.backend!r}")
+    if cfg.backend in ("vllm", "hf") and cfg.model:
+        from data.checks import check_model_ref
+
+        check_model_ref(cfg.model, f"engine {cfg.engine_name}: model")  # a missing path is named, never sent to the hub
     if cfg.backend == "vllm":
         from rollout.engines.vllm_engine import VLLMEngine
 

@@ -254,6 +254,9 @@ class HFEngine(Engine):
         """Wrap the base model with the PEFT LoRA adapter in ``path`` (replacing any previous adapter)."""
         from peft import PeftModel
 
+        from data.checks import check_adapter_dir
+
+        check_adapter_dir(str(path), f"engine {self.name}: adapter")
         self.use_base(self.policy_version)
         self.model = PeftModel.from_pretrained(self._base, str(path)).eval()
         self.policy_version = version

@@ -259,6 +259,11 @@ class OpenAIEngine(Engine):
         """Run every sample of every request concurrently; blocks until done (at most ``deadline_s``)."""
         return self._run(self._generate(requests), timeout=self.deadline_s + 30.0)
 
+    def generate_each(self, requests: list[GenerationRequest]) -> list[GenerationResult | Exception]:
+        """:meth:`generate` where a request that runs out of retries (or fails for good) yields its
+        :class:`EngineError` in its place and every other request still gets its answer."""
+        return self._run(self._generate(requests, per_request=True), timeout=self.deadline_s + 30.0)
+
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """:meth:`generate` for callers already inside an event loop."""
         if self._closed:
@@ -295,7 +300,9 @@ class OpenAIEngine(Engine):
             raise EngineError(f"{self.name}: no answer within {timeout:.0f} s") from None
 
     # ------------------------------------------------------------------------------------------------------------
-    async def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    async def _generate(
+        self, requests: list[GenerationRequest], per_request: bool = False
+    ) -> list[GenerationResult | Exception]:
         deadline = time.monotonic() + self.deadline_s
         prompts: list[list[int]] = []
         for r, req in enumerate(requests):
@@ -316,17 +323,24 @@ class OpenAIEngine(Engine):
                     for i in range(req.sampling.n)
                 ]
             )
-        flat = [t for per_request in tasks for t in per_request]
+        flat = [t for samples in tasks for t in samples]
         try:
-            await asyncio.gather(*flat)
+            outcomes = await asyncio.gather(*flat, return_exceptions=per_request)
         except BaseException:
             for task in flat:
                 task.cancel()
             await asyncio.gather(*flat, return_exceptions=True)
             raise
-        results = []
-        for prompt_ids, per_request in zip(prompts, tasks, strict=True):
-            samples = [t.result() for t in per_request]
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # cancellation / interrupt: never a per-request failure
+        results: list[GenerationResult | Exception] = []
+        for prompt_ids, request_tasks in zip(prompts, tasks, strict=True):
+            failed = [t.exception() for t in request_tasks if t.exception() is not None]
+            if failed:  # only reached with per_request: otherwise gather raised the first failure
+                results.append(failed[0])
+                continue
+            samples = [t.result() for t in request_tasks]
             usage = Usage(
                 prompt_tokens=sum(s.prompt_tokens for s in samples),
                 completion_tokens=sum(s.completion_tokens for s in samples),

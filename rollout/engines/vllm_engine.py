@@ -272,9 +272,12 @@ class VLLMEngine(Engine):
         """Hot-load the LoRA adapter directory ``path`` as policy ``version``; the previous adapter is evicted."""
         from vllm.lora.request import LoRARequest
 
+        from data.checks import check_adapter_dir
+
         llm = self._running()
         if not self.enable_lora:
             raise EngineError(f"{self.name}: the engine was built without enable_lora, cannot load {path}")
+        check_adapter_dir(str(path), f"engine {self.name}: adapter")
         request = LoRARequest(f"{self.name}-v{version}-{self._next_lora_id}", self._next_lora_id, str(path))
         self._next_lora_id += 1
         try:

@@ -1,0 +1,161 @@
+"""SIGKILL at random moments of a 4-iteration OAT-GRPO run, each followed by ``--resume``: does every trial end with
+the uninterrupted run's weights and a ``metrics.jsonl`` holding each step once?
+
+The run is the tiny CPU recipe (configs/oat_grpo_tiny.yaml shrunk as in tests/test_oat_grpo.py, a checkpoint after
+every iteration). One uninterrupted run gives the reference weights and its timing. Trial 0 kills during the first
+checkpoint write (the moment its temporary folder appears); the others at a moment drawn uniformly from the reference
+run's active span (from its run directory appearing, after imports and checks, to its end). Each killed run is
+resumed to completion (a kill that lands after the run finished is re-drawn). Prints one line per trial, then
+``resumes_equal: N/M`` and one JSON line with what the kills hit.
+
+    .venv/bin/python benchmarks/resume_faults.py --trials 20 --work /tmp/resume-faults
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+ITERATIONS = 4
+
+
+def overrides(model: Path, out: Path, name: str) -> list[str]:
+    """The tiny recipe at seconds per iteration (the random-init tiny model; trees branch at cue writing too)."""
+    return [
+        f"policy.base={model}", f"engine.model={model}", f"run.output_dir={out}", f"run.name={name}",
+        "train_tasks.count=16", "train_tasks.sam.horizon_steps=6", "eval_tasks.count=2",
+        "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=4", "tree.branch_factor=2", "tree.max_leaves=4",
+        "tree.branch_roles=[consolidate, recall]", "memory.sampling.consolidate.temperature=1.0",
+        "memory.sampling.consolidate.max_tokens=16", "memory.sampling.recall.max_tokens=24",
+        f"loop.iterations={ITERATIONS}", "loop.eval_every=2", "loop.checkpoint_every=1", "loop.keep_checkpoints=2",
+    ]
+
+
+def command(model: Path, out: Path, name: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "launch.cli", "train", "oat-grpo", "--config",
+            str(ROOT / "configs" / "oat_grpo_tiny.yaml"), *overrides(model, out, name), *extra]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
+            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run(cmd: list[str], run_dir: Path | None = None) -> tuple[float, float]:
+    """Run to completion; returns (seconds until ``run_dir/config.yaml`` appeared, i.e. the run started after
+    imports and checks, or 0; total seconds)."""
+    start = time.perf_counter()
+    started = 0.0
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while run_dir is not None and proc.poll() is None and not started:
+        if (run_dir / "config.yaml").exists():
+            started = time.perf_counter() - start
+        time.sleep(0.01)
+    out, err = proc.communicate(timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run failed ({proc.returncode}):\n{out[-2000:]}\n{err[-3000:]}")
+    return started, time.perf_counter() - start
+
+
+def weights(run_dir: Path) -> dict[str, object]:
+    from safetensors.torch import load_file
+
+    final = sorted((run_dir / "policy").glob("v*"))[-1]
+    out: dict[str, object] = {}
+    for file in sorted(final.glob("*.safetensors")):
+        out.update(load_file(str(file)))
+    return out
+
+
+def same_weights(a: dict[str, object], b: dict[str, object]) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # type: ignore[arg-type]
+
+
+def steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def kill_at(cmd: list[str], run_dir: Path, moment: float | None) -> dict[str, object]:
+    """Start the run and SIGKILL it ``moment`` s after start (None: when the first checkpoint's temporary folder
+    appears); returns what the kill hit, or {"finished": True} when the run ended first."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    start = time.perf_counter()
+    first_tmp = run_dir / "checkpoints" / ".tmp-ckpt-000000"
+    try:
+        while proc.poll() is None:
+            elapsed = time.perf_counter() - start
+            if (moment is None and first_tmp.exists()) or (moment is not None and elapsed >= moment):
+                writing = sorted(p.name for p in (run_dir / "checkpoints").glob(".tmp-ckpt-*")) \
+                    if (run_dir / "checkpoints").is_dir() else []
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=60)
+                complete = sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*")
+                                  if (p / "COMPLETE").exists()) if (run_dir / "checkpoints").is_dir() else []
+                return {"killed_at_s": round(elapsed, 2), "checkpoint_being_written": writing,
+                        "complete_checkpoints": complete, "finished": False}
+            time.sleep(0.002)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return {"finished": True}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", default="/tmp/memrl-resume-faults")
+    args = parser.parse_args()
+
+    from rollout.models import TinyModelSpec, ensure_tiny_model
+
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    model = ensure_tiny_model(os.environ.get("MEMRL_MODEL_CACHE", ROOT / ".cache" / "models"), TinyModelSpec())
+    started, wall = run(command(model, work, "reference"), work / "reference")
+    reference = weights(work / "reference")
+    expected_steps = steps(work / "reference")
+    rng = random.Random(args.seed)
+    trials, equal = [], 0
+    for trial in range(args.trials):
+        name = f"trial-{trial:02d}"
+        run_dir = work / name
+        while True:
+            moment = None if trial == 0 else rng.uniform(started, wall)
+            hit = kill_at(command(model, work, name), run_dir, moment)
+            if not hit["finished"]:
+                break
+            shutil.rmtree(run_dir, ignore_errors=True)  # the run beat the kill: draw another moment
+        run(command(model, work, name, "--resume"))
+        got = steps(run_dir)
+        ok = same_weights(weights(run_dir), reference) and got == expected_steps
+        equal += ok
+        trials.append({"trial": trial, **hit, "steps": got, "equal": ok})
+        print(json.dumps(trials[-1]), flush=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    print(f"resumes_equal: {equal}/{args.trials}", flush=True)
+    print(json.dumps({
+        "benchmark": "resume_faults", "iterations": ITERATIONS, "uninterrupted_wall_s": round(wall, 1),
+        "run_started_at_s": round(started, 1),
+        "expected_steps": expected_steps, "resumes_equal": f"{equal}/{args.trials}",
+        "kills_during_checkpoint_write": sum(bool(t["checkpoint_being_written"]) for t in trials),
+        "kills_before_first_checkpoint": sum(not t["complete_checkpoints"] for t in trials),
+    }))
+
+
+if __name__ == "__main__":
+    main()

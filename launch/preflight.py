@@ -1,0 +1,128 @@
+"""Checks every command runs on its validated config before it creates anything.
+
+Pydantic has already checked types and the bounds the models declare. This walks the config and checks what lies
+outside it: the files and folders named in it (model checkpoints and tokenizers, LoRA adapters, episode files with
+each record against its schema, the run's output folder), counts that must be positive, and ``--resume`` targets.
+A command adds its own checks (``Job.checks``) for what only it knows. Everything raises
+:class:`~data.errors.UserError`, which the CLI turns into one message and exit code 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from data.checks import check_adapter_dir, check_existing_file, check_model_ref, check_output_dir, check_resume_target
+from data.config import RunConfig
+from data.errors import UserError
+
+__all__ = ["OUTPUT_KEYS", "POSITIVE_KEYS", "check_config"]
+
+# Counts and sizes that make no sense at zero (pydantic already rejects what a model bounds itself; these keys are
+# bounded here wherever they appear, including in sections that do not declare it).
+POSITIVE_KEYS = frozenset({
+    "iterations", "tasks_per_iteration", "branch_factor", "max_leaves", "flat_group_size", "batch_size",
+    "group_size", "max_tokens", "repeats", "keep_checkpoints", "reference_max_tokens", "judge_max_tokens",
+    "min_group_size", "max_steps", "distill_tasks", "eval_tasks_per_horizon", "rl_tasks",
+    "layers", "hidden", "head_dim", "vocab_size", "max_position",  # a tiny model's shape
+})
+# Folders a command writes into besides its run directory (checked writable without being created).
+OUTPUT_KEYS = frozenset({"out", "output", "model_cache", "cache_dir"})
+# Integers that may be negative (-1 means "off" for top_k; seeds are any integer).
+_SIGNED_KEYS = frozenset({"top_k"})
+
+
+def _is_signed(name: str) -> bool:
+    return name in _SIGNED_KEYS or "seed" in name
+
+
+def check_config(cfg: BaseModel) -> None:
+    """Run the generic checks on a command's whole config (see the module docstring)."""
+    run = getattr(cfg, "run", None)
+    if isinstance(run, RunConfig):
+        _check_run(run)
+    _walk(cfg, "")
+
+
+def _check_run(run: RunConfig) -> None:
+    check_output_dir(run.output_dir, "run.output_dir")
+    if run.resume:
+        check_resume_target(run.output_dir, run.name)
+    elif run.name is not None and (Path(run.output_dir) / run.name / "config.yaml").exists():
+        raise UserError(f"run directory {Path(run.output_dir) / run.name} already holds a run: pass --resume "
+                        "(run.resume=true) to continue it, or choose another run.name")
+
+
+def _walk(node: Any, prefix: str) -> None:
+    if isinstance(node, BaseModel):
+        _check_section(node, prefix)
+        for name in type(node).model_fields:
+            _walk(getattr(node, name), f"{prefix}.{name}" if prefix else name)
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            _walk(item, f"{prefix}.{i}")
+    elif isinstance(node, dict):
+        for key, item in node.items():
+            if isinstance(item, BaseModel):
+                _walk(item, f"{prefix}.{key}")
+
+
+def _key(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _check_section(section: BaseModel, prefix: str) -> None:
+    fields = type(section).model_fields
+    for name in fields:
+        value = getattr(section, name)
+        if isinstance(value, str) and name in OUTPUT_KEYS:
+            check_output_dir(value, _key(prefix, name))
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        for number in numbers:
+            if isinstance(number, bool) or not isinstance(number, int):
+                continue
+            if number < 0 and not _is_signed(name):
+                raise UserError(f"{_key(prefix, name)}={value}: must be >= 0")
+            if number < 1 and name in POSITIVE_KEYS:
+                raise UserError(f"{_key(prefix, name)}={value}: must be >= 1")
+    kind = type(section).__name__
+    if kind == "EngineConfig":
+        _check_engine(section, prefix)
+    elif kind == "PolicySpec":
+        check_model_ref(section.base, _key(prefix, "base"))
+        if section.adapter:
+            check_adapter_dir(section.adapter, _key(prefix, "adapter"))
+    elif "episodes" in fields and "count" in fields:
+        _check_task_set(section, prefix)
+    elif "adapter" in fields and isinstance(section.adapter, str):
+        check_adapter_dir(section.adapter, _key(prefix, "adapter"))
+    if "tokenizer" in fields and kind != "EngineConfig":
+        tok = section.tokenizer
+        if isinstance(tok, str) and tok != "tiny":
+            check_model_ref(tok, _key(prefix, "tokenizer"), needs="tokenizer_config.json")
+
+
+def _check_engine(engine: Any, prefix: str) -> None:
+    if engine.backend in ("vllm", "hf") and engine.model:
+        check_model_ref(engine.model, _key(prefix, "model"))
+    if engine.tokenizer and engine.tokenizer != engine.model:
+        check_model_ref(engine.tokenizer, _key(prefix, "tokenizer"), needs="tokenizer_config.json")
+
+
+def _check_task_set(tasks: Any, prefix: str) -> None:
+    """Episode files are read now (each record against its schema: file:line:field); a generated set must not be
+    empty."""
+    if tasks.episodes:
+        check_existing_file(tasks.episodes, _key(prefix, "episodes"), what="episodes file")
+        if hasattr(tasks, "load"):
+            loaded = tasks.load()
+        else:
+            from data.tasks import load_tasks
+
+            loaded = load_tasks(tasks, "check")
+        if not loaded:
+            raise UserError(f"{_key(prefix, 'episodes')}: {tasks.episodes} holds no usable episodes")
+    elif tasks.count < 1:
+        raise UserError(f"{_key(prefix, 'count')}={tasks.count}: a generated task set needs count >= 1")

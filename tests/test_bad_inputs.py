@@ -1,0 +1,361 @@
+"""The bad-input corpus: every command against every class of bad input (config values, data records, model and
+adapter paths, output folders, resume targets). Each case must exit 2 with one paragraph naming the file, key or path,
+print no traceback, and leave the file system as it was.
+
+The cases run the real CLI in-process (``launch.cli.main``) with the commands' runners replaced by a sentinel, so a
+case that got past the checks fails loudly instead of starting a run: the checks must come before anything is created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launch import cli
+from launch.cli import JOBS, main
+
+COMMANDS = [" ".join(j.path) for j in JOBS]
+
+
+class RunnerReached(RuntimeError):
+    """A bad input got past every check."""
+
+
+def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                path = Path(dirpath) / name
+                st = path.lstat()
+                out[str(path)] = (st.st_size, st.st_mtime_ns if path.is_file() else 0)
+    return out
+
+
+def _temp_logs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("memrl-*.log")}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# workspace: valid inputs and broken copies
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[str, Path]:
+    from data.config import load_config
+    from data.synth import SynthConfig, run_synth
+
+    root = tmp_path_factory.mktemp("bad-inputs")
+    files: dict[str, Path] = {"root": root, "tiny": tiny_model_dir}
+    for family, params in (("sam", "{horizon_steps: 12}"), ("proactive", "{n_subtasks: 10}")):
+        cfg = load_config(SynthConfig, None, [f"sources=[{{family: {family}, count: 8, params: {params}}}]",
+                                              "eval_fraction=0.25", "arrow=false", f"run.output_dir={root}",
+                                              f"run.name=synth-{family}"])
+        assert run_synth(cfg) == 0
+        files[family] = root / f"synth-{family}" / "train.jsonl"
+    good = files["sam"].read_text().splitlines()
+    assert len(good) >= 6
+
+    def write(name: str, text: str) -> Path:
+        path = root / "inputs" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    files["truncated"] = write("truncated.jsonl", "\n".join([*good[:5], good[5][:len(good[5]) // 2]]) + "\n")
+    files["not_json"] = write("not_json.jsonl", good[0] + "\nthis is not json\n")
+    bad_field = json.loads(good[1])
+    bad_field["episode_id"] = 17
+    files["bad_field"] = write("bad_field.jsonl", good[0] + "\n" + json.dumps(bad_field) + "\n")
+    files["not_object"] = write("not_object.jsonl", "[1, 2, 3]\n")
+    files["empty"] = write("empty.jsonl", "")
+    files["garbage"] = write("garbage.json", "{{{ nope")
+    files["sft_role"] = write("sft/recall.jsonl", json.dumps({"row_id": "r1", "role": "recall", "messages": [
+        {"role": "user", "content": "where is the key?"}, {"role": "assistant", "content": "drawer 5"}]}) + "\n")
+    files["sft_bad"] = write("sft_bad/recall.jsonl", files["sft_role"].read_text()
+                             + json.dumps({"row_id": "r2", "role": "recall", "messages": []}) + "\n")
+    files["sft_empty"] = write("sft_empty/recall.jsonl", "")
+    files["afile"] = write("afile.txt", "a file, not a folder\n")
+    files["yaml_error"] = write("broken.yaml", "run:\n  name: x\n  seed: [1, 2\nloop: {iterations: 1}\n")
+    files["yaml_list"] = write("list.yaml", "- 1\n- 2\n")
+    files["results"] = write("results.json", json.dumps({"success": 0.5}))
+    (root / "nomodel").mkdir()
+    (root / "inputs" / "nomodel.txt").write_text("x")
+    lora = root / "lora_no_weights"
+    lora.mkdir()
+    (lora / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
+    files["lora_no_weights"] = lora
+    (root / "lora_no_config").mkdir()
+    (root / "lora_no_config" / "adapter_model.safetensors").write_bytes(b"")
+    files["lora_no_config"] = root / "lora_no_config"
+    existing = root / "runs" / "taken"
+    existing.mkdir(parents=True)
+    (existing / "config.yaml").write_text("command: x\n")
+    files["runs"] = root / "runs"
+    export_out = root / "export-out"
+    export_out.mkdir()
+    (export_out / "model.safetensors").write_text("old")
+    files["export_out"] = export_out
+    return files
+
+
+def _base(command: str, ws: dict[str, Path]) -> list[str]:
+    """A valid config for each command (as overrides) that a case then breaks in one place."""
+    tiny, runs = ws["tiny"], ws["runs"]
+    engine = f"engine={{backend: hf, model: {tiny}}}"
+    return {
+        "quickstart": [f"run.output_dir={runs}", f"model_cache={ws['root']}/cache", "distill_tasks=4"],
+        "data synth": [f"run.output_dir={runs}", "sources=[{family: sam, count: 2}]"],
+        "data distill": [f"run.output_dir={runs}", "tasks.count=4", f"tokenizer={tiny}"],
+        "train oat-grpo": [f"run.output_dir={runs}", f"policy.base={tiny}", engine, "train_tasks.count=4",
+                           "eval_tasks.count=2", "tasks_per_iteration=2", "loop.iterations=1"],
+        "sft": [f"run.output_dir={runs}", f"model.base={tiny}", f"data.dir={ws['sft_role'].parent}",
+                "data.roles=[recall]", "train.max_steps=1"],
+        "train pivot-grpo": [f"run.output_dir={runs}", f"policy.base={tiny}", engine, "train_tasks.count=2",
+                             "eval_tasks.count=2", "loop.iterations=1"],
+        "eval": [f"run.output_dir={runs}", "datasets=[{name: d, kind: ama_synthetic}]"],
+        "export": [f"run.output_dir={runs}", f"policy.base={tiny}", "verify.vllm=false"],
+    }[command]
+
+
+def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
+    """(case id, argv, substrings the message must hold)."""
+    root, tiny = ws["root"], ws["tiny"]
+    missing = root / "no" / "such" / "model"
+    for command in COMMANDS:
+        job = next(j for j in JOBS if " ".join(j.path) == command)
+        argv = [*job.path]
+        base = _base(command, ws)
+        yield f"{command}/unknown-key", [*argv, *base, "run.nmae=x"], ["run.nmae", "run.name"]
+        yield f"{command}/wrong-type", [*argv, *base, "run.seed=abc"], ["run.seed"]
+        yield f"{command}/missing-config", [*argv, "--config", str(root / "nope.yaml")], ["nope.yaml"]
+        yield f"{command}/yaml-syntax", [*argv, "--config", str(ws["yaml_error"])], ["broken.yaml:"]
+        yield f"{command}/yaml-not-mapping", [*argv, "--config", str(ws["yaml_list"])], ["list.yaml", "mapping"]
+        yield f"{command}/config-is-folder", [*argv, "--config", str(root)], [str(root)]
+        yield f"{command}/output-under-file", [*argv, *base, f"run.output_dir={ws['afile']}/runs"], ["afile.txt"]
+        yield f"{command}/output-is-file", [*argv, *base, f"run.output_dir={ws['afile']}"], ["afile.txt"]
+        yield f"{command}/run-exists", [*argv, *base, "run.name=taken"], ["taken", "--resume"]
+        if job.resumable:
+            yield f"{command}/resume-missing", [*argv, *base, "run.name=takne", "--resume"], ["takne", "taken"]
+            yield f"{command}/resume-unnamed", [*argv, *base, "--resume"], ["run.name", "taken"]
+    yield "config show/yaml-syntax", ["config", "show", "--config", str(ws["yaml_error"])], ["broken.yaml:4"]
+    yield "config show/missing", ["config", "show", "--config", str(root / "nope.yaml")], ["nope.yaml"]
+    yield "model tiny/out-under-file", ["model", "tiny", "--out", f"{ws['afile']}/m"], ["--out", "afile.txt"]
+    yield "model tiny/zero-layers", ["model", "tiny", "--out", f"{root}/m", "--layers", "0"], ["layers"]
+
+    # counts and sizes without their lower bound
+    bounds = {
+        "quickstart": ["distill_tasks=0", "rl_tasks=-1", "tasks_per_iteration=0", "loop.iterations=0",
+                       "tree.branch_factor=0", "eval_tasks_per_horizon=0", "sft.max_steps=0", "tree.max_leaves=0"],
+        "data synth": ["sources=[{family: sam, count: -1}]", "eval_fraction=-0.1", "histogram_bins=[-5]"],
+        "data distill": ["tasks.count=-1", "tasks.count=0", "batch_size=0", "batch_size=-3",
+                         "reasoner_recall_budget=-1"],
+        "train oat-grpo": ["tasks_per_iteration=-1", "tasks_per_iteration=0", "tree.branch_factor=0",
+                           "tree.flat_group_size=0", "tree.max_leaves=0", "loop.iterations=0", "loop.iterations=-2",
+                           "train_tasks.count=0", "eval_tasks.count=-1", "committee.settings.judge_max_tokens=0",
+                           "loop.keep_checkpoints=0", "eval_samples=-1"],
+        "sft": ["train.max_steps=0", "train.batch_size=0", "data.max_eval_rows=0", "train.save_steps=-1"],
+        "train pivot-grpo": ["loop.iterations=0", "train_tasks.count=0", "groups.group_size=0", "pivots.every=0"],
+        "eval": ["datasets=[{name: d, kind: ama_synthetic, episodes_per_setting: 0}]", "episodes_per_batch=0",
+                 "judge_max_tokens=-1"],
+        "export": ["verify.max_new_tokens=0"],
+    }
+    for command, overrides in bounds.items():
+        for override in overrides:
+            key = override.split("=", 1)[0].split("[")[0]
+            yield f"{command}/bound:{override}", [*command.split(), *_base(command, ws), override], [key]
+
+    # data files
+    for name, tasks_key in (("train oat-grpo", "train_tasks"), ("data distill", "tasks"),
+                            ("train pivot-grpo", "train_tasks")):
+        base = _base(name, ws)
+        yield f"{name}/episodes-missing", [*name.split(), *base, f"{tasks_key}.episodes={root}/no.jsonl"], ["no.jsonl"]
+        yield f"{name}/episodes-truncated", [*name.split(), *base, f"{tasks_key}.episodes={ws['truncated']}"], [
+            "truncated.jsonl:6"]
+        yield f"{name}/episodes-not-json", [*name.split(), *base, f"{tasks_key}.episodes={ws['not_json']}"], [
+            "not_json.jsonl:2"]
+        yield f"{name}/episodes-not-object", [*name.split(), *base, f"{tasks_key}.episodes={ws['not_object']}"], [
+            "not_object.jsonl:1"]
+        yield f"{name}/episodes-empty", [*name.split(), *base, f"{tasks_key}.episodes={ws['empty']}"], ["empty.jsonl"]
+        yield f"{name}/episodes-folder", [*name.split(), *base, f"{tasks_key}.episodes={root}"], [str(root)]
+    yield "train oat-grpo/episodes-bad-field", ["train", "oat-grpo", *_base("train oat-grpo", ws),
+                                               f"train_tasks.episodes={ws['bad_field']}"], ["bad_field.jsonl:2",
+                                                                                           "episode_id"]
+    yield "train oat-grpo/episodes-wrong-family", ["train", "oat-grpo", *_base("train oat-grpo", ws),
+                                                  f"train_tasks.episodes={ws['proactive']}"], ["no sam episodes"]
+    yield "train oat-grpo/eval-episodes-truncated", ["train", "oat-grpo", *_base("train oat-grpo", ws),
+                                                    f"eval_tasks.episodes={ws['truncated']}"], ["truncated.jsonl:6"]
+    sft = ["sft", *_base("sft", ws)]
+    yield "sft/data-dir-missing", [*sft, f"data.dir={root}/nodata"], ["nodata"]
+    yield "sft/role-missing", [*sft, "data.roles=[consolidate]"], ["consolidate"]
+    yield "sft/row-bad", [*sft, f"data.dir={ws['sft_bad'].parent}"], ["recall.jsonl:2", "messages"]
+    yield "sft/role-empty", [*sft, f"data.dir={ws['sft_empty'].parent}"], ["recall.jsonl"]
+    yield "sft/role-file-missing", [*sft, f"data.files={{recall: {root}/none.jsonl}}"], ["none.jsonl"]
+    yield "sft/deepspeed-missing", [*sft, "train.deepspeed=zero9"], ["zero9"]
+    ev = ["eval", *_base("eval", ws)]
+    for kind in ("generic", "locomo", "amabench"):
+        yield f"eval/{kind}-missing", [*ev, f"datasets=[{{name: d, kind: {kind}, path: {root}/none.json}}]"], [
+            "none.json"]
+        yield f"eval/{kind}-empty", [*ev, f"datasets=[{{name: d, kind: {kind}, path: {ws['empty']}}}]"], [
+            "empty.jsonl"]
+        yield f"eval/{kind}-folder", [*ev, f"datasets=[{{name: d, kind: {kind}, path: {root}}}]"], [str(root)]
+    for key in ("datasets", "systems", "models"):
+        yield f"eval/{key}-empty-list", [*ev, f"{key}=[]"], [key, "empty"]
+    yield "eval/generic-no-path", [*ev, "datasets=[{name: d, kind: generic}]"], ["datasets.0", "path"]
+    yield "eval/generic-garbage", [*ev, f"datasets=[{{name: d, kind: generic, path: {ws['garbage']}}}]"], [
+        "garbage.json"]
+    yield "eval/sam-episodes-truncated", [*ev, f"datasets=[{{name: d, kind: sam, tasks: {{episodes: "
+                                               f"{ws['truncated']}}}}}]"], ["truncated.jsonl:6"]
+    yield "eval/model-cache-under-file", [*ev, f"model_cache={ws['afile']}/models"], ["model_cache"]
+    yield "eval/adapter-missing", [*ev, f"models=[{{name: m, engine: {{backend: hf, model: {tiny}}}, adapter: "
+                                        f"{missing}}}]"], ["models.0.adapter", str(missing)]
+
+    # model and adapter paths
+    model_keys = {
+        "train oat-grpo": ["policy.base", "engine.model", "reasoner.tokenizer"],
+        "train pivot-grpo": ["policy.base", "engine.model", "reasoner.tokenizer"],
+        "sft": ["model.base"],
+        "export": ["policy.base", "reference_base"],
+        "data distill": ["tokenizer"],
+        "eval": ["reasoner.tokenizer"],
+    }
+    engines = {"reasoner.tokenizer": "reasoner={backend: scripted, scripted_policy: data.tasks.sam:SamReasoner, "
+                                     "tokenizer: VALUE}"}
+    for command, keys in model_keys.items():
+        for key in keys:
+            for label, value, expect in (("missing", str(missing), str(missing)), ("file", ws["afile"], "a file"),
+                                         ("no-config", root / "nomodel", "nomodel"),
+                                         ("hub-offline", "nosuchorg/nosuchmodel", "HF_HUB_OFFLINE")):
+                override = engines[key].replace("VALUE", str(value)) if key in engines else f"{key}={value}"
+                yield (f"{command}/{key}-{label}", [*command.split(), *_base(command, ws), override],
+                       [key.split(".")[-1], expect])
+    for command, key in (("train oat-grpo", "policy.adapter"), ("train pivot-grpo", "policy.adapter"),
+                         ("sft", "model.adapter"), ("export", "policy.adapter")):
+        for label, value, expect in (("missing", missing, str(missing)), ("no-weights", ws["lora_no_weights"],
+                                                                           "adapter_model.safetensors"),
+                                     ("no-config", ws["lora_no_config"], "adapter_config.json"),
+                                     ("file", ws["afile"], "a file")):
+            yield f"{command}/{key}-{label}", [*command.split(), *_base(command, ws), f"{key}={value}"], [key, expect]
+
+    # export inputs
+    ex = ["export", *_base("export", ws)]
+    yield "export/results-missing", [*ex, f"results={root}/none.json"], ["results", "none.json"]
+    yield "export/results-not-json", [*ex, f"results={ws['garbage']}"], ["results", "garbage.json"]
+    yield "export/recipe-missing", [*ex, f"recipe={root}/none.yaml"], ["recipe", "none.yaml"]
+    yield "export/recipe-not-yaml", [*ex, f"recipe={ws['yaml_error']}"], ["recipe", "broken.yaml"]
+    yield "export/output-not-empty", [*ex, f"output={ws['export_out']}"], ["output", "export-out"]
+    yield "export/export-dir-under-file", [*ex, f"output={ws['afile']}/model"], ["output", "afile.txt"]
+    yield "quickstart/model-cache-under-file", ["quickstart", *_base("quickstart", ws),
+                                                f"model_cache={ws['afile']}/m"], ["model_cache"]
+    yield "data distill/out-under-file", ["data", "distill", *_base("data distill", ws), f"out={ws['afile']}/x"], [
+        "out", "afile.txt"]
+
+
+def _all_cases(ws: dict[str, Path]) -> list[tuple[str, list[str], list[str]]]:
+    cases = list(_cases(ws))
+    ids = [c[0] for c in cases]
+    assert len(ids) == len(set(ids)), "duplicate case ids"
+    return cases
+
+
+def test_bad_input_corpus(ws: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Every case: exit 2, one paragraph naming the file/key/path, no traceback, nothing written anywhere."""
+    real_load = cli.Job.load
+
+    def guarded(self: cli.Job, attr: str):
+        if attr == "runner":
+            def reached(cfg):
+                raise RunnerReached("the bad input got past every check")
+            return reached
+        return real_load(self, attr)
+
+    monkeypatch.setattr(cli.Job, "load", guarded)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(ws["root"])
+    cases = _all_cases(ws)
+    commands = {c[0].split("/")[0] for c in cases}
+    assert len(cases) >= 100 and set(COMMANDS) <= commands, (len(cases), sorted(set(COMMANDS) - commands))
+    before, logs = _snapshot(ws["root"]), _temp_logs()
+    failures = []
+    for case_id, argv, expected in cases:
+        code = main(argv)
+        out = capsys.readouterr()
+        message = out.err.strip()
+        problems = []
+        if code != 2:
+            problems.append(f"exit {code}")
+        if "Traceback" in out.err or "Traceback" in out.out:
+            problems.append("traceback")
+        if not message.startswith("memrl:") or "\n\n" in message:
+            problems.append("not one paragraph starting with 'memrl:'")
+        problems += [f"message lacks {e!r}" for e in expected if e not in message]
+        after = _snapshot(ws["root"])
+        if after != before:
+            changed = sorted(set(after.items()) ^ set(before.items()))[:3]
+            problems.append(f"file system changed: {changed}")
+            shutil.rmtree(ws["runs"] / "none", ignore_errors=True)
+            before = after
+        if problems:
+            failures.append(f"{case_id}: {'; '.join(problems)}\n    {message[:400]}")
+    assert not failures, f"{len(failures)} of {len(cases)} cases failed:\n" + "\n".join(failures)
+    assert _temp_logs() <= logs, "a temporary log file was left behind"
+
+
+def test_failed_start_removes_the_run_folder(ws: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A runner that fails on bad input after creating its run folder (and parents) leaves nothing behind, and the
+    corrected command then starts (no "already holds a run")."""
+    from data.config import prepare_run_dir
+    from data.errors import UserError
+
+    real_load = cli.Job.load
+    calls = []
+
+    def fake(self: cli.Job, attr: str):
+        if attr != "runner":
+            return real_load(self, attr)
+
+        def runner(cfg):
+            run_dir = prepare_run_dir(cfg, cfg.run, "synth")
+            calls.append(run_dir)
+            if len(calls) == 1:
+                raise UserError(f"{run_dir}: a problem found late")
+            return 0
+        return runner
+
+    monkeypatch.setattr(cli.Job, "load", fake)
+    out_dir = tmp_path / "new" / "runs"
+    argv = ["data", "synth", f"run.output_dir={out_dir}", "run.name=late"]
+    assert main(argv) == 2
+    assert "a problem found late" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    assert main(argv) == 0 and (out_dir / "late" / "config.yaml").is_file() and (out_dir / "late" / "run.log").is_file()
+
+
+def test_bug_gets_traceback_file_and_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    real_load = cli.Job.load
+
+    def fake(self: cli.Job, attr: str):
+        if attr != "runner":
+            return real_load(self, attr)
+
+        def runner(cfg):
+            from data.config import prepare_run_dir
+
+            prepare_run_dir(cfg, cfg.run, "synth")
+            return {}["missing"]
+        return runner
+
+    monkeypatch.setattr(cli.Job, "load", fake)
+    assert main(["data", "synth", f"run.output_dir={tmp_path}", "run.name=bug"]) == 1
+    err = capsys.readouterr().err
+    log = tmp_path / "bug" / "run.log"
+    assert "a bug" in err and str(log) in err and "KeyError" in log.read_text()

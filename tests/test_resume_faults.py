@@ -1,0 +1,38 @@
+"""SIGKILL an OAT-GRPO run during its first checkpoint write and at a random later moment; each ``--resume`` ends
+with the uninterrupted run's weights and a metrics.jsonl holding every step once (benchmarks/resume_faults.py runs
+the same check over 20 kills)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("resume_faults", ROOT / "benchmarks" / "resume_faults.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_the_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    bench = _benchmark()
+    started, wall = bench.run(bench.command(tiny_model_dir, tmp_path, "reference"), tmp_path / "reference")
+    reference = bench.weights(tmp_path / "reference")
+    expected = bench.steps(tmp_path / "reference")
+    assert expected == [-1, 0, 1, 2, 3]
+    for trial, moment in enumerate((None, random.Random(1).uniform(started, wall))):
+        name = f"killed-{trial}"
+        hit = bench.kill_at(bench.command(tiny_model_dir, tmp_path, name), tmp_path / name, moment)
+        if hit["finished"]:
+            continue  # the run beat the kill on a slow machine: nothing to resume
+        bench.run(bench.command(tiny_model_dir, tmp_path, name, "--resume"))
+        assert bench.steps(tmp_path / name) == expected, hit
+        assert bench.same_weights(bench.weights(tmp_path / name), reference), hit
+        assert not list((tmp_path / name / "checkpoints").glob(".tmp-ckpt-*"))
