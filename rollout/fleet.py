@@ -264,6 +264,9 @@ class RolloutFleet:
                     ray.get(handle.version.remote(), timeout=max(deadline - time.monotonic(), 0.1))
                     if self._last_sync is not None:
                         ray.get(handle.sync.remote(*self._last_sync), timeout=self.cfg.restart_timeout_s)
+                    # a restarted worker's speed is unknown again: assume the fleet's mean so it gets its share
+                    others = [self.speed[v] for v in range(len(self.handles)) if v != w and v not in self.gone]
+                    self.speed[w] = sum(others) / len(others) if others else 1.0
                     break
                 except ray.exceptions.ActorUnavailableError:  # restarting: its engine is still starting
                     if time.monotonic() < deadline:

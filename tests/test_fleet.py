@@ -199,13 +199,12 @@ def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[An
         assert len(result.trees) == len(tasks) and len({t.task_id for t in result.trees}) == len(tasks)
         assert set(result.worker_of.values()) == {1}
         assert fleet.size == 2 and fleet.versions() == [3, 3]  # restarted, the last sync replayed
-        # restarts exhausted: the fleet shrinks
+        # restarts exhausted: the worker dies again (before the job reaches it, so it surely has a shard) and the
+        # fleet shrinks
         victim = ray.get(fleet.handles[0].call.remote(lambda engine, reasoner: os.getpid()))
-        pending = fleet.submit(1, tasks, 7, make)
-        time.sleep(1.0)
         os.kill(victim, signal.SIGKILL)
         with pytest.warns(UserWarning, match="fleet shrinks to 1"):
-            result = pending.result()
+            result = fleet.submit(1, tasks, 7, make).result()
         assert dumped(result.groups) != [] and fleet.size == 1 and len(result.trees) == len(tasks)
     finally:
         fleet.close()
