@@ -20,6 +20,7 @@ killed) counts in ``ooms``.
 
     python benchmarks/trainer_scaling.py                         # 1K, 4K, 8K, 16K
     python benchmarks/trainer_scaling.py --contexts 1024 --repeats 1
+    python benchmarks/trainer_scaling.py --rows 2 --summarize run.log   # summary of an interrupted run's lines
 
 The last line is one JSON object: per case both measurements, ``max_peak_ratio`` (memrl / reference step peak, worst
 context; target <= 1.2), ``max_time_ratio`` (target <= 1.1), ``ooms`` (target 0) and ``logprob_max_abs_diff`` (memrl's
@@ -236,6 +237,56 @@ def logprob_difference(model_dir: Path, context: int, response: int, rows: int) 
     return worst
 
 
+def summarize(
+    runs: dict[tuple[int, str], list[dict[str, Any]]],
+    ooms: list[dict[str, Any]],
+    diff: float | None,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Medians per case and the summary keys of the module docstring."""
+    cases = []
+    for context in args.contexts:
+        row: dict[str, Any] = {"context": context, "rows": args.rows, "response": args.response}
+        for case in ("memrl", "reference"):
+            got = runs.get((context, case), [])
+            for key in ("step_peak_gib", "process_peak_gib", "seconds_per_step"):
+                row[f"{case}_{key}"] = statistics.median(r[key] for r in got) if got else None
+        if row["memrl_step_peak_gib"] is not None and row["reference_step_peak_gib"] is not None:
+            row["peak_ratio"] = row["memrl_step_peak_gib"] / row["reference_step_peak_gib"]
+            row["process_peak_ratio"] = row["memrl_process_peak_gib"] / row["reference_process_peak_gib"]
+            row["time_ratio"] = row["memrl_seconds_per_step"] / row["reference_seconds_per_step"]
+        cases.append(row)
+    complete = [c for c in cases if "peak_ratio" in c]
+    return {
+        "vocab": VOCAB,
+        "cases": cases,
+        "logprob_max_abs_diff": diff,
+        "repeats": max((len(r) for r in runs.values()), default=0),
+        "max_peak_ratio": max((c["peak_ratio"] for c in complete), default=None),
+        "max_process_peak_ratio": max((c["process_peak_ratio"] for c in complete), default=None),
+        "max_time_ratio": max((c["time_ratio"] for c in complete), default=None),
+        "ooms": len(ooms),
+    }
+
+
+def summarize_log(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The summary of the per-case lines an interrupted run printed (``--summarize LOG``)."""
+    runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    ooms, diff = [], None
+    for line in Path(path).read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        if "error" in record:
+            ooms.append(record)
+        elif "case" in record:
+            runs.setdefault((record["context"], record["case"]), []).append(record)
+        elif "logprob_max_abs_diff" in record and "cases" not in record:
+            diff = record["logprob_max_abs_diff"]
+    args.contexts = sorted({c for c, _ in runs} | {o["context"] for o in ooms})
+    return summarize(runs, ooms, diff, args)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
@@ -247,7 +298,13 @@ def main() -> None:
     parser.add_argument("--case", choices=["memrl", "reference"], help=argparse.SUPPRESS)
     parser.add_argument("--context", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--summarize", metavar="LOG", help="only summarise the per-case lines of an earlier run's output"
+    )
     args = parser.parse_args()
+    if args.summarize:
+        print(json.dumps(summarize_log(args.summarize, args)))
+        return
     if args.case:
         run_case(args)
         return
@@ -297,29 +354,7 @@ def main() -> None:
                     result = json.loads(proc.stdout.strip().splitlines()[-1])
                     runs.setdefault((context, case), []).append(result)
                     print(json.dumps({**result, "repeat": rep}), flush=True)
-    cases = []
-    for context in args.contexts:
-        row: dict[str, Any] = {"context": context, "rows": args.rows, "response": args.response}
-        for case in ("memrl", "reference"):
-            got = runs.get((context, case), [])
-            for key in ("step_peak_gib", "process_peak_gib", "seconds_per_step"):
-                row[f"{case}_{key}"] = statistics.median(r[key] for r in got) if got else None
-        if row["memrl_step_peak_gib"] is not None and row["reference_step_peak_gib"] is not None:
-            row["peak_ratio"] = row["memrl_step_peak_gib"] / row["reference_step_peak_gib"]
-            row["process_peak_ratio"] = row["memrl_process_peak_gib"] / row["reference_process_peak_gib"]
-            row["time_ratio"] = row["memrl_seconds_per_step"] / row["reference_seconds_per_step"]
-        cases.append(row)
-    complete = [c for c in cases if "peak_ratio" in c]
-    summary = {
-        "vocab": VOCAB,
-        "cases": cases,
-        "logprob_max_abs_diff": diff,
-        "max_peak_ratio": max((c["peak_ratio"] for c in complete), default=None),
-        "max_process_peak_ratio": max((c["process_peak_ratio"] for c in complete), default=None),
-        "max_time_ratio": max((c["time_ratio"] for c in complete), default=None),
-        "ooms": len(ooms),
-    }
-    print(json.dumps(summary))
+    print(json.dumps(summarize(runs, ooms, diff, args)))
 
 
 if __name__ == "__main__":
