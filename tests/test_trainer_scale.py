@@ -204,9 +204,14 @@ def test_kl_reference_of_a_lora_run_from_an_sft_adapter(tiny_model_dir: Path, tm
     adapter = sft_adapter(tiny_model_dir, tmp_path / "sft")
     spec = PolicySpec(base=str(tiny_model_dir), adapter=str(adapter))
     kl = {}
-    for reference in ("initial", "base"):
+    for reference in ("initial", "initial-adapter", "base"):
         cfg = GroupTrainerConfig(lr=1e-3, kl_coef=0.1, kl_reference=reference, lora=LoraSettings(r=4))
         trainer = GroupTrainer(spec, cfg)
         kl[reference] = trainer.step(groups_for(trainer.tokenizer, "the red key is in drawer 5", "no"))["kl_ref"]
+        if reference == "initial-adapter":  # the frozen second adapter stays out of the synced policy
+            saved = Path(trainer.save_policy(str(tmp_path / "policy")))
+            assert (saved / "adapter_model.safetensors").is_file() and not (saved / "reference").exists()
+            assert not any(p.requires_grad for n, p in trainer.model.named_parameters() if ".reference." in n)
     assert abs(kl["initial"]) < 1e-6  # RL starts at the SFT model: no KL at the first step
+    assert abs(kl["initial-adapter"]) < 1e-6
     assert kl["base"] > 1e-4  # the base without the SFT adapter is another model

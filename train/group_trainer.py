@@ -60,9 +60,10 @@ class GroupTrainerConfig(ConfigModel):
     clip_high: float = 0.2  # eps_high: ratio clipped above at 1 + clip_high
     aggregation: Aggregation = "token-mean"  # loss mean over all response tokens, or per sequence first
     kl_coef: float = 0.0  # beta: weight of the k3 KL to the reference model; 0: off
-    # the KL reference: "initial" is the model RL starts from (policy.adapter merged into a frozen copy when a LoRA
-    # run starts from an SFT adapter; the adapter switched off for a fresh LoRA); "base" is policy.base itself
-    kl_reference: Literal["initial", "base"] = "initial"
+    # the KL reference: "initial" is the model RL starts from (a LoRA run from an SFT adapter: a frozen copy with
+    # policy.adapter merged; a fresh LoRA: its adapter switched off); "initial-adapter" the same model as a frozen
+    # second adapter beside the trained one (no second copy of the base); "base" is policy.base itself
+    kl_reference: Literal["initial", "initial-adapter", "base"] = "initial"
     tis_cap: float | None = None  # cap of the truncated importance weight pi_old/pi_rollout; None: off
     skip_zero_advantage: bool = True  # drop groups whose advantages are all zero
     bf16: bool = False  # autocast forward passes (several times faster on recent CPUs and on GPUs)
@@ -219,8 +220,12 @@ class GroupTrainer:
         # The reference is a frozen copy unless switching the adapter off gives it exactly: full weights, or a LoRA
         # run starting from an SFT adapter whose reference is the SFT model ("initial").
         self._frozen_reference = None
+        self._reference_adapter: str | None = None
         from_adapter = self.is_peft and policy.adapter is not None and cfg.kl_reference == "initial"
-        if cfg.kl_coef and (not self.is_peft or from_adapter):
+        if cfg.kl_coef and self.is_peft and policy.adapter is not None and cfg.kl_reference == "initial-adapter":
+            self._reference_adapter = "reference"
+            model.load_adapter(policy.adapter, adapter_name=self._reference_adapter, is_trainable=False)
+        elif cfg.kl_coef and (not self.is_peft or from_adapter):
             reference, _ = load_policy(
                 policy if from_adapter else policy.model_copy(update={"adapter": None}),
                 LoraSettings(enabled=False),
@@ -295,7 +300,9 @@ class GroupTrainer:
             ids = micro or [shortest]  # an empty micro-batch still runs a forward: ZeRO-3 gathers in every one
             batch = pack_rows([(rows[i].prompt_ids, rows[i].response_ids) for i in ids], self.device)
             with self.accelerator.autocast():
-                if reference and self._frozen_reference is None:
+                if reference and self._reference_adapter is not None:
+                    hidden = packed_hidden_states(model, head, batch, adapter_names=[self._reference_adapter])
+                elif reference and self._frozen_reference is None:
                     with self.accelerator.unwrap_model(model).disable_adapter():
                         hidden = packed_hidden_states(model, head, batch)
                 else:

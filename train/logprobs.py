@@ -106,16 +106,17 @@ def _capture_head_input(head: torch.nn.Module, store: dict[str, torch.Tensor]) -
         handle.remove()
 
 
-def packed_hidden_states(model: Any, head: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+def packed_hidden_states(model: Any, head: torch.nn.Module, batch: PackedBatch, **forward_kwargs: Any) -> torch.Tensor:
     """[response tokens, hidden]: the final hidden states at ``batch.positions``.
 
     ``model`` is called as prepared (DDP / DeepSpeed wrappers run their hooks); ``head`` is its output-embedding module.
     No attention mask is passed, so the model reads the row boundaries from the position ids (flash-attention varlen on
-    GPU, a block-diagonal causal mask in SDPA / eager attention).
+    GPU, a block-diagonal causal mask in SDPA / eager attention). ``forward_kwargs`` go to the model (PEFT's
+    ``adapter_names``).
     """
     store: dict[str, torch.Tensor] = {}
     with _capture_head_input(head, store):
-        model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
+        model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **forward_kwargs)
     return store["hidden"][0].index_select(0, batch.positions)
 
 
