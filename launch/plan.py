@@ -168,12 +168,14 @@ def trainer_memory(
     gpus_per_node: int,
     dtype: str,
     default_tokens: int,
+    has_adapter: bool = False,
     gpu: bool = True,
 ) -> TrainerEstimate:
     """Per-rank trainer memory of ``trainer`` (a :class:`train.group_trainer.GroupTrainerConfig`) on ``shape``.
 
     ``dtype`` is the policy's weight dtype; ``default_tokens`` the micro-batch tokens when the trainer has no token
-    budget (one row of the engine's ``max_model_len``). ``gpu=False`` sizes the CPU run (no DeepSpeed estimators, the
+    budget (one row of the engine's ``max_model_len``); ``has_adapter`` whether RL starts from an SFT adapter (what
+    the KL reference costs depends on it). ``gpu=False`` sizes the CPU run (no DeepSpeed estimators, the
     fp32 eager path).
     """
     world = nodes * gpus_per_node
@@ -206,6 +208,11 @@ def trainer_memory(
         parameters = trainable * trainable_bytes + frozen * weight_bytes
         rest = 3 * trainable * trainable_bytes
         source = "DDP: weights + gradients + AdamW moments"
+    if trainer.kl_coef:  # the KL reference: a frozen full copy on every rank, or a second (frozen) adapter
+        if not lora or (has_adapter and trainer.kl_reference == "initial"):
+            parameters += shape.params * weight_bytes
+        elif has_adapter and trainer.kl_reference == "initial-adapter":
+            parameters += trainable * 4
     tokens = trainer.max_tokens_per_micro_batch or default_tokens
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     # What autograd keeps per token and layer with a fused (flash / SDPA) attention: norm inputs and outputs, q/k/v
@@ -355,7 +362,7 @@ def plan_recipe(
     max_model_len = (engine_cfg.max_model_len if engine_cfg is not None else None) or 32768
     gpu_bytes, reserve = int(gpu_gib * GIB), int(reserve_gib * GIB)
     trainer = trainer_memory(shape, cfg.trainer, nodes=nodes, gpus_per_node=gpus_per_node, dtype=cfg.policy.dtype,
-                             default_tokens=max_model_len)
+                             default_tokens=max_model_len, has_adapter=cfg.policy.adapter is not None)
     placement = cfg.placement.policy
     engine = None
     if engine_cfg is None or engine_cfg.backend == "vllm":

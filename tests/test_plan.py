@@ -66,3 +66,13 @@ def test_trainer_estimate_within_25_percent_of_a_measured_cpu_run(tiny_model_dir
     measured = measure_trainer_peak(model, cfg, context=context, response=response, rows=rows)
     print(f"estimate {estimate.total / GIB:.3f} GiB, measured {measured / GIB:.3f} GiB")
     assert abs(estimate.total - measured) <= 0.25 * measured
+
+
+def test_the_kl_reference_copy_is_counted() -> None:
+    shape = ModelShape(hidden=64, layers=2, vocab=1000, heads=1, kv_heads=1, head_dim=64, intermediate=192)
+
+    def parameters(**trainer: object) -> int:
+        cfg = GroupTrainerConfig(lora=LoraSettings(enabled=False), **trainer)
+        return trainer_memory(shape, cfg, nodes=1, gpus_per_node=1, dtype="bfloat16", default_tokens=128).parameters
+
+    assert parameters(kl_coef=0.1) - parameters() == shape.params * 2
