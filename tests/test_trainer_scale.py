@@ -179,6 +179,9 @@ def test_token_budget_update_equals_one_micro_batch(tiny_model_dir: Path) -> Non
     assert budget["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
     assert budget["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
     assert budget["entropy"] == pytest.approx(one["entropy"], rel=1e-5)
+    checkpointed = one_step(max_tokens_per_micro_batch=30, gradient_checkpointing=True)
+    assert checkpointed["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
+    assert checkpointed["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
 
 
 def sft_adapter(base: Path, out: Path) -> Path:
@@ -215,3 +218,25 @@ def test_kl_reference_of_a_lora_run_from_an_sft_adapter(tiny_model_dir: Path, tm
     assert abs(kl["initial"]) < 1e-6  # RL starts at the SFT model: no KL at the first step
     assert abs(kl["initial-adapter"]) < 1e-6
     assert kl["base"] > 1e-4  # the base without the SFT adapter is another model
+
+
+def test_fused_head_under_bf16_autocast_matches_the_checkpointed_path() -> None:
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 500, bias=False)
+    hidden = torch.randn(20, 32, requires_grad=True)
+    targets = torch.randint(0, 500, (20,))
+    weights = torch.rand(20)
+
+    def run(fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        head.zero_grad()
+        hidden.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _, _ = token_loss_and_logprobs(
+                hidden, head, targets, lambda lp, sl: -lp.exp() * weights[sl], chunk_tokens=6, fused=fused
+            )
+        loss.backward()
+        return loss.detach(), hidden.grad.clone(), head.weight.grad.clone()
+
+    fused, plain = run(True), run(False)
+    for a, b in zip(fused, plain, strict=True):
+        assert torch.isfinite(a).all() and torch.allclose(a.float(), b.float(), rtol=2e-2, atol=1e-3)
