@@ -217,8 +217,9 @@ class GroupTrainer:
         self.is_peft = hasattr(model, "disable_adapter")
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        # The reference is a frozen copy unless switching the adapter off gives it exactly: full weights, or a LoRA
-        # run starting from an SFT adapter whose reference is the SFT model ("initial").
+        # pi_ref (kl_reference): a LoRA policy's own adapter switched off when that gives it exactly (a fresh LoRA, or
+        # "base"); the SFT adapter as a frozen second adapter ("initial-adapter"); otherwise a frozen copy (full
+        # weights, or the SFT adapter merged into the base for "initial").
         self._frozen_reference = None
         self._reference_adapter: str | None = None
         from_adapter = self.is_peft and policy.adapter is not None and cfg.kl_reference == "initial"
@@ -244,7 +245,6 @@ class GroupTrainer:
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self.accelerator.register_for_checkpointing(self.scheduler)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.version = 0
         self.updates = 0
         self.scored_rows = 0  # rows this process scored in the last step (pi_old; pi_ref scores the same rows)
