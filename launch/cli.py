@@ -276,6 +276,19 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         tiny.add_argument(f"--{name}", type=kind, dest=name.replace("-", "_"))
     tiny.set_defaults(handler=_model_tiny)
+
+    plan = sub.add_parser("plan", help="estimate per-rank GPU memory of a GRPO recipe before launch",
+                          description="per-rank trainer and policy-engine GPU memory of a GRPO recipe; exit 1 if it "
+                          "cannot fit (launch/plan.py)")
+    plan.add_argument("--config", required=True, help="the recipe (train oat-grpo or train pivot-grpo YAML)")
+    plan.add_argument("--nodes", type=int, default=1)
+    plan.add_argument("--gpus-per-node", type=int, default=8)
+    plan.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU (default: A100-80GB)")
+    plan.add_argument("--reserve-gib", type=float, default=2.0, help="CUDA context, NCCL buffers, fragmentation")
+    plan.add_argument("--model-config", help="the policy's config.json (default: the base's own, else assumed)")
+    plan.add_argument("--json", action="store_true", help="also print the plan as one JSON line")
+    plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    plan.set_defaults(handler=lambda a: importlib.import_module("launch.plan").run_plan(a))
     return parser
 
 

@@ -58,6 +58,23 @@ def test_group_trainer_two_processes_zero2_matches_one(tiny_model_dir: Path, tmp
     assert two["loss"] == pytest.approx(one["loss"], abs=1e-6)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
     assert max_weight_diff(tmp_path / "p1", tmp_path / "p2") < 1e-4
+    assert one["scored_rows"] == [6] and two["scored_rows"] == [3, 3]  # each rank scores its own share
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ddp_two_processes_score_their_shard_and_step_the_schedule_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Plain DDP, token-budget micro-batches, 2 optimizer steps under warmup: each rank scores half of the rows, the
+    update and the learning rate equal the 1-process ones."""
+    script = ROOT / "tests" / "scripts" / "group_step.py"
+    options = ("warmup_steps=10", "optimizer_steps_per_epoch=2", "max_tokens_per_micro_batch=40", "kl_coef=0.1")
+    one = torchrun(1, script, str(tiny_model_dir), "none", str(tmp_path / "p1"), *options)
+    two = torchrun(2, script, str(tiny_model_dir), "none", str(tmp_path / "p2"), *options)
+    assert one["scored_rows"] == [6] and two["scored_rows"] == [3, 3]
+    assert one["lr"] == two["lr"] == pytest.approx(1e-3 * 3 / 10)  # two optimizer steps into a 10-step warmup
+    assert two["loss"] == pytest.approx(one["loss"], abs=1e-6)
+    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    assert max_weight_diff(tmp_path / "p1", tmp_path / "p2") < 1e-4
 
 
 def oat_grpo_run(nproc: int, model: Path, out: Path, name: str) -> Path:

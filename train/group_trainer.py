@@ -1,14 +1,19 @@
 """The group policy-gradient trainer shared by OAT-GRPO and pivot-turn GRPO.
 
 It consumes :class:`data.schemas.Group` s: each sample becomes a row (shared prompt ids + response ids, the group
-advantage, the rollout engine's log-probs). Before the update the trainer recomputes the old log-probs with the
-current weights; then it runs ``update_epochs`` passes of ``optimizer_steps_per_epoch`` optimizer steps, each made of
-``micro_batches`` micro-batches per process (gradient accumulation), minimising
-:func:`train.surrogate.clipped_surrogate`.
+advantage, the rollout engine's log-probs). Before the update the trainer recomputes the old log-probs (and the KL
+reference's) with the current weights; then it runs ``update_epochs`` passes of ``optimizer_steps_per_epoch``
+optimizer steps, minimising :func:`train.surrogate.clipped_surrogate`'s loss token by token.
 
-Distributed runs (DDP or DeepSpeed ZeRO-2/3 through accelerate) shard each optimizer step's rows across processes.
-Every micro-batch loss is normalised by the *global* token (or sequence) count of its optimizer step and rescaled for
-accelerate's accumulation and the data-parallel gradient mean, so 1 process and N processes compute the same update.
+Memory scales with the response, not the context: a micro-batch is its rows packed end to end without padding
+(:mod:`train.logprobs`), the LM head runs only on positions that predict response tokens, a chunk of tokens at a time,
+and micro-batches are cut by a token budget (``max_tokens_per_micro_batch``) or into ``micro_batches`` row slices.
+
+Distributed runs (DDP or DeepSpeed ZeRO-2/3 through accelerate) split the rows across processes, balancing tokens: each
+process scores pi_old / pi_ref on its own share (the per-token results, a few floats per token, are then all-gathered)
+and trains on its share of each optimizer step. Every micro-batch loss is normalised by the *global* token (or
+sequence) count of its optimizer step and rescaled for the accumulation and the data-parallel gradient mean, so 1
+process and N processes compute the same update; the LR schedule advances once per optimizer step.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from data.config import ConfigModel
 from data.schemas import Group
-from train.policy import LoraSettings, PolicySpec, load_policy, response_logprobs, save_policy
-from train.surrogate import Aggregation, clipped_surrogate
+from train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs, token_loss_and_logprobs
+from train.policy import LoraSettings, PolicySpec, load_policy, save_policy
+from train.surrogate import Aggregation, SurrogateTerms, surrogate_terms, token_weights
 
 __all__ = ["GroupTrainer", "GroupTrainerConfig", "Row", "make_accelerator", "rows_from_groups"]
 
@@ -41,11 +47,23 @@ class GroupTrainerConfig(ConfigModel):
     warmup_steps: int = 0  # linear LR warmup, in optimizer steps (0: none)
     update_epochs: int = 1  # passes over each update's rows
     optimizer_steps_per_epoch: int = 1  # optimizer steps each pass is split into
-    micro_batches: int = 1  # per process and optimizer step (gradient accumulation)
+    # per process and optimizer step (gradient accumulation) when max_tokens_per_micro_batch is None; with a token
+    # budget, the DeepSpeed accumulation count it is configured with
+    micro_batches: int = 1
+    # token budget of a micro-batch: rows packed without padding, a row longer than the budget alone; None: split
+    # each process's rows of an optimizer step into micro_batches slices
+    max_tokens_per_micro_batch: int | None = None
+    logit_chunk_tokens: int = 256  # response positions whose full-vocabulary logits exist at once
+    log_entropy: bool = True  # compute the policy entropy over response tokens (a metric only)
+    gradient_checkpointing: bool = False  # recompute the layers' activations in backward (long contexts on GPU)
     clip_low: float = 0.2  # eps_low: ratio clipped below at 1 - clip_low
     clip_high: float = 0.2  # eps_high: ratio clipped above at 1 + clip_high
     aggregation: Aggregation = "token-mean"  # loss mean over all response tokens, or per sequence first
-    kl_coef: float = 0.0  # beta: weight of the k3 KL to the reference (base) model; 0: off
+    kl_coef: float = 0.0  # beta: weight of the k3 KL to the reference model; 0: off
+    # the KL reference: "initial" is the model RL starts from (a LoRA run from an SFT adapter: a frozen copy with
+    # policy.adapter merged; a fresh LoRA: its adapter switched off); "initial-adapter" the same model as a frozen
+    # second adapter beside the trained one (no second copy of the base); "base" is policy.base itself
+    kl_reference: Literal["initial", "initial-adapter", "base"] = "initial"
     tis_cap: float | None = None  # cap of the truncated importance weight pi_old/pi_rollout; None: off
     skip_zero_advantage: bool = True  # drop groups whose advantages are all zero
     bf16: bool = False  # autocast forward passes (several times faster on recent CPUs and on GPUs)
@@ -64,6 +82,9 @@ class Row:
     rollout_logprobs: list[float]
     reward: float = 0.0
     policy_version: int = 0
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
 
 
 def rows_from_groups(groups: list[Group], *, skip_zero_advantage: bool = True) -> list[Row]:
@@ -88,34 +109,63 @@ def rows_from_groups(groups: list[Group], *, skip_zero_advantage: bool = True) -
     return rows
 
 
+def split_across_ranks(ids: list[int], lengths: list[int], world: int) -> list[list[int]]:
+    """Rows ``ids`` shared among ``world`` processes, longest first to the process with the fewest tokens so far (the
+    same answer on every process)."""
+    shares: list[list[int]] = [[] for _ in range(world)]
+    load = [0] * world
+    for i in sorted(ids, key=lambda i: -lengths[i]):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        shares[rank].append(i)
+        load[rank] += lengths[i]
+    return shares
+
+
+def token_budget_bins(ids: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """First-fit-decreasing packing of rows into micro-batches of at most ``budget`` tokens (a longer row alone)."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(ids, key=lambda i: -lengths[i]):
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(budget - lengths[i])
+    return bins
+
+
 @dataclass
-class _Batch:
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    response_mask: torch.Tensor  # over next-token positions [B, T-1]
+class _TokenTargets:
+    """What a micro-batch's per-token loss compares its log-probs with (flat over its response tokens)."""
+
+    cfg: GroupTrainerConfig
+    old_logprobs: torch.Tensor
     advantages: torch.Tensor
-    rollout_logprobs: torch.Tensor
-    has_rollout_logprobs: bool
+    weights: torch.Tensor  # c_t of train.surrogate.token_weights (0 in a padding micro-batch)
+    ref_logprobs: torch.Tensor | None
+    rollout_logprobs: torch.Tensor | None
 
+    def terms(self, logprobs: torch.Tensor, sl: slice = slice(None)) -> SurrogateTerms:
+        """The surrogate's per-token terms for the tokens ``sl``."""
+        cfg = self.cfg
+        return surrogate_terms(
+            logprobs,
+            self.old_logprobs[sl],
+            self.advantages[sl],
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            ref_logprobs=self.ref_logprobs[sl] if self.ref_logprobs is not None else None,
+            kl_coef=cfg.kl_coef,
+            rollout_logprobs=self.rollout_logprobs[sl] if self.rollout_logprobs is not None else None,
+            tis_cap=cfg.tis_cap,
+        )
 
-def _collate(rows: list[Row], pad_id: int, device: torch.device) -> _Batch:
-    lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-    width = max(lengths)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    resp = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-    roll = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-    for i, r in enumerate(rows):
-        seq = r.prompt_ids + r.response_ids
-        ids[i, : len(seq)] = torch.tensor(seq)
-        attn[i, : len(seq)] = 1
-        start = len(r.prompt_ids) - 1  # position t predicts token t + 1
-        resp[i, start : start + len(r.response_ids)] = 1.0
-        if r.rollout_logprobs:
-            roll[i, start : start + len(r.response_ids)] = torch.tensor(r.rollout_logprobs)
-    adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
-    has_roll = all(bool(r.rollout_logprobs) for r in rows)
-    return _Batch(ids.to(device), attn.to(device), resp.to(device), adv.to(device), roll.to(device), has_roll)
+    def token_loss(self, logprobs: torch.Tensor, sl: slice) -> torch.Tensor:
+        """c_t * loss_t for the tokens ``sl`` (summed over the micro-batch: its share of the step's loss)."""
+        return self.terms(logprobs, sl).per_token * self.weights[sl]
 
 
 def make_accelerator(cfg: GroupTrainerConfig) -> Any:
@@ -165,23 +215,39 @@ class GroupTrainer:
             )
         model, self.tokenizer = load_policy(policy, cfg.lora)
         self.is_peft = hasattr(model, "disable_adapter")
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # pi_ref (kl_reference): a LoRA policy's own adapter switched off when that gives it exactly (a fresh LoRA, or
+        # "base"); the SFT adapter as a frozen second adapter ("initial-adapter"); otherwise a frozen copy (full
+        # weights, or the SFT adapter merged into the base for "initial").
         self._frozen_reference = None
-        if cfg.kl_coef and not self.is_peft:
-            self._frozen_reference, _ = load_policy(
-                policy.model_copy(update={"adapter": None}), LoraSettings(enabled=False), trainable=False
+        self._reference_adapter: str | None = None
+        from_adapter = self.is_peft and policy.adapter is not None and cfg.kl_reference == "initial"
+        if cfg.kl_coef and self.is_peft and policy.adapter is not None and cfg.kl_reference == "initial-adapter":
+            self._reference_adapter = "reference"
+            model.load_adapter(policy.adapter, adapter_name=self._reference_adapter, is_trainable=False)
+        elif cfg.kl_coef and (not self.is_peft or from_adapter):
+            reference, _ = load_policy(
+                policy if from_adapter else policy.model_copy(update={"adapter": None}),
+                LoraSettings(enabled=False),
+                trainable=False,
             )
-            self._frozen_reference.eval().requires_grad_(False)
-            self._frozen_reference.to(self.accelerator.device)
+            if from_adapter:
+                reference = reference.merge_and_unload()
+            self._frozen_reference = reference.eval().requires_grad_(False).to(self.accelerator.device)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        # Not prepared: accelerate's scheduler wrapper steps once per process under DDP; this one is stepped once per
+        # optimizer step, and checkpointed with the accelerator state.
         warmup = max(cfg.warmup_steps, 0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.accelerator.register_for_checkpointing(self.scheduler)
         self.version = 0
         self.updates = 0
+        self.scored_rows = 0  # rows this process scored in the last step (pi_old; pi_ref scores the same rows)
         self._rng = random.Random(cfg.seed)
 
     # ----------------------------------------------------------------------------------------------------------
@@ -190,14 +256,25 @@ class GroupTrainer:
         """Where this process computes."""
         return self.accelerator.device
 
-    def _shard(self, rows: list[Row]) -> list[Row]:
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        return rows[rank::world]
+    def _head(self, model: Any) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(model).get_output_embeddings()
 
-    def _micro(self, rows: list[Row]) -> list[list[Row]]:
-        k = self.cfg.micro_batches
-        size = math.ceil(len(rows) / k) if rows else 0
-        return [rows[i * size : (i + 1) * size] for i in range(k)]
+    def _micro_batches(self, ids: list[int], rows: list[Row]) -> list[list[list[int]]]:
+        """For every process, its micro-batches of ``ids`` (balanced shares; budget bins or ``micro_batches`` slices),
+        padded with empty micro-batches to the same count on every process (collectives run in every forward)."""
+        lengths = [len(r) for r in rows]
+        shares = split_across_ranks(ids, lengths, self.accelerator.num_processes)
+        budget = self.cfg.max_tokens_per_micro_batch
+        if budget is not None:
+            per_rank = [token_budget_bins(share, lengths, budget) for share in shares]
+        else:
+            k = self.cfg.micro_batches
+            per_rank = []
+            for share in shares:
+                size = math.ceil(len(share) / k) if share else 0
+                per_rank.append([share[i * size : (i + 1) * size] for i in range(k)])
+        count = max(len(m) for m in per_rank)
+        return [m + [[]] * (count - len(m)) for m in per_rank]
 
     def _global_sum(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
@@ -207,22 +284,50 @@ class GroupTrainer:
 
     @torch.no_grad()
     def _score(self, rows: list[Row], *, reference: bool) -> list[torch.Tensor]:
-        """Per-row log-probs of the response tokens under the current (or reference) weights."""
-        out = []
-        model = self.model
-        for chunk in [rows[i : i + 16] for i in range(0, len(rows), 16)]:
-            batch = _collate(chunk, self.pad_id, self.device)
+        """Per-row log-probs of the response tokens under the current (or reference) weights.
+
+        Each process scores its own share of ``rows`` in the update's micro-batches; the results are all-gathered.
+        """
+        mine = self._micro_batches(list(range(len(rows))), rows)[self.accelerator.process_index]
+        shortest = min(range(len(rows)), key=lambda i: len(rows[i]))
+        if reference and self._frozen_reference is not None:
+            model: Any = self._frozen_reference
+        else:
+            model = self.model
+        head = self._head(model)
+        scored: dict[int, torch.Tensor] = {}
+        for micro in mine:
+            ids = micro or [shortest]  # an empty micro-batch still runs a forward: ZeRO-3 gathers in every one
+            batch = pack_rows([(rows[i].prompt_ids, rows[i].response_ids) for i in ids], self.device)
             with self.accelerator.autocast():
-                if reference and self.is_peft:
+                if reference and self._reference_adapter is not None:
+                    hidden = packed_hidden_states(model, head, batch, adapter_names=[self._reference_adapter])
+                elif reference and self._frozen_reference is None:
                     with self.accelerator.unwrap_model(model).disable_adapter():
-                        lp, _ = response_logprobs(model, batch.input_ids, batch.attention_mask)
-                elif reference:
-                    lp, _ = response_logprobs(self._frozen_reference, batch.input_ids, batch.attention_mask)
+                        hidden = packed_hidden_states(model, head, batch)
                 else:
-                    lp, _ = response_logprobs(model, batch.input_ids, batch.attention_mask)
-            for i, row in enumerate(chunk):
-                out.append(lp[i, : len(row.prompt_ids) + len(row.response_ids) - 1].float().cpu())
-        return out
+                    hidden = packed_hidden_states(model, head, batch)
+                lp, _ = response_token_logprobs(hidden, head, batch.targets, chunk_tokens=self.cfg.logit_chunk_tokens)
+            if micro:
+                for i, part in zip(ids, lp.float().cpu().split(batch.response_lengths), strict=True):
+                    scored[i] = part
+        self.scored_rows = sum(len(m) for m in mine)
+        if self.accelerator.num_processes > 1:
+            shares: list[Any] = [None] * self.accelerator.num_processes
+            torch.distributed.all_gather_object(shares, scored)
+            scored = {i: lp for share in shares for i, lp in share.items()}
+        return [scored[i] for i in range(len(rows))]
+
+    def _loss_scale(self, n_micro: int) -> float:
+        """What undoes the accumulation divisor and the data-parallel mean, so a micro-batch's gradient is that of
+        its share of the optimizer step's global token (or sequence) mean."""
+        from accelerate.utils import DistributedType
+
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            divisor = self.model.gradient_accumulation_steps()  # DeepSpeed divides by its configured count
+        else:
+            divisor = n_micro
+        return float(divisor * self.accelerator.num_processes)
 
     def step(self, groups: list[Group]) -> dict[str, float]:
         """One policy update on ``groups``; returns the step's metrics (identical on every process)."""
@@ -259,26 +364,21 @@ class GroupTrainer:
             return metrics
         # pi_old and pi_ref without dropout: with it, the ratio would differ from 1 before any update
         self.model.eval()
-        order = list(range(len(all_rows)))
-        old = dict(zip(order, self._score(all_rows, reference=False), strict=True))
-        ref = dict(zip(order, self._score(all_rows, reference=True), strict=True)) if cfg.kl_coef else None
+        old = self._score(all_rows, reference=False)
+        ref = self._score(all_rows, reference=True) if cfg.kl_coef else None
         self.model.train()
         gaps = [
-            (
-                old[i][len(r.prompt_ids) - 1 : len(r.prompt_ids) - 1 + len(r.response_ids)]
-                - torch.tensor(r.rollout_logprobs)
-            )
-            .abs()
-            .mean()
-            .item()
+            (old[i] - torch.tensor(r.rollout_logprobs)).abs().mean().item()
             for i, r in enumerate(all_rows)
             if r.rollout_logprobs
         ]
         if gaps:
             metrics["train_rollout_logprob_gap"] = sum(gaps) / len(gaps)
-        sums = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "entropy": 0.0, "grad_norm": 0.0}
-        n_micro = n_steps = 0
-        tokens = 0
+        sums = {"loss": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+        n_steps = tokens = 0
+        order = list(range(len(all_rows)))
+        rank = self.accelerator.process_index
+        head = self._head(self.model)
         for _ in range(cfg.update_epochs):
             self._rng.shuffle(order)
             per_step = math.ceil(len(order) / cfg.optimizer_steps_per_epoch)
@@ -289,61 +389,68 @@ class GroupTrainer:
                 step_rows = [all_rows[i] for i in step_ids]
                 total_tokens = sum(len(r.response_ids) for r in step_rows)
                 norm = float(total_tokens) if cfg.aggregation == "token-mean" else float(len(step_rows))
-                mine = self._shard(step_ids)
-                for micro_ids in self._micro(mine):
-                    dummy = not micro_ids
-                    ids = micro_ids or [step_ids[0]]
+                micro_batches = self._micro_batches(step_ids, all_rows)[rank]
+                # Accumulate exactly this step's micro-batches (their count can differ from step to step).
+                self.accelerator.gradient_accumulation_steps = len(micro_batches)
+                self.accelerator.step = 0
+                scale = self._loss_scale(len(micro_batches))
+                shortest = min(step_ids, key=lambda i: len(all_rows[i]))
+                for micro_ids in micro_batches:
+                    dummy = not micro_ids  # runs a forward and a zero-weight backward, like the other processes
+                    ids = micro_ids or [shortest]
                     rows = [all_rows[i] for i in ids]
-                    batch = _collate(rows, self.pad_id, self.device)
-                    mask = batch.response_mask * (0.0 if dummy else 1.0)
-                    old_lp = torch.zeros_like(mask)
-                    ref_lp = torch.zeros_like(mask) if ref is not None else None
-                    for j, i in enumerate(ids):
-                        old_lp[j, : old[i].shape[0]] = old[i].to(self.device)
-                        if ref_lp is not None:
-                            ref_lp[j, : ref[i].shape[0]] = ref[i].to(self.device)
+                    batch = pack_rows([(r.prompt_ids, r.response_ids) for r in rows], self.device)
+                    old_lp = torch.cat([old[i] for i in ids]).to(self.device)
+                    ref_lp = torch.cat([ref[i] for i in ids]).to(self.device) if ref is not None else None
+                    with_rollout = all(bool(r.rollout_logprobs) for r in rows)
+                    rollout_lp = (
+                        torch.tensor([x for r in rows for x in r.rollout_logprobs], device=self.device)
+                        if with_rollout
+                        else None
+                    )
+                    adv = torch.tensor([r.advantage for r in rows], device=self.device)[batch.token_row]
+                    weights = token_weights(batch.response_lengths, cfg.aggregation, norm, self.device)
+                    if dummy:
+                        weights = torch.zeros_like(weights)
+
+                    targets = _TokenTargets(cfg, old_lp, adv, weights, ref_lp, rollout_lp)
                     with self.accelerator.accumulate(self.model):
                         with self.accelerator.autocast():
-                            lp, ent = response_logprobs(
-                                self.model, batch.input_ids, batch.attention_mask, with_entropy=True
+                            hidden = packed_hidden_states(self.model, head, batch)
+                            loss, lp, ent = token_loss_and_logprobs(
+                                hidden,
+                                head,
+                                batch.targets,
+                                targets.token_loss,
+                                chunk_tokens=cfg.logit_chunk_tokens,
+                                with_entropy=cfg.log_entropy and not dummy,
                             )
-                        out = clipped_surrogate(
-                            lp,
-                            old_lp,
-                            batch.advantages,
-                            mask,
-                            clip_low=cfg.clip_low,
-                            clip_high=cfg.clip_high,
-                            aggregation=cfg.aggregation,
-                            ref_logprobs=ref_lp,
-                            kl_coef=cfg.kl_coef,
-                            rollout_logprobs=batch.rollout_logprobs if batch.has_rollout_logprobs else None,
-                            tis_cap=cfg.tis_cap,
-                            normalizer=norm,
-                        )
-                        # accelerate divides by the accumulation steps and DP averages over processes: undo both so
-                        # the update is the global token (or sequence) mean of the optimizer step.
-                        scale = self.accelerator.gradient_accumulation_steps * self.accelerator.num_processes
-                        self.accelerator.backward(out.loss * scale)
+                        self.accelerator.backward(loss * scale)
                         if self.accelerator.sync_gradients:
                             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                             sums["grad_norm"] += float(grad_norm) if grad_norm is not None else 0.0
                             n_steps += 1
                         self.optimizer.step()
-                        self.scheduler.step()
+                        if self.accelerator.sync_gradients:
+                            self.scheduler.step()
                         self.optimizer.zero_grad()
                     if not dummy:
-                        n_micro += 1
-                        sums["loss"] += float(out.loss.detach())
-                        sums["clip_fraction"] += out.clip_fraction
-                        sums["approx_kl"] += out.approx_kl_old
-                        sums["kl_ref"] += out.kl_ref
-                        sums["entropy"] += float((ent * batch.response_mask).sum() / batch.response_mask.sum())
-                        tokens += int(batch.response_mask.sum())
+                        with torch.no_grad():
+                            t = targets.terms(lp)
+                        sums["loss"] += float(loss.detach())
+                        sums["clipped"] += float(t.was_clipped.sum())
+                        sums["approx_kl"] += float((0.5 * t.log_ratio.pow(2)).sum())
+                        sums["kl_ref"] += float(t.kl.sum()) if t.kl is not None else 0.0
+                        sums["entropy"] += float(ent.sum()) if ent is not None else 0.0
+                        tokens += int(lp.numel())
         self.updates += n_steps
         self.version += 1
-        for key in ("clip_fraction", "approx_kl", "kl_ref", "entropy"):
-            metrics[key] = self._global_sum(sums[key]) / max(self._global_sum(n_micro), 1)
+        all_tokens = max(self._global_sum(tokens), 1)
+        metrics["clip_fraction"] = self._global_sum(sums["clipped"]) / all_tokens
+        metrics["approx_kl"] = self._global_sum(sums["approx_kl"]) / all_tokens
+        metrics["kl_ref"] = self._global_sum(sums["kl_ref"]) / all_tokens
+        if cfg.log_entropy:
+            metrics["entropy"] = self._global_sum(sums["entropy"]) / all_tokens
         metrics["loss"] = self._global_sum(sums["loss"]) / max(n_steps, 1)
         metrics["grad_norm"] = sums["grad_norm"] / max(n_steps, 1)
         metrics["response_length"] = sum(len(r.response_ids) for r in all_rows) / len(all_rows)

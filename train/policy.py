@@ -69,7 +69,10 @@ def save_policy(model: Any, out_dir: str | Path, tokenizer: Any | None = None, s
     """Save an adapter (PEFT) or full weights as safetensors into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True, state_dict=state_dict)
+    extra = {}
+    if len(getattr(model, "peft_config", {})) > 1:  # a frozen reference adapter rides along: save the trained one
+        extra["selected_adapters"] = [model.active_adapter]
+    model.save_pretrained(out, safe_serialization=True, state_dict=state_dict, **extra)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out

@@ -20,7 +20,15 @@ from typing import Literal
 
 import torch
 
-__all__ = ["Aggregation", "SurrogateOutput", "aggregate", "clipped_surrogate"]
+__all__ = [
+    "Aggregation",
+    "SurrogateOutput",
+    "SurrogateTerms",
+    "aggregate",
+    "clipped_surrogate",
+    "surrogate_terms",
+    "token_weights",
+]
 
 Aggregation = Literal["token-mean", "sequence-mean"]
 
@@ -56,6 +64,49 @@ def aggregate(
     raise ValueError(f"aggregation must be 'token-mean' or 'sequence-mean', got {how!r}")
 
 
+@dataclass
+class SurrogateTerms:
+    """The per-token pieces of the loss: ``per_token`` (w_t * pg_t + beta * kl_t) and what the diagnostics need."""
+
+    per_token: torch.Tensor
+    was_clipped: torch.Tensor  # detached: 1 where the min picked the clipped branch
+    log_ratio: torch.Tensor  # detached log pi_theta - log pi_old
+    kl: torch.Tensor | None  # detached k3 KL to the reference
+    tis_weight: torch.Tensor | None  # the truncated importance weight w_t
+
+
+def surrogate_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    rollout_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+) -> SurrogateTerms:
+    """loss_t of the module docstring, token by token (every argument broadcasts against ``logprobs``)."""
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    weight = None
+    if tis_cap is not None and rollout_logprobs is not None:
+        weight = torch.exp(old_logprobs - rollout_logprobs).clamp(max=tis_cap).detach()
+        per_token = per_token * weight
+    kl = None
+    if ref_logprobs is not None and kl_coef:
+        log_ref_ratio = ref_logprobs - logprobs
+        kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0
+        per_token = per_token + kl_coef * kl
+        kl = kl.detach()
+    was_clipped = (clipped < unclipped).detach().to(logprobs.dtype)
+    return SurrogateTerms(per_token, was_clipped, log_ratio.detach(), kl, weight)
+
+
 def clipped_surrogate(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -72,26 +123,36 @@ def clipped_surrogate(
     normalizer: float | None = None,
 ) -> SurrogateOutput:
     """Loss of the module docstring. Token tensors are [batch, tokens]; ``advantages`` is [batch]."""
-    adv = advantages.unsqueeze(-1)
-    log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)
-    tis_mean = 1.0
-    if tis_cap is not None and rollout_logprobs is not None:
-        weight = torch.exp(old_logprobs - rollout_logprobs).clamp(max=tis_cap).detach()
-        per_token = per_token * weight
-        tis_mean = float(aggregate(weight, mask, "token-mean"))
-    kl_value = 0.0
-    if ref_logprobs is not None and kl_coef:
-        log_ref_ratio = ref_logprobs - logprobs
-        kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0
-        per_token = per_token + kl_coef * kl
-        kl_value = float(aggregate(kl.detach(), mask, "token-mean"))
-    loss = aggregate(per_token, mask, aggregation, normalizer)
+    terms = surrogate_terms(
+        logprobs,
+        old_logprobs,
+        advantages.unsqueeze(-1),
+        clip_low=clip_low,
+        clip_high=clip_high,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+        rollout_logprobs=rollout_logprobs,
+        tis_cap=tis_cap,
+    )
+    loss = aggregate(terms.per_token, mask, aggregation, normalizer)
     with torch.no_grad():
-        was_clipped = (clipped < unclipped).to(logprobs.dtype)  # the min picked the clipped branch
-        clip_fraction = float(aggregate(was_clipped, mask, "token-mean"))
-        approx_kl = float(aggregate(0.5 * log_ratio.pow(2), mask, "token-mean"))
+        tis_mean = float(aggregate(terms.tis_weight, mask, "token-mean")) if terms.tis_weight is not None else 1.0
+        kl_value = float(aggregate(terms.kl, mask, "token-mean")) if terms.kl is not None else 0.0
+        clip_fraction = float(aggregate(terms.was_clipped, mask, "token-mean"))
+        approx_kl = float(aggregate(0.5 * terms.log_ratio.pow(2), mask, "token-mean"))
     return SurrogateOutput(loss, clip_fraction, approx_kl, kl_value, tis_mean)
+
+
+def token_weights(
+    response_lengths: list[int], aggregation: Aggregation, normalizer: float, device: torch.device | str
+) -> torch.Tensor:
+    """Per-token weights c_t with ``aggregate(x, mask, aggregation, normalizer) == sum_t c_t x_t`` for rows laid end to
+    end (``response_lengths`` tokens each): 1 / normalizer (token-mean) or 1 / (len_i * normalizer) (sequence-mean)."""
+    lengths = torch.tensor(response_lengths, dtype=torch.float32, device=device)
+    if aggregation == "token-mean":
+        per_row = torch.full_like(lengths, 1.0 / normalizer)
+    elif aggregation == "sequence-mean":
+        per_row = 1.0 / (lengths.clamp(min=1.0) * normalizer)
+    else:
+        raise ValueError(f"aggregation must be 'token-mean' or 'sequence-mean', got {aggregation!r}")
+    return per_row.repeat_interleave(torch.tensor(response_lengths, device=device))

@@ -1,9 +1,14 @@
-"""One group-trainer step on fixed groups; prints the metrics as JSON (run under torchrun by the tests)."""
+"""One group-trainer step on fixed groups; prints the metrics as JSON (run under torchrun by the tests).
+
+Usage: group_step.py MODEL_DIR DEEPSPEED|none OUT_DIR [trainer_key=json_value ...]
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+
+import torch
 
 from data.schemas import Group, GroupSample
 from train.group_trainer import GroupTrainer, GroupTrainerConfig
@@ -12,8 +17,15 @@ from train.policy import LoraSettings, PolicySpec
 
 def main() -> None:
     model_dir, deepspeed, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    overrides = {k: json.loads(v) for k, v in (a.split("=", 1) for a in sys.argv[4:])}
     cfg = GroupTrainerConfig(
-        lr=1e-3, lora=LoraSettings(enabled=False), deepspeed=deepspeed if deepspeed != "none" else None, micro_batches=2
+        **{
+            "lr": 1e-3,
+            "lora": LoraSettings(enabled=False),
+            "deepspeed": deepspeed if deepspeed != "none" else None,
+            "micro_batches": 2,
+            **overrides,
+        }
     )
     trainer = GroupTrainer(PolicySpec(base=model_dir), cfg)
     tok = trainer.tokenizer
@@ -35,12 +47,13 @@ def main() -> None:
         groups.append(Group(group_id=f"g{k}", prompt_ids=list(prompt), samples=samples))
     metrics = trainer.step(groups)
     trainer.save_policy(out)
+    world = trainer.accelerator.num_processes
+    scored = [trainer.scored_rows] * world
+    if world > 1:
+        torch.distributed.all_gather_object(scored, trainer.scored_rows)
     if trainer.accelerator.is_main_process:
-        world = trainer.accelerator.num_processes
-        print(
-            "METRICS " + json.dumps({"world": world, **{k: metrics[k] for k in ("loss", "grad_norm", "rows")}}),
-            flush=True,
-        )
+        report = {"world": world, "scored_rows": scored, **{k: metrics[k] for k in ("loss", "grad_norm", "rows", "lr")}}
+        print("METRICS " + json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,78 @@
+"""`memrl plan`: per-rank trainer and engine memory of the paper recipes; the estimate against a measured CPU run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launch.cli import main
+from launch.plan import GIB, ModelShape, measure_trainer_peak, trainer_memory
+from train.group_trainer import GroupTrainerConfig
+from train.policy import LoraSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+NINE_B = str(ROOT / "configs" / "oat_grpo_sam_qwen3.5-9b.yaml")
+
+
+def test_plan_of_the_9b_recipe_on_4_nodes_of_8_a100(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--config", NINE_B, "--nodes", "4", "--gpus-per-node", "8", "--json"])
+    out = capsys.readouterr().out
+    plan = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and "fits: yes" in out and plan["fits"]
+    trainer, engine = plan["trainer_per_rank_gib"], plan["engine_per_gpu_gib"]
+    assert trainer["model_states_source"].startswith("deepspeed estimate_zero3")
+    assert 0 < trainer["total"] < 80 and trainer["tokens_per_micro_batch"] == 32768
+    assert engine["weights"] < engine["share"] and engine["kv_cache_tokens"] >= engine["max_model_len"]
+    assert plan["rank0_update_gib"] <= 80 and plan["rank0_rollout_gib"] <= 80
+
+
+def test_plan_flags_a_recipe_that_cannot_fit_and_names_the_key(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--config", NINE_B, "--nodes", "4", "--gpus-per-node", "8",
+                 "trainer.gradient_checkpointing=false"])
+    out = capsys.readouterr().out
+    assert code == 1 and "fits: NO" in out and "trainer.gradient_checkpointing=true" in out
+    code = main(["plan", "--config", NINE_B, "--nodes", "4", "--gpus-per-node", "8",
+                 "placement.policy.gpu_memory_utilization=0.15"])
+    out = capsys.readouterr().out
+    assert code == 1 and "placement.policy.gpu_memory_utilization" in out
+
+
+def real_vocab_model(out: Path, tokenizer_dir: Path) -> Path:
+    """The tiny Qwen3 of benchmarks/trainer_scaling.py: hidden 64, 2 layers, Qwen's vocabulary (151,936)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=151_936, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=2048,
+                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    Qwen3ForCausalLM(config).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.slow
+def test_trainer_estimate_within_25_percent_of_a_measured_cpu_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = real_vocab_model(tmp_path / "model", tiny_model_dir)
+    context, response, rows = 1024, 256, 2
+    cfg = GroupTrainerConfig(lora=LoraSettings(enabled=False), max_tokens_per_micro_batch=context)
+    shape = ModelShape.from_hf_config(json.loads((model / "config.json").read_text()))
+    estimate = trainer_memory(shape, cfg, nodes=1, gpus_per_node=1, dtype="float32", default_tokens=context,
+                              gpu=False)
+    measured = measure_trainer_peak(model, cfg, context=context, response=response, rows=rows)
+    print(f"estimate {estimate.total / GIB:.3f} GiB, measured {measured / GIB:.3f} GiB")
+    assert abs(estimate.total - measured) <= 0.25 * measured
+
+
+def test_the_kl_reference_copy_is_counted() -> None:
+    shape = ModelShape(hidden=64, layers=2, vocab=1000, heads=1, kv_heads=1, head_dim=64, intermediate=192)
+
+    def parameters(**trainer: object) -> int:
+        cfg = GroupTrainerConfig(lora=LoraSettings(enabled=False), **trainer)
+        return trainer_memory(shape, cfg, nodes=1, gpus_per_node=1, dtype="bfloat16", default_tokens=128).parameters
+
+    assert parameters(kl_coef=0.1) - parameters() == shape.params * 2
