@@ -98,9 +98,10 @@ class MetricsLogger:
 # console routing
 
 _MEMRL_PACKAGES = frozenset({"data", "rollout", "rewards", "train", "launch", "benchmarks", "__main__"})
-# Stream plumbing between a writer and the console (wandb wraps sys.stdout.write while a run is live).
+# Stream plumbing between a writer and the console (wandb wraps sys.stdout.write while a run is live; once Ray has
+# started in the process, its tqdm_ray replaces the builtin print with a wrapper).
 _MACHINERY = ("tqdm", "io", "_io", "codecs", "contextlib", "data.tracking", "threading",
-              "wandb.sdk.lib.console_capture")
+              "wandb.sdk.lib.console_capture", "ray.experimental.tqdm_ray")
 _LOG_MACHINERY = ("logging", "warnings", "py.warnings")
 # Third-party writers whose output is the progress of a memrl stage: the SFT trainer's progress bar and loss lines.
 _SHOWN = ("transformers.trainer_callback",)
