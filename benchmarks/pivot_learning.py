@@ -1,7 +1,6 @@
 """Pivot-turn GRPO on the tiny CPU intervention agent: pivot groups vs all-turn groups vs no RL, over seeds.
 
-The pipeline runs on CPU with the tiny random-initialised Qwen3 model (2 x 128) and ``configs/pivot_grpo_tiny.yaml``,
-once per seed:
+The pipeline runs on CPU with the tiny random-initialised Qwen3 model (2 x 128) and ``configs/pivot_grpo_tiny.yaml``:
 
 1. **Teacher traces.** The proactive memory agent runs on training tasks. Phase 1 (bank writing) is the scripted
    :class:`~data.tasks.proactive.BankWriter`: it records what the agent has seen (the statement's requirements, facts
@@ -10,15 +9,18 @@ once per seed:
    silent at a pivot; ``--false-alarm``: cites a needless entry) that cites the entry by its id (``k1: ...``; the
    memory system restates the cited entry's exact text). Its Phase 2 calls become SFT rows (every trace kept: the
    student inherits the teacher's calibration).
-2. **SFT** of the ``intervene`` role (TRL SFTTrainer, full fine-tuning, bf16 autocast). ``no_rl`` is this model.
-3. **GRPO from the SFT model**, one run per variant, the same number of groups and samples per iteration:
+2. **SFT** of the ``intervene`` role (TRL SFTTrainer, full fine-tuning, bf16 autocast), once: this one checkpoint
+   is where every seed and variant starts. ``no_rl`` is this model, evaluated with each seed's sampling seed.
+3. **GRPO from the SFT model**, per seed, one run per variant, the same number of groups and samples per iteration:
    ``pivot``: groups at pivots found by counterfactual replay (plus a few labelled non-pivots, where the reminder cost
    teaches silence); ``all_turns``: groups at memory steps drawn from every trigger turn of the labelled rollouts, no
    detection (``groups.at=all_turns``). Phase 1 stays with the bank writer in every variant; only Phase 2 is trained.
 4. Held-out pass rate at the rollout temperature (1.0) and greedy, reminders per episode, the action agent's tokens
-   spent in training and wall times per seed and variant; per variant the mean over seeds with a 95% t-interval
-   (seeds as the units), per seed a 95% Wilson interval over its held-out episodes, and the paired differences
-   (pivot - no_rl, all_turns - no_rl, pivot - all_turns) with t-intervals. One JSON line last.
+   spent in training (labelling, detection and group continuations) and wall times per seed and variant (``no_rl``'s
+   is the shared teacher + SFT time); per variant the mean over seeds with a 95% t-interval (seeds as the units), per
+   seed a 95% Wilson interval over its held-out episodes, and the paired differences (pivot - no_rl, all_turns -
+   no_rl, pivot - all_turns) with t-intervals. One JSON line last. Greedy decoding of ``no_rl`` is the same on every
+   seed, so its interval is a point.
 
 ``--quick`` fits about 15 minutes on 2 CPU cores (fewer teacher tasks, SFT steps, iterations and held-out tasks); the
 default (full) setting about 45 minutes. Settings are fixed in advance, not tuned until a variant wins.
@@ -52,10 +54,15 @@ from rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("pivot", "all_turns")
-SETTINGS: dict[str, dict[str, int]] = {  # fixed before any run; not tuned towards a winner
-    "full": {"train_tasks": 96, "sft_steps": 160, "iterations": 8, "eval_tasks": 48},
-    "quick": {"train_tasks": 48, "sft_steps": 80, "iterations": 4, "eval_tasks": 24},
+SETTINGS: dict[str, dict[str, int]] = {  # sized for the wall time on 2 shared cores before any run; not tuned
+    "full": {"train_tasks": 96, "sft_steps": 120, "iterations": 3, "eval_tasks": 40, "label_tasks": 8,
+             "pivots_per_iteration": 6, "non_pivots_per_iteration": 3, "group_size": 8},
+    "quick": {"train_tasks": 48, "sft_steps": 60, "iterations": 2, "eval_tasks": 24, "label_tasks": 4,
+              "pivots_per_iteration": 4, "non_pivots_per_iteration": 2, "group_size": 4},
 }
+GRPO_KEYS = {"iterations": "loop.iterations", "eval_tasks": "eval_tasks.count", "label_tasks": "pivots.tasks",
+             "pivots_per_iteration": "groups.pivots_per_iteration",
+             "non_pivots_per_iteration": "groups.non_pivots_per_iteration", "group_size": "groups.group_size"}
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -81,8 +88,8 @@ def mean_ci(values: list[float]) -> dict[str, Any]:
     return {"mean": round(mean, 4), "ci95": [round(mean - half, 4), round(mean + half, 4)], "n": len(values)}
 
 
-def teacher_and_sft(cfg: Any, args: argparse.Namespace, model_dir: Path, seed_dir: Path, seed: int) -> dict[str, Any]:
-    """Teacher traces -> SFT rows -> the SFT model at ``seed_dir/sft/final``."""
+def teacher_and_sft(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path, seed: int) -> dict[str, Any]:
+    """Teacher traces -> SFT rows -> the SFT model at ``work/sft/final`` (shared by every seed and variant)."""
     from train.sft import SFTRunConfig, run_sft
 
     t0 = time.perf_counter()
@@ -96,14 +103,14 @@ def teacher_and_sft(cfg: Any, args: argparse.Namespace, model_dir: Path, seed_di
         memory=ScriptedEngine(teacher, tokenizer=tokenizer), by_role={"bank_edit": ScriptedEngine(BankWriter())},
     )
     traces = run_rollouts([build_proactive_rollout(t, cfg.memory, seed=seed) for t in tasks], engines)
-    distilled = distill_traces(traces, seed_dir / "distill", RejectionConfig(min_outcome=0.0, roles=["intervene"]),
+    distilled = distill_traces(traces, work / "distill", RejectionConfig(min_outcome=0.0, roles=["intervene"]),
                                progress=False)
     teacher_pass = sum(t.outcome or 0.0 for t in traces) / len(traces)
     sft = SFTRunConfig.model_validate({
-        "run": {"output_dir": str(seed_dir), "name": "sft", "seed": seed},
+        "run": {"output_dir": str(work), "name": "sft", "seed": seed},
         "model": {"base": str(model_dir)},
         "lora": {"enabled": False},
-        "data": {"dir": str(seed_dir / "distill"), "roles": ["intervene"]},
+        "data": {"dir": str(work / "distill"), "roles": ["intervene"]},
         "train": {"max_steps": args.sft_steps, "batch_size": args.sft_batch, "lr": args.sft_lr, "warmup": 0.05,
                   "bf16": True, "save_steps": 0, "logging_steps": 20, "max_length": 384, "progress": False},
     })
@@ -112,16 +119,15 @@ def teacher_and_sft(cfg: Any, args: argparse.Namespace, model_dir: Path, seed_di
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def run_variant(args: argparse.Namespace, seed_dir: Path, seed: int, variant: str, settings: dict[str, int]
-                ) -> dict[str, Any]:
-    """Pivot-turn GRPO from the seed's SFT model with groups at ``variant``; the summary and the wall time."""
+def run_variant(args: argparse.Namespace, final: Path, seed_dir: Path, seed: int, variant: str,
+                settings: dict[str, int]) -> dict[str, Any]:
+    """Pivot-turn GRPO from the SFT model ``final`` with groups at ``variant``; the summary and the wall time."""
     from train.pivot_grpo import PivotGRPOConfig, run_pivot_grpo
 
-    final = seed_dir / "sft" / "final"
+    sized = [f"{key}={settings[name]}" for name, key in GRPO_KEYS.items()]
     cfg = load_config(PivotGRPOConfig, args.config, [
         f"run.output_dir={seed_dir}", f"run.name={variant}", f"run.seed={seed}", f"policy.base={final}",
-        f"engine.model={final}", f"reasoner.tokenizer={final}", f"phase1.tokenizer={final}",
-        f"loop.iterations={settings['iterations']}", f"eval_tasks.count={settings['eval_tasks']}",
+        f"engine.model={final}", f"reasoner.tokenizer={final}", f"phase1.tokenizer={final}", *sized,
         f"groups.at={'pivots' if variant == 'pivot' else 'all_turns'}", *args.overrides,
     ])
     run_dir = seed_dir / variant
@@ -165,23 +171,19 @@ def main() -> None:
     parser.add_argument("--config", default=str(ROOT / "configs" / "pivot_grpo_tiny.yaml"))
     parser.add_argument("--work", default=None, help="output directory (default: a temporary one)")
     parser.add_argument("--quick", action="store_true", help="the ~15-minute setting (see SETTINGS)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--train-tasks", type=int, default=None, help="tasks the teacher runs on for SFT rows")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="GRPO and evaluation seeds")
     parser.add_argument("--miss", type=float, default=0.4, help="teacher: silence at a pivot")
     parser.add_argument("--false-alarm", type=float, default=0.1, help="teacher: needless citation elsewhere")
-    parser.add_argument("--sft-steps", type=int, default=None)
     parser.add_argument("--sft-batch", type=int, default=32)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
-    parser.add_argument("--iterations", type=int, default=None, help="GRPO iterations per variant")
-    parser.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks")
+    parser.add_argument("--reuse-sft", action="store_true", help="keep an existing <work>/sft/final")
+    for name in SETTINGS["full"]:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="override the setting's")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the GRPO config")
     args = parser.parse_args()
     setting = "quick" if args.quick else "full"
-    settings = dict(SETTINGS[setting])
-    for key in settings:
-        if getattr(args, key) is not None:
-            settings[key] = getattr(args, key)
-    args.train_tasks = settings["train_tasks"]
+    settings = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in SETTINGS[setting].items()}
+    args.train_tasks, args.sft_steps = settings["train_tasks"], settings["sft_steps"]
 
     from train.pivot_grpo import PivotGRPOConfig
 
@@ -189,17 +191,23 @@ def main() -> None:
     start = time.perf_counter()
     model_dir = ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec())
     emit({"stage": "setting", "setting": setting, **settings, "seeds": args.seeds, "overrides": args.overrides})
+
+    # one SFT model (the first seed's teacher traces and SFT run) is the start of every seed and variant
+    final = work / "sft" / "final"
+    base = load_config(PivotGRPOConfig, args.config, [
+        f"run.output_dir={work}", f"run.seed={args.seeds[0]}", f"policy.base={model_dir}",
+        f"engine.model={model_dir}", *args.overrides,
+    ])
+    if args.reuse_sft and final.is_dir():
+        teacher: dict[str, Any] = {"reused": str(final), "seconds": 0.0}
+    else:
+        teacher = teacher_and_sft(base, args, model_dir, work, args.seeds[0])
+    emit({"stage": "sft", **teacher})
     rows: list[dict[str, Any]] = []
     for seed in args.seeds:
         seed_dir = work / f"seed{seed}"
-        base = load_config(PivotGRPOConfig, args.config, [
-            f"run.output_dir={seed_dir}", f"run.seed={seed}", f"policy.base={model_dir}", f"engine.model={model_dir}",
-            *args.overrides,
-        ])
-        teacher = teacher_and_sft(base, args, model_dir, seed_dir, seed)
-        emit({"stage": "sft", "seed": seed, **teacher})
         for variant in VARIANTS:
-            out = run_variant(args, seed_dir, seed, variant, settings)
+            out = run_variant(args, final, seed_dir, seed, variant, settings)
             summary, n = out["summary"], out["eval_tasks"]
             if variant == VARIANTS[0]:
                 row = result_row(seed, "no_rl", summary["before"], n, 0.0, teacher["seconds"])
@@ -233,6 +241,7 @@ def main() -> None:
         **settings,
         "model": "tiny 2x128",
         "phase1": "bank-writer (observed facts and failures; no plan, no risk note)",
+        "sft": teacher,
         "seeds": args.seeds,
         "variants": variants,
         "deltas": deltas,
