@@ -26,6 +26,10 @@ The pipeline runs on CPU with the tiny random-initialised Qwen3 model (2 x 128) 
 default (full) setting about 45 minutes. Settings are fixed in advance, not tuned until a variant wins.
 
     .venv/bin/python benchmarks/pivot_learning.py [--quick] [--work DIR] [--seeds 0 1 2] [dotted GRPO overrides]
+
+With ``--reuse-sft --reuse-runs`` an interrupted or split run (e.g. seeds run as separate processes on one ``--work``)
+is completed: the SFT model and finished (seed, variant) runs are read back, the rest is run, and the summary is
+printed over all of them.
 """
 
 from __future__ import annotations
@@ -135,10 +139,13 @@ def run_variant(args: argparse.Namespace, final: Path, seed_dir: Path, seed: int
     if not run_dir.exists() and (found := next((p for p in earlier if p.is_file()), None)) is not None:
         run_dir.mkdir(parents=True)  # the same SFT model, seed and held-out tasks: reuse its no-RL evaluation
         shutil.copy(found, run_dir / "baselines.json")
-    t0 = time.perf_counter()
-    run_pivot_grpo(cfg)
-    seconds = time.perf_counter() - t0
-    summary = json.loads((run_dir / "summary.json").read_text())
+    done = run_dir / "summary.json"
+    if not (args.reuse_runs and done.is_file()):
+        run_pivot_grpo(cfg)
+    summary = json.loads(done.read_text())
+    # the run's own clock: seconds from its logger's start to its last record (the final evaluation)
+    last = (run_dir / "metrics.jsonl").read_text().splitlines()[-1]
+    seconds = float(json.loads(last)["time_s"])
     for row in summary["history"]:
         emit({"stage": "grpo", "seed": seed, "variant": variant,
               **{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()
@@ -177,6 +184,8 @@ def main() -> None:
     parser.add_argument("--sft-batch", type=int, default=32)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
     parser.add_argument("--reuse-sft", action="store_true", help="keep an existing <work>/sft/final")
+    parser.add_argument("--reuse-runs", action="store_true",
+                        help="read back (seed, variant) runs that finished in <work> instead of redoing them")
     for name in SETTINGS["full"]:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="override the setting's")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the GRPO config")
@@ -199,7 +208,9 @@ def main() -> None:
         f"engine.model={model_dir}", *args.overrides,
     ])
     if args.reuse_sft and final.is_dir():
-        teacher: dict[str, Any] = {"reused": str(final), "seconds": 0.0}
+        done = work / "sft" / "summary.json"  # the SFT run's own record: its wall time, when it wrote one
+        wall = json.loads(done.read_text())["wall_s"] if done.is_file() else 0.0
+        teacher: dict[str, Any] = {"reused": str(final), "seconds": round(wall, 1)}
     else:
         teacher = teacher_and_sft(base, args, model_dir, work, args.seeds[0])
     emit({"stage": "sft", **teacher})
