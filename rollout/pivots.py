@@ -75,6 +75,7 @@ __all__ = [
     "ReplayEngine",
     "detect_pivots",
     "detection_scores",
+    "every_turn",
     "label_rollouts",
     "restore",
     "rollout_from_record",
@@ -235,6 +236,10 @@ class DetectConfig(ConfigModel):
 class PivotGroupConfig(ConfigModel):
     """Pivot-turn groups: G samples per pivot from the restored state."""
 
+    at: Literal["pivots", "all_turns"] = Field(
+        "pivots", description="where groups are sampled: detected pivots (plus non_pivots_per_iteration labelled "
+        "non-pivots), or all_turns: any memory step of the labelled rollouts, no detection (the ablation of pivot "
+        "focus; it draws pivots_per_iteration + non_pivots_per_iteration steps)")
     group_size: int = Field(8, ge=2)  # G: samples per pivot
     phases: Literal["phase2", "phase1+2"] = "phase2"  # sample Phase 2, or Phase 1 with each sample's own Phase 2
     pivots_per_iteration: int = Field(16, ge=1)  # pivots drawn from the pool per iteration
@@ -580,6 +585,18 @@ def detection_scores(records: Sequence[LabelledRollout], pivots: Sequence[PivotR
         "recall": hits / len(planted) if planted else 0.0,
         "precision": hits / len(found) if found else 0.0,
     }
+
+
+def every_turn(records: Sequence[LabelledRollout]) -> list[PivotRecord]:
+    """Every memory step of ``records`` as an unlabelled :class:`PivotRecord` (no alternatives, ``is_pivot`` false,
+    the planted pivot kept for analysis): the group sites of ``at: all_turns``, which skips detection."""
+    return [
+        PivotRecord(pivot_id=f"{record.record_id}/t{step.step}", record_id=record.record_id, task_id=record.task_id,
+                    step=step.step, phase1_index=step.phase1_index, phase2_index=step.phase2_index,
+                    filters=list(step.filters), alternatives=[], spread=0.0, is_pivot=False, planted=step.planted,
+                    policy_version=record.policy_version)
+        for record in records for step in record.steps
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------

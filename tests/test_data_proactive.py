@@ -18,7 +18,7 @@ from data.formats import (
     render_window,
 )
 from data.tasks import ActionAgent, ProactiveTask, make_task, simulate_proactive
-from data.tasks.proactive import window_messages
+from data.tasks.proactive import FACTS, BankWriter, window_messages
 
 RNG = random.Random(0)
 
@@ -118,3 +118,52 @@ def test_proactive_formats_round_trip() -> None:
         assert parsed is not None
         assert parsed[0] == phase and parsed[1] == "task: t" and parse_window(parsed[2]) == steps
         assert parsed[3] == bank
+
+
+def _writer_in_the_loop(oracle: ProactiveOracle) -> object:
+    """Phase 1 by the bank writer, Phase 2 by ``oracle`` (one scripted memory policy for simulate_proactive)."""
+
+    class Both:
+        def respond(self, messages: list, rng: random.Random, metadata: dict) -> str:
+            if metadata["role"] == "bank_edit":
+                return BankWriter().respond(messages, rng, {})  # no truth reaches Phase 1
+            return oracle.respond(messages, rng, metadata)
+
+    return Both()
+
+
+def test_bank_writer_records_what_was_seen_and_never_the_plan() -> None:
+    task = ProactiveTask({"n_subtasks": 12}, seed=7)
+    first = render_phase1_prompt(task.task, render_window([(0, "", task.reset())]), render_bank("", [], []))
+    writer = BankWriter()
+    reply = writer.respond(first, RNG, {})
+    # the reply depends on the prompt alone: the task's truth (plan, values, pivots) changes nothing
+    assert writer.respond(first, RNG, {"truth": task.truth(), "task_id": task.task_id}) == reply
+    saved = [c.arguments["content"] for c in parse_tool_calls(reply).calls if c.name == "memory_save_knowledge"]
+    assert sorted(saved) == sorted(FACTS[k].sentence(task.values[k]) for k in ("interpreter", "output", "protected"))
+    status = next(c.arguments["content"] for c in parse_tool_calls(reply).calls if c.name == "memory_update_status")
+    assert "risk" not in status and status.startswith("at subtask 1 of")
+    # a failed command and the diagnosis its output states are recorded; the next step repeats nothing
+    failed = [(3, "pip install numpy", "error: externally-managed-environment\nhint: pip install --user numpy\n"
+                                       "next: install numpy (subtask 2 of 12)")]
+    bank = render_bank("at subtask 2 of 12: install numpy", [("k1", saved[0])], [])
+    calls = parse_tool_calls(writer.respond(render_phase1_prompt(task.task, render_window(failed), bank), RNG,
+                                            {})).calls
+    procedural = [c.arguments["content"] for c in calls if c.name == "memory_save_procedural"]
+    assert procedural == ["failed: pip install numpy -> error: externally-managed-environment",
+                          FACTS["install_flag"].sentence("--user")]
+    assert not any(c.name == "memory_delete" for c in calls)
+    full = render_bank("at subtask 2 of 12: install numpy", [(f"k{i}", s) for i, s in enumerate(saved, 1)],
+                       [("p4", procedural[0]), ("p5", procedural[1])])
+    assert writer.respond(render_phase1_prompt(task.task, render_window(failed), full), RNG, {}) == ""
+
+
+def test_prompted_phase2_over_the_written_bank_beats_no_memory() -> None:
+    passed = without = 0.0
+    for seed in range(8):
+        task = ProactiveTask({"n_subtasks": 16}, seed=seed)
+        oracle = ProactiveOracle({"cite_ids": True})
+        run = simulate_proactive(task, ActionAgent(), _writer_in_the_loop(oracle), k=2)
+        passed += run.outcome
+        without += simulate_proactive(task, ActionAgent(), None, k=2).outcome
+    assert passed == 8 and without == 0

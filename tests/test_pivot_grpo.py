@@ -124,15 +124,14 @@ def test_placement_endpoints_replace_the_action_agent() -> None:
 # ---------------------------------------------------------------------------------------------------- end to end
 def tiny_run(tmp_path: Path, model: Path, **overrides: Any) -> PivotGRPOConfig:
     params = {"n_subtasks": 6, "facts": ["interpreter"]}
-    oracle = {"backend": "scripted", "scripted_policy": "data.experts.proactive:ProactiveOracle",
-              "scripted_kwargs": {"config": {"note_risk": True}}}
+    writer = {"backend": "scripted", "scripted_policy": "data.tasks.proactive:BankWriter"}
     data = {
         "run": {"output_dir": str(tmp_path), "name": "pivot", "seed": 0},
         "policy": {"base": str(model)},
         "engine": {"backend": "hf", "model": str(model), "dtype": "float32"},
         "reasoner": {"backend": "scripted", "scripted_policy": "data.tasks.proactive:ActionAgent",
                      "tokenizer": str(model)},
-        "phase1": oracle,
+        "phase1": writer,
         "memory": {"window": 1, "sampling": {"bank_edit": {"max_tokens": 64}, "intervene": {"max_tokens": 12}}},
         "train_tasks": {"params": params, "count": 3},
         "eval_tasks": {"params": params, "seed_start": 50, "count": 2},
@@ -182,3 +181,22 @@ def test_online_loop_runs_evaluates_and_resumes(tmp_path: Path, tiny_model_dir: 
     # going on past the first pool relabels with the current policy
     assert run_pivot_grpo(tiny_run(tmp_path, tiny_model_dir, run={"resume": True}, loop={"iterations": 3})) == 0
     assert (run / "pivots" / "r0001" / "COMPLETE").exists()
+
+
+@pytest.mark.slow
+def test_all_turns_groups_skip_detection_and_reuse_the_start_evaluation(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from train.pivot_grpo import run_pivot_grpo
+
+    run = tmp_path / "pivot"
+    run.mkdir()
+    start = {"sft_pass_rate": 0.25, "sft_reminders_per_episode": 1.5, "sft_double_checks_per_episode": 0.0,
+             "sft_action_tokens": 10.0, "no_memory_pass_rate": 0.0}
+    (run / "baselines.json").write_text(json.dumps(start))  # as a first variant from the same SFT model wrote it
+    cfg = tiny_run(tmp_path, tiny_model_dir, groups={"at": "all_turns", "pivots_per_iteration": 2,
+                                                       "non_pivots_per_iteration": 1}, loop={"iterations": 1})
+    assert run_pivot_grpo(cfg) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["before"]["pass_rate"] == 0.25 and summary["before"]["reminders_per_episode"] == 1.5
+    (row,) = summary["history"]
+    assert row["pivot_groups"] == 3 and row["refresh_turns"] >= 3 and "refresh_candidates" not in row
+    assert row["action_tokens"] > 0

@@ -29,6 +29,7 @@ from rollout.pivots import (
     ReplayEngine,
     detect_pivots,
     detection_scores,
+    every_turn,
     label_rollouts,
     restore,
     sample_pivot_groups,
@@ -185,6 +186,21 @@ def test_detector_finds_planted_pivots_with_few_false_positives(tmp_path: Path) 
     write_jsonl(tmp_path / "rollouts.jsonl", records)
     assert read_jsonl(tmp_path / "pivots.jsonl", PivotRecord) == pivots
     assert read_jsonl(tmp_path / "rollouts.jsonl", LabelledRollout) == records
+
+
+def test_every_turn_is_a_group_site_without_detection() -> None:
+    ts = tasks(2, start=40)
+    eng = engines(ts)
+    records = label_rollouts(ts, eng, ProactiveConfig(), seed=1, prefilter=PrefilterConfig(every_step=False,
+                             state_change=False, tool_error=False, repeat=False))
+    sites = every_turn(records)
+    assert [(s.record_id, s.step) for s in sites] == [(r.record_id, st.step) for r in records for st in r.steps]
+    assert all(not s.is_pivot and not s.alternatives for s in sites)  # unlabelled, whatever the pre-filters say
+    assert sum(s.planted is not None for s in sites) == sum(st.planted is not None for r in records for st in r.steps)
+    (group,) = sample_pivot_groups(sites[3:4], {r.record_id: r for r in records}, eng, PivotGroupConfig(group_size=2))
+    assert group.pivot_id == sites[3].pivot_id and group.metadata["step"] == sites[3].step
+    with pytest.raises(ValueError):
+        PivotGroupConfig(at="pivot")
 
 
 @pytest.mark.parametrize("cite", [False, True])

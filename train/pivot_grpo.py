@@ -10,13 +10,16 @@ The policy is the memory agent (typically the SFT model); the action agent stays
   ``<run_dir>/pivots/r<NNNN>/`` (``rollouts.jsonl``, ``pivots.jsonl``, then a ``COMPLETE`` marker), so a resumed run
   reloads the pool it was training on instead of relabelling it with another policy.
 - **Groups** each iteration: ``groups.pivots_per_iteration`` pivots of the pool (a pure function of the seed and
-  the iteration), G samples each from the restored state, every one continued to the end and scored by
+  the iteration; with ``groups.at: all_turns``, the ablation, no detection runs and the groups go to that many plus
+  ``non_pivots_per_iteration`` memory steps of the labelled rollouts, pivots or not), G samples each from the
+  restored state, every one continued to the end and scored by
   :mod:`rewards.pivot` (verifier outcome minus the optional per-reminder cost and the format penalty).
 - **Update and sync**: the group trainer updates the policy; the loop saves it and loads it into the rollout engine
   (LoRA hot-swap or in-place full weights).
 - **Evaluation**: held-out pass rate at the rollout temperature (and greedy), reminders per episode and the action
   agent's tokens, beside the no-memory baseline and the SFT agent (the policy before the first update); written to
-  ``baselines.json`` once, so a resumed run compares against the same numbers.
+  ``baselines.json`` once, so a resumed run compares against the same numbers (a run started in a directory that
+  already holds one, e.g. a second variant from the same SFT model, reuses its evaluation of the starting policy).
 
 Phase 1 (``bank_edit``) is served by the policy too unless ``phase1`` names another engine (e.g. the scripted oracle,
 when only Phase 2 is trained). ``summary.json`` holds the evaluations, the baselines and the action agent's tokens.
@@ -50,6 +53,7 @@ from rollout.pivots import (
     PivotRecord,
     detect_pivots,
     detection_scores,
+    every_turn,
     label_rollouts,
     sample_pivot_groups,
 )
@@ -249,20 +253,24 @@ class _PivotCollector:
         records = label_rollouts(chosen, self.engines, cfg.memory, prefilter=cfg.pivots.detect.prefilter,
                                  seed=cfg.run.seed * 100_003 + r, rollout_id=f"r{r}",
                                  reasoner_sampling=cfg.reasoner_sampling)
-        pivots, cost = detect_pivots(records, self.engines, cfg.pivots.detect, salt=r + 1)
-        scores = detection_scores(records, pivots)
-        required = detection_scores(records, pivots, lambda p: bool(p.get("requirement")))
         labelling = sum((rec.reasoner_usage for rec in records), TokenUsage())
-        stats = {
-            "refresh_candidates": cost["candidates"],
-            "refresh_continuations": cost["continuations"],
-            "refresh_pivots": cost["pivots"],
-            "refresh_label_pass_rate": sum(rec.outcome for rec in records) / len(records),
-            "refresh_recall": scores["recall"],
-            "refresh_precision": scores["precision"],
-            "refresh_requirement_recall": required["recall"],
-            "refresh_action_tokens": cost["action_tokens"] + labelling.spent,  # labelling + counterfactuals
-        }
+        stats = {"refresh_label_pass_rate": sum(rec.outcome for rec in records) / len(records)}
+        if cfg.groups.at == "all_turns":  # no detection: every memory step is a group site
+            pivots = every_turn(records)
+            stats.update({"refresh_turns": float(len(pivots)), "refresh_action_tokens": float(labelling.spent)})
+        else:
+            pivots, cost = detect_pivots(records, self.engines, cfg.pivots.detect, salt=r + 1)
+            scores = detection_scores(records, pivots)
+            required = detection_scores(records, pivots, lambda p: bool(p.get("requirement")))
+            stats.update({
+                "refresh_candidates": cost["candidates"],
+                "refresh_continuations": cost["continuations"],
+                "refresh_pivots": cost["pivots"],
+                "refresh_recall": scores["recall"],
+                "refresh_precision": scores["precision"],
+                "refresh_requirement_recall": required["recall"],
+                "refresh_action_tokens": cost["action_tokens"] + labelling.spent,  # labelling + counterfactuals
+            })
         write_jsonl(folder / "rollouts.jsonl", records)
         write_jsonl(folder / "pivots.jsonl", pivots)
         atomic_write_text(folder / "stats.json", json.dumps(stats, indent=1) + "\n")
@@ -280,8 +288,13 @@ class _PivotCollector:
             self.negatives = [p for p in pivots if not p.is_pivot]
             metrics.update(stats)
         rng = random.Random(f"{cfg.run.seed}/groups/{iteration}")
-        chosen = rng.sample(self.pool, min(cfg.groups.pivots_per_iteration, len(self.pool)))
-        chosen += rng.sample(self.negatives, min(cfg.groups.non_pivots_per_iteration, len(self.negatives)))
+        if cfg.groups.at == "all_turns":
+            sites = cfg.groups.pivots_per_iteration + cfg.groups.non_pivots_per_iteration
+            # every_turn records are unlabelled (is_pivot false): the whole refresh sits in self.negatives
+            chosen = rng.sample(self.negatives, min(sites, len(self.negatives)))
+        else:
+            chosen = rng.sample(self.pool, min(cfg.groups.pivots_per_iteration, len(self.pool)))
+            chosen += rng.sample(self.negatives, min(cfg.groups.non_pivots_per_iteration, len(self.negatives)))
         results = sample_pivot_groups(chosen, self.records, self.engines, cfg.groups, salt=iteration)
         groups = pivot_groups(results, cfg.reward)
         samples = [s for g in results if g.metadata["is_pivot"] for s in g.samples]
@@ -290,6 +303,7 @@ class _PivotCollector:
         metrics.update({
             "pivot_pool": float(len(self.pool)),
             "pivot_groups": float(len(results)),
+            "planted_group_fraction": sum(g.metadata["planted"] for g in results) / len(results) if results else 0.0,
             "non_pivot_reminder_rate": sum(s.reminder is not None for s in others) / len(others) if others else 0.0,
             "pivot_success": sum(s.outcome for s in samples) / len(samples) if samples else 0.0,
             "pivot_reminder_rate": sum(s.reminder is not None for s in samples) / len(samples) if samples else 0.0,
@@ -313,9 +327,14 @@ class _Evaluator:
 
     def __call__(self, iteration: int) -> dict[str, Any]:
         cfg = self.cfg
-        out: dict[str, Any] = dict(self._run(_at_temperature(cfg.memory, cfg.eval.temperature)))
-        if cfg.eval.greedy:
-            out.update({f"greedy_{k}": v for k, v in self._run(_at_temperature(cfg.memory, 0.0)).items()})
+        start = {k[len("sft_"):]: v for k, v in self.baselines.items() if k.startswith("sft_")}
+        if iteration < 0 and "pass_rate" in start and ("greedy_pass_rate" in start or not cfg.eval.greedy):
+            # the starting policy was evaluated already (a baselines.json placed in the run directory): reuse it
+            out: dict[str, Any] = start
+        else:
+            out = dict(self._run(_at_temperature(cfg.memory, cfg.eval.temperature)))
+            if cfg.eval.greedy:
+                out.update({f"greedy_{k}": v for k, v in self._run(_at_temperature(cfg.memory, 0.0)).items()})
         if "no_memory_pass_rate" not in self.baselines and cfg.eval.no_memory_baseline:
             none = self._run(cfg.memory.model_copy(update={"variant": "no_memory"}))
             self.baselines["no_memory_pass_rate"] = none["pass_rate"]

@@ -38,7 +38,9 @@ from data.formats import (
     ACTION_AGENT_SYSTEM,
     parse_intervention,
     parse_memory_context,
+    parse_phase_prompt,
     parse_tool_calls,
+    parse_window,
     render_bank,
     render_memory_context,
     render_phase1_prompt,
@@ -52,6 +54,7 @@ from data.tasks.common import as_messages, content_of, role_of
 __all__ = [
     "FACTS",
     "ActionAgent",
+    "BankWriter",
     "ProactiveParams",
     "ProactiveRun",
     "ProactiveTask",
@@ -478,6 +481,62 @@ class ActionAgent:
         if last_action == sub.default and sub.discover:
             return sub.discover
         return sub.default
+
+
+# ---------------------------------------------------------------------------------------------------- Phase 1
+_FAILURE = re.compile(r"(?im)^(error: .*|bash: .*command not found|cp: cannot stat .*)$")
+
+
+class BankWriter:
+    """A scripted, non-privileged Phase 1 (a :class:`~data.schemas.ScriptedPolicy` for the ``bank_edit`` role): it
+    records what the agent has seen and nothing else. It reads only its prompt (task statement, recent window, bank),
+    never the task's plan, its fact values or its pivots, so it cannot flag which entry the next subtask will need.
+
+    Per memory step: the status notes the subtask the window ends on; every fact the statement or the window states
+    (any kind of :data:`FACTS`) is saved once as its canonical sentence (a changed value rewrites its entry); every
+    failed command in the window is saved once as a procedural ``failed: COMMAND -> ERROR`` entry. Nothing is ever
+    deleted: the bank keeps what was observed, relevant later or not.
+    """
+
+    name = "bank-writer"
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        """Bank tool calls for a Phase 1 prompt; empty text for any other prompt."""
+        parsed = parse_phase_prompt(messages)
+        if parsed is None or parsed[0] != 1:
+            return ""
+        _, task, window, bank = parsed
+        calls = []
+        if (nxt := parse_next(window or task)) is not None:
+            status = f"at subtask {nxt[1]} of {nxt[2]}: {nxt[0]}"
+            if status != bank.status:
+                calls.append(render_tool_call("memory_update_status", {"content": status}))
+        known = [*bank.knowledge.items(), *bank.procedural.items()]
+        saved = {content for _, content in known}
+        steps = parse_window(window)
+        for _, action, observation in steps:
+            failure = _FAILURE.search(observation)
+            content = f"failed: {action} -> {failure.group(1)}" if failure and action else None
+            if content is not None and content not in saved:
+                calls.append(render_tool_call("memory_save_procedural", {"content": content}))
+                saved.add(content)
+        visible = "\n".join([task, *(f"{a}\n{o}" for _, a, o in steps)])
+        for kind, fact in FACTS.items():
+            value = fact_value(kind, visible)
+            if value is None or fact.sentence(value) in saved:
+                continue
+            stale = [i for i, content in known if _states(kind, content)]  # the same fact, another value
+            tool = "memory_save_knowledge" if fact.memory == "knowledge" else "memory_save_procedural"
+            args = {"content": fact.sentence(value), **({"id": stale[-1]} if stale else {})}
+            calls.append(render_tool_call(tool, args))
+            saved.add(fact.sentence(value))
+        return "\n".join(calls)
+
+
+def _states(kind: str, content: str) -> bool:
+    """Whether a bank entry is the canonical sentence of a ``kind`` fact (any value)."""
+    value = fact_value(kind, content)
+    return value is not None and content == FACTS[kind].sentence(value)
 
 
 def _subtask_by_name(name: str) -> Subtask | None:
