@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from data.errors import UserError
 from data.schemas import Message
 from rollout.engines import (
     EngineConfig,
@@ -206,7 +207,7 @@ def test_lora_hot_swap(engine, hf_model, tiny_model_dir, tmp_path) -> None:
     mad, _ = mean_abs_diff(peft_one, with_one)
     print(f"vLLM LoRA vs PEFT log-prob mean abs diff {mad:.2e}")
     assert mad < 1e-4
-    with pytest.raises(EngineError, match="adapter"):
+    with pytest.raises(UserError, match="adapter"):  # a missing folder is the user's to fix: named, exit 2
         engine.load_adapter(str(tmp_path / "missing"), version=9)
     assert sample_ids(engine.generate(requests)) == sample_ids(with_one) and engine.policy_version == 1
     engine.load_adapter(str(two), version=2)
