@@ -106,7 +106,7 @@ def test_a_sam_recall_is_one_node_and_the_tree_expands_at_every_recall() -> None
         deepest = max([deepest, *(n.depth for n in recalls)])
         assign_credit(tree, CreditConfig(committee_weight=0.0))
         groups = trees_to_groups([tree])
-        follow_ups = [g for g in groups if "/f" in g.group_id.rsplit("/", 1)[-1]]
+        follow_ups = [g for g in groups if g.group_id.rsplit("/", 1)[-1].startswith("f")]
         assert len(follow_ups) == sum(len(n.follow_up_calls) for n in recalls)
         for g in follow_ups:  # a later page of a recall carries its action's advantage
             assert len(g.samples) == 1 and g.samples[0].advantage == nodes[g.samples[0].node_id].advantage
