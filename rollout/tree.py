@@ -38,19 +38,33 @@ from data.schemas import Group, GroupSample, MemoryCallTree, TokenUsage, TreeNod
 from rollout.engines.base import Engine
 from rollout.loop import EngineSet, PendingCall, Rollout
 
-__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "trees_to_groups"]
+__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "check_trained_sampling", "trees_to_groups"]
 
 
 class TreeConfig(ConfigModel):
     """Budgets of tree (or flat) rollouts."""
 
     mode: Literal["tree", "flat"] = "tree"  # tree: K-way branching at memory calls; flat: G rollouts per task
-    branch_roles: list[str] = ["recall"]  # trainable memory roles: their calls become nodes and branch
+    branch_roles: list[str] = ["recall"]  # trained roles (recall, consolidate): their actions are nodes and branch
     branch_factor: int = 4  # K siblings per trainable call
     max_branch_depth: int | None = None  # only the first this many memory actions on a path branch (None: no limit)
     max_leaves: int = 16  # no branching that would take the tree past this many live leaves
     reasoner_token_budget: int | None = None  # per tree: stop branching once this many reasoner tokens are spent
     flat_group_size: int = 4  # G trajectories per task in flat mode
+
+
+def check_trained_sampling(role: str, temperature: float, top_p: float, where: str = "memory.sampling") -> None:
+    """Refuse a trained role sampled with a transform the trainer's log-probs do not apply.
+
+    The policy-gradient ratio compares the trainer's log-probs (raw logits: temperature 1, the full vocabulary) with
+    the rollout's; a sample drawn at temperature != 1 or with top_p < 1 comes from another distribution, so the ratio
+    and the rollout log-probs would be wrong for every trained token."""
+    if temperature != 1.0 or top_p < 1.0:
+        raise ValueError(
+            f"{where}.{role}: role {role!r} is trained (tree.branch_roles) but sampled at temperature {temperature} "
+            f"and top_p {top_p}; the trainer's log-probs are those of temperature 1 and top_p 1, so set "
+            f"{where}.{role}.temperature=1.0 and top_p=1.0 or remove {role!r} from tree.branch_roles"
+        )
 
 
 @dataclass
@@ -182,6 +196,8 @@ def _continues_action(call: PendingCall) -> bool:
 
 
 def _samples_for(call: PendingCall, branch: _Branch, cfg: TreeConfig) -> int:
+    if call.kind == "memory" and call.role in cfg.branch_roles:
+        check_trained_sampling(call.role, call.request.sampling.temperature, call.request.sampling.top_p)
     if cfg.mode != "tree" or call.kind != "memory" or call.role not in cfg.branch_roles or _continues_action(call):
         return 1
     depth = branch.tree.nodes[branch.node_id].depth

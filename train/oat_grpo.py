@@ -20,6 +20,8 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import model_validator
+
 from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
 from data.io import atomic_write_text, write_jsonl
 from data.tasks import TaskSetConfig, load_tasks
@@ -32,8 +34,9 @@ from rollout.engines.base import Engine
 from rollout.engines.config import EndpointConfig, EngineConfig, build_engine, place_policy_engine
 from rollout.harness import evaluate_sam_memory
 from rollout.loop import EngineSet
+from rollout.memory.base import RoleSampling
 from rollout.memory.sam import SamConfig
-from rollout.tree import TreeConfig, build_trees, trees_to_groups
+from rollout.tree import TreeConfig, build_trees, check_trained_sampling, trees_to_groups
 from train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
 from train.online import LoopConfig, run_online_loop, shared_run_dir
 from train.policy import PolicySpec
@@ -68,6 +71,13 @@ class OATGRPOConfig(ConfigModel):
     trainer: GroupTrainerConfig = GroupTrainerConfig()
     loop: LoopConfig = LoopConfig()
     eval_samples: int = 1  # sampled runs per held-out task (the memory config's own temperatures); plus one greedy
+
+    @model_validator(mode="after")
+    def _trained_roles_sampled_as_scored(self) -> OATGRPOConfig:
+        for role in self.tree.branch_roles:
+            sampling = self.memory.sampling.get(role, RoleSampling())
+            check_trained_sampling(role, sampling.temperature, sampling.top_p)
+        return self
 
 
 # ----------------------------------------------------------------------------------------------------------------
