@@ -28,7 +28,7 @@ from data.tasks import TaskSetConfig, load_tasks
 from data.tasks.sam import SamTask
 from data.tracking import MetricsLogger
 from rewards.committee import Committee, CommitteeConfig
-from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
+from rewards.credit import CreditConfig, assign_batch_credit
 from rollout.agents import sam_rollout
 from rollout.engines.base import Engine
 from rollout.engines.config import EndpointConfig, EngineConfig, build_engine, place_policy_engine
@@ -71,6 +71,7 @@ class OATGRPOConfig(ConfigModel):
     trainer: GroupTrainerConfig = GroupTrainerConfig()
     loop: LoopConfig = LoopConfig()
     eval_samples: int = 1  # sampled runs per held-out task (the memory config's own temperatures); plus one greedy
+    reasoner_token_budget: int | None = None  # stop rolling out once training spent this many reasoner tokens
 
     @model_validator(mode="after")
     def _trained_roles_sampled_as_scored(self) -> OATGRPOConfig:
@@ -222,7 +223,16 @@ def train_oat_grpo(
     logger = logger or MetricsLogger(run_dir, cfg.run.wandb if main else None, cfg.model_dump(mode="json"),
                                      name=run_dir.name, console=main)
 
+    def spent_before(iteration: int) -> int:
+        """Reasoner tokens the run spent on training rollouts before ``iteration`` (from metrics.jsonl: survives a
+        resume, which truncates the log to the checkpoint first)."""
+        path = run_dir / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        return sum(int(r.get("reasoner_tokens", 0)) for r in rows if 0 <= r.get("step", -1) < iteration)
+
     def collect(iteration: int) -> tuple[list, dict[str, Any]]:
+        if cfg.reasoner_token_budget is not None and spent_before(iteration) >= cfg.reasoner_token_budget:
+            return [], {"budget_exhausted": 1}  # no rollouts, no update: the equal-budget comparisons stop here
         batch = iteration_batch(train_tasks, cfg.tasks_per_iteration, cfg.run.seed, iteration)
         seed = cfg.run.seed * 7919 + iteration
 
@@ -231,14 +241,13 @@ def train_oat_grpo(
 
         trees, stats = build_trees(batch, make, engines, cfg.tree, config_hash=chash)
         cstats = committee.score(trees) if cfg.credit.committee_weight else None
-        credit = [assign_credit(t, cfg.credit) if cfg.tree.mode == "tree" else assign_flat_credit(t, cfg.credit)
-                  for t in trees]
+        credit = assign_batch_credit(trees, cfg.credit, mode=cfg.tree.mode, seed=seed)
         groups = trees_to_groups(trees, source="oat" if cfg.tree.mode == "tree" else "flat")
         write_jsonl(run_dir / "trees_last.jsonl", trees)
         leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
         metrics: dict[str, Any] = {
             "tasks": [t.task_id for t in batch],  # the data order, checked against an uninterrupted run on resume
-            "success": sum(n.outcome or 0.0 for n in leaves) / max(len(leaves), 1),
+            "success": sum(n.metadata.get("true_outcome", n.outcome) or 0.0 for n in leaves) / max(len(leaves), 1),
             "leaves": len(leaves),
             "reasoner_tokens": sum(t.reasoner_usage.spent for t in trees),
             "memory_calls_trained": sum(len(g.samples) for g in groups),
