@@ -262,9 +262,15 @@ def train_oat_grpo(
                            committee_score_mean=sum(cstats.scores) / max(len(cstats.scores), 1))
         return groups, metrics
 
+    last_eval: dict[str, Any] = {}
+
     def evaluate(iteration: int) -> dict[str, Any]:
-        return summarize_eval(evaluate_sam_memory(eval_tasks, engine, cfg.memory, samples=cfg.eval_samples,
-                                                  reasoner=reasoner, seed=cfg.run.seed))
+        if last_eval.get("version") == trainer.version:  # no update since (budget spent): the same policy
+            return dict(last_eval["result"])
+        result = summarize_eval(evaluate_sam_memory(eval_tasks, engine, cfg.memory, samples=cfg.eval_samples,
+                                                    reasoner=reasoner, seed=cfg.run.seed))
+        last_eval.update(version=trainer.version, result=result)
+        return result
 
     result = run_online_loop(trainer=trainer, engine=engine, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
                              collect=collect, evaluate=evaluate, logger=logger, desc="oat-grpo",
