@@ -45,7 +45,7 @@ VARIANTS = ("oat", "tree_lambda0", "flat", "trl_grpo", "sft_more", "shuffled_rew
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-SFT_STEPS = 120  # the shared SFT checkpoint: the same for --quick and the full setting, so both can reuse it
+SFT_STEPS = 300  # the shared SFT checkpoint: the same for --quick and the full setting, so both can reuse it
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Scale:
     trl_prompts_per_step: int
 
 
-QUICK = Scale(test_tasks=30, train_tasks=128, tasks_per_iteration=4, iterations=4, max_iterations=8,
+QUICK = Scale(test_tasks=24, train_tasks=128, tasks_per_iteration=4, iterations=4, max_iterations=8,
               eval_every=2, branch_factor=2, max_leaves=8, flat_group_size=4, trl_prompts_per_step=4)
 FULL = Scale(test_tasks=60, train_tasks=512, tasks_per_iteration=8, iterations=8, max_iterations=16,
              eval_every=4, branch_factor=2, max_leaves=8, flat_group_size=4, trl_prompts_per_step=8)
@@ -125,6 +125,7 @@ class Bench:
                                        sam=self.setting.train)
         self.base: Path | None = None
         self.sft_dir: Path | None = None
+        self.sft_evals: dict[int, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------------------------------------ shared SFT
     def prepare(self) -> dict[str, Any]:
@@ -151,7 +152,7 @@ class Bench:
         return {"distill_traces": stats.get("traces"), "distill_rows": stats.get("rows"),
                 "seconds": round(time.perf_counter() - t0, 1)}
 
-    def _sft(self, data_dir: Path, base: Path, out: Path, name: str, steps: int, seed: int) -> Path:
+    def _sft(self, data_dir: Path, base: Path, out: Path, name: str, steps: int, seed: int, lr: float = 2e-3) -> Path:
         from data.config import RunConfig
         from train.policy import LoraSettings, PolicySpec
         from train.sft import SFTDataConfig, SFTRunConfig, SFTTrainConfig, run_sft
@@ -160,7 +161,7 @@ class Bench:
             run=RunConfig(output_dir=str(out), name=name, seed=seed), model=PolicySpec(base=str(base)),
             lora=LoraSettings(enabled=False),
             data=SFTDataConfig(dir=str(data_dir), roles={"consolidate": 0.4, "recall": 0.6}, mixture_rows=steps * 32),
-            train=SFTTrainConfig(max_steps=steps, batch_size=32, lr=2e-3, warmup=0.05, max_length=512, save_steps=0,
+            train=SFTTrainConfig(max_steps=steps, batch_size=32, lr=lr, warmup=0.05, max_length=512, save_steps=0,
                                  logging_steps=50),
         )
         run_sft(cfg)
@@ -186,6 +187,12 @@ class Bench:
                                                       progress=None))
         finally:
             engine.close()
+
+    def sft_eval(self, seed: int) -> dict[str, Any]:
+        """The shared SFT checkpoint's held-out figures under ``seed`` (every run of that seed starts from them)."""
+        if seed not in self.sft_evals:
+            self.sft_evals[seed] = self.evaluate(self.sft_dir, seed)  # type: ignore[arg-type]
+        return self.sft_evals[seed]
 
     # ------------------------------------------------------------------------------------------------ memrl RL
     def oat_family(self, variant: str, seed: int, budget: int | None) -> dict[str, Any]:
@@ -220,7 +227,8 @@ class Bench:
         run_dir = prepare_run_dir(cfg, cfg.run, "train-oat-grpo")
         logger = MetricsLogger(run_dir, None, cfg.model_dump(mode="json"), name=run_dir.name, console=False)
         t0 = time.perf_counter()
-        result = train_oat_grpo(cfg, run_dir, logger=logger, eval_tasks=self.test_tasks)
+        result = train_oat_grpo(cfg, run_dir, logger=logger, eval_tasks=self.test_tasks,
+                                initial_eval=self.sft_eval(seed))
         logger.close()
         spent, by_iteration = 0, {}
         for h in result["history"]:
@@ -258,7 +266,8 @@ class Bench:
             tokenizer=str(self.base),
         ), out / "distill")
         steps = max(10, round(SFT_STEPS * extra / self.setting.distill_tasks))
-        model = self._sft(out / "distill", self.sft_dir, out, "sft", steps, seed=seed)  # type: ignore[arg-type]
+        # continued at the RL variants' learning rate: a fresh 2e-3 warm restart undoes the shared checkpoint
+        model = self._sft(out / "distill", self.sft_dir, out, "sft", steps, seed=seed, lr=2e-4)  # type: ignore[arg-type]
         result = self.evaluate(model, seed)
         return {"success": result["success"], "success_greedy": result["success_greedy"],
                 "reasoner_tokens": round(extra * per_task), "extra_expert_tasks": extra, "sft_steps": steps,
@@ -299,9 +308,12 @@ class Bench:
                              "state": len(states)})
                 states.append(snapshot)
 
-        collect = [sam_rollout(t, self.memory, seed=seed, rollout_id="c") for t in tasks[: self.scale.train_tasks // 4]]
+        collect = [sam_rollout(t, self.memory, seed=seed, rollout_id="c")
+                   for t in tasks[: 2 * self.scale.tasks_per_iteration]]
         run_rollouts(collect, engines, on_result=on_result)
         spent[0] += sum(r.reasoner_usage.spent for r in collect)
+        if not rows:
+            raise RuntimeError("trl_grpo: the SFT model's trajectories made no recall: no prompt to train on")
 
         # 2. reward: continue the episode from the snapshot with the completion as that recall's page read
         def reward(prompts: list[Any], completions: list[Any], state: list[int], **_: Any) -> list[float]:
@@ -409,6 +421,7 @@ def main() -> None:
     parser.add_argument("--split", choices=["dev", "test"], default="test")
     parser.add_argument("--work", default="runs/ablations", help="output directory (the SFT checkpoint is reused)")
     parser.add_argument("--model-cache", default=".cache/models")
+    parser.add_argument("--prepare-only", action="store_true", help="build the shared SFT checkpoint and stop")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -421,11 +434,12 @@ def main() -> None:
     bench = Bench(args)
     prep = bench.prepare()
     print(f"[ablations] shared SFT checkpoint {bench.sft_dir} ({prep})", flush=True)
+    if args.prepare_only:
+        return
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     first = bench.oat_family("oat", 0, None)
     budget = first["reasoner_tokens"]
     runs["oat"].append({"seed": 0, **first})
-    sft_evals = [first["sft"]]
     print(f"[ablations] budget: {budget} reasoner tokens (oat seed 0, {bench.scale.iterations} iterations)",
           flush=True)
     for seed in range(args.seeds):
@@ -439,12 +453,14 @@ def main() -> None:
                 row = bench.sft_more(seed, budget)
             else:
                 row = bench.oat_family(variant, seed, budget)
-                if seed > 0 and variant == "oat":
-                    sft_evals.append(row["sft"])
             runs[variant].append({"seed": seed, **row})
+            with (bench.runs / "progress.jsonl").open("a") as f:  # partial results survive an interrupted run
+                f.write(json.dumps({"variant": variant, "seed": seed,
+                                    **{k: v for k, v in row.items() if k != "sft"}}) + "\n")
             print(f"[ablations] {variant} seed {seed}: sampled {row['success']:.3f} greedy "
                   f"{row['success_greedy']:.3f} tokens {row['reasoner_tokens']} ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
+    sft_evals = [bench.sft_eval(seed) for seed in range(args.seeds)]
     sft_sampled = statistics.fmean(e["success"] for e in sft_evals)
     sft_greedy = statistics.fmean(e["success_greedy"] for e in sft_evals)
     png = bench.runs / "ablations_curves.png"
@@ -472,7 +488,9 @@ def main() -> None:
         "seeds": args.seeds,
         "test_tasks": bench.scale.test_tasks,
         "budget_reasoner_tokens": budget,
-        "sft": {"success": sft_sampled, "success_greedy": sft_greedy},
+        "sft": {"success": sft_sampled, "success_greedy": sft_greedy,
+                "ci95": {"success": ci95([e["success"] for e in sft_evals]),
+                         "success_greedy": ci95([e["success_greedy"] for e in sft_evals])}},
         "oat_at_flat_budget": at_flat,
         "png": str(png),
         "wall_seconds": round(time.perf_counter() - t_start, 1),

@@ -200,10 +200,12 @@ def run_oat_grpo(cfg: OATGRPOConfig) -> int:
 
 def train_oat_grpo(
     cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None, eval_tasks: list[SamTask] | None = None,
-    accelerator: Any = None,
+    accelerator: Any = None, initial_eval: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The loop behind ``memrl train oat-grpo`` (also called by the quickstart, which passes its own logger and a
-    held-out set spanning several horizons); returns a summary dict."""
+    held-out set spanning several horizons); returns a summary dict. ``initial_eval``: the starting policy's held-out
+    figures when the caller already has them (a benchmark starting many runs from one checkpoint), used instead of
+    evaluating it again."""
     trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
     main = trainer.accelerator.is_main_process
     engine: Engine | None = build_engine(policy_engine_config(cfg)) if main else None
@@ -262,7 +264,7 @@ def train_oat_grpo(
                            committee_score_mean=sum(cstats.scores) / max(len(cstats.scores), 1))
         return groups, metrics
 
-    last_eval: dict[str, Any] = {}
+    last_eval: dict[str, Any] = {} if initial_eval is None else {"version": trainer.version, "result": initial_eval}
 
     def evaluate(iteration: int) -> dict[str, Any]:
         if last_eval.get("version") == trainer.version:  # no update since (budget spent): the same policy
