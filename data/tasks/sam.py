@@ -49,9 +49,9 @@ from data.tasks.common import as_messages, content_of, normalize_answer, role_of
 __all__ = [
     "SAM_SETTINGS",
     "SAM_TASK",
-    "SamSetting",
     "SamFacts",
     "SamReasoner",
+    "SamSetting",
     "SamTask",
     "SamTaskParams",
     "parse_facts",
