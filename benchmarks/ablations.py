@@ -346,7 +346,7 @@ class Bench:
             output_dir=str(self.runs / f"trl_grpo-s{seed}"), seed=seed, learning_rate=2e-4,
             num_generations=k, per_device_train_batch_size=k * self.scale.trl_prompts_per_step,
             max_completion_length=64, temperature=1.0, top_p=1.0, beta=0.0, max_steps=10_000,
-            logging_steps=5, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
+            logging_steps=5, save_strategy="no", report_to=[], use_cpu=not torch.cuda.is_available(), bf16=False,
             dataloader_num_workers=0, disable_tqdm=True,
         )
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
