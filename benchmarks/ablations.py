@@ -88,13 +88,14 @@ def pooled_ci95(values: list[float], runs_per_value: int) -> list[float]:
 
 
 def interpolate(curve: list[tuple[float, float]], x: float) -> float | None:
-    """y at ``x`` on a piecewise-linear curve of (x, y) points sorted by x (None past its ends)."""
+    """y at ``x`` on a piecewise-linear curve of (x, y) points sorted by x; past its last point the last y (a run
+    that stopped at its budget keeps its final policy); None before its first point."""
+    if not curve or x < curve[0][0]:
+        return None
     for (x0, y0), (x1, y1) in itertools.pairwise(curve):
         if x0 <= x <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    if curve and abs(curve[-1][0] - x) < 1e-9:
-        return curve[-1][1]
-    return None
+    return curve[-1][1]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -440,6 +441,9 @@ def main() -> None:
     first = bench.oat_family("oat", 0, None)
     budget = first["reasoner_tokens"]
     runs["oat"].append({"seed": 0, **first})
+    progress = bench.runs / "progress.jsonl"  # partial results survive an interrupted run
+    with progress.open("a") as f:
+        f.write(json.dumps({"variant": "oat", "seed": 0, **{k: v for k, v in first.items() if k != "sft"}}) + "\n")
     print(f"[ablations] budget: {budget} reasoner tokens (oat seed 0, {bench.scale.iterations} iterations)",
           flush=True)
     for seed in range(args.seeds):
@@ -454,7 +458,7 @@ def main() -> None:
             else:
                 row = bench.oat_family(variant, seed, budget)
             runs[variant].append({"seed": seed, **row})
-            with (bench.runs / "progress.jsonl").open("a") as f:  # partial results survive an interrupted run
+            with progress.open("a") as f:
                 f.write(json.dumps({"variant": variant, "seed": seed,
                                     **{k: v for k, v in row.items() if k != "sft"}}) + "\n")
             print(f"[ablations] {variant} seed {seed}: sampled {row['success']:.3f} greedy "
@@ -472,6 +476,7 @@ def main() -> None:
         per_seed = [interpolate([(x, y) for x, y, _ in r["curve"]], flat_end) for r in runs["oat"]]
         per_seed_g = [interpolate([(x, g) for x, _, g in r["curve"]], flat_end) for r in runs["oat"]]
         at_flat = {"flat_final_reasoner_tokens": flat_end,
+                   "oat_final_reasoner_tokens": [r["reasoner_tokens"] for r in runs["oat"]],
                    "oat_success": [p for p in per_seed if p is not None],
                    "oat_success_greedy": [p for p in per_seed_g if p is not None]}
         if at_flat["oat_success"]:
