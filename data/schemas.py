@@ -202,6 +202,7 @@ class TreeNode(Record):
     depth: int = Field(0, ge=0)
     kind: Literal["root", "memory", "leaf"] = "memory"
     call: MemoryCall | None = None
+    follow_up_calls: list[MemoryCall] = []  # later model calls of the same memory action (a recall's later pages)
     children: list[str] = []
     group_id: str | None = None
     reasoner_usage: TokenUsage = TokenUsage()

@@ -1,9 +1,11 @@
 """Oracle-anchored recoverability reward c(n) (SAM, seed 001 section 2.3).
 
-For every sibling group (memory calls that share one parent context) a committee of M reference engines answers the
-same memory request (same intent, same pages: the exact messages the policy saw). The union of their answers stands
-in for the unobserved target space. A judge scores each candidate 1-10 on relevance, coverage and consistency against
-that union; c(n) is the mean of the three, rescaled to [0, 1].
+For every sibling group (memory actions that share one parent context) a committee of M reference engines answers the
+same memory request (same intent, same pages: the messages the policy saw; for a recall that read several pages, one
+request over all of them, since the node is the whole recall). The union of their answers stands in for the
+unobserved target space. A judge scores each candidate (the action's output: a recall's final extraction, a cue) 0-10
+on relevance, coverage and consistency against that union; c(n) is the mean of the three, rescaled to [0, 1]
+(:func:`rubric_score`). One judge call per parent context scores all its siblings.
 
 Committee and judge calls are made once per parent context and shared by all its siblings, batched per engine, the
 M members in parallel threads (the OpenAI-compatible backend also runs each batch concurrently), and cached on disk by
@@ -14,8 +16,10 @@ judge reply failed, is scored by the offline judge or its committee term is skip
 assignment then drops it for the whole group). :class:`CommitteeStats` counts failed requests, fallbacks and scored
 groups separately.
 
-The offline judge is lexical: relevance = precision of the candidate's tokens against the union, coverage = recall of
-the union's tokens, consistency = share of the candidate's numbers and ids that the union contains. With the oracle
+The offline judge keeps the rubric's shape with lexical sub-scores, each 0-10 (:func:`offline_rubric`): relevance = 10 x
+precision of the candidate's tokens against the union, coverage = 10 x recall of the union's tokens, consistency =
+10 x the share of the candidate's numbers and ids that the union contains; the same :func:`rubric_score` rescales
+them. With the oracle
 expert of a synthetic task as the committee (it answers from the environment's ground truth) and the offline judge,
 no endpoint is needed: that is the embedded default.
 """
@@ -23,6 +27,7 @@ no endpoint is needed: that is the embedded default.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,14 +37,28 @@ from typing import Any, Literal
 from pydantic import Field
 
 from data.config import ConfigModel
+from data.formats import parse_sam_recall_prompt, render_sam_recall_prompt
 from data.schemas import MemoryCallTree, Message, TreeNode
+from data.tasks.common import as_messages
 from rewards.cache import JsonCache, content_key
 from rollout.engines.base import Engine, GenerationRequest, SamplingParams
 
-__all__ = ["Committee", "CommitteeConfig", "CommitteeStats", "offline_judge", "parse_judge_scores"]
+__all__ = [
+    "Committee",
+    "CommitteeConfig",
+    "CommitteeStats",
+    "node_output",
+    "offline_judge",
+    "offline_rubric",
+    "parse_judge_scores",
+    "reference_messages",
+    "rubric_score",
+]
 
+RUBRIC = ("relevance", "coverage", "consistency")
+RUBRIC_MAX = 10.0
 JUDGE_SYSTEM = (
-    "You grade memory recalls. Score every candidate from 1 to 10 on relevance (no off-target content), coverage "
+    "You grade memory recalls. Score every candidate from 0 to 10 on relevance (no off-target content), coverage "
     "(holds what the references hold) and consistency (does not contradict them), judged against the union of the "
     'references. Reply with JSON only: [{"candidate": 1, "relevance": 7, "coverage": 5, "consistency": 9}, ...].'
 )
@@ -95,41 +114,78 @@ _TOKEN = re.compile(r"[a-z0-9]+")
 _NUMBERISH = re.compile(r"[a-z]*\d+[a-z0-9]*")
 
 
-def offline_judge(candidate: str, references: Sequence[str]) -> float:
-    """Lexical recoverability score in [0, 1] (see the module docstring)."""
+def rubric_score(relevance: float, coverage: float, consistency: float) -> float:
+    """c(n) from the judge's three 0-10 scores: each clipped to [0, 10] and rescaled to [0, 1], then averaged."""
+    return sum(min(max(p / RUBRIC_MAX, 0.0), 1.0) for p in (relevance, coverage, consistency)) / len(RUBRIC)
+
+
+def offline_rubric(candidate: str, references: Sequence[str]) -> dict[str, float]:
+    """The offline judge's 0-10 relevance, coverage and consistency of ``candidate`` (see the module docstring)."""
     cand = _TOKEN.findall(candidate.lower())
     union = set(_TOKEN.findall(" ".join(references).lower()))
     if not union:
-        return 1.0 if not cand else 0.0
+        same = RUBRIC_MAX if not cand else 0.0
+        return dict.fromkeys(RUBRIC, same)
     if not cand:
-        return 0.0
-    relevance = sum(t in union for t in cand) / len(cand)
-    coverage = len(union & set(cand)) / len(union)
+        return {"relevance": 0.0, "coverage": 0.0, "consistency": 0.0}
     numbers = _NUMBERISH.findall(candidate.lower())
-    consistency = sum(n in union for n in numbers) / len(numbers) if numbers else 1.0
-    return (relevance + coverage + consistency) / 3.0
+    return {
+        "relevance": RUBRIC_MAX * sum(t in union for t in cand) / len(cand),
+        "coverage": RUBRIC_MAX * len(union & set(cand)) / len(union),
+        "consistency": RUBRIC_MAX * (sum(n in union for n in numbers) / len(numbers) if numbers else 1.0),
+    }
+
+
+def offline_judge(candidate: str, references: Sequence[str]) -> float:
+    """c(n) from the offline judge: :func:`offline_rubric` through :func:`rubric_score`."""
+    return rubric_score(**offline_rubric(candidate, references))
 
 
 def parse_judge_scores(text: str, n: int) -> list[float] | None:
-    """Per-candidate scores in [0, 1] from the judge's reply, or None when it cannot be read for all ``n``."""
+    """Per-candidate c(n) in [0, 1] from the judge's reply (a JSON list of 0-10 rubric scores, one object per
+    candidate, in candidate order), or None when it cannot be read for all ``n``."""
     match = re.search(r"\[.*\]", text, re.DOTALL)
-    if match:
+    if not match:
+        return None
+    try:
+        items = json.loads(match.group(0))
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(items, list) or len(items) != n:
+        return None
+    scores = []
+    for item in items:
+        if not isinstance(item, dict):
+            return None
         try:
-            items = json.loads(match.group(0))
-        except json.JSONDecodeError:
-            items = None
-        if isinstance(items, list) and len(items) == n:
-            scores = []
-            for item in items:
-                if not isinstance(item, dict):
-                    return None
-                try:
-                    parts = [float(item[k]) for k in ("relevance", "coverage", "consistency")]
-                except (KeyError, TypeError, ValueError):
-                    return None
-                scores.append(sum(min(max((p - 1.0) / 9.0, 0.0), 1.0) for p in parts) / 3.0)
-            return scores
-    return None
+            parts = {k: float(item[k]) for k in RUBRIC}
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not all(math.isfinite(p) for p in parts.values()):
+            return None
+        scores.append(rubric_score(**parts))
+    return scores
+
+
+def node_output(node: TreeNode) -> str:
+    """What a memory action produced: a recall's final extraction (its last usable page read), a cue."""
+    calls = [c for c in (node.call, *node.follow_up_calls) if c is not None]
+    usable = [c for c in calls if not c.error] or calls
+    return usable[-1].text if usable else ""
+
+
+def reference_messages(node: TreeNode) -> list[Message]:
+    """The request the committee answers for ``node``'s sibling group: the messages of the action's first call, or
+    for a recall that read several pages, one recall request over all its pages (the node is the whole recall)."""
+    assert node.call is not None
+    if not node.follow_up_calls:
+        return list(node.call.messages)
+    parsed = [parse_sam_recall_prompt(c.messages) for c in (node.call, *node.follow_up_calls)]
+    if any(p is None for p in parsed):
+        return list(node.call.messages)
+    intent, first_page = parsed[0][0], parsed[0][1]  # type: ignore[index]
+    pages = "\n".join(p[2] for p in parsed)  # type: ignore[index]
+    return as_messages(render_sam_recall_prompt(intent, first_page, pages, ""))
 
 
 def _judge_messages(references: list[str], candidates: list[str]) -> list[Message]:
@@ -170,15 +226,16 @@ class Committee:
             for i, (tree, members) in enumerate(items):
                 call = members[0].call
                 assert call is not None
+                messages = reference_messages(members[0])
                 key = content_key("reference", engine.name, self.cfg.reference_max_tokens,
-                                  [x.model_dump() for x in call.messages])
+                                  [x.model_dump() for x in messages])
                 cached = self.cache.get(key)
                 if cached:
                     stats.cache_hits += 1
                     refs[i][m] = cached
                     continue
                 request = GenerationRequest(
-                    messages=list(call.messages),
+                    messages=messages,
                     sampling=SamplingParams(temperature=0.0, max_tokens=self.cfg.reference_max_tokens, logprobs=False),
                     metadata={**call.metadata, "task_id": tree.task_id, "role": call.role},
                 )
@@ -245,7 +302,7 @@ class Committee:
         judge_todo: list[tuple[int, list[str], str, GenerationRequest]] = []
         for i, (_, members) in enumerate(items):
             references = [r for r in refs[i] if r]
-            candidates = [m.call.text if m.call is not None else "" for m in members]
+            candidates = [node_output(m) for m in members]
             if not references:
                 self._fallback(members, None, stats)
                 continue
@@ -290,7 +347,7 @@ class Committee:
         if self.cfg.fallback == "offline" and references:
             stats.scored_groups += 1
             for node in members:
-                node.committee_score = offline_judge(node.call.text if node.call is not None else "", references)
+                node.committee_score = offline_judge(node_output(node), references)
                 stats.scores.append(node.committee_score)
         else:
             for node in members:

@@ -10,11 +10,29 @@ Symbols (paper -> code):
 
 Siblings are the memory nodes that share a parent context (same ``group_id``). A group where any committee score
 is missing drops the committee term for the whole group, so siblings are always compared on the same terms.
+
+**What c_bar does and does not change.** With the sibling baseline (GRPO), A(n) depends on r(n) - mean_siblings(r)
+= (V(n) - mean V) + lambda (c(n) - mean c): any c_bar that is one number per group (the sibling mean, a constant)
+cancels, so ``centre`` changes the logged reward, never a sibling advantage. What the committee term changes is the
+ranking inside a group (through lambda), and with ``advantage_scale: std`` it is also rescaled by the group's std.
+Variants that make c_bar (and lambda's absolute size) matter:
+
+- ``advantage_scale: none`` (Dr. GRPO): A(n) = r(n) - mean(r), so lambda weighs the committee term against the
+  outcome in absolute units instead of being normalised away by the group's std;
+- ``baseline: global``: A(n) = r(n) - b with one baseline b over every memory action of the batch (divided by the
+  batch std under ``advantage_scale: std``); a group whose actions are all more recoverable than c_bar (a constant
+  ``centre``) is pushed up as a whole, and values V(n) are compared across groups.
+
+``shuffle_outcomes`` is a control: the leaf outcomes are permuted across the batch before credit, so the
+advantages carry no information about the task (the committee term is left as it is).
 """
 
 from __future__ import annotations
 
+import math
+import random
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -22,7 +40,7 @@ from data.config import ConfigModel
 from data.schemas import MemoryCallTree, TreeNode
 from rewards.advantage import AdvantageScale, group_advantages, is_zero_variance
 
-__all__ = ["CreditConfig", "CreditStats", "assign_credit", "assign_flat_credit", "node_values"]
+__all__ = ["CreditConfig", "CreditStats", "assign_batch_credit", "assign_credit", "assign_flat_credit", "node_values"]
 
 
 class CreditConfig(ConfigModel):
@@ -33,6 +51,8 @@ class CreditConfig(ConfigModel):
     advantage_scale: AdvantageScale = "std"  # A(n): divide the centred reward by the group std, or none
     eps: float = 1e-6  # added to the std when dividing by it
     format_penalty: float = 0.0  # subtracted from r(n) when the memory call's output was malformed
+    baseline: Literal["siblings", "global"] = "siblings"  # A(n): r minus the sibling mean, or minus the batch mean
+    shuffle_outcomes: bool = False  # control: permute leaf outcomes across the batch before credit (no task signal)
 
 
 @dataclass
@@ -106,3 +126,28 @@ def assign_flat_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
             node.value, node.reward, node.advantage = outcome, outcome, advantage
             node = by_id.get(node.parent_id or "")
     return CreditStats(groups=1, zero_variance_groups=int(is_zero_variance(outcomes)), rewards=outcomes)
+
+
+def assign_batch_credit(
+    trees: Sequence[MemoryCallTree], cfg: CreditConfig, *, mode: Literal["tree", "flat"] = "tree", seed: int = 0
+) -> list[CreditStats]:
+    """Credit for one iteration's trees: per tree (:func:`assign_credit`, or :func:`assign_flat_credit` in flat
+    mode), after the ``shuffle_outcomes`` control and before the ``baseline: global`` advantages (module docstring).
+    A shuffled leaf keeps its true outcome in ``metadata["true_outcome"]``."""
+    if cfg.shuffle_outcomes:
+        leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
+        outcomes = [leaf.outcome for leaf in leaves]
+        random.Random(seed).shuffle(outcomes)
+        for leaf, outcome in zip(leaves, outcomes, strict=True):
+            leaf.metadata = {**leaf.metadata, "true_outcome": leaf.outcome}
+            leaf.outcome = outcome
+    stats = [assign_credit(t, cfg) if mode == "tree" else assign_flat_credit(t, cfg) for t in trees]
+    if cfg.baseline == "global":
+        nodes = [n for t in trees for n in t.nodes if n.kind == "memory" and n.reward is not None]
+        if nodes:
+            rewards = [n.reward or 0.0 for n in nodes]
+            b = sum(rewards) / len(rewards)
+            std = math.sqrt(sum((r - b) ** 2 for r in rewards) / len(rewards))
+            for n, r in zip(nodes, rewards, strict=True):
+                n.advantage = (r - b) if cfg.advantage_scale == "none" else (r - b) / (std + cfg.eps)
+    return stats

@@ -1,12 +1,22 @@
 """Memory-call trees (OAT-GRPO rollouts, seed 001 section 2.3) and the flat baseline.
 
-Tree mode: every rollout runs until its next call of a trainable memory role (``branch_roles``). There the memory
-model is sampled K times from the same parent context; each sample goes to its own fork of the rollout (its own copy of
-the frozen reasoner's state), which runs on to the next trainable call (branching again while the depth, leaf and
-reasoner-token budgets allow; otherwise one sample) or to the end of the task (a leaf, scored by the task's verifier).
+**What a node is.** A tree node is one *memory action* as the paper defines it: one consolidation (the cue of one
+page) or one recall (the reconstruction, under one intent, from the pages the agent selected). A recall reads its
+pages one model call per page, each seeing the running extraction; the calls after the first (request metadata
+``continues_action``) belong to the same node (``TreeNode.follow_up_calls``) and never branch. So the node's output is
+the extraction the reasoner receives, its depth counts memory actions along the path, and its siblings are the K
+samples of the same action from one parent context.
 
-Flat mode (vanilla GRPO over trajectories): G independent rollouts per task; every trainable call of a trajectory is
-a node of that trajectory's chain and shares its outcome.
+Tree mode: every rollout runs until its next action of a trainable memory role (``branch_roles``). There the memory
+model is sampled K times from the same parent context; each sample goes to its own fork of the rollout (its own copy of
+the frozen reasoner's state), which runs on to the next trainable action, where it branches again, or to the end of
+the task (a leaf, scored by the task's verifier). The tree expands at every trainable action along a path while the
+budgets allow: ``max_leaves`` (live leaves of the tree), ``reasoner_token_budget`` (reasoner tokens of the tree) and,
+when set, ``max_branch_depth`` (memory actions on a path); past a budget the action is sampled once and becomes a
+single-member node (it carries no advantage).
+
+Flat mode (vanilla GRPO over trajectories): G independent rollouts per task; every trainable action of a trajectory
+is a node of that trajectory's chain and shares its outcome.
 
 Token accounting: ``MemoryCallTree.reasoner_usage`` counts every reasoner call once. A node's ``reasoner_usage`` /
 ``memory_usage`` is its continuation cost: what its branch spent after it, up to the next node or the end.
@@ -28,19 +38,33 @@ from data.schemas import Group, GroupSample, MemoryCallTree, TokenUsage, TreeNod
 from rollout.engines.base import Engine
 from rollout.loop import EngineSet, PendingCall, Rollout
 
-__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "trees_to_groups"]
+__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "check_trained_sampling", "trees_to_groups"]
 
 
 class TreeConfig(ConfigModel):
     """Budgets of tree (or flat) rollouts."""
 
     mode: Literal["tree", "flat"] = "tree"  # tree: K-way branching at memory calls; flat: G rollouts per task
-    branch_roles: list[str] = ["recall"]  # trainable memory roles: their calls become nodes and branch
+    branch_roles: list[str] = ["recall"]  # trained roles (recall, consolidate): their actions are nodes and branch
     branch_factor: int = 4  # K siblings per trainable call
-    max_branch_depth: int = 2  # only the first this many trainable calls on a path branch
+    max_branch_depth: int | None = None  # only the first this many memory actions on a path branch (None: no limit)
     max_leaves: int = 16  # no branching that would take the tree past this many live leaves
     reasoner_token_budget: int | None = None  # per tree: stop branching once this many reasoner tokens are spent
     flat_group_size: int = 4  # G trajectories per task in flat mode
+
+
+def check_trained_sampling(role: str, temperature: float, top_p: float, where: str = "memory.sampling") -> None:
+    """Refuse a trained role sampled with a transform the trainer's log-probs do not apply.
+
+    The policy-gradient ratio compares the trainer's log-probs (raw logits: temperature 1, the full vocabulary) with
+    the rollout's; a sample drawn at temperature != 1 or with top_p < 1 comes from another distribution, so the ratio
+    and the rollout log-probs would be wrong for every trained token."""
+    if temperature != 1.0 or top_p < 1.0:
+        raise ValueError(
+            f"{where}.{role}: role {role!r} is trained (tree.branch_roles) but sampled at temperature {temperature} "
+            f"and top_p {top_p}; the trainer's log-probs are those of temperature 1 and top_p 1, so set "
+            f"{where}.{role}.temperature=1.0 and top_p=1.0 or remove {role!r} from tree.branch_roles"
+        )
 
 
 @dataclass
@@ -131,6 +155,13 @@ def build_trees(
                     branch.usage_since_node = branch.usage_since_node + spent
                     branch.rollout.advance(result)
                     next_active.append(branch)
+                elif call.role in cfg.branch_roles and _continues_action(call):
+                    record = branch.rollout.advance(result)
+                    assert record is not None
+                    node = branch.tree.nodes[branch.node_id]
+                    if node.kind == "memory" and node.call is not None and node.call.role == call.role:
+                        node.follow_up_calls.append(record)
+                    next_active.append(branch)
                 elif call.role in cfg.branch_roles:
                     next_active.extend(_branch_out(branch, call, result, n, cfg))
                 else:
@@ -159,11 +190,18 @@ def build_trees(
     return out, stats
 
 
+def _continues_action(call: PendingCall) -> bool:
+    """A later model call of the memory action already under way (a recall's second page): part of that node."""
+    return bool(call.request.metadata.get("continues_action"))
+
+
 def _samples_for(call: PendingCall, branch: _Branch, cfg: TreeConfig) -> int:
-    if cfg.mode != "tree" or call.kind != "memory" or call.role not in cfg.branch_roles:
+    if call.kind == "memory" and call.role in cfg.branch_roles:
+        check_trained_sampling(call.role, call.request.sampling.temperature, call.request.sampling.top_p)
+    if cfg.mode != "tree" or call.kind != "memory" or call.role not in cfg.branch_roles or _continues_action(call):
         return 1
     depth = branch.tree.nodes[branch.node_id].depth
-    if depth >= cfg.max_branch_depth:
+    if cfg.max_branch_depth is not None and depth >= cfg.max_branch_depth:
         return 1
     if branch.tree.live + cfg.branch_factor - 1 > cfg.max_leaves:
         return 1
@@ -219,8 +257,11 @@ def _close_leaf(branch: _Branch) -> None:
 def trees_to_groups(trees: Sequence[MemoryCallTree], *, source: Literal["oat", "flat"] = "oat") -> list[Group]:
     """Turn scored trees into trainer groups: the memory nodes that share a parent context, with their advantages.
 
-    Tree mode: one group per sibling set. Flat mode: every trainable call is a one-sample group carrying its
-    trajectory's advantage (the trainer needs no shared prompt for it).
+    Tree mode: one group per sibling set (the first model call of each sibling's action). Flat mode: every trainable
+    action is a one-sample group carrying its trajectory's advantage. Either way the later calls of an action
+    (``follow_up_calls``) are one-sample groups carrying their node's advantage: they are part of the same action and
+    share its credit, but their prompts differ between siblings (the running extraction), so they cannot join its
+    group (the trainer needs no shared prompt for a one-sample group).
     """
     groups: list[Group] = []
     for tree in trees:
@@ -245,4 +286,15 @@ def trees_to_groups(trees: Sequence[MemoryCallTree], *, source: Literal["oat", "
                 group_id=f"{tree.tree_id}/{key}", task_id=tree.task_id, role=first.role,
                 prompt_ids=list(first.prompt_ids), messages=list(first.messages), samples=samples, source=source,
             ))
+            for n in nodes:
+                for i, follow in enumerate(n.follow_up_calls):
+                    groups.append(Group(
+                        group_id=f"{tree.tree_id}/{key}/{n.node_id}/f{i + 1}", task_id=tree.task_id, role=follow.role,
+                        prompt_ids=list(follow.prompt_ids), messages=list(follow.messages), source=source,
+                        samples=[GroupSample(
+                            response_ids=list(follow.response_ids), rollout_logprobs=list(follow.logprobs),
+                            text=follow.text, finish_reason=follow.finish_reason, policy_version=follow.policy_version,
+                            reward=n.reward or 0.0, advantage=n.advantage or 0.0, node_id=n.node_id,
+                        )],
+                    ))
     return groups

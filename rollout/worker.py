@@ -33,7 +33,7 @@ from rollout.tree import TreeConfig, build_trees, trees_to_groups
 
 __all__ = ["RolloutWorker", "Scorer", "TreeBatch", "TreeJob", "WorkerSpec"]
 
-Scorer = Callable[[list[MemoryCallTree]], dict[str, Any]]
+Scorer = Callable[[list[MemoryCallTree], int], dict[str, Any]]  # (trees, the job's seed) -> metrics
 """Scores trees in place (rewards, advantages) and returns metrics; built inside the worker by ``make_scorer``."""
 
 
@@ -112,7 +112,7 @@ class RolloutWorker:
         version = self.engine.policy_version
         trees, stats = build_trees(job.tasks, lambda task, rid: job.make_rollout(task, rid, job.seed), engines,
                                    self.spec.tree, config_hash=self.spec.config_hash)
-        metrics: dict[str, Any] = self.score(trees) if self.score is not None else {}
+        metrics: dict[str, Any] = self.score(trees, job.seed) if self.score is not None else {}
         for tree in trees:
             tree.metadata.update(worker=self.index, policy_version=version)
         source = "oat" if self.spec.tree.mode == "tree" else "flat"

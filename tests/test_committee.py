@@ -45,7 +45,7 @@ def trees(n_tasks: int = 2):
 def judge_reply(request: GenerationRequest) -> str:
     n = request.messages[-1].content.split("candidates:\n")[1].count("\n") + 1
     return json.dumps(
-        [{"candidate": i + 1, "relevance": 10, "coverage": 1 + 9 * (i % 2), "consistency": 10} for i in range(n)]
+        [{"candidate": i + 1, "relevance": 10, "coverage": 10 * (i % 2), "consistency": 10} for i in range(n)]
     )
 
 
@@ -137,6 +137,6 @@ def test_offline_judge_and_parser() -> None:
     assert offline_judge("nothing relevant", ref) == pytest.approx(1 / 3)  # no numbers: consistent, but no content
     assert offline_judge("the red key is in drawer 7", ref) < offline_judge("the red key is in drawer", ref)
     assert offline_judge("", ref) == 0.0
-    assert parse_judge_scores('ok: [{"relevance": 10, "coverage": 1, "consistency": 10}]', 1) == [pytest.approx(2 / 3)]
+    assert parse_judge_scores('ok: [{"relevance": 10, "coverage": 0, "consistency": 10}]', 1) == [pytest.approx(2 / 3)]
     assert parse_judge_scores('[{"relevance": 10}]', 1) is None
     assert parse_judge_scores("[1, 2]", 3) is None

@@ -78,3 +78,36 @@ def test_flat_mode_gives_each_trajectory_its_outcome() -> None:
     groups = trees_to_groups([tree], source="flat")
     assert len(groups) == 6 and all(len(g.samples) == 1 for g in groups)
     assert max(memory.batch_sizes) == 3
+
+
+def test_a_sam_recall_is_one_node_and_the_tree_expands_at_every_recall() -> None:
+    """Seed 001's node: one recall (all the pages it reads) is one memory action; the tree branches at the next recall
+    along each path, so a two-hop question (two recalls) gives two branching levels within the leaf budget."""
+    from data.tasks.sam import SamTask
+    from rollout.agents import sam_engines, sam_rollout
+    from rollout.memory.sam import SamConfig
+
+    tasks = [SamTask({"horizon_steps": 16, "n_evidence": 2, "facts_per_obs": 2}, seed=s) for s in range(3)]
+    config = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3)
+    engines = sam_engines(oracle={"verbatim": 1, "omission": 1}, max_pages=2)
+    trees, _ = build_trees(tasks, lambda task, rid: sam_rollout(task, config, rollout_id=rid), engines,
+                           TreeConfig(branch_factor=2, max_leaves=16))
+    deepest = 0
+    for tree in trees:
+        nodes = {n.node_id: n for n in tree.nodes}
+        recalls = [n for n in tree.nodes if n.kind == "memory"]
+        for node in recalls:
+            assert node.call.metadata["read_index"] == 0  # a node starts a recall ...
+            pages = node.call.metadata["page_ids"]
+            assert [c.metadata["read_index"] for c in node.follow_up_calls] == list(range(1, len(pages)))
+            assert {c.metadata["intent"] for c in node.follow_up_calls} <= {node.call.metadata["intent"]}
+            parent = nodes[node.parent_id]
+            assert node.depth == parent.depth + 1
+        deepest = max([deepest, *(n.depth for n in recalls)])
+        assign_credit(tree, CreditConfig(committee_weight=0.0))
+        groups = trees_to_groups([tree])
+        follow_ups = [g for g in groups if g.group_id.rsplit("/", 1)[-1].startswith("f")]
+        assert len(follow_ups) == sum(len(n.follow_up_calls) for n in recalls)
+        for g in follow_ups:  # a later page of a recall carries its action's advantage
+            assert len(g.samples) == 1 and g.samples[0].advantage == nodes[g.samples[0].node_id].advantage
+    assert deepest >= 2  # the second recall of a path branches too: depth is not used up inside one recall

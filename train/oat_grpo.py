@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
 from data.io import atomic_write_text, write_jsonl
@@ -33,15 +33,16 @@ from data.tasks import TaskSetConfig, load_tasks
 from data.tasks.sam import SamTask
 from data.tracking import MetricsLogger
 from rewards.committee import Committee, CommitteeConfig
-from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
+from rewards.credit import CreditConfig, assign_batch_credit
 from rollout.agents import sam_rollout
 from rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
 from rollout.engines.sticky import build_sticky_engine
 from rollout.fleet import FleetConfig, FleetResult, build_fleet
 from rollout.harness import evaluate_sam_memory
 from rollout.loop import Rollout
+from rollout.memory.base import RoleSampling
 from rollout.memory.sam import SamConfig
-from rollout.tree import TreeConfig
+from rollout.tree import TreeConfig, check_trained_sampling
 from rollout.worker import Scorer, WorkerSpec
 from train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
 from train.online import LoopConfig, run_online_loop, shared_run_dir
@@ -79,6 +80,15 @@ class OATGRPOConfig(ConfigModel):
     loop: LoopConfig = LoopConfig()
     fleet: FleetConfig = FleetConfig()  # rollout workers (Ray actors) on every node; 0 workers: this process's engine
     eval_samples: int = Field(1, ge=0)  # sampled runs per held-out task (the memory config's temperatures) + 1 greedy
+    reasoner_token_budget: int | None = Field(None, ge=1)  # stop rolling out once training spent this many
+    #   reasoner tokens (with max_staleness k the check sees the last k iterations' spending late)
+
+    @model_validator(mode="after")
+    def _trained_roles_sampled_as_scored(self) -> OATGRPOConfig:
+        for role in self.tree.branch_roles:
+            sampling = self.memory.sampling.get(role, RoleSampling())
+            check_trained_sampling(role, sampling.temperature, sampling.top_p)
+        return self
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -197,10 +207,10 @@ class TreeScorer:
         committee = Committee(self.settings, [build_sticky_engine(c) for c in self.references],
                               build_sticky_engine(self.judge) if self.judge is not None else None)
 
-        def score(trees: list[MemoryCallTree]) -> dict[str, Any]:
+        def score(trees: list[MemoryCallTree], seed: int) -> dict[str, Any]:
             cstats = committee.score(trees) if self.credit.committee_weight else None
-            credit = [assign_credit(t, self.credit) if self.mode == "tree" else assign_flat_credit(t, self.credit)
-                      for t in trees]
+            # batch-level options (baseline: global, shuffle_outcomes) see the trees of this worker's share
+            credit = assign_batch_credit(trees, self.credit, mode=self.mode, seed=seed)
             metrics: dict[str, Any] = {"credit_groups": sum(c.groups for c in credit),
                                        "credit_zero_variance_groups": sum(c.zero_variance_groups for c in credit)}
             if cstats is not None:
@@ -227,7 +237,7 @@ def collection_metrics(batch: list[SamTask], result: FleetResult) -> dict[str, A
     leaves = [n for t in result.trees for n in t.nodes if n.kind == "leaf"]
     metrics: dict[str, Any] = {
         "tasks": [t.task_id for t in batch],  # the data order, checked against an uninterrupted run on resume
-        "success": sum(n.outcome or 0.0 for n in leaves) / max(len(leaves), 1),
+        "success": sum(n.metadata.get("true_outcome", n.outcome) or 0.0 for n in leaves) / max(len(leaves), 1),
         "leaves": len(leaves),
         "reasoner_tokens": sum(t.reasoner_usage.spent for t in result.trees),
         "memory_calls_trained": sum(len(g.samples) for g in result.groups),
@@ -290,10 +300,12 @@ def run_oat_grpo(cfg: OATGRPOConfig) -> int:
 
 def train_oat_grpo(
     cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None, eval_tasks: list[SamTask] | None = None,
-    accelerator: Any = None,
+    accelerator: Any = None, initial_eval: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The loop behind ``memrl train oat-grpo`` (also called by the quickstart, which passes its own logger and a
-    held-out set spanning several horizons); returns a summary dict."""
+    held-out set spanning several horizons); returns a summary dict. ``initial_eval``: the starting policy's held-out
+    figures when the caller already has them (a benchmark starting many runs from one checkpoint), used instead of
+    evaluating it again."""
     trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
     main = trainer.accelerator.is_main_process
     gpu = torch.cuda.is_available()
@@ -318,18 +330,32 @@ def train_oat_grpo(
     logger = logger or MetricsLogger(run_dir, cfg.run.wandb if main else None, cfg.model_dump(mode="json"),
                                      name=run_dir.name, console=main)
 
-    def collect(iteration: int) -> _Collected:
+    def spent_before(iteration: int) -> int:
+        """Reasoner tokens the run spent on training rollouts before ``iteration`` (from metrics.jsonl: survives a
+        resume, which truncates the log to the checkpoint first)."""
+        path = run_dir / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        return sum(int(r.get("reasoner_tokens", 0)) for r in rows if 0 <= r.get("step", -1) < iteration)
+
+    def collect(iteration: int) -> _Collected | tuple[list, dict[str, Any]]:
         assert fleet is not None
+        if cfg.reasoner_token_budget is not None and spent_before(iteration) >= cfg.reasoner_token_budget:
+            return [], {"budget_exhausted": 1}  # no rollouts, no update: the equal-budget comparisons stop here
         batch = iteration_batch(train_tasks, cfg.tasks_per_iteration, cfg.run.seed, iteration)
         pending = fleet.submit(iteration, batch, cfg.run.seed * 7919 + iteration, make_rollout)
         return _Collected(pending, batch, run_dir / "trees_last.jsonl")
 
     memory_cfg, samples, seed = cfg.memory, cfg.eval_samples, cfg.run.seed
+    last_eval: dict[str, Any] = {} if initial_eval is None else {"version": trainer.version, "result": initial_eval}
 
     def evaluate(iteration: int) -> dict[str, Any]:
         assert fleet is not None
-        return fleet.call_one(lambda engine, reasoner: summarize_eval(evaluate_sam_memory(
+        if last_eval.get("version") == trainer.version:  # no update since (budget spent): the same policy
+            return dict(last_eval["result"])
+        result = fleet.call_one(lambda engine, reasoner: summarize_eval(evaluate_sam_memory(
             eval_tasks, engine, memory_cfg, samples=samples, reasoner=reasoner, seed=seed)))
+        last_eval.update(version=trainer.version, result=result)
+        return result
 
     result = run_online_loop(trainer=trainer, engine=fleet, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
                              collect=collect, evaluate=evaluate, logger=logger, desc="oat-grpo",

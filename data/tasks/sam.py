@@ -47,9 +47,11 @@ from data.schemas import EnvSpec, Episode, Message, QAPair, ScriptedPolicy, Turn
 from data.tasks.common import as_messages, content_of, normalize_answer, role_of
 
 __all__ = [
+    "SAM_SETTINGS",
     "SAM_TASK",
     "SamFacts",
     "SamReasoner",
+    "SamSetting",
     "SamTask",
     "SamTaskParams",
     "parse_facts",
@@ -121,6 +123,53 @@ class SamTaskParams(ConfigModel):
         if (self.horizon_steps is None) == (self.target_tokens is None):
             raise ValueError("set exactly one of horizon_steps and target_tokens")
         return self
+
+
+class SamSetting(ConfigModel):
+    """A named learning setting: the tasks the expert is distilled on (the SFT data), the RL training tasks, the dev
+    and test tasks (same parameters, disjoint seeds: tune on dev, report on test), and the expert's noise knobs
+    (:class:`~data.experts.sam.SamOracleConfig` fields)."""
+
+    description: str
+    sft: SamTaskParams  # tasks of the SFT data (the expert inside SAM, rejection-sampled)
+    distill_tasks: int = Field(600, ge=1)  # tasks the expert is run on
+    expert: dict[str, Any] = {}  # SamOracleConfig knobs of the distilled expert
+    train: SamTaskParams  # RL training tasks
+    test: SamTaskParams  # dev and test tasks
+    train_seed: int = 100_000
+    dev_seed: int = 300_000
+    test_seed: int = 400_000
+
+
+_MULTIHOP = SamTaskParams(horizon_steps=16, n_evidence=2, facts_per_obs=2, containers_per_room=2, evidence_frac=0.5)
+
+SAM_SETTINGS: dict[str, SamSetting] = {
+    # Credit assignment matters: two-hop questions (which key opens chest 7; where is that key) whose evidence lies
+    # on different pages, two items per opened container (distractor facts on every page), one-turn pages, so an
+    # episode makes two or more recalls of two pages each after ~16 cue writes, and what a cue keeps decides which
+    # pages a later recall can find. The gap to the expert is the student's own: a small, noisy expert data set
+    # (150 tasks, 10% cue/recall errors, rejection-sampled) at horizon 12, trained and tested at horizon 16 (chosen on
+    # the dev split: at 20 the SFT student's sampled success was 0/24, no signal for any variant).
+    "multihop": SamSetting(
+        description="two-hop questions, distractor facts, several recalls per episode; limited noisy expert data at "
+        "horizon 12, RL and test at horizon 16",
+        sft=_MULTIHOP.model_copy(update={"horizon_steps": 12}),
+        distill_tasks=150,
+        expert={"error_rate": 0.1},
+        train=_MULTIHOP,
+        test=_MULTIHOP,
+    ),
+    # The quickstart's setting: one-hop questions, a privileged expert that defers facts the tour restates later
+    # (defer_to_later 0.9), so the student learns to drop facts it cannot know are restated (a planted mode).
+    "deferring_expert": SamSetting(
+        description="one-hop questions; the privileged expert defers restated facts (the quickstart's planted gap)",
+        sft=SamTaskParams(horizon_steps=12, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5),
+        distill_tasks=600,
+        expert={"defer_to_later": 0.9},
+        train=SamTaskParams(horizon_steps=12, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5),
+        test=SamTaskParams(horizon_steps=24, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5),
+    ),
+}
 
 
 class SamTask:

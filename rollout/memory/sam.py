@@ -411,8 +411,9 @@ class SamMemory(PagedMemory):
         if job is not None and job.index < len(job.page_ids):
             page = self.pages[job.page_ids[job.index]]
             prompt = render_sam_recall_prompt(job.intent, page.page_id, page.text, job.so_far)
+            # Pages after the first continue the same memory action (one recall = one node of a memory-call tree).
             return self._request("recall", prompt, page_id=page.page_id, intent=job.intent,
-                                 page_ids=list(job.page_ids), read_index=job.index)
+                                 page_ids=list(job.page_ids), read_index=job.index, continues_action=job.index > 0)
         return None
 
     def _clean(self, call: MemoryCall) -> tuple[str, str | None, str | None]:
