@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -398,13 +397,43 @@ def plan_recipe(
 
 
 # --------------------------------------------------------------------------------------------------------------------
-def _current_rss() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _anonymous_rss() -> int:
+    """Resident anonymous memory of this process (tensors, allocator arenas), in bytes."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no RssAnon line")
+
+
+class _PeakSampler:
+    """Samples :func:`_anonymous_rss` every ``interval_s`` in a thread and keeps the maximum. File-backed pages (the
+    libraries' code) are left out on purpose: the kernel's reclaim moves them in and out of RSS at any time."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        import threading
+
+        self.interval_s, self.peak = interval_s, _anonymous_rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, _anonymous_rss())
+
+    def __enter__(self) -> _PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _anonymous_rss())
 
 
 def _measure_child(model_dir: str, trainer_json: str, context: int, response: int, rows: int) -> None:
-    """Child process of :func:`measure_trainer_peak`: prints the peak RSS above the pre-load RSS, in bytes."""
+    """Child process of :func:`measure_trainer_peak`: prints the peak anonymous memory above the pre-load level, in
+    bytes."""
     import torch
 
     from data.schemas import Group, GroupSample
@@ -419,20 +448,21 @@ def _measure_child(model_dir: str, trainer_json: str, context: int, response: in
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(model_dir))]
-    before = _current_rss()
-    trainer = GroupTrainer(PolicySpec(base=model_dir), cfg)
-    vocab = trainer.accelerator.unwrap_model(trainer.model).config.vocab_size
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(10, vocab, (context - response,), generator=g).tolist()
-    samples = [GroupSample(response_ids=torch.randint(10, vocab, (response,), generator=g).tolist(),
-                           reward=float(i % 2), advantage=1.0 if i % 2 else -1.0) for i in range(rows)]
-    for _ in range(2):
-        trainer.step([Group(group_id="g", prompt_ids=prompt, samples=samples)])
-    print(json.dumps({"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before}))
+    before = _anonymous_rss()
+    with _PeakSampler() as sampler:
+        trainer = GroupTrainer(PolicySpec(base=model_dir), cfg)
+        vocab = trainer.accelerator.unwrap_model(trainer.model).config.vocab_size
+        g = torch.Generator().manual_seed(0)
+        prompt = torch.randint(10, vocab, (context - response,), generator=g).tolist()
+        samples = [GroupSample(response_ids=torch.randint(10, vocab, (response,), generator=g).tolist(),
+                               reward=float(i % 2), advantage=1.0 if i % 2 else -1.0) for i in range(rows)]
+        for _ in range(2):
+            trainer.step([Group(group_id="g", prompt_ids=prompt, samples=samples)])
+    print(json.dumps({"peak_bytes": sampler.peak - before}))
 
 
 def measure_trainer_peak(model_dir: str | Path, trainer: Any, *, context: int, response: int, rows: int) -> int:
-    """Peak resident memory (bytes) of two group-trainer steps on CPU above the process's RSS before the model is
+    """Peak anonymous resident memory (bytes) of two group-trainer steps on CPU above the level before the model is
     loaded (libraries imported), measured in a fresh process (one group of ``rows`` rows of ``context`` tokens)."""
     code = ("import sys; from launch.plan import _measure_child; "
             "_measure_child(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:]))")

@@ -54,6 +54,9 @@ def main() -> None:
     if trainer.accelerator.is_main_process:
         report = {"world": world, "scored_rows": scored, **{k: metrics[k] for k in ("loss", "grad_norm", "rows", "lr")}}
         print("METRICS " + json.dumps(report), flush=True)
+    if world > 1:  # leave together: a rank exiting while the other is still in gloo aborts it ("terminate called")
+        trainer.accelerator.wait_for_everyone()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
