@@ -91,7 +91,11 @@ def exact_match(prediction: str | None, gold: str) -> float:
 
 def token_f1(prediction: str | None, gold: str) -> float:
     """Token F1 between normalised prediction and gold (both empty: 1.0; one empty: 0.0)."""
-    pred, ref = _tokens(prediction), _tokens(gold)
+    return _f1_of_tokens(_tokens(prediction), _tokens(gold))
+
+
+def _f1_of_tokens(pred: list[str], ref: list[str]) -> float:
+    """Bag-of-tokens F1 (both empty: 1.0; one empty: 0.0)."""
     if not pred and not ref:
         return 1.0
     if not pred or not ref:
@@ -197,16 +201,7 @@ def ama_exact_match(prediction: str | None, gold: str) -> float:
 
 def ama_f1(prediction: str | None, gold: str) -> float:
     """AMA-Bench's ``compute_f1_score``: token F1 of the normalised strings (both empty: 1.0; one empty: 0.0)."""
-    pred, ref = ama_normalize(prediction).split(), ama_normalize(gold).split()
-    if not pred and not ref:
-        return 1.0
-    if not pred or not ref:
-        return 0.0
-    common = sum((Counter(pred) & Counter(ref)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(ref)
-    return 2 * (precision * recall) / (precision + recall)
+    return _f1_of_tokens(ama_normalize(prediction).split(), ama_normalize(gold).split())
 
 
 def judge_score(reply: str, prediction: str | None, gold: str) -> tuple[float, bool]:
