@@ -6,11 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -18,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+import served
 import torch
 
 from data.schemas import Message
@@ -331,48 +326,12 @@ def test_rate_limits_apply_per_endpoint(faults) -> None:
 # A real vLLM OpenAI-compatible server on the tiny model
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory):
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(tiny_model_dir), "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
-        "--kv-cache-memory-bytes", str(256 << 20),
-        "--no-enable-chunked-prefill",  # seeded requests + chunked prefill crash the CPU sampler
-        "--enable-prompt-tokens-details",
-    ]  # fmt: skip
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM server not healthy after 600 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(2)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    args = ("--max-model-len", "1024", "--enable-prompt-tokens-details")
+    with served.vllm_server(tiny_model_dir, log_path, *args) as url:
+        yield url
 
 
 @torch.no_grad()

@@ -5,17 +5,11 @@ plainly that it needs a real memory model."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+import served
 from benchmark_files import write_amabench, write_locomo, write_memoryarena
 
 from data.config import load_config
@@ -86,12 +80,6 @@ def test_a_system_that_surfaces_nothing_is_reported_as_needing_a_real_model(
 # The LoCoMo recipe against a real vLLM OpenAI-compatible server on the tiny model (one server for the three roles)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, model_cache: Path) -> None:
@@ -99,31 +87,8 @@ def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, model_ca
 
     # the default tiny model with 16K positions: the untrained reasoner's replies pile up in its context
     tiny_model_dir = ensure_tiny_model(model_cache, TinyModelSpec(max_position=16384))
-    port = _free_port()
-    log_path = tmp_path / "server.log"
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(tiny_model_dir), "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "16384", "--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(256 << 20),
-        "--no-enable-chunked-prefill",  # seeded requests + chunked prefill crash the CPU sampler
-    ]  # fmt: skip
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM server not healthy after 600 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(2)
-        url = f"http://127.0.0.1:{port}/v1"
+    server_args = ("--max-model-len", "16384", "--gpu-memory-utilization", "0.1")
+    with served.vllm_server(tiny_model_dir, tmp_path / "server.log", *server_args) as url:
         endpoint = f"[{{url: '{url}', model: tiny, max_concurrency: 8}}]"
         # 96 turns (about 2900 of the tiny model's tokens): over SAM's live capacity (2048 tokens)
         write_locomo(tmp_path / "locomo10.json", turns_per_session=24)
@@ -135,14 +100,6 @@ def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, model_ca
             f"tokenizer={tiny_model_dir}",
         ])
         summary = evaluate(cfg, tmp_path / "runs" / "eval-locomo")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     entry = summary["datasets"]["locomo"]
     rows = {r["system"]: r for r in entry["overall"]}
     assert set(rows) == {"sam", "long_context", "bm25"} and all(r["n"] == 10 for r in rows.values())
