@@ -120,6 +120,29 @@ def test_sticky_engine_sends_a_tree_to_one_endpoint() -> None:
         {i for s in by_task.values() for i in s})  # one batched call per endpoint used
 
 
+def test_sticky_engine_fails_one_request_at_a_time() -> None:
+    """A request that fails on its endpoint yields its exception in its place; the others keep their answers and are
+    not asked again."""
+    from fakes import FakeEngine
+
+    from data.schemas import Message
+    from rollout.engines.base import GenerationRequest
+    from rollout.engines.sticky import StickyEngine
+
+    class OneBadRequest(FakeEngine):
+        def generate_each(self, requests: list[GenerationRequest]) -> list:
+            self.calls += 1
+            return [RuntimeError("503") if r.messages[0].content == "q3" else self.generate([r])[0] for r in requests]
+
+    endpoints = [OneBadRequest("memory") for _ in range(2)]  # the fake echoes its prompt under this name
+    sticky = StickyEngine(endpoints, "memory")  # type: ignore[arg-type]
+    requests = [GenerationRequest(messages=[Message(role="user", content=f"q{i}")], metadata={"task_id": f"t{i}"})
+                for i in range(8)]
+    results = sticky.generate_each(requests)
+    assert isinstance(results[3], RuntimeError)
+    assert [r.completions[0].text for i, r in enumerate(results) if i != 3] == [f"q{i}#0" for i in range(8) if i != 3]
+
+
 def test_prune_keeps_the_newest_and_the_protected_versions(tmp_path: Path) -> None:
     for v in range(6):
         (tmp_path / f"v{v:05d}").mkdir()

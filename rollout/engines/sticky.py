@@ -49,6 +49,14 @@ class StickyEngine(Engine):
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Split the requests by endpoint, generate on every endpoint at once, return the results in request order."""
+        return self._split(requests, "generate")
+
+    def generate_each(self, requests: list[GenerationRequest]) -> list[GenerationResult | Exception]:
+        """:meth:`generate` where a failed request yields its exception in its place (each endpoint's own
+        ``generate_each``), so one failure neither sinks nor re-runs its endpoint's other requests."""
+        return self._split(requests, "generate_each")
+
+    def _split(self, requests: list[GenerationRequest], method: str) -> list[Any]:
         parts: dict[int, list[int]] = {}
         for i, request in enumerate(requests):
             parts.setdefault(self.endpoint_of(request), []).append(i)
@@ -56,8 +64,8 @@ class StickyEngine(Engine):
 
         def run(item: tuple[int, list[int]]) -> None:
             endpoint, indices = item
-            for i, result in zip(indices, self.engines[endpoint].generate([requests[i] for i in indices]),
-                                 strict=True):
+            answers = getattr(self.engines[endpoint], method)([requests[i] for i in indices])
+            for i, result in zip(indices, answers, strict=True):
                 out[i] = result
 
         if len(parts) == 1:
