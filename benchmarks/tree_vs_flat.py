@@ -100,7 +100,7 @@ def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse
         "reasoner_tokens_uncached_per_action": (prompt + generated) / max(actions, 1),
         "leaves": len(leaves),
         "success": sum(leaf.outcome or 0.0 for leaf in leaves) / max(len(leaves), 1),
-        "wavefronts": stats.wavefronts,
+        "engine_calls": sum(stats.engine_calls.values()),
         "seconds": round(seconds, 2),
     }
 

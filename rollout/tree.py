@@ -11,9 +11,16 @@ Tree mode: every rollout runs until its next action of a trainable memory role (
 model is sampled K times from the same parent context; each sample goes to its own fork of the rollout (its own copy of
 the frozen reasoner's state), which runs on to the next trainable action, where it branches again, or to the end of
 the task (a leaf, scored by the task's verifier). The tree expands at every trainable action along a path while the
-budgets allow: ``max_leaves`` (live leaves of the tree), ``reasoner_token_budget`` (reasoner tokens of the tree) and,
-when set, ``max_branch_depth`` (memory actions on a path); past a budget the action is sampled once and becomes a
-single-member node (it carries no advantage).
+budgets allow; past a budget the action is sampled once and becomes a single-member node (it carries no advantage).
+
+Budgets are *split* among siblings, so whether a branch may branch depends only on its own path, never on how far
+its cousins have got (which the asynchronous scheduler leaves to timing):
+
+- ``max_leaves``: the root may end with at most this many leaves; a branch with allowance A branches K ways only if
+  A >= K, and its children share A (A // K each, the remainder to the first ones);
+- ``reasoner_token_budget``: the root's allowance of reasoner tokens; a branch spends its allowance on its own
+  reasoner calls, branches only while some is left, and its children share what is left equally;
+- ``max_branch_depth``: only the first this many memory actions on a path branch.
 
 Flat mode (vanilla GRPO over trajectories): G independent rollouts per task; every trainable action of a trajectory
 is a node of that trajectory's chain and shares its outcome.
@@ -21,13 +28,22 @@ is a node of that trajectory's chain and shares its outcome.
 Token accounting: ``MemoryCallTree.reasoner_usage`` counts every reasoner call once. A node's ``reasoner_usage`` /
 ``memory_usage`` is its continuation cost: what its branch spent after it, up to the next node or the end.
 
-All pending calls of all rollouts of all trees go to their engine as one request list per wavefront, so vLLM batches
-them and its prefix cache serves the siblings' shared context.
+**Schedulers** (``scheduler``). ``async`` (the default): every branch advances as soon as its own call returns, so
+the memory model and the frozen reasoner generate at the same time and a slow branch never holds up the others. An
+engine that batches in-process (vLLM's ``LLM``, transformers, scripted) gets every call that is waiting for it as one
+batch while its previous batch runs; an engine whose requests are independent (an HTTP endpoint:
+``Engine.concurrent_requests``) gets each request the moment it is ready. ``wavefront``: lock-step; every pending call
+of every branch goes to its engine as one request list, one engine after the other. Both build the same trees: node
+ids come from the rollout path, budgets are split, and every request carries its own seed; only batch compositions,
+and so prefix-cache hits, differ.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,22 +51,23 @@ from tqdm.auto import tqdm
 
 from data.config import ConfigModel
 from data.schemas import Group, GroupSample, MemoryCallTree, TokenUsage, TreeNode
-from rollout.engines.base import Engine
+from rollout.engines.base import Engine, GenerationResult
 from rollout.loop import EngineSet, PendingCall, Rollout
 
 __all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "check_trained_sampling", "trees_to_groups"]
 
 
 class TreeConfig(ConfigModel):
-    """Budgets of tree (or flat) rollouts."""
+    """Budgets of tree (or flat) rollouts, and how their calls are scheduled."""
 
     mode: Literal["tree", "flat"] = "tree"  # tree: K-way branching at memory calls; flat: G rollouts per task
     branch_roles: list[str] = ["recall"]  # trained roles (recall, consolidate): their actions are nodes and branch
     branch_factor: int = 4  # K siblings per trainable call
     max_branch_depth: int | None = None  # only the first this many memory actions on a path branch (None: no limit)
-    max_leaves: int = 16  # no branching that would take the tree past this many live leaves
-    reasoner_token_budget: int | None = None  # per tree: stop branching once this many reasoner tokens are spent
+    max_leaves: int = 16  # leaves per tree at most; split among siblings at every branching
+    reasoner_token_budget: int | None = None  # reasoner tokens per tree, split among siblings; no branching past it
     flat_group_size: int = 4  # G trajectories per task in flat mode
+    scheduler: Literal["async", "wavefront"] = "async"  # async: each branch advances when its own call returns
 
 
 def check_trained_sampling(role: str, temperature: float, top_p: float, where: str = "memory.sampling") -> None:
@@ -69,20 +86,16 @@ def check_trained_sampling(role: str, temperature: float, top_p: float, where: s
 
 @dataclass
 class TreeRolloutStats:
-    """Engine traffic of one :func:`build_trees` call."""
+    """Engine traffic of one :func:`build_trees` call (``wavefronts``: the wavefront scheduler's lock-steps)."""
 
     engine_calls: dict[str, int] = field(default_factory=dict)
     wavefronts: int = 0
     requests: int = 0
 
-
-@dataclass
-class _Branch:
-    rollout: Rollout
-    tree: _TreeState
-    node_id: str  # the tree node this rollout continues from
-    usage_since_node: TokenUsage = field(default_factory=TokenUsage)
-    memory_usage_since_node: TokenUsage = field(default_factory=TokenUsage)
+    def count(self, engine: Engine, requests: int) -> None:
+        """Record one engine call of ``requests`` requests."""
+        self.engine_calls[engine.name] = self.engine_calls.get(engine.name, 0) + 1
+        self.requests += requests
 
 
 @dataclass
@@ -90,17 +103,21 @@ class _TreeState:
     task_id: str
     nodes: dict[str, TreeNode]
     usage: TokenUsage = field(default_factory=TokenUsage)
-    live: int = 1
-    counter: int = 0
-
-    def new_id(self, prefix: str) -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
+    live: int = 1  # branches still running: the tree is done at 0
 
 
-def _add_child(tree: _TreeState, parent_id: str, node: TreeNode) -> None:
-    tree.nodes[node.node_id] = node
-    tree.nodes[parent_id].children.append(node.node_id)
+@dataclass
+class _Branch:
+    rollout: Rollout
+    tree: _TreeState
+    node_id: str  # the tree node this rollout continues from
+    leaves: int  # the most leaves this branch may still end as (its share of max_leaves)
+    tokens: float | None  # reasoner tokens this branch may still spend and branch (its share of the budget)
+    usage_since_node: TokenUsage = field(default_factory=TokenUsage)
+    memory_usage_since_node: TokenUsage = field(default_factory=TokenUsage)
+
+
+_Call = tuple[_Branch, PendingCall, int]  # a branch, its pending call, and how many samples the call draws
 
 
 def build_trees(
@@ -112,7 +129,7 @@ def build_trees(
     config_hash: str = "",
     progress: str | None = None,
 ) -> tuple[list[MemoryCallTree], TreeRolloutStats]:
-    """Roll every task out as a memory-call tree (or G flat trajectories) and return the trees."""
+    """Roll every task out as a memory-call tree (or G flat trajectories) and return the trees, in task order."""
     stats = TreeRolloutStats()
     trees: list[_TreeState] = []
     branches: list[_Branch] = []
@@ -120,69 +137,36 @@ def build_trees(
         starts = [make_rollout(task, "r")] if cfg.mode == "tree" else [
             make_rollout(task, f"r{g}") for g in range(cfg.flat_group_size)
         ]
-        task_id = starts[0].env.task_id
-        state = _TreeState(task_id=task_id, nodes={"root": TreeNode(node_id="root", kind="root")}, live=len(starts))
+        state = _TreeState(task_id=starts[0].env.task_id, nodes={"root": TreeNode(node_id="root", kind="root")},
+                           live=len(starts))
         trees.append(state)
-        branches.extend(_Branch(rollout=r, tree=state, node_id="root") for r in starts)
+        budget = None if cfg.reasoner_token_budget is None else float(cfg.reasoner_token_budget)
+        branches.extend(_Branch(rollout=r, tree=state, node_id="root", leaves=cfg.max_leaves, tokens=budget)
+                        for r in starts)
 
     bar = tqdm(total=len(tasks), desc=progress, disable=progress is None, leave=False)
-    active = [b for b in branches if not b.rollout.done]
-    while active:
-        stats.wavefronts += 1
-        batches: dict[int, tuple[Engine, list[tuple[_Branch, PendingCall, int]]]] = {}
-        for branch in active:
-            call = branch.rollout.pending()
-            assert call is not None
-            n = _samples_for(call, branch, cfg)
-            call.request.sampling.n = n
-            engine = engines.for_call(call)
-            batches.setdefault(id(engine), (engine, []))[1].append((branch, call, n))
-        next_active: list[_Branch] = []
-        for engine, items in batches.values():
-            results = engine.generate([call.request for _, call, _ in items])
-            stats.engine_calls[engine.name] = stats.engine_calls.get(engine.name, 0) + 1
-            stats.requests += len(items)
-            for (branch, call, n), result in zip(items, results, strict=True):
-                if call.kind == "reasoner":
-                    spent = TokenUsage(
-                        prompt_tokens=result.usage.prompt_tokens,
-                        cached_prompt_tokens=result.usage.cached_prompt_tokens,
-                        completion_tokens=sum(len(c.response_ids) for c in result.completions)
-                        or result.usage.completion_tokens,
-                        calls=1,
-                    )
-                    branch.tree.usage = branch.tree.usage + spent
-                    branch.usage_since_node = branch.usage_since_node + spent
-                    branch.rollout.advance(result)
-                    next_active.append(branch)
-                elif call.role in cfg.branch_roles and _continues_action(call):
-                    record = branch.rollout.advance(result)
-                    assert record is not None
-                    node = branch.tree.nodes[branch.node_id]
-                    if node.kind == "memory" and node.call is not None and node.call.role == call.role:
-                        node.follow_up_calls.append(record)
-                    next_active.append(branch)
-                elif call.role in cfg.branch_roles:
-                    next_active.extend(_branch_out(branch, call, result, n, cfg))
-                else:
-                    record = branch.rollout.advance(result)
-                    if record is not None:
-                        branch.memory_usage_since_node = branch.memory_usage_since_node + TokenUsage(
-                            prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens, calls=1
-                        )
-                    next_active.append(branch)
-        active = []
-        for branch in next_active:
-            if branch.rollout.done:
-                _close_leaf(branch)
-                if branch.tree.live == 0:
-                    bar.update(1)
-            else:
-                active.append(branch)
-    bar.close()
+
+    def advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int) -> list[_Branch]:
+        running = []
+        for b in _advance(branch, call, result, n, cfg):
+            if not b.rollout.done:
+                running.append(b)
+                continue
+            _close_leaf(b)
+            if b.tree.live == 0:
+                bar.update(1)
+        return running
+
+    try:
+        if cfg.scheduler == "wavefront":
+            _run_wavefronts(branches, engines, cfg, stats, advance)
+        else:
+            _run_blocking(_run_async(branches, engines, cfg, stats, advance))
+    finally:
+        bar.close()
     out = [
         MemoryCallTree(
-            tree_id=f"{t.task_id}/{cfg.mode}", task_id=t.task_id, root_id="root", nodes=list(t.nodes.values()),
+            tree_id=f"{t.task_id}/{cfg.mode}", task_id=t.task_id, root_id="root", nodes=_in_path_order(t.nodes),
             reasoner_usage=t.usage, config_hash=config_hash, metadata={"mode": cfg.mode},
         )
         for t in trees
@@ -190,9 +174,99 @@ def build_trees(
     return out, stats
 
 
+Advance = Callable[[_Branch, PendingCall, GenerationResult, int], list[_Branch]]
+
+
+def _run_wavefronts(active: list[_Branch], engines: EngineSet, cfg: TreeConfig, stats: TreeRolloutStats,
+                    advance: Advance) -> None:
+    """Lock-step: every pending call goes to its engine in one request list per engine, then every branch moves."""
+    active = [b for b in active if not b.rollout.done]
+    while active:
+        stats.wavefronts += 1
+        batches: dict[int, tuple[Engine, list[_Call]]] = {}
+        for branch in active:
+            call, n = _next_call(branch, cfg)
+            engine = engines.for_call(call)
+            batches.setdefault(id(engine), (engine, []))[1].append((branch, call, n))
+        active = []
+        for engine, items in batches.values():
+            results = engine.generate([call.request for _, call, _ in items])
+            stats.count(engine, len(items))
+            for (branch, call, n), result in zip(items, results, strict=True):
+                active.extend(advance(branch, call, result, n))
+
+
+async def _run_async(active: list[_Branch], engines: EngineSet, cfg: TreeConfig, stats: TreeRolloutStats,
+                     advance: Advance) -> None:
+    """Each branch advances as soon as its own call returns; engines generate concurrently (module docstring)."""
+    waiting: dict[int, tuple[Engine, list[_Call]]] = {}  # per engine: calls not sent yet
+    busy: set[int] = set()  # batching engines with a batch in flight
+    in_flight: set[asyncio.Task[tuple[Engine, list[_Call], list[GenerationResult]]]] = set()
+
+    async def generate(engine: Engine, items: list[_Call]) -> tuple[Engine, list[_Call], list[GenerationResult]]:
+        return engine, items, await engine.agenerate([call.request for _, call, _ in items])
+
+    def send(engine: Engine, items: list[_Call]) -> None:
+        in_flight.add(asyncio.create_task(generate(engine, items)))
+
+    def wait_for_engine(branch: _Branch) -> None:
+        call, n = _next_call(branch, cfg)
+        engine = engines.for_call(call)
+        waiting.setdefault(id(engine), (engine, []))[1].append((branch, call, n))
+
+    for branch in active:
+        if not branch.rollout.done:
+            wait_for_engine(branch)
+    try:
+        while waiting or in_flight:
+            for key, (engine, items) in list(waiting.items()):
+                if engine.concurrent_requests:
+                    for item in items:
+                        send(engine, [item])
+                elif key not in busy:
+                    busy.add(key)
+                    send(engine, items)
+                else:
+                    continue
+                del waiting[key]
+            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                in_flight.discard(task)
+                engine, items, results = task.result()
+                busy.discard(id(engine))
+                stats.count(engine, len(items))
+                for (branch, call, n), result in zip(items, results, strict=True):
+                    for running in advance(branch, call, result, n):
+                        wait_for_engine(running)
+    finally:
+        for task in in_flight:
+            task.cancel()
+
+
+def _run_blocking(coroutine: Any) -> None:
+    """Run the scheduler's event loop here, or in a thread of its own when this thread already runs one (a notebook,
+    an async actor)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coroutine)
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memrl-trees") as pool:
+        pool.submit(asyncio.run, coroutine).result()
+
+
 def _continues_action(call: PendingCall) -> bool:
     """A later model call of the memory action already under way (a recall's second page): part of that node."""
     return bool(call.request.metadata.get("continues_action"))
+
+
+def _next_call(branch: _Branch, cfg: TreeConfig) -> tuple[PendingCall, int]:
+    """The branch's pending call, with the number of samples it draws (K where the branch may branch, else 1)."""
+    call = branch.rollout.pending()
+    assert call is not None
+    n = _samples_for(call, branch, cfg)
+    call.request.sampling.n = n
+    return call, n
 
 
 def _samples_for(call: PendingCall, branch: _Branch, cfg: TreeConfig) -> int:
@@ -203,13 +277,43 @@ def _samples_for(call: PendingCall, branch: _Branch, cfg: TreeConfig) -> int:
     depth = branch.tree.nodes[branch.node_id].depth
     if cfg.max_branch_depth is not None and depth >= cfg.max_branch_depth:
         return 1
-    if branch.tree.live + cfg.branch_factor - 1 > cfg.max_leaves:
+    if branch.leaves < cfg.branch_factor:
         return 1
-    budget = cfg.reasoner_token_budget
-    if budget is not None and branch.tree.usage.prompt_tokens + branch.tree.usage.completion_tokens >= budget:
+    if branch.tokens is not None and branch.tokens <= 0:
         return 1
-    branch.tree.live += cfg.branch_factor - 1  # reserve the leaves now: other branches decide in this wavefront too
     return cfg.branch_factor
+
+
+def _advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int, cfg: TreeConfig) -> list[_Branch]:
+    """Consume the engine's answer to the branch's call: the branch moves on, or forks into n siblings."""
+    if call.kind == "reasoner":
+        spent = TokenUsage(
+            prompt_tokens=result.usage.prompt_tokens,
+            cached_prompt_tokens=result.usage.cached_prompt_tokens,
+            completion_tokens=sum(len(c.response_ids) for c in result.completions) or result.usage.completion_tokens,
+            calls=1,
+        )
+        branch.tree.usage = branch.tree.usage + spent
+        branch.usage_since_node = branch.usage_since_node + spent
+        if branch.tokens is not None:
+            branch.tokens -= spent.prompt_tokens + spent.completion_tokens
+        branch.rollout.advance(result)
+        return [branch]
+    if call.role in cfg.branch_roles and _continues_action(call):
+        record = branch.rollout.advance(result)
+        assert record is not None
+        node = branch.tree.nodes[branch.node_id]
+        if node.kind == "memory" and node.call is not None and node.call.role == call.role:
+            node.follow_up_calls.append(record)
+        return [branch]
+    if call.role in cfg.branch_roles:
+        return _branch_out(branch, result, n)
+    record = branch.rollout.advance(result)
+    if record is not None:
+        branch.memory_usage_since_node = branch.memory_usage_since_node + TokenUsage(
+            prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens, calls=1
+        )
+    return [branch]
 
 
 def _settle(branch: _Branch) -> None:
@@ -220,24 +324,38 @@ def _settle(branch: _Branch) -> None:
     branch.usage_since_node, branch.memory_usage_since_node = TokenUsage(), TokenUsage()
 
 
-def _branch_out(branch: _Branch, call: PendingCall, result: Any, n: int, cfg: TreeConfig) -> list[_Branch]:
+def _add_child(tree: _TreeState, node: TreeNode) -> None:
+    assert node.parent_id is not None and node.node_id not in tree.nodes
+    tree.nodes[node.node_id] = node
+    tree.nodes[node.parent_id].children.append(node.node_id)
+
+
+def _branch_out(branch: _Branch, result: GenerationResult, n: int) -> list[_Branch]:
+    """The n samples of a trainable action: one sibling node each, each on its own fork of the rollout.
+
+    Ids come from the rollout path (``r.1.0``: sample 0 of the second branching under sample 1 of the first), so they
+    do not depend on the order in which branches reach their actions."""
     _settle(branch)
     tree = branch.tree
     parent = tree.nodes[branch.node_id]
-    group_id = tree.new_id("g")
-    children = [branch.rollout.fork(f"{branch.rollout.rollout_id}.{k}") for k in range(n - 1)] + [branch.rollout]
+    rollout_id = branch.rollout.rollout_id
+    group_id = f"g:{rollout_id}:{parent.depth + 1}"
+    children = [branch.rollout.fork(f"{rollout_id}.{k}") for k in range(n - 1)] + [branch.rollout]
     if n > 1:
-        branch.rollout.rollout_id = f"{branch.rollout.rollout_id}.{n - 1}"
+        branch.rollout.rollout_id = f"{rollout_id}.{n - 1}"
     out = []
     for k, rollout in enumerate(children):
         record = rollout.advance(result, sample=k)
         assert record is not None
         node = TreeNode(
-            node_id=tree.new_id("n"), parent_id=parent.node_id, depth=parent.depth + 1, kind="memory", call=record,
-            group_id=group_id, metadata={"sample": k, "samples": n},
+            node_id=f"{rollout.rollout_id}:{parent.depth + 1}", parent_id=parent.node_id, depth=parent.depth + 1,
+            kind="memory", call=record, group_id=group_id, metadata={"sample": k, "samples": n},
         )
-        _add_child(tree, parent.node_id, node)
-        out.append(_Branch(rollout=rollout, tree=tree, node_id=node.node_id))
+        _add_child(tree, node)
+        leaves = branch.leaves // n + (1 if k < branch.leaves % n else 0)
+        tokens = None if branch.tokens is None else branch.tokens / n
+        out.append(_Branch(rollout=rollout, tree=tree, node_id=node.node_id, leaves=leaves, tokens=tokens))
+    tree.live += n - 1
     return out
 
 
@@ -246,14 +364,29 @@ def _close_leaf(branch: _Branch) -> None:
     tree = branch.tree
     rollout = branch.rollout
     leaf = TreeNode(
-        node_id=tree.new_id("leaf"), parent_id=branch.node_id, depth=tree.nodes[branch.node_id].depth + 1,
+        node_id=f"{rollout.rollout_id}:leaf", parent_id=branch.node_id, depth=tree.nodes[branch.node_id].depth + 1,
         kind="leaf", answer=rollout.answer, outcome=rollout.outcome,
         metadata={"rollout_id": rollout.rollout_id, "stats": {**rollout.memory.stats, **rollout.stats}},
     )
-    _add_child(tree, branch.node_id, leaf)
+    _add_child(tree, leaf)
     tree.live -= 1
 
 
+def _path_key(node_id: str) -> list[Any]:
+    """Sort key of a node id: its rollout path with numbers compared as numbers (r.2 before r.10)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", node_id)]
+
+
+def _in_path_order(nodes: dict[str, TreeNode]) -> list[TreeNode]:
+    """The nodes depth-first from the root, siblings by sample index: one order whatever the scheduler's timing."""
+    out: list[TreeNode] = []
+    stack = ["root"]
+    while stack:
+        node = nodes[stack.pop()]
+        node.children.sort(key=_path_key)
+        out.append(node)
+        stack.extend(reversed(node.children))
+    return out
 def trees_to_groups(trees: Sequence[MemoryCallTree], *, source: Literal["oat", "flat"] = "oat") -> list[Group]:
     """Turn scored trees into trainer groups: the memory nodes that share a parent context, with their advantages.
 

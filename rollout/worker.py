@@ -81,11 +81,16 @@ class _Recording(Engine):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.name = engine.name
+        self.concurrent_requests = engine.concurrent_requests
         self.calls: Counter[str] = Counter()
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         self.calls.update(str(r.metadata.get("task_id")) for r in requests)
         return self.engine.generate(requests)
+
+    async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        self.calls.update(str(r.metadata.get("task_id")) for r in requests)
+        return await self.engine.agenerate(requests)
 
 
 class RolloutWorker:
@@ -117,7 +122,7 @@ class RolloutWorker:
             tree.metadata.update(worker=self.index, policy_version=version)
         source = "oat" if self.spec.tree.mode == "tree" else "flat"
         groups = [trees_to_groups([tree], source=source) for tree in trees]
-        metrics.update(engine_calls=sum(stats.engine_calls.values()), wavefronts=stats.wavefronts)
+        metrics.update(engine_calls=sum(stats.engine_calls.values()))
         return TreeBatch(worker=self.index, iteration=job.iteration, policy_version=version, trees=trees,
                          groups=groups, metrics=metrics, memory_calls=dict(recording.calls),
                          seconds=time.perf_counter() - t0)

@@ -19,6 +19,7 @@ Conventions every backend follows (so results are comparable across backends and
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 import hashlib
 import itertools
@@ -127,10 +128,18 @@ class Engine(abc.ABC):
     name: str = "engine"
     policy_version: int = 0
     seed: int = 0
+    concurrent_requests: bool = False
+    """True when requests are served independently and concurrently (an HTTP endpoint with continuous batching):
+    the asynchronous tree scheduler then sends each request the moment it is ready instead of batching what waits."""
 
     @abc.abstractmethod
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Generate for every request (one batched call); results are in request order."""
+
+    async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """:meth:`generate` for callers inside an event loop; by default the blocking call runs in a thread, so the
+        loop (and the other engines) go on meanwhile."""
+        return await asyncio.to_thread(self.generate, requests)
 
     def generate_each(self, requests: list[GenerationRequest]) -> list[GenerationResult | Exception]:
         """Like :meth:`generate`, but a request that fails yields its exception in its place instead of failing the

@@ -156,6 +156,8 @@ class _Sample:
 class OpenAIEngine(Engine):
     """Any OpenAI-compatible endpoints behind the engine interface (see the module docstring)."""
 
+    concurrent_requests = True
+
     def __init__(
         self,
         endpoints: list[EndpointConfig],

@@ -10,8 +10,10 @@ a scripted agent has no distribution. Without a tokenizer only the text is retur
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from data.schemas import ScriptedPolicy
@@ -29,7 +31,7 @@ from rollout.engines.base import (
 from rollout.engines.config import EngineConfig
 from rollout.engines.prefix_cache import PrefixCacheSimulator
 
-__all__ = ["DelayedPolicy", "ScriptedEngine"]
+__all__ = ["DelayedEngine", "DelayedPolicy", "ScriptedEngine"]
 
 
 class ScriptedEngine(Engine):
@@ -150,3 +152,47 @@ class DelayedPolicy:
         """Sleep, then answer as the wrapped policy."""
         time.sleep(self.latency_s)
         return self.inner.respond(messages, rng, metadata)
+
+
+class DelayedEngine(Engine):
+    """``engine`` behind a simulated latency: every request is answered ``latency_s`` after the engine started on
+    it, and the engine works on at most ``capacity`` requests at a time (None: any number, an engine with spare
+    capacity such as vLLM with continuous batching below its limits; 1: a saturated engine whose requests queue).
+    ``latency_s`` may be a function of the requests (a slow task, jitter). ``concurrent_requests`` says whether the
+    tree scheduler sends requests one by one (an endpoint; each returns when done) or batches what waits (an in-process
+    engine; a batch returns when its last request is done)."""
+
+    def __init__(self, engine: Engine, latency_s: float | Callable[[list[GenerationRequest]], float], *,
+                 capacity: int | None = None, concurrent_requests: bool = True) -> None:
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"capacity must be None or >= 1, got {capacity}")
+        self.engine = engine
+        self.name = engine.name
+        self.latency_s = latency_s
+        self.capacity = capacity
+        self.concurrent_requests = concurrent_requests
+        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}  # an asyncio lock serves one loop
+
+    def _seconds(self, requests: list[GenerationRequest]) -> float:
+        latency = self.latency_s(requests) if callable(self.latency_s) else self.latency_s
+        rounds = 1 if self.capacity is None else -(-len(requests) // self.capacity)
+        return latency * rounds
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Wait the latency (one round per ``capacity`` requests), then answer."""
+        time.sleep(self._seconds(requests))
+        return self.engine.generate(requests)
+
+    async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """:meth:`generate` without holding the event loop; with a capacity, calls in flight queue for it."""
+        if self.capacity is None:
+            await asyncio.sleep(self._seconds(requests))
+            return self.engine.generate(requests)
+        loop = asyncio.get_running_loop()
+        slots = self._slots.get(loop)
+        if slots is None:
+            self._slots = {loop: (slots := asyncio.Semaphore(self.capacity))}
+        for start in range(0, len(requests), self.capacity):
+            async with slots:
+                await asyncio.sleep(self._seconds(requests[start:start + self.capacity]))
+        return self.engine.generate(requests)

@@ -9,6 +9,7 @@ whole history. Requests without a task id route by a hash of their prompt.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,7 @@ class StickyEngine(Engine):
             raise ValueError("StickyEngine needs at least one engine")
         self.engines = engines
         self.name = name
+        self.concurrent_requests = all(engine.concurrent_requests for engine in engines)
 
     def endpoint_of(self, request: GenerationRequest) -> int:
         """The index of the engine that serves ``request``."""
@@ -56,10 +58,26 @@ class StickyEngine(Engine):
         ``generate_each``), so one failure neither sinks nor re-runs its endpoint's other requests."""
         return self._split(requests, "generate_each")
 
-    def _split(self, requests: list[GenerationRequest], method: str) -> list[Any]:
+    async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """:meth:`generate` for callers inside an event loop: every endpoint's own ``agenerate``, concurrently."""
+        parts = self._parts(requests)
+        answers = await asyncio.gather(*(
+            self.engines[endpoint].agenerate([requests[i] for i in indices]) for endpoint, indices in parts.items()
+        ))
+        out: list[Any] = [None] * len(requests)
+        for indices, results in zip(parts.values(), answers, strict=True):
+            for i, result in zip(indices, results, strict=True):
+                out[i] = result
+        return out
+
+    def _parts(self, requests: list[GenerationRequest]) -> dict[int, list[int]]:
         parts: dict[int, list[int]] = {}
         for i, request in enumerate(requests):
             parts.setdefault(self.endpoint_of(request), []).append(i)
+        return parts
+
+    def _split(self, requests: list[GenerationRequest], method: str) -> list[Any]:
+        parts = self._parts(requests)
         out: list[Any] = [None] * len(requests)
 
         def run(item: tuple[int, list[int]]) -> None:

@@ -1,0 +1,112 @@
+"""The asynchronous tree scheduler: the same trees as lock-step wavefronts whatever the timing, a slow branch never
+holds up the others, and the memory model and the reasoner generate at the same time."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from data.tasks.sam import SamTask
+from rollout.agents import sam_engines, sam_rollout
+from rollout.engines.base import GenerationRequest
+from rollout.engines.scripted import DelayedEngine
+from rollout.loop import EngineSet
+from rollout.memory.sam import SamConfig
+from rollout.models import load_tokenizer
+from rollout.tree import TreeConfig, build_trees
+
+CONFIG = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3)
+
+
+def sam_tasks(n: int) -> list[SamTask]:
+    return [SamTask({"horizon_steps": 16, "n_evidence": 2, "facts_per_obs": 2}, seed=s) for s in range(n)]
+
+
+def make(task: Any, rollout_id: str) -> Any:
+    return sam_rollout(task, CONFIG, rollout_id=rollout_id)
+
+
+def engines(tokenizer: Any = None) -> EngineSet:
+    return sam_engines(oracle={"verbatim": 1, "omission": 1}, max_pages=2, tokenizer=tokenizer)
+
+
+def dumped(trees: list[Any]) -> list[dict[str, Any]]:
+    """Trees as data, without prefix-cache hits (they follow the batches, which follow the timing)."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "cached_prompt_tokens"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+    return [strip(t.model_dump(mode="json")) for t in trees]
+
+
+@pytest.mark.parametrize("budgets", [{"max_leaves": 3}, {"reasoner_token_budget": 8000}])
+def test_async_builds_the_wavefronts_trees_whatever_the_timing(budgets: dict[str, int], tiny_model_dir: Any) -> None:
+    """Random per-call latencies (two different draws) reorder every branch's progress; the trees stay those of the
+    lock-step scheduler, with the budget binding (some trainable actions are sampled once)."""
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    tasks = sam_tasks(4)
+    cfg = TreeConfig(branch_factor=2, **budgets)
+    reference, _ = build_trees(tasks, make, engines(tokenizer), cfg.model_copy(update={"scheduler": "wavefront"}))
+    for draw in (1, 2):
+        jitter = random.Random(draw)
+        base = engines(tokenizer)
+        jittery = EngineSet(reasoner=DelayedEngine(base.reasoner, lambda _, r=jitter: r.uniform(0.0, 0.004)),
+                            memory=DelayedEngine(base.memory, lambda _, r=jitter: r.uniform(0.0, 0.004)))
+        trees, stats = build_trees(tasks, make, jittery, cfg)
+        assert stats.wavefronts == 0 and dumped(trees) == dumped(reference)
+    nodes = [n for t in reference for n in t.nodes if n.kind == "memory"]
+    assert {n.metadata["samples"] for n in nodes} == {1, 2}  # branched, and past the budget sampled once
+    assert max(sum(n.kind == "leaf" for n in t.nodes) for t in reference) <= budgets.get("max_leaves", 16)
+
+
+def test_a_slow_branch_does_not_hold_up_the_others() -> None:
+    """One tree's first reasoner call (an endpoint's) is answered only once every other tree has made all of its
+    reasoner calls: under the asynchronous scheduler the others run to their leaves meanwhile (under lock-step
+    wavefronts they would wait for it, and the call would time out)."""
+    tasks = sam_tasks(4)
+    reference, _ = build_trees(tasks, make, engines(), TreeConfig(branch_factor=2, scheduler="wavefront"))
+    remaining = {t.task_id: t.reasoner_usage.calls for t in reference[1:]}
+    slow_task, others_done, waited = tasks[0].task_id, threading.Event(), []
+
+    class Endpoint(DelayedEngine):
+        async def agenerate(self, requests: list[GenerationRequest]) -> list[Any]:
+            (request,) = requests  # an endpoint gets each request on its own
+            task_id = request.metadata["task_id"]
+            if task_id == slow_task and not waited:
+                waited.append(await asyncio.to_thread(others_done.wait, 30.0))
+            if task_id in remaining:
+                remaining[task_id] -= 1
+                if not any(remaining.values()):
+                    others_done.set()
+            return self.engine.generate(requests)
+
+    base = engines()
+    trees, _ = build_trees(tasks, make, EngineSet(reasoner=Endpoint(base.reasoner, 0.0), memory=base.memory),
+                           TreeConfig(branch_factor=2))
+    assert waited == [True]  # the other trees finished while the slow call was out
+    assert dumped(trees) == dumped(reference)
+
+
+def test_the_memory_model_and_the_reasoner_generate_at_the_same_time() -> None:
+    """With every call taking a while, some memory-model batch is in flight while a reasoner call is."""
+    spans: dict[str, list[tuple[float, float]]] = {"sam-oracle": [], "reasoner": []}
+
+    class Timed(DelayedEngine):
+        async def agenerate(self, requests: list[GenerationRequest]) -> list[Any]:
+            start = time.perf_counter()
+            results = await super().agenerate(requests)
+            spans[self.name].append((start, time.perf_counter()))
+            return results
+
+    base = engines()
+    eng = EngineSet(reasoner=Timed(base.reasoner, 0.01), memory=Timed(base.memory, 0.01, concurrent_requests=False))
+    build_trees(sam_tasks(4), make, eng, TreeConfig(branch_factor=2))
+    overlaps = sum(1 for a, b in spans["sam-oracle"] for c, d in spans["reasoner"] if a < d and c < b)
+    assert overlaps > 0 and len(spans["sam-oracle"]) > 1
