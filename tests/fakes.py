@@ -104,3 +104,20 @@ class RecallAwareMemory(TwoCallMemory):
         if turn.role == "user" and turn.step > 0:
             turn = Turn(step=turn.step, action_text=turn.action_text, observation="recalled: " + turn.observation)
         super().on_turn(turn)
+
+
+class Recorder(Engine):
+    """Answers every request with a fixed text (or a function of it) and records what it was asked."""
+
+    def __init__(self, name: str, reply: Any) -> None:
+        self.name, self.reply, self.requests, self.calls = name, reply, [], 0
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        self.calls += 1
+        self.requests.extend(requests)
+        return [
+            GenerationResult(
+                prompt_ids=[], completions=[Completion([], [], self.reply(r), "stop")], usage=Usage(), engine=self.name
+            )
+            for r in requests
+        ]

@@ -6,29 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from fakes import CountEnv, FakeEngine, RecallAwareMemory
+from fakes import CountEnv, FakeEngine, RecallAwareMemory, Recorder
 
 from rewards.committee import Committee, CommitteeConfig, offline_judge, parse_judge_scores
-from rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
+from rollout.engines.base import Engine, GenerationRequest
 from rollout.loop import EngineSet, Rollout
 from rollout.tree import TreeConfig, build_trees
-
-
-class Recorder(Engine):
-    """Answers every request with a fixed text (or a function of it) and records what it was asked."""
-
-    def __init__(self, name: str, reply) -> None:
-        self.name, self.reply, self.requests, self.calls = name, reply, [], 0
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        self.calls += 1
-        self.requests.extend(requests)
-        return [
-            GenerationResult(
-                prompt_ids=[], completions=[Completion([], [], self.reply(r), "stop")], usage=Usage(), engine=self.name
-            )
-            for r in requests
-        ]
 
 
 def trees(n_tasks: int = 2):

@@ -8,13 +8,14 @@ import re
 from pathlib import Path
 
 import pytest
+from fakes import Recorder
 
 from data.formats import render_sam_recall_prompt
 from data.schemas import MemoryCall, MemoryCallTree, TreeNode
 from data.tasks.common import as_messages
 from rewards.committee import Committee, CommitteeConfig
 from rewards.credit import CreditConfig, assign_batch_credit, assign_credit
-from rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
+from rollout.engines.base import GenerationRequest
 
 # node -> (the judge's 0-10 relevance, coverage, consistency) and the c(n) they rescale to
 RUBRIC = {
@@ -23,17 +24,6 @@ RUBRIC = {
     "n5": ((5, 5, 5), 0.5), "n6": ((7, 7, 7), 0.7),
 }
 OUTCOMES = {"la": 1.0, "lb": 0.0, "lc": 0.0, "ld": 0.0}
-
-
-class Recorder(Engine):
-    def __init__(self, name: str, reply) -> None:
-        self.name, self.reply, self.requests, self.calls = name, reply, [], 0
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        self.calls += 1
-        self.requests.extend(requests)
-        return [GenerationResult(prompt_ids=[], completions=[Completion([], [], self.reply(r), "stop")],
-                                 usage=Usage(), engine=self.name) for r in requests]
 
 
 def recall_call(node: str, page: int, text: str, so_far: str = "") -> MemoryCall:
