@@ -1,12 +1,12 @@
 """SIGKILL at random moments of a 4-iteration OAT-GRPO run, each followed by ``--resume``: does every trial end with
 the uninterrupted run's weights and a ``metrics.jsonl`` holding each step once?
 
-The run is the tiny CPU recipe (configs/oat_grpo_tiny.yaml shrunk as in tests/test_oat_grpo.py, a checkpoint after
-every iteration). One uninterrupted run gives the reference weights and its timing. Trial 0 kills during the first
-checkpoint write (the moment its temporary folder appears); the others at a moment drawn uniformly from the reference
-run's active span (from its run directory appearing, after imports and checks, to its end). Each killed run is
-resumed to completion (a kill that lands after the run finished is re-drawn). Prints one line per trial, then
-``resumes_equal: N/M`` and one JSON line with what the kills hit.
+The run is the tiny CPU recipe (configs/oat_grpo_tiny.yaml shrunk by :func:`overrides`, which the OAT-GRPO tests
+run too; a checkpoint after every iteration). One uninterrupted run gives the reference weights and its timing.
+Trial 0 kills during the first checkpoint write (the moment its temporary folder appears); the others at a moment
+drawn uniformly from the reference run's active span (from its run directory appearing, after imports and checks, to
+its end). Each killed run is resumed to completion (a kill that lands after the run finished is re-drawn). Prints
+one line per trial, then ``resumes_equal: N/M`` and one JSON line with what the kills hit.
 
     .venv/bin/python benchmarks/resume_faults.py --trials 20 --work /tmp/resume-faults
 """
@@ -29,15 +29,18 @@ sys.path.insert(0, str(ROOT))
 ITERATIONS = 4
 
 
-def overrides(model: Path, out: Path, name: str) -> list[str]:
-    """The tiny recipe at seconds per iteration (the random-init tiny model; trees branch at cue writing too)."""
+def overrides(model: Path, out: Path, name: str, *, iterations: int = ITERATIONS, eval_every: int = 2) -> list[str]:
+    """The tiny recipe at seconds per iteration (the random-init tiny model; its cues are noise, so the scripted
+    reasoner finds no page worth recalling: the trees also branch at cue writing, sampled). The OAT-GRPO tests run
+    the same recipe."""
     return [
         f"policy.base={model}", f"engine.model={model}", f"run.output_dir={out}", f"run.name={name}",
         "train_tasks.count=16", "train_tasks.sam.horizon_steps=6", "eval_tasks.count=2",
         "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=4", "tree.branch_factor=2", "tree.max_leaves=4",
         "tree.branch_roles=[consolidate, recall]", "memory.sampling.consolidate.temperature=1.0",
         "memory.sampling.consolidate.max_tokens=16", "memory.sampling.recall.max_tokens=24",
-        f"loop.iterations={ITERATIONS}", "loop.eval_every=2", "loop.checkpoint_every=1", "loop.keep_checkpoints=2",
+        f"loop.iterations={iterations}", f"loop.eval_every={eval_every}", "loop.checkpoint_every=1",
+        "loop.keep_checkpoints=2",
     ]
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.resume_faults import overrides as recipe_overrides
 from data.config import load_config
 from data.io import read_jsonl
 from data.schemas import MemoryCallTree
@@ -30,16 +31,8 @@ ITERATIONS = 3
 
 
 def tiny_overrides(model: Path, out: Path, name: str) -> list[str]:
-    """The tiny config shrunk to seconds per iteration, with the random-init tiny model as the policy. Its cues are
-    noise, so the scripted reasoner finds no page worth recalling: the trees also branch at cue writing (sampled)."""
-    return [
-        f"policy.base={model}", f"engine.model={model}", f"run.output_dir={out}", f"run.name={name}",
-        "train_tasks.count=16", "train_tasks.sam.horizon_steps=6", "eval_tasks.count=2",
-        "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=4", "tree.branch_factor=2", "tree.max_leaves=4",
-        "tree.branch_roles=[consolidate, recall]", "memory.sampling.consolidate.temperature=1.0",
-        "memory.sampling.consolidate.max_tokens=16", "memory.sampling.recall.max_tokens=24",
-        f"loop.iterations={ITERATIONS}", "loop.eval_every=0", "loop.checkpoint_every=1", "loop.keep_checkpoints=2",
-    ]
+    """The tiny config shrunk to seconds per iteration (benchmarks/resume_faults.py's recipe), without evaluations."""
+    return recipe_overrides(model, out, name, iterations=ITERATIONS, eval_every=0)
 
 
 def cli_env() -> dict[str, str]:

@@ -4,25 +4,16 @@ the same check over 20 kills)."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _benchmark():
-    spec = importlib.util.spec_from_file_location("resume_faults", ROOT / "benchmarks" / "resume_faults.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import resume_faults as bench
 
 
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_the_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
-    bench = _benchmark()
     started, wall = bench.run(bench.command(tiny_model_dir, tmp_path, "reference"), tmp_path / "reference")
     reference = bench.weights(tmp_path / "reference")
     expected = bench.steps(tmp_path / "reference")
