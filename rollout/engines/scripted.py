@@ -171,7 +171,7 @@ class DelayedEngine(Engine):
         self.latency_s = latency_s
         self.capacity = capacity
         self.concurrent_requests = concurrent_requests
-        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}  # an asyncio lock serves one loop
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None  # a semaphore serves one loop
 
     def _seconds(self, requests: list[GenerationRequest]) -> float:
         latency = self.latency_s(requests) if callable(self.latency_s) else self.latency_s
@@ -189,9 +189,9 @@ class DelayedEngine(Engine):
             await asyncio.sleep(self._seconds(requests))
             return self.engine.generate(requests)
         loop = asyncio.get_running_loop()
-        slots = self._slots.get(loop)
-        if slots is None:
-            self._slots = {loop: (slots := asyncio.Semaphore(self.capacity))}
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.capacity))
+        slots = self._slots[1]
         for start in range(0, len(requests), self.capacity):
             async with slots:
                 await asyncio.sleep(self._seconds(requests[start:start + self.capacity]))
