@@ -29,7 +29,6 @@ advantages carry no information about the task (the committee term is left as it
 
 from __future__ import annotations
 
-import math
 import random
 from collections import defaultdict
 from collections.abc import Sequence
@@ -144,10 +143,7 @@ def assign_batch_credit(
     stats = [assign_credit(t, cfg) if mode == "tree" else assign_flat_credit(t, cfg) for t in trees]
     if cfg.baseline == "global":
         nodes = [n for t in trees for n in t.nodes if n.kind == "memory" and n.reward is not None]
-        if nodes:
-            rewards = [n.reward or 0.0 for n in nodes]
-            b = sum(rewards) / len(rewards)
-            std = math.sqrt(sum((r - b) ** 2 for r in rewards) / len(rewards))
-            for n, r in zip(nodes, rewards, strict=True):
-                n.advantage = (r - b) if cfg.advantage_scale == "none" else (r - b) / (std + cfg.eps)
+        advantages = group_advantages([n.reward for n in nodes], cfg.advantage_scale, cfg.eps) if nodes else []
+        for n, advantage in zip(nodes, advantages, strict=True):
+            n.advantage = advantage
     return stats
