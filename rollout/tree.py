@@ -50,7 +50,7 @@ from typing import Any, Literal
 from tqdm.auto import tqdm
 
 from data.config import ConfigModel
-from data.schemas import Group, GroupSample, MemoryCallTree, TokenUsage, TreeNode
+from data.schemas import Group, GroupSample, MemoryCall, MemoryCallTree, TokenUsage, TreeNode
 from rollout.engines.base import Engine, GenerationResult
 from rollout.loop import EngineSet, PendingCall, Rollout
 
@@ -90,12 +90,10 @@ class TreeRolloutStats:
 
     engine_calls: dict[str, int] = field(default_factory=dict)
     wavefronts: int = 0
-    requests: int = 0
 
-    def count(self, engine: Engine, requests: int) -> None:
-        """Record one engine call of ``requests`` requests."""
+    def count(self, engine: Engine) -> None:
+        """Record one call of ``engine``."""
         self.engine_calls[engine.name] = self.engine_calls.get(engine.name, 0) + 1
-        self.requests += requests
 
 
 @dataclass
@@ -191,7 +189,7 @@ def _run_wavefronts(active: list[_Branch], engines: EngineSet, cfg: TreeConfig, 
         active = []
         for engine, items in batches.values():
             results = engine.generate([call.request for _, call, _ in items])
-            stats.count(engine, len(items))
+            stats.count(engine)
             for (branch, call, n), result in zip(items, results, strict=True):
                 active.extend(advance(branch, call, result, n))
 
@@ -234,7 +232,7 @@ async def _run_async(active: list[_Branch], engines: EngineSet, cfg: TreeConfig,
                 in_flight.discard(task)
                 engine, items, results = task.result()
                 busy.discard(id(engine))
-                stats.count(engine, len(items))
+                stats.count(engine)
                 for (branch, call, n), result in zip(items, results, strict=True):
                     for running in advance(branch, call, result, n):
                         wait_for_engine(running)
@@ -406,28 +404,25 @@ def trees_to_groups(trees: Sequence[MemoryCallTree], *, source: Literal["oat", "
         for key, nodes in members.items():
             first = nodes[0].call
             assert first is not None
-            samples = [
-                GroupSample(
-                    response_ids=list(n.call.response_ids), rollout_logprobs=list(n.call.logprobs), text=n.call.text,
-                    finish_reason=n.call.finish_reason, policy_version=n.call.policy_version, reward=n.reward or 0.0,
-                    advantage=n.advantage or 0.0, node_id=n.node_id,
-                )
-                for n in nodes
-                if n.call is not None
-            ]
             groups.append(Group(
                 group_id=f"{tree.tree_id}/{key}", task_id=tree.task_id, role=first.role,
-                prompt_ids=list(first.prompt_ids), messages=list(first.messages), samples=samples, source=source,
+                prompt_ids=list(first.prompt_ids), messages=list(first.messages), source=source,
+                samples=[_sample(n.call, n) for n in nodes if n.call is not None],
             ))
             for n in nodes:
                 for i, follow in enumerate(n.follow_up_calls):
                     groups.append(Group(
                         group_id=f"{tree.tree_id}/{key}/{n.node_id}/f{i + 1}", task_id=tree.task_id, role=follow.role,
                         prompt_ids=list(follow.prompt_ids), messages=list(follow.messages), source=source,
-                        samples=[GroupSample(
-                            response_ids=list(follow.response_ids), rollout_logprobs=list(follow.logprobs),
-                            text=follow.text, finish_reason=follow.finish_reason, policy_version=follow.policy_version,
-                            reward=n.reward or 0.0, advantage=n.advantage or 0.0, node_id=n.node_id,
-                        )],
+                        samples=[_sample(follow, n)],
                     ))
     return groups
+
+
+def _sample(call: MemoryCall, node: TreeNode) -> GroupSample:
+    """A trainer sample: the call's tokens and log-probs with its node's reward and advantage."""
+    return GroupSample(
+        response_ids=list(call.response_ids), rollout_logprobs=list(call.logprobs), text=call.text,
+        finish_reason=call.finish_reason, policy_version=call.policy_version, reward=node.reward or 0.0,
+        advantage=node.advantage or 0.0, node_id=node.node_id,
+    )
