@@ -5,10 +5,10 @@ kept GPUs of every node (training uses the others); ``colocate`` puts them on th
 node, where they sleep during updates. The workers are reserved with one placement group (a bundle per engine,
 spread over the nodes Ray sees; the Slurm script advertises to Ray only the GPUs the fleet may use).
 
-Sharding: a job's tasks are split into whole trees per worker, load-aware (:func:`shard_tasks`: longest expected
-task first onto the worker that would finish it soonest, by each worker's measured trees/s), so a tree never leaves
-its worker. The groups come back in task order whatever the split, so with the same seeds 1 or N workers give the
-same groups.
+Sharding: a job's tasks are split into whole trees per worker, load-aware (:func:`shard_tasks`: each task onto the
+worker that would finish it soonest by its measured trees/s; every task counts as one, the fleet has no per-task
+cost estimate), so a tree never leaves its worker. The groups come back in task order whatever the split, so with
+the same seeds 1 or N workers give the same groups.
 
 Faults: a worker that dies mid-job (SIGKILL, OOM, a lost node) has its tasks re-run on the live workers; a task's
 trees are taken from exactly one answer, so nothing is double-counted. Ray restarts the actor (``max_restarts``); the
@@ -108,7 +108,6 @@ class FleetResult:
     metrics: dict[str, Any]
     worker_of: dict[str, int]  # task id -> worker whose answer was taken
     memory_calls: dict[str, dict[int, int]]  # task id -> {worker: memory requests served}
-    policy_versions: list[int]  # policy version of each tree
     reruns: int  # tasks re-run after a worker died
 
 
@@ -131,15 +130,15 @@ def _dead(exc: BaseException) -> bool:
 class FleetCollection:
     """A job in flight (:meth:`RolloutFleet.submit`); :meth:`result` waits for it, re-running a dead worker's tasks."""
 
-    def __init__(self, fleet: RolloutFleet, job: TreeJob, costs: list[float]) -> None:
-        self.fleet, self.job, self.costs = fleet, job, costs
+    def __init__(self, fleet: RolloutFleet, job: TreeJob) -> None:
+        self.fleet, self.job = fleet, job
         self.pending: dict[Any, tuple[int, list[int]]] = {}
         self.reruns = 0
         self._dispatch(list(range(len(job.tasks))))
 
     def _dispatch(self, indices: list[int]) -> None:
         live = self.fleet.live()
-        shards = shard_tasks([self.costs[i] for i in indices], [self.fleet.speed[w] for w in live])
+        shards = shard_tasks([1.0] * len(indices), [self.fleet.speed[w] for w in live])
         for w, shard in zip(live, shards, strict=True):
             if shard:
                 part = [indices[i] for i in shard]
@@ -179,8 +178,7 @@ class FleetCollection:
         groups = [g for i in order for g in answers[i][1].groups[answers[i][2]]]
         return FleetResult(trees=trees, groups=groups, metrics=_merge_metrics(batches),
                            worker_of={t.task_id: answers[i][0] for i, t in zip(order, trees, strict=True)},
-                           memory_calls=memory_calls, policy_versions=[answers[i][1].policy_version for i in order],
-                           reruns=self.reruns)
+                           memory_calls=memory_calls, reruns=self.reruns)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -288,11 +286,9 @@ class RolloutFleet:
 
     # ------------------------------------------------------------------------------------------------------------
     def submit(self, iteration: int, tasks: Sequence[Any], seed: int,
-               make_rollout: Callable[[Any, str, int], Rollout], costs: Sequence[float] | None = None,
-               ) -> FleetCollection:
+               make_rollout: Callable[[Any, str, int], Rollout]) -> FleetCollection:
         """Start building the trees of ``tasks`` on the fleet under the workers' current policy version."""
-        job = TreeJob(iteration, list(tasks), seed, make_rollout)
-        return FleetCollection(self, job, list(costs) if costs is not None else [1.0] * len(tasks))
+        return FleetCollection(self, TreeJob(iteration, list(tasks), seed, make_rollout))
 
     def _fan_out(self, method: str, *args: Any) -> list[Any]:
         import ray
@@ -310,13 +306,14 @@ class RolloutFleet:
 
     def load_adapter(self, path: str, version: int) -> None:
         """Every worker serves the LoRA adapter in ``path`` as ``version``."""
-        self._last_sync = ("adapter", str(path), version)
-        self._fan_out("sync", *self._last_sync)
-        self.policy_version = version
+        self._sync("adapter", path, version)
 
     def update_weights(self, path: str, version: int) -> None:
         """Every worker reloads the full weights in directory ``path`` (the disk path), serving them as ``version``."""
-        self._last_sync = ("weights", str(path), version)
+        self._sync("weights", path, version)
+
+    def _sync(self, kind: Literal["adapter", "weights"], path: str, version: int) -> None:
+        self._last_sync = (kind, str(path), version)
         self._fan_out("sync", *self._last_sync)
         self.policy_version = version
 
@@ -377,14 +374,13 @@ class LocalFleet:
         return self.worker.version()
 
     def submit(self, iteration: int, tasks: Sequence[Any], seed: int,
-               make_rollout: Callable[[Any, str, int], Rollout], costs: Sequence[float] | None = None) -> _Done:
+               make_rollout: Callable[[Any, str, int], Rollout]) -> _Done:
         """Build the trees now (under the current policy version); the result is ready at once."""
         batch = self.worker.build(TreeJob(iteration, list(tasks), seed, make_rollout))
         return _Done(FleetResult(
             trees=batch.trees, groups=[g for gs in batch.groups for g in gs], metrics=_merge_metrics([batch]),
             worker_of={t.task_id: 0 for t in batch.trees},
-            memory_calls={task_id: {0: calls} for task_id, calls in batch.memory_calls.items()},
-            policy_versions=[batch.policy_version] * len(batch.trees), reruns=0))
+            memory_calls={task_id: {0: calls} for task_id, calls in batch.memory_calls.items()}, reruns=0))
 
     def load_adapter(self, path: str, version: int) -> None:
         """Serve the LoRA adapter in ``path`` as ``version``."""

@@ -65,9 +65,6 @@ class TreeJob:
 class TreeBatch:
     """A worker's answer to a :class:`TreeJob`: trees (scored), their groups, and where every memory call ran."""
 
-    worker: int
-    iteration: int
-    policy_version: int
     trees: list[MemoryCallTree]
     groups: list[list[Group]]  # the groups of each tree
     metrics: dict[str, Any]
@@ -123,16 +120,13 @@ class RolloutWorker:
         source = "oat" if self.spec.tree.mode == "tree" else "flat"
         groups = [trees_to_groups([tree], source=source) for tree in trees]
         metrics.update(engine_calls=sum(stats.engine_calls.values()))
-        return TreeBatch(worker=self.index, iteration=job.iteration, policy_version=version, trees=trees,
-                         groups=groups, metrics=metrics, memory_calls=dict(recording.calls),
+        return TreeBatch(trees=trees, groups=groups, metrics=metrics, memory_calls=dict(recording.calls),
                          seconds=time.perf_counter() - t0)
 
     def sync(self, kind: Literal["adapter", "weights"], path: str, version: int) -> int:
-        """Serve the LoRA adapter or the full weights in directory ``path`` as policy ``version`` (a scripted engine
-        has no weights: it only takes the version); returns the version served."""
-        if self.spec.policy.backend == "scripted":
-            self.engine.policy_version = version
-        elif kind == "adapter":
+        """Serve the LoRA adapter or the full weights in directory ``path`` as policy ``version``; returns the version
+        served."""
+        if kind == "adapter":
             self.engine.load_adapter(path, version)
         else:
             self.engine.update_weights(path, version)

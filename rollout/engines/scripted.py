@@ -115,6 +115,14 @@ class ScriptedEngine(Engine):
             self.cache.insert(prompt_ids, response_ids)
         return results
 
+    def load_adapter(self, path: str, version: int) -> None:
+        """A scripted agent has no weights: it only takes the version (so a fleet of scripted workers syncs)."""
+        self.policy_version = version
+
+    def update_weights(self, weights: Any, version: int) -> None:
+        """A scripted agent has no weights: it only takes the version."""
+        self.policy_version = version
+
     def _complete(self, text: str, stops: list[str], max_tokens: int) -> Completion:
         cut = find_stop(text, stops)
         finish = "stop"
