@@ -229,6 +229,7 @@ class RolloutFleet:
         self.down: set[int] = set()
         self.gone: set[int] = set()
         self.policy_version = 0
+        self.restarts = 0  # workers brought back by recover(): an in-memory sync group must be reopened after one
         self._last_sync: tuple[Literal["adapter", "weights"], str, int] | None = None
         ray.get([h.version.remote() for h in self.handles])  # every engine is up
 
@@ -265,6 +266,7 @@ class RolloutFleet:
                     # a restarted worker's speed is unknown again: assume the fleet's mean so it gets its share
                     others = [self.speed[v] for v in range(len(self.handles)) if v != w and v not in self.gone]
                     self.speed[w] = sum(others) / len(others) if others else 1.0
+                    self.restarts += 1
                     break
                 except ray.exceptions.ActorUnavailableError:  # restarting: its engine is still starting
                     if time.monotonic() < deadline:

@@ -267,12 +267,11 @@ class _Collected:
 
 def use_in_memory_sync(cfg: OATGRPOConfig, gpu: bool) -> bool:
     """Whether full weights go to the fleet by NCCL broadcast (GPUs, a Ray fleet, full-weight training) or by disk."""
-    full = cfg.policy.adapter is None and not cfg.trainer.lora.enabled
-    if cfg.loop.weight_sync == "nccl" and not (gpu and full and cfg.fleet.workers != 0):
+    possible = gpu and cfg.fleet.workers != 0 and cfg.policy.adapter is None and not cfg.trainer.lora.enabled
+    if cfg.loop.weight_sync == "nccl" and not possible:
         raise ConfigError("loop.weight_sync: nccl needs GPUs, a Ray fleet (fleet.workers != 0) and full-weight "
                           "training (LoRA adapters are synced by directory)")
-    return cfg.loop.weight_sync == "nccl" or (cfg.loop.weight_sync == "auto" and gpu and full
-                                              and cfg.fleet.workers != 0)
+    return possible and cfg.loop.weight_sync in ("nccl", "auto")
 
 # ----------------------------------------------------------------------------------------------------------------
 

@@ -108,10 +108,10 @@ def sync_policy(trainer: GroupTrainer, engine: Any, root: str | Path, in_memory:
     memory when ``in_memory`` (a :class:`train.weight_sync.InMemoryWeightSync`) is given, else through the version's
     directory under ``root`` (adapter or full weights). ``save`` also writes the directory on the in-memory path."""
     out = str(Path(root) / f"v{trainer.version:05d}")
-    if in_memory is not None and not trainer.is_peft:
+    if in_memory is not None:
         if save:
             trainer.save_policy(out)
-        in_memory.send()
+        in_memory.send(out if save else None)
         return out
     trainer.save_policy(out)
     if engine is not None and trainer.accelerator.is_main_process:

@@ -58,14 +58,14 @@ def _free_port() -> int:
 class InMemoryWeightSync:
     """Broadcast the trainer's full weights to every engine of a fleet; call :meth:`send` on every training rank.
 
-    The NCCL group is opened on the first send and reopened when the fleet's live workers change (a worker that died
-    holds ranks of the old group).
+    The NCCL group is opened on the first send and reopened when the fleet's live workers change or one of them
+    restarted (a worker that died held ranks of the old group; its restarted engine never joined it).
     """
 
     def __init__(self, trainer: Any, fleet: Any | None) -> None:
         self.trainer, self.fleet = trainer, fleet  # the fleet exists on the main process only
         self.engine: Any = None
-        self.members: tuple[int, ...] = ()
+        self.members: tuple[tuple[int, ...], int] = ((), 0)  # the live workers and the fleet's restarts at opening
 
     def _open(self) -> None:
         from accelerate.utils import broadcast_object_list
@@ -75,8 +75,8 @@ class InMemoryWeightSync:
         acc = self.trainer.accelerator
         payload: list[Any] = [None]
         if acc.is_main_process:
-            self.members = tuple(self.fleet.live())
-            payload[0] = (socket.gethostname(), _free_port(), 1 + len(self.members) * self.fleet.tp)
+            self.members = (tuple(self.fleet.live()), self.fleet.restarts)
+            payload[0] = (socket.gethostname(), _free_port(), 1 + len(self.members[0]) * self.fleet.tp)
         if acc.num_processes > 1:
             broadcast_object_list(payload, from_process=0)
         host, port, world = payload[0]
@@ -87,10 +87,11 @@ class InMemoryWeightSync:
         source = gathered_source(acc.unwrap_model(self.trainer.model))
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
 
-    def send(self) -> None:
-        """Broadcast the current weights and have every engine serve them as ``trainer.version``."""
+    def send(self, path: str | None = None) -> None:
+        """Broadcast the current weights and have every engine serve them as ``trainer.version``; ``path`` (when the
+        version was also saved) is what a restarted worker reloads."""
         acc = self.trainer.accelerator
-        changed = [acc.is_main_process and tuple(self.fleet.live()) != self.members]
+        changed = [acc.is_main_process and (tuple(self.fleet.live()), self.fleet.restarts) != self.members]
         if acc.num_processes > 1:
             from accelerate.utils import broadcast_object_list
 
@@ -99,4 +100,4 @@ class InMemoryWeightSync:
             self._open()
         self.engine.send_weights()
         if acc.is_main_process:
-            self.fleet.set_version(self.trainer.version)
+            self.fleet.set_version(self.trainer.version, path)
