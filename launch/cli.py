@@ -221,13 +221,14 @@ def _model_tiny(args: argparse.Namespace) -> int:
     check_output_dir(args.out, "--out")
     from pydantic import ValidationError
 
+    from data.io import describe_validation_error
     from launch.preflight import check_config
 
     fields = {k: v for k, v in vars(args).items() if k in TinyModelSpec.model_fields and v is not None}
     try:
         spec = TinyModelSpec(**fields)
     except ValidationError as exc:
-        raise ConfigError(f"memrl model tiny: {exc.errors()[0]['msg']}") from None
+        raise ConfigError(f"memrl model tiny: {describe_validation_error(exc)}") from None
     check_config(spec)
     out = build_tiny_model(args.out, spec)
     print(f"tiny model written to {out} ({spec.layers} layers x {spec.hidden} hidden, vocab {spec.vocab_size})")

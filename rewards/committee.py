@@ -97,7 +97,7 @@ class CommitteeStats:
         return self.reference_failures + self.judge_failures
 
     def metrics(self) -> dict[str, float | int]:
-        """Flat metrics; the mean score is absent when nothing was scored (a mean over nothing is not 0)."""
+        """Flat counters (they add up over workers; the mean score is the driver's, from ``scores``)."""
         out: dict[str, float | int] = {
             "committee_groups": self.groups, "committee_requests": self.committee_requests,
             "judge_requests": self.judge_requests, "committee_cache_hits": self.cache_hits,
@@ -105,8 +105,6 @@ class CommitteeStats:
             "committee_fallbacks": self.fallbacks, "committee_scored_groups": self.scored_groups,
         }
         out.update(self.http)
-        if self.scores:
-            out["committee_score_mean"] = sum(self.scores) / len(self.scores)
         return out
 
 
@@ -345,10 +343,7 @@ class Committee:
     def _fallback(self, members: list[TreeNode], references: list[str] | None, stats: CommitteeStats) -> None:
         stats.fallbacks += 1
         if self.cfg.fallback == "offline" and references:
-            stats.scored_groups += 1
-            for node in members:
-                node.committee_score = offline_judge(node_output(node), references)
-                stats.scores.append(node.committee_score)
+            self._assign(members, [offline_judge(node_output(node), references) for node in members], stats)
         else:
             for node in members:
                 node.committee_score = None

@@ -244,11 +244,7 @@ def _locomo_tokens(text: str) -> list[str]:
 def locomo_f1(prediction: str, gold: str) -> float:
     """LoCoMo's stemmed token F1 (0.0 when nothing is shared)."""
     pred, ref = _locomo_tokens(prediction), _locomo_tokens(gold)
-    common = sum((Counter(pred) & Counter(ref)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(ref)
-    return 2 * precision * recall / (precision + recall)
+    return _f1_of_tokens(pred, ref) if pred else 0.0  # LoCoMo: nothing predicted scores 0, even against nothing
 
 
 def locomo_multi_f1(prediction: str, gold: str) -> float:

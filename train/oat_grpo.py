@@ -215,7 +215,7 @@ class TreeScorer:
                                        "credit_zero_variance_groups": sum(c.zero_variance_groups for c in credit)}
             if cstats is not None:
                 # counts add up over workers; the mean score is rebuilt from its sum and count by the driver
-                metrics.update({k: v for k, v in cstats.metrics().items() if k != "committee_score_mean"},
+                metrics.update(cstats.metrics(),
                                committee_score_sum=sum(cstats.scores), committee_scores=len(cstats.scores))
             return metrics
 

@@ -19,11 +19,6 @@ _AMA_QA_FIELDS = {"question", "answer", "type", "needle_turns", "qa_id"}
 _AMA_FIELDS = {"episode_id", "task", "task_type", "domain", "trajectory", "qa_pairs"}
 
 
-def _official_text(value: Any) -> str:
-    """A value as the official code's f-strings print it (a list answer reads ``['a', 'b']``)."""
-    return value if isinstance(value, str) else str(value)
-
-
 def _default(where: Where, obj: dict[str, Any], field: str, value: Any, name: str, taken: list[str],
              null_too: bool = False) -> Any:
     """``obj[field]`` as text (a list for an answer), or ``value`` when it is missing (or null, with ``null_too``),
@@ -77,15 +72,15 @@ def load_amabench(path: str | Path) -> list[Episode]:
             meta: dict[str, Any] = {k: v for k, v in qa.items() if k not in _AMA_QA_FIELDS}
             if isinstance(answer, list):
                 meta["answer_list"] = answer
-                qa_defaults.append(f"{prefix}answer: list -> {_official_text(answer)!r}")
+                qa_defaults.append(f"{prefix}answer: list -> {str(answer)!r}")
             qtype = _default(where, qa, "type", "unknown", f"{prefix}type", qa_defaults, null_too=True)
             question = _default(where, qa, "question", "", f"{prefix}question", qa_defaults)
             if qa_defaults:
                 meta["loader_defaults"] = qa_defaults
             qas.append({
-                "question": _official_text(question),
-                "answer": _official_text(answer),
-                "type": _official_text(qtype) or "unknown",
+                "question": question,
+                "answer": str(answer),  # a list answer reads ``['a', 'b']``, as the official code's f-strings print it
+                "type": qtype or "unknown",
                 "needle_turns": where.int_list(qa, "needle_turns", prefix),
                 "qa_id": where.optional_text(qa, "qa_id", None, prefix),
                 "metadata": meta,
