@@ -317,12 +317,12 @@ class Bench:
             raise RuntimeError("trl_grpo: the SFT model's trajectories made no recall: no prompt to train on")
 
         # 2. reward: continue the episode from the snapshot with the completion as that recall's page read
-        def reward(prompts: list[Any], completions: list[Any], state: list[int], **_: Any) -> list[float]:
+        def reward(prompts: list[Any], completions: list[Any], state: list[int], completion_ids: list[list[int]],
+                   **_: Any) -> list[float]:
             forks = []
-            for i, (completion, key) in enumerate(zip(completions, state, strict=True)):
+            for i, (completion, ids, key) in enumerate(zip(completions, completion_ids, state, strict=True)):
                 text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
                 rollout = states[key].fork(f"g{i}")
-                ids = tokenizer.encode(text, add_special_tokens=False)
                 rollout.advance(GenerationResult(prompt_ids=[], completions=[Completion(ids, [0.0] * len(ids), text,
                                                                                          "stop")],
                                                  usage=Usage(completion_tokens=len(ids)), engine="trl"))
@@ -336,8 +336,7 @@ class Bench:
 
         class SyncAndBudget(TrainerCallback):
             def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-                memory_engine.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()},
-                                             state.global_step)
+                memory_engine.update_weights(model.state_dict(), state.global_step)
                 if spent[0] >= budget:
                     control.should_training_stop = True
                 return control

