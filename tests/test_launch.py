@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from served import free_port
 
 from data.config import ConfigError, PlacementConfig, apply_overrides, resolve_deepspeed_config
 from launch import layout
@@ -612,29 +612,6 @@ def test_sbatch_fails_fast_when_a_server_dies(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------------------------
 # serve_endpoints.sh
-
-
-def free_port(count: int = 1) -> int:
-    """A port P such that P..P+count-1 are free now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no free port range")
 
 
 FAKE_VLLM_SERVER = '''

@@ -9,7 +9,6 @@ tests/test_distributed.py.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.resume_faults import env as cli_env
 from benchmarks.resume_faults import overrides as recipe_overrides
 from data.config import load_config
 from data.io import read_jsonl
@@ -33,11 +33,6 @@ ITERATIONS = 3
 def tiny_overrides(model: Path, out: Path, name: str) -> list[str]:
     """The tiny config shrunk to seconds per iteration (benchmarks/resume_faults.py's recipe), without evaluations."""
     return recipe_overrides(model, out, name, iterations=ITERATIONS, eval_every=0)
-
-
-def cli_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
-            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def cli(*args: str) -> list[str]:
