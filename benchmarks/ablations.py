@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 VARIANTS = ("oat", "tree_lambda0", "flat", "trl_grpo", "sft_more", "shuffled_reward")
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 SFT_STEPS = 300  # the shared SFT checkpoint: the same for --quick and the full setting, so both can reuse it
@@ -72,11 +71,10 @@ FULL = Scale(test_tasks=60, train_tasks=512, tasks_per_iteration=8, iterations=8
 
 def ci95(values: list[float]) -> list[float]:
     """Student-t 95% interval of the mean of ``values`` (a point when there is one value)."""
+    from rollout.harness import t_interval
+
     mean = statistics.fmean(values)
-    if len(values) < 2:
-        return [mean, mean]
-    half = _T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-    return [mean - half, mean + half]
+    return t_interval(values) or [mean, mean]
 
 
 def pooled_ci95(values: list[float], runs_per_value: int) -> list[float]:

@@ -44,14 +44,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scipy import stats as scipy_stats
-
 from data.config import load_config
 from data.distill import RejectionConfig, distill_traces
 from data.experts import ProactiveOracle
 from data.tasks.proactive import BankWriter
 from rollout.engines.config import build_engine
 from rollout.engines.scripted import ScriptedEngine
+from rollout.harness import t_interval
 from rollout.loop import EngineSet, run_rollouts
 from rollout.memory.proactive import build_proactive_rollout
 from rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
@@ -85,11 +84,9 @@ def wilson(successes: float, n: int, z: float = 1.959964) -> list[float]:
 
 def mean_ci(values: list[float]) -> dict[str, Any]:
     """Mean and 95% t-interval over ``values`` (one per seed); a single value has no interval."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return {"mean": round(mean, 4), "ci95": None, "n": len(values)}
-    half = scipy_stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return {"mean": round(mean, 4), "ci95": [round(mean - half, 4), round(mean + half, 4)], "n": len(values)}
+    interval = t_interval(values)
+    return {"mean": round(statistics.fmean(values), 4), "ci95": interval and [round(x, 4) for x in interval],
+            "n": len(values)}
 
 
 def teacher_and_sft(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path, seed: int) -> dict[str, Any]:
@@ -166,7 +163,8 @@ def result_row(seed: int, variant: str, evaluation: dict[str, Any], n: int, toke
         "greedy_pass_rate": None if greedy is None else round(greedy, 4),
         "greedy_pass_rate_ci95": None if greedy is None else wilson(greedy * n, n),
         "reminders_per_episode": round(evaluation["reminders_per_episode"], 3),
-        "greedy_reminders_per_episode": round(evaluation.get("greedy_reminders_per_episode", float("nan")), 3),
+        "greedy_reminders_per_episode": (round(evaluation["greedy_reminders_per_episode"], 3)
+                                         if "greedy_reminders_per_episode" in evaluation else None),
         "double_checks_per_episode": round(evaluation["double_checks_per_episode"], 3),
         "action_tokens_training": tokens, "action_tokens_eval_per_run": evaluation["action_tokens"],
         "seconds": round(seconds, 1),
@@ -229,12 +227,13 @@ def main() -> None:
             rows.append(row)
             emit(row)
 
+    greedy = all(r["greedy_pass_rate"] is not None for r in rows)  # off when the config evaluates sampled only
     variants: dict[str, dict[str, Any]] = {}
     for name in ("no_rl", *VARIANTS):
         mine = [r for r in rows if r["variant"] == name]
         variants[name] = {
             "pass_rate": mean_ci([r["pass_rate"] for r in mine]),
-            "greedy_pass_rate": mean_ci([r["greedy_pass_rate"] for r in mine]),
+            "greedy_pass_rate": mean_ci([r["greedy_pass_rate"] for r in mine]) if greedy else None,
             "reminders_per_episode": mean_ci([r["reminders_per_episode"] for r in mine]),
             "action_tokens_training": mean_ci([r["action_tokens_training"] for r in mine]),
             "seconds": mean_ci([r["seconds"] for r in mine]),
@@ -244,7 +243,7 @@ def main() -> None:
     for a, b in (("pivot", "no_rl"), ("all_turns", "no_rl"), ("pivot", "all_turns")):
         deltas[f"{a}-{b}"] = {
             metric: mean_ci([by[(s, a)][metric] - by[(s, b)][metric] for s in args.seeds])
-            for metric in ("pass_rate", "greedy_pass_rate")
+            for metric in ("pass_rate", "greedy_pass_rate") if greedy or metric == "pass_rate"
         }
     emit({
         "benchmark": "pivot_learning",

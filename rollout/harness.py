@@ -45,8 +45,10 @@ never imports :mod:`rewards`: a ``scorer`` callable maps a batch of records to s
 from __future__ import annotations
 
 import copy
+import math
 import random
 import re
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -850,6 +852,18 @@ def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 
     means = data[np.random.default_rng(seed).integers(0, data.size, (resamples, data.size))].mean(axis=1)
     tail = (1 - level) / 2
     return [float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))]
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> list[float] | None:
+    """The Student-t confidence interval of the mean of ``values`` (one per seed: [low, high]); None for fewer than
+    two values."""
+    if len(values) < 2:
+        return None
+    from scipy import stats
+
+    mean = statistics.fmean(values)
+    half = float(stats.t.ppf((1 + level) / 2, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+    return [mean - half, mean + half]
 
 
 def aggregate(records: Iterable[dict[str, Any]], by: Sequence[str] = ("system", "model")) -> list[dict[str, Any]]:
