@@ -5,7 +5,6 @@ plainly that it needs a real memory model."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,15 @@ RECIPES = {name: ROOT / "configs" / f"eval_{name}.yaml" for name in ("locomo", "
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
-def test_recipe_shows_and_dry_runs(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_recipe_shows_and_dry_runs(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["config", "show", "--config", str(RECIPES[name])]) == 0
     shown = capsys.readouterr().out
     assert "command: eval" in shown and "backend: openai" in shown
     write_locomo(tmp_path / "locomo10.json")
     write_amabench(tmp_path / "open_end_qa_set.jsonl")
     write_memoryarena(tmp_path / "group_travel_planner.jsonl")
-    os.environ.pop("OPENAI_API_KEY", None)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert main(["eval", "--config", str(RECIPES[name]), "--dry-run", f"data_dir={tmp_path}",
                  f"run.output_dir={tmp_path / 'runs'}"]) == 0
     out = capsys.readouterr().out
