@@ -339,6 +339,13 @@ def write_resolved_config(cfg: BaseModel, run_dir: str | Path, name: str = "conf
     return out
 
 
+def check_no_run_in(run_dir: Path) -> None:
+    """Refuse to start a new run where one already is (its ``config.yaml``) unless the user asks to resume it."""
+    if (run_dir / "config.yaml").exists():
+        raise ConfigError(f"run directory {run_dir} already holds a run: pass --resume (run.resume=true) to continue "
+                          "it, or choose another run.name")
+
+
 def prepare_run_dir(cfg: BaseModel, run: RunConfig, command: str) -> Path:
     """Create (or, with ``run.resume``, reuse) the run directory and write the resolved config into it.
 
@@ -348,11 +355,8 @@ def prepare_run_dir(cfg: BaseModel, run: RunConfig, command: str) -> Path:
 
     name = run.name or f"{command.replace(' ', '-')}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
     run_dir = Path(run.output_dir) / name
-    if run_dir.exists() and any(run_dir.iterdir()) and not run.resume and (run_dir / "config.yaml").exists():
-        raise ConfigError(
-            f"run directory {run_dir} already holds a run: pass --resume (run.resume=true) to continue it, "
-            "or choose another run.name"
-        )
+    if not run.resume:
+        check_no_run_in(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_resolved_config(cfg, run_dir)
     from data.tracking import bind_run_log

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from data.checks import check_adapter_dir, check_existing_file, check_model_ref, check_output_dir, check_resume_target
-from data.config import RunConfig
+from data.config import RunConfig, check_no_run_in
 from data.errors import UserError
 
 __all__ = ["OUTPUT_KEYS", "POSITIVE_KEYS", "check_config"]
@@ -50,9 +50,8 @@ def _check_run(run: RunConfig) -> None:
     check_output_dir(run.output_dir, "run.output_dir")
     if run.resume:
         check_resume_target(run.output_dir, run.name)
-    elif run.name is not None and (Path(run.output_dir) / run.name / "config.yaml").exists():
-        raise UserError(f"run directory {Path(run.output_dir) / run.name} already holds a run: pass --resume "
-                        "(run.resume=true) to continue it, or choose another run.name")
+    elif run.name is not None:
+        check_no_run_in(Path(run.output_dir) / run.name)
 
 
 def _walk(node: Any, prefix: str) -> None:

@@ -254,10 +254,13 @@ def check_inputs(cfg: ExportConfig) -> None:
         check_model_ref(cfg.reference_base, "reference_base")
     if cfg.output:
         check_output_dir(cfg.output, "output")
-        out = Path(cfg.output)
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise ConfigError(f"output: {out} already exists and is not an empty folder; choose another output or "
-                              "remove it")
+        _check_export_target(Path(cfg.output), "output")
+
+
+def _check_export_target(path: Path, what: str) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ConfigError(f"{what}: {path} already exists and is not empty; choose another output or "
+                          "remove it")
 
 
 def export_model(cfg: ExportConfig, out_dir: str | Path) -> dict[str, Any]:
@@ -265,8 +268,7 @@ def export_model(cfg: ExportConfig, out_dir: str | Path) -> dict[str, Any]:
     return the verification record. Hub access is checked by the caller before this runs. The folder is assembled
     under a temporary name beside ``out_dir`` and renamed into place only when complete."""
     final = Path(out_dir)
-    if final.exists() and (not final.is_dir() or any(final.iterdir())):
-        raise ConfigError(f"export folder {final} already exists and is not empty; choose another output")
+    _check_export_target(final, "export folder")
     tmp = final.parent / f".{final.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
