@@ -127,6 +127,18 @@ class _LineLoader(yaml.SafeLoader):
     """SafeLoader that remembers the line of every mapping key (dotted path -> 1-based line)."""
 
 
+def read_config_yaml(file: Path) -> tuple[Any, dict[str, int]]:
+    """A config file's YAML and the line of every key; a missing file, non-UTF-8 text or invalid YAML is a
+    :class:`ConfigError` naming the file (and the line)."""
+    if not file.is_file():
+        raise ConfigError(f"config file not found: {file}")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return _load_yaml_with_lines(text, str(file))
+
+
 def _load_yaml_with_lines(text: str, source: str) -> tuple[Any, dict[str, int]]:
     try:
         node = yaml.compose(text, Loader=_LineLoader)
@@ -289,13 +301,7 @@ def load_config(
     if path is not None:
         file = Path(path)
         source = str(file)
-        if not file.is_file():
-            raise ConfigError(f"config file not found: {file}")
-        try:
-            text = file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        loaded, lines = _load_yaml_with_lines(text, source)
+        loaded, lines = read_config_yaml(file)
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

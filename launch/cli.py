@@ -185,24 +185,13 @@ def _created_only_on_success(output_dir: Path | None) -> Iterator[None]:
 
 def _config_show(args: argparse.Namespace) -> int:
     """Print the resolved config of a YAML file (its ``command`` key picks the schema)."""
-    import yaml
 
-    from data.config import config_to_yaml, load_config
+    from data.config import config_to_yaml, load_config, read_config_yaml
 
     by_name = {" ".join(j.path): j for j in JOBS}
     command = args.command
     if command is None and args.config:
-        try:
-            with open(args.config, encoding="utf-8") as fh:
-                loaded = yaml.safe_load(fh) or {}
-        except (FileNotFoundError, IsADirectoryError):
-            raise ConfigError(f"config file not found: {args.config}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{args.config}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{args.config}:{mark.line + 1}" if mark is not None else args.config
-            raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        loaded = read_config_yaml(Path(args.config))[0] or {}
         command = loaded.get("command") if isinstance(loaded, dict) else None
     if command is None:
         raise ConfigError(f"cannot tell which command the config is for: give --command (one of {sorted(by_name)})")
