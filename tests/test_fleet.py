@@ -32,7 +32,7 @@ from rollout.memory.sam import SamConfig
 from rollout.tree import TreeConfig
 from rollout.worker import WorkerSpec
 from train.group_trainer import GroupTrainer, GroupTrainerConfig
-from train.oat_grpo import SamTreeRollout, TreeScorer
+from train.oat_grpo import SamTreeRollout, TreeScorer, credit_and_groups
 from train.online import prune_policy_versions
 from train.policy import PolicySpec
 
@@ -60,13 +60,18 @@ def spec(tokenizer: Path, latency_s: float = 0.0) -> WorkerSpec:
                             scripted_kwargs={"max_pages": 2, "recall_budget": 2}, tokenizer=str(tokenizer))
     references = [EngineConfig(backend="scripted", name="sam-oracle", scripted_policy="data.experts.sam:SamOracle",
                                tokenizer=str(tokenizer))]
-    scorer = TreeScorer(references, None, CommitteeConfig(), CreditConfig(committee_weight=0.5), "tree")
+    scorer = TreeScorer(references, None, CommitteeConfig())
     return WorkerSpec(policy=policy, reasoner=reasoner, tree=TreeConfig(branch_factor=2, max_leaves=4),
                       make_scorer=scorer)
 
 
 def dumped(groups: list[Any]) -> list[dict[str, Any]]:
     return sorted((g.model_dump(mode="json") for g in groups), key=lambda g: g["group_id"])
+
+
+def groups_of(trees: list[Any], seed: int) -> list[Any]:
+    """The trainer groups of a job's trees, as the driver makes them (OAT credit over all the trees)."""
+    return credit_and_groups(trees, CreditConfig(committee_weight=0.5), "tree", seed)[0]
 
 
 @pytest.fixture(scope="module")
@@ -174,17 +179,18 @@ def test_two_workers_match_one_and_the_trainer_agrees(ray_cluster: Any, tasks: l
             metrics[name] = []
             for iteration in range(2):
                 result = fleet.submit(iteration, tasks, 7919 + iteration, make).result()
+                groups = groups_of(result.trees, 7919 + iteration)
                 assert [t.task_id for t in result.trees] == [t.task_id for t in tasks]
                 if name == "local":
-                    reference[iteration] = [g.model_dump(mode="json") for g in result.groups]
+                    reference[iteration] = [g.model_dump(mode="json") for g in groups]
                     assert reference[iteration], "no trainable group"
                 else:  # the same groups, in the same (task) order
-                    assert [g.model_dump(mode="json") for g in result.groups] == reference[iteration]
+                    assert [g.model_dump(mode="json") for g in groups] == reference[iteration]
                 for task_id, served in result.memory_calls.items():
                     assert list(served) == [result.worker_of[task_id]]  # one worker served the whole tree
                 if name == "2":
                     assert set(result.worker_of.values()) == {0, 1}
-                metrics[name].append(trainer.step(result.groups))
+                metrics[name].append(trainer.step(groups))
                 out = str(tmp_path / name / f"v{trainer.version:05d}")
                 fleet.update_weights(out, trainer.version)  # scripted engines take the version only
             versions = fleet.versions() if name != "local" else [local.policy_version]
@@ -208,7 +214,7 @@ def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[An
     make = SamTreeRollout(MEMORY)
     local = LocalFleet(spec(tiny_model_dir))
     local.update_weights("/nonexistent/v00003", 3)
-    reference = dumped(local.submit(0, tasks, 7, make).result().groups)
+    reference = dumped(groups_of(local.submit(0, tasks, 7, make).result().trees, 7))
     local.close()
     fleet = RolloutFleet(spec(tiny_model_dir, latency_s=0.05),
                          FleetConfig(workers=2, cpus_per_worker=0.5, max_restarts=1, restart_timeout_s=120))
@@ -220,7 +226,7 @@ def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[An
         os.kill(victim, signal.SIGKILL)
         with pytest.warns(UserWarning, match="rollout worker 0 died"):
             result = pending.result()
-        assert result.reruns >= 1 and dumped(result.groups) == reference
+        assert result.reruns >= 1 and dumped(groups_of(result.trees, 7)) == reference
         assert len(result.trees) == len(tasks) and len({t.task_id for t in result.trees}) == len(tasks)
         assert set(result.worker_of.values()) == {1}
         assert fleet.size == 2 and fleet.versions() == [3, 3]  # restarted, the last sync replayed
@@ -230,7 +236,7 @@ def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[An
         os.kill(victim, signal.SIGKILL)
         with pytest.warns(UserWarning, match="fleet shrinks to 1"):
             result = fleet.submit(1, tasks, 7, make).result()
-        assert dumped(result.groups) != [] and fleet.size == 1 and len(result.trees) == len(tasks)
+        assert dumped(groups_of(result.trees, 7)) != [] and fleet.size == 1 and len(result.trees) == len(tasks)
     finally:
         fleet.close()
 
@@ -359,7 +365,8 @@ def test_vllm_fleet_two_workers_match_one_and_weight_syncs_reach_every_worker(
         t1 = time.perf_counter()
         shared = fleet.submit(0, tasks, 7919, make).result()
         t2 = time.perf_counter()
-        one = [g for groups in alone.groups for g in groups]
+        one = groups_of(alone.trees, 7919)
+        two = groups_of(shared.trees, 7919)
         assert [t.task_id for t in shared.trees] == [t.task_id for t in alone.trees] == [t.task_id for t in tasks]
         assert set(shared.worker_of.values()) == {0, 1}
         for task_id, served in shared.memory_calls.items():
@@ -378,10 +385,10 @@ def test_vllm_fleet_two_workers_match_one_and_weight_syncs_reach_every_worker(
                 logp = torch.log_softmax(model(input_ids=ids).logits[0, len(trained.prompt_ids) - 1:-1], -1)
             expected = logp.gather(-1, ids[0, len(trained.prompt_ids):, None]).squeeze(-1)
             assert torch.allclose(torch.tensor(sample.rollout_logprobs), expected, atol=1e-3)
-        samples, differing, worst = sample_differences(shared.groups, one)
+        samples, differing, worst = sample_differences(two, one)
         print(f"vllm fleet: 1 worker {t1 - t0:.1f}s, 2 workers {t2 - t1:.1f}s; {len(one)} groups, {samples} samples, "
               f"{differing} with other tokens, largest log-prob difference {worst:.3g}")
-        assert dumped(shared.groups) == dumped(one)
+        assert dumped(two) == dumped(one)
 
         probe = list(range(5, 25))
         base = fleet.probe(probe)

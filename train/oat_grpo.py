@@ -28,7 +28,7 @@ from pydantic import Field, model_validator
 
 from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
 from data.io import atomic_write_text, write_jsonl
-from data.schemas import MemoryCallTree
+from data.schemas import Group, MemoryCallTree
 from data.tasks import TaskSetConfig, load_tasks
 from data.tasks.sam import SamTask
 from data.tracking import MetricsLogger
@@ -42,7 +42,7 @@ from rollout.harness import evaluate_sam_memory
 from rollout.loop import Rollout
 from rollout.memory.base import RoleSampling
 from rollout.memory.sam import SamConfig
-from rollout.tree import TreeConfig, check_trained_sampling
+from rollout.tree import TreeConfig, check_trained_sampling, trees_to_groups
 from rollout.worker import Scorer, WorkerSpec
 from train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
 from train.online import LoopConfig, run_online_loop, shared_run_dir
@@ -194,32 +194,37 @@ def iteration_batch(tasks: list[SamTask], size: int, seed: int, iteration: int) 
 
 @dataclass
 class TreeScorer:
-    """Committee (+ judge) scoring and OAT credit of a worker's trees; called once inside each rollout worker, where
-    it builds the committee's clients (sticky per tree) and returns the scorer."""
+    """Committee (+ judge) scoring of a worker's trees; called once inside each rollout worker, where it builds the
+    committee's clients (sticky per tree) and returns the scorer. ``enabled`` False (lambda 0) scores nothing."""
 
     references: list[EngineConfig]
     judge: EngineConfig | None
     settings: CommitteeConfig
-    credit: CreditConfig
-    mode: str
+    enabled: bool = True
 
     def __call__(self) -> Scorer:
         committee = Committee(self.settings, [build_sticky_engine(c) for c in self.references],
                               build_sticky_engine(self.judge) if self.judge is not None else None)
 
-        def score(trees: list[MemoryCallTree], seed: int) -> dict[str, Any]:
-            cstats = committee.score(trees) if self.credit.committee_weight else None
-            # batch-level options (baseline: global, shuffle_outcomes) see the trees of this worker's share
-            credit = assign_batch_credit(trees, self.credit, mode=self.mode, seed=seed)
-            metrics: dict[str, Any] = {"credit_groups": sum(c.groups for c in credit),
-                                       "credit_zero_variance_groups": sum(c.zero_variance_groups for c in credit)}
-            if cstats is not None:
-                # counts add up over workers; the mean score is rebuilt from its sum and count by the driver
-                metrics.update(cstats.metrics(),
-                               committee_score_sum=sum(cstats.scores), committee_scores=len(cstats.scores))
-            return metrics
+        def score(trees: list[MemoryCallTree]) -> dict[str, Any]:
+            if not self.enabled:
+                return {}
+            cstats = committee.score(trees)
+            # counts add up over workers; the mean score is rebuilt from its sum and count by the driver
+            return {**cstats.metrics(), "committee_score_sum": sum(cstats.scores),
+                    "committee_scores": len(cstats.scores)}
 
         return score
+
+
+def credit_and_groups(trees: list[MemoryCallTree], credit: CreditConfig, mode: Literal["tree", "flat"],
+                      seed: int) -> tuple[list[Group], dict[str, Any]]:
+    """OAT credit over one iteration's trees, all workers' together (the batch-level options, ``baseline: global``
+    and ``shuffle_outcomes``, see the whole batch), then the trainer groups in task order, and the credit metrics."""
+    stats = assign_batch_credit(trees, credit, mode=mode, seed=seed)
+    groups = trees_to_groups(trees, source="oat" if mode == "tree" else "flat")
+    return groups, {"credit_groups": sum(c.groups for c in stats),
+                    "credit_zero_variance_groups": sum(c.zero_variance_groups for c in stats)}
 
 
 @dataclass
@@ -232,7 +237,7 @@ class SamTreeRollout:
         return sam_rollout(task, self.memory, seed=seed, rollout_id=rollout_id)
 
 
-def collection_metrics(batch: list[SamTask], result: FleetResult) -> dict[str, Any]:
+def collection_metrics(batch: list[SamTask], result: FleetResult, groups: list[Group]) -> dict[str, Any]:
     """An iteration's metrics from the trees the fleet built (summed over workers where the workers report)."""
     leaves = [n for t in result.trees for n in t.nodes if n.kind == "leaf"]
     metrics: dict[str, Any] = {
@@ -240,7 +245,7 @@ def collection_metrics(batch: list[SamTask], result: FleetResult) -> dict[str, A
         "success": sum(n.metadata.get("true_outcome", n.outcome) or 0.0 for n in leaves) / max(len(leaves), 1),
         "leaves": len(leaves),
         "reasoner_tokens": sum(t.reasoner_usage.spent for t in result.trees),
-        "memory_calls_trained": sum(len(g.samples) for g in result.groups),
+        "memory_calls_trained": sum(len(g.samples) for g in groups),
         "rerun_tasks": result.reruns,
         **result.metrics,
     }
@@ -258,11 +263,15 @@ class _Collected:
     pending: Any
     batch: list[SamTask]
     trees_path: Path
+    credit: CreditConfig
+    mode: Literal["tree", "flat"]
+    seed: int
 
     def result(self) -> tuple[list, dict[str, Any]]:
         result: FleetResult = self.pending.result()
+        groups, credit_metrics = credit_and_groups(result.trees, self.credit, self.mode, self.seed)
         write_jsonl(self.trees_path, result.trees)
-        return result.groups, collection_metrics(self.batch, result)
+        return groups, {**collection_metrics(self.batch, result, groups), **credit_metrics}
 
 
 def use_in_memory_sync(cfg: OATGRPOConfig, gpu: bool) -> bool:
@@ -318,7 +327,7 @@ def train_oat_grpo(
         settings = settings.model_copy(update={"cache_dir": str(run_dir / "committee_cache")})
     spec = WorkerSpec(
         policy=policy_engine_config(cfg), reasoner=reasoner_cfg, tree=cfg.tree, config_hash=config_hash(cfg),
-        make_scorer=TreeScorer(reference_cfgs, judge_cfg, settings, cfg.credit, cfg.tree.mode),
+        make_scorer=TreeScorer(reference_cfgs, judge_cfg, settings, enabled=bool(cfg.credit.committee_weight)),
         weight_transfer="nccl" if in_memory else None,
     )
     fleet = build_fleet(spec, cfg.fleet, cfg.placement.policy) if main else None
@@ -341,8 +350,9 @@ def train_oat_grpo(
         if cfg.reasoner_token_budget is not None and spent_before(iteration) >= cfg.reasoner_token_budget:
             return [], {"budget_exhausted": 1}  # no rollouts, no update: the equal-budget comparisons stop here
         batch = iteration_batch(train_tasks, cfg.tasks_per_iteration, cfg.run.seed, iteration)
-        pending = fleet.submit(iteration, batch, cfg.run.seed * 7919 + iteration, make_rollout)
-        return _Collected(pending, batch, run_dir / "trees_last.jsonl")
+        job_seed = cfg.run.seed * 7919 + iteration
+        pending = fleet.submit(iteration, batch, job_seed, make_rollout)
+        return _Collected(pending, batch, run_dir / "trees_last.jsonl", cfg.credit, cfg.tree.mode, job_seed)
 
     memory_cfg, samples, seed = cfg.memory, cfg.eval_samples, cfg.run.seed
     last_eval: dict[str, Any] = {} if initial_eval is None else {"version": trainer.version, "result": initial_eval}
