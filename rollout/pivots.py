@@ -547,13 +547,8 @@ def detect_pivots(
                         for (s, t, r), o in zip(cand.alternatives, outcomes, strict=True)]
         spread = max(outcomes) - min(outcomes)
         best = max(alternatives, key=lambda a: (a.outcome, a.source == "recorded"))
-        out.append(PivotRecord(
-            pivot_id=f"{cand.record.record_id}/t{cand.step.step}", record_id=cand.record.record_id,
-            task_id=cand.record.task_id, step=cand.step.step, phase1_index=cand.step.phase1_index,
-            phase2_index=cand.step.phase2_index, filters=list(cand.step.filters), alternatives=alternatives,
-            spread=spread, is_pivot=spread >= cfg.min_spread, best_reminder=best.reminder,
-            planted=cand.step.planted, policy_version=cand.record.policy_version,
-        ))
+        out.append(_pivot_record(cand.record, cand.step, alternatives=alternatives, spread=spread,
+                                 is_pivot=spread >= cfg.min_spread, best_reminder=best.reminder))
     stats = {
         "candidates": float(len(candidates)),
         "continuations": float(len(forks)),
@@ -590,13 +585,15 @@ def detection_scores(records: Sequence[LabelledRollout], pivots: Sequence[PivotR
 def every_turn(records: Sequence[LabelledRollout]) -> list[PivotRecord]:
     """Every memory step of ``records`` as an unlabelled :class:`PivotRecord` (no alternatives, ``is_pivot`` false,
     the planted pivot kept for analysis): the group sites of ``at: all_turns``, which skips detection."""
-    return [
-        PivotRecord(pivot_id=f"{record.record_id}/t{step.step}", record_id=record.record_id, task_id=record.task_id,
-                    step=step.step, phase1_index=step.phase1_index, phase2_index=step.phase2_index,
-                    filters=list(step.filters), alternatives=[], spread=0.0, is_pivot=False, planted=step.planted,
-                    policy_version=record.policy_version)
-        for record in records for step in record.steps
-    ]
+    return [_pivot_record(record, step, alternatives=[], spread=0.0, is_pivot=False)
+            for record in records for step in record.steps]
+
+
+def _pivot_record(record: LabelledRollout, step: LabelledStep, **label: Any) -> PivotRecord:
+    """The :class:`PivotRecord` of one memory step of ``record``, with the detection's ``label`` fields."""
+    return PivotRecord(pivot_id=f"{record.record_id}/t{step.step}", record_id=record.record_id, task_id=record.task_id,
+                       step=step.step, phase1_index=step.phase1_index, phase2_index=step.phase2_index,
+                       filters=list(step.filters), planted=step.planted, policy_version=record.policy_version, **label)
 
 
 # ----------------------------------------------------------------------------------------------------------------
