@@ -16,9 +16,10 @@ fleet replays the last weight sync into it before it works again; a worker that 
 ``restart_timeout_s`` leaves the fleet with a warning.
 
 Weight sync is fanned out to every worker: :meth:`RolloutFleet.load_adapter` / :meth:`RolloutFleet.update_weights`
-(directories: LoRA adapters, and full weights on CPU or as the fallback) and :class:`FleetWeightSyncClient`, vLLM's
-weight-sync client protocol over the fleet for the in-memory NCCL broadcast on GPUs (train/weight_sync.py drives it).
-Actor calls run one at a time per worker, so a sync queued behind a job lands after that job's trees.
+(directories: LoRA adapters, and full weights on CPU or as the fallback) and
+:meth:`RolloutFleet.weight_sync_client`, vLLM's weight-sync client protocol over the fleet for the in-memory NCCL
+broadcast on GPUs (train/weight_sync.py drives it). Actor calls run one at a time per worker, so a sync queued
+behind a job lands after that job's trees.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from data.schemas import MemoryCallTree
 from rollout.loop import Rollout
 from rollout.worker import RolloutWorker, TreeBatch, TreeJob, WorkerSpec
 
-__all__ = ["EngineSlot", "FleetCollection", "FleetConfig", "FleetResult", "FleetWeightSyncClient", "LocalFleet",
+__all__ = ["EngineSlot", "FleetCollection", "FleetConfig", "FleetResult", "LocalFleet",
            "RolloutFleet", "build_fleet", "plan_fleet", "shard_tasks"]
 
 
@@ -343,9 +344,24 @@ class RolloutFleet:
         """Greedy tokens of every live worker for one prompt."""
         return self._fan_out("probe", list(prompt_ids), max_tokens)
 
-    def weight_sync_client(self) -> FleetWeightSyncClient:
-        """vLLM's weight-sync client over the live workers (the in-memory NCCL path)."""
-        return FleetWeightSyncClient([self.handles[w] for w in self.live()], self.tp)
+    def weight_sync_client(self) -> Any:
+        """vLLM's ``RayVLLMWeightSyncClient`` over the live workers (the in-memory NCCL path), except that every
+        worker joins the trainer's NCCL group at its own ranks: the trainer is rank 0 and worker ``j``'s TP ranks
+        start at ``1 + j * TP`` (vLLM's client gives every engine the same ranks, which only works for one engine or
+        vLLM's data-parallel engines). vLLM is imported here, on the GPU path only."""
+        import ray
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+        from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
+
+        tp = self.tp
+
+        class FleetWeightSyncClient(RayVLLMWeightSyncClient):
+            def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+                ray.get([h.init_weight_transfer_engine.remote(
+                    WeightTransferInitRequest(init_info={**init_info, "rank_offset": 1 + j * tp}))
+                    for j, h in enumerate(self.handles)])
+
+        return FleetWeightSyncClient([self.handles[w] for w in self.live()])
 
     def close(self) -> None:
         """Stop the workers and release their placement group."""
@@ -415,50 +431,3 @@ def build_fleet(spec: WorkerSpec, cfg: FleetConfig, placement: PolicyPlacement |
                 ) -> RolloutFleet | LocalFleet:
     """The rollout workers ``cfg`` asks for: Ray actors, or with ``workers: 0`` one worker in this process."""
     return LocalFleet(spec) if cfg.workers == 0 else RolloutFleet(spec, cfg, placement)
-
-
-class FleetWeightSyncClient:
-    """vLLM's ``VLLMWeightSyncClient`` protocol over the fleet: one NCCL group with the trainer at rank 0 and worker
-    ``j``'s TP ranks at ``1 + j * TP`` (vLLM's own Ray client gives every engine the same ranks, which only works for
-    one engine or vLLM's data-parallel engines)."""
-
-    def __init__(self, handles: list[Any], tp: int) -> None:
-        self.handles, self.tp = handles, tp
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        """Every worker joins the trainer's NCCL group at its own ranks."""
-        import ray
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-        ray.get([h.init_weight_transfer_engine.remote(
-            WeightTransferInitRequest(init_info={**init_info, "rank_offset": 1 + j * self.tp}))
-            for j, h in enumerate(self.handles)])
-
-    def shutdown_weight_transfer_engine(self) -> None:
-        """Every worker leaves the NCCL group."""
-        import ray
-
-        ray.get([h.shutdown_weight_transfer_engine.remote() for h in self.handles])
-
-    def start_weight_update(self) -> None:
-        """Every worker prepares for new weights."""
-        import ray
-
-        ray.get([h.start_weight_update.remote() for h in self.handles])
-
-    def update_weights(self, update_info: Any) -> None:
-        """Every worker receives one broadcast round (the trainer broadcasts meanwhile)."""
-        import ray
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        ray.get([h.update_weights.remote(WeightTransferUpdateRequest(update_info=update_info))
-                 for h in self.handles])
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        """Every worker finishes the update and, if given, serves ``weight_version``."""
-        import ray
-
-        ray.get([h.finish_weight_update.remote() for h in self.handles])
-        if weight_version is not None:
-            ray.get([h.update_weight_version.remote(weight_version) for h in self.handles])
-

@@ -3,7 +3,7 @@
 vLLM's weight-transfer API (docs: "Weight Transfer", backend ``nccl``): the engines are built with
 ``WeightTransferConfig(backend="nccl")`` (``EngineConfig.weight_transfer``); the trainer opens one NCCL group with
 rank 0 of the trainer as sender and every engine's TP ranks as receivers
-(:class:`rollout.fleet.FleetWeightSyncClient` gives worker ``j`` the ranks ``1 + j * TP``), and each sync
+(:meth:`rollout.fleet.RolloutFleet.weight_sync_client` gives worker ``j`` the ranks ``1 + j * TP``), and each sync
 broadcasts every parameter once. Under ZeRO-3 each parameter is gathered on the fly (``GatheredParameters``, a
 collective every training rank joins), so no rank ever holds the whole model. This is the path OpenRLHF and verl
 take; LoRA policies keep the adapter fan-out, which is small.
