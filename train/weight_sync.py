@@ -17,7 +17,6 @@ None of this module has run on a GPU: it is written against vLLM's documented tr
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,12 +48,6 @@ def gathered_source(model: torch.nn.Module) -> Any:
     return _Gathered()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 class InMemoryWeightSync:
     """Broadcast the trainer's full weights to every engine of a fleet; call :meth:`send` on every training rank.
 
@@ -71,12 +64,13 @@ class InMemoryWeightSync:
         from accelerate.utils import broadcast_object_list
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+        from vllm.utils.network_utils import get_ip, get_open_port
 
         acc = self.trainer.accelerator
         payload: list[Any] = [None]
         if acc.is_main_process:
             self.members = (tuple(self.fleet.live()), self.fleet.restarts)
-            payload[0] = (socket.gethostname(), _free_port(), 1 + len(self.members[0]) * self.fleet.tp)
+            payload[0] = (get_ip(), get_open_port(), 1 + len(self.members[0]) * self.fleet.tp)
         if acc.num_processes > 1:
             broadcast_object_list(payload, from_process=0)
         host, port, world = payload[0]
