@@ -56,6 +56,7 @@ from typing import Any
 from pydantic import Field
 
 from data.config import ConfigModel
+from data.envs.base import turn_tokens
 from data.formats import (
     NOTHING_RELEVANT,
     parse_phase_prompt,
@@ -163,9 +164,11 @@ def horizon_label(tokens: int) -> str:
 
 def conversation_tokens(episode: Episode, count_tokens: TokenCounter | None = None) -> int:
     """The length of an episode's recorded trajectory in tokens (every action and observation), counted with
-    ``count_tokens`` or, without one, estimated as one token per four characters."""
-    text = "\n".join(f"{t.action}\n{t.observation}" for t in episode.trajectory)
-    return count_tokens(text) if count_tokens is not None else max(1, len(text) // 4)
+    ``count_tokens`` or, without one, with the task generators' own count (:func:`data.envs.base.turn_tokens`), so
+    recorded lengths and generated ``horizon_tokens`` fall in the same bins."""
+    if count_tokens is None:
+        return max(1, sum(turn_tokens(t.action, t.observation) for t in episode.trajectory))
+    return count_tokens("\n".join(f"{t.action}\n{t.observation}" for t in episode.trajectory))
 
 
 def _episode_horizon(episode: Episode, length: int) -> str:
