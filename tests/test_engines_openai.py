@@ -76,11 +76,19 @@ class FaultServer:
                     server.max_in_flight[tag] = max(server.max_in_flight[tag], server.in_flight[tag])
                 steps = plan.split(",")
                 action = steps[min(k, len(steps) - 1)]
+                self.tag, self.counted = tag, True
                 try:
                     self.act(action, OK_CHAT if self.path.endswith("/chat/completions") else OK_COMPLETION)
                 finally:
+                    self.leave()
+
+            def leave(self) -> None:
+                """The request stops counting as in flight: before its answer is sent, since a client that has the
+                answer may send its next request at once (counting after the write raced with it)."""
+                if self.counted:
+                    self.counted = False
                     with server.lock:
-                        server.in_flight[tag] -= 1
+                        server.in_flight[self.tag] -= 1
 
             def act(self, action: str, ok: dict[str, Any]) -> None:
                 if action in ("slow", "pause"):
@@ -106,6 +114,7 @@ class FaultServer:
                 payload = b"<html>oops</html>" if action == "garbage" else json.dumps(
                     ok if status == 200 else {"error": {"message": f"injected {status}"}}
                 ).encode()
+                self.leave()
                 self.send_response(status)
                 if status == 429:
                     self.send_header("Retry-After", "0")
