@@ -288,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return handler(args)
+        code = handler(args)
     except ConfigError as exc:
         print(f"memrl: config error: {exc}", file=sys.stderr)
         return 2
@@ -302,6 +302,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("memrl: interrupted", file=sys.stderr)
         return 130
+    _leave_process_group()
+    return code
+
+
+def _leave_process_group() -> None:
+    """At the end of a distributed run every rank leaves the process group together: a rank that exits while another
+    is still inside gloo or NCCL can abort it in teardown ("terminate called without an active exception"), and
+    PyTorch warns about a group that was never destroyed. Commands that never imported torch skip this."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
