@@ -71,7 +71,7 @@ FULL = Scale(test_tasks=60, train_tasks=512, tasks_per_iteration=8, iterations=8
 
 def ci95(values: list[float]) -> list[float]:
     """Student-t 95% interval of the mean of ``values`` (a point when there is one value)."""
-    from rollout.harness import t_interval
+    from memrl.rollout.evaluation.stats import t_interval
 
     mean = statistics.fmean(values)
     return t_interval(values) or [mean, mean]
@@ -101,10 +101,10 @@ class Bench:
     """Shared state of one benchmark run: the setting, the SFT checkpoint, the test tasks, the engines' configs."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from data.tasks import TaskSetConfig, load_tasks
-        from data.tasks.sam import SAM_SETTINGS
-        from rollout.memory.base import RoleSampling
-        from rollout.memory.sam import SamConfig
+        from memrl.data.tasks import TaskSetConfig, load_tasks
+        from memrl.data.tasks.sam import SAM_SETTINGS
+        from memrl.rollout.memory.base import RoleSampling
+        from memrl.rollout.memory.sam import SamConfig
 
         self.args = args
         self.scale = QUICK if args.quick else FULL
@@ -129,11 +129,11 @@ class Bench:
     # ------------------------------------------------------------------------------------------------ shared SFT
     def prepare(self) -> dict[str, Any]:
         """Tiny model, distillation of the setting's expert, SFT: the shared checkpoint (reused when present)."""
-        from data.config import RunConfig
-        from data.experts.sam import SamOracleConfig
-        from data.tasks import TaskSetConfig
-        from rollout.expert_traces import DistillRunConfig, distill
-        from rollout.models import TinyModelSpec, ensure_tiny_model
+        from memrl.data.config import RunConfig
+        from memrl.data.experts.sam import SamOracleConfig
+        from memrl.data.tasks import TaskSetConfig
+        from memrl.rollout.expert_traces import DistillRunConfig, distill
+        from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
         t0 = time.perf_counter()
         self.base = ensure_tiny_model(self.args.model_cache, TinyModelSpec())
@@ -152,9 +152,9 @@ class Bench:
                 "seconds": round(time.perf_counter() - t0, 1)}
 
     def _sft(self, data_dir: Path, base: Path, out: Path, name: str, steps: int, seed: int, lr: float = 2e-3) -> Path:
-        from data.config import RunConfig
-        from train.policy import LoraSettings, PolicySpec
-        from train.sft import SFTDataConfig, SFTRunConfig, SFTTrainConfig, run_sft
+        from memrl.data.config import RunConfig
+        from memrl.train.policy import LoraSettings, PolicySpec
+        from memrl.train.sft import SFTDataConfig, SFTRunConfig, SFTTrainConfig, run_sft
 
         cfg = SFTRunConfig(
             run=RunConfig(output_dir=str(out), name=name, seed=seed), model=PolicySpec(base=str(base)),
@@ -167,16 +167,17 @@ class Bench:
         return out / name / "final"
 
     def reasoner_config(self, seed: int) -> Any:
-        from train.oat_grpo import default_reasoner
+        from memrl.train.oat_grpo import default_reasoner
 
         return default_reasoner(str(self.base), seed).model_copy(
             update={"scripted_kwargs": {"max_pages": 2, "recall_budget": 2}})
 
     def evaluate(self, model_dir: Path, seed: int) -> dict[str, Any]:
         """Held-out success of a saved memory model (sampled once per task as trained, plus greedy)."""
-        from rollout.engines.config import EngineConfig, build_engine
-        from rollout.harness import evaluate_sam_memory
-        from train.oat_grpo import summarize_eval
+        from memrl.rollout.engines.config import EngineConfig
+        from memrl.rollout.engines.factory import build_engine
+        from memrl.rollout.evaluation.tasks import evaluate_sam_memory
+        from memrl.train.oat_grpo import summarize_eval
 
         engine = build_engine(EngineConfig(backend="hf", name="memory", model=str(model_dir), dtype="float32",
                                            batch_size=64))
@@ -196,15 +197,16 @@ class Bench:
     # ------------------------------------------------------------------------------------------------ memrl RL
     def oat_family(self, variant: str, seed: int, budget: int | None) -> dict[str, Any]:
         """``oat``, ``tree_lambda0``, ``flat`` and ``shuffled_reward`` through ``memrl train oat-grpo``."""
-        from data.config import RunConfig, prepare_run_dir
-        from data.tracking import MetricsLogger
-        from rewards.credit import CreditConfig
-        from rollout.engines.config import EngineConfig
-        from rollout.tree import TreeConfig
-        from train.group_trainer import GroupTrainerConfig
-        from train.oat_grpo import OATGRPOConfig, train_oat_grpo
-        from train.online import LoopConfig
-        from train.policy import LoraSettings, PolicySpec
+        from memrl.data.config import RunConfig
+        from memrl.data.run_dir import prepare_run_dir
+        from memrl.data.tracking import MetricsLogger
+        from memrl.rewards.credit import CreditConfig
+        from memrl.rollout.engines.config import EngineConfig
+        from memrl.rollout.tree import TreeConfig
+        from memrl.train.group_trainer import GroupTrainerConfig
+        from memrl.train.oat_grpo import OATGRPOConfig, train_oat_grpo
+        from memrl.train.online import LoopConfig
+        from memrl.train.policy import LoraSettings, PolicySpec
 
         s = self.scale
         tree = TreeConfig(mode="flat" if variant == "flat" else "tree", branch_roles=["recall"],
@@ -243,13 +245,13 @@ class Bench:
     # ------------------------------------------------------------------------------------------------ SFT only
     def sft_more(self, seed: int, budget: int) -> dict[str, Any]:
         """Spend the budget on more expert trajectories and continue SFT on them from the shared checkpoint."""
-        from data.config import RunConfig
-        from data.experts.sam import SamOracleConfig
-        from data.tasks import TaskSetConfig, load_tasks
-        from rollout.engines.config import build_engine
-        from rollout.expert_traces import DistillRunConfig, distill
-        from rollout.harness import evaluate_sam_memory
-        from rollout.models import load_tokenizer
+        from memrl.data.config import RunConfig
+        from memrl.data.experts.sam import SamOracleConfig
+        from memrl.data.tasks import TaskSetConfig, load_tasks
+        from memrl.rollout.engines.factory import build_engine
+        from memrl.rollout.evaluation.tasks import evaluate_sam_memory
+        from memrl.rollout.expert_traces import DistillRunConfig, distill
+        from memrl.rollout.models import load_tokenizer
 
         t0 = time.perf_counter()
         probe = load_tasks(TaskSetConfig(count=16, seed=self.setting.train_seed, sam=self.setting.sft), "probe")
@@ -280,12 +282,13 @@ class Bench:
         from transformers import AutoModelForCausalLM, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
 
-        from data.tasks import load_tasks
-        from rollout.agents import sam_rollout
-        from rollout.engines.base import Completion, GenerationResult, Usage
-        from rollout.engines.config import EngineConfig, build_engine
-        from rollout.loop import EngineSet, run_rollouts
-        from rollout.models import load_tokenizer
+        from memrl.data.tasks import load_tasks
+        from memrl.rollout.agents import sam_rollout
+        from memrl.rollout.engines.base import Completion, GenerationResult, Usage
+        from memrl.rollout.engines.config import EngineConfig
+        from memrl.rollout.engines.factory import build_engine
+        from memrl.rollout.loop import EngineSet, run_rollouts
+        from memrl.rollout.models import load_tokenizer
 
         t0 = time.perf_counter()
         tokenizer = load_tokenizer(str(self.sft_dir))
@@ -415,7 +418,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the small setting (~15 min on 2 CPU cores)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of the variants")
-    parser.add_argument("--setting", default="multihop", help="a name of data.tasks.sam.SAM_SETTINGS")
+    parser.add_argument("--setting", default="multihop", help="a name of memrl.data.tasks.sam.SAM_SETTINGS")
     parser.add_argument("--split", choices=["dev", "test"], default="test")
     parser.add_argument("--work", default="runs/ablations", help="output directory (the SFT checkpoint is reused)")
     parser.add_argument("--model-cache", default=".cache/models")

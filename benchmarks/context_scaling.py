@@ -18,7 +18,7 @@ for SAM (peak(128K)/peak(8K) with the default horizons).
 
 Token accounting: ``--tokenizer approx`` (default) renders the ChatML chat as the tiny tokenizer's template does (5
 tokens around each message, 3 for the generation prompt) and counts text with
-:func:`data.envs.base.count_tokens` (which tracks the tiny tokenizer within about 10%); the tiny tokenizer itself
+:func:`memrl.data.envs.base.count_tokens` (which tracks the tiny tokenizer within about 10%); the tiny tokenizer itself
 (``--tokenizer tiny``) encodes about 90K tokens/s here, too slow for a 32K window re-read at each of thousands of
 steps. The memory systems count with the same counter, so the long-context prompt never exceeds the window.
 
@@ -35,13 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from data.envs.base import count_tokens
-from data.experts.sam import SamOracle
-from data.tasks.sam import SamReasoner, SamTask
-from rollout.agents import sam_rollout
-from rollout.engines.scripted import ScriptedEngine
-from rollout.loop import EngineSet, run_rollouts
-from rollout.memory.sam import SamMemory, make_token_counter
+from memrl.data.envs.base import count_tokens
+from memrl.data.experts.sam import SamOracle
+from memrl.data.tasks.sam import SamReasoner, SamTask
+from memrl.rollout.agents import sam_rollout
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.loop import EngineSet, run_rollouts
+from memrl.rollout.memory.sam import SamMemory, make_token_counter
 
 DEFAULT_HORIZONS = [8192, 16384, 32768, 65536, 131072]
 _PIECES = re.compile(r"[A-Za-z]+|[0-9]+|[^\sA-Za-z0-9]|\n")  # the pieces count_tokens counts, one id each
@@ -94,8 +94,8 @@ def load_tokenizer(kind: str) -> Any:
     """The reasoner engine's tokenizer (see the module docstring)."""
     if kind == "approx":
         return ApproxChatTokenizer()
-    from rollout.models import TinyModelSpec, ensure_tiny_model
-    from rollout.models import load_tokenizer as load
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
+    from memrl.rollout.models import load_tokenizer as load
 
     root = Path(__file__).resolve().parents[1]
     return load(ensure_tiny_model(root / ".cache" / "models", TinyModelSpec()))

@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from data.config import RunConfig
-from launch.quickstart import QuickstartConfig, run_quickstart
-from train.online import LoopConfig
+from memrl.data.config import RunConfig
+from memrl.launch.quickstart import QuickstartConfig, run_quickstart
+from memrl.train.online import LoopConfig
 
 TARGET_GAIN_POINTS = 10.0  # issue 9: OAT-GRPO raises held-out success (sampled) by at least 10 points
 

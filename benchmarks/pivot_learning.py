@@ -3,10 +3,11 @@
 The pipeline runs on CPU with the tiny random-initialised Qwen3 model (2 x 128) and ``configs/pivot_grpo_tiny.yaml``:
 
 1. **Teacher traces.** The proactive memory agent runs on training tasks. Phase 1 (bank writing) is the scripted
-   :class:`~data.tasks.proactive.BankWriter`: it records what the agent has seen (the statement's requirements, facts
-   the window states, failed commands) and never reads the task's plan, so the bank does not say which entry the next
-   subtask needs. Phase 2 is an imperfect prompted expert (:class:`~data.experts.ProactiveOracle`; ``--miss``: stays
-   silent at a pivot; ``--false-alarm``: cites a needless entry) that cites the entry by its id (``k1: ...``; the
+   :class:`~memrl.data.tasks.proactive.BankWriter`: it records what the agent has seen (the statement's requirements,
+   facts the window states, failed commands) and never reads the task's plan, so the bank does not say which entry the
+   next
+   subtask needs. Phase 2 is an imperfect prompted expert (:class:`~memrl.data.experts.ProactiveOracle`; ``--miss``:
+   stays silent at a pivot; ``--false-alarm``: cites a needless entry) that cites the entry by its id (``k1: ...``; the
    memory system restates the cited entry's exact text). Its Phase 2 calls become SFT rows (every trace kept: the
    student inherits the teacher's calibration).
 2. **SFT** of the ``intervene`` role (TRL SFTTrainer, full fine-tuning, bf16 autocast), once: this one checkpoint
@@ -44,16 +45,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from data.config import load_config
-from data.distill import RejectionConfig, distill_traces
-from data.experts import ProactiveOracle
-from data.tasks.proactive import BankWriter
-from rollout.engines.config import build_engine
-from rollout.engines.scripted import ScriptedEngine
-from rollout.harness import t_interval
-from rollout.loop import EngineSet, run_rollouts
-from rollout.memory.proactive import build_proactive_rollout
-from rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
+from memrl.data.config import load_config
+from memrl.data.distill import RejectionConfig, distill_traces
+from memrl.data.experts import ProactiveOracle
+from memrl.data.tasks.proactive import BankWriter
+from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.engines.factory import build_engine
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.evaluation.stats import t_interval
+from memrl.rollout.loop import EngineSet, run_rollouts
+from memrl.rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("pivot", "all_turns")
@@ -91,7 +92,7 @@ def mean_ci(values: list[float]) -> dict[str, Any]:
 
 def teacher_and_sft(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path, seed: int) -> dict[str, Any]:
     """Teacher traces -> SFT rows -> the SFT model at ``work/sft/final`` (shared by every seed and variant)."""
-    from train.sft import SFTRunConfig, run_sft
+    from memrl.train.sft import SFTRunConfig, run_sft
 
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(model_dir)
@@ -123,7 +124,7 @@ def teacher_and_sft(cfg: Any, args: argparse.Namespace, model_dir: Path, work: P
 def run_variant(args: argparse.Namespace, final: Path, seed_dir: Path, seed: int, variant: str,
                 settings: dict[str, int]) -> dict[str, Any]:
     """Pivot-turn GRPO from the SFT model ``final`` with groups at ``variant``; the summary and the wall time."""
-    from train.pivot_grpo import PivotGRPOConfig, run_pivot_grpo
+    from memrl.train.pivot_grpo import PivotGRPOConfig, run_pivot_grpo
 
     sized = [f"{key}={settings[name]}" for name, key in GRPO_KEYS.items()]
     cfg = load_config(PivotGRPOConfig, args.config, [
@@ -192,7 +193,7 @@ def main() -> None:
     settings = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in SETTINGS[setting].items()}
     args.train_tasks, args.sft_steps = settings["train_tasks"], settings["sft_steps"]
 
-    from train.pivot_grpo import PivotGRPOConfig
+    from memrl.train.pivot_grpo import PivotGRPOConfig
 
     work = Path(args.work or tempfile.mkdtemp(prefix="memrl-pivot-learning-"))
     start = time.perf_counter()

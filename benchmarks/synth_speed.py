@@ -10,9 +10,9 @@ import argparse
 import json
 import time
 
-from data.envs import count_tokens
-from data.qa import check_qa, replay_views
-from data.tasks import ProactiveTask, SamTask, make_ama_episode
+from memrl.data.envs import count_tokens
+from memrl.data.qa import check_qa, replay_views
+from memrl.data.tasks import ProactiveTask, SamTask, make_ama_episode
 
 BINS = [4096, 8192, 16384, 32768, 65536, 131072]
 
@@ -53,7 +53,7 @@ def main() -> None:
     proactive_s = time.perf_counter() - start
     calibration = {}
     if not args.quick:
-        from rollout.models import build_tokenizer
+        from memrl.rollout.models import build_tokenizer
 
         tok = build_tokenizer()
         samples = {

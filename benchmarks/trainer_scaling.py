@@ -6,7 +6,7 @@ weights, AdamW. Batch: one group of ``--rows`` rows sharing a prompt of ``contex
 optimizer step of clipped-surrogate training over it, one row per micro-batch (token budget = the context), with the
 response-token entropy logged.
 
-- ``memrl``: :class:`train.group_trainer.GroupTrainer` (``max_tokens_per_micro_batch = context``).
+- ``memrl``: :class:`memrl.train.group_trainer.GroupTrainer` (``max_tokens_per_micro_batch = context``).
 - ``reference``: TRL's GRPO log-prob path, written out from TRL: ``model(..., logits_to_keep=response + 1)``,
   ``logits[:, :-1]``, ``trl.trainer.utils.selective_log_softmax`` and ``entropy_from_logits`` (no grad), the same
   clipped token-mean loss, ``clip_grad_norm_``, AdamW.
@@ -51,7 +51,7 @@ def build_model(out: Path, max_position: int) -> Path:
     """The tiny Qwen3 with Qwen's vocabulary (the default tiny tokenizer supplies pad / eos ids only)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
 
     tokenizer = load_tokenizer(ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec()))
     torch.manual_seed(0)
@@ -95,9 +95,9 @@ def peak_rss() -> int:
 
 # --------------------------------------------------------------------------------------------------------------------
 def memrl_case(model_dir: Path, batch: Any, context: int, steps: int) -> list[float]:
-    from data.schemas import Group, GroupSample
-    from train.group_trainer import GroupTrainer, GroupTrainerConfig
-    from train.policy import LoraSettings, PolicySpec
+    from memrl.data.schemas import Group, GroupSample
+    from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+    from memrl.train.policy import LoraSettings, PolicySpec
 
     prompt, responses, advantages = batch
     cfg = GroupTrainerConfig(lr=1e-5, lora=LoraSettings(enabled=False), max_tokens_per_micro_batch=context)
@@ -166,14 +166,14 @@ def run_case(args: argparse.Namespace) -> None:
 
     import trl.trainer.utils  # noqa: F401
 
-    import train.group_trainer  # noqa: F401  imports of both sides before the baseline
+    import memrl.train.group_trainer  # noqa: F401  imports of both sides before the baseline
 
     def mark() -> None:
         baseline["value"] = current_rss()
 
     # The baseline is taken after the model is loaded: patch the first step to read it.
     if args.case == "memrl":
-        from train.group_trainer import GroupTrainer
+        from memrl.train.group_trainer import GroupTrainer
 
         original = GroupTrainer.step
 
@@ -216,8 +216,8 @@ def logprob_difference(model_dir: Path, context: int, response: int, rows: int) 
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import selective_log_softmax
 
-    from train.group_trainer import GroupTrainer, GroupTrainerConfig, Row
-    from train.policy import LoraSettings, PolicySpec
+    from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, Row
+    from memrl.train.policy import LoraSettings, PolicySpec
 
     prompt, responses, advantages = make_batch(context, response, rows)
     trainer = GroupTrainer(

@@ -1,14 +1,15 @@
 """Reasoner tokens per credit-bearing memory action: memory-call trees (OAT-GRPO) vs flat trajectories (vanilla GRPO).
 
-Both modes run the same SAM tasks with the same rollout seeds through :func:`rollout.tree.build_trees`:
+Both modes run the same SAM tasks with the same rollout seeds through :func:`memrl.rollout.tree.build_trees`:
 - tree: the recall is sampled K times from one parent context and each sibling is continued by its own copy of the
   reasoner (``branch_factor`` K, depth 2, up to K^2 leaves);
 - flat: K independent trajectories per task (``flat_group_size`` K).
 A *credit-bearing* memory action is one that a group compares with alternatives: a tree node with at least one
 sibling, or any recall of a flat trajectory (its group holds the task's K trajectories). Reasoner tokens are what the
 frozen reasoner computes: prefill not served from the prefix cache plus generated tokens
-(:attr:`data.schemas.TokenUsage.spent`). The reasoner is the scripted SAM reasoner with the tiny model's tokenizer, so
-its engine simulates vLLM's prefix cache (blocks of 16 tokens, reusable after the batch that computed them): flat
+(:attr:`memrl.data.schemas.TokenUsage.spent`). The reasoner is the scripted SAM reasoner with the tiny model's
+tokenizer, so its engine simulates vLLM's prefix cache (blocks of 16 tokens, reusable after the batch that computed
+them): flat
 trajectories of one task share their identical prefixes through that cache, so the figure is what a real engine
 would spend, not a naive count.
 
@@ -38,24 +39,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse.Namespace) -> dict[str, Any]:
     """Build trees (or flat groups) for ``tasks`` with fresh engines (an empty prefix cache) and count tokens."""
-    from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
-    from rollout.agents import sam_rollout
-    from rollout.engines.config import EngineConfig, build_engine
-    from rollout.loop import EngineSet
-    from rollout.memory.base import RoleSampling
-    from rollout.memory.sam import SamConfig
-    from rollout.tree import TreeConfig, build_trees
+    from memrl.rewards.credit import CreditConfig, assign_credit, assign_flat_credit
+    from memrl.rollout.agents import sam_rollout
+    from memrl.rollout.engines.config import EngineConfig
+    from memrl.rollout.engines.factory import build_engine
+    from memrl.rollout.loop import EngineSet
+    from memrl.rollout.memory.base import RoleSampling
+    from memrl.rollout.memory.sam import SamConfig
+    from memrl.rollout.tree import TreeConfig, build_trees
 
     def scripted(name: str, policy: str, kwargs: dict[str, Any]) -> Any:
         return build_engine(EngineConfig(backend="scripted", name=name, scripted_policy=policy, scripted_kwargs=kwargs,
                                          tokenizer=tokenizer, seed=args.seed))
 
-    reasoner = scripted("reasoner", "data.tasks.sam:SamReasoner", {"max_pages": 2, "recall_budget": 2})
+    reasoner = scripted("reasoner", "memrl.data.tasks.sam:SamReasoner", {"max_pages": 2, "recall_budget": 2})
     noisy = {"config": {"error_rate": args.error_rate, "verbatim": 1.0, "omission": args.omission}}
     engines = EngineSet(
         reasoner=reasoner,
-        memory=scripted("recall", "data.experts.sam:SamOracle", noisy),
-        by_role={"consolidate": scripted("consolidate", "data.experts.sam:SamOracle", {})},
+        memory=scripted("recall", "memrl.data.experts.sam:SamOracle", noisy),
+        by_role={"consolidate": scripted("consolidate", "memrl.data.experts.sam:SamOracle", {})},
     )
     memory = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
                        sampling={"consolidate": RoleSampling(temperature=0.0, max_tokens=64),
@@ -117,9 +119,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    from data.tasks import TaskSetConfig, load_tasks
-    from data.tasks.sam import SamTaskParams
-    from rollout.models import TinyModelSpec, ensure_tiny_model
+    from memrl.data.tasks import TaskSetConfig, load_tasks
+    from memrl.data.tasks.sam import SamTaskParams
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
     tokenizer = str(ensure_tiny_model(Path(os.environ.get("MEMRL_MODEL_CACHE", ROOT / ".cache" / "models")),
                                       TinyModelSpec()))

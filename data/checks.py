@@ -1,6 +1,6 @@
 """Checks of what a command will read and write, run before it creates anything.
 
-Each check raises :class:`~data.errors.UserError` with a message that names the key, the path (and for records the
+Each check raises :class:`~memrl.data.errors.UserError` with a message that names the key, the path (and for records the
 file:line:field) and says what to do. Model references: a path that exists locally must hold a checkpoint
 (``config.json``) or an adapter (``adapter_config.json`` plus its safetensors weights); anything else is only taken
 for a Hugging Face Hub id when it has the ``org/name`` form, and then only when the hub may be used: with
@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from data.errors import UserError
+from memrl.data.errors import UserError
 
 __all__ = [
     "check_adapter_dir",

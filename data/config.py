@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib.resources
 import json
 import types
 import typing
@@ -19,7 +20,7 @@ from typing import Any, TypeVar, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from data.errors import UserError
+from memrl.data.errors import UserError
 
 __all__ = [
     "ConfigError",
@@ -33,7 +34,6 @@ __all__ = [
     "config_hash",
     "config_to_yaml",
     "load_config",
-    "prepare_run_dir",
     "resolve_deepspeed_config",
     "write_resolved_config",
 ]
@@ -127,11 +127,34 @@ class _LineLoader(yaml.SafeLoader):
     """SafeLoader that remembers the line of every mapping key (dotted path -> 1-based line)."""
 
 
+def shipped_configs() -> Path:
+    """The folder of the recipes memrl ships (``memrl.configs``), in a source checkout and an installed wheel alike."""
+    return Path(str(importlib.resources.files("memrl.configs")))
+
+
+def config_file(name_or_path: str | Path) -> Path:
+    """A config file by path, or a shipped recipe by name (``oat_grpo_tiny`` or ``oat_grpo_tiny.yaml``).
+
+    A path that exists wins; a bare name (no folder) falls back to the shipped recipes. Anything else is a
+    :class:`ConfigError` naming what was looked for.
+    """
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    if path.parent == Path(".") and not path.exists():
+        shipped = shipped_configs()
+        for candidate in (shipped / path.name, shipped / f"{path.name}.yaml"):
+            if candidate.is_file():
+                return candidate
+        names = sorted(p.stem for p in shipped.glob("*.yaml"))
+        raise ConfigError(f"config file not found: {path} (not a file here, nor a shipped recipe: {', '.join(names)})")
+    raise ConfigError(f"config file not found: {path}")
+
+
 def read_config_yaml(file: Path) -> tuple[Any, dict[str, int]]:
-    """A config file's YAML and the line of every key; a missing file, non-UTF-8 text or invalid YAML is a
-    :class:`ConfigError` naming the file (and the line)."""
-    if not file.is_file():
-        raise ConfigError(f"config file not found: {file}")
+    """A config file's YAML (a path, or a shipped recipe's name) and the line of every key; a missing file, non-UTF-8
+    text or invalid YAML is a :class:`ConfigError` naming the file (and the line)."""
+    file = config_file(file)
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -299,7 +322,7 @@ def load_config(
     lines: dict[str, int] = {}
     source = "<defaults>"
     if path is not None:
-        file = Path(path)
+        file = config_file(path)
         source = str(file)
         loaded, lines = read_config_yaml(file)
         if loaded is None:
@@ -338,37 +361,11 @@ def config_hash(cfg: BaseModel) -> str:
 
 def write_resolved_config(cfg: BaseModel, run_dir: str | Path, name: str = "config.yaml") -> Path:
     """Write the resolved config into ``run_dir`` atomically and return its path."""
-    from data.io import atomic_write_text
+    from memrl.data.io import atomic_write_text
 
     out = Path(run_dir) / name
     atomic_write_text(out, config_to_yaml(cfg))
     return out
-
-
-def check_no_run_in(run_dir: Path) -> None:
-    """Refuse to start a new run where one already is (its ``config.yaml``) unless the user asks to resume it."""
-    if (run_dir / "config.yaml").exists():
-        raise ConfigError(f"run directory {run_dir} already holds a run: pass --resume (run.resume=true) to continue "
-                          "it, or choose another run.name")
-
-
-def prepare_run_dir(cfg: BaseModel, run: RunConfig, command: str) -> Path:
-    """Create (or, with ``run.resume``, reuse) the run directory and write the resolved config into it.
-
-    The directory is ``run.output_dir/run.name``; without a name it is ``<command>-<UTC timestamp>``.
-    """
-    import datetime
-
-    name = run.name or f"{command.replace(' ', '-')}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
-    run_dir = Path(run.output_dir) / name
-    if not run.resume:
-        check_no_run_in(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_resolved_config(cfg, run_dir)
-    from data.tracking import bind_run_log
-
-    bind_run_log(run_dir)  # captured third-party output (``memrl ... `` without --verbose) goes to run.log
-    return run_dir
 
 
 def resolve_deepspeed_config(name_or_path: str) -> Path:
@@ -378,7 +375,7 @@ def resolve_deepspeed_config(name_or_path: str) -> Path:
         if not path.is_file():
             raise ConfigError(f"DeepSpeed config file not found: {path}")
         return path
-    folder = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
+    folder = shipped_configs() / "deepspeed"
     named = folder / f"{name_or_path}.json"
     if not named.is_file():
         known = sorted(p.stem for p in folder.glob("*.json"))

@@ -48,7 +48,7 @@ def synthetic_corpus(seed: int = 0, repeats: int = 50, samples: int = 4) -> Iter
 
 def environment_words() -> list[str]:
     """Every word the environments and task families write (repeated in the corpus so each is one token)."""
-    from data.envs.vocab import COLORS, CONTAINERS, DIRECTIONS, NOUNS, ROOMS
+    from memrl.data.envs.vocab import COLORS, CONTAINERS, DIRECTIONS, NOUNS, ROOMS
 
     extra = _ENV_TEXT.split()
     return sorted({*COLORS, *CONTAINERS, *DIRECTIONS, *NOUNS, *ROOMS, *extra})
@@ -59,11 +59,11 @@ def environment_samples(seed: int = 0, samples: int = 4) -> Iterator[str]:
     in shuffled lines, trajectories of
     both worlds at every verbosity, SAM episodes with the oracle's cue and recall prompts and the reasoner's tool
     calls, proactive runs with the Phase 1 / Phase 2 prompts and replies."""
-    from data.envs import generate_trajectory, make_env
-    from data.experts import ProactiveOracle, SamOracle
-    from data.schemas import EnvSpec
-    from data.tasks import ActionAgent, ProactiveTask, SamReasoner, SamTask, simulate_proactive
-    from data.tasks.sam import render_page
+    from memrl.data.envs import generate_trajectory, make_env
+    from memrl.data.experts import ProactiveOracle, SamOracle
+    from memrl.data.schemas import EnvSpec
+    from memrl.data.tasks import ActionAgent, ProactiveTask, SamReasoner, SamTask, simulate_proactive
+    from memrl.data.tasks.sam import render_page
 
     rng = random.Random(seed)
 
@@ -101,7 +101,7 @@ def environment_samples(seed: int = 0, samples: int = 4) -> Iterator[str]:
 
 
 def _sam_prompt(role: str, page_id: int, page: str, intent: str = "") -> list[dict[str, str]]:
-    from data.formats import render_sam_consolidate_prompt, render_sam_recall_prompt
+    from memrl.data.formats import render_sam_consolidate_prompt, render_sam_recall_prompt
 
     if role == "consolidate":
         return render_sam_consolidate_prompt(page_id, page)
@@ -109,6 +109,6 @@ def _sam_prompt(role: str, page_id: int, page: str, intent: str = "") -> list[di
 
 
 def _reasoner_view(observation: str) -> list[dict[str, str]]:
-    from data.formats import SAM_REASONER_SYSTEM
+    from memrl.data.formats import SAM_REASONER_SYSTEM
 
     return [{"role": "system", "content": SAM_REASONER_SYSTEM}, {"role": "tool", "content": observation}]

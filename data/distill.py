@@ -2,9 +2,9 @@
 section 3.5).
 
 An expert memory model (a programmatic oracle or a frontier model) runs inside a memory system and leaves
-:class:`~data.schemas.EpisodeTrace` records. Rejection sampling keeps the traces whose final outcome passes the keep
-rule (by default ``outcome >= 1.0``: correct); every memory call of a kept trace becomes one
-:class:`~data.schemas.SFTExample`: the exact messages the memory model saw plus the expert's output as the final
+:class:`~memrl.data.schemas.EpisodeTrace` records. Rejection sampling keeps the traces whose final outcome passes the
+keep rule (by default ``outcome >= 1.0``: correct); every memory call of a kept trace becomes one
+:class:`~memrl.data.schemas.SFTExample`: the exact messages the memory model saw plus the expert's output as the final
 assistant message, filed under the call's role (``consolidate``, ``recall``, ``bank_edit``, ``intervene``, or any
 other role string).
 
@@ -26,9 +26,9 @@ from typing import Any
 
 from pydantic import Field
 
-from data.config import ConfigError, ConfigModel
-from data.io import append_jsonl, atomic_write_text, iter_jsonl, read_arrow, read_jsonl, write_arrow, write_jsonl
-from data.schemas import EpisodeTrace, Message, SFTExample
+from memrl.data.config import ConfigError, ConfigModel
+from memrl.data.io import append_jsonl, atomic_write_text, iter_jsonl, read_arrow, read_jsonl, write_arrow, write_jsonl
+from memrl.data.schemas import EpisodeTrace, Message, SFTExample
 
 __all__ = [
     "PROGRESS_FILE",

@@ -232,7 +232,7 @@ SAM_REASONER_SYSTEM = (
     "You solve the task step by step. Tools: act(action) acts in the environment; memory(intent, page_ids) recalls "
     "earlier pages listed under memory cues; answer(answer) ends the task. Reply with one tool call."
 )
-# The reasoner's system prompts under the baselines (rollout.memory.baselines): the same task, other tools.
+# The reasoner's system prompts under the baselines (memrl.rollout.memory.baselines): the same task, other tools.
 RETRIEVAL_REASONER_SYSTEM = (
     "You solve the task step by step. Tools: act(action) acts in the environment; memory(intent) retrieves the "
     "earlier pages most relevant to the intent; answer(answer) ends the task. Reply with one tool call."

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from data.errors import UserError
+from memrl.data.errors import UserError
 
 __all__ = [
     "RecordError",

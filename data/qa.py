@@ -4,7 +4,7 @@ QA pairs are generated from the events the environment emitted while the traject
 its template and arguments (``metadata.template`` / ``metadata.args``), its needle turns (the minimal turns holding
 the evidence) and the evidence strings each needle turn contains (``metadata.evidence``). :func:`check_qa` verifies
 a pair independently of how it was generated: it replays the episode's actions in a fresh environment built from
-the episode's :class:`~data.schemas.EnvSpec` and answers the question from the replayed latent state.
+the episode's :class:`~memrl.data.schemas.EnvSpec` and answers the question from the replayed latent state.
 
 Templates (each works on both environments):
 
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from data.envs.base import Event, make_env
-from data.schemas import EnvSpec, QAPair, Turn
+from memrl.data.envs.base import Event, make_env
+from memrl.data.schemas import EnvSpec, QAPair, Turn
 
 __all__ = ["TEMPLATES", "check_qa", "generate_qa", "replay_views"]
 

@@ -2,7 +2,7 @@
 
 Token-in / token-out: a :class:`MemoryCall` keeps the engine's exact prompt ids, response ids and per-token log-probs
 plus the policy version that produced them; training rows are built from these ids, never by re-tokenising text.
-Every type round-trips losslessly through JSONL (:mod:`data.io`) and ``datasets`` Arrow.
+Every type round-trips losslessly through JSONL (:mod:`memrl.data.io`) and ``datasets`` Arrow.
 """
 
 from __future__ import annotations

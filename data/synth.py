@@ -13,9 +13,10 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 from tqdm.auto import tqdm
 
-from data.config import ConfigModel, RunConfig, prepare_run_dir
-from data.io import atomic_write_text, describe_validation_error, write_arrow, write_jsonl
-from data.schemas import Episode
+from memrl.data.config import ConfigModel, RunConfig
+from memrl.data.io import atomic_write_text, describe_validation_error, write_arrow, write_jsonl
+from memrl.data.run_dir import prepare_run_dir
+from memrl.data.schemas import Episode
 
 __all__ = ["SynthConfig", "SynthSource", "build_episodes", "episode_stats", "run_synth"]
 
@@ -63,8 +64,8 @@ class SynthSource(ConfigModel):
 
     def _check_params(self) -> None:
         """Validate ``params`` against the family's parameter model now, so a typo fails at load, not mid-run."""
-        from data.envs import REGISTRY
-        from data.tasks import ProactiveParams, SamTaskParams
+        from memrl.data.envs import REGISTRY
+        from memrl.data.tasks import ProactiveParams, SamTaskParams
 
         params = dict(self.params)
         if self.family == "ama":
@@ -108,7 +109,7 @@ def _seed(*parts: Any) -> int:
 
 
 def _one(source: SynthSource, index: int, target: int | None, i: int, seed: int) -> Episode:
-    from data.tasks import ProactiveTask, SamTask, make_ama_episode
+    from memrl.data.tasks import ProactiveTask, SamTask, make_ama_episode
 
     eid = f"{source.family}{index}-{target or 'p'}-{i}"
     if source.family == "ama":

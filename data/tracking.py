@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from data.config import WandbConfig
-from data.io import append_jsonl, atomic_write_text
+from memrl.data.config import WandbConfig
+from memrl.data.io import append_jsonl, atomic_write_text
 
 __all__ = ["MetricsLogger", "bind_run_log", "format_metrics", "quiet_console", "run_log_path"]
 
@@ -97,10 +97,10 @@ class MetricsLogger:
 # ----------------------------------------------------------------------------------------------------------------
 # console routing
 
-_MEMRL_PACKAGES = frozenset({"data", "rollout", "rewards", "train", "launch", "benchmarks", "__main__"})
+_MEMRL_PACKAGES = frozenset({"memrl", "benchmarks", "__main__"})
 # Stream plumbing between a writer and the console (wandb wraps sys.stdout.write while a run is live; once Ray has
 # started in the process, its tqdm_ray replaces the builtin print with a wrapper).
-_MACHINERY = ("tqdm", "io", "_io", "codecs", "contextlib", "data.tracking", "threading",
+_MACHINERY = ("tqdm", "io", "_io", "codecs", "contextlib", "memrl.data.tracking", "threading",
               "wandb.sdk.lib.console_capture", "ray.experimental.tqdm_ray")
 _LOG_MACHINERY = ("logging", "warnings", "py.warnings")
 # Third-party writers whose output is the progress of a memrl stage: the SFT trainer's progress bar and loss lines.

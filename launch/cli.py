@@ -3,8 +3,8 @@
 Every job command takes ``--config FILE.yaml`` plus dotted overrides (``train.lr=1e-6``). Before anything is created
 the config is validated and so is everything it names (data records, model and adapter paths, output folders:
 launch/preflight.py plus the command's own checks); the run directory is created only when the run starts, and a
-start that fails on bad input removes what it created. Expected failures (:class:`~data.errors.UserError`) print one
-message with the fix and exit 2; a traceback means a bug and comes with the log file's path (exit 1). Third-party
+start that fails on bad input removes what it created. Expected failures (:class:`~memrl.data.errors.UserError`) print
+one message with the fix and exit 2; a traceback means a bug and comes with the log file's path (exit 1). Third-party
 output goes to the run's ``run.log`` unless ``--verbose``. Heavy imports happen only inside the command that needs
 them, so ``memrl --help`` answers at once.
 """
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data.config import ConfigError
-from data.errors import UserError
+from memrl.data.config import ConfigError
+from memrl.data.errors import UserError
 
 __all__ = ["JOBS", "Job", "main"]
 
@@ -58,28 +58,29 @@ JOBS: list[Job] = [
     Job(
         ("quickstart",),
         "whole pipeline on the embedded default (tiny model, CPU)",
-        "launch.quickstart:QuickstartConfig",
-        "launch.quickstart:run_quickstart",
+        "memrl.launch.quickstart:QuickstartConfig",
+        "memrl.launch.quickstart:run_quickstart",
         policy_engine=True,
     ),
-    Job(("data", "synth"), "synthetic long-horizon episodes -> train/eval JSONL + Arrow", "data.synth:SynthConfig",
-        "data.synth:run_synth"),
+    Job(("data", "synth"), "synthetic long-horizon episodes -> train/eval JSONL + Arrow",
+        "memrl.data.synth:SynthConfig",
+        "memrl.data.synth:run_synth"),
     Job(("data", "distill"), "run an expert memory model inside SAM / the proactive agent -> SFT datasets per role",
-        "rollout.expert_traces:DistillRunConfig", "rollout.expert_traces:run_distill", resumable=True),
+        "memrl.rollout.expert_traces:DistillRunConfig", "memrl.rollout.expert_traces:run_distill", resumable=True),
     Job(("train", "oat-grpo"), "OAT-GRPO: memory-call trees, committee rewards, group policy updates, weight sync",
-        "train.oat_grpo:OATGRPOConfig", "train.oat_grpo:run_oat_grpo", resumable=True, distributed=True,
-        policy_engine=True, checks="train.oat_grpo:check_inputs"),
+        "memrl.train.oat_grpo:OATGRPOConfig", "memrl.train.oat_grpo:run_oat_grpo", resumable=True, distributed=True,
+        policy_engine=True, checks="memrl.train.oat_grpo:check_inputs"),
     Job(("sft",), "supervised fine-tuning on distilled memory-role datasets (TRL SFTTrainer, LoRA or full)",
-        "train.sft:SFTRunConfig", "train.sft:run_sft", resumable=True, distributed=True,
-        checks="train.sft:check_inputs"),
+        "memrl.train.sft:SFTRunConfig", "memrl.train.sft:run_sft", resumable=True, distributed=True,
+        checks="memrl.train.sft:check_inputs"),
     Job(("train", "pivot-grpo"), "pivot-turn GRPO for the proactive intervention agent (online loop)",
-        "train.pivot_grpo:PivotGRPOConfig", "train.pivot_grpo:run_pivot_grpo", resumable=True,
+        "memrl.train.pivot_grpo:PivotGRPOConfig", "memrl.train.pivot_grpo:run_pivot_grpo", resumable=True,
         distributed=True, policy_engine=True),
     Job(("eval",), "harness: memory systems x memory models x datasets -> per-item results, breakdowns, report",
-        "launch.evaluate:EvalConfig", "launch.evaluate:run_eval", resumable=True,
-        dry_run="launch.evaluate:dry_run_eval", checks="launch.evaluate:check_inputs"),
+        "memrl.launch.evaluate:EvalConfig", "memrl.launch.evaluate:run_eval", resumable=True,
+        dry_run="memrl.launch.evaluate:dry_run_eval", checks="memrl.launch.evaluate:check_inputs"),
     Job(("export",), "merged Hugging Face checkpoint + model card, verified in transformers and vLLM",
-        "train.export:ExportConfig", "train.export:run_export", checks="train.export:check_inputs",
+        "memrl.train.export:ExportConfig", "memrl.train.export:run_export", checks="memrl.train.export:check_inputs",
         flags=(("--push-to-hub", "push_to_hub", "upload the export to this Hub repository (needs HF_TOKEN)"),)),
 ]
 
@@ -98,7 +99,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, job: Job) -> None:
 
 
 def _run_job(job: Job, args: argparse.Namespace) -> int:
-    from data.config import load_config
+    from memrl.data.config import load_config
 
     overrides = list(args.overrides)
     if getattr(args, "resume", False):
@@ -111,14 +112,14 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
     if getattr(args, "dry_run", False):
         # a dry run reports what is missing, so it runs before the checks that would stop at the first missing file
         return int(job.load("dry_run")(config) or 0)
-    from launch.preflight import check_config
+    from memrl.launch.preflight import check_config
 
     check_config(config)
     if job.checks:
         job.load("checks")(config)
     run = getattr(config, "run", None)
     with _created_only_on_success(Path(run.output_dir) if run is not None else None):
-        from data.tracking import quiet_console
+        from memrl.data.tracking import quiet_console
 
         with quiet_console(not args.verbose and not os.environ.get("MEMRL_VERBOSE")):
             try:
@@ -140,7 +141,7 @@ class _Bug(Exception):
 
 def _save_traceback() -> Path:
     """Append the current traceback to the run's log (a temporary file when the run has none yet)."""
-    from data.tracking import run_log_path
+    from memrl.data.tracking import run_log_path
 
     text = traceback.format_exc()
     path = run_log_path()
@@ -186,7 +187,7 @@ def _created_only_on_success(output_dir: Path | None) -> Iterator[None]:
 def _config_show(args: argparse.Namespace) -> int:
     """Print the resolved config of a YAML file (its ``command`` key picks the schema)."""
 
-    from data.config import config_to_yaml, load_config, read_config_yaml
+    from memrl.data.config import config_to_yaml, load_config, read_config_yaml
 
     by_name = {" ".join(j.path): j for j in JOBS}
     command = args.command
@@ -204,14 +205,14 @@ def _config_show(args: argparse.Namespace) -> int:
 
 def _model_tiny(args: argparse.Namespace) -> int:
     """Write a tiny random-initialised Qwen3 model and its offline tokenizer."""
-    from data.checks import check_output_dir
-    from rollout.models import TinyModelSpec, build_tiny_model
+    from memrl.data.checks import check_output_dir
+    from memrl.rollout.models import TinyModelSpec, build_tiny_model
 
     check_output_dir(args.out, "--out")
     from pydantic import ValidationError
 
-    from data.io import describe_validation_error
-    from launch.preflight import check_config
+    from memrl.data.io import describe_validation_error
+    from memrl.launch.preflight import check_config
 
     fields = {k: v for k, v in vars(args).items() if k in TinyModelSpec.model_fields and v is not None}
     try:
@@ -278,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--model-config", help="the policy's config.json (default: the base's own, else assumed)")
     plan.add_argument("--json", action="store_true", help="also print the plan as one JSON line")
     plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    plan.set_defaults(handler=lambda a: importlib.import_module("launch.plan").run_plan(a))
+    plan.set_defaults(handler=lambda a: importlib.import_module("memrl.launch.plan").run_plan(a))
     return parser
 
 

@@ -1,21 +1,21 @@
 """``memrl eval``: memory systems x memory models x datasets -> per-item results, breakdowns and a side-by-side report.
 
-For every dataset, system and model the harness (:mod:`rollout.harness`) yields one record per item (a question, or
-a task run); :mod:`rewards.scorers` scores it (exact match, token F1, BLEU-1, the AMA-Bench yes/no judge with its
-F1 fallback, LoCoMo per-category scores and its CORRECT/WRONG judge, task success from the verifier) and the record is
-appended to ``<run>/results.jsonl`` at once (fsynced). A rerun with ``--resume`` reads that file (a torn last line
-from a killed process is cut off), skips every finished item by its key (dataset, episode, item, system, model) and
-appends only the rest, so rows are never duplicated. ``report.md`` leads each dataset with the benchmark's official
-metric (LoCoMo F1 by category, AMA-Bench judge accuracy by QA type, MemoryArena task success rate and progress
-score), compares the methods side by side with tokens per question (reasoner and memory model), and breaks results
-down by QA type, LoCoMo category and horizon (the generator's target length, else the conversation's length in
-tokens); every mean carries its 95% bootstrap interval. ``summary.json`` holds the same numbers and
-``per_question.tsv`` one sorted line per question, to ``diff`` two runs. ``memrl eval --dry-run`` prints the files and
-endpoints a config needs and stops.
+For every dataset, system and model the harness (:mod:`memrl.rollout.evaluation`) yields one record per item (a
+question, or a task run); :mod:`memrl.rewards.scorers` scores it (exact match, token F1, BLEU-1, the AMA-Bench yes/no
+judge with its F1 fallback, LoCoMo per-category scores and its CORRECT/WRONG judge, task success from the verifier) and
+the record is appended to ``<run>/results.jsonl`` at once (fsynced). A rerun with ``--resume`` reads that file (a torn
+last line from a killed process is cut off), skips every finished item by its key (dataset, episode, item, system,
+model) and appends only the rest, so rows are never duplicated. ``report.md`` leads each dataset with the benchmark's
+official metric (LoCoMo F1 by category, AMA-Bench judge accuracy by QA type, MemoryArena task success rate and progress
+score), compares the methods side by side with tokens per question (reasoner and memory model), and breaks results down
+by QA type, LoCoMo category and horizon (the generator's target length, else the conversation's length in tokens); every
+mean carries its 95% bootstrap interval. ``summary.json`` holds the same numbers and ``per_question.tsv`` one sorted
+line per question, to ``diff`` two runs. ``memrl eval --dry-run`` prints the files and endpoints a config needs and
+stops.
 
 Defaults run offline: the reasoner of QA datasets is the programmatic reader and the memory model is the extractive
-scripted model (both in :mod:`rollout.harness`), the judge is the lexical stand-in
-(:class:`rewards.scorers.LexicalJudge`); task datasets use their family's scripted agent and oracle expert. Any of
+scripted model (both in :mod:`memrl.rollout.evaluation`), the judge is the lexical stand-in
+(:class:`memrl.rewards.scorers.LexicalJudge`); task datasets use their family's scripted agent and oracle expert. Any of
 them can be an engine (vLLM / HF checkpoint, LoRA adapter, OpenAI-compatible endpoint).
 """
 
@@ -30,11 +30,12 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
-from data.config import ConfigError, ConfigModel, RunConfig, config_hash, prepare_run_dir
-from data.errors import UserError
-from data.io import append_jsonl, atomic_write_text, iter_jsonl
-from data.tasks import TaskSetConfig, load_tasks, make_ama_episode
-from rewards.scorers import (
+from memrl.data.config import ConfigError, ConfigModel, RunConfig, config_hash
+from memrl.data.errors import UserError
+from memrl.data.io import append_jsonl, atomic_write_text, iter_jsonl
+from memrl.data.run_dir import prepare_run_dir
+from memrl.data.tasks import TaskSetConfig, load_tasks, make_ama_episode
+from memrl.rewards.scorers import (
     LOCOMO_CATEGORY_NAMES,
     JudgeItem,
     JudgeScorer,
@@ -48,20 +49,18 @@ from rewards.scorers import (
     locomo_score,
     verifier_outcome,
 )
-from rollout.engines.base import Engine
-from rollout.engines.config import EngineConfig, build_engine
-from rollout.harness import (
-    EvidenceReader,
-    ExtractiveMemoryModel,
-    ReaderConfig,
-    Scorer,
-    aggregate,
-    run_qa,
-    run_tasks,
-)
-from rollout.loop import EngineSet
-from rollout.memory.registry import MemoryConfig
-from rollout.memory.sam import make_token_counter
+from memrl.rollout.engines.base import Engine
+from memrl.rollout.engines.config import EngineConfig
+from memrl.rollout.engines.factory import build_engine
+from memrl.rollout.evaluation.extractive import ExtractiveMemoryModel
+from memrl.rollout.evaluation.qa import run_qa
+from memrl.rollout.evaluation.reader import EvidenceReader, ReaderConfig
+from memrl.rollout.evaluation.records import Scorer
+from memrl.rollout.evaluation.stats import aggregate
+from memrl.rollout.evaluation.tasks import run_tasks
+from memrl.rollout.loop import EngineSet
+from memrl.rollout.memory.registry import MemoryConfig
+from memrl.rollout.memory.sam import make_token_counter
 
 __all__ = ["DatasetSpec", "EvalConfig", "ModelSpec", "SystemSpec", "check_inputs", "dry_run_eval", "evaluate",
            "load_results", "run_eval", "write_per_question", "write_report"]
@@ -174,7 +173,7 @@ class EvalConfig(ConfigModel):
 
 def check_inputs(cfg: EvalConfig) -> None:
     """Before anything is created: every dataset file exists and holds at least one episode."""
-    from data.checks import check_existing_file
+    from memrl.data.checks import check_existing_file
 
     for key in ("datasets", "systems", "models"):
         if not getattr(cfg, key):
@@ -219,7 +218,7 @@ def load_dataset(spec: DatasetSpec, data_dir: str | None = None) -> list[Any]:
             for env in spec.envs for target in spec.target_tokens for i in range(spec.episodes_per_setting)
         ]
     else:
-        from data.loaders import LOADERS
+        from memrl.data.loaders import LOADERS
 
         path = dataset_path(spec, data_dir)
         assert path is not None
@@ -277,7 +276,7 @@ class _Engines:
             self._tokenizer_loaded = True
             name = self.cfg.tokenizer
             if name is not None:
-                from rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
+                from memrl.rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
 
                 path = ensure_tiny_model(self.cfg.model_cache, TinyModelSpec()) if name == "tiny" else name
                 self.tokenizer = load_tokenizer(path)
@@ -289,7 +288,7 @@ class _Engines:
         return engine
 
     def scripted(self, policy: Any, name: str) -> Engine:
-        from rollout.engines.scripted import ScriptedEngine
+        from memrl.rollout.engines.scripted import ScriptedEngine
 
         return ScriptedEngine(policy, tokenizer=self.get_tokenizer(), name=name)
 
@@ -478,13 +477,13 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
 
 def _task_engines(kind: str, tasks: list[Any], engines: _Engines, memory: Engine | None) -> EngineSet:
     if kind == "sam":
-        from data.experts.sam import SamOracle
-        from data.tasks.sam import SamReasoner
+        from memrl.data.experts.sam import SamOracle
+        from memrl.data.tasks.sam import SamReasoner
 
         reasoner = engines.scripted(SamReasoner(), "reasoner")
         return EngineSet(reasoner=reasoner, memory=memory or engines.scripted(SamOracle(), "sam-oracle"))
-    from data.experts.proactive import ProactiveOracle
-    from data.tasks.proactive import ActionAgent
+    from memrl.data.experts.proactive import ProactiveOracle
+    from memrl.data.tasks.proactive import ActionAgent
 
     reasoner = engines.scripted(ActionAgent(), "action-agent")
     oracle = ProactiveOracle(truths={t.task_id: t.truth() for t in tasks})

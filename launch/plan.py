@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from data.config import ConfigError
+from memrl.data.config import ConfigError
 
 __all__ = [
     "ASSUMED_SHAPES",
@@ -152,7 +152,7 @@ def _deepspeed_settings(name: str | None) -> tuple[int, bool, bool]:
     """(ZeRO stage or 0 without DeepSpeed, optimizer offloaded, parameters offloaded)."""
     if name is None:
         return 0, False, False
-    from data.config import resolve_deepspeed_config
+    from memrl.data.config import resolve_deepspeed_config
 
     zero = json.loads(resolve_deepspeed_config(name).read_text()).get("zero_optimization", {})
     offload = lambda key: zero.get(key, {}).get("device", "none") not in ("none", None)  # noqa: E731
@@ -170,7 +170,7 @@ def trainer_memory(
     has_adapter: bool = False,
     gpu: bool = True,
 ) -> TrainerEstimate:
-    """Per-rank trainer memory of ``trainer`` (a :class:`train.group_trainer.GroupTrainerConfig`) on ``shape``.
+    """Per-rank trainer memory of ``trainer`` (a :class:`memrl.train.group_trainer.GroupTrainerConfig`) on ``shape``.
 
     ``dtype`` is the policy's weight dtype; ``default_tokens`` the micro-batch tokens when the trainer has no token
     budget (one row of the engine's ``max_model_len``); ``has_adapter`` whether RL starts from an SFT adapter (what
@@ -436,9 +436,9 @@ def _measure_child(model_dir: str, trainer_json: str, context: int, response: in
     bytes."""
     import torch
 
-    from data.schemas import Group, GroupSample
-    from train.group_trainer import GroupTrainer, GroupTrainerConfig
-    from train.policy import PolicySpec
+    from memrl.data.schemas import Group, GroupSample
+    from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+    from memrl.train.policy import PolicySpec
 
     cfg = GroupTrainerConfig.model_validate(json.loads(trainer_json))
     # Libraries the trainer imports lazily (a third of a GiB) are not trainer memory: import them before the baseline.
@@ -464,7 +464,7 @@ def _measure_child(model_dir: str, trainer_json: str, context: int, response: in
 def measure_trainer_peak(model_dir: str | Path, trainer: Any, *, context: int, response: int, rows: int) -> int:
     """Peak anonymous resident memory (bytes) of two group-trainer steps on CPU above the level before the model is
     loaded (libraries imported), measured in a fresh process (one group of ``rows`` rows of ``context`` tokens)."""
-    code = ("import sys; from launch.plan import _measure_child; "
+    code = ("import sys; from memrl.launch.plan import _measure_child; "
             "_measure_child(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:]))")
     cmd = [sys.executable, "-c", code, str(model_dir), trainer.model_dump_json(), str(context), str(response),
            str(rows)]
@@ -483,8 +483,8 @@ def run_plan(args: Any) -> int:
     """The ``memrl plan`` command: print the plan (and JSON with ``--json``); exit 1 when the recipe does not fit."""
     import yaml
 
-    from data.config import load_config
-    from launch.cli import JOBS
+    from memrl.data.config import load_config
+    from memrl.launch.cli import JOBS
 
     with open(args.config, encoding="utf-8") as fh:
         command = (yaml.safe_load(fh) or {}).get("command")

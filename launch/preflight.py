@@ -4,7 +4,7 @@ Pydantic has already checked types and the bounds the models declare. This walks
 outside it: the files and folders named in it (model checkpoints and tokenizers, LoRA adapters, episode files with
 each record against its schema, the run's output folder), counts that must be positive, and ``--resume`` targets.
 A command adds its own checks (``Job.checks``) for what only it knows. Everything raises
-:class:`~data.errors.UserError`, which the CLI turns into one message and exit code 2.
+:class:`~memrl.data.errors.UserError`, which the CLI turns into one message and exit code 2.
 """
 
 from __future__ import annotations
@@ -14,9 +14,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from data.checks import check_adapter_dir, check_existing_file, check_model_ref, check_output_dir, check_resume_target
-from data.config import RunConfig, check_no_run_in
-from data.errors import UserError
+from memrl.data.checks import (
+    check_adapter_dir,
+    check_existing_file,
+    check_model_ref,
+    check_output_dir,
+    check_resume_target,
+)
+from memrl.data.config import RunConfig
+from memrl.data.errors import UserError
+from memrl.data.run_dir import check_no_run_in
 
 __all__ = ["OUTPUT_KEYS", "POSITIVE_KEYS", "check_config"]
 
@@ -118,7 +125,7 @@ def _check_task_set(tasks: Any, prefix: str) -> None:
         if hasattr(tasks, "load"):
             loaded = tasks.load()
         else:
-            from data.tasks import load_tasks
+            from memrl.data.tasks import load_tasks
 
             loaded = load_tasks(tasks, "check")
         if not loaded:

@@ -26,18 +26,19 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from data.config import ConfigModel, RunConfig, prepare_run_dir
-from data.experts.sam import SamOracleConfig
-from data.tasks import TaskSetConfig
-from data.tasks.sam import SamTaskParams
-from rewards.credit import CreditConfig
-from rollout.memory.base import RoleSampling
-from rollout.memory.sam import SamConfig
-from rollout.models import TinyModelSpec
-from rollout.tree import TreeConfig
-from train.group_trainer import GroupTrainerConfig
-from train.online import LoopConfig
-from train.policy import LoraSettings
+from memrl.data.config import ConfigModel, RunConfig
+from memrl.data.experts.sam import SamOracleConfig
+from memrl.data.run_dir import prepare_run_dir
+from memrl.data.tasks import TaskSetConfig
+from memrl.data.tasks.sam import SamTaskParams
+from memrl.rewards.credit import CreditConfig
+from memrl.rollout.memory.base import RoleSampling
+from memrl.rollout.memory.sam import SamConfig
+from memrl.rollout.models import TinyModelSpec
+from memrl.rollout.tree import TreeConfig
+from memrl.train.group_trainer import GroupTrainerConfig
+from memrl.train.online import LoopConfig
+from memrl.train.policy import LoraSettings
 
 __all__ = ["QuickstartConfig", "heldout_results", "run_quickstart"]
 
@@ -110,17 +111,18 @@ class _Stages:
 
 def run_quickstart(cfg: QuickstartConfig) -> int:
     """Run every stage (see the module docstring) and write the report; returns 0."""
-    from data.tasks import load_tasks
-    from data.tracking import MetricsLogger
-    from launch.report import write_report
-    from rollout.engines.config import EngineConfig, build_engine
-    from rollout.expert_traces import DistillRunConfig, distill
-    from rollout.harness import evaluate_sam_memory
-    from rollout.models import ensure_tiny_model
-    from train.export import ExportConfig, export_model
-    from train.oat_grpo import OATGRPOConfig, default_reasoner, summarize_eval, train_oat_grpo
-    from train.policy import PolicySpec
-    from train.sft import SFTDataConfig, SFTRunConfig, SFTTrainConfig, run_sft
+    from memrl.data.tasks import load_tasks
+    from memrl.data.tracking import MetricsLogger
+    from memrl.launch.report import write_report
+    from memrl.rollout.engines.config import EngineConfig
+    from memrl.rollout.engines.factory import build_engine
+    from memrl.rollout.evaluation.tasks import evaluate_sam_memory
+    from memrl.rollout.expert_traces import DistillRunConfig, distill
+    from memrl.rollout.models import ensure_tiny_model
+    from memrl.train.export import ExportConfig, export_model
+    from memrl.train.oat_grpo import OATGRPOConfig, default_reasoner, summarize_eval, train_oat_grpo
+    from memrl.train.policy import PolicySpec
+    from memrl.train.sft import SFTDataConfig, SFTRunConfig, SFTTrainConfig, run_sft
 
     run_dir = prepare_run_dir(cfg, cfg.run, "quickstart")
     stages = _Stages()

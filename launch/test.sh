@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite on a fresh machine: set up .venv (skipped when done), then ruff, the fast suite and the slow suite.
+# The test suite on a fresh machine: set up .venv (skipped when done), then ruff, the import-layer contract
+# (import-linter), the fast suite and the slow suite.
 #
 #   bash launch/test.sh [--dry-run] [PYTEST ARGS ...]
 #
@@ -44,6 +45,8 @@ if [ "${#MEMRL_ARGS[@]}" -gt 0 ]; then
 fi
 [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] ruff"
 step "$VENV/bin/ruff" check .
+[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] import layers (import-linter)"
+step "$VENV/bin/python" tests/lint_imports.py
 [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] fast suite"
 run_pytest -m "not slow" -q
 [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] slow suite"

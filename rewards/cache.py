@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from data.io import atomic_write_text
+from memrl.data.io import atomic_write_text
 
 __all__ = ["JsonCache", "content_key"]
 

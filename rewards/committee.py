@@ -10,7 +10,8 @@ on relevance, coverage and consistency against that union; c(n) is the mean of t
 Committee and judge calls are made once per parent context and shared by all its siblings, batched per engine, the
 M members in parallel threads (the OpenAI-compatible backend also runs each batch concurrently), and cached on disk by
 a hash of their inputs and token limits; empty or failed answers are counted and not cached. Requests fail one at a
-time (:meth:`~rollout.engines.base.Engine.generate_each`): a request that runs out of retries costs its own answer,
+time (:meth:`~memrl.rollout.engines.base.Engine.generate_each`): a request that runs out of retries costs its own
+answer,
 never the batch's. A failed or unparseable call never stops training: a group with no reference answer, or whose
 judge reply failed, is scored by the offline judge or its committee term is skipped (``fallback``; credit
 assignment then drops it for the whole group). :class:`CommitteeStats` counts failed requests, fallbacks and scored
@@ -36,12 +37,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from data.config import ConfigModel
-from data.formats import parse_sam_recall_prompt, render_sam_recall_prompt
-from data.schemas import MemoryCallTree, Message, TreeNode
-from data.tasks.common import as_messages
-from rewards.cache import JsonCache, content_key
-from rollout.engines.base import Engine, GenerationRequest, SamplingParams
+from memrl.data.config import ConfigModel
+from memrl.data.formats import parse_sam_recall_prompt, render_sam_recall_prompt
+from memrl.data.schemas import MemoryCallTree, Message, TreeNode
+from memrl.data.tasks.common import as_messages
+from memrl.rewards.cache import JsonCache, content_key
+from memrl.rollout.engines.base import Engine, GenerationRequest, SamplingParams
 
 __all__ = [
     "Committee",

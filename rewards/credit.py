@@ -3,10 +3,10 @@
 Symbols (paper -> code):
     L(n)   leaves in the subtree rooted at memory action n       -> tree.leaves_below(n)
     V(n)   = mean_{l in L(n)} outcome(l)   Monte-Carlo node value -> node.value
-    c(n)   committee recoverability score in [0, 1]               -> node.committee_score (set by rewards.committee)
+    c(n)   committee recoverability score in [0, 1]               -> node.committee_score (memrl.rewards.committee)
     c_bar  centre: the sibling mean of c (default) or a constant  -> centre
     r(n)   = V(n) + lambda * (c(n) - c_bar) [- format penalty]    -> node.reward
-    A(n)   group-relative advantage within the siblings of n     -> node.advantage (rewards.advantage)
+    A(n)   group-relative advantage within the siblings of n     -> node.advantage (memrl.rewards.advantage)
 
 Siblings are the memory nodes that share a parent context (same ``group_id``). A group where any committee score
 is missing drops the committee term for the whole group, so siblings are always compared on the same terms.
@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from data.config import ConfigModel
-from data.schemas import MemoryCallTree, TreeNode
-from rewards.advantage import AdvantageScale, group_advantages, is_zero_variance
+from memrl.data.config import ConfigModel
+from memrl.data.schemas import MemoryCallTree, TreeNode
+from memrl.rewards.advantage import AdvantageScale, group_advantages, is_zero_variance
 
 __all__ = ["CreditConfig", "CreditStats", "assign_batch_credit", "assign_credit", "assign_flat_credit", "node_values"]
 

@@ -1,4 +1,4 @@
-"""Pivot-turn rewards (seed 003 section 4.5) and the trainer groups they make.
+"""Pivot-turn rewards (seed 003 section 4.5); :func:`memrl.rewards.groups.pivot_groups` makes the trainer groups.
 
 Each of the G samples at a pivot is scored by its continuation's verifier outcome, minus an optional per-reminder
 cost, minus a format penalty for a malformed output:
@@ -9,11 +9,11 @@ cost, minus a format penalty for a malformed output:
 from the pivot to the end of the episode (``cost_scope: continuation``: charges the whole intervention budget the
 sample's branch spent). A Phase 2 output is well formed when it is exactly ``<no_intervention/>`` or one non-empty
 ``<context_for_action>...</context_for_action>`` (surrounding whitespace allowed); a truncated output (finish reason
-``length``) is malformed too. With ``strict_format: false`` only what :func:`~data.formats.parse_intervention`
+``length``) is malformed too. With ``strict_format: false`` only what :func:`~memrl.data.formats.parse_intervention`
 reports (an unclosed or empty tag) counts. A Phase 1 output is malformed when any tool call in it failed to parse or
 apply. Malformed outputs are scored, never raised.
 
-Advantages are group-relative (:func:`rewards.advantage.group_advantages`). In ``phase1+2`` groups the sampled
+Advantages are group-relative (:func:`memrl.rewards.advantage.group_advantages`). In ``phase1+2`` groups the sampled
 Phase 1 outputs form the group; each sample's own Phase 2 call becomes a one-sample group carrying the same advantage
 (as trajectories do in flat mode), so both phases learn from the branch's outcome.
 """
@@ -25,13 +25,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from data.config import ConfigModel
-from data.formats import parse_intervention
-from data.schemas import Group, GroupSample, MemoryCall
-from rewards.advantage import AdvantageScale, group_advantages
-from rollout.pivots import PivotGroupResult, PivotSample
+from memrl.data.config import ConfigModel
+from memrl.data.formats import parse_intervention
+from memrl.data.schemas import MemoryCall
+from memrl.rewards.advantage import AdvantageScale
+from memrl.rollout.pivots import PivotSample
 
-__all__ = ["PivotRewardConfig", "is_malformed", "pivot_groups", "pivot_reward"]
+__all__ = ["PivotRewardConfig", "is_malformed", "pivot_reward"]
 
 _STRICT = re.compile(r"\A\s*(?:<no_intervention/>|<context_for_action>(.*)</context_for_action>)\s*\Z", re.DOTALL)
 
@@ -71,40 +71,3 @@ def pivot_reward(sample: PivotSample, cfg: PivotRewardConfig) -> float:
     calls = [sample.call] + ([sample.followup] if sample.followup is not None else [])
     malformed = any(is_malformed(c, cfg.strict_format) for c in calls)
     return sample.outcome - cfg.reminder_cost * reminders - (cfg.format_penalty if malformed else 0.0)
-
-
-def _sample(call: MemoryCall, reward: float, advantage: float, node_id: str, sample: PivotSample) -> GroupSample:
-    return GroupSample(
-        response_ids=list(call.response_ids), rollout_logprobs=list(call.logprobs), text=call.text,
-        finish_reason=call.finish_reason, policy_version=call.policy_version, reward=reward, advantage=advantage,
-        node_id=node_id,
-        metadata={"outcome": sample.outcome, "reminder": sample.reminder is not None,
-                  "reminders_after": sample.reminders_after},
-    )
-
-
-def pivot_groups(results: list[PivotGroupResult], cfg: PivotRewardConfig | None = None) -> list[Group]:
-    """Score every sample, compute group advantages, and build the trainer's :class:`Group` s."""
-    cfg = cfg or PivotRewardConfig()
-    groups: list[Group] = []
-    for result in results:
-        rewards = [pivot_reward(s, cfg) for s in result.samples]
-        advantages = group_advantages(rewards, cfg.advantage)
-        meta = {**result.metadata, "pivot_id": result.pivot_id, "state": result.state}
-        groups.append(Group(
-            group_id=result.pivot_id, task_id=result.task_id, role=result.role, prompt_ids=list(result.prompt_ids),
-            messages=list(result.messages),
-            samples=[_sample(s.call, r, a, f"{result.pivot_id}/s{s.index}", s)
-                     for s, r, a in zip(result.samples, rewards, advantages, strict=True)],
-            source="pivot", metadata=meta,
-        ))
-        for s, r, a in zip(result.samples, rewards, advantages, strict=True):
-            if s.followup is None:
-                continue
-            groups.append(Group(
-                group_id=f"{result.pivot_id}/s{s.index}/phase2", task_id=result.task_id, role=s.followup.role,
-                prompt_ids=list(s.followup.prompt_ids), messages=list(s.followup.messages),
-                samples=[_sample(s.followup, r, a, f"{result.pivot_id}/s{s.index}/phase2", s)],
-                source="pivot", metadata={**meta, "follows": f"{result.pivot_id}/s{s.index}"},
-            ))
-    return groups

@@ -1,7 +1,7 @@
 """Outcome scorers for answers (ARCHITECTURE section 7): normalised exact match, token F1, BLEU-1, the AMA-Bench
 yes/no LLM judge, LoCoMo per-category scoring and its CORRECT/WRONG JSON judge, and environment-verifier outcomes.
 
-- **Lexical metrics** use SQuAD-style normalisation (:func:`data.tasks.common.normalize_answer`: lower case, no
+- **Lexical metrics** use SQuAD-style normalisation (:func:`memrl.data.tasks.common.normalize_answer`: lower case, no
   punctuation, no articles); with several gold answers (MemoryArena alternatives) the best one counts.
 - **AMA-Bench judge** (seed 004 appendix C; ``compute_llm_as_judge`` of AMA-Bench's ``utils/evaluation_metrics.py``):
   the judge model gets the ``Task Type`` / ``Episode ID`` / ``Task Context`` lines, the question, the reference answer
@@ -40,9 +40,9 @@ from typing import Any, Literal
 
 import regex
 
-from data.schemas import Message
-from data.tasks.common import normalize_answer
-from rollout.engines.base import Engine, GenerationRequest, SamplingParams
+from memrl.data.schemas import Message
+from memrl.data.tasks.common import normalize_answer
+from memrl.rollout.engines.base import Engine, GenerationRequest, SamplingParams
 
 __all__ = [
     "AMA_JUDGE_MAX_TOKENS",
@@ -411,8 +411,9 @@ _LOCOMO_FIELDS = re.compile(r"Question: (.*?)\nGold answer: (.*?)\nGenerated ans
 
 
 class LexicalJudge:
-    """Offline judge (a :class:`~data.schemas.ScriptedPolicy`): correct when every token of the normalised reference
-    occurs, in order, in the normalised prediction. Answers the AMA-Bench prompt with ``yes``/``no`` and the LoCoMo
+    """Offline judge (a :class:`~memrl.data.schemas.ScriptedPolicy`): correct when every token of the normalised
+    reference occurs, in order, in the normalised prediction. Answers the AMA-Bench prompt with ``yes``/``no`` and the
+    LoCoMo
     prompt with its JSON label; any other prompt gets an empty reply."""
 
     name = "lexical-judge"

@@ -1,13 +1,14 @@
-"""How a rollout of a SAM task is built, in one place: the harness, the tree builder and the trainers call
-:func:`sam_rollout` (a task or episode + a memory config + seeds -> :class:`~rollout.loop.Rollout`) and, for the
-scripted reasoner and the oracle expert, :func:`sam_engines`.
+"""How a rollout is built, in one place: the harness, the tree builder, distillation and the trainers call
+:func:`sam_rollout` (a SAM task or episode + a memory config + seeds -> :class:`~memrl.rollout.loop.Rollout`),
+:func:`build_proactive_rollout` (the same for a proactive task) and, for SAM's scripted reasoner and oracle expert,
+:func:`sam_engines`.
 
 Example (the oracle as memory model; any engine can replace it, e.g. the vLLM engine of the trained model)::
 
     engines = sam_engines(tokenizer=tok)
     traces = run_rollouts([sam_rollout(task, {"name": "sam"}, seed=s) for s, task in enumerate(tasks)], engines)
 
-For :func:`rollout.tree.build_trees`: ``make_rollout=lambda task, rid: sam_rollout(task, cfg, rollout_id=rid)``.
+For :func:`memrl.rollout.tree.build_trees`: ``make_rollout=lambda task, rid: sam_rollout(task, cfg, rollout_id=rid)``.
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from data.experts.sam import SamOracle, SamOracleConfig
-from data.schemas import Episode
-from data.tasks import task_from_episode
-from data.tasks.sam import SamReasoner, SamTask
-from rollout.engines.base import Engine
-from rollout.engines.scripted import ScriptedEngine
-from rollout.loop import EngineSet, Rollout
-from rollout.memory.base import MemorySystem, RoleSampling
-from rollout.memory.embedders import Embedder
-from rollout.memory.registry import MemoryConfig, build_memory
-from rollout.memory.sam import TokenCounter
+from memrl.data.experts.sam import SamOracle, SamOracleConfig
+from memrl.data.formats import ACTION_AGENT_SYSTEM
+from memrl.data.schemas import Episode
+from memrl.data.tasks import ProactiveTask, task_from_episode
+from memrl.data.tasks.sam import SamReasoner, SamTask
+from memrl.rollout.engines.base import Engine
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.loop import EngineSet, Rollout
+from memrl.rollout.memory.base import MemorySystem, RoleSampling
+from memrl.rollout.memory.embedders import Embedder
+from memrl.rollout.memory.proactive import ProactiveConfig, ProactiveMemory
+from memrl.rollout.memory.registry import MemoryConfig, build_memory
+from memrl.rollout.memory.sam import TokenCounter
 
-__all__ = ["sam_engines", "sam_rollout"]
+__all__ = ["build_proactive_rollout", "sam_engines", "sam_rollout"]
 
 
 def sam_rollout(
@@ -77,8 +80,8 @@ def sam_engines(
     recall_budget: int = 2,
     seed: int = 0,
 ) -> EngineSet:
-    """The scripted frozen reasoner (:class:`~data.tasks.sam.SamReasoner`) and a memory engine: ``memory`` when
-    given (e.g. the vLLM engine of the memory model), else the oracle expert (:class:`~data.experts.sam.SamOracle`
+    """The scripted frozen reasoner (:class:`~memrl.data.tasks.sam.SamReasoner`) and a memory engine: ``memory`` when
+    given (e.g. the vLLM engine of the memory model), else the oracle expert (:class:`~memrl.data.experts.sam.SamOracle`
     with the ``oracle`` noise knobs). With ``tokenizer`` the scripted engines report token ids and usage like a model
     engine (the reasoner's prompt tokens are the tokenizer's count of the rendered chat)."""
     reasoner = ScriptedEngine(SamReasoner(max_pages=max_pages, recall_budget=recall_budget), tokenizer=tokenizer,
@@ -86,3 +89,36 @@ def sam_engines(
     if memory is None:
         memory = ScriptedEngine(SamOracle(oracle), tokenizer=tokenizer, seed=seed, name="sam-oracle")
     return EngineSet(reasoner=reasoner, memory=memory)
+
+
+def build_proactive_rollout(
+    source: Episode | ProactiveTask,
+    config: ProactiveConfig | None = None,
+    *,
+    seed: int = 0,
+    rollout_id: str = "r",
+    reasoner_sampling: RoleSampling | None = None,
+) -> Rollout:
+    """The agent-loop rollout of one proactive task with the proactive memory agent: how the harness, distillation
+    and pivot-turn GRPO build these rollouts alike.
+
+    ``source`` is a :class:`ProactiveTask` or its :class:`Episode` (rebuilt from ``episode.env``). The memory window
+    ``window`` and the action agent's ``action_window`` default to the task's agent window (``params.window``) unless
+    ``config`` sets them. The rollout's metadata carries the task's pivots and step budget (ground truth for pivot
+    analysis; never shown to a model).
+
+    Engines it expects (:class:`~memrl.rollout.loop.EngineSet`): the reasoner answers
+    :data:`~memrl.data.formats.ACTION_AGENT_SYSTEM` chats with one ``act(action)`` tool call (the scripted agent:
+    ``ScriptedEngine(ActionAgent())``, greedy); the memory engine answers roles ``bank_edit`` and ``intervene``
+    (``EngineSet.by_role`` may split them). An oracle memory engine finds the ground truth by the request's
+    ``task_id``: ``ScriptedEngine(ProactiveOracle(truths={task.task_id: task.truth()}))``.
+    """
+    task = source if isinstance(source, ProactiveTask) else task_from_episode(source)
+    if not isinstance(task, ProactiveTask):
+        raise ValueError(f"episode {task.task_id!r} is not a proactive task")
+    cfg = config or ProactiveConfig()
+    defaults = {key: task.params.window for key in ("window", "action_window") if key not in cfg.model_fields_set}
+    cfg = cfg.model_copy(update=defaults)
+    metadata = {"family": "proactive", "variant": cfg.variant, "pivots": list(task.pivots), "budget": task.max_steps}
+    return Rollout(task, ProactiveMemory(cfg), reasoner_system=ACTION_AGENT_SYSTEM,
+                   reasoner_sampling=reasoner_sampling, seed=seed, rollout_id=rollout_id, metadata=metadata)

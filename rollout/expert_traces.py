@@ -2,7 +2,8 @@
 
 The expert is the task family's programmatic oracle (with noise knobs, so rejection sampling has something to reject)
 or any engine, e.g. a frontier model behind an OpenAI-compatible endpoint. It runs inside SAM or the proactive agent
-with the family's frozen scripted reasoner / action agent; every trace goes through :class:`data.distill.DistillWriter`
+with the family's frozen scripted reasoner / action agent; every trace goes through
+:class:`memrl.data.distill.DistillWriter`
 (rejection sampling, one chat-format dataset per memory role, resumable: finished traces are skipped on a rerun).
 """
 
@@ -13,20 +14,22 @@ from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
-from data.config import ConfigModel, RunConfig, prepare_run_dir
-from data.distill import DistillWriter, RejectionConfig
-from data.experts.proactive import ProactiveOracle, ProactiveOracleConfig
-from data.experts.sam import SamOracle, SamOracleConfig
-from data.tasks import TaskSetConfig, load_tasks
-from data.tasks.proactive import ActionAgent, ProactiveTask
-from data.tasks.sam import SamReasoner, SamTask
-from rollout.agents import sam_rollout
-from rollout.engines.config import EngineConfig, build_engine
-from rollout.engines.scripted import ScriptedEngine
-from rollout.loop import EngineSet, Rollout, run_rollouts
-from rollout.memory.proactive import ProactiveConfig, build_proactive_rollout
-from rollout.memory.sam import SamConfig
-from rollout.models import load_tokenizer
+from memrl.data.config import ConfigModel, RunConfig
+from memrl.data.distill import DistillWriter, RejectionConfig
+from memrl.data.experts.proactive import ProactiveOracle, ProactiveOracleConfig
+from memrl.data.experts.sam import SamOracle, SamOracleConfig
+from memrl.data.run_dir import prepare_run_dir
+from memrl.data.tasks import TaskSetConfig, load_tasks
+from memrl.data.tasks.proactive import ActionAgent, ProactiveTask
+from memrl.data.tasks.sam import SamReasoner, SamTask
+from memrl.rollout.agents import build_proactive_rollout, sam_rollout
+from memrl.rollout.engines.config import EngineConfig
+from memrl.rollout.engines.factory import build_engine
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.memory.proactive import ProactiveConfig
+from memrl.rollout.memory.sam import SamConfig
+from memrl.rollout.models import load_tokenizer
 
 __all__ = ["DistillRunConfig", "distill", "run_distill"]
 

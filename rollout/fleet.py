@@ -33,10 +33,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from data.config import ConfigError, ConfigModel, PolicyPlacement
-from data.schemas import MemoryCallTree
-from rollout.loop import Rollout
-from rollout.worker import RolloutWorker, TreeBatch, TreeJob, WorkerSpec
+from memrl.data.config import ConfigError, ConfigModel, PolicyPlacement
+from memrl.data.schemas import MemoryCallTree
+from memrl.rollout.loop import Rollout
+from memrl.rollout.worker import RolloutWorker, TreeBatch, TreeJob, WorkerSpec
 
 __all__ = ["EngineSlot", "FleetCollection", "FleetConfig", "FleetResult", "LocalFleet",
            "RolloutFleet", "build_fleet", "plan_fleet", "shard_tasks"]
@@ -185,7 +185,7 @@ class FleetCollection:
 
 
 class RolloutFleet:
-    """Ray actors running :class:`~rollout.worker.RolloutWorker`, one per engine slot (see the module docstring).
+    """Ray actors running :class:`~memrl.rollout.worker.RolloutWorker`, one per engine slot (see the module docstring).
 
     Implements the engine's sync interface (``load_adapter``, ``update_weights``, ``sleep``, ``policy_version``) by
     fanning out to every live worker, so the online loop syncs a fleet as it syncs one engine.
@@ -374,8 +374,8 @@ class RolloutFleet:
 
 
 class LocalFleet:
-    """One :class:`~rollout.worker.RolloutWorker` in this process, no Ray (``fleet.workers: 0``): the same interface
-    as :class:`RolloutFleet`, a job built when it is submitted."""
+    """One :class:`~memrl.rollout.worker.RolloutWorker` in this process, no Ray (``fleet.workers: 0``): the same
+    interface as :class:`RolloutFleet`, a job built when it is submitted."""
 
     name = "local"
     size = 1

@@ -17,10 +17,10 @@ from typing import Any, Literal, Protocol
 
 from tqdm.auto import tqdm
 
-from data.formats import parse_tool_calls
-from data.schemas import EpisodeTrace, MemoryCall, TokenUsage, TraceEvent
-from rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, to_memory_call
-from rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn
+from memrl.data.formats import parse_tool_calls
+from memrl.data.schemas import EpisodeTrace, MemoryCall, TokenUsage, TraceEvent
+from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, to_memory_call
+from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn
 
 __all__ = ["EngineSet", "PendingCall", "Rollout", "TaskEnv", "run_rollouts"]
 
@@ -156,7 +156,7 @@ class Rollout:
 
     def add_turn(self, turn: Turn) -> None:
         """Give the memory system a turn the loop did not produce: a replayed trajectory turn or a question
-        (question-answering mode, :mod:`rollout.memory.workflow`).
+        (question-answering mode, :mod:`memrl.rollout.memory.workflow`).
 
         Allowed only while no memory call is pending (its answer would be lost) and no memory tool is running. A
         cached pending reasoner call is dropped, so the next :meth:`pending` sees the new turn. The step counter

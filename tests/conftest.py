@@ -24,6 +24,6 @@ def model_cache() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(model_cache: Path) -> Path:
     """The default tiny model (2 layers x 128, head_dim 64), built on first use."""
-    from rollout.models import TinyModelSpec, ensure_tiny_model
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
     return ensure_tiny_model(model_cache, TinyModelSpec())

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from data.formats import ToolCall, render_tool_call
-from data.schemas import MemoryCall, Message
-from rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
-from rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
+from memrl.data.formats import ToolCall, render_tool_call
+from memrl.data.schemas import MemoryCall, Message
+from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
+from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
 
 
 class CountEnv:

@@ -2,8 +2,8 @@
 adapter paths, output folders, resume targets). Each case must exit 2 with one paragraph naming the file, key or path,
 print no traceback, and leave the file system as it was.
 
-The cases run the real CLI in-process (``launch.cli.main``) with the commands' runners replaced by a sentinel, so a
-case that got past the checks fails loudly instead of starting a run: the checks must come before anything is created.
+The cases run the real CLI in-process (``memrl.launch.cli.main``) with the commands' runners replaced by a sentinel, so
+a case that got past the checks fails loudly instead of starting a run: the checks must come before anything is created.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import cli
-from launch.cli import JOBS, main
+from memrl.launch import cli
+from memrl.launch.cli import JOBS, main
 
 COMMANDS = [" ".join(j.path) for j in JOBS]
 
@@ -48,8 +48,8 @@ def _temp_logs() -> set[str]:
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[str, Path]:
-    from data.config import load_config
-    from data.synth import SynthConfig, run_synth
+    from memrl.data.config import load_config
+    from memrl.data.synth import SynthConfig, run_synth
 
     root = tmp_path_factory.mktemp("bad-inputs")
     files: dict[str, Path] = {"root": root, "tiny": tiny_model_dir}
@@ -225,7 +225,7 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
         "data distill": ["tokenizer"],
         "eval": ["reasoner.tokenizer"],
     }
-    engines = {"reasoner.tokenizer": "reasoner={backend: scripted, scripted_policy: data.tasks.sam:SamReasoner, "
+    engines = {"reasoner.tokenizer": "reasoner={backend: scripted, scripted_policy: memrl.data.tasks.sam:SamReasoner, "
                                      "tokenizer: VALUE}"}
     for command, keys in model_keys.items():
         for key in keys:
@@ -312,8 +312,8 @@ def test_failed_start_removes_the_run_folder(ws: dict[str, Path], tmp_path: Path
                                              capsys: pytest.CaptureFixture[str]) -> None:
     """A runner that fails on bad input after creating its run folder (and parents) leaves nothing behind, and the
     corrected command then starts (no "already holds a run")."""
-    from data.config import prepare_run_dir
-    from data.errors import UserError
+    from memrl.data.errors import UserError
+    from memrl.data.run_dir import prepare_run_dir
 
     real_load = cli.Job.load
     calls = []
@@ -348,7 +348,7 @@ def test_bug_gets_traceback_file_and_exit_1(tmp_path: Path, monkeypatch: pytest.
             return real_load(self, attr)
 
         def runner(cfg):
-            from data.config import prepare_run_dir
+            from memrl.data.run_dir import prepare_run_dir
 
             prepare_run_dir(cfg, cfg.run, "synth")
             return {}["missing"]

@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from test_group_trainer import groups_for
 
-from train.checkpoint import CheckpointManager
-from train.group_trainer import GroupTrainer, GroupTrainerConfig
-from train.policy import LoraSettings, PolicySpec
+from memrl.train.checkpoint import CheckpointManager
+from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+from memrl.train.policy import LoraSettings, PolicySpec
 
 
 def trainable(trainer: GroupTrainer) -> dict[str, torch.Tensor]:
@@ -58,7 +58,7 @@ def test_incomplete_checkpoint_is_ignored(tmp_path: Path) -> None:
 
 
 def test_reward_cache_is_snapshotted_and_restored(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from rewards.cache import JsonCache, content_key
+    from memrl.rewards.cache import JsonCache, content_key
 
     trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4)))
     cache_dir = tmp_path / "run" / "committee_cache"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from fakes import CountEnv, FakeEngine, RecallAwareMemory, Recorder
 
-from rewards.committee import Committee, CommitteeConfig, offline_judge, parse_judge_scores
-from rollout.engines.base import Engine, GenerationRequest
-from rollout.loop import EngineSet, Rollout
-from rollout.tree import TreeConfig, build_trees
+from memrl.rewards.committee import Committee, CommitteeConfig, offline_judge, parse_judge_scores
+from memrl.rollout.engines.base import Engine, GenerationRequest
+from memrl.rollout.loop import EngineSet, Rollout
+from memrl.rollout.tree import TreeConfig, build_trees
 
 
 def trees(n_tasks: int = 2):

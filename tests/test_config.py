@@ -6,14 +6,8 @@ from typing import Literal
 import pytest
 import yaml
 
-from data.config import (
-    ConfigError,
-    ConfigModel,
-    RunConfig,
-    config_hash,
-    load_config,
-    prepare_run_dir,
-)
+from memrl.data.config import ConfigError, ConfigModel, RunConfig, config_hash, load_config
+from memrl.data.run_dir import prepare_run_dir
 
 
 class OptimSection(ConfigModel):
@@ -155,7 +149,7 @@ SHIPPED = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_every_shipped_config_validates_against_its_command(path: Path) -> None:
     """Each recipe under configs/ names its command, and that command's config class accepts it as written."""
-    from launch.cli import JOBS
+    from memrl.launch.cli import JOBS
 
     command = yaml.safe_load(path.read_text())["command"]
     jobs = {" ".join(job.path): job for job in JOBS}

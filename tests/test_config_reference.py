@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from launch.cli import JOBS
-from launch.config_reference import DEFAULT_OUT, main, reference
+from memrl.launch.cli import JOBS
+from memrl.launch.config_reference import DEFAULT_OUT, main, reference
 
 
 def test_committed_reference_is_up_to_date() -> None:
-    assert main(["--check"]) == 0, "docs/configs.md is stale: run python -m launch.config_reference"
+    assert main(["--check"]) == 0, "docs/configs.md is stale: run python -m memrl.launch.config_reference"
 
 
 def test_reference_covers_every_command_with_types_defaults_and_meanings() -> None:

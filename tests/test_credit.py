@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from data.schemas import MemoryCall, MemoryCallTree, TreeNode
-from rewards.advantage import group_advantages
-from rewards.credit import CreditConfig, assign_credit, node_values
+from memrl.data.schemas import MemoryCall, MemoryCallTree, TreeNode
+from memrl.rewards.advantage import group_advantages
+from memrl.rewards.credit import CreditConfig, assign_credit, node_values
 
 
 def tree(committee: dict[str, float | None], errors: tuple[str, ...] = ()) -> MemoryCallTree:

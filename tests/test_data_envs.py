@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from data.envs import REGISTRY, count_tokens, generate_trajectory, make_env
-from data.schemas import EnvSpec
-from data.tasks import SamTask
+from memrl.data.envs import REGISTRY, count_tokens, generate_trajectory, make_env
+from memrl.data.schemas import EnvSpec
+from memrl.data.tasks import SamTask
 
 ENVS = ["textworld", "gridworld"]
 
@@ -201,7 +201,7 @@ def test_registry_names_both_environments() -> None:
 
 
 def test_corpus_holds_the_environment_text_deterministically() -> None:
-    from data.corpus import environment_words, synthetic_corpus
+    from memrl.data.corpus import environment_words, synthetic_corpus
 
     first = list(synthetic_corpus(0))
     assert first == list(synthetic_corpus(0))

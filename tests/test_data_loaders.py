@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from benchmark_files import write_amabench, write_locomo, write_memoryarena
 
-from data.io import RecordError, read_jsonl, write_jsonl
-from data.loaders import LOADERS, convert, load_amabench, load_generic, load_locomo, load_memoryarena
-from data.loaders.formats import LOCOMO_DATE_INSTRUCTION, LOCOMO_NOT_MENTIONED
-from data.schemas import Episode
+from memrl.data.io import RecordError, read_jsonl, write_jsonl
+from memrl.data.loaders import LOADERS, convert, load_amabench, load_generic, load_locomo, load_memoryarena
+from memrl.data.loaders.formats import LOCOMO_DATE_INSTRUCTION, LOCOMO_NOT_MENTIONED
+from memrl.data.schemas import Episode
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -62,7 +62,7 @@ def test_generic_jsonl_with_renames_and_parquet(tmp_path: Path) -> None:
     assert ep.episode_id == "g-1" and ep.qa_pairs[0].needle_turns == [0]
     import datasets
 
-    from data.io import to_arrow_rows
+    from memrl.data.io import to_arrow_rows
 
     datasets.Dataset.from_list(to_arrow_rows([ep, ep.model_copy(update={"episode_id": "g-2"})])).to_parquet(
         str(tmp_path / "eps.parquet")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import random
 
-from data.experts import ProactiveOracle
-from data.formats import (
+from memrl.data.experts import ProactiveOracle
+from memrl.data.formats import (
     parse_bank,
     parse_intervention,
     parse_phase_prompt,
@@ -17,8 +17,8 @@ from data.formats import (
     render_phase2_prompt,
     render_window,
 )
-from data.tasks import ActionAgent, ProactiveTask, make_task, simulate_proactive
-from data.tasks.proactive import FACTS, BankWriter, window_messages
+from memrl.data.tasks import ActionAgent, ProactiveTask, make_task, simulate_proactive
+from memrl.data.tasks.proactive import FACTS, BankWriter, window_messages
 
 RNG = random.Random(0)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from data.config import load_config
-from data.io import read_jsonl
-from data.qa import TEMPLATES, check_qa, replay_views
-from data.schemas import Episode
-from data.synth import SynthConfig, run_synth
-from data.tasks import check_episode_qa, make_ama_episode
+from memrl.data.config import load_config
+from memrl.data.io import read_jsonl
+from memrl.data.qa import TEMPLATES, check_qa, replay_views
+from memrl.data.schemas import Episode
+from memrl.data.synth import SynthConfig, run_synth
+from memrl.data.tasks import check_episode_qa, make_ama_episode
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from data.experts import SamOracle
-from data.formats import (
+from memrl.data.experts import SamOracle
+from memrl.data.formats import (
     NOTHING_RELEVANT,
     SAM_REASONER_SYSTEM,
     parse_tool_calls,
@@ -18,9 +18,9 @@ from data.formats import (
     render_sam_recalled,
     render_tool_call,
 )
-from data.schemas import Episode, Message
-from data.tasks import SamReasoner, SamTask, make_task, simulate_sam, task_from_episode
-from data.tasks.sam import parse_facts
+from memrl.data.schemas import Episode, Message
+from memrl.data.tasks import SamReasoner, SamTask, make_task, simulate_sam, task_from_episode
+from memrl.data.tasks.sam import parse_facts
 
 RNG = random.Random(0)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from data.config import load_config
-from data.io import read_arrow, read_jsonl
-from data.schemas import Episode
-from data.synth import SynthConfig, run_synth
+from memrl.data.config import load_config
+from memrl.data.io import read_arrow, read_jsonl
+from memrl.data.schemas import Episode
+from memrl.data.synth import SynthConfig, run_synth
 
 SMALL = [
     "sources=[{family: ama, env: gridworld, count: 2, target_tokens: [1024, 2048]},"
@@ -57,7 +57,7 @@ def test_splits_stats_and_arrow_agree(tmp_path: Path) -> None:
 
 
 def test_cli_runs_the_job(tmp_path: Path) -> None:
-    from launch.cli import main
+    from memrl.launch.cli import main
 
     assert main(["data", "synth", *SMALL, f"run.output_dir={tmp_path}", "run.name=cli"]) == 0
     assert (tmp_path / "cli" / "train.jsonl").is_file()
@@ -65,7 +65,7 @@ def test_cli_runs_the_job(tmp_path: Path) -> None:
 
 
 def test_unknown_keys_are_config_errors() -> None:
-    from data.config import ConfigError
+    from memrl.data.config import ConfigError
 
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(SynthConfig, None, ["sources=[{family: sam, colour: red}]"])
@@ -81,14 +81,14 @@ def test_unknown_keys_are_config_errors() -> None:
     ],
 )
 def test_options_a_family_does_not_read_are_config_errors(source: str, unread: str) -> None:
-    from data.config import ConfigError
+    from memrl.data.config import ConfigError
 
     with pytest.raises(ConfigError, match=rf"sources\.0.*option\(s\) {unread}"):
         load_config(SynthConfig, None, [f"sources=[{source}]"])
 
 
 def test_params_are_checked_against_the_family_at_load() -> None:
-    from data.config import ConfigError
+    from memrl.data.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"params of a gridworld ama source: field 'chain_lenght'"):
         load_config(SynthConfig, None, ["sources=[{family: ama, env: gridworld, target_tokens: [4096],"
@@ -110,7 +110,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def test_tiny_recipe_loads_and_writes_every_family(tmp_path: Path) -> None:
-    from data.tasks import check_episode_qa
+    from memrl.data.tasks import check_episode_qa
 
     cfg = load_config(SynthConfig, CONFIGS / "synth_tiny.yaml", [f"run.output_dir={tmp_path}", "arrow=false"])
     assert cfg.command == "data synth"
@@ -123,7 +123,7 @@ def test_tiny_recipe_loads_and_writes_every_family(tmp_path: Path) -> None:
 
 
 def test_ama_bins_recipe_covers_both_worlds_at_every_bin() -> None:
-    from data.synth import build_episodes
+    from memrl.data.synth import build_episodes
 
     cfg = load_config(SynthConfig, CONFIGS / "synth_ama_bins.yaml")
     assert cfg.command == "data synth"

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-import data.distill as distill
-import rollout.expert_traces as expert_traces
-from data.config import RunConfig, load_config
-from data.distill import DistillWriter, RejectionConfig, distill_traces, load_sft_examples, role_file, trace_rows
-from data.experts.sam import SamOracleConfig
-from data.formats import (
+import memrl.data.distill as distill
+import memrl.rollout.expert_traces as expert_traces
+from memrl.data.config import RunConfig, load_config
+from memrl.data.distill import DistillWriter, RejectionConfig, distill_traces, load_sft_examples, role_file, trace_rows
+from memrl.data.experts.sam import SamOracleConfig
+from memrl.data.formats import (
     render_intervention,
     render_phase1_prompt,
     render_phase2_prompt,
@@ -22,16 +22,16 @@ from data.formats import (
     render_sam_recall_prompt,
     render_tool_call,
 )
-from data.io import RecordError, iter_jsonl
-from data.schemas import EpisodeTrace, MemoryCall, Message, SFTExample
-from data.tasks import TaskSetConfig, load_tasks
-from data.tasks.common import content_of, role_of
-from data.tasks.sam import SamReasoner, SamTaskParams
-from rollout.agents import sam_rollout
-from rollout.engines.scripted import ScriptedEngine
-from rollout.expert_traces import DistillRunConfig, run_distill
-from rollout.loop import EngineSet, run_rollouts
-from rollout.memory.sam import SamConfig
+from memrl.data.io import RecordError, iter_jsonl
+from memrl.data.schemas import EpisodeTrace, MemoryCall, Message, SFTExample
+from memrl.data.tasks import TaskSetConfig, load_tasks
+from memrl.data.tasks.common import content_of, role_of
+from memrl.data.tasks.sam import SamReasoner, SamTaskParams
+from memrl.rollout.agents import sam_rollout
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.expert_traces import DistillRunConfig, run_distill
+from memrl.rollout.loop import EngineSet, run_rollouts
+from memrl.rollout.memory.sam import SamConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -344,7 +344,7 @@ def test_distill_with_a_30pct_wrong_oracle_keeps_only_correct_trajectories_and_r
 def test_each_sft_config_reads_what_a_distill_config_writes(
     distill_file: str, sft_file: str, family_roles: set[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from train.sft import SFTRunConfig
+    from memrl.train.sft import SFTRunConfig
 
     cfg = load_config(DistillRunConfig, CONFIGS / distill_file)
     sft = load_config(SFTRunConfig, CONFIGS / sft_file)
@@ -365,7 +365,7 @@ def test_each_sft_config_reads_what_a_distill_config_writes(
 
 
 def test_the_tiny_distill_config_writes_the_roles_sft_tiny_trains_on(tmp_path: Path) -> None:
-    from train.sft import SFTRunConfig, load_role_rows
+    from memrl.train.sft import SFTRunConfig, load_role_rows
 
     cfg = load_config(DistillRunConfig, CONFIGS / "distill_tiny.yaml",
                       [f"run.output_dir={tmp_path}", f"out={tmp_path / 'distill-tiny'}", "tasks.count=24",

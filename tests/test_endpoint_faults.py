@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.cli import main
+from memrl.launch.cli import main
 from tests.fault_server import FaultServer
 from tests.test_oat_grpo import tiny_overrides
 

@@ -7,10 +7,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.schemas import Message
-from rollout.engines import EngineConfig, EngineError, GenerationRequest, SamplingParams, build_engine, chat_prompt_ids
-from rollout.engines.hf_engine import HFEngine
-from rollout.models import load_causal_lm
+from memrl.data.schemas import Message
+from memrl.rollout.engines import (
+    EngineConfig,
+    EngineError,
+    GenerationRequest,
+    SamplingParams,
+    build_engine,
+    chat_prompt_ids,
+)
+from memrl.rollout.engines.hf_engine import HFEngine
+from memrl.rollout.models import load_causal_lm
 
 MSGS = [
     [Message(role="system", content="You keep notes."), Message(role="user", content="where is the blue key?")],

@@ -17,8 +17,8 @@ import pytest
 import served
 import torch
 
-from data.schemas import Message
-from rollout.engines import (
+from memrl.data.schemas import Message
+from memrl.rollout.engines import (
     EndpointConfig,
     EngineConfig,
     EngineError,
@@ -27,7 +27,7 @@ from rollout.engines import (
     build_engine,
     chat_prompt_ids,
 )
-from rollout.engines.openai_engine import OpenAIEngine, TokenBucket
+from memrl.rollout.engines.openai_engine import OpenAIEngine, TokenBucket
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-0123456789-secret"
@@ -353,7 +353,7 @@ def _forward_logprobs(model: Any, prompt: list[int], response: list[int]) -> tor
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_token_in_token_out_against_vllm_server(vllm_server: str, tiny_model_dir: Path) -> None:
-    from rollout.models import load_causal_lm
+    from memrl.rollout.models import load_causal_lm
 
     cfg = EngineConfig(
         backend="openai",

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from data.config import ConfigError, PolicyPlacement
-from rollout.engines.base import EngineError
-from rollout.engines.config import EngineConfig, place_policy_engine
-from rollout.engines.vllm_engine import VLLMEngine, _visible_gpus
-from train.oat_grpo import OATGRPOConfig, policy_engine_config
+from memrl.data.config import ConfigError, PolicyPlacement
+from memrl.rollout.engines.base import EngineError
+from memrl.rollout.engines.config import EngineConfig, place_policy_engine
+from memrl.rollout.engines.vllm_engine import VLLMEngine, _visible_gpus
+from memrl.train.oat_grpo import OATGRPOConfig, policy_engine_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def test_engine_config_rejects_inconsistent_placement_fields() -> None:
 
 
 def test_oat_grpo_policy_engine_follows_the_recipe_placement() -> None:
-    from data.config import load_config
+    from memrl.data.config import load_config
 
     cfg = load_config(OATGRPOConfig, ROOT / "configs" / "oat_grpo_sam_qwen3.5-9b.yaml",
                       ["placement.policy.tensor_parallel_size=2"])

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from data.config import ConfigError, load_config
-from data.schemas import Message
-from rollout.engines import (
+from memrl.data.config import ConfigError, load_config
+from memrl.data.schemas import Message
+from memrl.rollout.engines import (
     EngineConfig,
     EngineError,
     GenerationRequest,
@@ -21,8 +21,8 @@ from rollout.engines import (
     sample_seed,
     to_memory_call,
 )
-from rollout.engines.scripted import ScriptedEngine
-from rollout.models import load_tokenizer
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.models import load_tokenizer
 
 
 class Dice:
@@ -99,7 +99,7 @@ def test_token_accounting_with_tokenizer(tokenizer) -> None:
 
 def test_memory_call_counts_tokens_from_usage_without_ids() -> None:
     # A chat-API endpoint answers text only: the call's token counts come from the server's usage, not 0.
-    from rollout.engines.base import Completion, GenerationResult, Usage
+    from memrl.rollout.engines.base import Completion, GenerationResult, Usage
 
     req = ask("q", n=2)
     res = GenerationResult(

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.errors import UserError
-from data.schemas import Message
-from rollout.engines import (
+from memrl.data.errors import UserError
+from memrl.data.schemas import Message
+from memrl.rollout.engines import (
     EngineConfig,
     EngineError,
     GenerationRequest,
@@ -20,7 +20,7 @@ from rollout.engines import (
     build_engine,
     chat_prompt_ids,
 )
-from rollout.models import load_causal_lm
+from memrl.rollout.models import load_causal_lm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -11,10 +11,10 @@ import pytest
 import served
 from benchmark_files import write_amabench, write_locomo, write_memoryarena
 
-from data.config import load_config
-from launch.cli import main
-from launch.evaluate import EvalConfig, evaluate
-from rollout.harness import ExtractiveMemoryModel
+from memrl.data.config import load_config
+from memrl.launch.cli import main
+from memrl.launch.evaluate import EvalConfig, evaluate
+from memrl.rollout.evaluation.extractive import ExtractiveMemoryModel
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {name: ROOT / "configs" / f"eval_{name}.yaml" for name in ("locomo", "amabench", "memoryarena")}
@@ -83,7 +83,7 @@ def test_a_system_that_surfaces_nothing_is_reported_as_needing_a_real_model(
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, model_cache: Path) -> None:
-    from rollout.models import TinyModelSpec, ensure_tiny_model
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
     # the default tiny model with 16K positions: the untrained reasoner's replies pile up in its context
     tiny_model_dir = ensure_tiny_model(model_cache, TinyModelSpec(max_position=16384))

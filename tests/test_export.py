@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.config import ConfigError
-from launch.cli import main
-from train.export import ExportConfig, check_hub_access, export_model, run_export
+from memrl.data.config import ConfigError
+from memrl.launch.cli import main
+from memrl.train.export import ExportConfig, check_hub_access, export_model, run_export
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def adapter_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     """A LoRA adapter on the tiny model whose B matrices are non-zero (a fresh LoRA merges to the base exactly)."""
     from peft import LoraConfig, get_peft_model
 
-    from rollout.models import load_causal_lm
+    from memrl.rollout.models import load_causal_lm
 
     model = get_peft_model(load_causal_lm(tiny_model_dir),
                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
@@ -57,7 +57,7 @@ def test_merged_export_writes_a_complete_checkpoint_that_differs_from_the_base(
     diff = checks["differs_from_base"]
     assert diff["differs"] and diff["tensors_changed"] == 4 and diff["max_abs_diff"] > 0  # q/v of 2 layers
     assert checks["transformers"]["ok"] and len(checks["transformers"]["token_ids"]) > 0
-    from rollout.models import load_tokenizer
+    from memrl.rollout.models import load_tokenizer
 
     assert load_tokenizer(out).chat_template  # the chat template travels with the export
     card = (out / "README.md").read_text()
@@ -80,7 +80,7 @@ def test_a_failed_export_leaves_no_folder_behind(tmp_path: Path, tiny_model_dir:
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The export is assembled in a temporary sibling folder: a failure after the weights are written leaves
     neither the export folder nor the temporary one."""
-    import train.export as export
+    import memrl.train.export as export
 
     def broken(*args: object) -> dict:
         raise RuntimeError("verification crashed")

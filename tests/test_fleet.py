@@ -21,20 +21,21 @@ from typing import Any
 import pytest
 import torch
 
-from data.config import PolicyPlacement
-from data.tasks import TaskSetConfig, load_tasks
-from data.tasks.sam import SamTaskParams
-from rewards.committee import CommitteeConfig
-from rewards.credit import CreditConfig
-from rollout.engines.config import EngineConfig
-from rollout.fleet import FleetConfig, LocalFleet, RolloutFleet, plan_fleet, shard_tasks
-from rollout.memory.sam import SamConfig
-from rollout.tree import TreeConfig
-from rollout.worker import WorkerSpec
-from train.group_trainer import GroupTrainer, GroupTrainerConfig
-from train.oat_grpo import SamTreeRollout, TreeScorer, credit_and_groups
-from train.online import prune_policy_versions
-from train.policy import PolicySpec
+from memrl.data.config import PolicyPlacement
+from memrl.data.tasks import TaskSetConfig, load_tasks
+from memrl.data.tasks.sam import SamTaskParams
+from memrl.rewards.committee import CommitteeConfig
+from memrl.rewards.credit import CreditConfig
+from memrl.rewards.groups import credit_and_groups
+from memrl.rollout.engines.config import EngineConfig
+from memrl.rollout.fleet import FleetConfig, LocalFleet, RolloutFleet, plan_fleet, shard_tasks
+from memrl.rollout.memory.sam import SamConfig
+from memrl.rollout.tree import TreeConfig
+from memrl.rollout.worker import WorkerSpec
+from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+from memrl.train.oat_grpo import SamTreeRollout, TreeScorer
+from memrl.train.online import prune_policy_versions
+from memrl.train.policy import PolicySpec
 
 ray = pytest.importorskip("ray")
 
@@ -49,16 +50,17 @@ TASKS = TaskSetConfig(count=6, sam=SamTaskParams(horizon_steps=8, facts_per_obs=
 
 def spec(tokenizer: Path, latency_s: float = 0.0) -> WorkerSpec:
     """Scripted memory model (the noisy oracle, optionally slowed down) and reasoner; offline committee + credit."""
-    oracle: dict[str, Any] = {"scripted_policy": "data.experts.sam:SamOracle",
+    oracle: dict[str, Any] = {"scripted_policy": "memrl.data.experts.sam:SamOracle",
                               "scripted_kwargs": {"config": {"error_rate": 0.3}}}
     if latency_s:
-        oracle = {"scripted_policy": "rollout.engines.scripted:DelayedPolicy",
-                  "scripted_kwargs": {"policy": "data.experts.sam:SamOracle", "latency_s": latency_s,
+        oracle = {"scripted_policy": "memrl.rollout.engines.scripted:DelayedPolicy",
+                  "scripted_kwargs": {"policy": "memrl.data.experts.sam:SamOracle", "latency_s": latency_s,
                                       "kwargs": {"config": {"error_rate": 0.3}}}}
     policy = EngineConfig(backend="scripted", name="policy", tokenizer=str(tokenizer), **oracle)
-    reasoner = EngineConfig(backend="scripted", name="reasoner", scripted_policy="data.tasks.sam:SamReasoner",
+    reasoner = EngineConfig(backend="scripted", name="reasoner", scripted_policy="memrl.data.tasks.sam:SamReasoner",
                             scripted_kwargs={"max_pages": 2, "recall_budget": 2}, tokenizer=str(tokenizer))
-    references = [EngineConfig(backend="scripted", name="sam-oracle", scripted_policy="data.experts.sam:SamOracle",
+    references = [EngineConfig(backend="scripted", name="sam-oracle",
+                               scripted_policy="memrl.data.experts.sam:SamOracle",
                                tokenizer=str(tokenizer))]
     scorer = TreeScorer(references, None, CommitteeConfig())
     return WorkerSpec(policy=policy, reasoner=reasoner, tree=TreeConfig(branch_factor=2, max_leaves=4),
@@ -110,9 +112,9 @@ def test_shard_tasks_keeps_whole_tasks_and_follows_speed() -> None:
 def test_sticky_engine_sends_a_tree_to_one_endpoint() -> None:
     from fakes import FakeEngine
 
-    from data.schemas import Message
-    from rollout.engines.base import GenerationRequest
-    from rollout.engines.sticky import StickyEngine
+    from memrl.data.schemas import Message
+    from memrl.rollout.engines.base import GenerationRequest
+    from memrl.rollout.engines.sticky import StickyEngine
 
     endpoints = [FakeEngine("memory") for _ in range(3)]
     sticky = StickyEngine(endpoints, "memory")  # type: ignore[arg-type]
@@ -132,9 +134,9 @@ def test_sticky_engine_fails_one_request_at_a_time() -> None:
     not asked again."""
     from fakes import FakeEngine
 
-    from data.schemas import Message
-    from rollout.engines.base import GenerationRequest
-    from rollout.engines.sticky import StickyEngine
+    from memrl.data.schemas import Message
+    from memrl.rollout.engines.base import GenerationRequest
+    from memrl.rollout.engines.sticky import StickyEngine
 
     class OneBadRequest(FakeEngine):
         def generate_each(self, requests: list[GenerationRequest]) -> list:
@@ -248,7 +250,7 @@ def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[An
 def scripted_policy_overrides(model: Path, out: Path, name: str, iterations: int) -> list[str]:
     """The tiny OAT-GRPO config with the noisy oracle as the rollout engine (the tiny model still trains)."""
     return [
-        f"policy.base={model}", "engine.backend=scripted", "engine.scripted_policy=data.experts.sam:SamOracle",
+        f"policy.base={model}", "engine.backend=scripted", "engine.scripted_policy=memrl.data.experts.sam:SamOracle",
         "engine.scripted_kwargs={config: {error_rate: 0.3}}", f"engine.tokenizer={model}", "engine.model=null",
         f"run.output_dir={out}", f"run.name={name}", "train_tasks.count=16", "train_tasks.sam.horizon_steps=8",
         "eval_tasks.count=2", "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=4", "tree.max_leaves=4",
@@ -261,8 +263,8 @@ def test_one_step_off_on_the_fleet(ray_cluster: Any, tiny_model_dir: Path, tmp_p
     """Acceptance 3 (staleness) and 5 (pruning): with k = 1 on 2 Ray workers, iteration i's trees come from the
     policy before update i - 1, every sample is at most one version behind the trainer, every group has one
     version, truncated importance sampling is on, and at most keep_policy_versions directories remain."""
-    from data.config import load_config
-    from train.oat_grpo import OATGRPOConfig, train_oat_grpo
+    from memrl.data.config import load_config
+    from memrl.train.oat_grpo import OATGRPOConfig, train_oat_grpo
 
     iterations = 3
     cfg = load_config(OATGRPOConfig, Path(__file__).parents[1] / "configs" / "oat_grpo_tiny.yaml",
@@ -348,7 +350,7 @@ def test_vllm_fleet_two_workers_match_one_and_weight_syncs_reach_every_worker(
     from test_engines_vllm import make_lora
     from transformers import AutoModelForCausalLM
 
-    from rollout.worker import TreeJob
+    from memrl.rollout.worker import TreeJob
 
     policy = EngineConfig(backend="vllm", name="policy", model=str(tiny_model_dir), dtype="float32", seed=0,
                           max_model_len=2048, enable_lora=True, max_lora_rank=8)

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.schemas import Group, GroupSample
-from rewards.advantage import group_advantages
-from train.group_trainer import GroupTrainer, GroupTrainerConfig
-from train.policy import LoraSettings, PolicySpec, response_logprobs
+from memrl.data.schemas import Group, GroupSample
+from memrl.rewards.advantage import group_advantages
+from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+from memrl.train.policy import LoraSettings, PolicySpec, response_logprobs
 
 
 def groups_for(tok, good: str, bad: str, n_groups: int = 2) -> list[Group]:

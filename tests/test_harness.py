@@ -10,27 +10,20 @@ from typing import Any
 
 import pytest
 
-import launch.evaluate as evaluate_module
-from data.config import load_config
-from data.formats import parse_tool_calls, render_tool_call
-from data.schemas import Message
-from data.tasks import SamTask, make_ama_episode
-from launch.evaluate import EvalConfig, evaluate, load_results
-from rollout.engines.scripted import ScriptedEngine
-from rollout.harness import (
-    NOT_IN_CONTEXT,
-    Evidence,
-    EvidenceReader,
-    ExtractiveMemoryModel,
-    ReaderQuestion,
-    ReplayEnv,
-    evaluate_sam_memory,
-    question_evidence,
-    run_qa,
-)
-from rollout.loop import EngineSet, Rollout, run_rollouts
-from rollout.memory.base import Turn
-from rollout.models import load_tokenizer
+import memrl.launch.evaluate as evaluate_module
+from memrl.data.config import load_config
+from memrl.data.formats import parse_tool_calls, render_tool_call
+from memrl.data.schemas import Message
+from memrl.data.tasks import SamTask, make_ama_episode
+from memrl.launch.evaluate import EvalConfig, evaluate, load_results
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.evaluation.extractive import ExtractiveMemoryModel
+from memrl.rollout.evaluation.qa import ReplayEnv, run_qa
+from memrl.rollout.evaluation.reader import NOT_IN_CONTEXT, Evidence, EvidenceReader, ReaderQuestion, question_evidence
+from memrl.rollout.evaluation.tasks import evaluate_sam_memory
+from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.memory.base import Turn
+from memrl.rollout.models import load_tokenizer
 from tests.fakes import CountEnv, FakeEngine, TwoCallMemory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,10 +274,10 @@ def test_engines_from_config_replace_the_reader_and_the_judge(tmp_path: Path, ti
     scripted = {"backend": "scripted", "tokenizer": str(tiny_model_dir)}
     cfg = tiny_config(tmp_path, tiny_model_dir, [{"memory": {"name": "long_context"}}],
                       reasoner={**scripted, "name": "model-reasoner",
-                                "scripted_policy": "rollout.harness:EvidenceReader"},
-                      judge={**scripted, "name": "judge", "scripted_policy": "rewards.scorers:LexicalJudge"},
+                                "scripted_policy": "memrl.rollout.evaluation.reader:EvidenceReader"},
+                      judge={**scripted, "name": "judge", "scripted_policy": "memrl.rewards.scorers:LexicalJudge"},
                       models=[{"name": "extractive", "engine": {
-                          **scripted, "scripted_policy": "rollout.harness:ExtractiveMemoryModel"}}])
+                          **scripted, "scripted_policy": "memrl.rollout.evaluation.extractive:ExtractiveMemoryModel"}}])
     summary = evaluate(cfg, tmp_path / "ev")
     (row,) = summary["datasets"]["ama"]["overall"]
     # a reader nobody registered questions with knows no gold answers: every answer is "not mentioned"

@@ -18,9 +18,17 @@ import pytest
 import yaml
 from served import free_port
 
-from data.config import ConfigError, PlacementConfig, apply_overrides, resolve_deepspeed_config
-from launch import layout
-from launch.layout import LaunchError, ServeSpec, expand_hostlist, plan_deepspeed, plan_serve, plan_slurm, plan_torchrun
+from memrl.data.config import ConfigError, PlacementConfig, apply_overrides, resolve_deepspeed_config
+from memrl.launch import layout
+from memrl.launch.layout import (
+    LaunchError,
+    ServeSpec,
+    expand_hostlist,
+    plan_deepspeed,
+    plan_serve,
+    plan_slurm,
+    plan_torchrun,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = [
@@ -108,7 +116,7 @@ def test_torchrun_dry_run_one_node_eight_gpus() -> None:
     assert "this node: node rank 0" in out and "global ranks 0-7, local ranks 0-7" in out
     expected = (
         f"{PY} -m torch.distributed.run --nnodes 1 --nproc-per-node 8 --node-rank 0 --master-addr 127.0.0.1 "
-        "--master-port 29500 -m launch.cli sft run.seed=3"
+        "--master-port 29500 -m memrl.launch.cli sft run.seed=3"
     )
     assert expected in out
     assert "DS_ACCELERATOR" not in out  # GPU run
@@ -227,23 +235,23 @@ def test_single_process_commands_one_node_eight_gpus(stage: list[str]) -> None:
     out = res.stdout
     assert f"{label} runs in one process (it is not distributed)" in out
     assert f"note: --nproc-per-node 8 ignored: {label} runs in one process" in out
-    assert f"{PY} -m launch.cli {' '.join(stage)} run.seed=3" in out and "torch.distributed.run" not in out
+    assert f"{PY} -m memrl.launch.cli {' '.join(stage)} run.seed=3" in out and "torch.distributed.run" not in out
     plan = plan_torchrun(["--", *stage], env)
     assert plan.info["layout"]["world_size"] == 1 and plan.info["layout"]["single_process"] is True
-    assert plan.shell["launch_cmd"] == [PY, "-m", "launch.cli", *stage]
+    assert plan.shell["launch_cmd"] == [PY, "-m", "memrl.launch.cli", *stage]
 
     res = run(ROOT / "launch" / "deepspeed.sh", "--dry-run", "--", *stage, env=env)
     assert res.returncode == 0, res.stderr
     assert f"{label} runs in one process" in res.stdout and "deepspeed.launcher" not in res.stdout
     assert f"command: env PYTHONUNBUFFERED=1 PYTHONPATH={ROOT}" in res.stdout
-    assert res.stdout.rstrip().endswith(f"{PY} -m launch.cli {' '.join(stage)}")
+    assert res.stdout.rstrip().endswith(f"{PY} -m memrl.launch.cli {' '.join(stage)}")
 
 
 @pytest.mark.parametrize("stage", SINGLE, ids=" ".join)
 def test_single_process_commands_four_nodes_eight_gpus(stage: list[str], tmp_path: Path) -> None:
     label = "memrl " + " ".join(stage)
     first = plan_torchrun(["--", *stage], slurm_env(0))
-    assert first.info["runs_here"] is True and first.shell["launch_cmd"] == [PY, "-m", "launch.cli", *stage]
+    assert first.info["runs_here"] is True and first.shell["launch_cmd"] == [PY, "-m", "memrl.launch.cli", *stage]
     assert "node rank(s) 1-3 start nothing" in first.text and "this node: node rank 0 (gpu01): runs it" in first.text
     for node in (1, 3):
         other = plan_torchrun(["--", *stage], slurm_env(node))
@@ -309,7 +317,7 @@ def test_deepspeed_dry_run_one_node_eight_gpus() -> None:
     # DeepSpeed ssh-checks every host of a hostfile: one local node runs without one.
     assert "single local node: no hostfile" in res.stdout
     assert (
-        f"{PY} -m deepspeed.launcher.runner --num_gpus 8 --master_port 29500 --no_local_rank --module launch.cli "
+        f"{PY} -m deepspeed.launcher.runner --num_gpus 8 --master_port 29500 --no_local_rank --module memrl.launch.cli "
         "sft" in res.stdout
     )
 

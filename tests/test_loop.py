@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fakes import CountEnv, FakeEngine, RecallAwareMemory
 
-from rollout.engines.base import GenerationRequest, GenerationResult
-from rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.engines.base import GenerationRequest, GenerationResult
+from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 
 
 def make(task_id: str = "t0") -> Rollout:

@@ -8,15 +8,15 @@ import copy
 
 import pytest
 
-from data.formats import render_tool_call
-from data.schemas import MemoryCall
-from rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
-from rollout.loop import EngineSet, Rollout, run_rollouts
-from rollout.memory.ama_agent import AMAConfig, AMAMemory
-from rollout.memory.base import MemoryRequest
-from rollout.memory.embedders import HashingEmbedder, MiniLMEmbedder
-from rollout.memory.sandbox import SandboxConfig
-from rollout.memory.workflow import feed_episode
+from memrl.data.formats import render_tool_call
+from memrl.data.schemas import MemoryCall
+from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
+from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.memory.ama_agent import AMAConfig, AMAMemory
+from memrl.rollout.memory.base import MemoryRequest
+from memrl.rollout.memory.embedders import HashingEmbedder, MiniLMEmbedder
+from memrl.rollout.memory.sandbox import SandboxConfig
+from memrl.rollout.memory.workflow import feed_episode
 
 TRAJECTORY = [
     {"turn_idx": 0, "action": "look", "observation": "a red key lies on the table; the door is locked"},

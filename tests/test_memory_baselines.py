@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from data.envs.base import count_tokens
-from data.formats import (
+from memrl.data.envs.base import count_tokens
+from memrl.data.formats import (
     LONG_CONTEXT_REASONER_SYSTEM,
     RETRIEVAL_REASONER_SYSTEM,
     SAM_REASONER_SYSTEM,
@@ -21,12 +21,12 @@ from data.formats import (
     parse_tool_calls,
     render_tool_call,
 )
-from data.tasks.sam import SamTask
-from rollout.agents import sam_engines, sam_rollout
-from rollout.loop import run_rollouts
-from rollout.memory.ama_agent import AMAMemory
-from rollout.memory.base import Turn
-from rollout.memory.baselines import (
+from memrl.data.tasks.sam import SamTask
+from memrl.rollout.agents import sam_engines, sam_rollout
+from memrl.rollout.loop import run_rollouts
+from memrl.rollout.memory.ama_agent import AMAMemory
+from memrl.rollout.memory.base import Turn
+from memrl.rollout.memory.baselines import (
     BM25Config,
     BM25Memory,
     EmbeddingConfig,
@@ -35,13 +35,13 @@ from rollout.memory.baselines import (
     LongContextMemory,
     bm25_rank,
 )
-from rollout.memory.embedders import HashingEmbedder
-from rollout.memory.mage import MageMemory
-from rollout.memory.memma import MemMAMemory
-from rollout.memory.proactive import ProactiveMemory
-from rollout.memory.registry import MEMORY_NAMES, build_memory, parse_memory_config
-from rollout.memory.sam import SamConfig, SamMemory, make_token_counter
-from rollout.models import load_tokenizer
+from memrl.rollout.memory.embedders import HashingEmbedder
+from memrl.rollout.memory.mage import MageMemory
+from memrl.rollout.memory.memma import MemMAMemory
+from memrl.rollout.memory.proactive import ProactiveMemory
+from memrl.rollout.memory.registry import MEMORY_NAMES, build_memory, parse_memory_config
+from memrl.rollout.memory.sam import SamConfig, SamMemory, make_token_counter
+from memrl.rollout.models import load_tokenizer
 
 PAGING = {"page_tokens": 200, "live_capacity_tokens": 600, "keep_recent_tokens": 300}
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import copy
 
-from data.formats import ToolCall, render_tool_call
-from data.schemas import MemoryCall
-from rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
-from rollout.loop import EngineSet, Rollout, run_rollouts
-from rollout.memory.base import MemoryRequest, Turn
-from rollout.memory.mage import Hints, MageConfig, MageMemory
-from rollout.memory.workflow import feed_episode
+from memrl.data.formats import ToolCall, render_tool_call
+from memrl.data.schemas import MemoryCall
+from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
+from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.memory.base import MemoryRequest, Turn
+from memrl.rollout.memory.mage import Hints, MageConfig, MageMemory
+from memrl.rollout.memory.workflow import feed_episode
 
 TASK = "buy a gold ring, then a necklace that matches it"
 

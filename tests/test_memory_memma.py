@@ -3,15 +3,15 @@ budget H and ablations, garbage tolerance, and runs through the agent loop."""
 
 from __future__ import annotations
 
-from data.formats import ToolCall, render_tool_call
-from data.schemas import MemoryCall
-from rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
-from rollout.loop import EngineSet, Rollout, run_rollouts
-from rollout.memory.base import MemoryRequest, Turn
-from rollout.memory.embedders import HashingEmbedder
-from rollout.memory.memma import MemMAConfig, MemMAMemory, lexical_match
-from rollout.memory.prompts_memma import parse_memma_edits
-from rollout.memory.workflow import feed_episode
+from memrl.data.formats import ToolCall, render_tool_call
+from memrl.data.schemas import MemoryCall
+from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
+from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.memory.base import MemoryRequest, Turn
+from memrl.rollout.memory.embedders import HashingEmbedder
+from memrl.rollout.memory.memma import MemMAConfig, MemMAMemory, lexical_match
+from memrl.rollout.memory.prompts_memma import parse_memma_edits
+from memrl.rollout.memory.workflow import feed_episode
 
 TRAJECTORY = [
     {"turn_idx": 0, "action": "open chest 3", "observation": "the red key is in chest 3"},

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data.experts import ProactiveOracle
-from data.formats import (
+from memrl.data.experts import ProactiveOracle
+from memrl.data.formats import (
     MEMORY_CONTEXT_PREFIX,
     parse_intervention,
     parse_phase_prompt,
@@ -20,18 +20,14 @@ from data.formats import (
     render_intervention,
     render_tool_call,
 )
-from data.schemas import Message
-from data.tasks import ActionAgent, ProactiveTask, SamTask, simulate_proactive
-from rollout.engines.base import GenerationRequest, GenerationResult
-from rollout.engines.scripted import ScriptedEngine
-from rollout.loop import EngineSet, Rollout, run_rollouts
-from rollout.memory.base import MemoryRequest, Turn
-from rollout.memory.proactive import (
-    ProactiveConfig,
-    ProactiveMemory,
-    build_proactive_rollout,
-    render_exposed_bank,
-)
+from memrl.data.schemas import Message
+from memrl.data.tasks import ActionAgent, ProactiveTask, SamTask, simulate_proactive
+from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.engines.base import GenerationRequest, GenerationResult
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.memory.base import MemoryRequest, Turn
+from memrl.rollout.memory.proactive import ProactiveConfig, ProactiveMemory, render_exposed_bank
 
 
 class Recording(ScriptedEngine):
@@ -76,7 +72,7 @@ def save(kind: str, content: str, **extra: Any) -> str:
 
 
 def run_memory(memory: ProactiveMemory, request: MemoryRequest, text: str):
-    from data.schemas import MemoryCall
+    from memrl.data.schemas import MemoryCall
 
     call = MemoryCall(call_id="c", role=request.role, text=text)
     memory.on_memory_result(request, call)

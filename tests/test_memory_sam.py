@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from data.envs.base import count_tokens
-from data.experts.sam import SamOracle
-from data.formats import (
+from memrl.data.envs.base import count_tokens
+from memrl.data.experts.sam import SamOracle
+from memrl.data.formats import (
     NOTHING_RELEVANT,
     ToolCall,
     parse_sam_memory_block,
@@ -27,16 +27,16 @@ from data.formats import (
     render_sam_recalled,
     render_tool_call,
 )
-from data.schemas import MemoryCall
-from data.tasks.common import as_messages, content_of, role_of
-from data.tasks.sam import SamReasoner, SamTask
-from rollout.agents import sam_engines, sam_rollout
-from rollout.engines.base import GenerationRequest, GenerationResult
-from rollout.engines.scripted import ScriptedEngine
-from rollout.loop import EngineSet, run_rollouts
-from rollout.memory.base import Turn
-from rollout.memory.sam import MISSING_CUE, SamConfig, SamMemory, make_token_counter, parse_page_ids
-from rollout.models import load_tokenizer
+from memrl.data.schemas import MemoryCall
+from memrl.data.tasks.common import as_messages, content_of, role_of
+from memrl.data.tasks.sam import SamReasoner, SamTask
+from memrl.rollout.agents import sam_engines, sam_rollout
+from memrl.rollout.engines.base import GenerationRequest, GenerationResult
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.loop import EngineSet, run_rollouts
+from memrl.rollout.memory.base import Turn
+from memrl.rollout.memory.sam import MISSING_CUE, SamConfig, SamMemory, make_token_counter, parse_page_ids
+from memrl.rollout.models import load_tokenizer
 
 SMALL = {"page_tokens": 120, "live_capacity_tokens": 400, "keep_recent_tokens": 200}
 ONE_TURN = {"page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3}
@@ -675,7 +675,7 @@ def _run_with_model_memory(engine: Any, tokenizer: Any) -> Any:
 
 
 def test_a_transformers_memory_model_runs_in_the_loop(tiny_model_dir: Path, tokenizer: Any) -> None:
-    from rollout.engines import EngineConfig, build_engine
+    from memrl.rollout.engines import EngineConfig, build_engine
 
     engine = build_engine(EngineConfig(backend="hf", model=str(tiny_model_dir), dtype="float32", max_model_len=1024))
     _run_with_model_memory(engine, tokenizer)
@@ -684,7 +684,7 @@ def test_a_transformers_memory_model_runs_in_the_loop(tiny_model_dir: Path, toke
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_a_vllm_memory_model_runs_in_the_loop(tiny_model_dir: Path, tokenizer: Any) -> None:
-    from rollout.engines import EngineConfig, build_engine
+    from memrl.rollout.engines import EngineConfig, build_engine
 
     engine = build_engine(EngineConfig(backend="vllm", model=str(tiny_model_dir), dtype="float32", max_model_len=1024))
     try:
@@ -694,7 +694,7 @@ def test_a_vllm_memory_model_runs_in_the_loop(tiny_model_dir: Path, tokenizer: A
 
 
 def test_the_tree_builder_branches_sam_recalls_built_by_sam_rollout() -> None:
-    from rollout.tree import TreeConfig, build_trees
+    from memrl.rollout.tree import TreeConfig, build_trees
 
     tasks = [SamTask({"horizon_steps": 30, "n_evidence": 2}, seed=s) for s in range(2)]
     config = SamConfig(**SMALL)

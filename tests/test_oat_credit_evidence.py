@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from fakes import Recorder
 
-from data.formats import render_sam_recall_prompt
-from data.schemas import MemoryCall, MemoryCallTree, TreeNode
-from data.tasks.common import as_messages
-from rewards.committee import Committee, CommitteeConfig
-from rewards.credit import CreditConfig, assign_batch_credit, assign_credit
-from rollout.engines.base import GenerationRequest
+from memrl.data.formats import render_sam_recall_prompt
+from memrl.data.schemas import MemoryCall, MemoryCallTree, TreeNode
+from memrl.data.tasks.common import as_messages
+from memrl.rewards.committee import Committee, CommitteeConfig
+from memrl.rewards.credit import CreditConfig, assign_batch_credit, assign_credit
+from memrl.rollout.engines.base import GenerationRequest
 
 # node -> (the judge's 0-10 relevance, coverage, consistency) and the c(n) they rescale to
 RUBRIC = {
@@ -132,11 +132,11 @@ def test_shuffled_outcomes_keep_the_true_outcome() -> None:
 def test_cue_siblings_differ_and_get_advantages_from_downstream_outcomes() -> None:
     """Consolidation as a branch role: the K cues of one page are siblings; where what a cue keeps decides whether a
     later recall finds the page, their values differ and so do their advantages."""
-    from data.tasks.sam import SamTask
-    from rollout.agents import sam_engines, sam_rollout
-    from rollout.memory.base import RoleSampling
-    from rollout.memory.sam import SamConfig
-    from rollout.tree import TreeConfig, build_trees
+    from memrl.data.tasks.sam import SamTask
+    from memrl.rollout.agents import sam_engines, sam_rollout
+    from memrl.rollout.memory.base import RoleSampling
+    from memrl.rollout.memory.sam import SamConfig
+    from memrl.rollout.tree import TreeConfig, build_trees
 
     tasks = [SamTask({"horizon_steps": 6, "facts_per_obs": 2, "containers_per_room": 2, "evidence_frac": 0.5},
                      seed=s) for s in range(6)]
@@ -164,13 +164,13 @@ def test_cue_siblings_differ_and_get_advantages_from_downstream_outcomes() -> No
 
 
 def test_a_trained_role_at_temperature_0_7_is_refused() -> None:
-    from data.config import ConfigError, load_config
-    from data.tasks.sam import SamTask
-    from rollout.agents import sam_engines, sam_rollout
-    from rollout.memory.base import RoleSampling
-    from rollout.memory.sam import SamConfig
-    from rollout.tree import TreeConfig, build_trees
-    from train.oat_grpo import OATGRPOConfig
+    from memrl.data.config import ConfigError, load_config
+    from memrl.data.tasks.sam import SamTask
+    from memrl.rollout.agents import sam_engines, sam_rollout
+    from memrl.rollout.memory.base import RoleSampling
+    from memrl.rollout.memory.sam import SamConfig
+    from memrl.rollout.tree import TreeConfig, build_trees
+    from memrl.train.oat_grpo import OATGRPOConfig
 
     with pytest.raises(ConfigError, match=r"memory\.sampling\.recall.*temperature 0\.7"):
         load_config(OATGRPOConfig, "configs/oat_grpo_tiny.yaml", ["memory.sampling.recall.temperature=0.7"])

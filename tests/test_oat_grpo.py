@@ -19,10 +19,10 @@ import pytest
 
 from benchmarks.resume_faults import env as cli_env
 from benchmarks.resume_faults import overrides as recipe_overrides
-from data.config import load_config
-from data.io import read_jsonl
-from data.schemas import MemoryCallTree
-from train.oat_grpo import OATGRPOConfig, resolve_engines
+from memrl.data.config import load_config
+from memrl.data.io import read_jsonl
+from memrl.data.schemas import MemoryCallTree
+from memrl.train.oat_grpo import OATGRPOConfig, resolve_engines
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "oat_grpo_tiny.yaml"
@@ -36,7 +36,7 @@ def tiny_overrides(model: Path, out: Path, name: str) -> list[str]:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launch.cli", "train", "oat-grpo", "--config", str(TINY), *args]
+    return [sys.executable, "-m", "memrl.launch.cli", "train", "oat-grpo", "--config", str(TINY), *args]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-from data.config import ConfigError, load_config
-from data.formats import parse_intervention
-from data.schemas import MemoryCall, Message, TokenUsage
-from launch.cli import JOBS, build_parser
-from rewards.pivot import PivotRewardConfig, is_malformed, pivot_groups, pivot_reward
-from rollout.pivots import PivotGroupResult, PivotSample
-from train.pivot_grpo import PivotGRPOConfig
+from memrl.data.config import ConfigError, load_config
+from memrl.data.formats import parse_intervention
+from memrl.data.schemas import MemoryCall, Message, TokenUsage
+from memrl.launch.cli import JOBS, build_parser
+from memrl.rewards.groups import pivot_groups
+from memrl.rewards.pivot import PivotRewardConfig, is_malformed, pivot_reward
+from memrl.rollout.pivots import PivotGroupResult, PivotSample
+from memrl.train.pivot_grpo import PivotGRPOConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SILENCE = "<no_intervention/>"
@@ -111,7 +112,7 @@ def test_cli_registers_the_job_and_checks_the_config(tmp_path: Path) -> None:
 
 
 def test_placement_endpoints_replace_the_action_agent() -> None:
-    from train.pivot_grpo import _reasoner_config
+    from memrl.train.pivot_grpo import _reasoner_config
 
     cfg = load_config(PivotGRPOConfig, ROOT / "configs" / "pivot_grpo_qwen3.5-27b.yaml", [
         'placement.reasoner={"model": "served-122b", "endpoints": ["http://a:8000/v1", "http://b:8000/v1"]}'])
@@ -124,12 +125,12 @@ def test_placement_endpoints_replace_the_action_agent() -> None:
 # ---------------------------------------------------------------------------------------------------- end to end
 def tiny_run(tmp_path: Path, model: Path, **overrides: Any) -> PivotGRPOConfig:
     params = {"n_subtasks": 6, "facts": ["interpreter"]}
-    writer = {"backend": "scripted", "scripted_policy": "data.tasks.proactive:BankWriter"}
+    writer = {"backend": "scripted", "scripted_policy": "memrl.data.tasks.proactive:BankWriter"}
     data = {
         "run": {"output_dir": str(tmp_path), "name": "pivot", "seed": 0},
         "policy": {"base": str(model)},
         "engine": {"backend": "hf", "model": str(model), "dtype": "float32"},
-        "reasoner": {"backend": "scripted", "scripted_policy": "data.tasks.proactive:ActionAgent",
+        "reasoner": {"backend": "scripted", "scripted_policy": "memrl.data.tasks.proactive:ActionAgent",
                      "tokenizer": str(model)},
         "phase1": writer,
         "memory": {"window": 1, "sampling": {"bank_edit": {"max_tokens": 64}, "intervene": {"max_tokens": 12}}},
@@ -149,8 +150,8 @@ def tiny_run(tmp_path: Path, model: Path, **overrides: Any) -> PivotGRPOConfig:
 @pytest.mark.slow
 def test_online_loop_runs_evaluates_and_resumes(tmp_path: Path, tiny_model_dir: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from rollout.engines.base import Engine
-    from train.pivot_grpo import run_pivot_grpo
+    from memrl.rollout.engines.base import Engine
+    from memrl.train.pivot_grpo import run_pivot_grpo
 
     slept: list[str] = []
     monkeypatch.setattr(Engine, "sleep", lambda self: slept.append(self.name))
@@ -185,7 +186,7 @@ def test_online_loop_runs_evaluates_and_resumes(tmp_path: Path, tiny_model_dir: 
 
 @pytest.mark.slow
 def test_all_turns_groups_skip_detection_and_reuse_the_start_evaluation(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from train.pivot_grpo import run_pivot_grpo
+    from memrl.train.pivot_grpo import run_pivot_grpo
 
     run = tmp_path / "pivot"
     run.mkdir()

@@ -11,16 +11,17 @@ from typing import Any
 
 import pytest
 
-from data.experts import ProactiveOracle
-from data.io import read_jsonl, write_jsonl
-from data.schemas import Message
-from data.tasks import ActionAgent, ProactiveTask
-from rollout.engines.base import EngineError
-from rollout.engines.scripted import ScriptedEngine
-from rollout.loop import EngineSet, Rollout, run_rollouts
-from rollout.memory.base import Turn
-from rollout.memory.proactive import ProactiveConfig, ProactiveMemory, build_proactive_rollout
-from rollout.pivots import (
+from memrl.data.experts import ProactiveOracle
+from memrl.data.io import read_jsonl, write_jsonl
+from memrl.data.schemas import Message
+from memrl.data.tasks import ActionAgent, ProactiveTask
+from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.engines.base import EngineError
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.memory.base import Turn
+from memrl.rollout.memory.proactive import ProactiveConfig, ProactiveMemory
+from memrl.rollout.pivots import (
     DetectConfig,
     LabelledRollout,
     PivotGroupConfig,
@@ -51,7 +52,7 @@ def engines(ts: list[ProactiveTask], tokenizer: Any = None, **oracle: Any) -> En
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir: Path) -> Any:
-    from rollout.models import load_tokenizer
+    from memrl.rollout.models import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
 
@@ -147,7 +148,7 @@ def test_distraction_draws_are_shared_by_counterfactual_branches() -> None:
 
 # ---------------------------------------------------------------------------------------------------- pre-filters
 def test_prefilters_fire_on_state_changes_errors_and_repeats() -> None:
-    from rollout.pivots import _filters
+    from memrl.rollout.pivots import _filters
 
     memory = ProactiveMemory(ProactiveConfig(window=4))
     memory.reset("task: t", {})
@@ -287,8 +288,8 @@ def test_phase1_and_2_groups_sample_phase1_and_follow_with_phase2() -> None:
 
 # ---------------------------------------------------------------------------------------------------- compact Phase 2
 def test_cited_entries_are_restated_and_the_oracle_notes_the_risk() -> None:
-    from data.formats import parse_phase_prompt, render_tool_call
-    from data.schemas import MemoryCall
+    from memrl.data.formats import parse_phase_prompt, render_tool_call
+    from memrl.data.schemas import MemoryCall
 
     def save(kind: str, content: str) -> str:
         return render_tool_call(f"memory_save_{kind}", {"content": content})

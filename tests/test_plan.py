@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from launch.cli import main
-from launch.plan import GIB, ModelShape, measure_trainer_peak, trainer_memory
-from train.group_trainer import GroupTrainerConfig
-from train.policy import LoraSettings
+from memrl.launch.cli import main
+from memrl.launch.plan import GIB, ModelShape, measure_trainer_peak, trainer_memory
+from memrl.train.group_trainer import GroupTrainerConfig
+from memrl.train.policy import LoraSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 NINE_B = str(ROOT / "configs" / "oat_grpo_sam_qwen3.5-9b.yaml")

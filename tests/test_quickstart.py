@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch.cli import main
+from memrl.launch.cli import main
 
 
 def test_heldout_results_reach_the_model_card(tmp_path: Path) -> None:
-    from launch.quickstart import QuickstartConfig, heldout_results
-    from train.export import ExportConfig, render_model_card
-    from train.policy import PolicySpec
+    from memrl.launch.quickstart import QuickstartConfig, heldout_results
+    from memrl.train.export import ExportConfig, render_model_card
+    from memrl.train.policy import PolicySpec
 
     cfg = QuickstartConfig(eval_horizons=[12, 24], eval_tasks_per_horizon=60, eval_samples=2)
     before = {"success": 0.654, "success_greedy": 0.742, "success/12 steps": 0.7, "success/24 steps": 0.6,

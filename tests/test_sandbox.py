@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.memory.sandbox import SandboxConfig, run_script
+from memrl.rollout.memory.sandbox import SandboxConfig, run_script
 
 TRAJECTORY = [{"turn_idx": 0, "action": "look", "observation": "a red key"},
               {"turn_idx": 1, "action": "take key", "observation": "you hold the red key"}]

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data.io import RecordError, append_jsonl, read_arrow, read_jsonl, write_arrow, write_jsonl
-from data.schemas import (
+from memrl.data.io import RecordError, append_jsonl, read_arrow, read_jsonl, write_arrow, write_jsonl
+from memrl.data.schemas import (
     EnvSpec,
     Episode,
     Group,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from data.loaders import load_locomo
-from launch.evaluate import make_scorer
-from rewards.scorers import (
+from memrl.data.loaders import load_locomo
+from memrl.launch.evaluate import make_scorer
+from memrl.rewards.scorers import (
     JudgeItem,
     JudgeScorer,
     LexicalJudge,
@@ -26,9 +26,9 @@ from rewards.scorers import (
     token_f1,
     verifier_outcome,
 )
-from rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
-from rollout.engines.scripted import ScriptedEngine
-from rollout.harness import aggregate
+from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
+from memrl.rollout.engines.scripted import ScriptedEngine
+from memrl.rollout.evaluation.stats import aggregate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -164,7 +164,7 @@ def _triples() -> list[tuple[str, str, int]]:
 def test_locomo_scores_agree_exactly_with_the_reference() -> None:
     import reference_scorers as ref
 
-    from rewards.scorers import locomo_normalize, locomo_option_answer
+    from memrl.rewards.scorers import locomo_normalize, locomo_option_answer
 
     triples = _triples()
     assert len(triples) >= 200
@@ -186,7 +186,7 @@ def test_locomo_scores_agree_exactly_with_the_reference() -> None:
 def test_amabench_scores_agree_exactly_with_the_reference() -> None:
     import reference_scorers as ref
 
-    from rewards.scorers import ama_exact_match, ama_f1, ama_normalize
+    from memrl.rewards.scorers import ama_exact_match, ama_f1, ama_normalize
 
     triples = _triples()
     replies = ["yes", "No.", "<think>no, wait</think>Yes", "yes... actually no", "maybe", "", "YES!", "nope",

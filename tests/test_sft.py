@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from data.config import ConfigError, load_config
-from data.distill import distill_traces
-from data.formats import (
+from memrl.data.config import ConfigError, load_config
+from memrl.data.distill import distill_traces
+from memrl.data.formats import (
     render_intervention,
     render_phase1_prompt,
     render_phase2_prompt,
@@ -28,9 +28,9 @@ from data.formats import (
     render_sam_recall_prompt,
     render_tool_call,
 )
-from data.io import write_jsonl
-from data.schemas import EpisodeTrace, MemoryCall, Message, SFTExample
-from train.sft import SFTRunConfig, build_sft_trainer, latest_checkpoint, mix_rows, run_sft, sft_args
+from memrl.data.io import write_jsonl
+from memrl.data.schemas import EpisodeTrace, MemoryCall, Message, SFTExample
+from memrl.train.sft import SFTRunConfig, build_sft_trainer, latest_checkpoint, mix_rows, run_sft, sft_args
 
 ROOT = Path(__file__).resolve().parents[1]
 COLORS = ["red", "blue", "green", "brass", "silver", "golden", "black", "white"]
@@ -151,7 +151,7 @@ def test_loss_mask_is_exactly_the_final_assistant_span(tiny_model_dir: Path, tmp
 
 
 def test_sft_lowers_the_loss_and_saves_full_weights(tiny_model_dir: Path, sam_dir: Path, tmp_path: Path) -> None:
-    from rollout.models import load_causal_lm, load_tokenizer
+    from memrl.rollout.models import load_causal_lm, load_tokenizer
 
     cfg = make_cfg(
         tiny_model_dir, tmp_path, "full",
@@ -304,7 +304,7 @@ def _cli(args: list[str], env: dict[str, str], nproc: int = 1) -> subprocess.Com
         cmd = ["bash", str(ROOT / "launch" / "torchrun.sh"), "--device", "cpu", "--nproc-per-node", str(nproc),
                "--master-port", str(_free_port()), "--", "sft", *args]
     else:
-        cmd = [sys.executable, "-m", "launch.cli", "sft", *args]
+        cmd = [sys.executable, "-m", "memrl.launch.cli", "sft", *args]
     proc = subprocess.run(cmd, cwd=ROOT, env={**env, "MEMRL_PYTHON": sys.executable}, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -359,8 +359,8 @@ def test_two_process_deepspeed_matches_one_process(
 def test_lora_adapter_loads_into_the_vllm_engine(tiny_model_dir: Path, sam_dir: Path, tmp_path: Path) -> None:
     from peft import PeftModel
 
-    from rollout.engines import EngineConfig, GenerationRequest, SamplingParams, build_engine
-    from rollout.models import load_causal_lm
+    from memrl.rollout.engines import EngineConfig, GenerationRequest, SamplingParams, build_engine
+    from memrl.rollout.models import load_causal_lm
 
     cfg = make_cfg(tiny_model_dir, tmp_path, "lora", data={"dir": str(sam_dir), "roles": ["recall"]},
                    lora={"enabled": True, "r": 8, "alpha": 16}, train={"max_steps": 8, "lr": 5e-3})

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from train.surrogate import clipped_surrogate
+from memrl.train.surrogate import clipped_surrogate
 
 # Two samples x three token slots; sample 1 has two real tokens. Advantages +1 and -2.
 OLD = torch.tensor([[-1.0, -1.0, -1.0], [-0.5, -0.5, 0.0]])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.models import TEXT_TAG_TOKENS, TinyModelSpec, build_tiny_model, load_causal_lm, load_tokenizer
+from memrl.rollout.models import TEXT_TAG_TOKENS, TinyModelSpec, build_tiny_model, load_causal_lm, load_tokenizer
 
 
 def digest(directory: Path) -> dict[str, str]:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from data.config import WandbConfig
-from data.tracking import MetricsLogger
+from memrl.data.config import WandbConfig
+from memrl.data.tracking import MetricsLogger
 
 
 def test_metrics_jsonl_console_and_offline_wandb(tmp_path: Path, capsys) -> None:
@@ -36,8 +36,8 @@ def test_quiet_console_keeps_memrl_output_and_sends_the_rest_to_run_log(tmp_path
     import logging
     import os
 
-    from data.tracking import bind_run_log, quiet_console, run_log_path
-    from launch.quickstart import _Stages
+    from memrl.data.tracking import bind_run_log, quiet_console, run_log_path
+    from memrl.launch.quickstart import _Stages
 
     with quiet_console():
         temporary = run_log_path()
@@ -68,7 +68,7 @@ def test_quiet_console_keeps_memrl_output_and_sends_the_rest_to_run_log(tmp_path
 def test_quiet_console_without_a_run_leaves_no_file(capfd) -> None:
     import os
 
-    from data.tracking import quiet_console, run_log_path
+    from memrl.data.tracking import quiet_console, run_log_path
 
     with quiet_console():
         temporary = run_log_path()

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout.models import load_causal_lm
-from train.group_trainer import GroupTrainer, GroupTrainerConfig, split_across_ranks, token_budget_bins
-from train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs, token_loss_and_logprobs
-from train.policy import LoraSettings, PolicySpec, response_logprobs
-from train.surrogate import clipped_surrogate, surrogate_terms, token_weights
+from memrl.rollout.models import load_causal_lm
+from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, split_across_ranks, token_budget_bins
+from memrl.train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs, token_loss_and_logprobs
+from memrl.train.policy import LoraSettings, PolicySpec, response_logprobs
+from memrl.train.surrogate import clipped_surrogate, surrogate_terms, token_weights
 
 # rows of very different lengths: (prompt length, response length)
 SHAPES = [(3, 2), (57, 41), (11, 1), (29, 70)]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from fakes import CountEnv, FakeEngine, RecallAwareMemory
 
-from rewards.credit import CreditConfig, assign_credit, assign_flat_credit
-from rollout.loop import EngineSet, Rollout
-from rollout.tree import TreeConfig, build_trees, trees_to_groups
+from memrl.rewards.credit import CreditConfig, assign_credit, assign_flat_credit
+from memrl.rewards.groups import trees_to_groups
+from memrl.rollout.loop import EngineSet, Rollout
+from memrl.rollout.tree import TreeConfig, build_trees
 
 
 def make(task: str, rollout_id: str) -> Rollout:
@@ -83,9 +84,9 @@ def test_flat_mode_gives_each_trajectory_its_outcome() -> None:
 def test_a_sam_recall_is_one_node_and_the_tree_expands_at_every_recall() -> None:
     """Seed 001's node: one recall (all the pages it reads) is one memory action; the tree branches at the next recall
     along each path, so a two-hop question (two recalls) gives two branching levels within the leaf budget."""
-    from data.tasks.sam import SamTask
-    from rollout.agents import sam_engines, sam_rollout
-    from rollout.memory.sam import SamConfig
+    from memrl.data.tasks.sam import SamTask
+    from memrl.rollout.agents import sam_engines, sam_rollout
+    from memrl.rollout.memory.sam import SamConfig
 
     tasks = [SamTask({"horizon_steps": 16, "n_evidence": 2, "facts_per_obs": 2}, seed=s) for s in range(3)]
     config = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3)

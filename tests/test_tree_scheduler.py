@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from data.tasks.sam import SamTask
-from rollout.agents import sam_engines, sam_rollout
-from rollout.engines.base import GenerationRequest
-from rollout.engines.scripted import DelayedEngine
-from rollout.loop import EngineSet
-from rollout.memory.sam import SamConfig
-from rollout.models import load_tokenizer
-from rollout.tree import TreeConfig, build_trees
+from memrl.data.tasks.sam import SamTask
+from memrl.rollout.agents import sam_engines, sam_rollout
+from memrl.rollout.engines.base import GenerationRequest
+from memrl.rollout.engines.scripted import DelayedEngine
+from memrl.rollout.loop import EngineSet
+from memrl.rollout.memory.sam import SamConfig
+from memrl.rollout.models import load_tokenizer
+from memrl.rollout.tree import TreeConfig, build_trees
 
 CONFIG = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3)
 

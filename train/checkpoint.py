@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from data.io import atomic_write_text
+from memrl.data.io import atomic_write_text
 
 __all__ = ["CheckpointManager"]
 

@@ -5,7 +5,7 @@ answers, and fail with a clear message before any work otherwise; (2) load the p
 its base (PEFT ``merge_and_unload``), full weights are taken as they are; (3) write safetensors weights, the
 tokenizer with its chat template, the generation config and a model card (``README.md``) recording the base model,
 the recipe (the training run's resolved config, when given) and evaluation results (a results / summary JSON, when
-given); (4) verify: the export loads in transformers and generates, loads in the vLLM engine (``rollout.engines``)
+given); (4) verify: the export loads in transformers and generates, loads in the vLLM engine (``memrl.rollout.engines``)
 and generates, and its weights differ from the base's (the adapter's base, or ``reference_base`` for full weights);
 (5) upload the folder with ``huggingface_hub``. Everything is written into a temporary sibling folder that is renamed
 into place only when complete, so a failed or killed export leaves no half-written model behind; the files it reads
@@ -25,9 +25,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field
 
-from data.config import ConfigError, ConfigModel, RunConfig, prepare_run_dir
-from data.io import atomic_write_text
-from train.policy import PolicySpec
+from memrl.data.config import ConfigError, ConfigModel, RunConfig
+from memrl.data.io import atomic_write_text
+from memrl.data.run_dir import prepare_run_dir
+from memrl.train.policy import PolicySpec
 
 __all__ = ["ExportConfig", "VerifyConfig", "check_hub_access", "check_inputs", "export_model", "run_export",
            "weight_difference"]
@@ -112,7 +113,7 @@ def weight_difference(model_dir: str | Path, base: str | Path, dtype: str = "flo
     import torch
     from safetensors import safe_open
 
-    from rollout.models import load_causal_lm
+    from memrl.rollout.models import load_causal_lm
 
     reference = load_causal_lm(base, dtype=dtype).state_dict()
     compared = changed = 0
@@ -139,7 +140,7 @@ def weight_difference(model_dir: str | Path, base: str | Path, dtype: str = "flo
 def _generate_transformers(model_dir: Path, prompt: str, max_new_tokens: int) -> dict[str, Any]:
     import torch
 
-    from rollout.models import load_causal_lm, load_tokenizer
+    from memrl.rollout.models import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     model = load_causal_lm(model_dir, dtype="float32")
@@ -153,9 +154,10 @@ def _generate_transformers(model_dir: Path, prompt: str, max_new_tokens: int) ->
 
 
 def _generate_vllm(model_dir: Path, cfg: VerifyConfig) -> dict[str, Any]:
-    from data.schemas import Message
-    from rollout.engines.base import GenerationRequest, SamplingParams
-    from rollout.engines.config import EngineConfig, build_engine
+    from memrl.data.schemas import Message
+    from memrl.rollout.engines.base import GenerationRequest, SamplingParams
+    from memrl.rollout.engines.config import EngineConfig
+    from memrl.rollout.engines.factory import build_engine
 
     engine = build_engine(EngineConfig(
         backend="vllm", name="export-check", model=str(model_dir), dtype="float32",
@@ -236,7 +238,7 @@ def render_model_card(cfg: ExportConfig, merged: bool, checks: dict[str, Any], n
 def check_inputs(cfg: ExportConfig) -> None:
     """Before any work: the recipe and results files exist and parse, the reference base is a model, and the export
     folder is writable and not already holding files (the policy paths are checked by the generic preflight)."""
-    from data.checks import check_existing_file, check_model_ref, check_output_dir
+    from memrl.data.checks import check_existing_file, check_model_ref, check_output_dir
 
     if cfg.recipe:
         check_existing_file(cfg.recipe, "recipe", what="recipe (resolved config YAML)")
@@ -286,7 +288,7 @@ def export_model(cfg: ExportConfig, out_dir: str | Path) -> dict[str, Any]:
 def _export_into(cfg: ExportConfig, out: Path, final: Path) -> dict[str, Any]:
     import torch
 
-    from train.policy import LoraSettings, load_policy
+    from memrl.train.policy import LoraSettings, load_policy
 
     start = time.perf_counter()
     spec = cfg.policy.model_copy(update={"dtype": cfg.dtype or cfg.policy.dtype})

@@ -1,12 +1,13 @@
 """The group policy-gradient trainer shared by OAT-GRPO and pivot-turn GRPO.
 
-It consumes :class:`data.schemas.Group` s: each sample becomes a row (shared prompt ids + response ids, the group
+It consumes :class:`memrl.data.schemas.Group` s: each sample becomes a row (shared prompt ids + response ids, the group
 advantage, the rollout engine's log-probs). Before the update the trainer recomputes the old log-probs (and the KL
 reference's) with the current weights; then it runs ``update_epochs`` passes of ``optimizer_steps_per_epoch``
-optimizer steps, minimising :func:`train.surrogate.clipped_surrogate`'s loss token by token.
+optimizer steps, minimising :func:`memrl.train.surrogate.clipped_surrogate`'s loss token by token.
 
 Memory scales with the response, not the context: a micro-batch is its rows packed end to end without padding
-(:mod:`train.logprobs`), the LM head runs only on positions that predict response tokens, a chunk of tokens at a time,
+(:mod:`memrl.train.logprobs`), the LM head runs only on positions that predict response tokens, a chunk of tokens at a
+time,
 and micro-batches are cut by a token budget (``max_tokens_per_micro_batch``) or into ``micro_batches`` row slices.
 
 Distributed runs (DDP or DeepSpeed ZeRO-2/3 through accelerate) split the rows across processes, balancing tokens: each
@@ -28,11 +29,11 @@ from typing import Any, Literal
 
 import torch
 
-from data.config import ConfigModel
-from data.schemas import Group
-from train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs, token_loss_and_logprobs
-from train.policy import LoraSettings, PolicySpec, load_policy, save_policy
-from train.surrogate import Aggregation, SurrogateTerms, surrogate_terms, token_weights
+from memrl.data.config import ConfigModel
+from memrl.data.schemas import Group
+from memrl.train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs, token_loss_and_logprobs
+from memrl.train.policy import LoraSettings, PolicySpec, load_policy, save_policy
+from memrl.train.surrogate import Aggregation, SurrogateTerms, surrogate_terms, token_weights
 
 __all__ = ["GroupTrainer", "GroupTrainerConfig", "Row", "make_accelerator", "rows_from_groups"]
 
@@ -144,7 +145,7 @@ class _TokenTargets:
     cfg: GroupTrainerConfig
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
-    weights: torch.Tensor  # c_t of train.surrogate.token_weights (0 in a padding micro-batch)
+    weights: torch.Tensor  # c_t of memrl.train.surrogate.token_weights (0 in a padding micro-batch)
     ref_logprobs: torch.Tensor | None
     rollout_logprobs: torch.Tensor | None
 
@@ -176,7 +177,7 @@ def make_accelerator(cfg: GroupTrainerConfig) -> Any:
     """
     from accelerate import Accelerator, DeepSpeedPlugin
 
-    from data.config import resolve_deepspeed_config
+    from memrl.data.config import resolve_deepspeed_config
 
     mixed = "bf16" if cfg.bf16 else "no"
     if cfg.deepspeed is None:

@@ -26,28 +26,29 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
-from data.io import atomic_write_text, write_jsonl
-from data.schemas import Group, MemoryCallTree
-from data.tasks import TaskSetConfig, load_tasks
-from data.tasks.sam import SamTask
-from data.tracking import MetricsLogger
-from rewards.committee import Committee, CommitteeConfig
-from rewards.credit import CreditConfig, assign_batch_credit
-from rollout.agents import sam_rollout
-from rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
-from rollout.engines.sticky import build_sticky_engine
-from rollout.fleet import FleetConfig, FleetResult, build_fleet
-from rollout.harness import evaluate_sam_memory
-from rollout.loop import Rollout
-from rollout.memory.base import RoleSampling
-from rollout.memory.sam import SamConfig
-from rollout.tree import TreeConfig, check_trained_sampling, trees_to_groups
-from rollout.worker import Scorer, WorkerSpec
-from train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
-from train.online import LoopConfig, run_online_loop, shared_run_dir
-from train.policy import PolicySpec
-from train.weight_sync import InMemoryWeightSync
+from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
+from memrl.data.io import atomic_write_text, write_jsonl
+from memrl.data.schemas import Group, MemoryCallTree
+from memrl.data.tasks import TaskSetConfig, load_tasks
+from memrl.data.tasks.sam import SamTask
+from memrl.data.tracking import MetricsLogger
+from memrl.rewards.committee import Committee, CommitteeConfig
+from memrl.rewards.credit import CreditConfig
+from memrl.rewards.groups import credit_and_groups
+from memrl.rollout.agents import sam_rollout
+from memrl.rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
+from memrl.rollout.engines.factory import build_sticky_engine
+from memrl.rollout.evaluation.tasks import evaluate_sam_memory
+from memrl.rollout.fleet import FleetConfig, FleetResult, build_fleet
+from memrl.rollout.loop import Rollout
+from memrl.rollout.memory.base import RoleSampling
+from memrl.rollout.memory.sam import SamConfig
+from memrl.rollout.tree import TreeConfig, check_trained_sampling
+from memrl.rollout.worker import Scorer, WorkerSpec
+from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
+from memrl.train.online import LoopConfig, run_online_loop, shared_run_dir
+from memrl.train.policy import PolicySpec
+from memrl.train.weight_sync import InMemoryWeightSync
 
 __all__ = ["OATGRPOConfig", "check_inputs", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
 
@@ -96,7 +97,7 @@ class OATGRPOConfig(ConfigModel):
 
 
 def load_sam_tasks(cfg: TaskSetConfig, prefix: str) -> list[SamTask]:
-    """The SAM tasks of a task set (see :func:`data.tasks.load_tasks`)."""
+    """The SAM tasks of a task set (see :func:`memrl.data.tasks.load_tasks`)."""
     if cfg.family != "sam":
         raise ConfigError(f"OAT-GRPO trains the SAM memory model: task family must be 'sam', got {cfg.family!r}")
     return [t for t in load_tasks(cfg, prefix) if isinstance(t, SamTask)]
@@ -112,14 +113,14 @@ def check_inputs(cfg: OATGRPOConfig) -> None:
 def default_reasoner(tokenizer: str, seed: int) -> EngineConfig:
     """The scripted SAM reasoner with the policy's tokenizer for exact token accounting."""
     return EngineConfig(
-        backend="scripted", name="reasoner", scripted_policy="data.tasks.sam:SamReasoner",
+        backend="scripted", name="reasoner", scripted_policy="memrl.data.tasks.sam:SamReasoner",
         scripted_kwargs={"max_pages": 2, "recall_budget": 2}, tokenizer=tokenizer, seed=seed,
     )
 
 
 def default_oracle(tokenizer: str, seed: int) -> EngineConfig:
     """The SAM oracle expert without noise: the offline committee's reference."""
-    return EngineConfig(backend="scripted", name="sam-oracle", scripted_policy="data.experts.sam:SamOracle",
+    return EngineConfig(backend="scripted", name="sam-oracle", scripted_policy="memrl.data.experts.sam:SamOracle",
                         tokenizer=tokenizer, seed=seed)
 
 
@@ -168,8 +169,8 @@ def policy_engine_config(cfg: OATGRPOConfig) -> EngineConfig:
 
 
 def summarize_eval(result: dict[str, Any]) -> dict[str, Any]:
-    """Flat metrics of :func:`rollout.harness.evaluate_sam_memory`: success sampled (the policy as trained) and greedy,
-    overall and per horizon, and tokens per task."""
+    """Flat metrics of :func:`memrl.rollout.evaluation.tasks.evaluate_sam_memory`: success sampled (the policy as
+    trained) and greedy, overall and per horizon, and tokens per task."""
     out: dict[str, Any] = {
         "success": result["success_sampled"],
         "success_greedy": result["success_greedy"],
@@ -215,16 +216,6 @@ class TreeScorer:
                     "committee_scores": len(cstats.scores)}
 
         return score
-
-
-def credit_and_groups(trees: list[MemoryCallTree], credit: CreditConfig, mode: Literal["tree", "flat"],
-                      seed: int) -> tuple[list[Group], dict[str, Any]]:
-    """OAT credit over one iteration's trees, all workers' together (the batch-level options, ``baseline: global``
-    and ``shuffle_outcomes``, see the whole batch), then the trainer groups in task order, and the credit metrics."""
-    stats = assign_batch_credit(trees, credit, mode=mode, seed=seed)
-    groups = trees_to_groups(trees, source="oat" if mode == "tree" else "flat")
-    return groups, {"credit_groups": sum(c.groups for c in stats),
-                    "credit_zero_variance_groups": sum(c.zero_variance_groups for c in stats)}
 
 
 @dataclass

@@ -7,8 +7,8 @@ in-place reload of full weights), evaluate every ``eval_every`` iterations, chec
 iterations.
 
 Rollouts are driven by the main process: its own policy engine, or a fleet of rollout workers on every node
-(:mod:`rollout.fleet`; ``collect`` then returns a collection in flight, anything with ``.result()``); the groups are
-broadcast to every training process as JSON, and the trainer shards them. So N processes make the same update as
+(:mod:`memrl.rollout.fleet`; ``collect`` then returns a collection in flight, anything with ``.result()``); the groups
+are broadcast to every training process as JSON, and the trainer shards them. So N processes make the same update as
 one. Every sample records the policy version that produced it.
 
 Bounded staleness (``max_staleness: k``): the collection of iteration ``i + k`` is launched under the policy of
@@ -39,11 +39,12 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
-from data.config import ConfigError, ConfigModel, RunConfig, prepare_run_dir
-from data.schemas import Group
-from data.tracking import MetricsLogger
-from train.checkpoint import CheckpointManager
-from train.group_trainer import GroupTrainer
+from memrl.data.config import ConfigError, ConfigModel, RunConfig
+from memrl.data.run_dir import prepare_run_dir
+from memrl.data.schemas import Group
+from memrl.data.tracking import MetricsLogger
+from memrl.train.checkpoint import CheckpointManager
+from memrl.train.group_trainer import GroupTrainer
 
 __all__ = ["LoopConfig", "LoopResult", "broadcast_groups", "prune_policy_versions", "run_online_loop", "shared_run_dir",
            "sync_policy"]
@@ -105,8 +106,9 @@ def shared_run_dir(cfg: ConfigModel, run: RunConfig, command: str, state: Any) -
 def sync_policy(trainer: GroupTrainer, engine: Any, root: str | Path, in_memory: Any = None, *,
                 save: bool = True) -> str:
     """Give the rollout engine (or fleet) the trainer's policy as version ``trainer.version``: full weights in
-    memory when ``in_memory`` (a :class:`train.weight_sync.InMemoryWeightSync`) is given, else through the version's
-    directory under ``root`` (adapter or full weights). ``save`` also writes the directory on the in-memory path."""
+    memory when ``in_memory`` (a :class:`memrl.train.weight_sync.InMemoryWeightSync`) is given, else through the
+    version's directory under ``root`` (adapter or full weights). ``save`` also writes the directory on the in-memory
+    path."""
     out = str(Path(root) / f"v{trainer.version:05d}")
     if in_memory is not None:
         if save:

@@ -2,10 +2,10 @@
 
 The policy is the memory agent (typically the SFT model); the action agent stays frozen (scripted on CPU, or
 ``placement.reasoner``'s OpenAI-compatible endpoints: the paper's Qwen3.5-122B-A10B). The shared online loop
-(:func:`train.online.run_online_loop`) runs the iterations; this module supplies its ``collect`` and ``evaluate``:
+(:func:`memrl.train.online.run_online_loop`) runs the iterations; this module supplies its ``collect`` and ``evaluate``:
 
 - **Pivot refresh** every ``pivots.every`` iterations: offline labelled rollouts of ``pivots.tasks`` training tasks
-  with the current policy, pre-filtered candidate steps, counterfactual resampling (:mod:`rollout.pivots`). The
+  with the current policy, pre-filtered candidate steps, counterfactual resampling (:mod:`memrl.rollout.pivots`). The
   labelled rollouts and every candidate's label and outcome spread are written under
   ``<run_dir>/pivots/r<NNNN>/`` (``rollouts.jsonl``, ``pivots.jsonl``, then a ``COMPLETE`` marker), so a resumed run
   reloads the pool it was training on instead of relabelling it with another policy.
@@ -13,7 +13,7 @@ The policy is the memory agent (typically the SFT model); the action agent stays
   the iteration; with ``groups.at: all_turns``, the ablation, no detection runs and the groups go to that many plus
   ``non_pivots_per_iteration`` memory steps of the labelled rollouts, pivots or not), G samples each from the
   restored state, every one continued to the end and scored by
-  :mod:`rewards.pivot` (verifier outcome minus the optional per-reminder cost and the format penalty).
+  :mod:`memrl.rewards.pivot` (verifier outcome minus the optional per-reminder cost and the format penalty).
 - **Update and sync**: the group trainer updates the policy; the loop saves it and loads it into the rollout engine
   (LoRA hot-swap or in-place full weights).
 - **Evaluation**: held-out pass rate at the rollout temperature (and greedy), reminders per episode and the action
@@ -34,19 +34,22 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig
-from data.io import atomic_write_text, read_jsonl, write_jsonl
-from data.schemas import Episode, TokenUsage
-from data.tasks import ProactiveTask, task_from_episode
-from data.tracking import MetricsLogger
-from rewards.pivot import PivotRewardConfig, pivot_groups
-from rollout.engines.base import Engine
-from rollout.engines.config import EndpointConfig, EngineConfig, build_engine, place_policy_engine
-from rollout.loop import EngineSet, run_rollouts
-from rollout.memory.base import RoleSampling
-from rollout.memory.proactive import ProactiveConfig, build_proactive_rollout
-from rollout.memory.workflow import action_of
-from rollout.pivots import (
+from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig
+from memrl.data.io import atomic_write_text, read_jsonl, write_jsonl
+from memrl.data.schemas import Episode, TokenUsage
+from memrl.data.tasks import ProactiveTask, task_from_episode
+from memrl.data.tracking import MetricsLogger
+from memrl.rewards.groups import pivot_groups
+from memrl.rewards.pivot import PivotRewardConfig
+from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.engines.base import Engine
+from memrl.rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
+from memrl.rollout.engines.factory import build_engine
+from memrl.rollout.loop import EngineSet, run_rollouts
+from memrl.rollout.memory.base import RoleSampling
+from memrl.rollout.memory.proactive import ProactiveConfig
+from memrl.rollout.memory.workflow import action_of
+from memrl.rollout.pivots import (
     DetectConfig,
     LabelledRollout,
     PivotGroupConfig,
@@ -57,22 +60,22 @@ from rollout.pivots import (
     label_rollouts,
     sample_pivot_groups,
 )
-from train.checkpoint import CheckpointManager
-from train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
-from train.online import LoopConfig, run_online_loop, shared_run_dir
-from train.policy import PolicySpec
+from memrl.train.checkpoint import CheckpointManager
+from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
+from memrl.train.online import LoopConfig, run_online_loop, shared_run_dir
+from memrl.train.policy import PolicySpec
 
 __all__ = [
-    "EvalConfig",
+    "PivotEvalConfig",
     "PivotGRPOConfig",
     "PivotRefreshConfig",
-    "TaskSetConfig",
+    "ProactiveTaskSetConfig",
     "evaluate_memory",
     "run_pivot_grpo",
 ]
 
 
-class TaskSetConfig(ConfigModel):
+class ProactiveTaskSetConfig(ConfigModel):
     """Proactive tasks: ``count`` generated ones (``params``, seeds ``seed_start`` ...), or the proactive episodes of
     a JSONL file (``episodes``: e.g. ``memrl data synth`` output; ``count`` caps them)."""
 
@@ -107,7 +110,7 @@ class PivotRefreshConfig(ConfigModel):
     detect: DetectConfig = DetectConfig()
 
 
-class EvalConfig(ConfigModel):
+class PivotEvalConfig(ConfigModel):
     """Held-out evaluation of the memory agent."""
 
     temperature: float | None = Field(None, ge=0, description="None: the memory roles' rollout temperature")
@@ -125,18 +128,18 @@ class PivotGRPOConfig(ConfigModel):
     policy: PolicySpec
     engine: EngineConfig = Field(description="the policy's rollout engine (vllm or hf on the policy's base)")
     reasoner: EngineConfig = EngineConfig(backend="scripted", name="action-agent",
-                                          scripted_policy="data.tasks.proactive:ActionAgent")
+                                          scripted_policy="memrl.data.tasks.proactive:ActionAgent")
     reasoner_sampling: RoleSampling = RoleSampling(temperature=0.0, max_tokens=256)
     phase1: EngineConfig | None = Field(None, description="engine for Phase 1 (None: the policy serves it)")
     memory: ProactiveConfig = ProactiveConfig()
-    train_tasks: TaskSetConfig = TaskSetConfig()
-    eval_tasks: TaskSetConfig = TaskSetConfig(seed_start=100_000)
+    train_tasks: ProactiveTaskSetConfig = ProactiveTaskSetConfig()
+    eval_tasks: ProactiveTaskSetConfig = ProactiveTaskSetConfig(seed_start=100_000)
     pivots: PivotRefreshConfig = PivotRefreshConfig()
     groups: PivotGroupConfig = PivotGroupConfig()
     reward: PivotRewardConfig = PivotRewardConfig()
     trainer: GroupTrainerConfig = GroupTrainerConfig()
     loop: LoopConfig = LoopConfig()
-    eval: EvalConfig = EvalConfig()
+    eval: PivotEvalConfig = PivotEvalConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> PivotGRPOConfig:

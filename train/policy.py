@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from data.config import ConfigModel
-from rollout.models import load_causal_lm, load_tokenizer
+from memrl.data.config import ConfigModel
+from memrl.rollout.models import load_causal_lm, load_tokenizer
 
 __all__ = ["LoraSettings", "PolicySpec", "load_policy", "response_logprobs", "save_policy"]
 
@@ -45,7 +45,7 @@ def load_policy(spec: PolicySpec, lora: LoraSettings, *, trainable: bool = True)
     is enabled and no adapter is given; plain full weights otherwise."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from data.checks import check_adapter_dir, check_model_ref
+    from memrl.data.checks import check_adapter_dir, check_model_ref
 
     check_model_ref(spec.base, "policy base")  # a missing local path is named, never taken for a hub id
     if spec.adapter:

@@ -1,6 +1,6 @@
 """``memrl sft``: supervised fine-tuning of a memory model on distilled expert rows (TRL ``SFTTrainer``).
 
-The data are the per-role datasets of :mod:`data.distill` (``<dir>/<role>.jsonl`` or ``.arrow``): one role, the
+The data are the per-role datasets of :mod:`memrl.data.distill` (``<dir>/<role>.jsonl`` or ``.arrow``): one role, the
 plain concatenation of several (``roles: [consolidate, recall]``) or a weighted mixture
 (``roles: {consolidate: 1, recall: 3}``, weights are shares of the mixture). Rows become conversational
 prompt-completion examples (prompt = the messages the memory model saw, completion = the expert's output); TRL renders
@@ -35,19 +35,12 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from data.config import (
-    ConfigError,
-    ConfigModel,
-    RunConfig,
-    WandbConfig,
-    config_hash,
-    prepare_run_dir,
-    resolve_deepspeed_config,
-)
-from data.distill import load_sft_examples, role_file
-from data.io import atomic_write_text
-from data.schemas import SFTExample
-from train.policy import LoraSettings, PolicySpec
+from memrl.data.config import ConfigError, ConfigModel, RunConfig, WandbConfig, config_hash, resolve_deepspeed_config
+from memrl.data.distill import load_sft_examples, role_file
+from memrl.data.io import atomic_write_text
+from memrl.data.run_dir import prepare_run_dir
+from memrl.data.schemas import SFTExample
+from memrl.train.policy import LoraSettings, PolicySpec
 
 __all__ = [
     "SFTDataConfig",
@@ -363,12 +356,12 @@ def build_sft_trainer(
     trained further, or full weights; loss on the assistant span only."""
     from trl import SFTTrainer
 
-    from rollout.models import load_tokenizer
+    from memrl.rollout.models import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.base, trust_remote_code=cfg.model.trust_remote_code)
     peft_config = None
     if cfg.model.adapter:
-        from train.policy import load_policy
+        from memrl.train.policy import load_policy
 
         model, _ = load_policy(cfg.model, cfg.lora, trainable=True)
     else:
@@ -391,7 +384,7 @@ def _metrics_callback(run_dir: Path, resume_step: int, main: bool) -> Any:
     ``resume_step`` are dropped first, they are redone) and keeps the losses for the summary."""
     from transformers import TrainerCallback
 
-    from data.tracking import MetricsLogger
+    from memrl.data.tracking import MetricsLogger
 
     class MetricsToJsonl(TrainerCallback):
         def __init__(self) -> None:
@@ -443,7 +436,7 @@ def _save_final(trainer: Any, cfg: SFTRunConfig, final: Path, roles: list[str]) 
     """Write the final adapter or full weights (safetensors), tokenizer and chat template into ``final``."""
     from peft import PeftModel
 
-    from train.policy import save_policy
+    from memrl.train.policy import save_policy
 
     accelerator = trainer.accelerator
     state_dict = accelerator.get_state_dict(trainer.model_wrapped)

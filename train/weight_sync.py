@@ -3,13 +3,13 @@
 vLLM's weight-transfer API (docs: "Weight Transfer", backend ``nccl``): the engines are built with
 ``WeightTransferConfig(backend="nccl")`` (``EngineConfig.weight_transfer``); the trainer opens one NCCL group with
 rank 0 of the trainer as sender and every engine's TP ranks as receivers
-(:meth:`rollout.fleet.RolloutFleet.weight_sync_client` gives worker ``j`` the ranks ``1 + j * TP``), and each sync
+(:meth:`memrl.rollout.fleet.RolloutFleet.weight_sync_client` gives worker ``j`` the ranks ``1 + j * TP``), and each sync
 broadcasts every parameter once. Under ZeRO-3 each parameter is gathered on the fly (``GatheredParameters``, a
 collective every training rank joins), so no rank ever holds the whole model. This is the path OpenRLHF and verl
 take; LoRA policies keep the adapter fan-out, which is small.
 
 On CPU (vLLM's CPU backend has no NCCL) and as the fallback, the online loop saves the weights to ``policy/vNNNNN``
-and every worker reloads them in place (:meth:`rollout.fleet.RolloutFleet.update_weights`).
+and every worker reloads them in place (:meth:`memrl.rollout.fleet.RolloutFleet.update_weights`).
 
 None of this module has run on a GPU: it is written against vLLM's documented trainer-side API
 (``WeightTransferTrainerFactory.trainer_init``, ``NCCLTrainerInitInfo``, ``WeightSource``, ``send_weights``).

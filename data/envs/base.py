@@ -3,12 +3,12 @@
 Every environment has a latent state, an executable transition function ``step(action) -> observation`` (an
 action that is impossible fails with a diagnostic and leaves the state unchanged), ``snapshot()`` / ``restore()``,
 an optimal policy over the true state, and a ``view()`` of the state that QA answers are checked against. It is
-built from an :class:`~data.schemas.EnvSpec` (registered name, difficulty parameters, seed), so any episode can be
+built from an :class:`~memrl.data.schemas.EnvSpec` (registered name, difficulty parameters, seed), so any episode can be
 rebuilt and replayed.
 
 Token counts use :func:`count_tokens`, a deterministic approximation: one token per run of letters, per run of
 digits, per newline and per other non-space character. The project's tiny tokenizer is trained on the environments' text
-(:mod:`data.corpus`), so their words and numbers are single tokens and this count tracks it closely
+(:mod:`memrl.data.corpus`), so their words and numbers are single tokens and this count tracks it closely
 (``benchmarks/synth_speed.py`` prints the measured ratio).
 """
 
@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from data.config import ConfigModel
-from data.schemas import EnvSpec, Turn
+from memrl.data.config import ConfigModel
+from memrl.data.schemas import EnvSpec, Turn
 
 __all__ = [
     "REGISTRY",

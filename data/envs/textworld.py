@@ -21,9 +21,9 @@ from typing import Any
 
 from pydantic import Field
 
-from data.config import ConfigModel
-from data.envs.base import Env, Event, register
-from data.envs.vocab import COLORS, CONTAINERS, DIRECTIONS, NOUNS, OPPOSITE, ROOMS
+from memrl.data.config import ConfigModel
+from memrl.data.envs.base import Env, Event, register
+from memrl.data.envs.vocab import COLORS, CONTAINERS, DIRECTIONS, NOUNS, OPPOSITE, ROOMS
 
 __all__ = ["TextWorldEnv", "TextWorldParams"]
 

@@ -1,8 +1,8 @@
 """The proactive oracle expert: Phase 1 bank edits and Phase 2 reminder-or-silence, from the true task state.
 
-It answers the prompts of :func:`~data.formats.render_phase1_prompt` (reply: bank tool calls rendered with
-:func:`~data.formats.render_tool_call`, one per line) and :func:`~data.formats.render_phase2_prompt` (reply:
-:func:`~data.formats.render_intervention`). It reads the task, the recent window and the bank from the prompt; the
+It answers the prompts of :func:`~memrl.data.formats.render_phase1_prompt` (reply: bank tool calls rendered with
+:func:`~memrl.data.formats.render_tool_call`, one per line) and :func:`~memrl.data.formats.render_phase2_prompt` (reply:
+:func:`~memrl.data.formats.render_intervention`). It reads the task, the recent window and the bank from the prompt; the
 plan (which fact each subtask needs) comes from request metadata ``truth`` (:meth:`ProactiveTask.truth`) or from a
 ``truths`` table by ``task_id``, and without either from the subtask names themselves.
 
@@ -27,9 +27,9 @@ from typing import Any
 
 from pydantic import Field
 
-from data.config import ConfigModel
-from data.formats import BankView, parse_phase_prompt, parse_window, render_intervention, render_tool_call
-from data.tasks.proactive import FACT_KINDS, FACTS, _subtask_by_name, fact_value, parse_next
+from memrl.data.config import ConfigModel
+from memrl.data.formats import BankView, parse_phase_prompt, parse_window, render_intervention, render_tool_call
+from memrl.data.tasks.proactive import FACT_KINDS, FACTS, _subtask_by_name, fact_value, parse_next
 
 __all__ = ["ProactiveOracle", "ProactiveOracleConfig"]
 
@@ -45,7 +45,7 @@ class ProactiveOracleConfig(ConfigModel):
 
 
 class ProactiveOracle:
-    """Programmatic expert for both proactive memory phases (a :class:`~data.schemas.ScriptedPolicy`)."""
+    """Programmatic expert for both proactive memory phases (a :class:`~memrl.data.schemas.ScriptedPolicy`)."""
 
     name = "proactive-oracle"
 

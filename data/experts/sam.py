@@ -1,12 +1,12 @@
 """The SAM oracle expert: writes page cues and reads pages under an intent, from the page's true facts.
 
-It answers the two SAM memory-model prompts of :mod:`data.formats`:
+It answers the two SAM memory-model prompts of :mod:`memrl.data.formats`:
 
-- consolidation (:func:`~data.formats.render_sam_consolidate_prompt`): one compact cue listing the entities the page
-  locates (``red key, blue box, chest 7``), or the rooms it passes through when it locates nothing;
-- recall (:func:`~data.formats.render_sam_recall_prompt`): the running extraction plus the page's fact lines that
+- consolidation (:func:`~memrl.data.formats.render_sam_consolidate_prompt`): one compact cue listing the entities the
+page locates (``red key, blue box, chest 7``), or the rooms it passes through when it locates nothing;
+- recall (:func:`~memrl.data.formats.render_sam_recall_prompt`): the running extraction plus the page's fact lines that
   serve the intent (an item the intent names, or a container / key it asks about), or
-  :data:`~data.formats.NOTHING_RELEVANT`.
+  :data:`~memrl.data.formats.NOTHING_RELEVANT`.
 
 Knobs make it an imperfect expert, so rejection sampling has something to reject: ``error_rate`` (a cue that drops
 the relevant entity; a recall that returns a wrong place), recall style probabilities ``verbatim`` /
@@ -33,9 +33,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from data.config import ConfigModel
-from data.formats import NOTHING_RELEVANT, parse_sam_consolidate_prompt, parse_sam_recall_prompt
-from data.tasks.sam import parse_facts
+from memrl.data.config import ConfigModel
+from memrl.data.formats import NOTHING_RELEVANT, parse_sam_consolidate_prompt, parse_sam_recall_prompt
+from memrl.data.tasks.sam import parse_facts
 
 __all__ = ["SamOracle", "SamOracleConfig"]
 
@@ -66,7 +66,7 @@ def _mentions(text: str, entity: str) -> bool:
 
 
 class SamOracle:
-    """Programmatic expert for both SAM memory roles (a :class:`~data.schemas.ScriptedPolicy`)."""
+    """Programmatic expert for both SAM memory roles (a :class:`~memrl.data.schemas.ScriptedPolicy`)."""
 
     name = "sam-oracle"
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from data.io import RecordError, describe_validation_error, write_jsonl
-from data.schemas import Episode
+from memrl.data.io import RecordError, describe_validation_error, write_jsonl
+from memrl.data.schemas import Episode
 
 __all__ = ["Where", "convert", "read_records"]
 

@@ -1,4 +1,4 @@
-"""Loaders of public benchmark formats into :class:`~data.schemas.Episode`: AMA-Bench, LoCoMo, MemoryArena, and
+"""Loaders of public benchmark formats into :class:`~memrl.data.schemas.Episode`: AMA-Bench, LoCoMo, MemoryArena, and
 generic JSONL / parquet episodes. Each validates every record and fails on the first problem with the file, the
 line (or row) and the field."""
 
@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from data.loaders.common import Where, read_records
-from data.schemas import Episode
+from memrl.data.loaders.common import Where, read_records
+from memrl.data.schemas import Episode
 
 __all__ = ["LOADERS", "load_amabench", "load_generic", "load_locomo", "load_memoryarena"]
 

@@ -2,20 +2,20 @@
 
 SAM and proactive tasks implement the agent loop's task interface (``task_id``, ``task``, ``max_steps``,
 ``reset() -> str``, ``step(action) -> (observation, done)``, ``finish(answer) -> outcome``) plus ``snapshot()`` /
-``restore()``; :func:`make_task` rebuilds one from its :class:`~data.schemas.EnvSpec`.
+``restore()``; :func:`make_task` rebuilds one from its :class:`~memrl.data.schemas.EnvSpec`.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from data.config import ConfigError, ConfigModel
-from data.io import read_jsonl
-from data.schemas import EnvSpec, Episode
-from data.tasks.ama import make_ama_episode
-from data.tasks.check import check_episode_qa
-from data.tasks.proactive import ActionAgent, ProactiveParams, ProactiveTask, simulate_proactive
-from data.tasks.sam import SamReasoner, SamTask, SamTaskParams, simulate_sam
+from memrl.data.config import ConfigError, ConfigModel
+from memrl.data.io import read_jsonl
+from memrl.data.schemas import EnvSpec, Episode
+from memrl.data.tasks.ama import make_ama_episode
+from memrl.data.tasks.check import check_episode_qa
+from memrl.data.tasks.proactive import ActionAgent, ProactiveParams, ProactiveTask, simulate_proactive
+from memrl.data.tasks.sam import SamReasoner, SamTask, SamTaskParams, simulate_sam
 
 __all__ = [
     "TASKS",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from data.envs.base import generate_trajectory, make_env
-from data.qa import generate_qa
-from data.schemas import EnvSpec, Episode
+from memrl.data.envs.base import generate_trajectory, make_env
+from memrl.data.qa import generate_qa
+from memrl.data.schemas import EnvSpec, Episode
 
 __all__ = ["make_ama_episode"]
 

@@ -1,6 +1,6 @@
 """Replay checks of the QA pairs every synthetic family writes, against the true state (not the generator's log).
 
-- ``ama``: :func:`data.qa.check_qa` on the latent-state views of the replayed environment.
+- ``ama``: :func:`memrl.data.qa.check_qa` on the latent-state views of the replayed environment.
 - ``sam``: the tour is replayed in the task rebuilt from the episode's spec; the answer must be where the asked item
   (or the key that opens the asked container) lies in the replayed world, and the needle turns must state the facts
   that lead there (``the red key is in drawer 5``, ``the brass key opens chest 7``).
@@ -15,10 +15,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from data.qa import check_qa, replay_views
-from data.schemas import Episode, Turn
-from data.tasks.proactive import FACT_KINDS, ProactiveTask, fact_value
-from data.tasks.sam import SamTask
+from memrl.data.qa import check_qa, replay_views
+from memrl.data.schemas import Episode, Turn
+from memrl.data.tasks.proactive import FACT_KINDS, ProactiveTask, fact_value
+from memrl.data.tasks.sam import SamTask
 
 __all__ = ["check_episode_qa", "check_proactive_qa", "check_sam_qa"]
 

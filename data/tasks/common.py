@@ -6,7 +6,7 @@ import re
 import string
 from typing import Any
 
-from data.schemas import Message
+from memrl.data.schemas import Message
 
 __all__ = ["as_messages", "content_of", "normalize_answer", "role_of"]
 
@@ -32,5 +32,5 @@ def content_of(message: Any) -> str:
 
 
 def as_messages(items: list[dict[str, str]]) -> list[Message]:
-    """Rendered prompt dicts (as :mod:`data.formats` returns them) as :class:`Message` objects."""
+    """Rendered prompt dicts (as :mod:`memrl.data.formats` returns them) as :class:`Message` objects."""
     return [Message(role=m["role"], content=m["content"]) for m in items]  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ Pivots (steps where a reminder changes the agent's action, :func:`find_pivot`) a
 stored in the episode metadata: the ground truth for pivot detection. A pivot whose fact is a requirement
 (``requirement: true``: interpreter, output location, protected directory) is fatal to miss; the others cost wasted
 steps. :func:`simulate_proactive` is the reference loop with a memory behaviour (the oracle of
-:mod:`data.experts.proactive`) or without memory.
+:mod:`memrl.data.experts.proactive`) or without memory.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from data.config import ConfigModel
-from data.envs.base import turn_tokens
-from data.formats import (
+from memrl.data.config import ConfigModel
+from memrl.data.envs.base import turn_tokens
+from memrl.data.formats import (
     ACTION_AGENT_SYSTEM,
     parse_intervention,
     parse_memory_context,
@@ -48,8 +48,8 @@ from data.formats import (
     render_tool_call,
     render_window,
 )
-from data.schemas import EnvSpec, Episode, Message, QAPair, ScriptedPolicy, Turn
-from data.tasks.common import as_messages, content_of, role_of
+from memrl.data.schemas import EnvSpec, Episode, Message, QAPair, ScriptedPolicy, Turn
+from memrl.data.tasks.common import as_messages, content_of, role_of
 
 __all__ = [
     "FACTS",
@@ -404,7 +404,7 @@ class ProactiveTask:
 
 # ---------------------------------------------------------------------------------------------------- agent
 class ActionAgent:
-    """The scripted action agent (a :class:`~data.schemas.ScriptedPolicy`): follows the ``next:`` line, acts on
+    """The scripted action agent (a :class:`~memrl.data.schemas.ScriptedPolicy`): follows the ``next:`` line, acts on
     the facts its context shows (window + reminder), else falls back to its default command.
 
     A reminder that does not name the next subtask's fact distracts it with probability ``distraction`` (a wasted
@@ -488,7 +488,7 @@ _FAILURE = re.compile(r"(?im)^(error: .*|bash: .*command not found|cp: cannot st
 
 
 class BankWriter:
-    """A scripted, non-privileged Phase 1 (a :class:`~data.schemas.ScriptedPolicy` for the ``bank_edit`` role): it
+    """A scripted, non-privileged Phase 1 (a :class:`~memrl.data.schemas.ScriptedPolicy` for the ``bank_edit`` role): it
     records what the agent has seen and nothing else. It reads only its prompt (task statement, recent window, bank),
     never the task's plan, its fact values or its pivots, so it cannot flag which entry the next subtask will need.
 

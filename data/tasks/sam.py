@@ -1,6 +1,6 @@
 """SAM task family: guided exploration of the text world, then a question whose evidence sits in early pages.
 
-An episode is a tour of ``T`` steps through a :class:`~data.envs.textworld.TextWorldEnv`: every observation ends
+An episode is a tour of ``T`` steps through a :class:`~memrl.data.envs.textworld.TextWorldEnv`: every observation ends
 with ``next: ACTION`` (the tour's next step), and the observation of step ``T`` carries ``question: ...`` instead.
 Facts are short key-before-value lines (``the red key is in drawer 5``; a locked container prints ``the brass key
 opens chest 7``). The question asks where an item seen in the first ``evidence_frac`` of the tour is
@@ -13,7 +13,7 @@ statement can still find the second.
 :class:`SamTask` implements the agent loop's task interface (``reset``, ``step -> (observation, done)``,
 ``finish(answer) -> outcome``) plus ``snapshot()`` / ``restore()``. :class:`SamReasoner` is the scripted frozen
 reasoner; :func:`simulate_sam` is a reference loop that runs it with a memory behaviour (e.g. the oracle expert of
-:mod:`data.experts.sam`) or with no memory, so the task's success rates can be measured inside ``data``.
+:mod:`memrl.data.experts.sam`) or with no memory, so the task's success rates can be measured inside ``data``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from data.config import ConfigModel
-from data.envs.base import count_tokens, turn_tokens
-from data.envs.textworld import TextWorldEnv, TextWorldParams
-from data.envs.vocab import COLORS, CONTAINERS, NOUNS
-from data.formats import (
+from memrl.data.config import ConfigModel
+from memrl.data.envs.base import count_tokens, turn_tokens
+from memrl.data.envs.textworld import TextWorldEnv, TextWorldParams
+from memrl.data.envs.vocab import COLORS, CONTAINERS, NOUNS
+from memrl.data.formats import (
     NOTHING_RELEVANT,
     SAM_REASONER_SYSTEM,
     parse_sam_memory_block,
@@ -43,8 +43,8 @@ from data.formats import (
     render_sam_recalled,
     render_tool_call,
 )
-from data.schemas import EnvSpec, Episode, Message, QAPair, ScriptedPolicy, Turn
-from data.tasks.common import as_messages, content_of, normalize_answer, role_of
+from memrl.data.schemas import EnvSpec, Episode, Message, QAPair, ScriptedPolicy, Turn
+from memrl.data.tasks.common import as_messages, content_of, normalize_answer, role_of
 
 __all__ = [
     "SAM_SETTINGS",
@@ -128,7 +128,7 @@ class SamTaskParams(ConfigModel):
 class SamSetting(ConfigModel):
     """A named learning setting: the tasks the expert is distilled on (the SFT data), the RL training tasks, the dev
     and test tasks (same parameters, disjoint seeds: tune on dev, report on test), and the expert's noise knobs
-    (:class:`~data.experts.sam.SamOracleConfig` fields)."""
+    (:class:`~memrl.data.experts.sam.SamOracleConfig` fields)."""
 
     description: str
     sft: SamTaskParams  # tasks of the SFT data (the expert inside SAM, rejection-sampled)
@@ -476,14 +476,14 @@ def _term_set(text: str) -> set[str]:
 
 
 class SamReasoner:
-    """The scripted frozen reasoner of SAM tasks (a :class:`~data.schemas.ScriptedPolicy`).
+    """The scripted frozen reasoner of SAM tasks (a :class:`~memrl.data.schemas.ScriptedPolicy`).
 
     It reads: the system prompt (which tools it has: ``memory(intent, page_ids)`` as under SAM, ``memory(intent)``
     as under the retrieval baselines, or no memory tool as under long-context; no system message means SAM's), the
     memory block (``task: ...`` / ``memory cues:`` / ``pN: cue``), observations (``user`` or ``tool`` messages; the
     latest ``next:`` line says what to do), recalled content (user messages from
-    :func:`~data.formats.render_sam_recalled`) and its own earlier tool calls (assistant messages). It replies with
-    one tool call: ``act`` while exploring; once the question is visible, ``answer`` if the facts it can see answer
+    :func:`~memrl.data.formats.render_sam_recalled`) and its own earlier tool calls (assistant messages). It replies
+    with one tool call: ``act`` while exploring; once the question is visible, ``answer`` if the facts it can see answer
     it, else a recall: under SAM, ``memory(intent, page_ids)`` on the best-matching untried pages while the intent's
     budget lasts (``recall_budget`` calls per intent; a recall that came back empty is followed by the next-best
     pages); under retrieval, which has no cues to pick from, ``memory(intent)`` once per intent; else
@@ -601,9 +601,9 @@ def simulate_sam(
     metadata: dict[str, Any] | None = None,
 ) -> SamRun:
     """Run ``reasoner`` on ``task`` with SAM-style memory: raw turns beyond ``live_turns`` are cut into pages of
-    ``page_turns`` turns; ``memory`` (a policy answering :func:`~data.formats.render_sam_consolidate_prompt` and
-    :func:`~data.formats.render_sam_recall_prompt` messages, e.g. the oracle expert) writes each page's cue and reads
-    pages under the reasoner's intent. ``memory=None`` keeps the live window only (pages are dropped).
+    ``page_turns`` turns; ``memory`` (a policy answering :func:`~memrl.data.formats.render_sam_consolidate_prompt` and
+    :func:`~memrl.data.formats.render_sam_recall_prompt` messages, e.g. the oracle expert) writes each page's cue and
+    reads pages under the reasoner's intent. ``memory=None`` keeps the live window only (pages are dropped).
 
     This is the reference for the agent loop's SAM system (``rollout``): the same message shapes, in-process.
     """

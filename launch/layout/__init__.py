@@ -6,15 +6,16 @@ assignments they ``eval``) and run it. ``--dry-run`` prints the same plan as tex
 ``--format json`` gives it to tests and tools. Everything is computed from arguments, Slurm variables
 (``SLURM_JOB_NODELIST`` through ``scontrol show hostnames`` when installed, ``SLURM_NODEID``, ``SLURM_GPUS_ON_NODE``
 ...) and the ``run`` / ``placement`` sections of the run's config, so a plan can be checked anywhere. Only the
-distributed memrl commands (``launch.cli.JOBS`` with ``distributed=True``) get many processes; the others run as one
-plain process on node rank 0.
+distributed memrl commands (``memrl.launch.cli.JOBS`` with ``distributed=True``) get many processes; the others run as
+one plain process on node rank 0.
 
-    python -m launch.layout torchrun --nproc-per-node 8 --dry-run -- sft --config configs/sft.yaml
-    python -m launch.layout slurm --nodes 4 --dry-run -- train oat-grpo --config configs/oat.yaml
+    python -m memrl.launch.layout torchrun --nproc-per-node 8 --dry-run -- sft --config configs/sft.yaml
+    python -m memrl.launch.layout slurm --nodes 4 --dry-run -- train oat-grpo --config configs/oat.yaml
 
-One module per launcher: :mod:`launch.layout.torchrun`, :mod:`launch.layout.deepspeed`, :mod:`launch.layout.serve`
-(vLLM servers), :mod:`launch.layout.slurm` (served models, the Ray rollout fleet and training on a Slurm
-allocation); :mod:`launch.layout.common` holds what they share (hosts, devices, the command, the training layout).
+One module per launcher: :mod:`memrl.launch.layout.torchrun`, :mod:`memrl.launch.layout.deepspeed`,
+:mod:`memrl.launch.layout.serve`
+(vLLM servers), :mod:`memrl.launch.layout.slurm` (served models, the Ray rollout fleet and training on a Slurm
+allocation); :mod:`memrl.launch.layout.common` holds what they share (hosts, devices, the command, the training layout).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from launch.layout.common import (
+from memrl.launch.layout.common import (
     LaunchError,
     LaunchView,
     MemrlCommand,
@@ -34,10 +35,10 @@ from launch.layout.common import (
     gpus_on_node,
     slurm_hostnames,
 )
-from launch.layout.deepspeed import plan_deepspeed
-from launch.layout.serve import ServeSpec, plan_serve
-from launch.layout.slurm import SETUPS, plan_slurm
-from launch.layout.torchrun import plan_torchrun
+from memrl.launch.layout.deepspeed import plan_deepspeed
+from memrl.launch.layout.serve import ServeSpec, plan_serve
+from memrl.launch.layout.slurm import SETUPS, plan_slurm
+from memrl.launch.layout.torchrun import plan_torchrun
 
 __all__ = [
     "PLANNERS",
@@ -68,11 +69,12 @@ PLANNERS: dict[str, Callable[[Sequence[str], Mapping[str, str]], Plan]] = {
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    """``python -m launch.layout {torchrun,deepspeed,serve,slurm} [--format text|json|shell] ARGS...``."""
+    """``python -m memrl.launch.layout {torchrun,deepspeed,serve,slurm} [--format text|json|shell] ARGS...``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
     if not argv or argv[0] not in PLANNERS:
-        print(f"usage: python -m launch.layout {{{','.join(PLANNERS)}}} [--dry-run] [--format text|json|shell] ...",
+        planners = ",".join(PLANNERS)
+        print(f"usage: python -m memrl.launch.layout {{{planners}}} [--dry-run] [--format text|json|shell] ...",
               file=sys.stderr)
         return 2
     kind, rest = argv[0], argv[1:]

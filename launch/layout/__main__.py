@@ -1,7 +1,7 @@
-"""``python -m launch.layout {torchrun,deepspeed,serve,slurm} ...`` (see :mod:`launch.layout`)."""
+"""``python -m memrl.launch.layout {torchrun,deepspeed,serve,slurm} ...`` (see :mod:`memrl.launch.layout`)."""
 
 import sys
 
-from launch.layout import main
+from memrl.launch.layout import main
 
 sys.exit(main())

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from data.config import (
+from memrl.data.config import (
     ConfigError,
     ConfigModel,
     PlacementConfig,
@@ -27,7 +27,7 @@ from data.config import (
     RunConfig,
     apply_overrides,
 )
-from rollout.fleet import FleetConfig
+from memrl.rollout.fleet import FleetConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MASTER_PORT = 29500
@@ -277,7 +277,7 @@ def launch_view(command: MemrlCommand) -> LaunchView:
 
 
 def _resumable(stage: str) -> bool:
-    from launch.cli import JOBS
+    from memrl.launch.cli import JOBS
 
     return any(" ".join(job.path) == stage and job.resumable for job in JOBS)
 
@@ -297,10 +297,10 @@ class CommandKind:
 
 def command_kind(module: str, command: MemrlCommand) -> CommandKind:
     """What the launched command is; raises :class:`LaunchError` for a memrl command that does not exist."""
-    if module != "launch.cli":
+    if module != "memrl.launch.cli":
         # Another module (a benchmark, a probe) is started as asked, once per process of the layout.
         return CommandKind(f"python -m {module}", distributed=True, policy_engine=False)
-    from launch.cli import JOBS
+    from memrl.launch.cli import JOBS
 
     stage = command.stage
     for job in JOBS:

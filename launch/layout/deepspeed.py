@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from launch.layout.common import (
+from memrl.launch.layout.common import (
     LaunchError,
     MemrlCommand,
     Plan,
@@ -28,7 +28,7 @@ from launch.layout.common import (
     expand_hostlist,
     gpus_on_node,
 )
-from launch.layout.torchrun import _ignored_for_single, _layout_info, _policy_of
+from memrl.launch.layout.torchrun import _ignored_for_single, _layout_info, _policy_of
 
 
 def _read_hostfile(path: Path) -> list[tuple[str, int]]:
@@ -64,7 +64,8 @@ def _deepspeed_parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-port", type=int, help="rendezvous port (default: MASTER_PORT, job id, 29500)")
     parser.add_argument("--launcher", default="pdsh", choices=["pdsh", "openmpi", "mvapich", "slurm", "mpich", "impi"],
                         help="how DeepSpeed reaches the other nodes (default pdsh)")
-    parser.add_argument("--module", default="launch.cli", help="Python module to run (default: launch.cli = memrl)")
+    parser.add_argument("--module", default="memrl.launch.cli",
+                        help="Python module to run (default: memrl.launch.cli = memrl)")
     _device_argument(parser)
     return parser
 
@@ -76,7 +77,7 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     args = parser.parse_args(own)
     if args.help:
         return _help_plan(parser)
-    if not command and args.module == "launch.cli":
+    if not command and args.module == "memrl.launch.cli":
         raise LaunchError("give the memrl command to run after the options, e.g. -- sft --config FILE")
     if args.hostfile and args.hosts:
         raise LaunchError("give --hostfile or --hosts, not both")

@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from data.config import (
+from memrl.data.config import (
     ConfigModel,
 )
-from launch.layout.common import (
+from memrl.launch.layout.common import (
     VLLM_SERVER_MODULE,
     Device,
     LaunchError,

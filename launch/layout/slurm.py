@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from data.config import ServedModel
-from launch.layout.common import (
+from memrl.data.config import ServedModel
+from memrl.launch.layout.common import (
     ROOT,
     Device,
     LaunchError,
@@ -37,9 +37,9 @@ from launch.layout.common import (
     gpus_on_node,
     launch_view,
 )
-from launch.layout.serve import ServeSpec, _vllm_replicas
-from launch.layout.torchrun import _layout_info
-from rollout.fleet import EngineSlot, plan_fleet
+from memrl.launch.layout.serve import ServeSpec, _vllm_replicas
+from memrl.launch.layout.torchrun import _layout_info
+from memrl.rollout.fleet import EngineSlot, plan_fleet
 
 SETUPS: dict[str, dict[str, Any]] = {
     # SAM memory model (Qwen3.5-9B, trained): a frozen 35B-class reasoner (MoE, 4 x TP-2 servers per node) and an
@@ -148,7 +148,7 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     job_id = slurm.job_id if slurm and slurm.job_id else "dryrun"
     memrl = MemrlCommand(command)
     stage = memrl.stage
-    kind = command_kind("launch.cli", memrl)
+    kind = command_kind("memrl.launch.cli", memrl)
     view = launch_view(memrl)
     setup, wanted = _services(args, stage)
 

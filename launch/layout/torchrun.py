@@ -7,10 +7,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from data.config import (
+from memrl.data.config import (
     PolicyPlacement,
 )
-from launch.layout.common import (
+from memrl.launch.layout.common import (
     CommandKind,
     LaunchError,
     MemrlCommand,
@@ -40,14 +40,15 @@ def _torchrun_parser() -> argparse.ArgumentParser:
     parser.add_argument("--node-rank", type=int, help="this node's rank (default: its place in the Slurm node list)")
     parser.add_argument("--master-addr", help="rendezvous host (default: the first node)")
     parser.add_argument("--master-port", type=int, help="rendezvous port (default: MASTER_PORT, job id, 29500)")
-    parser.add_argument("--module", default="launch.cli", help="Python module to run (default: launch.cli = memrl)")
+    parser.add_argument("--module", default="memrl.launch.cli",
+                        help="Python module to run (default: memrl.launch.cli = memrl)")
     _device_argument(parser)
     return parser
 
 
 def _policy_of(kind: CommandKind, module: str, command: MemrlCommand) -> PolicyPlacement | None:
     """The policy engine's placement when the command builds one; reading the config also checks it exists."""
-    view = launch_view(command) if module == "launch.cli" else None
+    view = launch_view(command) if module == "memrl.launch.cli" else None
     return view.placement.policy if view is not None and kind.policy_engine else None
 
 
@@ -65,7 +66,7 @@ def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     args = parser.parse_args(own)
     if args.help:
         return _help_plan(parser)
-    if not command and args.module == "launch.cli":
+    if not command and args.module == "memrl.launch.cli":
         raise LaunchError("give the memrl command to run after the options, e.g. -- sft --config FILE")
     memrl = MemrlCommand(command)
     kind = command_kind(args.module, memrl)

@@ -1,8 +1,8 @@
-"""Inference engines: one interface (:mod:`rollout.engines.base`) over vLLM, transformers, OpenAI-compatible HTTP
+"""Inference engines: one interface (:mod:`memrl.rollout.engines.base`) over vLLM, transformers, OpenAI-compatible HTTP
 endpoints and scripted agents. Backends import their heavy dependencies only when built (:func:`build_engine`).
 """
 
-from rollout.engines.base import (
+from memrl.rollout.engines.base import (
     Completion,
     Engine,
     EngineError,
@@ -14,8 +14,9 @@ from rollout.engines.base import (
     sample_seed,
     to_memory_call,
 )
-from rollout.engines.config import EndpointConfig, EngineConfig, build_engine, load_scripted_policy
-from rollout.engines.prefix_cache import PrefixCacheSimulator
+from memrl.rollout.engines.config import EndpointConfig, EngineConfig, load_scripted_policy
+from memrl.rollout.engines.factory import build_engine
+from memrl.rollout.engines.prefix_cache import PrefixCacheSimulator
 
 __all__ = [
     "Completion",

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from data.schemas import MemoryCall, Message
+from memrl.data.schemas import MemoryCall, Message
 
 __all__ = [
     "Completion",

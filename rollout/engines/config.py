@@ -13,11 +13,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from data.config import ConfigError, ConfigModel, PolicyPlacement
-from data.schemas import ScriptedPolicy
-from rollout.engines.base import Engine
+from memrl.data.config import ConfigError, ConfigModel, PolicyPlacement
+from memrl.data.schemas import ScriptedPolicy
 
-__all__ = ["EndpointConfig", "EngineConfig", "build_engine", "load_scripted_policy", "place_policy_engine"]
+__all__ = ["EndpointConfig", "EngineConfig", "load_scripted_policy", "place_policy_engine"]
 
 
 class EndpointConfig(ConfigModel):
@@ -178,32 +177,3 @@ def load_scripted_policy(path: str, kwargs: dict[str, Any] | None = None) -> Scr
     if not callable(getattr(policy, "respond", None)):
         raise TypeError(f"{path} does not implement ScriptedPolicy (no respond method)")
     return policy
-
-
-def build_engine(cfg: EngineConfig, policy: ScriptedPolicy | None = None) -> Engine:
-    """Build the engine ``cfg`` describes; ``policy`` supplies the scripted backend's agent programmatically."""
-    if cfg.backend == "scripted":
-        from rollout.engines.scripted import ScriptedEngine
-
-        if policy is None:
-            if not cfg.scripted_policy:
-                raise ValueError("backend 'scripted' needs 'scripted_policy' in the config or a policy argument")
-            policy = load_scripted_policy(cfg.scripted_policy, cfg.scripted_kwargs)
-        return ScriptedEngine.from_config(cfg, policy)
-    if policy is not None:
-        raise ValueError(f"a policy object only applies to the scripted backend, not {cfg.backend!r}")
-    if cfg.backend in ("vllm", "hf") and cfg.model:
-        from data.checks import check_model_ref
-
-        check_model_ref(cfg.model, f"engine {cfg.engine_name}: model")  # a missing path is named, never sent to the hub
-    if cfg.backend == "vllm":
-        from rollout.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine.from_config(cfg)
-    if cfg.backend == "hf":
-        from rollout.engines.hf_engine import HFEngine
-
-        return HFEngine.from_config(cfg)
-    from rollout.engines.openai_engine import OpenAIEngine
-
-    return OpenAIEngine.from_config(cfg)

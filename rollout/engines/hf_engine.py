@@ -2,12 +2,13 @@
 
 Requests are expanded to one row per sample and batched with left padding (rows with the same sampling settings share
 a ``generate`` call). Sampling is done by a logits processor that draws each row with its own ``torch.Generator``
-seeded by :func:`~rollout.engines.base.sample_seed`, so a sample does not depend on which other rows share its batch
-(up to floating-point effects of padding). The same processor sees the raw logits first, so it records the log-prob
+seeded by :func:`~memrl.rollout.engines.base.sample_seed`, so a sample does not depend on which other rows share its
+batch (up to floating-point effects of padding). The same processor sees the raw logits first, so it records the
+log-prob
 of the sampled token under the raw distribution (log-softmax of unprocessed logits, temperature 1, no top-k/top-p):
 the definition every backend and the trainer use. End-of-sequence tokens (the tokenizer's and the generation
 config's) and stop strings end a row as in vLLM. On CPU, generation runs with one torch thread unless ``cpu_threads``
-says otherwise (see :func:`~rollout.engines.base.torch_threads`).
+says otherwise (see :func:`~memrl.rollout.engines.base.torch_threads`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from rollout.engines.base import (
+from memrl.rollout.engines.base import (
     Completion,
     Engine,
     EngineError,
@@ -32,7 +33,7 @@ from rollout.engines.base import (
     sample_seed,
     torch_threads,
 )
-from rollout.engines.config import EngineConfig
+from memrl.rollout.engines.config import EngineConfig
 
 __all__ = ["HFEngine"]
 
@@ -101,7 +102,7 @@ class HFEngine(Engine):
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> HFEngine:
         """Load ``cfg.model`` (safetensors) and its tokenizer; device defaults to CUDA when available."""
-        from rollout.models import load_causal_lm, load_tokenizer
+        from memrl.rollout.models import load_causal_lm, load_tokenizer
 
         assert cfg.model is not None
         device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -254,7 +255,7 @@ class HFEngine(Engine):
         """Wrap the base model with the PEFT LoRA adapter in ``path`` (replacing any previous adapter)."""
         from peft import PeftModel
 
-        from data.checks import check_adapter_dir
+        from memrl.data.checks import check_adapter_dir
 
         check_adapter_dir(str(path), f"engine {self.name}: adapter")
         self.use_base(self.policy_version)

@@ -17,7 +17,7 @@ limits (token buckets that refill continuously and hold one second of budget, so
 exceeded). A sample goes to the endpoint with the most free capacity, and a retry prefers another endpoint.
 429, 408, 5xx, timeouts, dropped connections and unparseable answers are retried with exponential backoff and jitter
 (honouring ``Retry-After``); other 4xx fail at once. Every attempt has a timeout and the whole call a deadline, so a
-call never hangs. A failure raises one :class:`~rollout.engines.base.EngineError` naming the endpoint and its last
+call never hangs. A failure raises one :class:`~memrl.rollout.engines.base.EngineError` naming the endpoint and its last
 status. API keys are read from the environment variables the endpoints name, sent only as a bearer header, and never
 logged, stored in results or written anywhere.
 """
@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from rollout.engines.base import (
+from memrl.rollout.engines.base import (
     Completion,
     Engine,
     EngineError,
@@ -48,7 +48,7 @@ from rollout.engines.base import (
     chat_prompt_ids,
     sample_seed,
 )
-from rollout.engines.config import EndpointConfig, EngineConfig
+from memrl.rollout.engines.config import EndpointConfig, EngineConfig
 
 __all__ = ["EndpointStats", "OpenAIEngine", "TokenBucket"]
 
@@ -229,7 +229,7 @@ class OpenAIEngine(Engine):
         """Build from an :class:`EngineConfig`; ``tokenizer`` enables token-in/token-out completions."""
         tokenizer = None
         if cfg.tokenizer:
-            from rollout.models import load_tokenizer
+            from memrl.rollout.models import load_tokenizer
 
             tokenizer = load_tokenizer(cfg.tokenizer, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
         return cls(

@@ -1,11 +1,11 @@
-"""The scripted backend: a programmatic agent (:class:`data.schemas.ScriptedPolicy`) behind the engine interface.
+"""The scripted backend: a programmatic agent (:class:`memrl.data.schemas.ScriptedPolicy`) behind the engine interface.
 
 Sample ``i`` of a request calls ``policy.respond(messages, rng, metadata)`` with ``rng = random.Random(seed_i)``,
 ``seed_i = sample_seed(request seed, i)`` (an unseeded request takes the engine's next counter seed), so a run is
 reproducible. With a tokenizer the engine reports token-in/token-out results like a model engine would: prompt ids from
 the chat template, response ids = the tokenised reply plus end-of-sequence, and usage whose cached prompt tokens come
-from a simulated vLLM prefix cache (:class:`~rollout.engines.prefix_cache.PrefixCacheSimulator`). Log-probs are empty:
-a scripted agent has no distribution. Without a tokenizer only the text is returned and usage stays zero.
+from a simulated vLLM prefix cache (:class:`~memrl.rollout.engines.prefix_cache.PrefixCacheSimulator`). Log-probs are
+empty: a scripted agent has no distribution. Without a tokenizer only the text is returned and usage stays zero.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from data.schemas import ScriptedPolicy
-from rollout.engines.base import (
+from memrl.data.schemas import ScriptedPolicy
+from memrl.rollout.engines.base import (
     Completion,
     Engine,
     EngineError,
@@ -28,8 +28,8 @@ from rollout.engines.base import (
     find_stop,
     sample_seed,
 )
-from rollout.engines.config import EngineConfig
-from rollout.engines.prefix_cache import PrefixCacheSimulator
+from memrl.rollout.engines.config import EngineConfig
+from memrl.rollout.engines.prefix_cache import PrefixCacheSimulator
 
 __all__ = ["DelayedEngine", "DelayedPolicy", "ScriptedEngine"]
 
@@ -60,7 +60,7 @@ class ScriptedEngine(Engine):
         """Build from an :class:`EngineConfig` (``tokenizer`` or ``model`` names the tokenizer, if any)."""
         tokenizer = None
         if cfg.tokenizer or cfg.model:
-            from rollout.models import load_tokenizer
+            from memrl.rollout.models import load_tokenizer
 
             tokenizer = load_tokenizer(
                 cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
@@ -150,7 +150,7 @@ class DelayedPolicy:
     ``"package.module:Class"`` built with ``kwargs``."""
 
     def __init__(self, policy: str, latency_s: float, kwargs: dict[str, Any] | None = None) -> None:
-        from rollout.engines.config import load_scripted_policy
+        from memrl.rollout.engines.config import load_scripted_policy
 
         self.inner = load_scripted_policy(policy, kwargs)
         self.latency_s = latency_s

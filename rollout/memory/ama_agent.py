@@ -10,7 +10,7 @@ Retrieval (for a question, or the reasoner's ``retrieve(query)`` tool): the ``to
 then the sufficiency self-check (``ama_sufficiency``) says SUFFICIENT, or INSUFFICIENT with a route: ``graph`` runs a
 neighbourhood traversal over causal (both directions) and association edges up to ``traversal_depth`` hops (at most
 ``max_traversal_nodes`` nodes); ``keyword`` asks the memory model (``ama_keyword_script``) for a Python script over
-the trajectory, run in :mod:`rollout.memory.sandbox` (time/memory limits, no network, only ``trajectory.json`` as
+the trajectory, run in :mod:`memrl.rollout.memory.sandbox` (time/memory limits, no network, only ``trajectory.json`` as
 input), or for keywords matched in-process. The check runs again after each tool, at most ``max_tool_rounds`` tools.
 The evidence (nodes in turn order with their states and causes, plus script output) goes to the reasoner, which
 synthesises the answer: the memory system never answers itself.
@@ -19,9 +19,9 @@ Ablations (:class:`AMAConfig`): ``graph=False`` (w/o Causality Graph: raw turn n
 keyword route only), ``tool_retrieval=False`` (w/o Tool-Augmented Retrieval: similarity top-k only).
 
 In an interactive task the reasoner sees the task, the last ``recent_turns`` raw turns and its last retrieval's
-evidence. Question-answering mode follows :mod:`rollout.memory.workflow`: replayed turns are built into the graph as
-they arrive; the question runs retrieval and the reasoner's message ends with the evidence and ``question: ...``.
-Node ids are turn steps, which :func:`~rollout.memory.workflow.feed_episode` sets to AMA-Bench's ``turn_idx``.
+evidence. Question-answering mode follows :mod:`memrl.rollout.memory.workflow`: replayed turns are built into the graph
+as they arrive; the question runs retrieval and the reasoner's message ends with the evidence and ``question: ...``.
+Node ids are turn steps, which :func:`~memrl.rollout.memory.workflow.feed_episode` sets to AMA-Bench's ``turn_idx``.
 
 Deviations from the paper: the start observation (step 0 of an interactive task) is context, not a node; a build
 answer that names no causes links the turn to its predecessor; sandboxed scripts run synchronously inside the
@@ -36,12 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from data.config import ConfigModel
-from data.formats import ToolCall
-from data.schemas import Message
-from rollout.memory.base import MemoryRequest, RoleSampling, ToolResult
-from rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
-from rollout.memory.prompts_ama import (
+from memrl.data.config import ConfigModel
+from memrl.data.formats import ToolCall
+from memrl.data.schemas import Message
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult
+from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
+from memrl.rollout.memory.prompts_ama import (
     AMA_REASONER_SYSTEM,
     parse_ama_record,
     parse_ama_search,
@@ -50,8 +50,8 @@ from rollout.memory.prompts_ama import (
     render_ama_search,
     render_ama_sufficiency,
 )
-from rollout.memory.sandbox import SandboxConfig, run_script
-from rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
+from memrl.rollout.memory.sandbox import SandboxConfig, run_script
+from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
 
 __all__ = ["AMAConfig", "AMAMemory", "StateNode"]
 

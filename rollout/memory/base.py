@@ -14,9 +14,9 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
-from data.config import ConfigModel
-from data.formats import ToolCall
-from data.schemas import MemoryCall, Message
+from memrl.data.config import ConfigModel
+from memrl.data.formats import ToolCall
+from memrl.data.schemas import MemoryCall, Message
 
 __all__ = ["MemoryRequest", "MemorySystem", "RoleSampling", "ToolResult", "Turn"]
 

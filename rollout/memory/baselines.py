@@ -3,24 +3,25 @@
 - **Long-context** (:class:`LongContextMemory`): the whole history, raw, truncated to the reasoner's window: the
   system prompt and the task message are always kept, then the most recent turns that fit ``window_tokens`` (whole
   turns, oldest dropped first; the newest turn is kept even when it alone overflows). The reasoner has no memory tool
-  (:data:`~data.formats.LONG_CONTEXT_REASONER_SYSTEM`). With a tokenizer's counter
-  (:class:`~rollout.memory.sam.TokenizerCounter`) a message costs what the chat template renders it to and the
+  (:data:`~memrl.data.formats.LONG_CONTEXT_REASONER_SYSTEM`). With a tokenizer's counter
+  (:class:`~memrl.rollout.memory.sam.TokenizerCounter`) a message costs what the chat template renders it to and the
   generation prompt what the template adds, so the count is the engine's prompt length for templates that render
   messages independently (ChatML); with a plain text counter a message costs ``count_tokens(content) +
   message_overhead_tokens`` and the prompt adds ``prompt_overhead_tokens``.
 - **Retrieval** (:class:`BM25Memory`, :class:`EmbeddingMemory`): the live context is paged exactly as SAM's
-  (:class:`~rollout.memory.sam.PagingConfig`), but no memory model writes cues: the raw pages are indexed. The
-  reasoner's ``memory(intent)`` tool (:data:`~data.formats.RETRIEVAL_REASONER_SYSTEM`; page ids, if given, are
+  (:class:`~memrl.rollout.memory.sam.PagingConfig`), but no memory model writes cues: the raw pages are indexed. The
+  reasoner's ``memory(intent)`` tool (:data:`~memrl.data.formats.RETRIEVAL_REASONER_SYSTEM`; page ids, if given, are
   ignored) returns the raw text of the ``top_k`` pages that match the intent best, best first, as
-  :func:`~data.formats.render_sam_recalled` content (``page N:`` then the page text, per page). BM25 uses ``bm25s``
-  over lower-cased word tokens (single digits kept: ``pen 4`` is not ``pen 2``; English stopwords dropped) plus
+  :func:`~memrl.data.formats.render_sam_recalled` content (``page N:`` then the page text, per page). BM25 uses
+  ``bm25s`` over lower-cased word tokens (single digits kept: ``pen 4`` is not ``pen 2``; English stopwords dropped)
+  plus
   adjacent-word bigrams (``brass_key``: a page that names the brass key outranks pages that say "brass" and "key"
   apart; measured here on 200-token pages, needle pages in the top 3: 24/30 with words alone, 30/30 with bigrams); the
-  embedding baseline uses :mod:`rollout.memory.embedders` (the packaged MiniLM by default), embedding new pages in
+  embedding baseline uses :mod:`memrl.rollout.memory.embedders` (the packaged MiniLM by default), embedding new pages in
   one batch at query time. Pages that share no term with the intent (BM25 score 0) are not returned.
 
 The reasoner's messages are SAM's shape with an empty cue bank (``task: ...`` / ``memory cues: none``), so the
-scripted reasoner (:class:`~data.tasks.sam.SamReasoner`) reads them unchanged.
+scripted reasoner (:class:`~memrl.data.tasks.sam.SamReasoner`) reads them unchanged.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from data.config import ConfigModel
-from data.envs.base import count_tokens as approximate_count_tokens
-from data.formats import (
+from memrl.data.config import ConfigModel
+from memrl.data.envs.base import count_tokens as approximate_count_tokens
+from memrl.data.formats import (
     LONG_CONTEXT_REASONER_SYSTEM,
     NOTHING_RELEVANT,
     RETRIEVAL_REASONER_SYSTEM,
@@ -42,10 +43,10 @@ from data.formats import (
     render_sam_memory_block,
     render_sam_recalled,
 )
-from data.schemas import Message
-from rollout.memory.base import MemorySystem, ToolResult, Turn
-from rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
-from rollout.memory.sam import LiveUnit, PagedMemory, PagingConfig, TokenCounter, TokenizerCounter
+from memrl.data.schemas import Message
+from memrl.rollout.memory.base import MemorySystem, ToolResult, Turn
+from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
+from memrl.rollout.memory.sam import LiveUnit, PagedMemory, PagingConfig, TokenCounter, TokenizerCounter
 
 __all__ = [
     "BM25Config",

@@ -22,7 +22,7 @@ diagnostic notes. Operations, as in Algorithm 1:
 Ablations (:class:`MageConfig`): ``compress=False`` (w/o Compress: R grows without bound, no Maintain either),
 ``maintain=False`` (w/o Maintain), ``revise=False`` (w/o Revise: failures are only noted).
 
-Question-answering mode follows :mod:`rollout.memory.workflow`: replayed trajectory turns Grow the tree and are
+Question-answering mode follows :mod:`memrl.rollout.memory.workflow`: replayed trajectory turns Grow the tree and are
 compressed (fallback) and maintained as they arrive; the question turn adds ``question: ...`` as the last line of the
 reasoner's message, under S. A Maintain failure on replayed turns is noted (shown beside the summary in C and in H)
 but does not Revise: a recorded log cannot be re-executed from the boundary.
@@ -37,11 +37,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from data.config import ConfigModel
-from data.formats import ToolCall
-from data.schemas import Message
-from rollout.memory.base import MemoryRequest, RoleSampling, ToolResult
-from rollout.memory.prompts_mage import (
+from memrl.data.config import ConfigModel
+from memrl.data.formats import ToolCall
+from memrl.data.schemas import Message
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult
+from memrl.rollout.memory.prompts_mage import (
     mage_reasoner_system,
     parse_mage_summary,
     parse_mage_verdict,
@@ -50,7 +50,7 @@ from rollout.memory.prompts_mage import (
     render_mage_state,
     render_mage_steps,
 )
-from rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
+from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
 
 __all__ = ["BottomNode", "ExecutionState", "Hints", "MageConfig", "MageMemory", "TopNode"]
 

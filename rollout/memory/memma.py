@@ -20,8 +20,8 @@ Ablations (:class:`MemMAConfig`): ``construction_guidance=False`` (/C: the Manag
 
 In an interactive task the reasoner sees the task, the last ``recent_turns`` raw turns and the result of its last
 ``memory(query)`` call (query loop + Answer Agent: the proposed answer and the evidence). Question-answering mode
-follows :mod:`rollout.memory.workflow`: the replayed turns are chunked and consolidated as they arrive; the question
-flushes the last chunk and session, runs the query loop, and the reasoner's message ends with the evidence, the
+follows :mod:`memrl.rollout.memory.workflow`: the replayed turns are chunked and consolidated as they arrive; the
+question flushes the last chunk and session, runs the query loop, and the reasoner's message ends with the evidence, the
 Answer Agent's proposed answer and ``question: ...``.
 
 Deviations from the paper: sessions are fixed-size groups of turns (agent trajectories have no session boundaries);
@@ -38,12 +38,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from data.config import ConfigModel
-from data.formats import ToolCall
-from data.schemas import Message
-from rollout.memory.base import MemoryRequest, RoleSampling, ToolResult
-from rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
-from rollout.memory.prompts_memma import (
+from memrl.data.config import ConfigModel
+from memrl.data.formats import ToolCall
+from memrl.data.schemas import Message
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult
+from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
+from memrl.rollout.memory.prompts_memma import (
     MEMMA_REASONER_SYSTEM,
     parse_memma_answer,
     parse_memma_consolidation,
@@ -64,7 +64,7 @@ from rollout.memory.prompts_memma import (
     render_memma_repair,
     render_memma_verify,
 )
-from rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
+from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
 
 __all__ = ["Entry", "MemMAConfig", "MemMAMemory", "lexical_match"]
 

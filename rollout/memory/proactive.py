@@ -11,15 +11,16 @@ BM25 (``bm25s``), in creation order.
 
 **Memory step** at step t (the number of action-agent calls made so far), when the trigger g(t) fires:
 
-1. Phase 1, role ``bank_edit`` (:func:`~data.formats.render_phase1_prompt`: task, recent window of ``window`` steps,
-   bank). The reply is zero or more tool calls, JSON or the XML-ish form (:func:`~data.formats.parse_tool_calls`):
+1. Phase 1, role ``bank_edit`` (:func:`~memrl.data.formats.render_phase1_prompt`: task, recent window of
+   ``window`` steps, bank). The reply is zero or more tool calls, JSON or the XML-ish form
+   (:func:`~memrl.data.formats.parse_tool_calls`):
    ``memory_update_status(content)``, ``memory_save_knowledge(content[, id])``, ``memory_save_procedural(content[,
    id])``, ``memory_delete(id)``; applied in order (a save with the ``id`` of an existing entry of its type rewrites
    that entry). A malformed call, an unknown tool, a bad argument or an unknown id is skipped and recorded in the
-   :class:`~data.schemas.MemoryCall`'s ``error`` and in the stats; it never stops the step.
-2. Phase 2, role ``intervene`` (:func:`~data.formats.render_phase2_prompt` over the updated bank). The reply is
+   :class:`~memrl.data.schemas.MemoryCall`'s ``error`` and in the stats; it never stops the step.
+2. Phase 2, role ``intervene`` (:func:`~memrl.data.formats.render_phase2_prompt` over the updated bank). The reply is
    ``<context_for_action>reminder</context_for_action>`` or ``<no_intervention/>``; a missing tag is silence, an
-   unclosed or empty tag is a recorded error and also silence (:func:`~data.formats.parse_intervention`).
+   unclosed or empty tag is a recorded error and also silence (:func:`~memrl.data.formats.parse_intervention`).
 
 With ``cite_entries``, a reminder that cites bank entries (``k2``, ``k2, p5``, or ids then ``:`` and the entry's text
 as the bank line shows it, ``k2: requirement: ...``) restates those entries: the action agent receives their exact
@@ -27,10 +28,11 @@ contents (joined by ``; ``), never the model's copy of them. A compact, structur
 unknown id is a recorded error and the step stays silent.
 
 A reminder goes into the next action-agent call only, as a transient ``memory context:`` user message after the
-action agent's history (:func:`~data.formats.render_memory_context`); :meth:`ProactiveMemory.after_reasoner_call`
+action agent's history (:func:`~memrl.data.formats.render_memory_context`); :meth:`ProactiveMemory.after_reasoner_call`
 drops it, so it never enters the persistent history. The action agent's context is otherwise its own history: the
 task statement, then its replies (verbatim) and the observations, cut to the last ``action_window`` steps
-(0 keeps everything; the scripted proactive tasks give their agent a window, see :func:`build_proactive_rollout`).
+(0 keeps everything; the scripted proactive tasks give their agent a window, see
+:func:`memrl.rollout.agents.build_proactive_rollout`).
 
 **Trigger** g(t): the first step, then every ``trigger_every`` steps (0: no periodic trigger); optionally also after a
 tool error (the last observation matches ``error_pattern``) and after a repeated command (the last command already
@@ -63,9 +65,8 @@ from typing import Any, Literal
 import bm25s
 from pydantic import Field, field_validator
 
-from data.config import ConfigModel
-from data.formats import (
-    ACTION_AGENT_SYSTEM,
+from memrl.data.config import ConfigModel
+from memrl.data.formats import (
     ToolCall,
     parse_intervention,
     parse_tool_calls,
@@ -75,12 +76,10 @@ from data.formats import (
     render_phase2_prompt,
     render_window,
 )
-from data.schemas import Episode, MemoryCall, Message
-from data.tasks import ProactiveTask, task_from_episode
-from data.tasks.common import as_messages
-from rollout.loop import Rollout
-from rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn
-from rollout.memory.workflow import action_of, truncate
+from memrl.data.schemas import MemoryCall, Message
+from memrl.data.tasks.common import as_messages
+from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn
+from memrl.rollout.memory.workflow import action_of, truncate
 
 __all__ = [
     "BANK_TOOLS",
@@ -89,7 +88,6 @@ __all__ = [
     "ProactiveConfig",
     "ProactiveMemory",
     "bm25_scores",
-    "build_proactive_rollout",
     "render_exposed_bank",
 ]
 
@@ -465,36 +463,3 @@ class ProactiveMemory(MemorySystem):
         scores = bm25_scores([e.content for e in entries], self._window_text())
         best = max(range(len(entries)), key=lambda i: (scores[i], entries[i].created_step, i))
         return entries[best].content
-
-
-def build_proactive_rollout(
-    source: Episode | ProactiveTask,
-    config: ProactiveConfig | None = None,
-    *,
-    seed: int = 0,
-    rollout_id: str = "r",
-    reasoner_sampling: RoleSampling | None = None,
-) -> Rollout:
-    """The agent-loop rollout of one proactive task with the proactive memory agent: how the harness, distillation
-    and pivot-turn GRPO build these rollouts alike.
-
-    ``source`` is a :class:`ProactiveTask` or its :class:`Episode` (rebuilt from ``episode.env``). The memory window
-    ``window`` and the action agent's ``action_window`` default to the task's agent window (``params.window``) unless
-    ``config`` sets them. The rollout's metadata carries the task's pivots and step budget (ground truth for pivot
-    analysis; never shown to a model).
-
-    Engines it expects (:class:`~rollout.loop.EngineSet`): the reasoner answers
-    :data:`~data.formats.ACTION_AGENT_SYSTEM` chats with one ``act(action)`` tool call (the scripted agent:
-    ``ScriptedEngine(ActionAgent())``, greedy); the memory engine answers roles ``bank_edit`` and ``intervene``
-    (``EngineSet.by_role`` may split them). An oracle memory engine finds the ground truth by the request's
-    ``task_id``: ``ScriptedEngine(ProactiveOracle(truths={task.task_id: task.truth()}))``.
-    """
-    task = source if isinstance(source, ProactiveTask) else task_from_episode(source)
-    if not isinstance(task, ProactiveTask):
-        raise ValueError(f"episode {task.task_id!r} is not a proactive task")
-    cfg = config or ProactiveConfig()
-    defaults = {key: task.params.window for key in ("window", "action_window") if key not in cfg.model_fields_set}
-    cfg = cfg.model_copy(update=defaults)
-    metadata = {"family": "proactive", "variant": cfg.variant, "pivots": list(task.pivots), "budget": task.max_steps}
-    return Rollout(task, ProactiveMemory(cfg), reasoner_system=ACTION_AGENT_SYSTEM,
-                   reasoner_sampling=reasoner_sampling, seed=seed, rollout_id=rollout_id, metadata=metadata)

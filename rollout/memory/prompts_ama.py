@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from data.schemas import Message
+from memrl.data.schemas import Message
 
 __all__ = [
     "AMA_REASONER_SYSTEM",

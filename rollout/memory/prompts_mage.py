@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from data.schemas import Message
+from memrl.data.schemas import Message
 
 __all__ = [
     "MAGE_COMPRESS_SYSTEM",

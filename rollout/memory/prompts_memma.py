@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from data.schemas import Message
+from memrl.data.schemas import Message
 
 __all__ = [
     "MEMMA_REASONER_SYSTEM",

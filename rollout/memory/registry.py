@@ -11,9 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 
-from rollout.memory.ama_agent import AMAConfig, AMAMemory
-from rollout.memory.base import MemorySystem
-from rollout.memory.baselines import (
+from memrl.rollout.memory.ama_agent import AMAConfig, AMAMemory
+from memrl.rollout.memory.base import MemorySystem
+from memrl.rollout.memory.baselines import (
     BM25Config,
     BM25Memory,
     EmbeddingConfig,
@@ -21,11 +21,11 @@ from rollout.memory.baselines import (
     LongContextConfig,
     LongContextMemory,
 )
-from rollout.memory.embedders import Embedder
-from rollout.memory.mage import MageConfig, MageMemory
-from rollout.memory.memma import MemMAConfig, MemMAMemory
-from rollout.memory.proactive import ProactiveConfig, ProactiveMemory
-from rollout.memory.sam import SamConfig, SamMemory, TokenCounter
+from memrl.rollout.memory.embedders import Embedder
+from memrl.rollout.memory.mage import MageConfig, MageMemory
+from memrl.rollout.memory.memma import MemMAConfig, MemMAMemory
+from memrl.rollout.memory.proactive import ProactiveConfig, ProactiveMemory
+from memrl.rollout.memory.sam import SamConfig, SamMemory, TokenCounter
 
 __all__ = [
     "MEMORY_NAMES",
@@ -39,19 +39,19 @@ __all__ = [
 
 
 class MageMemoryConfig(MageConfig):
-    """:class:`~rollout.memory.mage.MageConfig` selectable by ``name: mage``."""
+    """:class:`~memrl.rollout.memory.mage.MageConfig` selectable by ``name: mage``."""
 
     name: Literal["mage"] = "mage"  # selects this memory system
 
 
 class MemMAMemoryConfig(MemMAConfig):
-    """:class:`~rollout.memory.memma.MemMAConfig` selectable by ``name: memma``."""
+    """:class:`~memrl.rollout.memory.memma.MemMAConfig` selectable by ``name: memma``."""
 
     name: Literal["memma"] = "memma"  # selects this memory system
 
 
 class AMAMemoryConfig(AMAConfig):
-    """:class:`~rollout.memory.ama_agent.AMAConfig` selectable by ``name: ama_agent``."""
+    """:class:`~memrl.rollout.memory.ama_agent.AMAConfig` selectable by ``name: ama_agent``."""
 
     name: Literal["ama_agent"] = "ama_agent"  # selects this memory system
 

@@ -9,14 +9,14 @@ text (and at most ``page_turns`` units: ``page_turns: 1`` gives the one-turn pag
 larger than the budget becomes a page of its own. The newest unit, and the turn that carries the question (an
 observation matching ``pin_pattern``, or a question-answering ``user`` turn) with every turn after it, are never
 cut; the task message is not a unit (it heads the reasoner's context). Each page goes to the page store and the
-memory model writes its cue (role ``consolidate``, :func:`~data.formats.render_sam_consolidate_prompt`), one call per
-page, oldest first, before the reasoner's next call.
+memory model writes its cue (role ``consolidate``, :func:`~memrl.data.formats.render_sam_consolidate_prompt`), one call
+per page, oldest first, before the reasoner's next call.
 
 **Read path.** The reasoner's ``memory`` tool takes ``intent`` and ``page_ids`` (at most ``max_recall_pages``). The
 memory model reads the selected pages in page order, one call per page (role ``recall``,
-:func:`~data.formats.render_sam_recall_prompt`), each call seeing the running extraction so far; its output is the
-new extraction (:data:`~data.formats.NOTHING_RELEVANT` empties it). The last extraction goes back to the reasoner as
-:func:`~data.formats.render_sam_recalled` and stays in the live context as that step's unit.
+:func:`~memrl.data.formats.render_sam_recall_prompt`), each call seeing the running extraction so far; its output is the
+new extraction (:data:`~memrl.data.formats.NOTHING_RELEVANT` empties it). The last extraction goes back to the reasoner
+as :func:`~memrl.data.formats.render_sam_recalled` and stays in the live context as that step's unit.
 
 **The reasoner's messages** (active context = cue bank + recent raw context + recalled content)::
 
@@ -31,7 +31,7 @@ new extraction (:data:`~data.formats.NOTHING_RELEVANT` empties it). The last ext
 
 **Malformed memory outputs never stop the loop.** Outputs are cleaned (cut at an end-of-text marker, stripped; cues
 folded to one line and capped at ``max_cue_tokens``). Empty text, text without letters or digits, a tool call
-(complete or truncated) and output cut at ``max_tokens`` are errors: the call's :class:`~data.schemas.MemoryCall`
+(complete or truncated) and output cut at ``max_tokens`` are errors: the call's :class:`~memrl.data.schemas.MemoryCall`
 gets ``error``, the run counts ``sam_<role>_errors`` and ``sam_error_<kind>``, and the output contributes nothing
 (a page whose cue failed is listed as ``(no cue)``; a recall whose every page failed is a tool error). When only
 some pages of a recall failed, the reasoner gets what the others gave plus a ``failed pages:`` line naming each
@@ -41,7 +41,7 @@ tool errors with a clear message, counted as ``sam_tool_errors`` and ``sam_error
 through as text.
 
 All per-episode state is plain data (lists, dicts, dataclasses), so a rollout deep-copies at any pending call. Token
-counts use the ``count_tokens`` callable (default :func:`data.envs.base.count_tokens`; :func:`make_token_counter`
+counts use the ``count_tokens`` callable (default :func:`memrl.data.envs.base.count_tokens`; :func:`make_token_counter`
 wraps a real tokenizer and is shared, not copied, by ``copy.deepcopy``).
 """
 
@@ -54,9 +54,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from data.config import ConfigModel
-from data.envs.base import count_tokens as approximate_count_tokens
-from data.formats import (
+from memrl.data.config import ConfigModel
+from memrl.data.envs.base import count_tokens as approximate_count_tokens
+from memrl.data.formats import (
     NOTHING_RELEVANT,
     SAM_REASONER_SYSTEM,
     ToolCall,
@@ -66,11 +66,11 @@ from data.formats import (
     render_sam_recall_prompt,
     render_sam_recalled,
 )
-from data.schemas import MemoryCall, Message
-from data.tasks.common import as_messages
-from data.tasks.sam import render_page
-from rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
-from rollout.memory.workflow import action_of
+from memrl.data.schemas import MemoryCall, Message
+from memrl.data.tasks.common import as_messages
+from memrl.data.tasks.sam import render_page
+from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
+from memrl.rollout.memory.workflow import action_of
 
 __all__ = [
     "MISSING_CUE",

@@ -46,7 +46,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from data.config import ConfigModel
+from memrl.data.config import ConfigModel
 
 __all__ = ["SandboxConfig", "SandboxResult", "SandboxStatus", "run_script"]
 

@@ -14,7 +14,7 @@ and ingested in order, so a whole trajectory fed at once is processed exactly as
    role="tool")`` (turn ids in memory are AMA-Bench's ``turn_idx``); :func:`feed_episode` does steps 2 and 3.
 3. the question as a ``user`` turn with empty ``action_text`` at a step > 0 (the last ``turn_idx`` + 1).
 4. the loop asks :meth:`~JobQueueMemory.next_memory_request` until it returns None (ingestion calls in trajectory
-   order, then the question's retrieval calls), then :meth:`~rollout.memory.base.MemorySystem.reasoner_messages`
+   order, then the question's retrieval calls), then :meth:`~memrl.rollout.memory.base.MemorySystem.reasoner_messages`
    returns the reasoner's prompt: the task, the system's support for the question, and the question as the last line.
    The reasoner replies ``answer(answer)``.
 
@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from data.formats import ToolCall, parse_tool_calls
-from data.schemas import MemoryCall, Message
-from data.schemas import Turn as TrajectoryTurn
-from rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
+from memrl.data.formats import ToolCall, parse_tool_calls
+from memrl.data.schemas import MemoryCall, Message
+from memrl.data.schemas import Turn as TrajectoryTurn
+from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
 
 __all__ = ["Inbound", "Job", "JobQueueMemory", "action_of", "feed_episode", "truncate"]
 

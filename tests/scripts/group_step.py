@@ -11,9 +11,9 @@ import sys
 
 import torch
 
-from data.schemas import Group, GroupSample
-from train.group_trainer import GroupTrainer, GroupTrainerConfig
-from train.policy import LoraSettings, PolicySpec
+from memrl.data.schemas import Group, GroupSample
+from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+from memrl.train.policy import LoraSettings, PolicySpec
 
 
 def main() -> None:

@@ -1,0 +1,110 @@
+"""From credited rollouts to the trainer's groups, for both algorithms: OAT-GRPO's memory-call trees
+(:func:`credit_and_groups`, :func:`trees_to_groups`) and pivot-turn GRPO's pivot samples (:func:`pivot_groups`).
+
+A :class:`~memrl.data.schemas.Group` is what :class:`memrl.train.group_trainer.GroupTrainer` consumes: one prompt (its
+engine token ids) and the sampled responses to it, each with its reward and group-relative advantage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from memrl.data.schemas import Group, GroupSample, MemoryCall, MemoryCallTree, TreeNode
+from memrl.rewards.advantage import group_advantages
+from memrl.rewards.credit import CreditConfig, assign_batch_credit
+from memrl.rewards.pivot import PivotRewardConfig, pivot_reward
+from memrl.rollout.pivots import PivotGroupResult, PivotSample
+
+__all__ = ["credit_and_groups", "pivot_groups", "trees_to_groups"]
+
+
+def credit_and_groups(trees: list[MemoryCallTree], credit: CreditConfig, mode: Literal["tree", "flat"],
+                      seed: int) -> tuple[list[Group], dict[str, Any]]:
+    """OAT credit over one iteration's trees, all workers' together (the batch-level options, ``baseline: global``
+    and ``shuffle_outcomes``, see the whole batch), then the trainer groups in task order, and the credit metrics."""
+    stats = assign_batch_credit(trees, credit, mode=mode, seed=seed)
+    groups = trees_to_groups(trees, source="oat" if mode == "tree" else "flat")
+    return groups, {"credit_groups": sum(c.groups for c in stats),
+                    "credit_zero_variance_groups": sum(c.zero_variance_groups for c in stats)}
+
+
+def trees_to_groups(trees: Sequence[MemoryCallTree], *, source: Literal["oat", "flat"] = "oat") -> list[Group]:
+    """Turn scored trees into trainer groups: the memory nodes that share a parent context, with their advantages.
+
+    Tree mode: one group per sibling set (the first model call of each sibling's action). Flat mode: every trainable
+    action is a one-sample group carrying its trajectory's advantage. Either way the later calls of an action
+    (``follow_up_calls``) are one-sample groups carrying their node's advantage: they are part of the same action and
+    share its credit, but their prompts differ between siblings (the running extraction), so they cannot join its
+    group (the trainer needs no shared prompt for a one-sample group).
+    """
+    groups: list[Group] = []
+    for tree in trees:
+        members: dict[str, list[TreeNode]] = {}
+        for node in tree.nodes:
+            if node.kind == "memory" and node.call is not None and node.advantage is not None:
+                key = node.group_id if source == "oat" else node.node_id
+                members.setdefault(key or node.node_id, []).append(node)
+        for key, nodes in members.items():
+            first = nodes[0].call
+            assert first is not None
+            groups.append(Group(
+                group_id=f"{tree.tree_id}/{key}", task_id=tree.task_id, role=first.role,
+                prompt_ids=list(first.prompt_ids), messages=list(first.messages), source=source,
+                samples=[_tree_sample(n.call, n) for n in nodes if n.call is not None],
+            ))
+            for n in nodes:
+                for i, follow in enumerate(n.follow_up_calls):
+                    groups.append(Group(
+                        group_id=f"{tree.tree_id}/{key}/{n.node_id}/f{i + 1}", task_id=tree.task_id, role=follow.role,
+                        prompt_ids=list(follow.prompt_ids), messages=list(follow.messages), source=source,
+                        samples=[_tree_sample(follow, n)],
+                    ))
+    return groups
+
+
+def _tree_sample(call: MemoryCall, node: TreeNode) -> GroupSample:
+    """A trainer sample: the call's tokens and log-probs with its node's reward and advantage."""
+    return GroupSample(
+        response_ids=list(call.response_ids), rollout_logprobs=list(call.logprobs), text=call.text,
+        finish_reason=call.finish_reason, policy_version=call.policy_version, reward=node.reward or 0.0,
+        advantage=node.advantage or 0.0, node_id=node.node_id,
+    )
+
+
+def _pivot_sample(call: MemoryCall, reward: float, advantage: float, node_id: str, sample: PivotSample) -> GroupSample:
+    """A trainer sample of a pivot group: the call's tokens and log-probs with its sample's reward and advantage."""
+    return GroupSample(
+        response_ids=list(call.response_ids), rollout_logprobs=list(call.logprobs), text=call.text,
+        finish_reason=call.finish_reason, policy_version=call.policy_version, reward=reward, advantage=advantage,
+        node_id=node_id,
+        metadata={"outcome": sample.outcome, "reminder": sample.reminder is not None,
+                  "reminders_after": sample.reminders_after},
+    )
+
+
+def pivot_groups(results: list[PivotGroupResult], cfg: PivotRewardConfig | None = None) -> list[Group]:
+    """Score every sample, compute group advantages, and build the trainer's :class:`Group` s."""
+    cfg = cfg or PivotRewardConfig()
+    groups: list[Group] = []
+    for result in results:
+        rewards = [pivot_reward(s, cfg) for s in result.samples]
+        advantages = group_advantages(rewards, cfg.advantage)
+        meta = {**result.metadata, "pivot_id": result.pivot_id, "state": result.state}
+        groups.append(Group(
+            group_id=result.pivot_id, task_id=result.task_id, role=result.role, prompt_ids=list(result.prompt_ids),
+            messages=list(result.messages),
+            samples=[_pivot_sample(s.call, r, a, f"{result.pivot_id}/s{s.index}", s)
+                     for s, r, a in zip(result.samples, rewards, advantages, strict=True)],
+            source="pivot", metadata=meta,
+        ))
+        for s, r, a in zip(result.samples, rewards, advantages, strict=True):
+            if s.followup is None:
+                continue
+            groups.append(Group(
+                group_id=f"{result.pivot_id}/s{s.index}/phase2", task_id=result.task_id, role=s.followup.role,
+                prompt_ids=list(s.followup.prompt_ids), messages=list(s.followup.messages),
+                samples=[_pivot_sample(s.followup, r, a, f"{result.pivot_id}/s{s.index}/phase2", s)],
+                source="pivot", metadata={**meta, "follows": f"{result.pivot_id}/s{s.index}"},
+            ))
+    return groups

@@ -1,0 +1,154 @@
+"""Task evaluation (the SAM and proactive task families): the agent loop runs each task with the family's scripted
+frozen agent; the item's outcome is the task's verifier (success / pass). With ``samples`` > 0 each task also runs
+that many times with the memory model sampled (temperature from its config, or ``temperature``), beside one greedy
+run. :func:`evaluate_sam_memory` is the in-process entry point the trainers and the quickstart use.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from memrl.data.config import ConfigModel
+from memrl.data.tasks.proactive import ProactiveTask
+from memrl.data.tasks.sam import SamTask
+from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.engines.base import Engine
+from memrl.rollout.evaluation.records import Scorer, _chunks, item_key, usage_dict
+from memrl.rollout.evaluation.stats import _mean
+from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.memory.embedders import Embedder
+from memrl.rollout.memory.proactive import ProactiveConfig
+from memrl.rollout.memory.registry import MemoryConfig
+from memrl.rollout.memory.sam import TokenCounter
+
+__all__ = ["evaluate_sam_memory", "run_tasks"]
+
+
+def _with_temperature(memory: MemoryConfig, temperature: float | None) -> MemoryConfig:
+    sampling = getattr(memory, "sampling", None)
+    if temperature is None or not isinstance(sampling, dict):
+        return memory
+    roles = {k: v.model_copy(update={"temperature": temperature}) for k, v in sampling.items()}
+    return memory.model_copy(update={"sampling": roles})
+
+
+def _task_horizon(task: SamTask | ProactiveTask) -> str:
+    if isinstance(task, SamTask):
+        p = task.params
+        return f"{p.horizon_steps} steps" if p.horizon_steps is not None else f"{p.target_tokens} tok"
+    return f"{task.params.n_subtasks} subtasks"
+
+
+def run_tasks(
+    tasks: Sequence[SamTask | ProactiveTask],
+    memory: MemoryConfig,
+    engines: EngineSet,
+    *,
+    dataset: str,
+    system: str,
+    model: str,
+    samples: int = 0,
+    temperature: float | None = None,
+    greedy: bool = True,
+    skip: Iterable[str] = (),
+    scorer: Scorer | None = None,
+    count_tokens: TokenCounter | None = None,
+    embedder: Embedder | None = None,
+    seed: int = 0,
+    tasks_per_batch: int = 16,
+    on_progress: Callable[[int], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Run each task once greedily (memory roles at temperature 0; ``greedy=False`` skips it) and ``samples`` times
+    sampled (at ``temperature``, default the config's) with the family's scripted agent; yield one record per run
+    not in ``skip``. The outcome is the task's verifier; SAM tasks take SAM or a baseline, proactive tasks the
+    proactive agent."""
+    runs = (["greedy"] if greedy else []) + [f"sample{k}" for k in range(samples)]
+    configs = {"greedy": _with_temperature(memory, 0.0)}
+    configs.update({r: _with_temperature(memory, temperature) for r in runs if r != "greedy"})
+    done = set(skip)
+    jobs = [(task, run) for task in tasks for run in runs
+            if item_key(dataset, task.task_id, run, system, model) not in done]
+    for chunk in _chunks(jobs, tasks_per_batch):
+        rollouts = [_task_rollout(task, configs[run], run, seed, count_tokens, embedder) for task, run in chunk]
+        traces = run_rollouts(rollouts, engines)
+        records = []
+        for (task, run), trace in zip(chunk, traces, strict=True):
+            records.append({
+                "key": item_key(dataset, task.task_id, run, system, model),
+                "dataset": dataset, "mode": task.family, "episode_id": task.task_id, "item_id": run,
+                "system": system, "model": model, "sampled": run != "greedy", "answer": trace.answer,
+                "outcome": trace.outcome, "horizon": _task_horizon(task),
+                "reasoner_tokens": usage_dict(trace.reasoner_usage), "memory_tokens_answer": usage_dict(
+                    trace.memory_usage), "memory_calls_answer": len(trace.memory_calls),
+                "reasoner_calls": trace.reasoner_usage.calls, "peak_context_tokens": trace.peak_context_tokens,
+                "stats": dict(trace.stats),
+            })
+        if scorer is not None:
+            for record, scores in zip(records, scorer(records), strict=True):
+                record["scores"] = scores
+        if on_progress is not None:
+            on_progress(len(records))
+        yield from records
+
+
+def _task_rollout(task: SamTask | ProactiveTask, memory: MemoryConfig, run: str, seed: int,
+                  count_tokens: TokenCounter | None, embedder: Embedder | None) -> Rollout:
+    if isinstance(task, ProactiveTask):
+        if not isinstance(memory, ProactiveConfig):
+            raise ValueError(f"proactive tasks run the proactive agent, not {memory.name!r}")
+        return build_proactive_rollout(copy.deepcopy(task), memory, seed=seed, rollout_id=run)
+    from memrl.rollout.agents import sam_rollout
+
+    return sam_rollout(task, memory, seed=seed, rollout_id=run, count_tokens=count_tokens, embedder=embedder)
+
+
+def evaluate_sam_memory(
+    tasks: Sequence[SamTask],
+    memory_engine: Engine | None,
+    memory: MemoryConfig | dict[str, Any] | None = None,
+    *,
+    samples: int = 1,
+    temperature: float | None = None,
+    tokenizer: Any = None,
+    reasoner: Engine | None = None,
+    seed: int = 0,
+    count_tokens: TokenCounter | None = None,
+    tasks_per_batch: int = 256,
+    progress: str | None = "eval",
+) -> dict[str, Any]:
+    """Evaluate a memory model inside SAM on SAM tasks, in process: one greedy run and ``samples`` sampled runs per
+    task, ``tasks_per_batch`` runs in flight at once (one batched engine call per wavefront). ``memory_engine`` None
+    uses the SAM oracle expert. Returns ``success_greedy``, ``success_sampled`` (None without samples), reasoner and
+    memory tokens per task (``spent`` and prompt + completion), per-horizon success and the records."""
+    from tqdm.auto import tqdm
+
+    from memrl.rollout.agents import sam_engines
+    from memrl.rollout.memory.registry import parse_memory_config
+
+    cfg = parse_memory_config(memory or {"name": "sam"}) if not isinstance(memory, ConfigModel) else memory
+    engines = sam_engines(memory_engine, tokenizer=tokenizer, seed=seed)
+    if reasoner is not None:
+        engines = EngineSet(reasoner=reasoner, memory=engines.memory)
+    with tqdm(total=len(tasks) * (1 + samples), desc=progress, disable=progress is None, leave=False) as bar:
+        records = list(run_tasks(tasks, cfg, engines, dataset="sam", system=cfg.name, model="model", samples=samples,
+                                 temperature=temperature, seed=seed, count_tokens=count_tokens,
+                                 tasks_per_batch=tasks_per_batch, on_progress=bar.update))
+    greedy = [r for r in records if not r["sampled"]]
+    sampled = [r for r in records if r["sampled"]]
+
+    def success(rows: list[dict[str, Any]]) -> float | None:
+        return _mean([float(r["outcome"] or 0.0) for r in rows])
+
+    horizons = sorted({r["horizon"] for r in records})
+    return {
+        "success_greedy": success(greedy),
+        "success_sampled": success(sampled),
+        "reasoner_tokens_per_task": _mean([r["reasoner_tokens"]["spent"] for r in greedy]),
+        "memory_tokens_per_task": _mean([r["memory_tokens_answer"]["prompt"] + r["memory_tokens_answer"]["completion"]
+                                         for r in greedy]),
+        "by_horizon": {h: {"success_greedy": success([r for r in greedy if r["horizon"] == h]),
+                           "success_sampled": success([r for r in sampled if r["horizon"] == h])} for h in horizons},
+        "records": records,
+    }

@@ -1,0 +1,1 @@
+"""Memory systems: SAM, the proactive agent, Mage, MemMA, AMA-Agent and the baselines, behind one interface."""
