@@ -133,6 +133,26 @@ def row_lengths(workload: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return [(len(w["prompt"]), len(r)) for w in workload for r in w["responses"]]
 
 
+def reference_micro_batches(workload: list[dict[str, Any]],
+                            budget: int) -> list[list[tuple[list[int], list[int], float]]]:
+    """The reference's micro-batches of (prompt, response, advantage) rows: in group order, a fixed row count each
+    (TRL's ``per_device_train_batch_size``), the most rows of the workload's longest row that fit ``budget``."""
+    from memrl.rewards.advantage import group_advantages
+
+    rows = []
+    for w in workload:
+        advantages = group_advantages([float(i) for i in range(len(w["responses"]))])
+        rows.extend((w["prompt"], r, a) for r, a in zip(w["responses"], advantages, strict=True))
+    longest = max(len(p) + len(r) for p, r, _ in rows)
+    per = max(1, budget // longest)
+    return [rows[i : i + per] for i in range(0, len(rows), per)]
+
+
+def padded_tokens(micro_batches: list[list[tuple[list[int], list[int], float]]]) -> int:
+    """Tokens the reference computes: every row padded to its micro-batch's longest prompt plus longest response."""
+    return sum(len(mb) * (max(len(p) for p, _, _ in mb) + max(len(r) for _, r, _ in mb)) for mb in micro_batches)
+
+
 def step_flops(shape: Any, rows: list[tuple[int, int]], lora: bool) -> float:
     """Model FLOPs of one trainer step (what MFU counts; recomputation for gradient checkpointing is not counted).
 
@@ -328,20 +348,10 @@ class ReferenceTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, betas=t.adam_betas)
 
     def micro_batches(self, workload: list[dict[str, Any]]) -> list[list[tuple[list[int], list[int], float]]]:
-        """Rows in group order, a fixed count per micro-batch: the most rows of the longest that fit the budget."""
-        from memrl.rewards.advantage import group_advantages
-
-        rows = []
-        for w in workload:
-            advantages = group_advantages([float(i) for i in range(len(w["responses"]))])
-            rows.extend((w["prompt"], r, a) for r, a in zip(w["responses"], advantages, strict=True))
-        longest = max(len(p) + len(r) for p, r, _ in rows)
-        per = max(1, self.cfg.max_tokens_per_micro_batch // longest)
-        return [rows[i : i + per] for i in range(0, len(rows), per)]
+        return reference_micro_batches(workload, self.cfg.max_tokens_per_micro_batch)
 
     def padded_tokens(self, workload: list[dict[str, Any]]) -> int:
-        return sum(len(mb) * (max(len(p) for p, _, _ in mb) + max(len(r) for _, r, _ in mb))
-                   for mb in self.micro_batches(workload))
+        return padded_tokens(self.micro_batches(workload))
 
     def _batch(self, rows: list[tuple[list[int], list[int], float]]) -> tuple[torch.Tensor, ...]:
         """TRL's layout: prompts left-padded, completions right-padded, concatenated."""
