@@ -16,7 +16,7 @@ Workloads, each a list of groups (advantages from rewards 0/1/2/..., so no group
 - ``mix``: memory calls as OAT-GRPO produces them: groups of 4 siblings answering 10-400 tokens after a prompt of
   1K-16K tokens (log-uniform), groups added until the rows hold ``--mix-tokens`` tokens.
 
-Implementations, each in its own process per (shape, mode) (contexts ascending, then the mix):
+Implementations, each in its own process per (shape, mode) (the mix, then the contexts from the longest):
 
 - ``memrl``: ``GroupTrainer.step`` (scores pi_old, then one clipped-surrogate optimizer step over packed micro-batches).
 - ``reference``: TRL's GRPO log-prob path: prompts left-padded and completions right-padded to the longest in the
@@ -32,7 +32,8 @@ Per workload and implementation: ``seconds_per_step`` (median of ``--steps`` tim
 on CUDA ``peak_gib`` (``max_memory_allocated`` over a step), ``reserved_peak_gib``, ``weights_gib`` (allocated once
 the model is loaded) and ``resident_gib`` (allocated between steps); on CPU the peak anonymous RSS above the level
 before the model loaded (a test of the plumbing, not of the plan's GPU figures). An out-of-memory is recorded
-(``oom``) and the larger contexts of that process are skipped.
+(``oom``) and the process goes on with the next workload; workloads not started within ``--time-budget-s`` are
+reported as skipped.
 
     python benchmarks/gpu_trainer.py                                  # both shapes, LoRA and full, 4K-32K, the mix
     python benchmarks/gpu_trainer.py --shapes qwen3.5-9b --modes lora # one shape
@@ -419,12 +420,11 @@ def run_child(args: argparse.Namespace) -> None:
     load_s = time.perf_counter() - start
     weights_gib = memory.allocated_gib()
     workloads = json.loads(Path(args.workloads).read_text())
-    failed = False
     for name, workload in workloads.items():
         record: dict[str, Any] = {"impl": args.impl, "shape": args.shape, "mode": args.mode, "workload": name,
                                   "weights_gib": weights_gib, "load_s": load_s}
-        if failed:
-            record["skipped"] = "a smaller workload ran out of memory in this process"
+        if time.time() > args.deadline:
+            record["skipped"] = "--time-budget-s spent"
             print(json.dumps(record), flush=True)
             continue
         times, peaks = [], []
@@ -438,7 +438,6 @@ def run_child(args: argparse.Namespace) -> None:
                     peaks.append(peak)
         except torch.OutOfMemoryError as exc:
             record.update(oom=True, error=str(exc).splitlines()[0][:300])
-            failed = True
             impl_step_cleanup(impl)
         else:
             rows = row_lengths(workload)
@@ -534,13 +533,14 @@ def main() -> None:
     parser.add_argument("--fit-only", action=argparse.BooleanOptionalAction, default=True,
                         help="skip (shape, mode) pairs whose plan total exceeds the GPU (default: on)")
     parser.add_argument("--time-budget-s", type=float, default=float("inf"),
-                        help="start no new (shape, mode, implementation) process after this many seconds")
+                        help="start no new workload after this many seconds (the rest are reported as skipped)")
     parser.add_argument("--out", type=Path, help="folder for the built models and per-case lines (default: a temp)")
     parser.add_argument("--impl", choices=["memrl", "reference"], help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--workloads", help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, default=float("inf"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.budget is None:
         args.budget = 1024 if args.quick else recipe_config("lora", None, False).trainer.max_tokens_per_micro_batch
@@ -555,6 +555,7 @@ def main() -> None:
     contexts = args.contexts or ([256] if args.quick else [4096, 8192, 16384, 32768])
     mix_tokens = args.mix_tokens or args.budget
     started = time.perf_counter()
+    deadline = time.time() + args.time_budget_s
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # the trainer's accelerator takes CUDA whenever it sees one
@@ -575,12 +576,15 @@ def main() -> None:
     try:
         for shape_name in shapes:
             vocab = SHAPES[shape_name]["vocab_size"]
-            workloads = {f"ctx{c}": equal_length_workload(c, args.budget, vocab, seed=c) for c in sorted(contexts)}
+            # The mix and the longest context first: what the targets need most, should the time budget run out.
+            workloads = {}
             if not args.no_mix:
                 prompts = (MIX_PROMPT[0] // 16, MIX_PROMPT[1] // 16) if args.quick else MIX_PROMPT
                 responses = (MIX_RESPONSE[0], MIX_RESPONSE[1] // 4) if args.quick else MIX_RESPONSE
                 workloads["mix"] = mix_workload(mix_tokens, vocab, seed=1, prompt_range=prompts,
                                                 response_range=responses)
+            for c in sorted(contexts, reverse=True):
+                workloads[f"ctx{c}"] = equal_length_workload(c, args.budget, vocab, seed=c)
             workload_file = args.out / f"workloads-{shape_name}.json"
             workload_file.write_text(json.dumps(workloads))
             model_dir = args.out / f"model-{shape_name}"
@@ -595,13 +599,14 @@ def main() -> None:
                     print(json.dumps(record), flush=True)
                     continue
                 for impl in ("memrl", "reference"):
-                    if time.perf_counter() - started > args.time_budget_s:
+                    if time.time() > deadline:
                         print(json.dumps({"shape": shape_name, "mode": mode, "impl": impl,
                                           "skipped": "--time-budget-s spent"}), flush=True)
                         continue
                     cmd = [sys.executable, __file__, "--impl", impl, "--shape", shape_name, "--mode", mode,
                            "--model-dir", str(model_dir), "--workloads", str(workload_file), "--device", args.device,
-                           "--budget", str(args.budget), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+                           "--budget", str(args.budget), "--warmup", str(args.warmup), "--steps", str(args.steps),
+                           "--deadline", str(deadline)]
                     if args.quick:
                         cmd.append("--quick")
                     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
