@@ -11,8 +11,8 @@
 #
 # One stage per call keeps each under a 10-minute command limit, e.g. (README, "Multi-GPU and clusters"):
 #   bash tests/gpu/run.sh suite
-#   bash tests/gpu/run.sh bench --shapes qwen3.5-9b --modes lora --time-budget-s 480
-#   bash tests/gpu/run.sh bench --shapes qwen3-4b --time-budget-s 480
+#   bash tests/gpu/run.sh bench --shapes qwen3.5-9b --modes lora --time-budget-s 400
+#   bash tests/gpu/run.sh bench --shapes qwen3-4b --time-budget-s 400
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 stage="${1:-all}"
