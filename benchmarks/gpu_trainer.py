@@ -40,7 +40,8 @@ reported as skipped.
     python benchmarks/gpu_trainer.py --device cpu --quick             # tiny shapes on CPU (how it is tested)
 
 The last line is one JSON object: ``cases`` (per shape, mode and workload: both implementations, the plan's terms,
-``plan_error`` = measured peak / plan total - 1, ``speed_ratio`` = memrl tokens/s over the reference's,
+``plan_error`` = measured peak / plan total - 1, ``plan_terms_gib`` (measured and planned weights, optimizer states, and
+the step's transient memory against activations + logits), ``speed_ratio`` = memrl tokens/s over the reference's,
 ``memory_ratio`` = memrl peak over the reference's) and ``summary``: ``max_abs_plan_error`` (target <= 0.15),
 ``min_speed_ratio_equal`` (target >= 1.0), ``min_speed_ratio_mix`` (target >= 1.5), ``max_memory_ratio`` (target
 <= 1.0), ``ooms``, ``oom_9b_lora_32k`` (target false) and ``mix_padding_overhead`` (the reference's padded tokens
@@ -485,8 +486,17 @@ def summarize(records: list[dict[str, Any]], plans: dict[tuple[str, str], dict[s
     for (shape, mode, _), case in cases.items():
         case["plan_gib"] = plans.get((shape, mode))
         ours, ref = case.get("memrl", {}), case.get("reference", {})
-        if "peak_gib" in ours and case["plan_gib"]:
-            case["plan_error"] = ours["peak_gib"] / case["plan_gib"]["total"] - 1
+        plan = case["plan_gib"]
+        if "peak_gib" in ours and plan:
+            case["plan_error"] = ours["peak_gib"] / plan["total"] - 1
+            # (measured, plan) per term. Between steps the gradients are freed (zero_grad sets them to None), so
+            # they show in the step's transient memory, not in the states the plan lists them with.
+            case["plan_terms_gib"] = {
+                "parameters": (ours["weights_gib"], plan["parameters"]),
+                "optimizer_states_between_steps": (ours["resident_gib"] - ours["weights_gib"],
+                                                   plan["gradients_and_optimizer"]),
+                "step_transient": (ours["peak_gib"] - ours["resident_gib"], plan["activations"] + plan["logits"]),
+            }
         if "tokens_per_s" in ours and "tokens_per_s" in ref:
             case["speed_ratio"] = ours["tokens_per_s"] / ref["tokens_per_s"]
         if "peak_gib" in ours and "peak_gib" in ref:
