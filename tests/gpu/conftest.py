@@ -7,9 +7,13 @@ Tests marked ``gpu`` need CUDA and are skipped without it (CI's CPU run collects
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
+# Deterministic cuBLAS for the trainer test's bit-for-bit comparison; read when the first CUDA context starts.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
