@@ -8,6 +8,7 @@ kernels are too slow to be worth it), with the packed path's own response-only L
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 
 import pytest
@@ -82,10 +83,13 @@ def test_packed_rows_equal_padded_rows(device: torch.device, attn: str) -> None:
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="Qwen3.5's gated-delta-net layers (transformers' torch path, and fla's without cu_seqlens) ignore position "
     "ids: packed rows carry the recurrent state and conv1d window of the rows before them",
 )
 def test_packed_rows_equal_padded_rows_qwen3_5_hybrid(device: torch.device) -> None:
+    if not hasattr(importlib.import_module("transformers"), "Qwen3_5TextConfig"):
+        pytest.skip("this transformers has no Qwen3.5")
     rows = random_rows(lengths=row_lengths(device))
     model = tiny_causal_lm("qwen3_5", "sdpa", device, torch.float32)
     diff = worst_row_difference(packed_logprobs(model, rows), padded_logprobs(model, rows))
