@@ -19,14 +19,36 @@ from memrl.data.errors import UserError
 __all__ = ["add_model_commands"]
 
 
+def _convert_atomically(gguf_file: Path, out: str, chat_template: str | None) -> Path:
+    """Convert into a temporary sibling of ``out`` and rename it: a failed or interrupted conversion leaves nothing."""
+    import shutil
+    import tempfile
+
+    from memrl.rollout.models import convert_gguf
+
+    target = Path(out)
+    if target.exists() and not (target.is_dir() and not any(target.iterdir())):
+        raise UserError(f"--out: {target} already exists and is not an empty folder; choose another --out")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        convert_gguf(gguf_file, tmp, chat_template=chat_template)
+        if target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def _smollm2(args: argparse.Namespace) -> int:
     from memrl.data.checks import check_output_dir
-    from memrl.rollout.models import SMOLLM2_CHAT_TEMPLATE, convert_gguf, ensure_smollm2, smollm2_gguf_path
+    from memrl.rollout.models import SMOLLM2_CHAT_TEMPLATE, ensure_smollm2, smollm2_gguf_path
 
     start = time.perf_counter()
     if args.out:
         check_output_dir(args.out, "--out")
-        out = convert_gguf(smollm2_gguf_path(), args.out, chat_template=SMOLLM2_CHAT_TEMPLATE)
+        out = _convert_atomically(smollm2_gguf_path(), args.out, SMOLLM2_CHAT_TEMPLATE)
     else:
         out = ensure_smollm2(args.cache)
     print(f"SmolLM2-135M-Instruct (llama, 134.5M parameters, fp32 safetensors) in {out} "
@@ -36,7 +58,6 @@ def _smollm2(args: argparse.Namespace) -> int:
 
 def _from_gguf(args: argparse.Namespace) -> int:
     from memrl.data.checks import check_output_dir
-    from memrl.rollout.models import convert_gguf
 
     check_output_dir(args.out, "--out")
     template = None
@@ -46,7 +67,10 @@ def _from_gguf(args: argparse.Namespace) -> int:
             raise UserError(f"--chat-template: no such file {path}")
         template = path.read_text()
     start = time.perf_counter()
-    out = convert_gguf(args.file, args.out, chat_template=template)
+    gguf_file = Path(args.file)
+    if not gguf_file.is_file():
+        raise UserError(f"GGUF file not found: {gguf_file}")
+    out = _convert_atomically(gguf_file, args.out, template)
     print(f"{args.file} converted to {out} ({time.perf_counter() - start:.0f} s)")
     return 0
 
