@@ -1,5 +1,7 @@
-"""Real-text memory tasks: a SAM episode told as an English conversation between two housemates (LoCoMo-style
-dialogue sessions over a narrated agent trajectory, as in AMA-Bench), with the question at the end.
+"""Real-text memory tasks: a SAM episode ("SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent", arXiv
+2605.24468) told as an English conversation between two housemates: LoCoMo-style dialogue sessions over a narrated
+agent trajectory, as in "AMA-Bench: Evaluating Long-Horizon Memory for Agentic Applications" (arXiv 2602.22769), with
+the question at the end.
 
 The world, tour, question and gold answer are a :class:`~memrl.data.tasks.sam.SamTask`'s (the same seed gives the
 same facts); only the text changes. Every observation becomes a short session: the two speakers say where they are,
