@@ -2,7 +2,9 @@
 
 Stages, each in its own folder of the run directory:
 
-1. ``model``: build the tiny random-initialised Qwen3 memory model and its offline tokenizer (cached).
+1. ``model``: build the tiny random-initialised Qwen3 memory model and its offline tokenizer (cached), or with
+   ``base_model: smollm2`` convert SmolLM2-135M-Instruct from its GGUF (cached; ``configs/quickstart_smollm2.yaml``
+   runs the whole pipeline on it, on the real-text ``dialogue`` tasks).
 2. ``distill``: run the SAM oracle expert inside SAM over synthetic tasks; keep the correct trajectories; write one
    chat-format SFT dataset per memory role (cue writing, recall). The expert is *privileged*: it sees the true state
    and leaves a fact out when it knows a later page restates it. That never hurts the expert, so those traces pass
@@ -15,7 +17,9 @@ Stages, each in its own folder of the run directory:
 6. ``report.md`` + PNG plots + ``summary.json``.
 
 Held-out success is reported two ways: with the memory model decoded as it is trained (cues greedy, recall sampled at
-temperature 1) and fully greedy.
+temperature 1) and fully greedy. With ``paired_eval`` the untrained, SFT and exported RL models are also run greedy on
+the same held-out tasks, and the differences between them get paired 95% bootstrap intervals (``paired`` in
+``summary.json``).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from memrl.data.config import ConfigModel, RunConfig
+from pydantic import Field
+
+from memrl.data.config import ConfigError, ConfigModel, RunConfig
 from memrl.data.experts.sam import SamOracleConfig
 from memrl.data.run_dir import prepare_run_dir
-from memrl.data.tasks import TaskSetConfig
+from memrl.data.tasks import DialogueParams, TaskSetConfig
 from memrl.data.tasks.sam import SamTaskParams
 from memrl.rewards.credit import CreditConfig
 from memrl.rollout.memory.base import RoleSampling
@@ -38,13 +44,20 @@ from memrl.rollout.models import TinyModelSpec
 from memrl.rollout.tree import TreeConfig
 from memrl.train.group_trainer import GroupTrainerConfig
 from memrl.train.online import LoopConfig
-from memrl.train.policy import LoraSettings
+from memrl.train.policy import LoraSettings, PolicySpec
 
 __all__ = ["QuickstartConfig", "heldout_results", "run_quickstart"]
 
 
 def _task_params(horizon: int) -> SamTaskParams:
     return SamTaskParams(horizon_steps=horizon, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5)
+
+
+def _task_set(cfg: QuickstartConfig, count: int, seed: int, horizon: int) -> TaskSetConfig:
+    """``count`` tasks of the configured family at ``horizon`` (the dialogue family tells the same SAM episodes)."""
+    params = _task_params(horizon)
+    return TaskSetConfig(family=cfg.task_family, count=count, seed=seed, sam=params,
+                         dialogue=DialogueParams(**params.model_dump()))
 
 
 class QuickstartSFT(ConfigModel):
@@ -54,6 +67,9 @@ class QuickstartSFT(ConfigModel):
     batch_size: int = 32  # examples per SFT step (rows mixed = max_steps x batch_size)
     lr: float = 2e-3  # SFT learning rate
     role_weights: dict[str, float] = {"consolidate": 0.4, "recall": 0.6}  # share of the SFT mixture per memory role
+    max_length: int = Field(512, ge=16)  # tokens per SFT example at most
+    lora: LoraSettings = LoraSettings(enabled=False)  # LoRA SFT (RL and evaluation run the adapter on its base)
+    bf16: bool = False  # bf16 mixed precision (several times faster on this CPU for a model of SmolLM2's size)
 
 
 class QuickstartConfig(ConfigModel):
@@ -61,12 +77,17 @@ class QuickstartConfig(ConfigModel):
 
     command: Literal["quickstart"] = "quickstart"  # the command this config is for
     run: RunConfig = RunConfig(output_dir="runs")
+    base_model: Literal["tiny", "smollm2"] = "tiny"  # tiny: random-init Qwen3 (model); smollm2: SmolLM2-135M-Instruct
     model: TinyModelSpec = TinyModelSpec()
-    model_cache: str = ".cache/models"  # directory the tiny model is built into and reused from
+    model_cache: str = ".cache/models"  # directory the base model is built (or converted) into and reused from
+    task_family: Literal["sam", "dialogue"] = "sam"  # sam: text-world tours; dialogue: the same as English dialogue
+    max_model_len: int | None = Field(None, ge=16)  # vLLM context length (rollouts, evals); None: the model's
     horizon: int = 12  # tour steps before the question, for distillation and RL
     eval_horizons: list[int] = [12, 24]  # horizons (tour steps) of the held-out eval task sets
     distill_tasks: int = 600  # SAM tasks the oracle is run on to make SFT data
     eval_tasks_per_horizon: int = 60  # held-out tasks per eval horizon
+    eval_seed: int = 200_000  # first seed of the held-out tasks (+ 1000 x horizon); dialogue test split: 400000
+    paired_eval: bool = False  # also run untrained, SFT and exported RL greedy on the held-out tasks: paired intervals
     expert: SamOracleConfig = SamOracleConfig(defer_to_later=0.9)
     memory: SamConfig = SamConfig(
         page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
@@ -118,19 +139,22 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     from memrl.rollout.engines.factory import build_engine
     from memrl.rollout.evaluation.tasks import evaluate_sam_memory
     from memrl.rollout.expert_traces import DistillRunConfig, distill
-    from memrl.rollout.models import ensure_tiny_model
+    from memrl.rollout.models import ensure_smollm2, ensure_tiny_model
     from memrl.train.export import ExportConfig, export_model
     from memrl.train.oat_grpo import OATGRPOConfig, default_reasoner, summarize_eval, train_oat_grpo
-    from memrl.train.policy import PolicySpec
     from memrl.train.sft import SFTDataConfig, SFTRunConfig, SFTTrainConfig, run_sft
 
     run_dir = prepare_run_dir(cfg, cfg.run, "quickstart")
     stages = _Stages()
     print(f"[quickstart] run directory: {run_dir}", flush=True)
 
-    base = stages.run("model", "tiny Qwen3 memory model + offline tokenizer",
-                      lambda: ensure_tiny_model(cfg.model_cache, cfg.model))
-    train_set = TaskSetConfig(count=cfg.distill_tasks, seed=0, sam=_task_params(cfg.horizon))
+    if cfg.base_model == "smollm2":
+        base = stages.run("model", "SmolLM2-135M-Instruct from its GGUF (converted once, cached)",
+                          lambda: ensure_smollm2(cfg.model_cache))
+    else:
+        base = stages.run("model", "tiny Qwen3 memory model + offline tokenizer",
+                          lambda: ensure_tiny_model(cfg.model_cache, cfg.model))
+    train_set = _task_set(cfg, cfg.distill_tasks, 0, cfg.horizon)
     distill_cfg = DistillRunConfig(
         run=RunConfig(output_dir=str(run_dir), name="distill", seed=cfg.run.seed), tasks=train_set,
         sam_oracle=cfg.expert, sam_memory=cfg.memory, reasoner_max_pages=cfg.reasoner_max_pages, tokenizer=str(base),
@@ -140,44 +164,63 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
 
     sft_cfg = SFTRunConfig(
         run=RunConfig(output_dir=str(run_dir), name="sft", seed=cfg.run.seed),
-        model=PolicySpec(base=str(base)), lora=LoraSettings(enabled=False),
+        model=PolicySpec(base=str(base)), lora=cfg.sft.lora,
         data=SFTDataConfig(dir=str(run_dir / "distill"), roles=dict(cfg.sft.role_weights),
                            mixture_rows=cfg.sft.max_steps * cfg.sft.batch_size),
         train=SFTTrainConfig(max_steps=cfg.sft.max_steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
-                             warmup=0.05, max_length=512, save_steps=0, logging_steps=25),
+                             warmup=0.05, max_length=cfg.sft.max_length, save_steps=0, logging_steps=25,
+                             bf16=cfg.sft.bf16),
     )
     stages.run("sft", "TRL SFTTrainer on cue writing + recall", lambda: run_sft(sft_cfg))
     sft_dir = run_dir / "sft" / "final"
+    # A LoRA SFT stage leaves an adapter: RL and evaluation run it on its base.
+    sft_policy = PolicySpec(base=str(base), adapter=str(sft_dir)) if cfg.sft.lora.enabled else PolicySpec(
+        base=str(sft_dir))
 
     eval_tasks = [t for h in cfg.eval_horizons for t in load_tasks(
-        TaskSetConfig(count=cfg.eval_tasks_per_horizon, seed=200_000 + 1000 * h, sam=_task_params(h)), f"eval{h}")]
+        _task_set(cfg, cfg.eval_tasks_per_horizon, cfg.eval_seed + 1000 * h, h), f"eval{h}")]
     reasoner_cfg = default_reasoner(str(base), cfg.run.seed).model_copy(
         update={"scripted_kwargs": {"max_pages": cfg.reasoner_max_pages, "recall_budget": 2}})
 
-    def evaluate_with(model_dir: Path | None, samples: int) -> dict[str, Any]:
+    greedy_outcomes: dict[str, dict[str, float]] = {}  # model -> task id -> greedy outcome (paired_eval)
+
+    def evaluate_with(model_dir: Path | None, samples: int, adapter: str | None = None,
+                      keep_as: str | None = None) -> dict[str, Any]:
         reasoner = build_engine(reasoner_cfg)
-        engine = build_engine(EngineConfig(backend="vllm", name="memory", model=str(model_dir), dtype="float32")) \
+        engine = build_engine(EngineConfig(backend="vllm", name="memory", model=str(model_dir), dtype="float32",
+                                           max_model_len=cfg.max_model_len, enable_lora=adapter is not None,
+                                           max_lora_rank=64)) \
             if model_dir is not None else None
         try:
-            return summarize_eval(evaluate_sam_memory(eval_tasks, engine, cfg.memory, samples=samples,
-                                                      reasoner=reasoner, seed=cfg.run.seed))
+            if adapter is not None and engine is not None:
+                engine.load_adapter(adapter, version=1)
+            result = evaluate_sam_memory(eval_tasks, engine, cfg.memory, samples=samples, reasoner=reasoner,
+                                         seed=cfg.run.seed)
         finally:
             if engine is not None:
                 engine.close()
+        if keep_as is not None:
+            greedy_outcomes[keep_as] = {r["episode_id"]: float(r["outcome"] or 0.0)
+                                        for r in result["records"] if not r["sampled"]}
+        return summarize_eval(result)
 
     baselines: dict[str, dict[str, Any]] = {}
     baselines["oracle expert (upper bound)"] = stages.run("eval-oracle", "the oracle expert as memory model",
                                                           lambda: evaluate_with(None, cfg.eval_samples))
     if cfg.evaluate_untrained:
         # Greedy only: the untrained model writes max-length noise on every call, and one run per task shows it.
-        baselines["untrained tiny model"] = stages.run("eval-untrained", "the untrained model as memory model (greedy)",
-                                                       lambda: evaluate_with(Path(base), 0))
+        baselines[f"untrained {cfg.base_model}"] = stages.run(
+            "eval-untrained", "the untrained model as memory model (greedy)",
+            lambda: evaluate_with(Path(base), 0, keep_as="untrained"))
 
     oat_cfg = OATGRPOConfig(
         run=RunConfig(output_dir=str(run_dir), name="rl", seed=cfg.run.seed, wandb=cfg.run.wandb),
-        policy=PolicySpec(base=str(sft_dir)), reasoner=reasoner_cfg, memory=cfg.memory,
-        train_tasks=TaskSetConfig(count=cfg.rl_tasks, seed=100_000, sam=_task_params(cfg.horizon)),
-        eval_tasks=TaskSetConfig(count=0), tasks_per_iteration=cfg.tasks_per_iteration, tree=cfg.tree,
+        policy=sft_policy, reasoner=reasoner_cfg, memory=cfg.memory,
+        engine=EngineConfig(backend="vllm", name="policy", model=sft_policy.base, dtype="float32",
+                            max_model_len=cfg.max_model_len),
+        train_tasks=_task_set(cfg, cfg.rl_tasks, 100_000, cfg.horizon),
+        eval_tasks=TaskSetConfig(family=cfg.task_family, count=0), tasks_per_iteration=cfg.tasks_per_iteration,
+        tree=cfg.tree,
         credit=cfg.credit, trainer=cfg.trainer, loop=cfg.loop, eval_samples=cfg.eval_samples,
     )
     logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name, console=True)
@@ -195,12 +238,24 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     export_checks: dict[str, Any] | None = None
     if cfg.export:
         export_cfg = ExportConfig(
-            run=RunConfig(output_dir=str(run_dir), name="export"), policy=PolicySpec(base=rl["policy_dir"]),
+            run=RunConfig(output_dir=str(run_dir), name="export"), policy=rl_policy(rl, sft_policy),
             reference_base=str(base), recipe=str(run_dir / "config.yaml"), results=str(results_path),
-            model_name="memrl-quickstart-sam-tiny",
+            model_name=f"memrl-quickstart-{cfg.task_family}-{cfg.base_model}",
         )
         export_checks = stages.run("export", "Hugging Face checkpoint + model card, verified in transformers and vLLM",
                                    lambda: export_model(export_cfg, run_dir / "export" / "model"))
+    paired: dict[str, Any] | None = None
+    if cfg.paired_eval:
+        if not cfg.export:
+            raise ConfigError("paired_eval runs the exported RL model: set export: true")
+        if "untrained" not in greedy_outcomes:
+            stages.run("eval-untrained", "the untrained model (greedy, paired)",
+                       lambda: evaluate_with(Path(base), 0, keep_as="untrained"))
+        stages.run("eval-sft", "the SFT model (greedy, paired)",
+                   lambda: evaluate_with(Path(sft_policy.base), 0, adapter=sft_policy.adapter, keep_as="sft"))
+        stages.run("eval-rl", "the exported SFT + OAT-GRPO model (greedy, paired)",
+                   lambda: evaluate_with(run_dir / "export" / "model", 0, keep_as="rl"))
+        paired = paired_differences(greedy_outcomes)
 
     summary = {
         **{k: results[k] for k in ("success_sft", "success_rl", "success_sft_greedy", "success_rl_greedy",
@@ -212,6 +267,7 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         "rl_updates": rl["updates"],
         "reasoner_tokens_rl": sum(h.get("reasoner_tokens", 0) for h in rl["history"]),
         "export": export_checks,
+        "paired": paired,
         "stage_s": stages.times,
         "wall_s": round(time.perf_counter() - stages.start, 1),
         "peak_rss_gib": _peak_rss_gib(),
@@ -221,6 +277,32 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     _print_table(summary)
     print(f"\n[quickstart] report: {run_dir / 'report.md'}", flush=True)
     return 0
+
+
+def rl_policy(rl: dict[str, Any], sft_policy: PolicySpec) -> PolicySpec:
+    """The RL run's final policy: its full weights, or its LoRA adapter on the model RL started from."""
+    if rl.get("lora"):
+        if sft_policy.adapter is not None:
+            raise ConfigError("RL with a LoRA trainer on a LoRA SFT policy cannot be exported as one model: "
+                              "use full-weight SFT (sft.lora.enabled: false) or a full-weight trainer")
+        return PolicySpec(base=sft_policy.base, adapter=rl["policy_dir"])
+    return PolicySpec(base=rl["policy_dir"])
+
+
+def paired_differences(outcomes: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Greedy held-out success of each model and the paired differences between them (same tasks), each with a
+    95% percentile-bootstrap interval over tasks."""
+    from memrl.rollout.evaluation.stats import bootstrap_ci
+
+    def summary(values: list[float]) -> dict[str, Any]:
+        return {"mean": sum(values) / len(values), "ci95": bootstrap_ci(values), "tasks": len(values)}
+
+    out: dict[str, Any] = {name: summary(list(v.values())) for name, v in outcomes.items()}
+    for a, b in (("sft", "untrained"), ("rl", "sft"), ("rl", "untrained")):
+        if a in outcomes and b in outcomes:
+            shared = sorted(set(outcomes[a]) & set(outcomes[b]))
+            out[f"{a}-{b}"] = summary([outcomes[a][t] - outcomes[b][t] for t in shared])
+    return out
 
 
 def heldout_results(cfg: QuickstartConfig, before: dict[str, Any], after: dict[str, Any],

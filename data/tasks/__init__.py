@@ -1,4 +1,5 @@
-"""Task families: AMA-style QA episodes, SAM scattered-evidence tasks, proactive behavioural-state-decay tasks.
+"""Task families: AMA-style QA episodes, SAM scattered-evidence tasks (and their real-text form, ``dialogue``: the
+same episodes told as English conversations), proactive behavioural-state-decay tasks.
 
 SAM and proactive tasks implement the agent loop's task interface (``task_id``, ``task``, ``max_steps``,
 ``reset() -> str``, ``step(action) -> (observation, done)``, ``finish(answer) -> outcome``) plus ``snapshot()`` /
@@ -14,12 +15,16 @@ from memrl.data.io import read_jsonl
 from memrl.data.schemas import EnvSpec, Episode
 from memrl.data.tasks.ama import make_ama_episode
 from memrl.data.tasks.check import check_episode_qa
+from memrl.data.tasks.dialogue import DialogueParams, DialogueTask
 from memrl.data.tasks.proactive import ActionAgent, ProactiveParams, ProactiveTask, simulate_proactive
 from memrl.data.tasks.sam import SamReasoner, SamTask, SamTaskParams, simulate_sam
 
 __all__ = [
+    "SAM_FAMILIES",
     "TASKS",
     "ActionAgent",
+    "DialogueParams",
+    "DialogueTask",
     "ProactiveParams",
     "ProactiveTask",
     "SamReasoner",
@@ -35,11 +40,15 @@ __all__ = [
     "task_from_episode",
 ]
 
-TASKS: dict[str, type[SamTask] | type[ProactiveTask]] = {"sam": SamTask, "proactive": ProactiveTask}
+TASKS: dict[str, type[SamTask] | type[ProactiveTask]] = {
+    "sam": SamTask, "dialogue": DialogueTask, "proactive": ProactiveTask,
+}
+SAM_FAMILIES = ("sam", "dialogue")
+"""Families whose tasks are :class:`SamTask` s (SAM's memory system, reasoner and oracle run them)."""
 
 
 def make_task(spec: EnvSpec, task_id: str = "") -> SamTask | ProactiveTask:
-    """Rebuild the interactive task a spec names (``sam`` or ``proactive``)."""
+    """Rebuild the interactive task a spec names (``sam``, ``dialogue`` or ``proactive``)."""
     if spec.name not in TASKS:
         raise KeyError(f"unknown task family {spec.name!r}; registered: {sorted(TASKS)}")
     return TASKS[spec.name].from_spec(spec, task_id)
@@ -56,11 +65,12 @@ class TaskSetConfig(ConfigModel):
     """A set of interactive tasks: the episodes of a JSONL file (``memrl data synth`` output), or ``count`` tasks
     generated from the family's parameters with seeds ``seed, seed + 1, ...``."""
 
-    family: Literal["sam", "proactive"] = "sam"  # task family
+    family: Literal["sam", "dialogue", "proactive"] = "sam"  # task family
     episodes: str | None = None  # JSONL of episodes to load; None: generate count tasks
     count: int = 64  # tasks to generate, or at most this many from episodes (there 0: all)
     seed: int = 0  # seed of the first generated task (then seed + 1, ...)
     sam: SamTaskParams = SamTaskParams()
+    dialogue: DialogueParams = DialogueParams()
     proactive: ProactiveParams = ProactiveParams()
 
 
@@ -74,5 +84,8 @@ def load_tasks(cfg: TaskSetConfig, prefix: str = "task") -> list[SamTask | Proac
         return tasks[: cfg.count] if cfg.count else tasks
     if cfg.family == "sam":
         return [SamTask(cfg.sam, seed=cfg.seed + i, task_id=f"{prefix}-{cfg.seed + i}") for i in range(cfg.count)]
+    if cfg.family == "dialogue":
+        return [DialogueTask(cfg.dialogue, seed=cfg.seed + i, task_id=f"{prefix}-{cfg.seed + i}")
+                for i in range(cfg.count)]
     return [ProactiveTask(cfg.proactive, seed=cfg.seed + i, task_id=f"{prefix}-{cfg.seed + i}")
             for i in range(cfg.count)]
