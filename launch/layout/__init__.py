@@ -6,7 +6,7 @@ assignments they ``eval``) and run it. ``--dry-run`` prints the same plan as tex
 ``--format json`` gives it to tests and tools. Everything is computed from arguments, Slurm variables
 (``SLURM_JOB_NODELIST`` through ``scontrol show hostnames`` when installed, ``SLURM_NODEID``, ``SLURM_GPUS_ON_NODE``
 ...) and the ``run`` / ``placement`` sections of the run's config, so a plan can be checked anywhere. Only the
-distributed memrl commands (``memrl.launch.cli.JOBS`` with ``distributed=True``) get many processes; the others run as
+distributed memrl commands (``memrl.launch.jobs.JOBS`` with ``distributed=True``) get many processes; the others run as
 one plain process on node rank 0.
 
     python -m memrl.launch.layout torchrun --nproc-per-node 8 --dry-run -- sft --config configs/sft.yaml

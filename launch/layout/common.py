@@ -277,7 +277,7 @@ def launch_view(command: MemrlCommand) -> LaunchView:
 
 
 def _resumable(stage: str) -> bool:
-    from memrl.launch.cli import JOBS
+    from memrl.launch.jobs import JOBS
 
     return any(" ".join(job.path) == stage and job.resumable for job in JOBS)
 
@@ -300,7 +300,7 @@ def command_kind(module: str, command: MemrlCommand) -> CommandKind:
     if module != "memrl.launch.cli":
         # Another module (a benchmark, a probe) is started as asked, once per process of the layout.
         return CommandKind(f"python -m {module}", distributed=True, policy_engine=False)
-    from memrl.launch.cli import JOBS
+    from memrl.launch.jobs import JOBS
 
     stage = command.stage
     for job in JOBS:
