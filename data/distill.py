@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -42,6 +43,8 @@ __all__ = [
     "role_file",
     "trace_rows",
 ]
+
+log = logging.getLogger(__name__)
 
 KeepRule = Callable[[EpisodeTrace], bool]
 """Decides whether a trace is kept (its memory calls become SFT rows)."""
@@ -252,7 +255,7 @@ class DistillWriter:
                 write_arrow(role_file(self.out_dir, role, ".arrow"), rows)
         atomic_write_text(self.out_dir / STATS_FILE, json.dumps(stats, indent=2, sort_keys=True) + "\n")
         if echo:
-            print(format_stats(stats), flush=True)
+            log.info(format_stats(stats))
         return stats
 
 
@@ -281,10 +284,10 @@ def distill_traces(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Write the SFT datasets of ``traces`` into ``out_dir`` (resuming what is there) and return the stats."""
-    from tqdm.auto import tqdm
+    from memrl.data.tracking import progress_bar
 
     writer = DistillWriter(out_dir, rejection, keep=keep)
-    for trace in tqdm(traces, desc="distill", disable=not progress, leave=False):
+    for trace in progress_bar(traces, desc="distill", disable=not progress, leave=False):
         writer.add(trace)
     return writer.finish(arrow=arrow)
 

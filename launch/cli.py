@@ -64,9 +64,9 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
         job.load("checks")(config)
     run = getattr(config, "run", None)
     with _created_only_on_success(Path(run.output_dir) if run is not None else None):
-        from memrl.data.tracking import quiet_console
+        from memrl.launch.console import console
 
-        with quiet_console(not args.verbose and not os.environ.get("MEMRL_VERBOSE")):
+        with console(verbose=bool(args.verbose or os.environ.get("MEMRL_VERBOSE"))):
             try:
                 code = job.load("runner")(config)
             except (UserError, KeyboardInterrupt):

@@ -22,19 +22,20 @@ them can be an engine (vLLM / HF checkpoint, LoRA adapter, OpenAI-compatible end
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
-from tqdm.auto import tqdm
 
 from memrl.data.config import ConfigError, ConfigModel, RunConfig, config_hash
 from memrl.data.errors import UserError
 from memrl.data.io import append_jsonl, atomic_write_text, iter_jsonl
 from memrl.data.run_dir import prepare_run_dir
 from memrl.data.tasks import TaskSetConfig, load_tasks, make_ama_episode
+from memrl.data.tracking import progress_bar
 from memrl.rewards.scorers import (
     LOCOMO_CATEGORY_NAMES,
     JudgeItem,
@@ -64,6 +65,8 @@ from memrl.rollout.memory.sam import make_token_counter
 
 __all__ = ["DatasetSpec", "EvalConfig", "ModelSpec", "SystemSpec", "check_inputs", "dry_run_eval", "evaluate",
            "load_results", "run_eval", "write_per_question", "write_report"]
+
+log = logging.getLogger(__name__)
 
 QA_KINDS = ("ama_synthetic", "amabench", "locomo", "memoryarena", "generic")
 TASK_SYSTEMS = {"sam": ("sam", "long_context", "bm25", "embedding"), "proactive": ("proactive",)}
@@ -355,8 +358,8 @@ def run_eval(cfg: EvalConfig) -> int:
     """``memrl eval``: run (or resume) the evaluation into the run directory and print the report's main tables."""
     run_dir = prepare_run_dir(cfg, cfg.run, "eval")
     summary = evaluate(cfg, run_dir)
-    print((run_dir / "report.md").read_text(encoding="utf-8"))
-    print(f"[eval] {summary['items']} items in {run_dir / 'results.jsonl'}; report: {run_dir / 'report.md'}")
+    log.info((run_dir / "report.md").read_text(encoding="utf-8"))
+    log.info(f"[eval] {summary['items']} items in {run_dir / 'results.jsonl'}; report: {run_dir / 'report.md'}")
     return 0
 
 
@@ -437,7 +440,7 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
                                    f"{', '.join(TASK_SYSTEMS[spec.kind])} only")
                     continue
                 for model in cfg.models:
-                    bar = tqdm(total=_items_of(spec, data), desc=f"{spec.name} {system.name} {model.name}",
+                    bar = progress_bar(total=_items_of(spec, data), desc=f"{spec.name} {system.name} {model.name}",
                                leave=False)
                     if spec.kind in QA_KINDS:
                         memory = engines.memory_model(model) or engines.scripted(ExtractiveMemoryModel(), "extractive")
