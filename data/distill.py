@@ -1,5 +1,6 @@
-"""Expert-trace distillation into chat-format SFT datasets, one per memory role (seed 001 section 2.3, seed 003
-section 3.5).
+"""Expert-trace distillation into chat-format SFT datasets, one per memory role ("SAM: State-Adaptive Memory for
+Long-Horizon Reasoning Agent" (arXiv 2605.24468), section 2.3; "Remember When It Matters: Proactive Memory Agent for
+Long-Horizon Agents", section 3.5).
 
 An expert memory model (a programmatic oracle or a frontier model) runs inside a memory system and leaves
 :class:`~memrl.data.schemas.EpisodeTrace` records. Rejection sampling keeps the traces whose final outcome passes the
