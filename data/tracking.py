@@ -138,7 +138,7 @@ def progress_bar(iterable: Any = None, **kwargs: Any) -> Any:
 class RunLog(logging.StreamHandler):
     """The run's ``run.log``: every log record, and with ``capture_fds`` everything written to file descriptors 1
     and 2 (third-party prints, C++ and child-process output). A temporary file until :meth:`bind` moves it into the
-    run directory; :meth:`close` restores file descriptors 1 and 2 and deletes a log that was never bound (the run
+    run directory; :meth:`finish` restores file descriptors 1 and 2 and deletes a log that was never bound (the run
     never started)."""
 
     def __init__(self, capture_fds: bool) -> None:
@@ -175,7 +175,14 @@ class RunLog(logging.StreamHandler):
         return target
 
     def close(self) -> None:
-        """Restore file descriptors 1 and 2, close the log, and delete it if it was never bound."""
+        """Flush only: ``logging.shutdown`` and ``logging.config`` close every handler they know (vLLM configures its
+        loggers when imported, mid-run), and the run log must go on capturing until :meth:`finish`."""
+        self.flush()
+        super().close()
+
+    def finish(self) -> None:
+        """Restore file descriptors 1 and 2, close the log, and delete it if it was never bound (the end of the
+        command; the handler must be off every logger by then)."""
         self.acquire()
         try:
             _flush_std_streams()
@@ -183,8 +190,9 @@ class RunLog(logging.StreamHandler):
                 os.dup2(saved, fd)
                 os.close(saved)
             self._saved_fds = []
-            self.stream.close()
-            self.stream = None  # logging.shutdown flushes every handler it has seen: nothing is left to flush
+            if self.stream is not None:
+                self.stream.close()
+                self.stream = None  # logging.shutdown flushes every handler it has seen: nothing is left to flush
             if not self.bound:
                 self.path.unlink(missing_ok=True)
         finally:

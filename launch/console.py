@@ -105,7 +105,7 @@ def console(verbose: bool = False) -> Iterator[None]:
     finally:
         for logger, handler in installed:
             logger.removeHandler(handler)
-        run_log.close()
+        run_log.finish()
         logging.captureWarnings(False)
         for logger, level in levels.items():
             logger.setLevel(level)

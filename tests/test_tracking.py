@@ -49,6 +49,10 @@ with console(verbose=verbose):
     _Stages().run("stage", "a memrl banner", lambda: None)
     for _ in progress_bar(range(3), desc="memrl bar"):
         pass
+    # vLLM configures its loggers when imported, mid-run: logging.config closes every handler it knows
+    import logging.config
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
+                               "loggers": {"vllm.config": {"level": "INFO"}}})
     MetricsLogger(run_dir).log(0, {"loss": 1.5})
     warnings.warn("a third-party FutureWarning", FutureWarning, stacklevel=1)
     engine_log = logging.getLogger("vllm.fake")
