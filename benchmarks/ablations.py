@@ -1,5 +1,5 @@
 """What OAT-GRPO's tree credit and oracle reward add: an ablation suite on a task setting where credit assignment
-matters (seed 001 section 2.3; issue 18).
+matters ("SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent" (arXiv 2605.24468), section 2.3; issue 18).
 
 One shared SFT checkpoint (the tiny Qwen3 memory model distilled from a limited, noisy SAM expert on the setting's
 SFT tasks), then, per seed and at equal reasoner-token budgets (training rollouts only; held-out evaluation is not

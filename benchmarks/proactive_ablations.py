@@ -1,4 +1,5 @@
-"""Proactive memory agent ablations (seed 003, Table 2) on the scripted proactive tasks.
+"""Proactive memory agent ablations ("Remember When It Matters: Proactive Memory Agent for Long-Horizon Agents", Table
+2) on the scripted proactive tasks.
 
 The scripted action agent (``ActionAgent``, greedy) acts through the proactive memory agent whose memory model is the
 oracle expert (``ProactiveOracle``); every variant runs on the same tasks. Per variant: pass rate, injected reminders

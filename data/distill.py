@@ -1,5 +1,6 @@
-"""Expert-trace distillation into chat-format SFT datasets, one per memory role (seed 001 section 2.3, seed 003
-section 3.5).
+"""Expert-trace distillation into chat-format SFT datasets, one per memory role ("SAM: State-Adaptive Memory for
+Long-Horizon Reasoning Agent" (arXiv 2605.24468), section 2.3; "Remember When It Matters: Proactive Memory Agent for
+Long-Horizon Agents", section 3.5).
 
 An expert memory model (a programmatic oracle or a frontier model) runs inside a memory system and leaves
 :class:`~memrl.data.schemas.EpisodeTrace` records. Rejection sampling keeps the traces whose final outcome passes the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -42,6 +44,8 @@ __all__ = [
     "role_file",
     "trace_rows",
 ]
+
+log = logging.getLogger(__name__)
 
 KeepRule = Callable[[EpisodeTrace], bool]
 """Decides whether a trace is kept (its memory calls become SFT rows)."""
@@ -252,7 +256,7 @@ class DistillWriter:
                 write_arrow(role_file(self.out_dir, role, ".arrow"), rows)
         atomic_write_text(self.out_dir / STATS_FILE, json.dumps(stats, indent=2, sort_keys=True) + "\n")
         if echo:
-            print(format_stats(stats), flush=True)
+            log.info(format_stats(stats))
         return stats
 
 
@@ -281,10 +285,10 @@ def distill_traces(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Write the SFT datasets of ``traces`` into ``out_dir`` (resuming what is there) and return the stats."""
-    from tqdm.auto import tqdm
+    from memrl.data.tracking import progress_bar
 
     writer = DistillWriter(out_dir, rejection, keep=keep)
-    for trace in tqdm(traces, desc="distill", disable=not progress, leave=False):
+    for trace in progress_bar(traces, desc="distill", disable=not progress, leave=False):
         writer.add(trace)
     return writer.finish(arrow=arrow)
 

@@ -175,7 +175,8 @@ def render_tool_call(name: str, arguments: dict[str, Any], style: str = "json") 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# SAM memory-model prompts (seed 001 section 2.2). The user messages are short on purpose: tiny models read them.
+# SAM memory-model prompts ("SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent", arXiv 2605.24468, section
+# 2.2). The user messages are short on purpose: tiny models read them.
 
 CONSOLIDATE_SYSTEM = "Write one compact memory cue for the page: what it establishes and what may matter later."
 RECALL_SYSTEM = "Read the page under the intent. Update the extraction with what serves the intent."
@@ -295,7 +296,8 @@ def parse_sam_recall_failures(text: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Proactive memory agent (seed 003 section 3.3): Phase 1 bank tools, Phase 2 reminder or silence.
+# Proactive memory agent ("Remember When It Matters: Proactive Memory Agent for Long-Horizon Agents", section 3.3):
+# Phase 1 bank tools, Phase 2 reminder or silence.
 
 PHASE1_SYSTEM = (
     "You manage the memory bank of an agent. Return zero or more tool calls: memory_update_status(content), "

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
-from tqdm.auto import tqdm
 
 from memrl.data.config import ConfigModel, RunConfig
 from memrl.data.io import atomic_write_text, describe_validation_error, write_arrow, write_jsonl
 from memrl.data.run_dir import prepare_run_dir
 from memrl.data.schemas import Episode
+from memrl.data.tracking import progress_bar
 
 __all__ = ["SynthConfig", "SynthSource", "build_episodes", "episode_stats", "run_synth"]
+
+log = logging.getLogger(__name__)
 
 
 _FAMILY_OPTIONS = {
@@ -137,7 +140,7 @@ def build_episodes(cfg: SynthConfig, progress: bool = False) -> tuple[list[Episo
                 jobs.append((source, index, target, i, i >= source.count - n_eval))
     train: list[Episode] = []
     held: list[Episode] = []
-    for source, index, target, i, is_eval in tqdm(jobs, desc="synth", disable=not progress, leave=False):
+    for source, index, target, i, is_eval in progress_bar(jobs, desc="synth", disable=not progress, leave=False):
         episode = _one(source, index, target, i, _seed(cfg.run.seed, index, target, i))
         (held if is_eval else train).append(episode)
     return train, held
@@ -191,6 +194,6 @@ def run_synth(cfg: SynthConfig) -> int:
         write_arrow(out / "eval.arrow", held)
     stats = {"train": episode_stats(train, cfg.histogram_bins), "eval": episode_stats(held, cfg.histogram_bins)}
     atomic_write_text(out / "stats.json", json.dumps(stats, indent=2, sort_keys=True) + "\n")
-    print(f"[data synth] {len(train)} train / {len(held)} eval episodes in {time.time() - start:.1f}s -> {out}")
-    print(json.dumps(stats["train"]["qa_by_type"]), json.dumps(stats["train"]["token_histogram"]))
+    log.info(f"[data synth] {len(train)} train / {len(held)} eval episodes in {time.time() - start:.1f}s -> {out}")
+    log.info(f'{json.dumps(stats["train"]["qa_by_type"])} {json.dumps(stats["train"]["token_histogram"])}')
     return 0

@@ -1,35 +1,37 @@
-"""Run metrics and the console: one line per step on the console, one JSON object per step in ``metrics.jsonl``,
-wandb when enabled; and :func:`quiet_console`, which keeps the console for memrl's own output.
+"""Run metrics and memrl's log handlers.
 
-wandb runs in the mode the config names (``offline`` needs no network); its API key, if any, comes from the
-environment (``WANDB_API_KEY``) and is never written anywhere by memrl.
+Metrics: one line per step on the console, one JSON object per step in ``metrics.jsonl``, wandb when enabled. wandb
+runs in the mode the config names (``offline`` needs no network); its API key, if any, comes from the environment
+(``WANDB_API_KEY``) and is never written anywhere by memrl.
 
-The console: memrl's banners, results and progress bars go to the terminal; everything else (third-party warnings,
-library progress bars, logging records, engine start-up output written by C++ or by child processes straight to file
-descriptors 1 and 2) goes to the run's ``run.log``. Until the run directory exists it is buffered in a temporary file,
-which :func:`bind_run_log` moves into place (and which is deleted when the run never starts). A write is memrl's when
-the first frame that is not ``print``/tqdm/io machinery belongs to a memrl package; anything written through
-``logging`` or ``warnings`` is a log record.
+Logging: every memrl module logs through ``logging.getLogger(__name__)``. The CLI (launch/console.py) installs the two
+handlers defined here: a :class:`ConsoleHandler` on the ``memrl`` logger (the console shows memrl's banners, results
+and progress bars, see :func:`progress_bar`) and a :class:`RunLog` on the root logger, the run's ``run.log``, which
+gets every record, third-party included, and (without ``--verbose``) everything written to file descriptors 1 and 2:
+third-party prints and progress bars, engine start-up output of C++ code and child processes. The run log is a
+temporary file until the run directory exists; :func:`bind_run_log` moves it into place.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
+import logging
 import math
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from memrl.data.config import WandbConfig
 from memrl.data.io import append_jsonl, atomic_write_text
 
-__all__ = ["MetricsLogger", "bind_run_log", "format_metrics", "quiet_console", "run_log_path"]
+__all__ = ["ConsoleHandler", "MetricsLogger", "RunLog", "bind_run_log", "format_metrics", "progress_bar",
+           "run_log_path"]
+
+log = logging.getLogger(__name__)
 
 _CONSOLE_KEYS = ("reward_mean", "success", "loss", "clip_fraction", "approx_kl", "entropy", "grad_norm",
                  "eval/success", "eval/success_greedy")
@@ -83,7 +85,7 @@ class MetricsLogger:
         append_jsonl(self.path, record)
         line = format_metrics(step, metrics)
         if self.console and line.rstrip() != f"[step {step}]":  # nothing worth a console line
-            print(line, flush=True)
+            log.info(line)
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=step)
 
@@ -95,139 +97,129 @@ class MetricsLogger:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# console routing
-
-_MEMRL_PACKAGES = frozenset({"memrl", "benchmarks", "__main__"})
-# Stream plumbing between a writer and the console (wandb wraps sys.stdout.write while a run is live; once Ray has
-# started in the process, its tqdm_ray replaces the builtin print with a wrapper).
-_MACHINERY = ("tqdm", "io", "_io", "codecs", "contextlib", "memrl.data.tracking", "threading",
-              "wandb.sdk.lib.console_capture", "ray.experimental.tqdm_ray")
-_LOG_MACHINERY = ("logging", "warnings", "py.warnings")
-# Third-party writers whose output is the progress of a memrl stage: the SFT trainer's progress bar and loss lines.
-_SHOWN = ("transformers.trainer_callback",)
+# log handlers
 
 
-def _from_memrl() -> bool:
-    """Whether the current write comes from memrl code (see the module docstring)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        module = str(frame.f_globals.get("__name__", ""))
-        if module.startswith(_LOG_MACHINERY):
-            return False
-        if not module.startswith(_MACHINERY):
-            return module.split(".", 1)[0] in _MEMRL_PACKAGES or module.startswith(_SHOWN)
-        frame = frame.f_back
-    return False
+class ConsoleHandler(logging.Handler):
+    """memrl's records on the console: information on ``out`` as written, warnings and errors on ``err`` after their
+    level; ``err`` is also where memrl's progress bars draw (:func:`progress_bar`)."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        super().__init__(logging.INFO)
+        self.out, self.err = out, err
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write one record to the console."""
+        try:
+            text = self.format(record)
+            if record.levelno >= logging.WARNING:
+                text, stream = f"{record.levelname.lower()}: {text}", self.err
+            else:
+                stream = self.out
+            stream.write(text + "\n")
+            stream.flush()
+        except Exception:
+            self.handleError(record)
 
 
-class _Router(io.TextIOBase):
-    """A text stream that sends memrl's writes to the console and every other write to the log."""
-
-    def __init__(self, console: TextIO, log: TextIO) -> None:
-        self.console, self.log = console, log
-
-    def write(self, text: str) -> int:
-        (self.console if _from_memrl() else self.log).write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        self.console.flush()
-        self.log.flush()
-
-    def isatty(self) -> bool:
-        return self.console.isatty()
-
-    def fileno(self) -> int:  # raw fd writers are libraries: their bytes belong in the log
-        return self.log.fileno()
-
-    @property
-    def buffer(self) -> Any:  # byte writers likewise
-        return self.log.buffer
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return getattr(self.console, "encoding", None) or "utf-8"
+def _console_handler() -> ConsoleHandler | None:
+    return next((h for h in logging.getLogger("memrl").handlers if isinstance(h, ConsoleHandler)), None)
 
 
-class _Capture:
-    def __init__(self, log_path: Path, log: TextIO, routers: list[_Router]) -> None:
-        self.log_path, self.log, self.routers, self.bound = log_path, log, routers, False
+def progress_bar(iterable: Any = None, **kwargs: Any) -> Any:
+    """A tqdm bar drawn on memrl's console (where the CLI's :class:`ConsoleHandler` shows memrl's records; stderr when
+    memrl runs as a library)."""
+    from tqdm.auto import tqdm
+
+    handler = _console_handler()
+    return tqdm(iterable, file=handler.err if handler is not None else sys.stderr, **kwargs)
 
 
-_active: _Capture | None = None
+class RunLog(logging.StreamHandler):
+    """The run's ``run.log``: every log record, and with ``capture_fds`` everything written to file descriptors 1
+    and 2 (third-party prints, C++ and child-process output). A temporary file until :meth:`bind` moves it into the
+    run directory; :meth:`finish` restores file descriptors 1 and 2 and deletes a log that was never bound (the run
+    never started)."""
+
+    def __init__(self, capture_fds: bool) -> None:
+        fd, tmp = tempfile.mkstemp(prefix="memrl-run-", suffix=".log")
+        super().__init__(os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace"))
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.path, self.bound = Path(tmp), False
+        self._saved_fds: list[int] = []
+        if capture_fds:
+            _flush_std_streams()  # what was written before belongs on the console
+            self._saved_fds = [os.dup(1), os.dup(2)]
+            self._point_fds_at(self.stream)
+
+    def _point_fds_at(self, stream: TextIO) -> None:
+        if self._saved_fds:
+            os.dup2(stream.fileno(), 1)
+            os.dup2(stream.fileno(), 2)
+
+    def bind(self, run_dir: str | Path) -> Path:
+        """Move the log into ``<run_dir>/run.log`` (appending to one already there, as on a resume) and write there
+        from now on."""
+        if self.bound:
+            return self.path
+        _flush_std_streams()
+        self.flush()
+        target = Path(run_dir) / "run.log"
+        new = open(target, "a", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115 - the handler's
+        new.write(self.path.read_text(encoding="utf-8", errors="replace"))
+        new.flush()
+        self._point_fds_at(new)
+        self.setStream(new).close()
+        os.unlink(self.path)
+        self.path, self.bound = target, True
+        return target
+
+    def close(self) -> None:
+        """Flush only: ``logging.shutdown`` and ``logging.config`` close every handler they know (vLLM configures its
+        loggers when imported, mid-run), and the run log must go on capturing until :meth:`finish`."""
+        self.flush()
+        super().close()
+
+    def finish(self) -> None:
+        """Restore file descriptors 1 and 2, close the log, and delete it if it was never bound (the end of the
+        command; the handler must be off every logger by then)."""
+        self.acquire()
+        try:
+            _flush_std_streams()
+            for fd, saved in enumerate(self._saved_fds, start=1):
+                os.dup2(saved, fd)
+                os.close(saved)
+            self._saved_fds = []
+            if self.stream is not None:
+                self.stream.close()
+                self.stream = None  # logging.shutdown flushes every handler it has seen: nothing is left to flush
+            if not self.bound:
+                self.path.unlink(missing_ok=True)
+        finally:
+            self.release()
+        super().close()
+
+
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        # a replaced or closed stream holds nothing of ours
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+
+
+def _run_log() -> RunLog | None:
+    return next((h for h in logging.getLogger().handlers if isinstance(h, RunLog)), None)
 
 
 def run_log_path() -> Path | None:
-    """Where third-party output is being written (None when the console is not captured)."""
-    return _active.log_path if _active is not None else None
-
-
-def _console_stream(stream: TextIO) -> TextIO:
-    """A stream on what ``stream`` shows now, unaffected by later redirection of fds 1 and 2."""
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, io.UnsupportedOperation):
-        return stream
-    return os.fdopen(os.dup(fd), "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
-                     errors="replace")
-
-
-@contextlib.contextmanager
-def quiet_console(enabled: bool = True) -> Iterator[None]:
-    """Route third-party output to ``run.log`` for the duration (see the module docstring); ``enabled=False``
-    (``--verbose``) leaves the console alone."""
-    global _active
-    if not enabled or _active is not None:
-        yield
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    old_out, old_err = sys.stdout, sys.stderr
-    console_out, console_err = _console_stream(old_out), _console_stream(old_err)
-    fd, tmp = tempfile.mkstemp(prefix="memrl-run-", suffix=".log")
-    log = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace")
-    saved = [os.dup(1), os.dup(2)]
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    routers = [_Router(console_out, log), _Router(console_err, log)]
-    sys.stdout, sys.stderr = routers
-    _active = _Capture(Path(tmp), log, routers)
-    try:
-        yield
-    finally:
-        capture, _active = _active, None
-        for stream in (*routers, console_out, console_err):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        sys.stdout, sys.stderr = old_out, old_err
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd_saved in saved:
-            os.close(fd_saved)
-        capture.log.close()
-        if not capture.bound:  # the run never started: leave nothing behind
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(capture.log_path)
-        for stream in (console_out, console_err):
-            if stream is not old_out and stream is not old_err:
-                stream.close()
+    """Where the run log is being written (None when the CLI has not set one up)."""
+    handler = _run_log()
+    return handler.path if handler is not None else None
 
 
 def bind_run_log(run_dir: str | Path) -> Path | None:
-    """Move the captured output into ``<run_dir>/run.log`` and write there from now on (first call only)."""
-    capture = _active
-    if capture is None or capture.bound:
+    """Move the run log into ``<run_dir>/run.log`` (first call only; None when there is no run log)."""
+    handler = _run_log()
+    if handler is None or handler.bound:
         return None
-    target = Path(run_dir) / "run.log"
-    capture.log.flush()
-    new = open(target, "a", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115 - lives with the capture
-    new.write(capture.log_path.read_text(encoding="utf-8", errors="replace"))
-    new.flush()
-    os.dup2(new.fileno(), 1)
-    os.dup2(new.fileno(), 2)
-    for router in capture.routers:
-        router.log = new
-    capture.log.close()
-    os.unlink(capture.log_path)
-    capture.log, capture.log_path, capture.bound = new, target, True
-    return target
+    return handler.bind(run_dir)

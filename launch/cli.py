@@ -14,75 +14,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import importlib
 import os
 import shutil
 import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memrl.data.config import ConfigError
 from memrl.data.errors import UserError
+from memrl.launch.jobs import JOBS, Job
 
-__all__ = ["JOBS", "Job", "main"]
-
-
-@dataclass(frozen=True)
-class Job:
-    """A config-driven command: ``memrl <path...> --config FILE [overrides]``."""
-
-    path: tuple[str, ...]
-    help: str
-    config: str  # "module:Class" of its top-level config model
-    runner: str  # "module:function" taking the validated config and returning an exit code (or None)
-    resumable: bool = False
-    # Whether it runs across processes (accelerate / torch.distributed); launchers start any other command once.
-    distributed: bool = False
-    # Whether it builds the trained policy's own vLLM engine (placement.policy) in its main process.
-    policy_engine: bool = False
-    flags: tuple[tuple[str, str, str], ...] = ()  # (--flag, dotted config key it overrides, help)
-    dry_run: str | None = None  # "module:function" printing what the run needs (its --dry-run), or None
-    checks: str | None = None  # "module:function" checking the validated config before anything is created
-
-    def load(self, attr: str) -> Any:
-        """Import ``module:name``."""
-        module, name = getattr(self, attr).split(":")
-        return getattr(importlib.import_module(module), name)
-
-
-JOBS: list[Job] = [
-    Job(
-        ("quickstart",),
-        "whole pipeline on the embedded default (tiny model, CPU)",
-        "memrl.launch.quickstart:QuickstartConfig",
-        "memrl.launch.quickstart:run_quickstart",
-        policy_engine=True,
-    ),
-    Job(("data", "synth"), "synthetic long-horizon episodes -> train/eval JSONL + Arrow",
-        "memrl.data.synth:SynthConfig",
-        "memrl.data.synth:run_synth"),
-    Job(("data", "distill"), "run an expert memory model inside SAM / the proactive agent -> SFT datasets per role",
-        "memrl.rollout.expert_traces:DistillRunConfig", "memrl.rollout.expert_traces:run_distill", resumable=True),
-    Job(("train", "oat-grpo"), "OAT-GRPO: memory-call trees, committee rewards, group policy updates, weight sync",
-        "memrl.train.oat_grpo:OATGRPOConfig", "memrl.train.oat_grpo:run_oat_grpo", resumable=True, distributed=True,
-        policy_engine=True, checks="memrl.train.oat_grpo:check_inputs"),
-    Job(("sft",), "supervised fine-tuning on distilled memory-role datasets (TRL SFTTrainer, LoRA or full)",
-        "memrl.train.sft:SFTRunConfig", "memrl.train.sft:run_sft", resumable=True, distributed=True,
-        checks="memrl.train.sft:check_inputs"),
-    Job(("train", "pivot-grpo"), "pivot-turn GRPO for the proactive intervention agent (online loop)",
-        "memrl.train.pivot_grpo:PivotGRPOConfig", "memrl.train.pivot_grpo:run_pivot_grpo", resumable=True,
-        distributed=True, policy_engine=True),
-    Job(("eval",), "harness: memory systems x memory models x datasets -> per-item results, breakdowns, report",
-        "memrl.launch.evaluate:EvalConfig", "memrl.launch.evaluate:run_eval", resumable=True,
-        dry_run="memrl.launch.evaluate:dry_run_eval", checks="memrl.launch.evaluate:check_inputs"),
-    Job(("export",), "merged Hugging Face checkpoint + model card, verified in transformers and vLLM",
-        "memrl.train.export:ExportConfig", "memrl.train.export:run_export", checks="memrl.train.export:check_inputs",
-        flags=(("--push-to-hub", "push_to_hub", "upload the export to this Hub repository (needs HF_TOKEN)"),)),
-]
+__all__ = ["main"]
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser, job: Job) -> None:
@@ -119,9 +64,9 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
         job.load("checks")(config)
     run = getattr(config, "run", None)
     with _created_only_on_success(Path(run.output_dir) if run is not None else None):
-        from memrl.data.tracking import quiet_console
+        from memrl.launch.console import console
 
-        with quiet_console(not args.verbose and not os.environ.get("MEMRL_VERBOSE")):
+        with console(verbose=bool(args.verbose or os.environ.get("MEMRL_VERBOSE"))):
             try:
                 code = job.load("runner")(config)
             except (UserError, KeyboardInterrupt):
@@ -225,6 +170,12 @@ def _model_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from memrl.launch.plan import run_plan
+
+    return run_plan(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (only commands that work are listed)."""
     parser = argparse.ArgumentParser(prog="memrl", description=__doc__.split("\n\n")[0])
@@ -280,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--model-config", help="the policy's config.json (default: the base's own, else assumed)")
     plan.add_argument("--json", action="store_true", help="also print the plan as one JSON line")
     plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    plan.set_defaults(handler=lambda a: importlib.import_module("memrl.launch.plan").run_plan(a))
+    plan.set_defaults(handler=_plan)
     return parser
 
 

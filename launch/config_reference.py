@@ -1,6 +1,6 @@
 """Write ``docs/configs.md``: every key of every command's config, with its type, default and meaning.
 
-The reference is generated from the pydantic models the commands validate against (``memrl.launch.cli.JOBS``), so it
+The reference is generated from the pydantic models the commands validate against (``memrl.launch.jobs.JOBS``), so it
 cannot drift from the code: a key's meaning is its ``Field(description=...)`` or the comment at the end of its line in
 the
 model's source. ``tests/test_config_reference.py`` fails when the committed file is stale.
@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from memrl.launch.cli import JOBS
+from memrl.launch.jobs import JOBS
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "configs.md"
 HEADER = """# Config reference

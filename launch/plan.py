@@ -484,7 +484,7 @@ def run_plan(args: Any) -> int:
     import yaml
 
     from memrl.data.config import load_config
-    from memrl.launch.cli import JOBS
+    from memrl.launch.jobs import JOBS
 
     with open(args.config, encoding="utf-8") as fh:
         command = (yaml.safe_load(fh) or {}).get("command")

@@ -25,6 +25,7 @@ the same held-out tasks, and the differences between them get paired 95% bootstr
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import time
 from pathlib import Path
@@ -47,6 +48,8 @@ from memrl.train.online import LoopConfig
 from memrl.train.policy import LoraSettings, PolicySpec
 
 __all__ = ["QuickstartConfig", "heldout_results", "run_quickstart"]
+
+log = logging.getLogger(__name__)
 
 
 def _task_params(horizon: int) -> SamTaskParams:
@@ -122,11 +125,11 @@ class _Stages:
         self.start = time.perf_counter()
 
     def run(self, name: str, title: str, fn: Any) -> Any:
-        print(f"\n[quickstart] === {name}: {title}", flush=True)
+        log.info(f"\n[quickstart] === {name}: {title}")
         t0 = time.perf_counter()
         out = fn()
         self.times[name] = round(time.perf_counter() - t0, 1)
-        print(f"[quickstart] {name} done in {self.times[name]:.0f} s", flush=True)
+        log.info(f"[quickstart] {name} done in {self.times[name]:.0f} s")
         return out
 
 
@@ -146,7 +149,7 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
 
     run_dir = prepare_run_dir(cfg, cfg.run, "quickstart")
     stages = _Stages()
-    print(f"[quickstart] run directory: {run_dir}", flush=True)
+    log.info(f"[quickstart] run directory: {run_dir}")
 
     if cfg.base_model == "smollm2":
         base = stages.run("model", "SmolLM2-135M-Instruct from its GGUF (converted once, cached)",
@@ -275,7 +278,7 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_report(run_dir, cfg, summary, rl["history"])
     _print_table(summary)
-    print(f"\n[quickstart] report: {run_dir / 'report.md'}", flush=True)
+    log.info(f"\n[quickstart] report: {run_dir / 'report.md'}")
     return 0
 
 
@@ -329,10 +332,10 @@ def _print_table(summary: dict[str, Any]) -> None:
     rows = [(name, v["success"], v["success_greedy"]) for name, v in summary["baselines"].items()]
     rows += [("SFT", summary["success_sft"], summary["success_sft_greedy"]),
              ("SFT + OAT-GRPO", summary["success_rl"], summary["success_rl_greedy"])]
-    print("\n[quickstart] held-out success inside SAM (recall sampled at T=1 | greedy)")
+    log.info("\n[quickstart] held-out success inside SAM (recall sampled at T=1 | greedy)")
     def pct(x: float | None) -> str:
         return "   n/a" if x is None else f"{x:>6.1%}"
 
     for name, sampled, greedy in rows:
-        print(f"  {name:<28} {pct(sampled)}   {pct(greedy)}")
-    print(f"  wall {summary['wall_s']:.0f} s, peak RSS {summary['peak_rss_gib']:.2f} GiB")
+        log.info(f"  {name:<28} {pct(sampled)}   {pct(greedy)}")
+    log.info(f"  wall {summary['wall_s']:.0f} s, peak RSS {summary['peak_rss_gib']:.2f} GiB")

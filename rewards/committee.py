@@ -1,4 +1,5 @@
-"""Oracle-anchored recoverability reward c(n) (SAM, seed 001 section 2.3).
+"""Oracle-anchored recoverability reward c(n) (SAM: "SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent" (arXiv
+2605.24468), section 2.3).
 
 For every sibling group (memory actions that share one parent context) a committee of M reference engines answers the
 same memory request (same intent, same pages: the messages the policy saw; for a recall that read several pages, one

@@ -3,7 +3,8 @@ yes/no LLM judge, LoCoMo per-category scoring and its CORRECT/WRONG JSON judge, 
 
 - **Lexical metrics** use SQuAD-style normalisation (:func:`memrl.data.tasks.common.normalize_answer`: lower case, no
   punctuation, no articles); with several gold answers (MemoryArena alternatives) the best one counts.
-- **AMA-Bench judge** (seed 004 appendix C; ``compute_llm_as_judge`` of AMA-Bench's ``utils/evaluation_metrics.py``):
+- **AMA-Bench judge** (AMA-Bench, arXiv 2602.22769, appendix C; ``compute_llm_as_judge`` of AMA-Bench's
+  ``utils/evaluation_metrics.py``):
   the judge model gets the ``Task Type`` / ``Episode ID`` / ``Task Context`` lines, the question, the reference answer
   and the prediction, and must reply ``yes`` or ``no``; the prompt ends ``Answer:<think></think>``. Parsing:
   ``<think>...</think>`` blocks are removed, then the *last* whole-word ``yes`` or ``no`` (case-insensitive)

@@ -9,10 +9,9 @@ with the family's frozen scripted reasoner / action agent; every trace goes thro
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Literal
-
-from tqdm.auto import tqdm
 
 from memrl.data.config import ConfigModel, RunConfig
 from memrl.data.distill import DistillWriter, RejectionConfig
@@ -22,6 +21,7 @@ from memrl.data.run_dir import prepare_run_dir
 from memrl.data.tasks import SAM_FAMILIES, TaskSetConfig, load_tasks
 from memrl.data.tasks.proactive import ActionAgent, ProactiveTask
 from memrl.data.tasks.sam import SamReasoner, SamTask
+from memrl.data.tracking import progress_bar
 from memrl.rollout.agents import build_proactive_rollout, sam_rollout
 from memrl.rollout.engines.config import EngineConfig
 from memrl.rollout.engines.factory import build_engine
@@ -32,6 +32,8 @@ from memrl.rollout.memory.sam import SamConfig
 from memrl.rollout.models import load_tokenizer
 
 __all__ = ["DistillRunConfig", "distill", "run_distill"]
+
+log = logging.getLogger(__name__)
 
 
 class DistillRunConfig(ConfigModel):
@@ -94,10 +96,10 @@ def distill(cfg: DistillRunConfig, out_dir: str | Path) -> dict[str, Any]:
     tasks = load_tasks(cfg.tasks, "distill")
     writer = DistillWriter(out_dir, cfg.rejection)
     if writer.resumed:
-        print(f"[distill] resuming: {writer.resumed} traces already written", flush=True)
+        log.info(f"[distill] resuming: {writer.resumed} traces already written")
     engines = _engines(cfg, tasks)
     todo = [t for t in tasks if not writer.is_done(f"{t.task_id}/expert")]
-    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="distill")
+    bar = progress_bar(total=len(tasks), initial=len(tasks) - len(todo), desc="distill")
     for start in range(0, len(todo), cfg.batch_size):
         batch = todo[start : start + cfg.batch_size]
         traces = run_rollouts([_rollout(cfg, t, cfg.run.seed) for t in batch], engines)
@@ -113,5 +115,5 @@ def run_distill(cfg: DistillRunConfig) -> int:
     run_dir = prepare_run_dir(cfg, cfg.run, "data-distill")
     out = Path(cfg.out) if cfg.out else run_dir / "sft"
     distill(cfg, out)
-    print(f"[distill] datasets in {out}", flush=True)
+    log.info(f"[distill] datasets in {out}")
     return 0

@@ -15,10 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from tqdm.auto import tqdm
-
 from memrl.data.formats import parse_tool_calls
 from memrl.data.schemas import EpisodeTrace, MemoryCall, TokenUsage, TraceEvent
+from memrl.data.tracking import progress_bar
 from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, to_memory_call
 from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn
 
@@ -311,7 +310,7 @@ def run_rollouts(
     ``on_result`` sees every call with the engine's answer before the rollout consumes it (offline labelled rollouts
     record them for deterministic replay)."""
     active = [r for r in rollouts if not r.done]
-    bar = tqdm(total=len(active), desc=progress, disable=progress is None, leave=False)
+    bar = progress_bar(total=len(active), desc=progress, disable=progress is None, leave=False)
     while active:
         batches: dict[int, tuple[Engine, list[tuple[Rollout, PendingCall]]]] = {}
         for rollout in active:

@@ -90,7 +90,7 @@ class TinyModelSpec(ConfigModel):
         """Attention heads (hidden / head_dim)."""
         return self.hidden // self.head_dim
 
-    def fingerprint(self) -> str:
+    def digest(self) -> str:
         """A short hash of the spec, the corpus and the library versions (names a cache directory)."""
         import tokenizers
         import transformers
@@ -181,14 +181,14 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
 
 
 def ensure_tiny_model(cache_root: str | Path, spec: TinyModelSpec | None = None) -> Path:
-    """Build the tiny model under ``cache_root/<fingerprint>`` unless it is already there; return its directory."""
+    """Build the tiny model under ``cache_root/tiny-<digest>`` unless it is already there; return its directory."""
     import os
     import shutil
     import tempfile
 
     spec = spec or TinyModelSpec()
     root = Path(cache_root)
-    target = root / f"tiny-{spec.fingerprint()}"
+    target = root / f"tiny-{spec.digest()}"
     if (target / "memrl_tiny_spec.json").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)

@@ -81,7 +81,7 @@ __all__ = [
     "restore",
     "rollout_from_record",
     "sample_pivot_groups",
-    "state_fingerprint",
+    "state_digest",
 ]
 
 DECISION_ROLE = "intervene"
@@ -329,7 +329,7 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-def state_fingerprint(rollout: Rollout) -> str:
+def state_digest(rollout: Rollout) -> str:
     """A hash of everything the rollout's future depends on: the pending request (messages, sampling, seed), the
     memory system's state, the environment's state, the step and call counters."""
     call = rollout.pending()
@@ -612,7 +612,7 @@ class PivotSample:
     outcome: float
     reminders_after: int  # reminders injected from the pivot to the end (this sample's included)
     usage: TokenUsage  # the action agent's tokens spent on the continuation
-    fingerprint: str  # state_fingerprint of the fork right before the sample was applied
+    fingerprint: str  # state_digest of the fork right before the sample was applied
 
 
 @dataclass
@@ -624,7 +624,7 @@ class PivotGroupResult:
     role: str
     prompt_ids: list[int]
     messages: list[Any]
-    state: str  # state_fingerprint of the restored rollout
+    state: str  # state_digest of the restored rollout
     samples: list[PivotSample]
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -659,7 +659,7 @@ def sample_pivot_groups(
     for b, ((_, base), result) in enumerate(zip(bases, results, strict=True)):
         for k in range(len(result.completions)):
             fork = _fork(base)
-            forks.append((b, fork, state_fingerprint(fork)))
+            forks.append((b, fork, state_digest(fork)))
             fork.advance(result, sample=k)
     starts = [(len(base.memory_calls), base.memory.stats.get("reminders_injected", 0)) for _, base in bases]
     run_rollouts([f for _, f, _ in forks], engines, progress=progress)
@@ -680,7 +680,7 @@ def sample_pivot_groups(
         groups.append(PivotGroupResult(
             pivot_id=pivot.pivot_id, task_id=pivot.task_id, role=samples[0].call.role,
             prompt_ids=list(result.prompt_ids), messages=list(request.messages or []),
-            state=state_fingerprint(base), samples=samples,
+            state=state_digest(base), samples=samples,
             metadata={"step": pivot.step, "is_pivot": pivot.is_pivot, "planted": pivot.planted is not None,
                       "spread": pivot.spread},
         ))

@@ -47,10 +47,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tqdm.auto import tqdm
-
 from memrl.data.config import ConfigModel
 from memrl.data.schemas import MemoryCallTree, TokenUsage, TreeNode
+from memrl.data.tracking import progress_bar
 from memrl.rollout.engines.base import Engine, GenerationResult
 from memrl.rollout.loop import EngineSet, PendingCall, Rollout
 
@@ -142,7 +141,7 @@ def build_trees(
         branches.extend(_Branch(rollout=r, tree=state, node_id="root", leaves=cfg.max_leaves, tokens=budget)
                         for r in starts)
 
-    bar = tqdm(total=len(tasks), desc=progress, disable=progress is None, leave=False)
+    bar = progress_bar(total=len(tasks), desc=progress, disable=progress is None, leave=False)
 
     def advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int) -> list[_Branch]:
         running = []

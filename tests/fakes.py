@@ -1,12 +1,18 @@
-"""Small fakes shared by the loop and tree tests: a counting task, a two-call memory tool, a scripted engine."""
+"""Small fakes shared by the tests: a counting task, a two-call memory tool, scripted engines for the loop and tree
+tests, and :class:`RecordingEngine`, the one engine of the memory-system tests."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from memrl.data.formats import ToolCall, render_tool_call
 from memrl.data.schemas import MemoryCall, Message
+from memrl.data.tasks.common import content_of
 from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
+from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
 
 
@@ -121,3 +127,53 @@ class Recorder(Engine):
             )
             for r in requests
         ]
+
+
+Reply = Callable[[str, dict[str, Any]], str]
+"""A reply function: (the request's last message text, its metadata: ``role``, ``phase``, ...) -> the reply text."""
+
+
+class _ReplyPolicy:
+    """A scripted policy from a :data:`Reply` function."""
+
+    def __init__(self, reply: Reply, name: str) -> None:
+        self.reply, self.name = reply, name
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        return self.reply(content_of(messages[-1]), metadata)
+
+
+class RecordingEngine(ScriptedEngine):
+    """The memory-system tests' engine: a :class:`ScriptedEngine` (token ids and usage when given a ``tokenizer``)
+    answering with ``reply``, a scripted policy (``respond(messages, rng, metadata)``) or a :data:`Reply` function.
+    It keeps every request it answered, the last message of each (``prompts``) and every result it gave."""
+
+    def __init__(self, reply: Any, name: str | None = None, **kwargs: Any) -> None:
+        policy = reply if hasattr(reply, "respond") else _ReplyPolicy(reply, name or "reply")
+        super().__init__(policy, name=name, **kwargs)
+        self.requests: list[GenerationRequest] = []
+        self.prompts: list[str] = []
+        self.results: list[GenerationResult] = []
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        results = super().generate(requests)
+        self.requests += requests
+        self.prompts += [content_of(r.messages[-1]) for r in requests]
+        self.results += results
+        return results
+
+
+@dataclass(frozen=True)
+class QACase:
+    """A memory system answering a question about a trajectory it was fed (the harness's question-answering mode),
+    with :class:`RecordingEngine` s on ``script`` as reasoner and memory model: what the answer, the memory-model calls
+    and the reasoner's last prompt must be."""
+
+    memory: Callable[[], MemorySystem]
+    script: Reply
+    env: Callable[[], Any]  # the rollout's environment, whose reset() is empty in this mode
+    turns: list[dict[str, Any]]
+    question: str
+    answer: str
+    roles: list[str]  # the memory-model calls, in order
+    prompt_has: tuple[str, ...] = ()  # also in the reasoner's last prompt

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from memrl.launch import cli
-from memrl.launch.cli import JOBS, main
+from memrl.launch import jobs
+from memrl.launch.cli import main
+from memrl.launch.jobs import JOBS
 
 COMMANDS = [" ".join(j.path) for j in JOBS]
 
@@ -267,16 +268,16 @@ def _all_cases(ws: dict[str, Path]) -> list[tuple[str, list[str], list[str]]]:
 def test_bad_input_corpus(ws: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
                           capsys: pytest.CaptureFixture[str]) -> None:
     """Every case: exit 2, one paragraph naming the file/key/path, no traceback, nothing written anywhere."""
-    real_load = cli.Job.load
+    real_load = jobs.Job.load
 
-    def guarded(self: cli.Job, attr: str):
+    def guarded(self: jobs.Job, attr: str):
         if attr == "runner":
             def reached(cfg):
                 raise RunnerReached("the bad input got past every check")
             return reached
         return real_load(self, attr)
 
-    monkeypatch.setattr(cli.Job, "load", guarded)
+    monkeypatch.setattr(jobs.Job, "load", guarded)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(ws["root"])
     cases = _all_cases(ws)
@@ -315,10 +316,10 @@ def test_failed_start_removes_the_run_folder(ws: dict[str, Path], tmp_path: Path
     from memrl.data.errors import UserError
     from memrl.data.run_dir import prepare_run_dir
 
-    real_load = cli.Job.load
+    real_load = jobs.Job.load
     calls = []
 
-    def fake(self: cli.Job, attr: str):
+    def fake(self: jobs.Job, attr: str):
         if attr != "runner":
             return real_load(self, attr)
 
@@ -330,7 +331,7 @@ def test_failed_start_removes_the_run_folder(ws: dict[str, Path], tmp_path: Path
             return 0
         return runner
 
-    monkeypatch.setattr(cli.Job, "load", fake)
+    monkeypatch.setattr(jobs.Job, "load", fake)
     out_dir = tmp_path / "new" / "runs"
     argv = ["data", "synth", f"run.output_dir={out_dir}", "run.name=late"]
     assert main(argv) == 2
@@ -341,9 +342,9 @@ def test_failed_start_removes_the_run_folder(ws: dict[str, Path], tmp_path: Path
 
 def test_bug_gets_traceback_file_and_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    real_load = cli.Job.load
+    real_load = jobs.Job.load
 
-    def fake(self: cli.Job, attr: str):
+    def fake(self: jobs.Job, attr: str):
         if attr != "runner":
             return real_load(self, attr)
 
@@ -354,7 +355,7 @@ def test_bug_gets_traceback_file_and_exit_1(tmp_path: Path, monkeypatch: pytest.
             return {}["missing"]
         return runner
 
-    monkeypatch.setattr(cli.Job, "load", fake)
+    monkeypatch.setattr(jobs.Job, "load", fake)
     assert main(["data", "synth", f"run.output_dir={tmp_path}", "run.name=bug"]) == 1
     err = capsys.readouterr().err
     log = tmp_path / "bug" / "run.log"

@@ -149,7 +149,7 @@ SHIPPED = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_every_shipped_config_validates_against_its_command(path: Path) -> None:
     """Each recipe under configs/ names its command, and that command's config class accepts it as written."""
-    from memrl.launch.cli import JOBS
+    from memrl.launch.jobs import JOBS
 
     command = yaml.safe_load(path.read_text())["command"]
     jobs = {" ".join(job.path): job for job in JOBS}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from memrl.launch.cli import JOBS
 from memrl.launch.config_reference import DEFAULT_OUT, main, reference
+from memrl.launch.jobs import JOBS
 
 
 def test_committed_reference_is_up_to_date() -> None:

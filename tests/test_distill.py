@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -277,8 +278,9 @@ class Replay:
 
 
 def test_distill_with_a_30pct_wrong_oracle_keeps_only_correct_trajectories_and_resumes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="memrl")
     cfg = noisy_sam_distill(tmp_path, "noisy")
     out = tmp_path / "noisy" / "sft"
 
@@ -298,7 +300,7 @@ def test_distill_with_a_30pct_wrong_oracle_keeps_only_correct_trajectories_and_r
     monkeypatch.setattr(expert_traces, "run_rollouts", real_run)
     assert len(list(iter_jsonl(out / distill.PROGRESS_FILE))) == 16
     assert run_distill(noisy_sam_distill(tmp_path, "noisy", resume=True)) == 0
-    assert "resuming: 16 traces already written" in capsys.readouterr().out
+    assert "resuming: 16 traces already written" in caplog.text
 
     # the resumed run wrote exactly what an uninterrupted run writes, and a rerun of a finished run adds nothing
     run_distill(noisy_sam_distill(tmp_path, "straight"))

@@ -13,7 +13,8 @@ from benchmark_files import write_amabench, write_locomo, write_memoryarena
 
 from memrl.data.config import load_config
 from memrl.launch.cli import main
-from memrl.launch.evaluate import EvalConfig, evaluate
+from memrl.launch.evaluation.config import EvalConfig
+from memrl.launch.evaluation.run import evaluate
 from memrl.rollout.evaluation.extractive import ExtractiveMemoryModel
 
 ROOT = Path(__file__).resolve().parents[1]

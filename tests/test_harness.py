@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-import memrl.launch.evaluate as evaluate_module
+import memrl.launch.evaluation.run as evaluate_module
 from memrl.data.config import load_config
 from memrl.data.formats import parse_tool_calls, render_tool_call
 from memrl.data.schemas import Message
 from memrl.data.tasks import SamTask, make_ama_episode
-from memrl.launch.evaluate import EvalConfig, evaluate, load_results
+from memrl.launch.evaluation.config import EvalConfig
+from memrl.launch.evaluation.run import evaluate, load_results
 from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.evaluation.extractive import ExtractiveMemoryModel
 from memrl.rollout.evaluation.qa import ReplayEnv, run_qa

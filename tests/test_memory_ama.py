@@ -5,12 +5,13 @@ tolerance, and runs through the agent loop."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
+from fakes import QACase, RecordingEngine
 
 from memrl.data.formats import render_tool_call
 from memrl.data.schemas import MemoryCall
-from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
 from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 from memrl.rollout.memory.ama_agent import AMAConfig, AMAMemory
 from memrl.rollout.memory.base import MemoryRequest
@@ -142,31 +143,18 @@ def test_tool_budget_and_garbage() -> None:
     assert garbage.next_memory_request() is None and garbage.stats["ama_sufficiency_unparsed"] == 1
 
 
-class RoleEngine(Engine):
+def walk_script(last: str, metadata: dict[str, Any]) -> str:
     """Reasoner: act until a corridor is seen, retrieve, answer with the turn the evidence names. Memory: by role."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.prompts: list[str] = []
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        out = []
-        for req in requests:
-            last = req.messages[-1].content
-            self.prompts.append(last)
-            role = req.metadata["role"]
-            if role == "ama_graph_build":
-                text = "state: somewhere\ncauses: none\nobjects: key"
-            elif role == "ama_sufficiency":
-                text = "SUFFICIENT"
-            elif "evidence:" in last:
-                text = render_tool_call("answer", {"answer": "key" if "key" in last.split("evidence:")[1] else "?"})
-            elif "corridor" in last:
-                text = render_tool_call("retrieve", {"query": "where is the key?"})
-            else:
-                text = render_tool_call("act", {"action": "walk"})
-            out.append(GenerationResult([1, 2], [Completion([3], [-0.1], text, "stop")], Usage(2, 1), self.name))
-        return out
+    role = metadata["role"]
+    if role == "ama_graph_build":
+        return "state: somewhere\ncauses: none\nobjects: key"
+    if role == "ama_sufficiency":
+        return "SUFFICIENT"
+    if "evidence:" in last:
+        return render_tool_call("answer", {"answer": "key" if "key" in last.split("evidence:")[1] else "?"})
+    if "corridor" in last:
+        return render_tool_call("retrieve", {"query": "where is the key?"})
+    return render_tool_call("act", {"action": "walk"})
 
 
 class WalkEnv:
@@ -185,7 +173,7 @@ class WalkEnv:
 
 
 def test_agent_mode_retrieve_tool_in_the_loop() -> None:
-    reasoner, memory = RoleEngine("reasoner"), RoleEngine("memory")
+    reasoner, memory = RecordingEngine(walk_script, "reasoner"), RecordingEngine(walk_script, "memory")
     mem = AMAMemory(AMAConfig(top_k=2), embedder=HashingEmbedder())
     (trace,) = run_rollouts([Rollout(WalkEnv(), mem, reasoner_system="", rollout_id="a")],
                             EngineSet(reasoner=reasoner, memory=memory))
@@ -195,20 +183,16 @@ def test_agent_mode_retrieve_tool_in_the_loop() -> None:
     assert mem.nodes[2].associations == [1]
 
 
-def test_question_answering_mode_through_the_loop() -> None:
-    reasoner, memory = RoleEngine("reasoner"), RoleEngine("memory")
+class WalkQAEnv(WalkEnv):
+    def reset(self) -> str:
+        return ""
 
-    class QAEnv(WalkEnv):
-        def reset(self) -> str:
-            return ""
 
-    rollout = Rollout(QAEnv(), AMAMemory(AMAConfig(top_k=2), embedder=HashingEmbedder()), reasoner_system="",
-                      rollout_id="q")
-    feed_episode(rollout.memory, TRAJECTORY, "where was the red key?")
-    (trace,) = run_rollouts([rollout], EngineSet(reasoner=reasoner, memory=memory))
-    assert trace.answer == "key"
-    assert [c.role for c in trace.memory_calls] == ["ama_graph_build"] * 5 + ["ama_sufficiency"]
-    assert reasoner.prompts[-1].endswith("question: where was the red key?")
+QA_CASE = QACase(
+    memory=lambda: AMAMemory(AMAConfig(top_k=2), embedder=HashingEmbedder()), script=walk_script, env=WalkQAEnv,
+    turns=TRAJECTORY, question="where was the red key?", answer="key",
+    roles=["ama_graph_build"] * 5 + ["ama_sufficiency"],
+)
 
 
 def test_fork_at_a_pending_call_shares_the_embedder_and_nothing_else() -> None:

@@ -4,10 +4,12 @@ tolerance, and runs through the agent loop (agent mode and question-answering mo
 from __future__ import annotations
 
 import copy
+from typing import Any
+
+from fakes import QACase, RecordingEngine
 
 from memrl.data.formats import ToolCall, render_tool_call
 from memrl.data.schemas import MemoryCall
-from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
 from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 from memrl.rollout.memory.base import MemoryRequest, Turn
 from memrl.rollout.memory.mage import Hints, MageConfig, MageMemory
@@ -208,39 +210,26 @@ class ShopEnv:
         return float(answer == "gold")
 
 
-class ScriptEngine(Engine):
+def shop_script(last: str, metadata: dict[str, Any]) -> str:
     """Reasoner: two acts, compress, one act, answer. Memory model: answers by role."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.prompts: list[str] = []
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        out = []
-        for req in requests:
-            last = req.messages[-1].content
-            self.prompts.append(last)
-            role = req.metadata["role"]
-            if role == "mage_maintain":
-                text = "PASS"
-            elif role == "mage_compress":
-                text = "summary of the steps"
-            elif "question:" in last:
-                text = render_tool_call("answer", {"answer": "gold" if "[@0]" in last else "?"})
-            elif "compressed into" in last:
-                text = render_tool_call("act", {"action": "pay"})
-            elif last.count("done:") >= 2:
-                text = render_tool_call("compress", {"summary": "picked ring and necklace"})
-            elif "done: pay" in last:
-                text = render_tool_call("answer", {"answer": "gold"})
-            else:
-                text = render_tool_call("act", {"action": f"pick {last.count('done:')}"})
-            out.append(GenerationResult([1, 2], [Completion([3], [-0.1], text, "stop")], Usage(2, 1), self.name))
-        return out
+    role = metadata["role"]
+    if role == "mage_maintain":
+        return "PASS"
+    if role == "mage_compress":
+        return "summary of the steps"
+    if "question:" in last:
+        return render_tool_call("answer", {"answer": "gold" if "[@0]" in last else "?"})
+    if "compressed into" in last:
+        return render_tool_call("act", {"action": "pay"})
+    if last.count("done:") >= 2:
+        return render_tool_call("compress", {"summary": "picked ring and necklace"})
+    if "done: pay" in last:
+        return render_tool_call("answer", {"answer": "gold"})
+    return render_tool_call("act", {"action": f"pick {last.count('done:')}"})
 
 
 def test_runs_in_the_agent_loop() -> None:
-    reasoner, memory = ScriptEngine("reasoner"), ScriptEngine("memory")
+    reasoner, memory = RecordingEngine(shop_script, "reasoner"), RecordingEngine(shop_script, "memory")
     rollout = Rollout(ShopEnv(), MageMemory(), reasoner_system="", seed=0, rollout_id="r")
     (trace,) = run_rollouts([rollout], EngineSet(reasoner=reasoner, memory=memory))
     assert trace.outcome == 1.0 and [e.kind for e in trace.events] == ["act", "act", "memory_tool", "act", "answer"]
@@ -249,16 +238,13 @@ def test_runs_in_the_agent_loop() -> None:
     assert "[@0] picked ring and necklace" in reasoner.prompts[-1] and "[4] pay -> done: pay" in reasoner.prompts[-1]
 
 
-def test_question_answering_mode_through_the_loop() -> None:
-    reasoner, memory = ScriptEngine("reasoner"), ScriptEngine("memory")
+class ShopQAEnv(ShopEnv):
+    def reset(self) -> str:
+        return ""
 
-    class QAEnv(ShopEnv):
-        def reset(self) -> str:
-            return ""
 
-    rollout = Rollout(QAEnv(), MageMemory(MageConfig(max_raw_turns=3)), reasoner_system="", rollout_id="q")
-    feed_episode(rollout.memory, [{"turn_idx": i, "action": f"a{i}", "observation": f"o{i}"} for i in range(4)],
-                 "which metal?")
-    (trace,) = run_rollouts([rollout], EngineSet(reasoner=reasoner, memory=memory))
-    assert trace.answer == "gold" and [c.role for c in trace.memory_calls] == ["mage_compress", "mage_maintain"]
-    assert reasoner.prompts[-1].endswith("question: which metal?") and "[5] a3 -> o3" in reasoner.prompts[-1]
+QA_CASE = QACase(
+    memory=lambda: MageMemory(MageConfig(max_raw_turns=3)), script=shop_script, env=ShopQAEnv,
+    turns=[{"turn_idx": i, "action": f"a{i}", "observation": f"o{i}"} for i in range(4)], question="which metal?",
+    answer="gold", roles=["mage_compress", "mage_maintain"], prompt_has=("[5] a3 -> o3",),
+)

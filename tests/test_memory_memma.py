@@ -3,9 +3,12 @@ budget H and ablations, garbage tolerance, and runs through the agent loop."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from fakes import QACase, RecordingEngine
+
 from memrl.data.formats import ToolCall, render_tool_call
 from memrl.data.schemas import MemoryCall
-from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
 from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 from memrl.rollout.memory.base import MemoryRequest, Turn
 from memrl.rollout.memory.embedders import HashingEmbedder
@@ -157,36 +160,22 @@ def test_edit_parser_and_lexical_judge() -> None:
     assert lexical_match("It is in chest 3.", "chest 3") and not lexical_match("chest 4", "the red key")
 
 
-class RoleEngine(Engine):
+MEMMA_REPLIES = {"memma_manage": "ADD: the door code is 4172", "memma_probe": "Q: what is the code? A: 4172",
+                 "memma_answer": "4172", "memma_verify": "yes"}
+
+
+def tick_script(last: str, metadata: dict[str, Any]) -> str:
     """Reasoner: ask memory once, then answer with the memory's proposed answer. Memory model: answers by role."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.prompts: list[str] = []
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        out = []
-        for req in requests:
-            last = req.messages[-1].content
-            self.prompts.append(last)
-            role = req.metadata["role"]
-            text = {
-                "memma_meta_think": "ANSWERABLE" if req.metadata.get("phase") == "critique" else "keep codes",
-                "memma_manage": "ADD: the door code is 4172",
-                "memma_probe": "Q: what is the code? A: 4172",
-                "memma_answer": "4172",
-                "memma_verify": "yes",
-            }.get(role)
-            if text is None:
-                if "proposed answer: " in last:
-                    proposed = last.split("proposed answer: ")[1].splitlines()[0]
-                    text = render_tool_call("answer", {"answer": proposed})
-                elif "ticks=2" in last:
-                    text = render_tool_call("memory", {"query": "what is the door code?"})
-                else:
-                    text = render_tool_call("act", {"action": "tick"})
-            out.append(GenerationResult([1, 2], [Completion([3], [-0.1], text, "stop")], Usage(2, 1), self.name))
-        return out
+    role = metadata["role"]
+    if role == "memma_meta_think":
+        return "ANSWERABLE" if metadata.get("phase") == "critique" else "keep codes"
+    if role in MEMMA_REPLIES:
+        return MEMMA_REPLIES[role]
+    if "proposed answer: " in last:
+        return render_tool_call("answer", {"answer": last.split("proposed answer: ")[1].splitlines()[0]})
+    if "ticks=2" in last:
+        return render_tool_call("memory", {"query": "what is the door code?"})
+    return render_tool_call("act", {"action": "tick"})
 
 
 class TickEnv:
@@ -205,7 +194,7 @@ class TickEnv:
 
 
 def test_agent_mode_memory_tool_in_the_loop() -> None:
-    reasoner, memory = RoleEngine("reasoner"), RoleEngine("memory")
+    reasoner, memory = RecordingEngine(tick_script, "reasoner"), RecordingEngine(tick_script, "memory")
     mem = MemMAMemory(MemMAConfig(chunk_turns=3, session_chunks=4), embedder=HashingEmbedder())
     rollout = Rollout(TickEnv(), mem, reasoner_system="", rollout_id="a")
     (trace,) = run_rollouts([rollout], EngineSet(reasoner=reasoner, memory=memory))
@@ -216,22 +205,18 @@ def test_agent_mode_memory_tool_in_the_loop() -> None:
     assert len(trace.events[2].memory_call_ids) == 4  # the partial chunk flushed by the tool call counts toward it
 
 
-def test_question_answering_mode_through_the_loop() -> None:
-    reasoner, memory = RoleEngine("reasoner"), RoleEngine("memory")
+class TickQAEnv(TickEnv):
+    def reset(self) -> str:
+        return ""
 
-    class QAEnv(TickEnv):
-        def reset(self) -> str:
-            return ""
 
-    mem = MemMAMemory(MemMAConfig(chunk_turns=1, session_chunks=2, probes_per_session=1), embedder=HashingEmbedder())
-    rollout = Rollout(QAEnv(), mem, reasoner_system="", rollout_id="q")
-    feed_episode(rollout.memory, TRAJECTORY, "what is the door code?")
-    (trace,) = run_rollouts([rollout], EngineSet(reasoner=reasoner, memory=memory))
-    assert trace.answer == "4172"
-    roles = [c.role for c in trace.memory_calls]
-    assert roles == ["memma_meta_think", "memma_manage"] * 2 + ["memma_probe", "memma_answer", "memma_verify",
-                                                                "memma_meta_think", "memma_answer"]
-    assert all(c.role.startswith("memma_") for c in trace.memory_calls)
+QA_CASE = QACase(
+    memory=lambda: MemMAMemory(MemMAConfig(chunk_turns=1, session_chunks=2, probes_per_session=1),
+                               embedder=HashingEmbedder()),
+    script=tick_script, env=TickQAEnv, turns=TRAJECTORY, question="what is the door code?", answer="4172",
+    roles=["memma_meta_think", "memma_manage"] * 2 + ["memma_probe", "memma_answer", "memma_verify",
+                                                      "memma_meta_think", "memma_answer"],
+)
 
 
 def test_memory_tool_needs_a_query() -> None:

@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import pytest
+from fakes import RecordingEngine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,23 +24,9 @@ from memrl.data.formats import (
 from memrl.data.schemas import Message
 from memrl.data.tasks import ActionAgent, ProactiveTask, SamTask, simulate_proactive
 from memrl.rollout.agents import build_proactive_rollout
-from memrl.rollout.engines.base import GenerationRequest, GenerationResult
-from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 from memrl.rollout.memory.base import MemoryRequest, Turn
 from memrl.rollout.memory.proactive import ProactiveConfig, ProactiveMemory, render_exposed_bank
-
-
-class Recording(ScriptedEngine):
-    """A scripted engine that keeps every request it answered."""
-
-    def __init__(self, policy: Any) -> None:
-        super().__init__(policy)
-        self.requests: list[GenerationRequest] = []
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        self.requests += requests
-        return super().generate(requests)
 
 
 class Script:
@@ -64,7 +51,7 @@ def task(seed: int = 1, **params: Any) -> ProactiveTask:
 
 def oracle_engines(*tasks: ProactiveTask) -> EngineSet:
     truths = {t.task_id: t.truth() for t in tasks}
-    return EngineSet(reasoner=Recording(ActionAgent()), memory=Recording(ProactiveOracle(truths=truths)))
+    return EngineSet(reasoner=RecordingEngine(ActionAgent()), memory=RecordingEngine(ProactiveOracle(truths=truths)))
 
 
 def save(kind: str, content: str, **extra: Any) -> str:
@@ -174,7 +161,7 @@ def test_reminder_reaches_exactly_one_action_call_and_status_never_does() -> Non
         phase2={0: render_intervention("REMIND-0"), 3: render_intervention("REMIND-3"),
                 6: "<context_for_action>REMIND-6", 9: "<no_intervention/>"},
     )
-    engines = EngineSet(reasoner=Recording(ActionAgent()), memory=Recording(script))
+    engines = EngineSet(reasoner=RecordingEngine(ActionAgent()), memory=RecordingEngine(script))
     rollout = build_proactive_rollout(t, ProactiveConfig(trigger_every=3))
     (trace,) = run_rollouts([rollout], engines)
     texts = reasoner_texts(engines)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import RecordingEngine
 
 from memrl.data.envs.base import count_tokens
 from memrl.data.experts.sam import SamOracle
@@ -31,7 +32,6 @@ from memrl.data.schemas import MemoryCall
 from memrl.data.tasks.common import as_messages, content_of, role_of
 from memrl.data.tasks.sam import SamReasoner, SamTask
 from memrl.rollout.agents import sam_engines, sam_rollout
-from memrl.rollout.engines.base import GenerationRequest, GenerationResult
 from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.loop import EngineSet, run_rollouts
 from memrl.rollout.memory.base import Turn
@@ -314,21 +314,6 @@ def test_an_unexpected_result_is_an_orphan_not_a_crash() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- in the loop
-class Recording(ScriptedEngine):
-    """A scripted engine that keeps every request it answered and every result it gave."""
-
-    def __init__(self, policy: Any, **kwargs: Any) -> None:
-        super().__init__(policy, **kwargs)
-        self.seen: list[GenerationRequest] = []
-        self.results: list[GenerationResult] = []
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        results = super().generate(requests)
-        self.seen += requests
-        self.results += results
-        return results
-
-
 class RecallGarbage:
     """The oracle's cues, but garbage for every recall."""
 
@@ -414,7 +399,7 @@ class FirstPageFails:
 
 def test_in_the_loop_the_reasoner_sees_which_pages_of_a_recall_failed() -> None:
     tasks = [SamTask({"horizon_steps": 40, "n_evidence": 2}, seed=s) for s in range(4)]
-    reasoner = Recording(SamReasoner())
+    reasoner = RecordingEngine(SamReasoner())
     engines = EngineSet(reasoner=reasoner, memory=ScriptedEngine(FirstPageFails()))
     traces = run_rollouts([sam_rollout(t, SamConfig(**SMALL)) for t in tasks], engines)
     partial = 0
@@ -429,7 +414,7 @@ def test_in_the_loop_the_reasoner_sees_which_pages_of_a_recall_failed() -> None:
             assert event.error is None and parse_sam_recall_failures(event.observation) == failed
             assert parse_sam_recalled(event.observation)[2] == reads[-1].text
             # the note reaches the reasoner's next call, as part of the recalled message
-            assert any(m.content == event.observation for r in reasoner.seen for m in r.messages)
+            assert any(m.content == event.observation for r in reasoner.requests for m in r.messages)
         assert trace.stats.get("sam_partial_recalls", 0) == sum(
             1 for e in trace.events if e.kind == "memory_tool" and parse_sam_recall_failures(e.observation))
     assert partial > 0
@@ -463,7 +448,7 @@ def test_bad_reasoner_tool_calls_are_tool_errors_and_the_run_goes_on() -> None:
 
 
 def test_reasoner_prompt_tokens_equal_the_tokenizer_count_of_the_rendered_chat(tokenizer: Any) -> None:
-    reasoner = Recording(SamReasoner(), tokenizer=tokenizer)
+    reasoner = RecordingEngine(SamReasoner(), tokenizer=tokenizer)
     memory_engine = ScriptedEngine(SamOracle(), tokenizer=tokenizer)
     counter = make_token_counter(tokenizer)
     rollout = sam_rollout(SamTask({"horizon_steps": 30}, seed=5), SamConfig(**SMALL), count_tokens=counter)
@@ -473,7 +458,7 @@ def test_reasoner_prompt_tokens_equal_the_tokenizer_count_of_the_rendered_chat(t
         chat = [m.model_dump() for m in messages]
         return len(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False))
 
-    expected = [rendered(r.messages) for r in reasoner.seen]
+    expected = [rendered(r.messages) for r in reasoner.requests]
     assert trace.outcome == 1.0 and trace.reasoner_usage.calls == len(expected)
     assert trace.reasoner_usage.prompt_tokens == sum(expected) and trace.peak_context_tokens == max(expected)
     assert [e.reasoner_prompt_tokens for e in trace.events if e.kind != "limit"] == expected
@@ -506,7 +491,7 @@ def test_generated_tokens_equal_the_tokenizer_count_of_what_was_generated(tokeni
 
     sampling = {"consolidate": {"temperature": 1.0, "max_tokens": 64}, "recall": {"temperature": 1.0, "max_tokens": 9}}
     config = SamConfig(**SMALL, sampling=sampling)
-    reasoner = Recording(SamReasoner(), tokenizer=tokenizer)
+    reasoner = RecordingEngine(SamReasoner(), tokenizer=tokenizer)
     memory_engine = ScriptedEngine(SamOracle(), tokenizer=tokenizer)
     rollouts = [sam_rollout(SamTask({"horizon_steps": 30, "n_evidence": 2}, seed=s), config,
                             count_tokens=make_token_counter(tokenizer)) for s in range(3)]

@@ -13,7 +13,8 @@ import pytest
 from memrl.data.config import ConfigError, load_config
 from memrl.data.formats import parse_intervention
 from memrl.data.schemas import MemoryCall, Message, TokenUsage
-from memrl.launch.cli import JOBS, build_parser
+from memrl.launch.cli import build_parser
+from memrl.launch.jobs import JOBS
 from memrl.rewards.groups import pivot_groups
 from memrl.rewards.pivot import PivotRewardConfig, is_malformed, pivot_reward
 from memrl.rollout.pivots import PivotGroupResult, PivotSample

@@ -34,7 +34,7 @@ from memrl.rollout.pivots import (
     label_rollouts,
     restore,
     sample_pivot_groups,
-    state_fingerprint,
+    state_digest,
 )
 
 REQUIRED = ("interpreter", "output", "protected")
@@ -87,7 +87,7 @@ def test_replay_recreates_the_recorded_state_exactly(tokenizer: Any) -> None:
             assert restored.env.snapshot() == original.env.snapshot()
             assert restored.memory.bank == original.memory.bank and restored.memory.turns == original.memory.turns
             assert restored.trace().model_dump() == original.trace().model_dump()  # calls with ids, events, usage
-            assert state_fingerprint(restored) == state_fingerprint(original)
+            assert state_digest(restored) == state_digest(original)
         # a record survives JSONL
         assert LabelledRollout.model_validate_json(record.model_dump_json()) == record
 
@@ -257,7 +257,7 @@ def test_groups_at_a_pivot_share_the_restored_state(tokenizer: Any) -> None:
         snaps, _ = snapshots(next(t for t in ts if t.task_id == pivot.task_id), engines(ts, tokenizer),
                              ProactiveConfig(), 4, "label")
         original = snaps[pivot.step]
-        assert group.state == state_fingerprint(original)  # the restored state is the labelled run's state
+        assert group.state == state_digest(original)  # the restored state is the labelled run's state
         assert {s.fingerprint for s in group.samples} == {group.state}  # every sample starts from it
         assert group.prompt_ids == record.calls[pivot.phase2_index].prompt_ids
         assert group.messages == original.pending().request.messages

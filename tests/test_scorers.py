@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from memrl.data.loaders import load_locomo
-from memrl.launch.evaluate import make_scorer
+from memrl.launch.evaluation.engines import make_scorer
 from memrl.rewards.scorers import (
     JudgeItem,
     JudgeScorer,

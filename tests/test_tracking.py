@@ -8,10 +8,13 @@ from memrl.data.tracking import MetricsLogger
 
 
 def test_metrics_jsonl_console_and_offline_wandb(tmp_path: Path, capsys) -> None:
-    logger = MetricsLogger(tmp_path, WandbConfig(enabled=True, mode="offline", project="memrl-test"), {"a": 1})
-    logger.log(0, {"loss": 1.5, "reward_mean": 0.25, "nan": float("nan")})
-    logger.log(1, {"loss": 1.0})
-    logger.close()
+    from memrl.launch.console import console
+
+    with console():
+        logger = MetricsLogger(tmp_path, WandbConfig(enabled=True, mode="offline", project="memrl-test"), {"a": 1})
+        logger.log(0, {"loss": 1.5, "reward_mean": 0.25, "nan": float("nan")})
+        logger.log(1, {"loss": 1.0})
+        logger.close()
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1] and lines[0]["nan"] is None and lines[1]["loss"] == 1.0
     assert "reward_mean=0.25" in capsys.readouterr().out
@@ -29,48 +32,94 @@ def test_resume_truncates_steps_after_the_checkpoint(tmp_path: Path) -> None:
     assert steps == [0, 1, 2]
 
 
-def test_quiet_console_keeps_memrl_output_and_sends_the_rest_to_run_log(tmp_path: Path, capfd) -> None:
-    """memrl's banners stay on the console; warnings, library log records, prints of other modules and raw fd
-    writes (C++ engine start-up) go to a temporary log, moved into run.log when the run directory exists."""
-    import importlib.util
-    import logging
-    import os
+CONSOLE_SCRIPT = r"""
+import atexit, logging, os, subprocess, sys, warnings
+from pathlib import Path
 
-    from memrl.data.tracking import bind_run_log, quiet_console, run_log_path
-    from memrl.launch.quickstart import _Stages
+from tqdm import tqdm
 
-    with quiet_console():
-        temporary = run_log_path()
-        assert temporary is not None and temporary.exists()
-        _Stages().run("stage", "a memrl banner", lambda: None)
-        # pytest records warnings itself: show this one through a fresh copy of the warnings module, as Python would
-        spec = importlib.util.find_spec("warnings")
-        fresh = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(fresh)
-        fresh.showwarning("a third-party FutureWarning", FutureWarning, "lib.py", 1)
-        engine_log = logging.getLogger("vllm.fake")
-        engine_log.addHandler(logging.StreamHandler())  # bound to the routed sys.stderr, as libraries do
-        engine_log.warning("engine start-up line")
-        engine_log.handlers.clear()
-        os.write(2, b"NUMA binding: written by C++ to fd 2\n")
-        print("a print from a module outside memrl")
-        assert bind_run_log(tmp_path) == tmp_path / "run.log" and not temporary.exists()
-        os.write(1, b"fd 1 after the run directory exists\n")
-    out, err = capfd.readouterr()
+from memrl.data.tracking import MetricsLogger, bind_run_log, progress_bar, run_log_path
+from memrl.launch.console import console
+from memrl.launch.quickstart import _Stages
+
+run_dir, verbose = Path(sys.argv[1]), sys.argv[2] == "verbose"
+with console(verbose=verbose):
+    temporary = run_log_path()
+    assert temporary is not None and temporary.exists()
+    _Stages().run("stage", "a memrl banner", lambda: None)
+    for _ in progress_bar(range(3), desc="memrl bar"):
+        pass
+    # vLLM configures its loggers when imported, mid-run: logging.config closes every handler it knows
+    import logging.config
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
+                               "loggers": {"vllm.config": {"level": "INFO"}}})
+    MetricsLogger(run_dir).log(0, {"loss": 1.5})
+    warnings.warn("a third-party FutureWarning", FutureWarning, stacklevel=1)
+    engine_log = logging.getLogger("vllm.fake")
+    engine_log.propagate = False
+    engine_log.addHandler(logging.StreamHandler())  # bound to sys.stderr, as libraries do
+    engine_log.warning("engine start-up line")
+    logging.getLogger("transformers.fake").warning("a library record")
+    for _ in tqdm(range(2), desc="library bar"):
+        pass
+    os.write(2, b"NUMA binding: written by C++ to fd 2\n")
+    print("a print from a module outside memrl")
+    assert bind_run_log(run_dir) == run_dir / "run.log" and not temporary.exists()
+    os.write(1, b"fd 1 after the run directory exists\n")
+    subprocess.run([sys.executable, "-c", "print('a child process')"], check=True)
+    left_open = progress_bar(total=2, desc="a bar never closed")
+    # an atexit hook of a library logging through the handler it bound during the run (where the old stdout router
+    # raised "I/O operation on closed file")
+    atexit.register(lambda: engine_log.warning("engine shutdown line"))
+assert run_log_path() is None
+"""
+
+NOISE = ("FutureWarning", "engine start-up line", "a library record", "library bar", "NUMA binding", "outside memrl",
+         "fd 1 after", "a child process")
+
+
+def _run_console_script(tmp_path: Path, mode: str) -> tuple[str, str, str]:
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", CONSOLE_SCRIPT, str(tmp_path), mode], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    log = tmp_path / "run.log"
+    return res.stdout, res.stderr, log.read_text() if log.exists() else ""
+
+
+def test_console_shows_memrl_output_and_run_log_gets_everything(tmp_path: Path) -> None:
+    """memrl's banners, metrics lines and progress bars are on the console; warnings, library log records and
+    progress bars, prints of other modules, raw fd writes (C++ engine start-up) and child processes go to a temporary
+    log, moved into run.log when the run directory exists; nothing writes to a closed file at exit."""
+    out, err, log = _run_console_script(tmp_path, "quiet")
     assert "[quickstart] === stage: a memrl banner" in out and "[quickstart] stage done" in out
-    log = (tmp_path / "run.log").read_text()
-    for noise in ("FutureWarning", "engine start-up line", "NUMA binding", "outside memrl", "fd 1 after"):
+    assert "[step 0] loss=1.5" in out and "memrl bar" in err
+    for noise in NOISE:
         assert noise not in out + err, noise
         assert noise in log, noise
-    assert run_log_path() is None
+    assert "a memrl banner" in log and "[step 0] loss=1.5" in log  # run.log gets memrl's records too
+    assert "Traceback" not in err and "closed file" not in err and "Exception ignored" not in err
+    assert "engine shutdown line" in err  # after the command the streams are the process's own again
 
 
-def test_quiet_console_without_a_run_leaves_no_file(capfd) -> None:
+def test_verbose_console_shows_third_party_output_too(tmp_path: Path) -> None:
+    out, err, log = _run_console_script(tmp_path, "verbose")
+    assert "[quickstart] === stage: a memrl banner" in out and "memrl bar" in err
+    for shown in NOISE:
+        assert shown in out + err, shown
+    assert "engine start-up line" in log or "a library record" in log  # log records still reach run.log
+    assert "Traceback" not in err and "closed file" not in err
+
+
+def test_console_without_a_run_leaves_no_file(capfd) -> None:
     import os
 
-    from memrl.data.tracking import quiet_console, run_log_path
+    from memrl.data.tracking import run_log_path
+    from memrl.launch.console import console
 
-    with quiet_console():
+    with console():
         temporary = run_log_path()
         os.write(2, b"noise\n")
     assert temporary is not None and not temporary.exists()

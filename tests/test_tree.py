@@ -82,8 +82,9 @@ def test_flat_mode_gives_each_trajectory_its_outcome() -> None:
 
 
 def test_a_sam_recall_is_one_node_and_the_tree_expands_at_every_recall() -> None:
-    """Seed 001's node: one recall (all the pages it reads) is one memory action; the tree branches at the next recall
-    along each path, so a two-hop question (two recalls) gives two branching levels within the leaf budget."""
+    """SAM's node (arXiv 2605.24468): one recall (all the pages it reads) is one memory action; the tree branches at
+    the next recall along each path, so a two-hop question (two recalls) gives two branching levels within the leaf
+    budget."""
     from memrl.data.tasks.sam import SamTask
     from memrl.rollout.agents import sam_engines, sam_rollout
     from memrl.rollout.memory.sam import SamConfig

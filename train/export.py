@@ -16,6 +16,7 @@ in-process entry point and returns the verification record, also written to ``me
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -32,6 +33,8 @@ from memrl.train.policy import PolicySpec
 
 __all__ = ["ExportConfig", "VerifyConfig", "check_hub_access", "check_inputs", "export_model", "run_export",
            "weight_difference"]
+
+log = logging.getLogger(__name__)
 
 TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
@@ -344,15 +347,15 @@ def run_export(cfg: ExportConfig) -> int:
     checks = export_model(cfg, out)
     for key in ("transformers", "vllm"):
         if checks.get(key) is not None:
-            print(f"[export] {key}: {'ok' if checks[key]['ok'] else 'FAILED'} -> {checks[key]['text']!r}")
+            log.info(f"[export] {key}: {'ok' if checks[key]['ok'] else 'FAILED'} -> {checks[key]['text']!r}")
     if checks["differs_from_base"] is not None:
         d = checks["differs_from_base"]
-        print(f"[export] weights differ from {d['base']}: {d['differs']} ({d['tensors_changed']}/"
+        log.info(f"[export] weights differ from {d['base']}: {d['differs']} ({d['tensors_changed']}/"
               f"{d['tensors_compared']} tensors, max abs diff {d['max_abs_diff']:.3g})")
     if not checks["ok"]:
-        print(f"[export] verification FAILED: {', '.join(checks['failures'])}; not uploading")
+        log.info(f"[export] verification FAILED: {', '.join(checks['failures'])}; not uploading")
         return 1
     if cfg.push_to_hub and token is not None:
-        print(f"[export] uploaded to {push_export(out, cfg.push_to_hub, token, cfg.private)}")
-    print(f"[export] written to {out}")
+        log.info(f"[export] uploaded to {push_export(out, cfg.push_to_hub, token, cfg.private)}")
+    log.info(f"[export] written to {out}")
     return 0

@@ -18,6 +18,7 @@ trees_last.jsonl, committee_cache/, summary.json.
 from __future__ import annotations
 
 import json
+import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,8 @@ from memrl.train.policy import PolicySpec
 from memrl.train.weight_sync import InMemoryWeightSync
 
 __all__ = ["OATGRPOConfig", "check_inputs", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
+
+log = logging.getLogger(__name__)
 
 
 class CommitteeSetup(ConfigModel):
@@ -295,7 +298,7 @@ def run_oat_grpo(cfg: OATGRPOConfig) -> int:
             "history": result["history"],
         }
         atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
-        print(f"[oat-grpo] done: {result['iterations_run']} iterations, policy {result['policy_dir']}", flush=True)
+        log.info(f"[oat-grpo] done: {result['iterations_run']} iterations, policy {result['policy_dir']}")
     return 0
 
 

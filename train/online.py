@@ -29,6 +29,7 @@ those versions (their directories are kept), so the versions match an uninterrup
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from collections.abc import Callable
@@ -37,17 +38,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
-from tqdm.auto import tqdm
 
 from memrl.data.config import ConfigError, ConfigModel, RunConfig
 from memrl.data.run_dir import prepare_run_dir
 from memrl.data.schemas import Group
-from memrl.data.tracking import MetricsLogger
+from memrl.data.tracking import MetricsLogger, progress_bar
 from memrl.train.checkpoint import CheckpointManager
 from memrl.train.group_trainer import GroupTrainer
 
 __all__ = ["LoopConfig", "LoopResult", "broadcast_groups", "prune_policy_versions", "run_online_loop", "shared_run_dir",
            "sync_policy"]
+
+log = logging.getLogger(__name__)
 
 
 class LoopConfig(ConfigModel):
@@ -177,8 +179,8 @@ def run_online_loop(
     if cfg.max_staleness and trainer.cfg.tis_cap is None:  # samples up to k versions old: weight by pi_old / pi_rollout
         trainer.cfg = trainer.cfg.model_copy(update={"tis_cap": STALE_TIS_CAP})
         if acc.is_main_process:
-            print(f"[{desc}] max_staleness={cfg.max_staleness}: truncated importance sampling on "
-                  f"(trainer.tis_cap={STALE_TIS_CAP})", flush=True)
+            log.info(f"[{desc}] max_staleness={cfg.max_staleness}: truncated importance sampling on "
+                     f"(trainer.tis_cap={STALE_TIS_CAP})")
     start = 0
     history: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
@@ -192,7 +194,7 @@ def run_online_loop(
         trainer.set_rng_state(state["trainer_rng"])
         if acc.is_main_process:
             logger.truncate_after(state["iteration"])
-            print(f"[{desc}] resumed from {latest.name}: continuing at iteration {start}", flush=True)
+            log.info(f"[{desc}] resumed from {latest.name}: continuing at iteration {start}")
         # relaunch the collections that were in flight, each under the version it had in the uninterrupted run
         for iteration, version in sorted((int(i), v) for i, v in state.get("launched", {}).items()):
             if acc.is_main_process:
@@ -207,7 +209,7 @@ def run_online_loop(
     if start == 0 and evaluate is not None and acc.is_main_process:
         evals.append({"iteration": -1, **evaluate(-1)})
         logger.log(-1, {f"eval/{k}": v for k, v in evals[-1].items() if k != "iteration"})
-    bar = tqdm(range(start, cfg.iterations), desc=desc, disable=not acc.is_main_process, initial=start,
+    bar = progress_bar(range(start, cfg.iterations), desc=desc, disable=not acc.is_main_process, initial=start,
                total=cfg.iterations)
     for iteration in bar:
         t0 = time.perf_counter()

@@ -24,6 +24,7 @@ the base the adapter belongs to.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -40,6 +41,7 @@ from memrl.data.distill import load_sft_examples, role_file
 from memrl.data.io import atomic_write_text
 from memrl.data.run_dir import prepare_run_dir
 from memrl.data.schemas import SFTExample
+from memrl.data.tracking import progress_bar
 from memrl.train.policy import LoraSettings, PolicySpec
 
 __all__ = [
@@ -55,6 +57,8 @@ __all__ = [
     "sft_args",
     "sft_dataset",
 ]
+
+log = logging.getLogger(__name__)
 
 # SFTConfig fields this module derives from the memrl config; `train.sft_args` may not set them.
 _MANAGED_ARGS = {
@@ -368,7 +372,7 @@ def build_sft_trainer(
         # TRL loads the base itself so DeepSpeed ZeRO-3 can partition it while loading.
         model = cfg.model.base
         peft_config = _peft_config(cfg.lora) if cfg.lora.enabled else None
-    return SFTTrainer(
+    trainer = SFTTrainer(
         model=model,
         args=args,
         train_dataset=sft_dataset(train_rows, cfg.data.chat_template_kwargs),
@@ -377,6 +381,61 @@ def build_sft_trainer(
         peft_config=peft_config,
         callbacks=callbacks,
     )
+    from transformers import PrinterCallback, ProgressCallback
+
+    # the Trainer's own progress callbacks write to stdout/stderr, which the CLI sends to run.log
+    for own in (ProgressCallback, PrinterCallback):
+        trainer.remove_callback(own)
+    trainer.add_callback(_console_progress(show_bar=not args.disable_tqdm))
+    return trainer
+
+
+def _console_progress(show_bar: bool) -> Any:
+    """The Trainer's progress bar and log lines (``{'loss': ...}``, floats to 4 significant digits) on memrl's console:
+    transformers' ``ProgressCallback`` with memrl's bars and the ``memrl.train.sft`` logger."""
+    from tqdm.auto import tqdm
+    from transformers import ProgressCallback
+    from transformers.trainer_utils import has_length
+
+    class ConsoleProgress(ProgressCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.current_step = 0
+            if state.is_world_process_zero and show_bar:
+                self.training_bar = progress_bar(total=state.max_steps, dynamic_ncols=True)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.training_bar is not None:
+                super().on_step_end(args, state, control, **kwargs)
+
+        def on_prediction_step(self, args: Any, state: Any, control: Any, eval_dataloader: Any = None,
+                               **kwargs: Any) -> None:
+            if state.is_world_process_zero and show_bar and has_length(eval_dataloader):
+                if self.prediction_bar is None:
+                    self.prediction_bar = progress_bar(total=len(eval_dataloader), leave=self.training_bar is None,
+                                                       dynamic_ncols=True)
+                self.prediction_bar.update(1)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **kwargs: Any) -> None:
+            if not state.is_world_process_zero or (show_bar and self.training_bar is None):
+                return  # as the Trainer's own: with a bar, lines of the training loop only
+            shown = {}
+            for key, value in (logs or {}).items():
+                if isinstance(value, str) and len(value) > self.max_str_len:
+                    value = f"[String too long to display, length: {len(value)} > {self.max_str_len}.]"
+                shown[key] = f"{value:.4g}" if isinstance(value, float) else value
+            shown.pop("total_flos", None)
+            bar = self.training_bar
+            # clear the bar while the line is written, as tqdm.write does
+            with tqdm.external_write_mode(file=bar.fp if bar is not None else None):
+                log.info(str(shown))
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.training_bar is not None:
+                self.training_bar.close()
+                self.training_bar = None
+
+    return ConsoleProgress()
 
 
 def _metrics_callback(run_dir: Path, resume_step: int, main: bool) -> Any:
@@ -483,11 +542,10 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
             if not _complete(stale):  # torn by a kill mid-save; the Trainer would otherwise count it
                 shutil.rmtree(stale, ignore_errors=True)
         counts = {role: len(v) for role, v in rows.items()}
-        print(
+        log.info(
             f"sft: {len(train_rows)} train rows from {counts}, {len(eval_rows)} eval rows; "
             f"{'LoRA' if cfg.lora.enabled or cfg.model.adapter else 'full'} on {cfg.model.base}; run dir {run_dir}"
-            + (f"; resuming from {resume_from.name}" if resume_from else ""),
-            flush=True,
+            + (f"; resuming from {resume_from.name}" if resume_from else "")
         )
         if "wandb" in args.report_to:
             _init_wandb(cfg.run.wandb, run_dir, cfg.model_dump(mode="json"))
@@ -526,7 +584,7 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
             "resumed_from": resume_from.name if resume_from else None,
         }
         atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        print(json.dumps(summary), flush=True)
+        log.info(json.dumps(summary))
     if main and "wandb" in args.report_to:
         import wandb
 

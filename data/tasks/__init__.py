@@ -17,7 +17,8 @@ from memrl.data.tasks.ama import make_ama_episode
 from memrl.data.tasks.check import check_episode_qa
 from memrl.data.tasks.dialogue import DialogueParams, DialogueTask
 from memrl.data.tasks.proactive import ActionAgent, ProactiveParams, ProactiveTask, simulate_proactive
-from memrl.data.tasks.sam import SamReasoner, SamTask, SamTaskParams, simulate_sam
+from memrl.data.tasks.sam import SamReasoner, SamTask, SamTaskParams
+from memrl.data.tasks.sam_reference import simulate_sam
 
 __all__ = [
     "SAM_FAMILIES",

@@ -6,7 +6,7 @@ assignments they ``eval``) and run it. ``--dry-run`` prints the same plan as tex
 ``--format json`` gives it to tests and tools. Everything is computed from arguments, Slurm variables
 (``SLURM_JOB_NODELIST`` through ``scontrol show hostnames`` when installed, ``SLURM_NODEID``, ``SLURM_GPUS_ON_NODE``
 ...) and the ``run`` / ``placement`` sections of the run's config, so a plan can be checked anywhere. Only the
-distributed memrl commands (``memrl.launch.cli.JOBS`` with ``distributed=True``) get many processes; the others run as
+distributed memrl commands (``memrl.launch.jobs.JOBS`` with ``distributed=True``) get many processes; the others run as
 one plain process on node rank 0.
 
     python -m memrl.launch.layout torchrun --nproc-per-node 8 --dry-run -- sft --config configs/sft.yaml
@@ -15,7 +15,8 @@ one plain process on node rank 0.
 One module per launcher: :mod:`memrl.launch.layout.torchrun`, :mod:`memrl.launch.layout.deepspeed`,
 :mod:`memrl.launch.layout.serve`
 (vLLM servers), :mod:`memrl.launch.layout.slurm` (served models, the Ray rollout fleet and training on a Slurm
-allocation); :mod:`memrl.launch.layout.common` holds what they share (hosts, devices, the command, the training layout).
+allocation); :mod:`memrl.launch.layout.common` holds what they share (the command, the training layout) and
+:mod:`memrl.launch.layout.hosts` the hosts and devices.
 """
 
 from __future__ import annotations
@@ -25,17 +26,19 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from memrl.launch.layout.common import (
-    LaunchError,
     LaunchView,
     MemrlCommand,
     Plan,
-    SlurmEnv,
     TrainLayout,
+)
+from memrl.launch.layout.deepspeed import plan_deepspeed
+from memrl.launch.layout.hosts import (
+    LaunchError,
+    SlurmEnv,
     expand_hostlist,
     gpus_on_node,
     slurm_hostnames,
 )
-from memrl.launch.layout.deepspeed import plan_deepspeed
 from memrl.launch.layout.serve import ServeSpec, plan_serve
 from memrl.launch.layout.slurm import SETUPS, plan_slurm
 from memrl.launch.layout.torchrun import plan_torchrun

@@ -1,20 +1,16 @@
-"""Shared pieces of the launch plans: hosts and devices, the memrl command being launched and the run-config
-sections the launchers read, the plan object, and the training world layout every launcher starts from."""
+"""Shared pieces of the launch plans: the memrl command being launched and the run-config sections the launchers
+read, the plan object, and the training world layout every launcher starts from (hosts and devices: hosts.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shlex
-import shutil
 import socket
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -27,171 +23,19 @@ from memrl.data.config import (
     RunConfig,
     apply_overrides,
 )
+from memrl.launch.layout.hosts import (
+    Device,
+    LaunchError,
+    SlurmEnv,
+    cpu_count,
+    gpus_on_node,
+    rendezvous_port,
+    resolve_device,
+)
 from memrl.rollout.fleet import FleetConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MASTER_PORT = 29500
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-Device = Literal["gpu", "cpu"]
-
-
-class LaunchError(ValueError):
-    """A launch that cannot be laid out (bad arguments, too few nodes, unreadable config...)."""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Hosts and devices
-
-
-def _split_top_level(expr: str) -> list[str]:
-    """Split a Slurm hostlist at the commas that are not inside brackets."""
-    items, depth, start = [], 0, 0
-    for i, ch in enumerate(expr):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise LaunchError(f"malformed host list {expr!r}: unbalanced ']'")
-        elif ch == "," and depth == 0:
-            items.append(expr[start:i])
-            start = i + 1
-    if depth:
-        raise LaunchError(f"malformed host list {expr!r}: unbalanced '['")
-    items.append(expr[start:])
-    return [item.strip() for item in items if item.strip()]
-
-
-def _expand_item(item: str) -> list[str]:
-    match = re.search(r"\[([^\]]*)\]", item)
-    if match is None:
-        return [item]
-    prefix, body, rest = item[: match.start()], match.group(1), item[match.end() :]
-    values: list[str] = []
-    for part in body.split(","):
-        part = part.strip()
-        if re.fullmatch(r"\d+-\d+", part):
-            lo, hi = part.split("-")
-            if int(hi) < int(lo):
-                raise LaunchError(f"malformed host range {part!r} in {item!r}")
-            values.extend(f"{n:0{len(lo)}d}" for n in range(int(lo), int(hi) + 1))
-        elif re.fullmatch(r"\d+", part):
-            values.append(part)
-        else:
-            raise LaunchError(f"malformed host range {part!r} in {item!r}")
-    return [prefix + value + tail for value in values for tail in _expand_item(rest)]
-
-
-def expand_hostlist(expr: str) -> list[str]:
-    """Expand a Slurm host list (``gpu[01-03,07],login1``) in Python, exactly like ``scontrol show hostnames``."""
-    hosts: list[str] = []
-    for item in _split_top_level(expr):
-        hosts.extend(_expand_item(item))
-    return hosts
-
-
-def slurm_hostnames(nodelist: str, env: Mapping[str, str]) -> list[str]:
-    """Host names of a Slurm node list: ``scontrol show hostnames`` when installed, else :func:`expand_hostlist`."""
-    scontrol = shutil.which("scontrol", path=env.get("PATH"))
-    if scontrol:
-        out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, check=False)
-        if out.returncode == 0 and out.stdout.split():
-            return out.stdout.split()
-    return expand_hostlist(nodelist)
-
-
-def _gpu_count(value: str) -> int:
-    """GPUs in a Slurm GPU count: ``8``, ``a100:8`` or ``a100:4,v100:2``."""
-    total = 0
-    for part in value.split(","):
-        last = part.strip().split(":")[-1].split("(")[0]
-        if not last.isdigit():
-            raise LaunchError(f"cannot read a GPU count from {value!r}")
-        total += int(last)
-    return total
-
-
-def gpus_on_node(env: Mapping[str, str]) -> int:
-    """GPUs this process may use: Slurm's count, else ``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``, else 0."""
-    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
-        if env.get(key):
-            return _gpu_count(env[key])
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [v for v in visible.split(",") if v.strip()]
-        return 0 if ids in ([], ["-1"], ["NoDevFiles"]) else len(ids)
-    smi = shutil.which("nvidia-smi", path=env.get("PATH"))
-    if smi:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
-        if out.returncode == 0:
-            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-    return 0
-
-
-def _cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class SlurmEnv:
-    """What the Slurm variables say about this process (``None`` fields when not set)."""
-
-    job_id: str | None
-    job_name: str | None
-    hosts: list[str]  # the step's nodes inside ``srun``, else the job's nodes
-    job_hosts: list[str]  # the job's nodes
-    node_name: str | None
-    node_id: int | None
-    restart_count: int
-    cpus_on_node: int | None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> SlurmEnv | None:
-        """Read the Slurm variables; ``None`` outside Slurm."""
-        job_list = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-        if not env.get("SLURM_JOB_ID") and not job_list:
-            return None
-        job_hosts = slurm_hostnames(job_list, env) if job_list else []
-        step_list = env.get("SLURM_STEP_NODELIST")
-        hosts = slurm_hostnames(step_list, env) if step_list else job_hosts
-        node_id = env.get("SLURM_NODEID")
-        cpus = env.get("SLURM_CPUS_ON_NODE")
-        return cls(
-            job_id=env.get("SLURM_JOB_ID"),
-            job_name=env.get("SLURM_JOB_NAME"),
-            hosts=hosts,
-            job_hosts=job_hosts,
-            node_name=env.get("SLURMD_NODENAME"),
-            node_id=int(node_id) if node_id and node_id.isdigit() else None,
-            restart_count=int(env.get("SLURM_RESTART_COUNT") or 0),
-            cpus_on_node=int(cpus) if cpus and cpus.isdigit() else None,
-        )
-
-    def rank_of_this_node(self) -> int | None:
-        """This node's position in :attr:`hosts` (by ``SLURMD_NODENAME``), else ``SLURM_NODEID``."""
-        if self.node_name and self.node_name in self.hosts:
-            return self.hosts.index(self.node_name)
-        return self.node_id
-
-
-def _master_port(explicit: int | None, env: Mapping[str, str], slurm: SlurmEnv | None) -> int:
-    """The rendezvous port: argument, ``MASTER_PORT``, a port derived from the Slurm job id, or 29500."""
-    if explicit is not None:
-        return explicit
-    if env.get("MASTER_PORT", "").isdigit():
-        return int(env["MASTER_PORT"])
-    if slurm is not None and slurm.job_id and slurm.job_id.isdigit():
-        # Jobs sharing a node must not collide on one port.
-        return 20000 + int(slurm.job_id) % 20000
-    return DEFAULT_MASTER_PORT
-
-
-def _resolve_device(choice: str, gpus: int) -> Device:
-    if choice == "auto":
-        return "gpu" if gpus > 0 else "cpu"
-    if choice == "gpu" and gpus == 0:
-        raise LaunchError("--device gpu but no GPU is visible (no Slurm GPU count, CUDA_VISIBLE_DEVICES or nvidia-smi)")
-    return "gpu" if choice == "gpu" else "cpu"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -277,7 +121,7 @@ def launch_view(command: MemrlCommand) -> LaunchView:
 
 
 def _resumable(stage: str) -> bool:
-    from memrl.launch.cli import JOBS
+    from memrl.launch.jobs import JOBS
 
     return any(" ".join(job.path) == stage and job.resumable for job in JOBS)
 
@@ -300,7 +144,7 @@ def command_kind(module: str, command: MemrlCommand) -> CommandKind:
     if module != "memrl.launch.cli":
         # Another module (a benchmark, a probe) is started as asked, once per process of the layout.
         return CommandKind(f"python -m {module}", distributed=True, policy_engine=False)
-    from memrl.launch.cli import JOBS
+    from memrl.launch.jobs import JOBS
 
     stage = command.stage
     for job in JOBS:
@@ -530,7 +374,7 @@ def _train_layout(
     else:
         names = [master_addr if i == 0 else f"node{i}" for i in range(nnodes)]
     gpus = gpus_on_node(env)
-    device = _resolve_device(device_choice, gpus)
+    device = resolve_device(device_choice, gpus)
     if single:
         # One process, whatever was asked: its engines see every GPU of the node, so none is kept aside.
         nproc_per_node = 1
@@ -559,7 +403,7 @@ def _train_layout(
         nproc_per_node=nproc_per_node,
         node_rank=node_rank,
         master_addr=master_addr,
-        master_port=_master_port(master_port, env, slurm),
+        master_port=rendezvous_port(master_port, env, slurm),
         device=device,
         gpus_per_node=gpus,
         policy=policy,
@@ -574,7 +418,7 @@ def _launch_env(layout: TrainLayout, env: Mapping[str, str]) -> dict[str, str]:
     out = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": ":".join(path)}
     if "OMP_NUM_THREADS" not in env:
         # torchrun would otherwise pin every process to 1 thread.
-        out["OMP_NUM_THREADS"] = str(max(1, _cpu_count() // layout.nproc_per_node))
+        out["OMP_NUM_THREADS"] = str(max(1, cpu_count() // layout.nproc_per_node))
     if layout.device == "cpu":
         out["DS_ACCELERATOR"] = "cpu"
     return out

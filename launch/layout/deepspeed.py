@@ -11,22 +11,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from memrl.launch.layout.common import (
-    LaunchError,
     MemrlCommand,
     Plan,
-    SlurmEnv,
     TrainLayout,
     _command_line,
     _device_argument,
     _help_plan,
     _launch_env,
-    _master_port,
     _parser,
-    _resolve_device,
     _split_command,
     command_kind,
+)
+from memrl.launch.layout.hosts import (
+    LaunchError,
+    SlurmEnv,
     expand_hostlist,
     gpus_on_node,
+    rendezvous_port,
+    resolve_device,
 )
 from memrl.launch.layout.torchrun import _ignored_for_single, _layout_info, _policy_of
 
@@ -83,7 +85,7 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         raise LaunchError("give --hostfile or --hosts, not both")
     slurm = SlurmEnv.from_env(env)
     gpus = gpus_on_node(env)
-    device = _resolve_device(args.device, gpus)
+    device = resolve_device(args.device, gpus)
     memrl = MemrlCommand(command)
     kind = command_kind(args.module, memrl)
     single = not kind.distributed
@@ -119,7 +121,7 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         nproc_per_node=nproc,
         node_rank=0,
         master_addr=master,
-        master_port=_master_port(args.master_port, env, slurm),
+        master_port=rendezvous_port(args.master_port, env, slurm),
         device=device,
         gpus_per_node=gpus,
         policy=policy,

@@ -18,16 +18,18 @@ from memrl.data.config import (
 )
 from memrl.launch.layout.common import (
     VLLM_SERVER_MODULE,
-    Device,
-    LaunchError,
     Plan,
     _command_line,
     _device_argument,
     _help_plan,
     _parser,
-    _resolve_device,
     _table,
+)
+from memrl.launch.layout.hosts import (
+    Device,
+    LaunchError,
     gpus_on_node,
+    resolve_device,
 )
 
 
@@ -146,7 +148,7 @@ def plan_serve(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     if not args.model:
         raise LaunchError("--model is required")
     gpus = gpus_on_node(env)
-    device = _resolve_device(args.device, gpus)
+    device = resolve_device(args.device, gpus)
     if args.gpus:
         gpu_ids = [g.strip() for g in args.gpus.split(",") if g.strip()]
     elif env.get("CUDA_VISIBLE_DEVICES") and device == "gpu":

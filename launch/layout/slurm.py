@@ -17,15 +17,11 @@ import yaml
 from memrl.data.config import ServedModel
 from memrl.launch.layout.common import (
     ROOT,
-    Device,
-    LaunchError,
     LaunchView,
     MemrlCommand,
     Plan,
-    SlurmEnv,
     _command_line,
     _help_plan,
-    _master_port,
     _parser,
     _ranges,
     _resumable,
@@ -33,9 +29,15 @@ from memrl.launch.layout.common import (
     _table,
     _train_layout,
     command_kind,
+    launch_view,
+)
+from memrl.launch.layout.hosts import (
+    Device,
+    LaunchError,
+    SlurmEnv,
     expand_hostlist,
     gpus_on_node,
-    launch_view,
+    rendezvous_port,
 )
 from memrl.launch.layout.serve import ServeSpec, _vllm_replicas
 from memrl.launch.layout.torchrun import _layout_info
@@ -197,7 +199,7 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     train_argv = [*command, *extra_overrides, *(["--resume"] if resume else [])]
 
     policy = view.placement.policy if kind.policy_engine else None
-    master_port = _master_port(args.master_port, env, slurm)
+    master_port = rendezvous_port(args.master_port, env, slurm)
     layout = _train_layout(
         nnodes=len(train_hosts), nproc_per_node=None if device == "gpu" else 1, node_rank=0,
         master_addr=train_hosts[0], master_port=master_port, device_choice=device, policy=policy,

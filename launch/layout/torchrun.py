@@ -12,7 +12,6 @@ from memrl.data.config import (
 )
 from memrl.launch.layout.common import (
     CommandKind,
-    LaunchError,
     MemrlCommand,
     Plan,
     TrainLayout,
@@ -25,6 +24,9 @@ from memrl.launch.layout.common import (
     _train_layout,
     command_kind,
     launch_view,
+)
+from memrl.launch.layout.hosts import (
+    LaunchError,
 )
 
 

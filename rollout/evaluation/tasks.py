@@ -122,8 +122,7 @@ def evaluate_sam_memory(
     task, ``tasks_per_batch`` runs in flight at once (one batched engine call per wavefront). ``memory_engine`` None
     uses the SAM oracle expert. Returns ``success_greedy``, ``success_sampled`` (None without samples), reasoner and
     memory tokens per task (``spent`` and prompt + completion), per-horizon success and the records."""
-    from tqdm.auto import tqdm
-
+    from memrl.data.tracking import progress_bar
     from memrl.rollout.agents import sam_engines
     from memrl.rollout.memory.registry import parse_memory_config
 
@@ -131,7 +130,7 @@ def evaluate_sam_memory(
     engines = sam_engines(memory_engine, tokenizer=tokenizer, seed=seed)
     if reasoner is not None:
         engines = EngineSet(reasoner=reasoner, memory=engines.memory)
-    with tqdm(total=len(tasks) * (1 + samples), desc=progress, disable=progress is None, leave=False) as bar:
+    with progress_bar(total=len(tasks) * (1 + samples), desc=progress, disable=progress is None, leave=False) as bar:
         records = list(run_tasks(tasks, cfg, engines, dataset="sam", system=cfg.name, model="model", samples=samples,
                                  temperature=temperature, seed=seed, count_tokens=count_tokens,
                                  tasks_per_batch=tasks_per_batch, on_progress=bar.update))

@@ -1,4 +1,5 @@
-"""AMA-Agent (seed 004, section 5): a causality graph of the trajectory and tool-augmented retrieval.
+"""AMA-Agent ("AMA-Bench: Evaluating Long-Horizon Memory for Agentic Applications" (arXiv 2602.22769), section 5): a
+causality graph of the trajectory and tool-augmented retrieval.
 
 Construction. Every environment turn becomes a state node keyed by its turn id (the raw action and observation are
 kept: objective information is never summarised away). The memory model reads the adjacent turn pair and the recent

@@ -1,4 +1,5 @@
-"""Mage (seed 000, section 3 and Algorithm 1): memory as execution-state management.
+"""Mage ("Memory as Execution State Management" (arXiv 2606.06090), section 3 and Algorithm 1): memory as
+execution-state management.
 
 The agent's history is a two-layer tree. The bottom layer holds action-observation nodes (root: the start
 observation); the top layer holds summary nodes with ``cover_nodes`` (the bottom nodes they compress, in execution

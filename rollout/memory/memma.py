@@ -1,4 +1,5 @@
-"""MemMA (seed 002, section 4): a planner-worker memory cycle with in-situ self-evolution.
+"""MemMA ("MemMA: Coordinating the Memory Cycle..." (arXiv 2603.18718), section 4): a planner-worker memory cycle with
+in-situ self-evolution.
 
 Forward path. The interaction arrives in chunks of ``chunk_turns`` turns; ``session_chunks`` chunks make a session.
 For each chunk the Meta-Thinker writes construction guidance from the chunk and a bounded memory view (the

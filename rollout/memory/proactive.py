@@ -1,5 +1,6 @@
-"""The proactive memory agent (seed 003, section 3): a memory bank, two-phase memory steps, triggers and transient
-injection, with the paper's Table 2 ablations as configuration switches.
+"""The proactive memory agent ("Remember When It Matters: Proactive Memory Agent for Long-Horizon Agents", section 3): a
+memory bank, two-phase memory steps, triggers and transient injection, with the paper's Table 2 ablations as
+configuration switches.
 
 **Bank** B = (status, knowledge, procedural). ``status`` is the memory model's private progress note: it appears in
 the memory model's prompts only, never in the action agent's context. Knowledge entries hold stable facts

@@ -1,5 +1,6 @@
-"""AMA-Agent's prompt templates and output parsers (seed 004, section 5 and appendix D): causality-graph construction,
-the sufficiency self-check with its routing, and trajectory-script / keyword generation. Parsers never raise."""
+"""AMA-Agent's prompt templates and output parsers ("AMA-Bench: Evaluating Long-Horizon Memory for Agentic Applications"
+(arXiv 2602.22769), section 5 and appendix D): causality-graph construction, the sufficiency self-check with its
+routing, and trajectory-script / keyword generation. Parsers never raise."""
 
 from __future__ import annotations
 

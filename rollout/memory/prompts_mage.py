@@ -1,5 +1,6 @@
-"""Mage's prompt templates and output parsers (seed 000): the memory model's Compress and Maintain calls and the
-reasoner's view of the execution state S = (C, R, H). Parsers never raise on model output."""
+"""Mage's prompt templates and output parsers ("Memory as Execution State Management" (arXiv 2606.06090)): the memory
+model's Compress and Maintain calls and the reasoner's view of the execution state S = (C, R, H). Parsers never raise on
+model output."""
 
 from __future__ import annotations
 

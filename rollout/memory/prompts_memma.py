@@ -1,6 +1,6 @@
-"""MemMA's prompt templates and output parsers (seed 002, section 4): Meta-Thinker (construction guidance and
-retrieval critique), Memory Manager, Query Reasoner, Answer Agent, and the self-evolution calls (probe QA, verify,
-repair, consolidate). Parsers never raise on model output."""
+"""MemMA's prompt templates and output parsers ("MemMA: Coordinating the Memory Cycle..." (arXiv 2603.18718), section
+4): Meta-Thinker (construction guidance and retrieval critique), Memory Manager, Query Reasoner, Answer Agent, and the
+self-evolution calls (probe QA, verify, repair, consolidate). Parsers never raise on model output."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""SAM, State-Adaptive Memory (seed 001 section 2.2): pages, cues and intent-driven recall behind the memory-system
-interface.
+"""SAM, State-Adaptive Memory ("SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent" (arXiv 2605.24468), section
+2.2): pages, cues and intent-driven recall behind the memory-system interface.
 
 **Write path.** Every reasoner step is a *unit*: the reasoner's reply (reason/act) and the observation that came back,
 never split. Units accumulate in the live context; once it reaches capacity (``live_capacity_tokens``, or

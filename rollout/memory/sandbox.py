@@ -1,4 +1,5 @@
-"""A best-effort sandbox for model-written scripts (AMA-Agent's keyword/script search tool, seed 004 section 5.2).
+"""A best-effort sandbox for model-written scripts (AMA-Agent's keyword/script search tool: "AMA-Bench: Evaluating
+Long-Horizon Memory for Agentic Applications" (arXiv 2602.22769), section 5.2).
 
 :func:`run_script` runs a Python script in a child process and always returns a :class:`SandboxResult`; it never
 raises into the caller. Limits, each stopped and reported with its own status:

@@ -1,0 +1,128 @@
+"""The evaluation run: every dataset x system x model, one scored record per item appended to ``results.jsonl`` at
+once, resumed by record key; then ``summary.json``, ``report.md`` and ``per_question.tsv``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from memrl.data.config import config_hash
+from memrl.data.io import append_jsonl, atomic_write_text, iter_jsonl
+from memrl.data.run_dir import prepare_run_dir
+from memrl.data.tracking import progress_bar
+from memrl.launch.evaluation.config import QA_KINDS, TASK_SYSTEMS, EvalConfig
+from memrl.launch.evaluation.datasets import items_of, load_dataset
+from memrl.launch.evaluation.engines import EvalEngines, make_scorer, task_engines
+from memrl.launch.evaluation.report import write_per_question, write_report
+from memrl.launch.evaluation.summary import summarize
+from memrl.rewards.scorers import JudgeScorer, LexicalJudge
+from memrl.rollout.evaluation.extractive import ExtractiveMemoryModel
+from memrl.rollout.evaluation.qa import run_qa
+from memrl.rollout.evaluation.reader import EvidenceReader
+from memrl.rollout.evaluation.tasks import run_tasks
+from memrl.rollout.loop import EngineSet
+from memrl.rollout.memory.sam import make_token_counter
+
+__all__ = ["evaluate", "load_results", "run_eval"]
+
+log = logging.getLogger(__name__)
+
+
+def run_eval(cfg: EvalConfig) -> int:
+    """``memrl eval``: run (or resume) the evaluation into the run directory and print the report's main tables."""
+    run_dir = prepare_run_dir(cfg, cfg.run, "eval")
+    summary = evaluate(cfg, run_dir)
+    log.info((run_dir / "report.md").read_text(encoding="utf-8"))
+    log.info(f"[eval] {summary['items']} items in {run_dir / 'results.jsonl'}; report: {run_dir / 'report.md'}")
+    return 0
+
+
+
+
+def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
+    """Evaluate into ``run_dir`` (resuming from its ``results.jsonl``), write ``report.md`` and ``summary.json``, and
+    return the summary (in-process entry point)."""
+    run_dir = Path(run_dir)
+    results = run_dir / "results.jsonl"
+    start = time.perf_counter()
+    existing = load_results(results)
+    done = {r["key"] for r in existing}
+    engines = EvalEngines(cfg)
+    skipped: list[str] = []
+    written = 0
+    try:
+        judge_engine = engines.build(cfg.judge) if cfg.judge is not None else engines.scripted(LexicalJudge(), "judge")
+        ama_judge = JudgeScorer(judge_engine, "ama", cfg.judge_max_tokens)
+        locomo_judge = JudgeScorer(judge_engine, "locomo", cfg.judge_max_tokens * 2) if cfg.locomo_judge else None
+        scorer = make_scorer(ama_judge, locomo_judge)
+        reader = EvidenceReader(cfg.reader) if cfg.reasoner is None else None
+        qa_reasoner = engines.build(cfg.reasoner) if cfg.reasoner is not None else None
+        tokenizer = engines.get_tokenizer()
+        count_tokens = make_token_counter(tokenizer) if tokenizer is not None else None
+        for spec in cfg.datasets:
+            data = load_dataset(spec, cfg.data_dir)
+            for system in cfg.systems:
+                if spec.kind in TASK_SYSTEMS and system.memory.name not in TASK_SYSTEMS[spec.kind]:
+                    skipped.append(f"{spec.name} x {system.name}: {spec.kind} tasks run "
+                                   f"{', '.join(TASK_SYSTEMS[spec.kind])} only")
+                    continue
+                for model in cfg.models:
+                    bar = progress_bar(total=items_of(spec, data), desc=f"{spec.name} {system.name} {model.name}",
+                               leave=False)
+                    if spec.kind in QA_KINDS:
+                        memory = engines.memory_model(model) or engines.scripted(ExtractiveMemoryModel(), "extractive")
+                        reasoner = qa_reasoner or engines.scripted(reader, "reader")
+                        records = run_qa(
+                            data, system.memory, EngineSet(reasoner=reasoner, memory=memory), dataset=spec.name,
+                            system=system.name, model=model.name, reader=reader, skip=done, scorer=scorer,
+                            count_tokens=count_tokens, episodes_per_batch=cfg.episodes_per_batch,
+                            slack_steps=cfg.slack_steps, seed=cfg.run.seed, max_questions=spec.max_questions,
+                            on_progress=bar.update,
+                        )
+                    else:
+                        engine_set = task_engines(spec.kind, data, engines, engines.memory_model(model))
+                        records = run_tasks(
+                            data, system.memory, engine_set, dataset=spec.name, system=system.name,
+                            model=model.name, samples=spec.samples, temperature=spec.temperature, skip=done,
+                            scorer=scorer, count_tokens=count_tokens, seed=cfg.run.seed, on_progress=bar.update,
+                        )
+                    for record in records:
+                        if record["key"] in done:
+                            continue
+                        append_jsonl(results, record)
+                        done.add(record["key"])
+                        written += 1
+                    bar.close()
+    finally:
+        engines.close()
+    records = load_results(results)
+    summary = summarize(cfg, records, skipped)
+    summary.update(items=len(records), written_this_run=written, resumed_items=len(existing),
+                   wall_s=round(time.perf_counter() - start, 2), config_hash=config_hash(cfg))
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_report(cfg, summary, run_dir / "report.md")
+    write_per_question(cfg, records, run_dir / "per_question.tsv")
+    return summary
+
+
+
+
+def load_results(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a results file, first of each key; a torn last line (a killed writer) is cut off the file so
+    appends continue on a clean line."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        keep = raw.rfind(b"\n") + 1
+        with open(path, "r+b") as fh:
+            fh.truncate(keep)
+    seen: dict[str, dict[str, Any]] = {}
+    for record in iter_jsonl(path):
+        assert isinstance(record, dict)
+        seen.setdefault(str(record.get("key")), record)
+    return list(seen.values())

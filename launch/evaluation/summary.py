@@ -1,0 +1,85 @@
+"""The aggregates of an evaluation (``summary.json``): per dataset the official metric, the side-by-side rows and the
+breakdowns, every mean with its 95% bootstrap interval."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memrl.launch.evaluation.config import TASK_SYSTEMS, EvalConfig
+from memrl.rewards.scorers import LOCOMO_CATEGORY_NAMES, locomo_category
+from memrl.rollout.evaluation.stats import aggregate
+
+__all__ = ["NEEDS_MODEL_NOTE", "OFFICIAL", "summarize"]
+
+
+OFFICIAL = {
+    "locomo": ("locomo", "category", "LoCoMo F1 by category (its `task_eval/evaluation.py`: stemmed token F1, "
+               "multi-hop over comma-separated parts, adversarial by 'not mentioned')"),
+    "amabench": ("judge_acc", "qa_type", "AMA-Bench judge accuracy by QA type (its `compute_llm_as_judge` yes/no "
+                 "prompt; an unparsable reply scores its token F1; accuracy counts scores of 1)"),
+    "ama_synthetic": ("judge_acc", "qa_type", "AMA-Bench judge accuracy by QA type"),
+    "generic": ("judge_acc", "qa_type", "judge accuracy by QA type"),
+    "memoryarena": ("judge_acc", None, "MemoryArena task success rate (every subtask of a task correct) and progress "
+                    "score (share of a task's subtasks correct); a subtask is correct when the judge accepts it"),
+}
+"""Per dataset kind: (the record score of the official metric, its breakdown field, what it is)."""
+NEEDS_MODEL_NOTE = (
+    "the scripted memory model surfaced none of the questions' evidence to the reasoner on this dataset; this "
+    "system needs a real memory model here (`models[].engine`), and its score says nothing about the system"
+)
+
+
+def _task_rows(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """One row per (system, model, task) with MemoryArena's ``success`` (every subtask right) and ``progress``
+    (share of subtasks right), each subtask judged by ``metric``."""
+    tasks: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        score = (r.get("scores") or {}).get(metric)
+        tasks.setdefault((r["system"], r["model"], r["episode_id"]), []).append(float(score == 1.0))
+    return [{"system": s, "model": m, "episode_id": e,
+             "scores": {"success": float(all(v)), "progress": sum(v) / len(v)},
+             "reasoner_tokens": {"spent": 0}, "memory_tokens_answer": {"prompt": 0, "completion": 0}}
+            for (s, m, e), v in tasks.items()]
+
+
+def summarize(cfg: EvalConfig, records: list[dict[str, Any]], skipped: list[str]) -> dict[str, Any]:
+    """Aggregates per dataset: the official metric first, the side-by-side rows (system x model) and breakdowns by QA
+    type, LoCoMo category, horizon (the generator's target length, else the conversation's length in tokens), and
+    greedy / sampled runs of tasks. Every mean carries its 95% bootstrap interval (``<metric>_ci``)."""
+    datasets: dict[str, Any] = {}
+    for spec in cfg.datasets:
+        rows = [r for r in records if r["dataset"] == spec.name]
+        if not rows:
+            continue
+        entry: dict[str, Any] = {"kind": spec.kind, "episodes": len({r["episode_id"] for r in rows})}
+        if spec.kind in TASK_SYSTEMS:
+            entry["greedy"] = aggregate([r for r in rows if not r.get("sampled")])
+            entry["sampled"] = aggregate([r for r in rows if r.get("sampled")])
+            entry["by_horizon"] = aggregate([r for r in rows if not r.get("sampled")], ("system", "model", "horizon"))
+        else:
+            entry["overall"] = aggregate(rows)
+            entry["by_qa_type"] = aggregate(rows, ("system", "model", "qa_type"))
+            entry["by_horizon"] = aggregate(rows, ("system", "model", "horizon"))
+            if any(locomo_category(r.get("category")) is not None for r in rows):
+                entry["by_category"] = aggregate(
+                    [dict(r, category=LOCOMO_CATEGORY_NAMES[locomo_category(r.get("category")) or 0])
+                     for r in rows if locomo_category(r.get("category")) is not None], ("system", "model", "category"))
+            if spec.kind == "memoryarena":
+                entry["tasks"] = aggregate(_task_rows(rows, OFFICIAL["memoryarena"][0]))
+            defaults = [r for r in rows if r.get("loader_defaults")]
+            if defaults:
+                notes = sorted({d for r in defaults for d in r["loader_defaults"]})
+                entry["loader_defaults"] = {"questions": len({(r["episode_id"], r["item_id"]) for r in defaults}),
+                                            "examples": notes[:5]}
+            entry["needs_model"] = [
+                [r["system"], r["model"]] for r in entry["overall"]
+                if r.get("evidence_in_context") == 0.0 and _scripted(cfg, r["model"]) and r["memory_tokens"]
+            ]
+        datasets[spec.name] = entry
+    return {"datasets": datasets, "skipped": skipped,
+            "reader": "programmatic" if cfg.reasoner is None else cfg.reasoner.engine_name,
+            "judge": "lexical (offline)" if cfg.judge is None else cfg.judge.engine_name}
+
+
+def _scripted(cfg: EvalConfig, model: str) -> bool:
+    return any(m.name == model and m.engine is None for m in cfg.models)
