@@ -26,6 +26,7 @@ from typing import Any
 from memrl.data.config import ConfigError
 from memrl.data.errors import UserError
 from memrl.launch.jobs import JOBS, Job
+from memrl.launch.model_commands import add_model_commands
 
 __all__ = ["main"]
 
@@ -218,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         tiny.add_argument(f"--{name}", type=kind, dest=name.replace("-", "_"))
     tiny.set_defaults(handler=_model_tiny)
-    importlib.import_module("memrl.launch.model_commands").add_model_commands(model)
+    add_model_commands(model)
 
     plan = sub.add_parser("plan", help="estimate per-rank GPU memory of a GRPO recipe before launch",
                           description="per-rank trainer and policy-engine GPU memory of a GRPO recipe; exit 1 if it "

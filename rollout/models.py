@@ -335,7 +335,7 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, chat_template: s
     return out
 
 
-def _smollm2_fingerprint(gguf_file: Path) -> str:
+def _smollm2_digest(gguf_file: Path) -> str:
     import transformers
 
     stat = gguf_file.stat()
@@ -352,7 +352,7 @@ def ensure_smollm2(cache_root: str | Path) -> Path:
 
     gguf_file = smollm2_gguf_path()
     root = Path(cache_root)
-    target = root / f"smollm2-{_smollm2_fingerprint(gguf_file)}"
+    target = root / f"smollm2-{_smollm2_digest(gguf_file)}"
     marker = "memrl_gguf_source.json"
     if (target / marker).is_file():
         return target
