@@ -8,7 +8,8 @@ import re
 from memrl.data.experts.sam import SamOracle
 from memrl.data.tasks import SAM_FAMILIES, TASKS, DialogueParams, DialogueTask, TaskSetConfig, load_tasks, make_task
 from memrl.data.tasks.dialogue import DIALOGUE_SPLITS
-from memrl.data.tasks.sam import SamReasoner, SamTask, SamTaskParams, parse_facts, simulate_sam
+from memrl.data.tasks.sam import SamReasoner, SamTask, SamTaskParams, parse_facts
+from memrl.data.tasks.sam_reference import simulate_sam
 
 PARAMS = dict(horizon_steps=8, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5)
 SPEECH = re.compile(r"^[A-Z][a-z]+: ")
