@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import Field
 from tqdm.auto import tqdm
 
 from memrl.data.config import ConfigModel
@@ -54,7 +55,7 @@ from memrl.data.schemas import MemoryCallTree, TokenUsage, TreeNode
 from memrl.rollout.engines.base import Engine, GenerationResult
 from memrl.rollout.loop import EngineSet, PendingCall, Rollout
 
-__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "check_trained_sampling"]
+__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "check_trained_sampling", "merge_identical_siblings"]
 
 
 class TreeConfig(ConfigModel):
@@ -68,6 +69,13 @@ class TreeConfig(ConfigModel):
     reasoner_token_budget: int | None = None  # reasoner tokens per tree, split among siblings; no branching past it
     flat_group_size: int = 4  # G trajectories per task in flat mode
     scheduler: Literal["async", "wavefront"] = "async"  # async: each branch advances when its own call returns
+    # siblings with equal token ids are one action: one node whose V(n) pools their leaves (a Monte-Carlo difference
+    # between two copies of one text is never trained as a preference)
+    merge_identical_siblings: bool = True
+    # dynamic sampling (DAPO): keep building trees until the batch holds this many sibling groups whose outcome
+    # values V(n) differ (0: off), with at most max_extra_trees trees beyond the iteration's tasks
+    informative_groups: int = Field(0, ge=0)
+    max_extra_trees: int = Field(0, ge=0)
 
 
 def check_trained_sampling(role: str, temperature: float, top_p: float, where: str = "memory.sampling") -> None:
@@ -162,14 +170,53 @@ def build_trees(
             _run_blocking(_run_async(branches, engines, cfg, stats, advance))
     finally:
         bar.close()
-    out = [
-        MemoryCallTree(
+    out = []
+    for t in trees:
+        branched = sum(n.kind == "memory" and n.metadata.get("samples", 1) > 1 for n in t.nodes.values())
+        merged = merge_identical_siblings(t.nodes) if cfg.merge_identical_siblings else 0
+        out.append(MemoryCallTree(
             tree_id=f"{t.task_id}/{cfg.mode}", task_id=t.task_id, root_id="root", nodes=_in_path_order(t.nodes),
-            reasoner_usage=t.usage, config_hash=config_hash, metadata={"mode": cfg.mode},
-        )
-        for t in trees
-    ]
+            reasoner_usage=t.usage, config_hash=config_hash,
+            metadata={"mode": cfg.mode, "branched_nodes": branched, "merged_siblings": merged},
+        ))
     return out, stats
+
+
+def _action_key(node: TreeNode) -> tuple[Any, ...]:
+    """What makes two sibling actions the same action: the token ids of every model call of it."""
+    if node.call is None:
+        return ("node", node.node_id)
+    return (node.call.role, tuple(node.call.response_ids), *(tuple(f.response_ids) for f in node.follow_up_calls))
+
+
+def merge_identical_siblings(nodes: dict[str, TreeNode]) -> int:
+    """Merge sibling memory nodes (one ``group_id``) whose action has the same token ids into the first of them, in
+    place: the copies' children move under it, so V(n) pools every copy's leaves, and their continuation costs add
+    up. ``metadata["copies"]`` counts the samples the node stands for. Returns the number of nodes merged away."""
+    groups: dict[str, list[TreeNode]] = {}
+    for node in nodes.values():
+        if node.kind == "memory" and node.group_id is not None:
+            groups.setdefault(node.group_id, []).append(node)
+    merged = 0
+    for members in groups.values():
+        first_of: dict[tuple[Any, ...], TreeNode] = {}
+        for node in sorted(members, key=lambda n: _path_key(n.node_id)):
+            first = first_of.setdefault(_action_key(node), node)
+            if first is node:
+                continue
+            for child in node.children:
+                nodes[child].parent_id = first.node_id
+            first.children = [*first.children, *node.children]
+            first.reasoner_usage = first.reasoner_usage + node.reasoner_usage
+            first.memory_usage = first.memory_usage + node.memory_usage
+            first.metadata = {**first.metadata, "copies": first.metadata.get("copies", 1) + 1,
+                              "merged": [*first.metadata.get("merged", []), node.node_id]}
+            assert node.parent_id is not None
+            parent = nodes[node.parent_id]
+            parent.children = [c for c in parent.children if c != node.node_id]
+            del nodes[node.node_id]
+            merged += 1
+    return merged
 
 
 Advance = Callable[[_Branch, PendingCall, GenerationResult, int], list[_Branch]]
