@@ -167,3 +167,29 @@ def test_diagnostics_per_optimizer_step_move_after_the_first(tiny_model_dir: Pat
     assert metrics["ratio_max"] > 1.0 + 1e-4 or metrics["ratio_min"] < 1.0 - 1e-4
     assert all(0.0 <= s["clip_fraction"] <= 1.0 for s in steps)
     assert metrics["trained_tokens"] == sum(s["tokens"] for s in steps) / cfg.update_epochs
+
+
+def test_kl_to_the_initial_policy_on_the_probe_grows_from_zero(tiny_model_dir: Path) -> None:
+    """The probe is the first update's rows: before any update its KL is 0; after updates at a high learning rate
+    it is positive; with lr = 0 (the control) it stays 0 and the weights do not move."""
+
+    def probe_kls(lr: float) -> list[float]:
+        cfg = GroupTrainerConfig(lr=lr, lora=LoraSettings(r=8, alpha=16), probe_rows=3)
+        trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
+        groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
+        return [trainer.step(groups)["kl_initial_probe"] for _ in range(2)]
+
+    assert probe_kls(0.0) == pytest.approx([0.0, 0.0], abs=1e-9)
+    moved = probe_kls(5e-3)
+    assert moved[0] > 1e-4 and moved[1] > moved[0]
+
+
+def test_lr_schedule_warms_up_then_decays_to_its_floor() -> None:
+    from memrl.train.group_trainer import lr_factor
+
+    cfg = GroupTrainerConfig(warmup_steps=2, lr_schedule="cosine", lr_decay_steps=4, min_lr_ratio=0.1)
+    factors = [lr_factor(step, cfg) for step in range(8)]
+    assert factors[:3] == pytest.approx([0.5, 1.0, 1.0])
+    assert factors[3] < 1.0 and factors[6:] == pytest.approx([0.1, 0.1])
+    with pytest.raises(ValueError, match="lr_decay_steps"):
+        GroupTrainerConfig(lr_schedule="linear")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from pydantic import Field, model_validator
 
 from memrl.data.config import ConfigModel
 from memrl.data.schemas import Group
@@ -46,6 +47,7 @@ __all__ = [
     "GroupTrainerConfig",
     "Row",
     "batch_metrics",
+    "lr_factor",
     "make_accelerator",
     "rows_from_groups",
     "summarize_steps",
@@ -60,6 +62,13 @@ class GroupTrainerConfig(ConfigModel):
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
     max_grad_norm: float = 1.0  # gradient-norm clipping threshold
     warmup_steps: int = 0  # linear LR warmup, in optimizer steps (0: none)
+    # after warmup: constant, or a decay to min_lr_ratio * lr over lr_decay_steps optimizer steps (then held there)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    lr_decay_steps: int | None = Field(None, ge=1)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    # rows of the first update kept as a fixed probe: KL(pi_initial || pi_theta) on them is logged after every update
+    # (kl_initial_probe; their tokens were sampled by the initial policy, so the k3 estimate is unbiased); 0: off
+    probe_rows: int = Field(32, ge=0)
     update_epochs: int = 1  # passes over each update's rows
     optimizer_steps_per_epoch: int = 1  # optimizer steps each pass is split into
     # per process and optimizer step (gradient accumulation) when max_tokens_per_micro_batch is None; with a token
@@ -85,6 +94,23 @@ class GroupTrainerConfig(ConfigModel):
     deepspeed: str | None = None  # a configs/deepspeed name (zero2, zero3, zero2_cpu, ...) or a JSON path
     lora: LoraSettings = LoraSettings()
     seed: int = 0  # RNG seed of the row shuffling
+
+    @model_validator(mode="after")
+    def _decay_has_a_length(self) -> GroupTrainerConfig:
+        if self.lr_schedule != "constant" and self.lr_decay_steps is None:
+            raise ValueError(f"lr_schedule={self.lr_schedule!r} decays over lr_decay_steps optimizer steps: set it")
+        return self
+
+
+def lr_factor(step: int, cfg: GroupTrainerConfig) -> float:
+    """The multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): linear warmup, then the schedule."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant" or cfg.lr_decay_steps is None:
+        return 1.0
+    progress = min((step - cfg.warmup_steps) / cfg.lr_decay_steps, 1.0)
+    shape = 1.0 - progress if cfg.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
 
 @dataclass
@@ -308,15 +334,14 @@ class GroupTrainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         # Not prepared: accelerate's scheduler wrapper steps once per process under DDP; this one is stepped once per
         # optimizer step, and checkpointed with the accelerator state.
-        warmup = max(cfg.warmup_steps, 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
         self.accelerator.register_for_checkpointing(self.scheduler)
         self.version = 0
         self.updates = 0
         self.scored_rows = 0  # rows this process scored in the last step (pi_old; pi_ref scores the same rows)
         self._rng = random.Random(cfg.seed)
+        self._probe: list[Row] = []  # the fixed probe rows and their log-probs under the initial policy
+        self._probe_initial: list[torch.Tensor] = []
 
     # ----------------------------------------------------------------------------------------------------------
     @property
@@ -426,6 +451,10 @@ class GroupTrainer:
                     per_step.append(self._optimizer_step(step_ids, rows, old, ref))
         self.updates += len(per_step)
         self.version += 1
+        if cfg.probe_rows and not self._probe:
+            self._probe, self._probe_initial = rows[: cfg.probe_rows], old[: cfg.probe_rows]
+        if self._probe:
+            metrics["kl_initial_probe"] = self.probe_kl()
         metrics.update(summarize_steps(per_step, log_entropy=cfg.log_entropy))
         metrics["optimizer_steps"] = per_step
         metrics["response_length"] = sum(len(r.response_ids) for r in rows) / len(rows)
@@ -433,6 +462,18 @@ class GroupTrainer:
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         metrics["policy_version"] = float(self.version)
         return metrics
+
+    def probe_kl(self) -> float:
+        """KL(pi_initial || pi_theta) per token on the fixed probe rows: the k3 estimate e^r - r - 1 with
+        r = log pi_theta - log pi_initial, over tokens the initial policy sampled. The probe is fixed at the first
+        update this trainer makes (after a resume: the resumed policy)."""
+        scored_rows = self.scored_rows  # what the update scored, not the probe
+        self.model.eval()
+        now = self._score(self._probe, reference=False)
+        self.model.train()
+        self.scored_rows = scored_rows
+        r = torch.cat(now) - torch.cat(self._probe_initial)
+        return float((torch.exp(r) - r - 1.0).mean())
 
     def _score_old_and_ref(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """pi_old (and pi_ref when the KL term is on) of every row, without dropout: with it, the ratio would
