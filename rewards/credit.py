@@ -69,10 +69,9 @@ class CreditConfig(ConfigModel):
     eps: float = 1e-6  # added to the std when dividing by it
     format_penalty: float = 0.0  # subtracted from r(n) when the memory call's output was malformed
     baseline: Literal["siblings", "global"] = "siblings"  # A(n): r minus the sibling mean, or minus the batch mean
-    # no-signal control: permute leaf outcomes and committee scores across the batch before credit
-    shuffle_outcomes: bool = False
-    # flat mode: every call of trajectory i gets A_i / m_i ("per_trajectory", each trajectory counts once) or A_i
-    flat_weighting: Literal["per_trajectory", "per_call"] = "per_trajectory"
+    shuffle_outcomes: bool = False  # no-signal control: permute leaf outcomes and committee scores across the batch
+    # per_trajectory: m_i is the trajectory's trained calls, so each trajectory counts once (module docstring)
+    flat_weighting: Literal["per_trajectory", "per_call"] = "per_trajectory"  # flat GRPO: A_i / m_i per call, or A_i
 
 
 @dataclass

@@ -69,13 +69,11 @@ class TreeConfig(ConfigModel):
     reasoner_token_budget: int | None = None  # reasoner tokens per tree, split among siblings; no branching past it
     flat_group_size: int = 4  # G trajectories per task in flat mode
     scheduler: Literal["async", "wavefront"] = "async"  # async: each branch advances when its own call returns
-    # siblings with equal token ids are one action: one node whose V(n) pools their leaves (a Monte-Carlo difference
-    # between two copies of one text is never trained as a preference)
-    merge_identical_siblings: bool = True
-    # dynamic sampling (DAPO): keep building trees until the batch holds this many sibling groups whose outcome
-    # values V(n) differ (0: off), with at most max_extra_trees trees beyond the iteration's tasks
-    informative_groups: int = Field(0, ge=0)
-    max_extra_trees: int = Field(0, ge=0)
+    # (a Monte-Carlo difference between two copies of one text is never trained as a preference)
+    merge_identical_siblings: bool = True  # siblings with equal token ids are one node whose V(n) pools their leaves
+    # dynamic sampling (DAPO): build more trees until the batch holds this many sibling groups whose V(n) differ
+    informative_groups: int = Field(0, ge=0)  # dynamic sampling: outcome-informative groups wanted per batch (0: off)
+    max_extra_trees: int = Field(0, ge=0)  # dynamic sampling: trees built beyond the iteration's tasks at most
 
 
 def check_trained_sampling(role: str, temperature: float, top_p: float, where: str = "memory.sampling") -> None:

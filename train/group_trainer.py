@@ -62,13 +62,12 @@ class GroupTrainerConfig(ConfigModel):
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
     max_grad_norm: float = 1.0  # gradient-norm clipping threshold
     warmup_steps: int = 0  # linear LR warmup, in optimizer steps (0: none)
-    # after warmup: constant, or a decay to min_lr_ratio * lr over lr_decay_steps optimizer steps (then held there)
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    lr_decay_steps: int | None = Field(None, ge=1)
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
-    # rows of the first update kept as a fixed probe: KL(pi_initial || pi_theta) on them is logged after every update
-    # (kl_initial_probe; their tokens were sampled by the initial policy, so the k3 estimate is unbiased); 0: off
-    probe_rows: int = Field(32, ge=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"  # after warmup: constant, or a decay
+    lr_decay_steps: int | None = Field(None, ge=1)  # optimizer steps of the decay (then held at its floor)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)  # the decay's floor, as a fraction of lr
+    # the first update's rows are a fixed probe; their tokens were sampled by the initial policy, so the k3 estimate
+    # of KL(pi_initial || pi_theta) on them is unbiased
+    probe_rows: int = Field(32, ge=0)  # rows of the KL-to-initial probe logged as kl_initial_probe (0: off)
     update_epochs: int = 1  # passes over each update's rows
     optimizer_steps_per_epoch: int = 1  # optimizer steps each pass is split into
     # per process and optimizer step (gradient accumulation) when max_tokens_per_micro_batch is None; with a token
