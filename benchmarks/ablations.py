@@ -1,6 +1,6 @@
 """Does RL make the memory model better than SFT alone, and what do OAT-GRPO's tree credit and committee reward add?
 A powered, paired ablation on a task setting where credit assignment matters ("SAM: State-Adaptive Memory for
-Long-Horizon Reasoning Agent", section 2.3; issues 18 and 26).
+Long-Horizon Reasoning Agent", arXiv 2605.24468, section 2.3; issues 18 and 26).
 
 One shared SFT checkpoint (the tiny Qwen3 memory model distilled from a limited, noisy SAM expert on the setting's
 SFT tasks), then, per seed and at equal reasoner-token budgets (training rollouts only; evaluation is not counted):

@@ -1,5 +1,6 @@
 """How well does each credit method's advantage agree with a recall action's true value? A direct, low-variance test
-of tree credit ("SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent", section 2.3) without a learning run.
+of tree credit ("SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent", arXiv 2605.24468, section 2.3)
+without a learning run.
 
 On the ``multihop`` SAM setting, the shared SFT checkpoint of benchmarks/ablations.py (built there when missing) plays
 the SFT policy's own episodes on dev tasks; every recall it makes is a *state* (the rollout is forked just before the

@@ -1,5 +1,5 @@
-"""OAT-GRPO credit assignment over a memory-call tree ("SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent",
-section 2.3).
+"""OAT-GRPO credit assignment over a memory-call tree ("SAM: State-Adaptive Memory for Long-Horizon Reasoning
+Agent", arXiv 2605.24468, section 2.3).
 
 Symbols (paper -> code):
     L(n)   leaves in the subtree rooted at memory action n       -> tree.leaves_below(n)

@@ -1,4 +1,5 @@
-"""Memory-call trees (OAT-GRPO rollouts, seed 001 section 2.3) and the flat baseline.
+"""Memory-call trees (OAT-GRPO rollouts: "SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent", arXiv
+2605.24468, section 2.3) and the flat baseline.
 
 **What a node is.** A tree node is one *memory action* as the paper defines it: one consolidation (the cue of one
 page) or one recall (the reconstruction, under one intent, from the pages the agent selected). A recall reads its
@@ -21,6 +22,12 @@ its cousins have got (which the asynchronous scheduler leaves to timing):
 - ``reasoner_token_budget``: the root's allowance of reasoner tokens; a branch spends its allowance on its own
   reasoner calls, branches only while some is left, and its children share what is left equally;
 - ``max_branch_depth``: only the first this many memory actions on a path branch.
+
+**Identical siblings** (``merge_identical_siblings``, on by default). A sampled sibling whose action has the same token
+ids as an earlier sibling's (every model call of it) is the same action: it is merged into that node, its subtree
+moves under it, and V(n) pools both copies' leaves (``metadata["copies"]``). So a Monte-Carlo difference between two
+copies of one text is never trained as a preference; the tree's metadata counts ``branched_nodes`` and
+``merged_siblings``. Dynamic sampling (``informative_groups``) is done by the recipe (:mod:`memrl.train.oat_grpo`).
 
 Flat mode (vanilla GRPO over trajectories): G independent rollouts per task; every trainable action of a trajectory
 is a node of that trajectory's chain and shares its outcome.

@@ -1,5 +1,5 @@
 """``memrl train oat-grpo``: OAT-GRPO for the SAM memory model ("SAM: State-Adaptive Memory for Long-Horizon
-Reasoning Agent", section 2.3).
+Reasoning Agent", arXiv 2605.24468, section 2.3).
 
 Each iteration builds memory-call trees with the current policy in the rollout engines (the frozen reasoner continues
 every sibling), scores sibling groups with the committee (shared per parent context, cached), assigns OAT credit

@@ -6,6 +6,11 @@ policy with the group trainer, sync the new weights into the engine, which wakes
 in-place reload of full weights), evaluate every ``eval_every`` iterations, checkpoint every ``checkpoint_every``
 iterations.
 
+A recipe writes its iteration itself over :class:`OnlineLoop`, which keeps the bookkeeping (launching collections
+ahead, staleness, syncing, evaluation, logging, checkpoints and resume): OAT-GRPO's ``train_oat_grpo`` reads collect
+-> credit -> groups -> update -> sync -> log -> checkpoint. :func:`run_online_loop` is that loop for a recipe whose
+collection already returns groups (pivot-turn GRPO). Engines are anything with the :class:`PolicyEngine` methods.
+
 Rollouts are driven by the main process: its own policy engine, or a fleet of rollout workers on every node
 (:mod:`memrl.rollout.fleet`; ``collect`` then returns a collection in flight, anything with ``.result()``); the groups
 are broadcast to every training process as JSON, and the trainer shards them. So N processes make the same update as
@@ -14,7 +19,8 @@ one. Every sample records the policy version that produced it.
 Bounded staleness (``max_staleness: k``): the collection of iteration ``i + k`` is launched under the policy of
 iteration ``i``, before its update, so with a fleet it runs while the trainer updates (k = 1: one-step-off). Every
 tree is built under one policy version (a worker runs a weight sync only between jobs); truncated importance sampling
-is switched on; the staleness of each update is logged. k = 0 is the synchronous loop. The weights reach the engines
+is on (the recipe configs resolve ``trainer.tis_cap`` with :func:`stale_sampling_tis`; the loop refuses a stale run
+without it); the staleness of each update is logged. k = 0 is the synchronous loop. The weights reach the engines
 through ``policy/vNNNNN`` (LoRA adapters; full weights on CPU), or in memory by NCCL broadcast on GPUs
 (train/weight_sync.py); only the newest ``keep_policy_versions`` version directories are kept.
 
