@@ -123,7 +123,7 @@ def test_old_logprobs_are_scored_without_dropout(tiny_model_dir: Path) -> None:
 
     trainer._score = recording  # type: ignore[method-assign]
     trainer.step(groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant"))
-    assert modes == [False, False]  # pi_old and pi_ref in eval mode (dropout off)
+    assert modes == [False, False, False]  # pi_old, pi_ref and the KL-to-initial probe in eval mode (dropout off)
     assert trainer.model.training  # the update passes ran in train mode
 
 
