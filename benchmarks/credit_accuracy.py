@@ -100,7 +100,7 @@ def bootstrap(states: list[list[tuple[float, float]]], stat: Any, draws: int = 1
             values.append(v)
     values.sort()
     ci = [values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]] if values else None
-    return {"value": point, "ci95": ci, "actions": sum(1 for _ in flat)}
+    return {"value": point, "ci95": ci, "actions": len(flat), "nonzero_truth": sum(abs(t) > 1e-9 for _, t in flat)}
 
 
 def centred(values: Sequence[float]) -> list[float]:
@@ -167,6 +167,7 @@ def collect_states(rep: Replayer, tasks: list[Any], per_task: int, memory: Any, 
 
     rollouts = [sam_rollout(t, memory, seed=seed, rollout_id=f"root{g}") for t in tasks for g in range(roots)]
     run_rollouts(rollouts, rep.engines, on_result=on_result, progress="episodes")
+    rep.reasoner_tokens += sum(r.reasoner_usage.spent for r in rollouts)
     outcomes: dict[str, list[float]] = {}
     for r in rollouts:
         outcomes.setdefault(r.env.task_id, []).append(float(r.outcome or 0.0))
