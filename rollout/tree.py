@@ -188,10 +188,11 @@ def build_trees(
 
 
 def _action_key(node: TreeNode) -> tuple[Any, ...]:
-    """What makes two sibling actions the same action: the token ids of every model call of it."""
+    """What makes two sibling actions the same action: the token ids of every model call of it (the text, for an
+    engine that returns no token ids, e.g. a scripted expert without a tokenizer)."""
     if node.call is None:
         return ("node", node.node_id)
-    return (node.call.role, tuple(node.call.response_ids), *(tuple(f.response_ids) for f in node.follow_up_calls))
+    return (node.call.role, *((tuple(c.response_ids) or c.text) for c in (node.call, *node.follow_up_calls)))
 
 
 def merge_identical_siblings(nodes: dict[str, TreeNode]) -> int:
