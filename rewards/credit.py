@@ -1,4 +1,5 @@
-"""OAT-GRPO credit assignment over a memory-call tree (SAM, seed 001 section 2.3).
+"""OAT-GRPO credit assignment over a memory-call tree ("SAM: State-Adaptive Memory for Long-Horizon Reasoning
+Agent", arXiv 2605.24468, section 2.3).
 
 Symbols (paper -> code):
     L(n)   leaves in the subtree rooted at memory action n       -> tree.leaves_below(n)
@@ -23,8 +24,17 @@ Variants that make c_bar (and lambda's absolute size) matter:
   batch std under ``advantage_scale: std``); a group whose actions are all more recoverable than c_bar (a constant
   ``centre``) is pushed up as a whole, and values V(n) are compared across groups.
 
-``shuffle_outcomes`` is a control: the leaf outcomes are permuted across the batch before credit, so the
-advantages carry no information about the task (the committee term is left as it is).
+``shuffle_outcomes`` is the no-signal control: the leaf outcomes are permuted across the batch before credit, and so
+are the committee scores of its memory actions (otherwise the oracle-anchored committee term would still carry the
+oracle's preference), so the advantages carry no information about the task.
+
+Flat GRPO (``assign_flat_credit``) gives every model call of trajectory i its trajectory's advantage A_i. A failing
+trajectory tends to make more calls, so copying A_i to each would push the policy down on average; with
+``flat_weighting: per_trajectory`` (the default) each call gets A_i / m_i (m_i: the trajectory's trained calls), so
+every trajectory counts once and the advantages over trained rows sum to zero, as GRPO's do over trajectories.
+
+Diagnostics (:class:`CreditStats`): a sibling group is *outcome-informative* when its members' V(n) differ; an
+*outcome tie* is one whose V(n) are all equal, whatever the committee term then adds to r(n).
 """
 
 from __future__ import annotations
@@ -39,7 +49,15 @@ from memrl.data.config import ConfigModel
 from memrl.data.schemas import MemoryCallTree, TreeNode
 from memrl.rewards.advantage import AdvantageScale, group_advantages, is_zero_variance
 
-__all__ = ["CreditConfig", "CreditStats", "assign_batch_credit", "assign_credit", "assign_flat_credit", "node_values"]
+__all__ = [
+    "CreditConfig",
+    "CreditStats",
+    "assign_batch_credit",
+    "assign_credit",
+    "assign_flat_credit",
+    "informative_groups",
+    "node_values",
+]
 
 
 class CreditConfig(ConfigModel):
@@ -51,7 +69,9 @@ class CreditConfig(ConfigModel):
     eps: float = 1e-6  # added to the std when dividing by it
     format_penalty: float = 0.0  # subtracted from r(n) when the memory call's output was malformed
     baseline: Literal["siblings", "global"] = "siblings"  # A(n): r minus the sibling mean, or minus the batch mean
-    shuffle_outcomes: bool = False  # control: permute leaf outcomes across the batch before credit (no task signal)
+    shuffle_outcomes: bool = False  # no-signal control: permute leaf outcomes and committee scores across the batch
+    # per_trajectory: m_i is the trajectory's trained calls, so each trajectory counts once (module docstring)
+    flat_weighting: Literal["per_trajectory", "per_call"] = "per_trajectory"  # flat GRPO: A_i / m_i per call, or A_i
 
 
 @dataclass
@@ -62,6 +82,8 @@ class CreditStats:
     zero_variance_groups: int = 0
     single_member_groups: int = 0
     committee_dropped_groups: int = 0
+    outcome_tie_groups: int = 0  # groups of two or more whose V(n) are all equal
+    informative_groups: int = 0  # groups of two or more whose V(n) differ
     rewards: list[float] = field(default_factory=list)
 
 
@@ -80,6 +102,16 @@ def _sibling_groups(tree: MemoryCallTree) -> dict[str, list[TreeNode]]:
         if node.kind == "memory":
             groups[node.group_id or f"parent:{node.parent_id}"].append(node)
     return groups
+
+
+def informative_groups(trees: Sequence[MemoryCallTree]) -> int:
+    """Sibling groups (two or more members) whose outcome values V(n) differ: what dynamic sampling counts."""
+    count = 0
+    for tree in trees:
+        values = node_values(tree)
+        for members in _sibling_groups(tree).values():
+            count += len(members) > 1 and not is_zero_variance([values.get(m.node_id, 0.0) for m in members])
+    return count
 
 
 def assign_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
@@ -105,6 +137,10 @@ def assign_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
                 r -= cfg.format_penalty
             rewards.append(r)
         stats.single_member_groups += len(members) == 1
+        if len(members) > 1:
+            outcome_tie = is_zero_variance([m.value or 0.0 for m in members])
+            stats.outcome_tie_groups += outcome_tie
+            stats.informative_groups += not outcome_tie
         stats.zero_variance_groups += is_zero_variance(rewards)
         for m, r, a in zip(members, rewards, group_advantages(rewards, cfg.advantage_scale, cfg.eps), strict=True):
             m.reward, m.advantage = r, a
@@ -114,16 +150,22 @@ def assign_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
 
 def assign_flat_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
     """Vanilla GRPO over trajectories (the flat baseline): the G trajectories of a task form one group on their
-    outcomes, and every memory call of trajectory i takes r = outcome_i and its advantage A_i."""
+    outcomes, and every memory call of trajectory i takes r = outcome_i and its advantage A_i, divided by the
+    trajectory's trained calls m_i under ``flat_weighting: per_trajectory`` (module docstring)."""
     by_id = {n.node_id: n for n in tree.nodes}
     leaves = [n for n in tree.nodes if n.kind == "leaf"]
     outcomes = [leaf.outcome or 0.0 for leaf in leaves]
     advantages = group_advantages(outcomes, cfg.advantage_scale, cfg.eps)
     for leaf, outcome, advantage in zip(leaves, outcomes, advantages, strict=True):
+        chain = []
         node = by_id.get(leaf.parent_id or "")
         while node is not None and node.kind == "memory":
-            node.value, node.reward, node.advantage = outcome, outcome, advantage
+            chain.append(node)
             node = by_id.get(node.parent_id or "")
+        calls = sum((n.call is not None) + len(n.follow_up_calls) for n in chain)
+        share = advantage / max(calls, 1) if cfg.flat_weighting == "per_trajectory" else advantage
+        for node in chain:
+            node.value, node.reward, node.advantage = outcome, outcome, share
     return CreditStats(groups=1, zero_variance_groups=int(is_zero_variance(outcomes)), rewards=outcomes)
 
 
@@ -131,15 +173,22 @@ def assign_batch_credit(
     trees: Sequence[MemoryCallTree], cfg: CreditConfig, *, mode: Literal["tree", "flat"] = "tree", seed: int = 0
 ) -> list[CreditStats]:
     """Credit for one iteration's trees: per tree (:func:`assign_credit`, or :func:`assign_flat_credit` in flat
-    mode), after the ``shuffle_outcomes`` control and before the ``baseline: global`` advantages (module docstring).
-    A shuffled leaf keeps its true outcome in ``metadata["true_outcome"]``."""
+    mode), after the ``shuffle_outcomes`` control (outcomes and committee scores permuted) and before the
+    ``baseline: global`` advantages (module docstring). A shuffled leaf keeps its true outcome in
+    ``metadata["true_outcome"]``."""
     if cfg.shuffle_outcomes:
+        rng = random.Random(seed)
         leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
         outcomes = [leaf.outcome for leaf in leaves]
-        random.Random(seed).shuffle(outcomes)
+        rng.shuffle(outcomes)
         for leaf, outcome in zip(leaves, outcomes, strict=True):
             leaf.metadata = {**leaf.metadata, "true_outcome": leaf.outcome}
             leaf.outcome = outcome
+        scored = [n for t in trees for n in t.nodes if n.kind == "memory" and n.committee_score is not None]
+        scores = [n.committee_score for n in scored]
+        rng.shuffle(scores)
+        for node, score in zip(scored, scores, strict=True):
+            node.committee_score = score
     stats = [assign_credit(t, cfg) if mode == "tree" else assign_flat_credit(t, cfg) for t in trees]
     if cfg.baseline == "global":
         nodes = [n for t in trees for n in t.nodes if n.kind == "memory" and n.reward is not None]

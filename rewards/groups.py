@@ -22,11 +22,24 @@ __all__ = ["credit_and_groups", "pivot_groups", "trees_to_groups"]
 def credit_and_groups(trees: list[MemoryCallTree], credit: CreditConfig, mode: Literal["tree", "flat"],
                       seed: int) -> tuple[list[Group], dict[str, Any]]:
     """OAT credit over one iteration's trees, all workers' together (the batch-level options, ``baseline: global``
-    and ``shuffle_outcomes``, see the whole batch), then the trainer groups in task order, and the credit metrics."""
+    and ``shuffle_outcomes``, see the whole batch), then the trainer groups in task order, and the credit metrics:
+    outcome-informative sibling groups, the outcome-tie fraction among sibling groups, and the identical-sibling
+    fraction (sampled sibling actions merged into an earlier identical one, of all sampled siblings)."""
     stats = assign_batch_credit(trees, credit, mode=mode, seed=seed)
     groups = trees_to_groups(trees, source="oat" if mode == "tree" else "flat")
-    return groups, {"credit_groups": sum(c.groups for c in stats),
-                    "credit_zero_variance_groups": sum(c.zero_variance_groups for c in stats)}
+    ties, informative = sum(c.outcome_tie_groups for c in stats), sum(c.informative_groups for c in stats)
+    branched = sum(int(t.metadata.get("branched_nodes", 0)) for t in trees)
+    metrics: dict[str, Any] = {
+        "credit_groups": sum(c.groups for c in stats),
+        "credit_zero_variance_groups": sum(c.zero_variance_groups for c in stats),
+        "informative_groups": informative,
+        "memory_calls_trained": sum(len(g.samples) for g in groups),
+    }
+    if ties + informative:  # a fraction over no sibling groups is absent, not 0
+        metrics["outcome_tie_fraction"] = ties / (ties + informative)
+    if branched:
+        metrics["identical_sibling_fraction"] = sum(int(t.metadata.get("merged_siblings", 0)) for t in trees) / branched
+    return groups, metrics
 
 
 def trees_to_groups(trees: Sequence[MemoryCallTree], *, source: Literal["oat", "flat"] = "oat") -> list[Group]:

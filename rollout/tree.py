@@ -1,4 +1,5 @@
-"""Memory-call trees (OAT-GRPO rollouts, seed 001 section 2.3) and the flat baseline.
+"""Memory-call trees (OAT-GRPO rollouts: "SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent", arXiv
+2605.24468, section 2.3) and the flat baseline.
 
 **What a node is.** A tree node is one *memory action* as the paper defines it: one consolidation (the cue of one
 page) or one recall (the reconstruction, under one intent, from the pages the agent selected). A recall reads its
@@ -21,6 +22,12 @@ its cousins have got (which the asynchronous scheduler leaves to timing):
 - ``reasoner_token_budget``: the root's allowance of reasoner tokens; a branch spends its allowance on its own
   reasoner calls, branches only while some is left, and its children share what is left equally;
 - ``max_branch_depth``: only the first this many memory actions on a path branch.
+
+**Identical siblings** (``merge_identical_siblings``, on by default). A sampled sibling whose action has the same token
+ids as an earlier sibling's (every model call of it) is the same action: it is merged into that node, its subtree
+moves under it, and V(n) pools both copies' leaves (``metadata["copies"]``). So a Monte-Carlo difference between two
+copies of one text is never trained as a preference; the tree's metadata counts ``branched_nodes`` and
+``merged_siblings``. Dynamic sampling (``informative_groups``) is done by the recipe (:mod:`memrl.train.oat_grpo`).
 
 Flat mode (vanilla GRPO over trajectories): G independent rollouts per task; every trainable action of a trajectory
 is a node of that trajectory's chain and shares its outcome.
@@ -47,13 +54,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import Field
+
 from memrl.data.config import ConfigModel
 from memrl.data.schemas import MemoryCallTree, TokenUsage, TreeNode
 from memrl.data.tracking import progress_bar
 from memrl.rollout.engines.base import Engine, GenerationResult
 from memrl.rollout.loop import EngineSet, PendingCall, Rollout
 
-__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "check_trained_sampling"]
+__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "check_trained_sampling", "merge_identical_siblings"]
 
 
 class TreeConfig(ConfigModel):
@@ -67,6 +76,11 @@ class TreeConfig(ConfigModel):
     reasoner_token_budget: int | None = None  # reasoner tokens per tree, split among siblings; no branching past it
     flat_group_size: int = 4  # G trajectories per task in flat mode
     scheduler: Literal["async", "wavefront"] = "async"  # async: each branch advances when its own call returns
+    # (a Monte-Carlo difference between two copies of one text is never trained as a preference)
+    merge_identical_siblings: bool = True  # siblings with equal token ids are one node whose V(n) pools their leaves
+    # dynamic sampling (DAPO): build more trees until the batch holds this many sibling groups whose V(n) differ
+    informative_groups: int = Field(0, ge=0)  # dynamic sampling: outcome-informative groups wanted per batch (0: off)
+    max_extra_trees: int = Field(0, ge=0)  # dynamic sampling: trees built beyond the iteration's tasks at most
 
 
 def check_trained_sampling(role: str, temperature: float, top_p: float, where: str = "memory.sampling") -> None:
@@ -161,14 +175,54 @@ def build_trees(
             _run_blocking(_run_async(branches, engines, cfg, stats, advance))
     finally:
         bar.close()
-    out = [
-        MemoryCallTree(
+    out = []
+    for t in trees:
+        branched = sum(n.kind == "memory" and n.metadata.get("samples", 1) > 1 for n in t.nodes.values())
+        merged = merge_identical_siblings(t.nodes) if cfg.merge_identical_siblings else 0
+        out.append(MemoryCallTree(
             tree_id=f"{t.task_id}/{cfg.mode}", task_id=t.task_id, root_id="root", nodes=_in_path_order(t.nodes),
-            reasoner_usage=t.usage, config_hash=config_hash, metadata={"mode": cfg.mode},
-        )
-        for t in trees
-    ]
+            reasoner_usage=t.usage, config_hash=config_hash,
+            metadata={"mode": cfg.mode, "branched_nodes": branched, "merged_siblings": merged},
+        ))
     return out, stats
+
+
+def _action_key(node: TreeNode) -> tuple[Any, ...]:
+    """What makes two sibling actions the same action: the token ids of every model call of it (the text, for an
+    engine that returns no token ids, e.g. a scripted expert without a tokenizer)."""
+    if node.call is None:
+        return ("node", node.node_id)
+    return (node.call.role, *((tuple(c.response_ids) or c.text) for c in (node.call, *node.follow_up_calls)))
+
+
+def merge_identical_siblings(nodes: dict[str, TreeNode]) -> int:
+    """Merge sibling memory nodes (one ``group_id``) whose action has the same token ids into the first of them, in
+    place: the copies' children move under it, so V(n) pools every copy's leaves, and their continuation costs add
+    up. ``metadata["copies"]`` counts the samples the node stands for. Returns the number of nodes merged away."""
+    groups: dict[str, list[TreeNode]] = {}
+    for node in nodes.values():
+        if node.kind == "memory" and node.group_id is not None:
+            groups.setdefault(node.group_id, []).append(node)
+    merged = 0
+    for members in groups.values():
+        first_of: dict[tuple[Any, ...], TreeNode] = {}
+        for node in sorted(members, key=lambda n: _path_key(n.node_id)):
+            first = first_of.setdefault(_action_key(node), node)
+            if first is node:
+                continue
+            for child in node.children:
+                nodes[child].parent_id = first.node_id
+            first.children = [*first.children, *node.children]
+            first.reasoner_usage = first.reasoner_usage + node.reasoner_usage
+            first.memory_usage = first.memory_usage + node.memory_usage
+            first.metadata = {**first.metadata, "copies": first.metadata.get("copies", 1) + 1,
+                              "merged": [*first.metadata.get("merged", []), node.node_id]}
+            assert node.parent_id is not None
+            parent = nodes[node.parent_id]
+            parent.children = [c for c in parent.children if c != node.node_id]
+            del nodes[node.node_id]
+            merged += 1
+    return merged
 
 
 Advance = Callable[[_Branch, PendingCall, GenerationResult, int], list[_Branch]]

@@ -95,7 +95,7 @@ class FakeEngine(Engine):
                 else:
                     text = render_tool_call("act", {"action": "tick"})
                 completions.append(
-                    Completion(response_ids=[1, 2], logprobs=[-0.5, -0.25], text=text, finish_reason="stop")
+                    Completion(response_ids=[1, 2 + k], logprobs=[-0.5, -0.25], text=text, finish_reason="stop")
                 )
             out.append(
                 GenerationResult(

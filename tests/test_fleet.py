@@ -201,7 +201,10 @@ def test_two_workers_match_one_and_the_trainer_agrees(ray_cluster: Any, tasks: l
             for mine, ref in zip(metrics[name], metrics["local"], strict=True):
                 assert mine.keys() == ref.keys()
                 for key, value in ref.items():
-                    if not key.endswith("_s"):  # wall-clock figures (seconds, tokens per second) are not results
+                    if key == "optimizer_steps":  # each optimizer step's diagnostics
+                        for step_mine, step_ref in zip(mine[key], value, strict=True):
+                            assert all(abs(step_mine[k] - v) <= 1e-6 for k, v in step_ref.items()), (name, key)
+                    elif not key.endswith("_s"):  # wall-clock figures (seconds, tokens per second) are not results
                         assert abs(mine[key] - value) <= 1e-6, (name, key)
     finally:
         local.close()

@@ -71,8 +71,9 @@ def test_micro_batch_accumulation_equals_one_batch(tiny_model_dir: Path) -> None
     """Accumulated micro-batches give the same loss and the same accumulated gradient (norm) as one batch."""
 
     def one_step(micro: int, aggregation: str) -> dict[str, float]:
-        cfg = GroupTrainerConfig(lr=1e-3, micro_batches=micro, lora=LoraSettings(enabled=False), max_grad_norm=1e9,
-                                 aggregation=aggregation)
+        cfg = GroupTrainerConfig(
+            lr=1e-3, micro_batches=micro, lora=LoraSettings(enabled=False), max_grad_norm=1e9, aggregation=aggregation
+        )
         trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "no", n_groups=3)
         return trainer.step(groups)
@@ -122,5 +123,73 @@ def test_old_logprobs_are_scored_without_dropout(tiny_model_dir: Path) -> None:
 
     trainer._score = recording  # type: ignore[method-assign]
     trainer.step(groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant"))
-    assert modes == [False, False]  # pi_old and pi_ref in eval mode (dropout off)
+    assert modes == [False, False, False]  # pi_old, pi_ref and the KL-to-initial probe in eval mode (dropout off)
     assert trainer.model.training  # the update passes ran in train mode
+
+
+def test_the_loss_that_runs_is_surrogate_loss(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flip the advantage's sign inside memrl.train.surrogate.surrogate_loss: the same update now lowers the better
+    response instead of raising it, so the trainer runs exactly that function."""
+    from memrl.train import surrogate
+
+    def moved(flip: bool) -> float:
+        cfg = GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16))
+        trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
+        groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
+        before = sequence_logprob(trainer, groups[0], 0)
+        if flip:
+            original = surrogate.surrogate_loss
+            monkeypatch.setattr(
+                surrogate, "surrogate_loss", lambda lp, old, adv, *a, **kw: original(lp, old, -adv, *a, **kw)
+            )
+        trainer.step(groups)
+        monkeypatch.undo()
+        return sequence_logprob(trainer, groups[0], 0) - before
+
+    assert moved(flip=False) > 0.1
+    assert moved(flip=True) < -0.1
+
+
+def test_diagnostics_per_optimizer_step_move_after_the_first(tiny_model_dir: Path) -> None:
+    """With several optimizer steps per update, each step's approx_kl / clip fraction / ratio range are measured
+    against the batch's pi_old: the first step sees ratio 1, the later ones the policy the earlier steps moved."""
+    cfg = GroupTrainerConfig(lr=2e-2, update_epochs=2, optimizer_steps_per_epoch=2, lora=LoraSettings(r=8, alpha=16))
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
+    metrics = trainer.step(groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant", 4))
+    steps = metrics["optimizer_steps"]
+    assert len(steps) == 4 and metrics["optimizer_step_count"] == 4 and trainer.updates == 4
+    assert steps[0]["approx_kl"] == pytest.approx(0.0, abs=1e-10) and steps[0]["clip_fraction"] == 0.0
+    assert steps[0]["ratio_min"] == pytest.approx(1.0, abs=1e-5) and steps[0]["ratio_max"] == pytest.approx(
+        1.0, abs=1e-5
+    )
+    assert all(s["approx_kl"] > 1e-6 for s in steps[1:])
+    assert metrics["approx_kl"] > 0 and metrics["approx_kl_max"] == max(s["approx_kl"] for s in steps)
+    assert metrics["ratio_max"] > 1.0 + 1e-4 or metrics["ratio_min"] < 1.0 - 1e-4
+    assert all(0.0 <= s["clip_fraction"] <= 1.0 for s in steps)
+    assert metrics["trained_tokens"] == sum(s["tokens"] for s in steps) / cfg.update_epochs
+
+
+def test_kl_to_the_initial_policy_on_the_probe_grows_from_zero(tiny_model_dir: Path) -> None:
+    """The probe is the first update's rows: before any update its KL is 0; after updates at a high learning rate
+    it is positive; with lr = 0 (the control) it stays 0 and the weights do not move."""
+
+    def probe_kls(lr: float) -> list[float]:
+        cfg = GroupTrainerConfig(lr=lr, lora=LoraSettings(r=8, alpha=16), probe_rows=3)
+        trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
+        groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
+        return [trainer.step(groups)["kl_initial_probe"] for _ in range(2)]
+
+    assert probe_kls(0.0) == pytest.approx([0.0, 0.0], abs=1e-9)
+    moved = probe_kls(5e-3)
+    assert moved[0] > 1e-4 and moved[1] > moved[0]
+
+
+def test_lr_schedule_warms_up_then_decays_to_its_floor() -> None:
+    from memrl.train.group_trainer import lr_factor
+
+    cfg = GroupTrainerConfig(warmup_steps=2, lr_schedule="cosine", lr_decay_steps=4, min_lr_ratio=0.1)
+    factors = [lr_factor(step, cfg) for step in range(8)]
+    assert factors[:3] == pytest.approx([0.5, 1.0, 1.0])
+    assert factors[3] < 1.0 and factors[6:] == pytest.approx([0.1, 0.1])
+    with pytest.raises(ValueError, match="lr_decay_steps"):
+        GroupTrainerConfig(lr_schedule="linear")

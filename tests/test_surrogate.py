@@ -1,4 +1,5 @@
-"""The clipped surrogate against hand-computed values and gradients."""
+"""The training loss (memrl.train.surrogate.surrogate_loss) against hand-computed values and gradients, and the
+readable padded reference of tests/reference_surrogate.py against the same numbers."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import math
 
 import pytest
 import torch
+from reference_surrogate import clipped_surrogate
 
-from memrl.train.surrogate import clipped_surrogate
+from memrl.train.surrogate import surrogate_loss
 
 # Two samples x three token slots; sample 1 has two real tokens. Advantages +1 and -2.
 OLD = torch.tensor([[-1.0, -1.0, -1.0], [-0.5, -0.5, 0.0]])
@@ -45,9 +47,29 @@ def flat(rows: list[list[float]]) -> list[float]:
     return [x for row in rows for x in row]
 
 
+class Out:
+    """The production loss summed over the masked tokens, with the diagnostics the trainer logs."""
+
+    def __init__(self, terms, mask: torch.Tensor) -> None:
+        m = mask.bool()
+        self.loss = terms.weighted[m].sum()
+        self.clip_fraction = float(terms.was_clipped[m].mean())
+        self.kl_ref = float(terms.kl[m].mean()) if terms.kl is not None else 0.0
+        self.tis_weight_mean = float(terms.tis_weight[m].mean()) if terms.tis_weight is not None else 1.0
+
+
+def production(new: torch.Tensor, aggregation: str = "token-mean", clip_high: float = EPS, **kw: object) -> Out:
+    """surrogate_loss on the padded test tensors: per-token advantages and row lengths, the batch's normalizer."""
+    lengths = MASK.sum(-1, keepdim=True).expand_as(MASK)
+    normalizer = float(MASK.sum()) if aggregation == "token-mean" else 2.0
+    terms = surrogate_loss(new, OLD, ADV.unsqueeze(-1).expand_as(NEW), lengths, aggregation=aggregation,
+                           normalizer=normalizer, clip_low=EPS, clip_high=clip_high, **kw)
+    return Out(terms, MASK)
+
+
 def run(aggregation: str, **kw: object) -> tuple[torch.Tensor, torch.Tensor, object]:
     new = NEW.clone().requires_grad_(True)
-    out = clipped_surrogate(new, OLD, ADV, MASK, clip_low=EPS, clip_high=EPS, aggregation=aggregation, **kw)
+    out = production(new, aggregation, **kw)
     out.loss.backward()
     return out.loss.detach(), new.grad, out
 
@@ -72,7 +94,7 @@ def test_sequence_mean_weights_samples_equally() -> None:
 
 def test_asymmetric_clip_range() -> None:
     new = NEW.clone().requires_grad_(True)
-    out = clipped_surrogate(new, OLD, ADV, MASK, clip_low=0.2, clip_high=0.7)  # e^.5 = 1.65 < 1.7: not clipped
+    out = production(new, clip_high=0.7)  # e^.5 = 1.65 < 1.7: not clipped
     out.loss.backward()
     assert new.grad[0, 0].item() == pytest.approx(-1.0 * math.exp(0.5) / 5)
     assert out.clip_fraction == pytest.approx(1 / 5)
@@ -113,3 +135,25 @@ def test_truncated_importance_weights_scale_and_cap() -> None:
     assert loss.item() == pytest.approx(sum(w[i][t] * losses[i][t] for i in range(2) for t in range(3)) / 5)
     assert flat(grad.tolist()) == pytest.approx(flat([[w[i][t] * grads[i][t] / 5 for t in range(3)] for i in range(2)]))
     assert out.tis_weight_mean == pytest.approx((math.exp(0.1) + 2 + 1 + 1 + 1) / 5)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "sequence-mean"])
+def test_production_loss_equals_the_readable_reference(aggregation: str) -> None:
+    ref_lp = torch.tensor([[-0.7, -1.0, -1.0], [-0.2, -1.0, 0.0]])
+    rollout = OLD - torch.tensor([[0.1, 2.0, 0.0], [0.0, 0.3, 0.0]])
+    kw = {"ref_logprobs": ref_lp, "kl_coef": 0.1, "rollout_logprobs": rollout, "tis_cap": 2.0}
+    new_a, new_b = NEW.clone().requires_grad_(True), NEW.clone().requires_grad_(True)
+    ours = production(new_a, aggregation, clip_high=0.28, **kw)
+    theirs = clipped_surrogate(new_b, OLD, ADV, MASK, clip_low=EPS, clip_high=0.28, aggregation=aggregation, **kw)
+    ours.loss.backward()
+    theirs.loss.backward()
+    assert ours.loss.item() == pytest.approx(theirs.loss.item())
+    assert flat(new_a.grad.tolist()) == pytest.approx(flat(new_b.grad.tolist()))
+    assert ours.clip_fraction == pytest.approx(theirs.clip_fraction)
+    assert ours.kl_ref == pytest.approx(theirs.kl_ref)
+    assert ours.tis_weight_mean == pytest.approx(theirs.tis_weight_mean)
+
+
+def test_unknown_aggregation_is_refused() -> None:
+    with pytest.raises(ValueError, match="aggregation"):
+        production(NEW.clone(), "row-sum")

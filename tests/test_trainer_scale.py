@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference_surrogate import clipped_surrogate
 
 from memrl.rollout.models import load_causal_lm
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, split_across_ranks, token_budget_bins
 from memrl.train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs, token_loss_and_logprobs
 from memrl.train.policy import LoraSettings, PolicySpec, response_logprobs
-from memrl.train.surrogate import clipped_surrogate, surrogate_terms, token_weights
+from memrl.train.surrogate import surrogate_loss
 
 # rows of very different lengths: (prompt length, response length)
 SHAPES = [(3, 2), (57, 41), (11, 1), (29, 70)]
@@ -88,22 +89,25 @@ def chunked_loss(model, rows, aggregation, *, packed: bool, fused: bool, chunk: 
             base, _ = response_token_logprobs(
                 packed_hidden_states(model, head, batch), head, batch.targets, chunk_tokens=chunk
             )
-        weights = token_weights(batch.response_lengths, aggregation, norm, "cpu")
+        lengths = torch.tensor(batch.response_lengths)[batch.token_row]
         adv_tok = adv[torch.tensor(ids)][batch.token_row]
 
-        def token_loss(lp, sl, base=base, tokens=tokens, weights=weights, adv_tok=adv_tok):
+        def token_loss(lp, sl, base=base, tokens=tokens, lengths=lengths, adv_tok=adv_tok):
             def shift(k):
                 return base[sl] + flat[k][tokens][sl] + 3.0
 
-            terms = surrogate_terms(
+            terms = surrogate_loss(
                 lp,
                 shift("old"),
                 adv_tok[sl],
+                lengths[sl],
+                aggregation=aggregation,
+                normalizer=norm,
                 ref_logprobs=shift("ref"),
                 rollout_logprobs=shift("rollout"),
                 **SURROGATE,
             )
-            return terms.per_token * weights[sl]
+            return terms.weighted
 
         hidden = packed_hidden_states(model, head, batch)
         loss, _, _ = token_loss_and_logprobs(hidden, head, batch.targets, token_loss, chunk_tokens=chunk, fused=fused)

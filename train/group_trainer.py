@@ -3,7 +3,7 @@
 It consumes :class:`memrl.data.schemas.Group` s: each sample becomes a row (shared prompt ids + response ids, the group
 advantage, the rollout engine's log-probs). Before the update the trainer recomputes the old log-probs (and the KL
 reference's) with the current weights; then it runs ``update_epochs`` passes of ``optimizer_steps_per_epoch``
-optimizer steps, minimising :func:`memrl.train.surrogate.clipped_surrogate`'s loss token by token.
+optimizer steps, minimising :func:`memrl.train.surrogate.surrogate_loss` (the loss that runs).
 
 Memory scales with the response, not the context: a micro-batch is its rows packed end to end without padding
 (:mod:`memrl.train.logprobs`), the LM head runs only on positions that predict response tokens, a chunk of tokens at a
@@ -28,14 +28,30 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from pydantic import Field, model_validator
 
 from memrl.data.config import ConfigModel
 from memrl.data.schemas import Group
-from memrl.train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs, token_loss_and_logprobs
+from memrl.train import surrogate
+from memrl.train.logprobs import (
+    PackedBatch,
+    pack_rows,
+    packed_hidden_states,
+    response_token_logprobs,
+    token_loss_and_logprobs,
+)
 from memrl.train.policy import LoraSettings, PolicySpec, load_policy, save_policy
-from memrl.train.surrogate import Aggregation, SurrogateTerms, surrogate_terms, token_weights
 
-__all__ = ["GroupTrainer", "GroupTrainerConfig", "Row", "make_accelerator", "rows_from_groups"]
+__all__ = [
+    "GroupTrainer",
+    "GroupTrainerConfig",
+    "Row",
+    "batch_metrics",
+    "lr_factor",
+    "make_accelerator",
+    "rows_from_groups",
+    "summarize_steps",
+]
 
 
 class GroupTrainerConfig(ConfigModel):
@@ -46,6 +62,12 @@ class GroupTrainerConfig(ConfigModel):
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
     max_grad_norm: float = 1.0  # gradient-norm clipping threshold
     warmup_steps: int = 0  # linear LR warmup, in optimizer steps (0: none)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"  # after warmup: constant, or a decay
+    lr_decay_steps: int | None = Field(None, ge=1)  # optimizer steps of the decay (then held at its floor)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)  # the decay's floor, as a fraction of lr
+    # the first update's rows are a fixed probe; their tokens were sampled by the initial policy, so the k3 estimate
+    # of KL(pi_initial || pi_theta) on them is unbiased
+    probe_rows: int = Field(32, ge=0)  # rows of the KL-to-initial probe logged as kl_initial_probe (0: off)
     update_epochs: int = 1  # passes over each update's rows
     optimizer_steps_per_epoch: int = 1  # optimizer steps each pass is split into
     # per process and optimizer step (gradient accumulation) when max_tokens_per_micro_batch is None; with a token
@@ -59,7 +81,7 @@ class GroupTrainerConfig(ConfigModel):
     gradient_checkpointing: bool = False  # recompute the layers' activations in backward (long contexts on GPU)
     clip_low: float = 0.2  # eps_low: ratio clipped below at 1 - clip_low
     clip_high: float = 0.2  # eps_high: ratio clipped above at 1 + clip_high
-    aggregation: Aggregation = "token-mean"  # loss mean over all response tokens, or per sequence first
+    aggregation: surrogate.Aggregation = "token-mean"  # loss mean over all response tokens, or per sequence first
     kl_coef: float = 0.0  # beta: weight of the k3 KL to the reference model; 0: off
     # the KL reference: "initial" is the model RL starts from (a LoRA run from an SFT adapter: a frozen copy with
     # policy.adapter merged; a fresh LoRA: its adapter switched off); "initial-adapter" the same model as a frozen
@@ -71,6 +93,23 @@ class GroupTrainerConfig(ConfigModel):
     deepspeed: str | None = None  # a configs/deepspeed name (zero2, zero3, zero2_cpu, ...) or a JSON path
     lora: LoraSettings = LoraSettings()
     seed: int = 0  # RNG seed of the row shuffling
+
+    @model_validator(mode="after")
+    def _decay_has_a_length(self) -> GroupTrainerConfig:
+        if self.lr_schedule != "constant" and self.lr_decay_steps is None:
+            raise ValueError(f"lr_schedule={self.lr_schedule!r} decays over lr_decay_steps optimizer steps: set it")
+        return self
+
+
+def lr_factor(step: int, cfg: GroupTrainerConfig) -> float:
+    """The multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): linear warmup, then the schedule."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant" or cfg.lr_decay_steps is None:
+        return 1.0
+    progress = min((step - cfg.warmup_steps) / cfg.lr_decay_steps, 1.0)
+    shape = 1.0 - progress if cfg.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
 
 @dataclass
@@ -110,6 +149,58 @@ def rows_from_groups(groups: list[Group], *, skip_zero_advantage: bool = True) -
     return rows
 
 
+def batch_metrics(groups: list[Group], rows: list[Row]) -> dict[str, Any]:
+    """What an update is given: groups, rows, rewards, and the advantages of the rows it trains on.
+
+    ``zero_variance_group_fraction`` counts sibling groups whose rewards r tie (the outcome ties, a stricter count,
+    come from credit assignment); a one-sample group (flat mode, Phase 2 follow-ups) carries an advantage computed
+    elsewhere, so the fraction is over groups of two or more and zero advantages are counted apart.
+    ``advantage_mean`` is over trained rows: non-zero when the batch pushes the policy down more than up."""
+    siblings = [g for g in groups if len(g.samples) > 1]
+    samples = [s for g in groups for s in g.samples]
+    metrics: dict[str, Any] = {
+        "groups": float(len(groups)),
+        "single_sample_groups": float(len(groups) - len(siblings)),
+        "zero_advantage_sample_fraction": sum(abs(s.advantage) <= 1e-12 for s in samples) / max(len(samples), 1),
+        "rows": float(len(rows)),
+        "trained_tokens": float(sum(len(r.response_ids) for r in rows)),
+    }
+    if siblings:
+        metrics["zero_variance_group_fraction"] = sum(g.zero_variance for g in siblings) / len(siblings)
+    if rewards := [s.reward for s in samples]:
+        mean = sum(rewards) / len(rewards)
+        metrics["reward_mean"] = mean
+        metrics["reward_std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    if advs := [r.advantage for r in rows]:
+        metrics.update(
+            advantage_mean=sum(advs) / len(advs),
+            advantage_min=min(advs),
+            advantage_max=max(advs),
+            advantage_abs_mean=sum(abs(a) for a in advs) / len(advs),
+        )
+    return metrics
+
+
+def summarize_steps(steps: list[dict[str, float]], *, log_entropy: bool) -> dict[str, float]:
+    """An update's diagnostics over its optimizer steps: token-weighted means, the largest approx_kl and clip
+    fraction of any step, and the ratio range over all of them."""
+    tokens = max(sum(d["tokens"] for d in steps), 1.0)
+    out = {
+        key: sum(d[key] * d["tokens"] for d in steps) / tokens
+        for key in ("approx_kl", "clip_fraction", "kl_ref") + (("entropy",) if log_entropy else ())
+    }
+    out.update(
+        approx_kl_max=max((d["approx_kl"] for d in steps), default=0.0),
+        clip_fraction_max=max((d["clip_fraction"] for d in steps), default=0.0),
+        ratio_min=min((d["ratio_min"] for d in steps), default=1.0),
+        ratio_max=max((d["ratio_max"] for d in steps), default=1.0),
+        loss=sum(d["loss"] for d in steps) / max(len(steps), 1),
+        grad_norm=sum(d["grad_norm"] for d in steps) / max(len(steps), 1),
+        optimizer_step_count=float(len(steps)),
+    )
+    return out
+
+
 def split_across_ranks(ids: list[int], lengths: list[int], world: int) -> list[list[int]]:
     """Rows ``ids`` shared among ``world`` processes, longest first to the process with the fewest tokens so far (the
     same answer on every process)."""
@@ -139,23 +230,28 @@ def token_budget_bins(ids: list[int], lengths: list[int], budget: int) -> list[l
 
 
 @dataclass
-class _TokenTargets:
-    """What a micro-batch's per-token loss compares its log-probs with (flat over its response tokens)."""
+class _MicroBatch:
+    """A micro-batch's packed rows and what its loss compares their log-probs with (flat over response tokens)."""
 
-    cfg: GroupTrainerConfig
+    batch: PackedBatch
     old_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    weights: torch.Tensor  # c_t of memrl.train.surrogate.token_weights (0 in a padding micro-batch)
+    advantages: torch.Tensor  # A_i of each token's row
+    row_lengths: torch.Tensor  # |y_i| of each token's row
     ref_logprobs: torch.Tensor | None
     rollout_logprobs: torch.Tensor | None
+    padding: bool  # an empty micro-batch run for the collectives: its loss is multiplied by 0
 
-    def terms(self, logprobs: torch.Tensor, sl: slice = slice(None)) -> SurrogateTerms:
-        """The surrogate's per-token terms for the tokens ``sl``."""
-        cfg = self.cfg
-        return surrogate_terms(
+    def terms(
+        self, cfg: GroupTrainerConfig, normalizer: float, logprobs: torch.Tensor, sl: slice = slice(None)
+    ) -> surrogate.SurrogateTerms:
+        """:func:`memrl.train.surrogate.surrogate_loss` for the tokens ``sl`` of this micro-batch."""
+        return surrogate.surrogate_loss(
             logprobs,
             self.old_logprobs[sl],
             self.advantages[sl],
+            self.row_lengths[sl],
+            aggregation=cfg.aggregation,
+            normalizer=normalizer,
             clip_low=cfg.clip_low,
             clip_high=cfg.clip_high,
             ref_logprobs=self.ref_logprobs[sl] if self.ref_logprobs is not None else None,
@@ -163,10 +259,6 @@ class _TokenTargets:
             rollout_logprobs=self.rollout_logprobs[sl] if self.rollout_logprobs is not None else None,
             tis_cap=cfg.tis_cap,
         )
-
-    def token_loss(self, logprobs: torch.Tensor, sl: slice) -> torch.Tensor:
-        """c_t * loss_t for the tokens ``sl`` (summed over the micro-batch: its share of the step's loss)."""
-        return self.terms(logprobs, sl).per_token * self.weights[sl]
 
 
 def make_accelerator(cfg: GroupTrainerConfig) -> Any:
@@ -241,15 +333,14 @@ class GroupTrainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         # Not prepared: accelerate's scheduler wrapper steps once per process under DDP; this one is stepped once per
         # optimizer step, and checkpointed with the accelerator state.
-        warmup = max(cfg.warmup_steps, 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
         self.accelerator.register_for_checkpointing(self.scheduler)
         self.version = 0
         self.updates = 0
         self.scored_rows = 0  # rows this process scored in the last step (pi_old; pi_ref scores the same rows)
         self._rng = random.Random(cfg.seed)
+        self._probe: list[Row] = []  # the fixed probe rows and their log-probs under the initial policy
+        self._probe_initial: list[torch.Tensor] = []
 
     # ----------------------------------------------------------------------------------------------------------
     @property
@@ -330,136 +421,174 @@ class GroupTrainer:
             divisor = n_micro
         return float(divisor * self.accelerator.num_processes)
 
-    def step(self, groups: list[Group]) -> dict[str, float]:
-        """One policy update on ``groups``; returns the step's metrics (identical on every process)."""
+    def step(self, groups: list[Group]) -> dict[str, Any]:
+        """One policy update on ``groups``: score pi_old (and pi_ref), then ``update_epochs`` passes of
+        ``optimizer_steps_per_epoch`` optimizer steps over shuffled rows. Returns the update's metrics (identical on
+        every process); ``optimizer_steps`` lists each step's diagnostics against the batch's pi_old."""
         cfg = self.cfg
         start = time.perf_counter()
-        all_rows = rows_from_groups(groups, skip_zero_advantage=cfg.skip_zero_advantage)
-        # A one-sample group (flat mode, Phase 2 follow-ups) carries an advantage computed elsewhere: it has no
-        # variance to speak of, so the fraction is over groups of two or more and zero advantages are counted apart.
-        siblings = [g for g in groups if len(g.samples) > 1]
-        samples = [s for g in groups for s in g.samples]
-        metrics: dict[str, float] = {
-            "groups": float(len(groups)),
-            "single_sample_groups": float(len(groups) - len(siblings)),
-            "zero_advantage_sample_fraction": sum(abs(s.advantage) <= 1e-12 for s in samples) / max(len(samples), 1),
-            "rows": float(len(all_rows)),
-        }
-        if siblings:
-            metrics["zero_variance_group_fraction"] = sum(g.zero_variance for g in siblings) / len(siblings)
-        rewards = [s.reward for g in groups for s in g.samples]
-        if rewards:
-            mean = sum(rewards) / len(rewards)
-            metrics["reward_mean"] = mean
-            metrics["reward_std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-        advs = [r.advantage for r in all_rows]
-        if advs:
-            metrics.update(
-                advantage_mean=sum(advs) / len(advs),
-                advantage_min=min(advs),
-                advantage_max=max(advs),
-                advantage_abs_mean=sum(abs(a) for a in advs) / len(advs),
-            )
-        if not all_rows:
+        rows = rows_from_groups(groups, skip_zero_advantage=cfg.skip_zero_advantage)
+        metrics: dict[str, Any] = batch_metrics(groups, rows)
+        if not rows:
             metrics["skipped"] = 1.0
             return metrics
-        # pi_old and pi_ref without dropout: with it, the ratio would differ from 1 before any update
-        self.model.eval()
-        old = self._score(all_rows, reference=False)
-        ref = self._score(all_rows, reference=True) if cfg.kl_coef else None
-        self.model.train()
+        old, ref = self._score_old_and_ref(rows)
         gaps = [
             (old[i] - torch.tensor(r.rollout_logprobs)).abs().mean().item()
-            for i, r in enumerate(all_rows)
+            for i, r in enumerate(rows)
             if r.rollout_logprobs
         ]
         if gaps:
             metrics["train_rollout_logprob_gap"] = sum(gaps) / len(gaps)
-        sums = {"loss": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "entropy": 0.0, "grad_norm": 0.0}
-        n_steps = tokens = 0
-        order = list(range(len(all_rows)))
-        rank = self.accelerator.process_index
-        head = self._head(self.model)
+        per_step: list[dict[str, float]] = []
+        order = list(range(len(rows)))
         for _ in range(cfg.update_epochs):
             self._rng.shuffle(order)
-            per_step = math.ceil(len(order) / cfg.optimizer_steps_per_epoch)
+            size = math.ceil(len(order) / cfg.optimizer_steps_per_epoch)
             for s in range(cfg.optimizer_steps_per_epoch):
-                step_ids = order[s * per_step : (s + 1) * per_step]
-                if not step_ids:
-                    continue
-                step_rows = [all_rows[i] for i in step_ids]
-                total_tokens = sum(len(r.response_ids) for r in step_rows)
-                norm = float(total_tokens) if cfg.aggregation == "token-mean" else float(len(step_rows))
-                micro_batches = self._micro_batches(step_ids, all_rows)[rank]
-                # Accumulate exactly this step's micro-batches (their count can differ from step to step).
-                self.accelerator.gradient_accumulation_steps = len(micro_batches)
-                self.accelerator.step = 0
-                scale = self._loss_scale(len(micro_batches))
-                shortest = min(step_ids, key=lambda i: len(all_rows[i]))
-                for micro_ids in micro_batches:
-                    dummy = not micro_ids  # runs a forward and a zero-weight backward, like the other processes
-                    ids = micro_ids or [shortest]
-                    rows = [all_rows[i] for i in ids]
-                    batch = pack_rows([(r.prompt_ids, r.response_ids) for r in rows], self.device)
-                    old_lp = torch.cat([old[i] for i in ids]).to(self.device)
-                    ref_lp = torch.cat([ref[i] for i in ids]).to(self.device) if ref is not None else None
-                    with_rollout = all(bool(r.rollout_logprobs) for r in rows)
-                    rollout_lp = (
-                        torch.tensor([x for r in rows for x in r.rollout_logprobs], device=self.device)
-                        if with_rollout
-                        else None
-                    )
-                    adv = torch.tensor([r.advantage for r in rows], device=self.device)[batch.token_row]
-                    weights = token_weights(batch.response_lengths, cfg.aggregation, norm, self.device)
-                    if dummy:
-                        weights = torch.zeros_like(weights)
-
-                    targets = _TokenTargets(cfg, old_lp, adv, weights, ref_lp, rollout_lp)
-                    with self.accelerator.accumulate(self.model):
-                        with self.accelerator.autocast():
-                            hidden = packed_hidden_states(self.model, head, batch)
-                            loss, lp, ent = token_loss_and_logprobs(
-                                hidden,
-                                head,
-                                batch.targets,
-                                targets.token_loss,
-                                chunk_tokens=cfg.logit_chunk_tokens,
-                                with_entropy=cfg.log_entropy and not dummy,
-                            )
-                        self.accelerator.backward(loss * scale)
-                        if self.accelerator.sync_gradients:
-                            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                            sums["grad_norm"] += float(grad_norm) if grad_norm is not None else 0.0
-                            n_steps += 1
-                        self.optimizer.step()
-                        if self.accelerator.sync_gradients:
-                            self.scheduler.step()
-                        self.optimizer.zero_grad()
-                    if not dummy:
-                        with torch.no_grad():
-                            t = targets.terms(lp)
-                        sums["loss"] += float(loss.detach())
-                        sums["clipped"] += float(t.was_clipped.sum())
-                        sums["approx_kl"] += float((0.5 * t.log_ratio.pow(2)).sum())
-                        sums["kl_ref"] += float(t.kl.sum()) if t.kl is not None else 0.0
-                        sums["entropy"] += float(ent.sum()) if ent is not None else 0.0
-                        tokens += int(lp.numel())
-        self.updates += n_steps
+                if step_ids := order[s * size : (s + 1) * size]:
+                    per_step.append(self._optimizer_step(step_ids, rows, old, ref))
+        self.updates += len(per_step)
         self.version += 1
-        all_tokens = max(self._global_sum(tokens), 1)
-        metrics["clip_fraction"] = self._global_sum(sums["clipped"]) / all_tokens
-        metrics["approx_kl"] = self._global_sum(sums["approx_kl"]) / all_tokens
-        metrics["kl_ref"] = self._global_sum(sums["kl_ref"]) / all_tokens
-        if cfg.log_entropy:
-            metrics["entropy"] = self._global_sum(sums["entropy"]) / all_tokens
-        metrics["loss"] = self._global_sum(sums["loss"]) / max(n_steps, 1)
-        metrics["grad_norm"] = sums["grad_norm"] / max(n_steps, 1)
-        metrics["response_length"] = sum(len(r.response_ids) for r in all_rows) / len(all_rows)
-        elapsed = time.perf_counter() - start
-        metrics["train_tokens_per_s"] = self._global_sum(tokens) / max(elapsed, 1e-9)
+        if cfg.probe_rows and not self._probe:
+            self._probe, self._probe_initial = rows[: cfg.probe_rows], old[: cfg.probe_rows]
+        if self._probe:
+            metrics["kl_initial_probe"] = self.probe_kl()
+        metrics.update(summarize_steps(per_step, log_entropy=cfg.log_entropy))
+        metrics["optimizer_steps"] = per_step
+        metrics["response_length"] = sum(len(r.response_ids) for r in rows) / len(rows)
+        metrics["train_tokens_per_s"] = sum(d["tokens"] for d in per_step) / max(time.perf_counter() - start, 1e-9)
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         metrics["policy_version"] = float(self.version)
         return metrics
+
+    def probe_kl(self) -> float:
+        """KL(pi_initial || pi_theta) per token on the fixed probe rows: the k3 estimate e^r - r - 1 with
+        r = log pi_theta - log pi_initial, over tokens the initial policy sampled. The probe is fixed at the first
+        update this trainer makes (after a resume: the resumed policy)."""
+        scored_rows = self.scored_rows  # what the update scored, not the probe
+        self.model.eval()
+        now = self._score(self._probe, reference=False)
+        self.model.train()
+        self.scored_rows = scored_rows
+        r = torch.cat(now) - torch.cat(self._probe_initial)
+        return float((torch.exp(r) - r - 1.0).mean())
+
+    def _score_old_and_ref(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """pi_old (and pi_ref when the KL term is on) of every row, without dropout: with it, the ratio would
+        differ from 1 before any update."""
+        self.model.eval()
+        old = self._score(rows, reference=False)
+        ref = self._score(rows, reference=True) if self.cfg.kl_coef else None
+        self.model.train()
+        return old, ref
+
+    def _micro_batch(
+        self, ids: list[int], rows: list[Row], old: list[torch.Tensor], ref: list[torch.Tensor] | None, padding: bool
+    ) -> _MicroBatch:
+        """Pack rows ``ids`` with their per-token targets."""
+        picked = [rows[i] for i in ids]
+        batch = pack_rows([(r.prompt_ids, r.response_ids) for r in picked], self.device)
+        with_rollout = all(bool(r.rollout_logprobs) for r in picked)
+        return _MicroBatch(
+            batch=batch,
+            old_logprobs=torch.cat([old[i] for i in ids]).to(self.device),
+            advantages=torch.tensor([r.advantage for r in picked], device=self.device)[batch.token_row],
+            row_lengths=torch.tensor(batch.response_lengths, device=self.device)[batch.token_row],
+            ref_logprobs=torch.cat([ref[i] for i in ids]).to(self.device) if ref is not None else None,
+            rollout_logprobs=torch.tensor([x for r in picked for x in r.rollout_logprobs], device=self.device)
+            if with_rollout
+            else None,
+            padding=padding,
+        )
+
+    def _optimizer_step(
+        self, step_ids: list[int], rows: list[Row], old: list[torch.Tensor], ref: list[torch.Tensor] | None
+    ) -> dict[str, float]:
+        """Accumulate the gradient of this process's micro-batches of ``step_ids``, then one optimizer step.
+
+        Returns the step's diagnostics over every process: the loss, approx_kl / clip fraction / ratio range of
+        the log-probs the step's forward saw against pi_old (0 and 1 on the first step of an update, moved after),
+        the KL to the reference, entropy, gradient norm and trained tokens."""
+        cfg = self.cfg
+        step_rows = [rows[i] for i in step_ids]
+        normalizer = float(
+            sum(len(r.response_ids) for r in step_rows) if cfg.aggregation == "token-mean" else len(step_rows)
+        )
+        micro_batches = self._micro_batches(step_ids, rows)[self.accelerator.process_index]
+        # accumulate exactly this step's micro-batches (their count can differ from step to step): accelerate syncs
+        # gradients when its micro-step counter reaches the accumulation count
+        self.accelerator.gradient_accumulation_steps = len(micro_batches)
+        self.accelerator.step = 0
+        scale = self._loss_scale(len(micro_batches))
+        shortest = min(step_ids, key=lambda i: len(rows[i]))
+        sums = dict.fromkeys(("loss", "clipped", "approx_kl", "kl_ref", "entropy", "tokens"), 0.0)
+        ratio_min, ratio_max, grad_norm = math.inf, -math.inf, 0.0
+        for ids in micro_batches:
+            micro = self._micro_batch(ids or [shortest], rows, old, ref, padding=not ids)
+            with self.accelerator.accumulate(self.model):
+                loss, logprobs, entropy = self._micro_batch_loss(micro, normalizer)
+                self.accelerator.backward(loss * scale)
+                if self.accelerator.sync_gradients:
+                    norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                    grad_norm = float(norm) if norm is not None else 0.0
+                self.optimizer.step()
+                if self.accelerator.sync_gradients:
+                    self.scheduler.step()
+                self.optimizer.zero_grad()
+            if micro.padding:
+                continue
+            with torch.no_grad():
+                terms = micro.terms(cfg, normalizer, logprobs)
+            sums["loss"] += float(loss.detach())
+            sums["clipped"] += float(terms.was_clipped.sum())
+            sums["approx_kl"] += float(terms.approx_kl.sum())
+            sums["kl_ref"] += float(terms.kl.sum()) if terms.kl is not None else 0.0
+            sums["entropy"] += float(entropy.sum()) if entropy is not None else 0.0
+            sums["tokens"] += float(logprobs.numel())
+            ratio_min = min(ratio_min, float(terms.log_ratio.min().exp()))
+            ratio_max = max(ratio_max, float(terms.log_ratio.max().exp()))
+        totals = {k: self._global_sum(v) for k, v in sums.items()}
+        tokens = max(totals["tokens"], 1.0)
+        return {
+            "loss": totals["loss"],
+            "approx_kl": totals["approx_kl"] / tokens,
+            "clip_fraction": totals["clipped"] / tokens,
+            "kl_ref": totals["kl_ref"] / tokens,
+            "entropy": totals["entropy"] / tokens,
+            "ratio_min": self._global_extreme(ratio_min, "min"),
+            "ratio_max": self._global_extreme(ratio_max, "max"),
+            "grad_norm": grad_norm,
+            "tokens": totals["tokens"],
+            "rows": float(len(step_rows)),
+        }
+
+    def _micro_batch_loss(self, micro: _MicroBatch, normalizer: float) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """(this micro-batch's share of the step's loss, its detached log-probs, entropies or None): the loss is the
+        sum of :func:`memrl.train.surrogate.surrogate_loss`'s summands, computed chunk by chunk with the LM head."""
+        cfg = self.cfg
+        weight = 0.0 if micro.padding else 1.0  # a padding micro-batch runs forward and backward with no effect
+
+        def token_loss(logprobs: torch.Tensor, sl: slice) -> torch.Tensor:
+            return micro.terms(cfg, normalizer, logprobs, sl).weighted * weight
+
+        with self.accelerator.autocast():
+            hidden = packed_hidden_states(self.model, self._head(self.model), micro.batch)
+            return token_loss_and_logprobs(
+                hidden,
+                self._head(self.model),
+                micro.batch.targets,
+                token_loss,
+                chunk_tokens=cfg.logit_chunk_tokens,
+                with_entropy=cfg.log_entropy and not micro.padding,
+            )
+
+    def _global_extreme(self, value: float, how: Literal["min", "max"]) -> float:
+        """The min or max of ``value`` over processes (a process with no tokens reports +-inf)."""
+        if self.accelerator.num_processes == 1:
+            return value
+        gathered = self.accelerator.gather(torch.tensor([value], dtype=torch.float64, device=self.device))
+        return float(gathered.max() if how == "max" else gathered.min())
 
     # ----------------------------------------------------------------------------------------------------------
     def rng_state(self) -> Any:

@@ -1,4 +1,5 @@
-"""``memrl train oat-grpo``: OAT-GRPO for the SAM memory model (seed 001 section 2.3).
+"""``memrl train oat-grpo``: OAT-GRPO for the SAM memory model ("SAM: State-Adaptive Memory for Long-Horizon
+Reasoning Agent", arXiv 2605.24468, section 2.3).
 
 Each iteration builds memory-call trees with the current policy in the rollout engines (the frozen reasoner continues
 every sibling), scores sibling groups with the committee (shared per parent context, cached), assigns OAT credit
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,12 +31,12 @@ from pydantic import Field, model_validator
 
 from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
 from memrl.data.io import atomic_write_text, write_jsonl
-from memrl.data.schemas import Group, MemoryCallTree
+from memrl.data.schemas import MemoryCallTree
 from memrl.data.tasks import SAM_FAMILIES, TaskSetConfig, load_tasks
 from memrl.data.tasks.sam import SamTask
 from memrl.data.tracking import MetricsLogger
 from memrl.rewards.committee import Committee, CommitteeConfig
-from memrl.rewards.credit import CreditConfig
+from memrl.rewards.credit import CreditConfig, informative_groups
 from memrl.rewards.groups import credit_and_groups
 from memrl.rollout.agents import sam_rollout
 from memrl.rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
@@ -47,7 +49,7 @@ from memrl.rollout.memory.sam import SamConfig
 from memrl.rollout.tree import TreeConfig, check_trained_sampling
 from memrl.rollout.worker import Scorer, WorkerSpec
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
-from memrl.train.online import LoopConfig, run_online_loop, shared_run_dir
+from memrl.train.online import LoopConfig, OnlineLoop, shared_run_dir, stale_sampling_tis
 from memrl.train.policy import PolicySpec
 from memrl.train.weight_sync import InMemoryWeightSync
 
@@ -92,6 +94,8 @@ class OATGRPOConfig(ConfigModel):
         for role in self.tree.branch_roles:
             sampling = self.memory.sampling.get(role, RoleSampling())
             check_trained_sampling(role, sampling.temperature, sampling.top_p)
+        if (trainer := stale_sampling_tis(self.trainer, self.loop)) is not self.trainer:
+            self.trainer = trainer  # k >= 1: truncated IS on, and config.yaml shows it
         return self
 
 
@@ -233,18 +237,20 @@ class SamTreeRollout:
         return sam_rollout(task, self.memory, seed=seed, rollout_id=rollout_id)
 
 
-def collection_metrics(batch: list[SamTask], result: FleetResult, groups: list[Group]) -> dict[str, Any]:
-    """An iteration's metrics from the trees the fleet built (summed over workers where the workers report)."""
-    leaves = [n for t in result.trees for n in t.nodes if n.kind == "leaf"]
+def collection_metrics(batch: list[SamTask], results: list[FleetResult]) -> dict[str, Any]:
+    """An iteration's metrics from the trees the fleet built (summed over workers and dynamic-sampling rounds)."""
+    trees = [t for r in results for t in r.trees]
+    leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
     metrics: dict[str, Any] = {
         "tasks": [t.task_id for t in batch],  # the data order, checked against an uninterrupted run on resume
         "success": sum(n.metadata.get("true_outcome", n.outcome) or 0.0 for n in leaves) / max(len(leaves), 1),
         "leaves": len(leaves),
-        "reasoner_tokens": sum(t.reasoner_usage.spent for t in result.trees),
-        "memory_calls_trained": sum(len(g.samples) for g in groups),
-        "rerun_tasks": result.reruns,
-        **result.metrics,
+        "reasoner_tokens": sum(t.reasoner_usage.spent for t in trees),
+        "rerun_tasks": sum(r.reruns for r in results),
     }
+    for r in results:
+        for key, value in r.metrics.items():
+            metrics[key] = metrics.get(key, 0) + value if isinstance(value, (int, float)) else value
     if "committee_scores" in metrics:
         total, count = metrics.pop("committee_score_sum"), metrics.pop("committee_scores")
         if count:  # a mean over nothing is absent, not 0
@@ -252,22 +258,50 @@ def collection_metrics(batch: list[SamTask], result: FleetResult, groups: list[G
     return metrics
 
 
+def extra_tasks(tasks: list[SamTask], taken: set[str], size: int, seed: int, iteration: int,
+                round_: int) -> list[SamTask]:
+    """Dynamic sampling's next tasks: ``size`` training tasks not yet in the iteration, a pure function of (seed,
+    iteration, round) so a resumed run draws the same."""
+    free = [t for t in tasks if t.task_id not in taken]
+    random.Random((seed * 1_000_003 + iteration) * 101 + round_).shuffle(free)
+    return free[:size]
+
+
 @dataclass
 class _Collected:
-    """An iteration's trees in flight; :meth:`result` gives the loop its groups and metrics."""
+    """An iteration's trees in flight; :meth:`result` waits for them and, with dynamic sampling on
+    (``tree.informative_groups``), builds more trees until the batch holds that many outcome-informative sibling
+    groups or ``tree.max_extra_trees`` extra trees were built (what it stopped at is logged)."""
 
     pending: Any
     batch: list[SamTask]
-    trees_path: Path
-    credit: CreditConfig
-    mode: Literal["tree", "flat"]
+    more: Callable[[int, list[SamTask]], Any]  # (round, tasks) -> trees in flight
+    pool: list[SamTask]
+    tree: TreeConfig
     seed: int
+    iteration: int
 
-    def result(self) -> tuple[list, dict[str, Any]]:
-        result: FleetResult = self.pending.result()
-        groups, credit_metrics = credit_and_groups(result.trees, self.credit, self.mode, self.seed)
-        write_jsonl(self.trees_path, result.trees)
-        return groups, {**collection_metrics(self.batch, result, groups), **credit_metrics}
+    def result(self) -> tuple[list[MemoryCallTree], dict[str, Any]]:
+        results: list[FleetResult] = [self.pending.result()]
+        trees = list(results[0].trees)
+        taken = {t.task_id for t in self.batch}
+        informative, extra, rounds = informative_groups(trees), 0, 0
+        while informative < self.tree.informative_groups and extra < self.tree.max_extra_trees:
+            rounds += 1
+            size = min(len(self.batch), self.tree.max_extra_trees - extra)
+            tasks = extra_tasks(self.pool, taken, size, self.seed, self.iteration, rounds)
+            if not tasks:
+                break
+            results.append(self.more(rounds, tasks).result())
+            taken.update(t.task_id for t in tasks)
+            trees += results[-1].trees
+            extra += len(tasks)
+            informative = informative_groups(trees)
+        metrics = collection_metrics(self.batch, results)
+        if self.tree.informative_groups:
+            metrics.update(extra_trees=extra, dynamic_sampling_rounds=rounds,
+                           informative_groups_short=max(self.tree.informative_groups - informative, 0))
+        return trees, metrics
 
 
 def use_in_memory_sync(cfg: OATGRPOConfig, gpu: bool) -> bool:
@@ -302,14 +336,71 @@ def run_oat_grpo(cfg: OATGRPOConfig) -> int:
     return 0
 
 
-def train_oat_grpo(
-    cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None, eval_tasks: list[SamTask] | None = None,
-    accelerator: Any = None, initial_eval: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The loop behind ``memrl train oat-grpo`` (also called by the quickstart, which passes its own logger and a
-    held-out set spanning several horizons); returns a summary dict. ``initial_eval``: the starting policy's held-out
-    figures when the caller already has them (a benchmark starting many runs from one checkpoint), used instead of
-    evaluating it again."""
+@dataclass
+class OATRun:
+    """What an OAT-GRPO run holds across iterations (torchtune's recipe state), built by :func:`setup_oat_grpo`:
+    the trainer, the rollout fleet (main process only), the task sets, the logger and the loop's bookkeeping."""
+
+    cfg: OATGRPOConfig
+    run_dir: Path
+    trainer: GroupTrainer
+    fleet: Any
+    loop: OnlineLoop
+    train_tasks: list[SamTask]
+    eval_tasks: list[SamTask]
+    logger: MetricsLogger
+    own_logger: bool
+    last_eval: dict[str, Any]
+
+    def launch(self, iteration: int) -> _Collected | tuple[list, dict[str, Any]]:
+        """Start building iteration ``iteration``'s trees on the fleet (nothing once the reasoner budget is spent)."""
+        cfg = self.cfg
+        if cfg.reasoner_token_budget is not None and self.spent_before(iteration) >= cfg.reasoner_token_budget:
+            return [], {"budget_exhausted": 1}  # no rollouts, no update: the equal-budget comparisons stop here
+        batch = iteration_batch(self.train_tasks, cfg.tasks_per_iteration, cfg.run.seed, iteration)
+        rollout, seed = SamTreeRollout(cfg.memory), job_seed(cfg, iteration)
+
+        def more(round_: int, tasks: list[SamTask]) -> Any:
+            return self.fleet.submit(iteration, tasks, seed + 104_729 * round_, rollout)
+
+        return _Collected(self.fleet.submit(iteration, batch, seed, rollout), batch, more, self.train_tasks,
+                          cfg.tree, cfg.run.seed, iteration)
+
+    def spent_before(self, iteration: int) -> int:
+        """Reasoner tokens spent on training rollouts before ``iteration`` (from metrics.jsonl: survives a resume,
+        which truncates the log to the checkpoint first)."""
+        path = self.run_dir / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        return sum(int(r.get("reasoner_tokens", 0)) for r in rows if 0 <= r.get("step", -1) < iteration)
+
+    def evaluate(self, iteration: int) -> dict[str, Any]:
+        """Held-out success of the current policy (reused when no update ran since the last evaluation)."""
+        if self.last_eval.get("version") == self.trainer.version:  # no update since (budget spent): the same policy
+            return dict(self.last_eval["result"])
+        cfg, tasks = self.cfg, self.eval_tasks
+        result = self.fleet.call_one(lambda engine, reasoner: summarize_eval(evaluate_sam_memory(
+            tasks, engine, cfg.memory, samples=cfg.eval_samples, reasoner=reasoner, seed=cfg.run.seed)))
+        self.last_eval.update(version=self.trainer.version, result=result)
+        return result
+
+    def close(self) -> None:
+        """Finish the logger this run opened and release the fleet."""
+        if self.own_logger:
+            self.logger.close()
+        if self.fleet is not None:
+            self.fleet.close()
+
+
+def job_seed(cfg: OATGRPOConfig, iteration: int) -> int:
+    """The seed of an iteration's rollouts and of its credit's controls."""
+    return cfg.run.seed * 7919 + iteration
+
+
+def setup_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None,
+                   eval_tasks: list[SamTask] | None = None, accelerator: Any = None,
+                   initial_eval: dict[str, Any] | None = None) -> OATRun:
+    """The trainer, the engines (a fleet of rollout workers, each building trees and scoring them with the
+    committee), the task sets and the loop of an OAT-GRPO run."""
     trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
     main = trainer.accelerator.is_main_process
     gpu = torch.cuda.is_available()
@@ -327,50 +418,46 @@ def train_oat_grpo(
         weight_transfer="nccl" if in_memory else None,
     )
     fleet = build_fleet(spec, cfg.fleet, cfg.placement.policy) if main else None
-    train_tasks = load_sam_tasks(cfg.train_tasks, "train")
-    eval_tasks = eval_tasks if eval_tasks is not None else load_sam_tasks(cfg.eval_tasks, "eval")
-    make_rollout = SamTreeRollout(cfg.memory)
     own_logger = logger is None
     logger = logger or MetricsLogger(run_dir, cfg.run.wandb if main else None, cfg.model_dump(mode="json"),
                                      name=run_dir.name, console=main)
+    loop = OnlineLoop(trainer=trainer, engine=fleet, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
+                      logger=logger, desc="oat-grpo", attach={"reward_cache": Path(str(settings.cache_dir))},
+                      in_memory=InMemoryWeightSync(trainer, fleet) if in_memory else None)
+    last_eval = {} if initial_eval is None else {"version": trainer.version, "result": initial_eval}
+    return OATRun(cfg, run_dir, trainer, fleet, loop, load_sam_tasks(cfg.train_tasks, "train"),
+                  eval_tasks if eval_tasks is not None else load_sam_tasks(cfg.eval_tasks, "eval"), logger,
+                  own_logger, last_eval)
 
-    def spent_before(iteration: int) -> int:
-        """Reasoner tokens the run spent on training rollouts before ``iteration`` (from metrics.jsonl: survives a
-        resume, which truncates the log to the checkpoint first)."""
-        path = run_dir / "metrics.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-        return sum(int(r.get("reasoner_tokens", 0)) for r in rows if 0 <= r.get("step", -1) < iteration)
 
-    def collect(iteration: int) -> _Collected | tuple[list, dict[str, Any]]:
-        assert fleet is not None
-        if cfg.reasoner_token_budget is not None and spent_before(iteration) >= cfg.reasoner_token_budget:
-            return [], {"budget_exhausted": 1}  # no rollouts, no update: the equal-budget comparisons stop here
-        batch = iteration_batch(train_tasks, cfg.tasks_per_iteration, cfg.run.seed, iteration)
-        job_seed = cfg.run.seed * 7919 + iteration
-        pending = fleet.submit(iteration, batch, job_seed, make_rollout)
-        return _Collected(pending, batch, run_dir / "trees_last.jsonl", cfg.credit, cfg.tree.mode, job_seed)
-
-    memory_cfg, samples, seed = cfg.memory, cfg.eval_samples, cfg.run.seed
-    last_eval: dict[str, Any] = {} if initial_eval is None else {"version": trainer.version, "result": initial_eval}
-
-    def evaluate(iteration: int) -> dict[str, Any]:
-        assert fleet is not None
-        if last_eval.get("version") == trainer.version:  # no update since (budget spent): the same policy
-            return dict(last_eval["result"])
-        result = fleet.call_one(lambda engine, reasoner: summarize_eval(evaluate_sam_memory(
-            eval_tasks, engine, memory_cfg, samples=samples, reasoner=reasoner, seed=seed)))
-        last_eval.update(version=trainer.version, result=result)
-        return result
-
-    result = run_online_loop(trainer=trainer, engine=fleet, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
-                             collect=collect, evaluate=evaluate, logger=logger, desc="oat-grpo",
-                             attach={"reward_cache": Path(str(settings.cache_dir))},
-                             in_memory=InMemoryWeightSync(trainer, fleet) if in_memory else None)
-    if own_logger:
-        logger.close()
-    if fleet is not None:
-        fleet.close()
+def train_oat_grpo(
+    cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None, eval_tasks: list[SamTask] | None = None,
+    accelerator: Any = None, initial_eval: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The loop behind ``memrl train oat-grpo`` (also called by the quickstart, which passes its own logger and a
+    held-out set spanning several horizons); returns a summary dict. ``initial_eval``: the starting policy's held-out
+    figures when the caller already has them (a benchmark starting many runs from one checkpoint), used instead of
+    evaluating it again. One iteration: collect -> credit -> groups -> update -> sync -> log -> checkpoint."""
+    run = setup_oat_grpo(cfg, run_dir, logger=logger, eval_tasks=eval_tasks, accelerator=accelerator,
+                         initial_eval=initial_eval)
+    loop, main = run.loop, run.trainer.accelerator.is_main_process
+    try:
+        for iteration in loop.start(run.launch, run.evaluate):
+            # collect: trees under the current policy (k ahead with max_staleness), dynamic sampling included
+            trees, metrics = loop.collected(iteration, run.launch)
+            groups, credit = None, {}
+            if main:
+                # credit: V(n), c(n), r(n) and sibling advantages over the whole batch; groups: the trainer's rows
+                groups, credit = credit_and_groups(trees, cfg.credit, cfg.tree.mode, job_seed(cfg, iteration))
+                if trees:
+                    write_jsonl(run_dir / "trees_last.jsonl", trees)
+            update = loop.update(groups)  # every process: pi_old / pi_ref scoring, optimizer steps
+            sync = loop.sync(iteration)  # the new policy into the engines
+            loop.log(iteration, {**metrics, **credit, **update, **sync}, run.evaluate)  # held-out eval when due
+            loop.checkpoint(iteration)
+    finally:
+        run.close()
+    result = loop.result()
     return {"iterations_run": result.iterations_run, "updates": result.updates, "policy_dir": result.policy_dir,
             "policy_version": result.policy_version, "history": result.history, "evals": result.evals,
-            "lora": trainer.is_peft}
-
+            "lora": run.trainer.is_peft}

@@ -6,6 +6,11 @@ policy with the group trainer, sync the new weights into the engine, which wakes
 in-place reload of full weights), evaluate every ``eval_every`` iterations, checkpoint every ``checkpoint_every``
 iterations.
 
+A recipe writes its iteration itself over :class:`OnlineLoop`, which keeps the bookkeeping (launching collections
+ahead, staleness, syncing, evaluation, logging, checkpoints and resume): OAT-GRPO's ``train_oat_grpo`` reads collect
+-> credit -> groups -> update -> sync -> log -> checkpoint. :func:`run_online_loop` is that loop for a recipe whose
+collection already returns groups (pivot-turn GRPO). Engines are anything with the :class:`PolicyEngine` methods.
+
 Rollouts are driven by the main process: its own policy engine, or a fleet of rollout workers on every node
 (:mod:`memrl.rollout.fleet`; ``collect`` then returns a collection in flight, anything with ``.result()``); the groups
 are broadcast to every training process as JSON, and the trainer shards them. So N processes make the same update as
@@ -14,7 +19,8 @@ one. Every sample records the policy version that produced it.
 Bounded staleness (``max_staleness: k``): the collection of iteration ``i + k`` is launched under the policy of
 iteration ``i``, before its update, so with a fleet it runs while the trainer updates (k = 1: one-step-off). Every
 tree is built under one policy version (a worker runs a weight sync only between jobs); truncated importance sampling
-is switched on; the staleness of each update is logged. k = 0 is the synchronous loop. The weights reach the engines
+is on (the recipe configs resolve ``trainer.tis_cap`` with :func:`stale_sampling_tis`; the loop refuses a stale run
+without it); the staleness of each update is logged. k = 0 is the synchronous loop. The weights reach the engines
 through ``policy/vNNNNN`` (LoRA adapters; full weights on CPU), or in memory by NCCL broadcast on GPUs
 (train/weight_sync.py); only the newest ``keep_policy_versions`` version directories are kept.
 
@@ -35,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 
@@ -44,10 +50,30 @@ from memrl.data.run_dir import prepare_run_dir
 from memrl.data.schemas import Group
 from memrl.data.tracking import MetricsLogger, progress_bar
 from memrl.train.checkpoint import CheckpointManager
-from memrl.train.group_trainer import GroupTrainer
+from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
 
-__all__ = ["LoopConfig", "LoopResult", "broadcast_groups", "prune_policy_versions", "run_online_loop", "shared_run_dir",
-           "sync_policy"]
+__all__ = ["LoopConfig", "LoopResult", "OnlineLoop", "PolicyEngine", "WeightSender", "broadcast_groups",
+           "prune_policy_versions", "run_online_loop", "shared_run_dir", "stale_sampling_tis", "sync_policy"]
+
+
+class PolicyEngine(Protocol):
+    """What the loop needs of the policy's rollout engine, or of a fleet of them (memrl.rollout.fleet)."""
+
+    def load_adapter(self, path: str, version: int) -> None:
+        """Hot-swap to the LoRA adapter saved at ``path`` as policy version ``version``."""
+
+    def update_weights(self, path: str, version: int) -> None:
+        """Reload full weights from ``path`` as policy version ``version``."""
+
+    def sleep(self) -> None:
+        """Release accelerator memory until the next weight load (a no-op where nothing is held)."""
+
+
+class WeightSender(Protocol):
+    """The in-memory weight sync of full weights (memrl.train.weight_sync.InMemoryWeightSync)."""
+
+    def send(self, saved_dir: str | None) -> None:
+        """Broadcast the trainer's weights to the engines (``saved_dir``: where they were also written)."""
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +131,8 @@ def shared_run_dir(cfg: ConfigModel, run: RunConfig, command: str, state: Any) -
     return Path(str(payload[0]))
 
 
-def sync_policy(trainer: GroupTrainer, engine: Any, root: str | Path, in_memory: Any = None, *,
-                save: bool = True) -> str:
+def sync_policy(trainer: GroupTrainer, engine: PolicyEngine | None, root: str | Path,
+                in_memory: WeightSender | None = None, *, save: bool = True) -> str:
     """Give the rollout engine (or fleet) the trainer's policy as version ``trainer.version``: full weights in
     memory when ``in_memory`` (a :class:`memrl.train.weight_sync.InMemoryWeightSync`) is given, else through the
     version's directory under ``root`` (adapter or full weights). ``save`` also writes the directory on the in-memory
@@ -123,7 +149,7 @@ def sync_policy(trainer: GroupTrainer, engine: Any, root: str | Path, in_memory:
     return out
 
 
-def load_policy_version(engine: Any, directory: str, version: int, adapter: bool) -> None:
+def load_policy_version(engine: PolicyEngine | None, directory: str, version: int, adapter: bool) -> None:
     """Load a saved policy version into the rollout engine (or every worker of a fleet)."""
     if adapter:
         engine.load_adapter(directory, version)
@@ -139,8 +165,8 @@ def prune_policy_versions(root: Path, keep: int, protect: set[int]) -> None:
             shutil.rmtree(root / f"v{version:05d}", ignore_errors=True)
 
 
-def _result(collection: Any) -> tuple[list[Group], dict[str, Any]]:
-    """A collection's groups and metrics: ``collect`` returns them, or a collection in flight to wait for."""
+def _result(collection: Any) -> tuple[Any, dict[str, Any]]:
+    """A collection's payload and metrics: ``launch`` returns them, or a collection in flight to wait for."""
     return collection.result() if callable(getattr(collection, "result", None)) else collection
 
 
@@ -155,102 +181,182 @@ def broadcast_groups(groups: list[Group] | None, accelerator: Any) -> list[Group
     return [Group.model_validate(g) for g in json.loads(payload[0])]
 
 
+def stale_sampling_tis(trainer: GroupTrainerConfig, loop: LoopConfig) -> GroupTrainerConfig:
+    """The trainer config a loop with ``max_staleness`` > 0 needs: samples up to k versions old are weighted by
+    pi_old / pi_rollout, so truncated importance sampling is switched on (cap :data:`STALE_TIS_CAP`) unless set.
+    Recipes resolve it in their config validator, so the run's config.yaml shows it."""
+    if loop.max_staleness and trainer.tis_cap is None:
+        return trainer.model_copy(update={"tis_cap": STALE_TIS_CAP})
+    return trainer
+
+
+Launch = Callable[[int], Any]  # iteration -> (payload, metrics), or a collection in flight with .result()
+Evaluate = Callable[[int], dict[str, Any]]
+
+
+class OnlineLoop:
+    """The bookkeeping of an online RL loop, for a recipe that writes its iteration itself (module docstring)::
+
+        for iteration in loop.start(launch, evaluate):
+            payload, metrics = loop.collected(iteration, launch)   # collect (launching k ahead)
+            groups = ...                                            # the recipe's credit -> groups
+            update = loop.update(groups)                            # broadcast, engine asleep, trainer.step
+            sync = loop.sync(iteration)                             # new weights into the engines
+            loop.log(iteration, {**metrics, **update, **sync}, evaluate)
+            loop.checkpoint(iteration)
+        result = loop.result()
+
+    ``launch(iteration)`` runs on the main process only; ``payload`` is None on the others.
+    """
+
+    def __init__(self, *, trainer: GroupTrainer, engine: PolicyEngine | None, cfg: LoopConfig, run_dir: Path,
+                 resume: bool, logger: MetricsLogger, desc: str = "rl", attach: dict[str, Path] | None = None,
+                 in_memory: WeightSender | None = None) -> None:
+        if cfg.max_staleness and trainer.cfg.tis_cap is None:
+            raise ConfigError(f"loop.max_staleness={cfg.max_staleness} trains on samples from older policies: set "
+                              f"trainer.tis_cap (memrl.train.online.stale_sampling_tis gives {STALE_TIS_CAP})")
+        self.trainer, self.engine, self.cfg, self.resume = trainer, engine, cfg, resume
+        self.logger, self.desc, self.attach, self.in_memory = logger, desc, attach, in_memory
+        self.main = trainer.accelerator.is_main_process
+        self.ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
+        self.policy_root = run_dir / "policy"
+        self.first = 0
+        self.history: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
+        self.in_flight: dict[int, Any] = {}  # iteration -> its collection, launched before its turn when k >= 1
+        self.launched: dict[int, int] = {}  # iteration -> the policy version its collection was launched under
+        self.policy_dir = ""
+        self._t0 = 0.0
+        self._bar: Any = None
+
+    def start(self, launch: Launch, evaluate: Evaluate | None) -> Any:
+        """Resume (or start afresh), give the engines the starting policy, evaluate it; the iterations to run."""
+        trainer, acc = self.trainer, self.trainer.accelerator
+        if self.resume and (latest := self.ckpt.latest()) is not None:
+            state = self.ckpt.load(latest, acc, self.attach)
+            self.first = state["iteration"] + 1
+            trainer.version, trainer.updates = state["policy_version"], state["updates"]
+            self.history, self.evals = state.get("history", []), state.get("evals", [])
+            trainer.set_rng_state(state["trainer_rng"])
+            if self.main:
+                self.logger.truncate_after(state["iteration"])
+                log.info(f"[{self.desc}] resumed from {latest.name}: continuing at iteration {self.first}")
+            # relaunch the collections that were in flight, each under the version it had in the uninterrupted run
+            for iteration, version in sorted((int(i), v) for i, v in state.get("launched", {}).items()):
+                if self.main:
+                    load_policy_version(self.engine, str(self.policy_root / f"v{version:05d}"), version,
+                                        trainer.is_peft)
+                    self.in_flight[iteration] = launch(iteration)
+                self.launched[iteration] = version
+        elif self.main:
+            # A start from scratch (also a --resume that finds no complete checkpoint, e.g. after a kill during the
+            # first checkpoint write) logs every step again, the eval before training (step -1) included.
+            self.logger.truncate_after(-2)
+        self.policy_dir = sync_policy(trainer, self.engine, self.policy_root, self.in_memory,
+                                      save=self.cfg.max_staleness > 0)
+        if self.first == 0 and evaluate is not None and self.main:
+            self.evals.append({"iteration": -1, **evaluate(-1)})
+            self.logger.log(-1, {f"eval/{k}": v for k, v in self.evals[-1].items() if k != "iteration"})
+        self._bar = progress_bar(range(self.first, self.cfg.iterations), desc=self.desc, disable=not self.main,
+                                 initial=self.first, total=self.cfg.iterations)
+        return self._bar
+
+    def collected(self, iteration: int, launch: Launch) -> tuple[Any, dict[str, Any]]:
+        """Launch this iteration's collection and, with k >= 1, the next k under the current policy (a fleet builds
+        them while the trainer updates); wait for this iteration's. Metrics gain ``rollout_s``."""
+        self._t0 = time.perf_counter()
+        for ahead in range(iteration, min(iteration + self.cfg.max_staleness, self.cfg.iterations - 1) + 1):
+            if ahead not in self.launched:
+                if self.main:
+                    self.in_flight[ahead] = launch(ahead)
+                self.launched[ahead] = self.trainer.version
+        payload, metrics = _result(self.in_flight.pop(iteration)) if self.main else (None, {})
+        collected_under = self.launched.pop(iteration)
+        return payload, {**metrics, "policy_version_collected": collected_under,
+                         "rollout_s": time.perf_counter() - self._t0}
+
+    def update(self, groups: list[Group] | None) -> dict[str, Any]:
+        """Every process gets the main process's groups; the engine sleeps (colocated on GPU, synchronous loop);
+        the trainer takes one update. Returns its metrics with the staleness of the samples."""
+        trainer = self.trainer
+        groups = broadcast_groups(groups, trainer.accelerator)
+        versions = [s.policy_version for g in groups for s in g.samples]
+        staleness = {"staleness_max": trainer.version - min(versions, default=trainer.version),
+                     "staleness_mean": trainer.version - sum(versions) / len(versions) if versions else 0.0,
+                     "mixed_version_groups": sum(len({s.policy_version for s in g.samples}) > 1 for g in groups)}
+        if self.engine is not None and not self.cfg.max_staleness:  # free the engine's GPU memory for the update
+            self.engine.sleep()  # (the sync wakes it); with k >= 1 the engines keep generating during the update
+        return {**trainer.step(groups), **staleness}
+
+    def sync(self, iteration: int) -> dict[str, Any]:
+        """The updated policy into the engines (written to disk with k >= 1 and at the last iteration); old
+        version directories pruned, except those a resume would relaunch collections under."""
+        t_sync = time.perf_counter()
+        last = iteration == self.cfg.iterations - 1
+        self.policy_dir = sync_policy(self.trainer, self.engine, self.policy_root, self.in_memory,
+                                      save=self.cfg.max_staleness > 0 or last)
+        sync_s = time.perf_counter() - t_sync
+        if self.main:
+            prune_policy_versions(self.policy_root, self.cfg.keep_policy_versions,
+                                  set(self.launched.values()) | {self.trainer.version})
+        return {"sync_s": sync_s}
+
+    def log(self, iteration: int, record: dict[str, Any], evaluate: Evaluate | None) -> dict[str, Any]:
+        """Evaluate every ``eval_every`` iterations (and after the last); log the record; keep its numbers."""
+        record = {**record, "iteration_s": time.perf_counter() - self._t0, "updates": self.trainer.updates}
+        last = iteration == self.cfg.iterations - 1
+        due = last or (self.cfg.eval_every and (iteration + 1) % self.cfg.eval_every == 0)
+        if evaluate is not None and self.main and due:
+            self.evals.append({"iteration": iteration, **evaluate(iteration)})
+            record.update({f"eval/{k}": v for k, v in self.evals[-1].items() if k != "iteration"})
+        self.history.append({"iteration": iteration,
+                             **{k: v for k, v in record.items() if isinstance(v, (int, float))}})
+        if self.main:
+            self.logger.log(iteration, record)
+            self._bar.set_postfix(reward=f"{record.get('reward_mean', float('nan')):.3f}")
+        return record
+
+    def checkpoint(self, iteration: int) -> None:
+        """Every ``checkpoint_every`` iterations and after the last: policy, optimizer, RNG and loop state."""
+        last = iteration == self.cfg.iterations - 1
+        if last or (self.cfg.checkpoint_every and (iteration + 1) % self.cfg.checkpoint_every == 0):
+            trainer = self.trainer
+            self.ckpt.save(iteration, trainer.accelerator, trainer.model, {
+                "iteration": iteration, "policy_version": trainer.version, "updates": trainer.updates,
+                "trainer_rng": trainer.rng_state(), "history": self.history, "evals": self.evals,
+                "launched": {str(i): v for i, v in self.launched.items()},
+            }, self.attach)
+
+    def result(self) -> LoopResult:
+        """What the finished loop reports."""
+        return LoopResult(self.cfg.iterations - self.first, self.trainer.updates, self.trainer.version,
+                          self.policy_dir, self.history, self.evals)
+
+
 def run_online_loop(
     *,
     trainer: GroupTrainer,
-    engine: Any,
+    engine: PolicyEngine | None,
     cfg: LoopConfig,
     run_dir: Path,
     resume: bool,
     collect: Callable[[int], Any],
-    evaluate: Callable[[int], dict[str, Any]] | None,
+    evaluate: Evaluate | None,
     logger: MetricsLogger,
     desc: str = "rl",
     attach: dict[str, Path] | None = None,
-    in_memory: Any = None,
+    in_memory: WeightSender | None = None,
 ) -> LoopResult:
-    """Run the loop (see the module docstring). ``collect(iteration)`` is called on the main process only and
-    returns (groups, metrics) or a collection in flight with ``.result()``; ``engine`` is the policy's rollout
-    engine or fleet; ``in_memory`` the GPU weight sync of full weights; ``attach`` names directories (the reward
-    cache) that every checkpoint snapshots and a resume restores."""
-    acc = trainer.accelerator
-    ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
-    policy_root = run_dir / "policy"
-    if cfg.max_staleness and trainer.cfg.tis_cap is None:  # samples up to k versions old: weight by pi_old / pi_rollout
-        trainer.cfg = trainer.cfg.model_copy(update={"tis_cap": STALE_TIS_CAP})
-        if acc.is_main_process:
-            log.info(f"[{desc}] max_staleness={cfg.max_staleness}: truncated importance sampling on "
-                     f"(trainer.tis_cap={STALE_TIS_CAP})")
-    start = 0
-    history: list[dict[str, Any]] = []
-    evals: list[dict[str, Any]] = []
-    in_flight: dict[int, Any] = {}  # iteration -> its collection, launched before its turn when k >= 1
-    launched: dict[int, int] = {}  # iteration -> the policy version its collection was launched under
-    if resume and (latest := ckpt.latest()) is not None:
-        state = ckpt.load(latest, acc, attach)
-        start = state["iteration"] + 1
-        trainer.version, trainer.updates = state["policy_version"], state["updates"]
-        history, evals = state.get("history", []), state.get("evals", [])
-        trainer.set_rng_state(state["trainer_rng"])
-        if acc.is_main_process:
-            logger.truncate_after(state["iteration"])
-            log.info(f"[{desc}] resumed from {latest.name}: continuing at iteration {start}")
-        # relaunch the collections that were in flight, each under the version it had in the uninterrupted run
-        for iteration, version in sorted((int(i), v) for i, v in state.get("launched", {}).items()):
-            if acc.is_main_process:
-                load_policy_version(engine, str(policy_root / f"v{version:05d}"), version, trainer.is_peft)
-                in_flight[iteration] = collect(iteration)
-            launched[iteration] = version
-    elif acc.is_main_process:
-        # A start from scratch (also a --resume that finds no complete checkpoint, e.g. after a kill during the first
-        # checkpoint write) logs every step again, the eval before training (step -1) included: drop what is there.
-        logger.truncate_after(-2)
-    policy_dir = sync_policy(trainer, engine, policy_root, in_memory, save=cfg.max_staleness > 0)
-    if start == 0 and evaluate is not None and acc.is_main_process:
-        evals.append({"iteration": -1, **evaluate(-1)})
-        logger.log(-1, {f"eval/{k}": v for k, v in evals[-1].items() if k != "iteration"})
-    bar = progress_bar(range(start, cfg.iterations), desc=desc, disable=not acc.is_main_process, initial=start,
-               total=cfg.iterations)
-    for iteration in bar:
-        t0 = time.perf_counter()
-        # launch this iteration's collection and, with k >= 1, the next k under the current policy (the fleet builds
-        # them while the trainer updates)
-        for ahead in range(iteration, min(iteration + cfg.max_staleness, cfg.iterations - 1) + 1):
-            if ahead not in launched:
-                if acc.is_main_process:
-                    in_flight[ahead] = collect(ahead)
-                launched[ahead] = trainer.version
-        groups, metrics = _result(in_flight.pop(iteration)) if acc.is_main_process else (None, {})
-        rollout_s = time.perf_counter() - t0
-        groups = broadcast_groups(groups, acc)
-        versions = [s.policy_version for g in groups for s in g.samples]
-        staleness = {"policy_version_collected": launched.pop(iteration),
-                     "staleness_max": trainer.version - min(versions, default=trainer.version),
-                     "staleness_mean": trainer.version - sum(versions) / len(versions) if versions else 0.0,
-                     "mixed_version_groups": sum(len({s.policy_version for s in g.samples}) > 1 for g in groups)}
-        if engine is not None and not cfg.max_staleness:  # colocated on GPU: free the engine's memory for the update
-            engine.sleep()  # (the sync wakes it); with k >= 1 the engines keep generating during the update
-        update = trainer.step(groups)
-        last = iteration == cfg.iterations - 1
-        t_sync = time.perf_counter()
-        policy_dir = sync_policy(trainer, engine, policy_root, in_memory, save=cfg.max_staleness > 0 or last)
-        sync_s = time.perf_counter() - t_sync
-        if acc.is_main_process:  # the versions still in flight are relaunched by a resume: keep their directories
-            prune_policy_versions(policy_root, cfg.keep_policy_versions, set(launched.values()) | {trainer.version})
-        record = {**metrics, **update, **staleness, "rollout_s": rollout_s, "sync_s": sync_s,
-                  "iteration_s": time.perf_counter() - t0, "updates": trainer.updates}
-        if evaluate is not None and acc.is_main_process and (last or (cfg.eval_every and
-                                                                     (iteration + 1) % cfg.eval_every == 0)):
-            evals.append({"iteration": iteration, **evaluate(iteration)})
-            record.update({f"eval/{k}": v for k, v in evals[-1].items() if k != "iteration"})
-        history.append({"iteration": iteration, **{k: v for k, v in record.items() if isinstance(v, (int, float))}})
-        if acc.is_main_process:
-            logger.log(iteration, record)
-            bar.set_postfix(reward=f"{record.get('reward_mean', float('nan')):.3f}")
-        if last or (cfg.checkpoint_every and (iteration + 1) % cfg.checkpoint_every == 0):
-            ckpt.save(iteration, acc, trainer.model, {
-                "iteration": iteration, "policy_version": trainer.version, "updates": trainer.updates,
-                "trainer_rng": trainer.rng_state(), "history": history, "evals": evals,
-                "launched": {str(i): v for i, v in launched.items()},
-            }, attach)
-    return LoopResult(cfg.iterations - start, trainer.updates, trainer.version, policy_dir, history, evals)
+    """The loop for a recipe whose ``collect(iteration)`` already returns (groups, metrics), or a collection in
+    flight with ``.result()`` (pivot-turn GRPO); ``engine`` is the policy's rollout engine or fleet; ``in_memory``
+    the GPU weight sync of full weights; ``attach`` names directories (the reward cache) that every checkpoint
+    snapshots and a resume restores."""
+    loop = OnlineLoop(trainer=trainer, engine=engine, cfg=cfg, run_dir=run_dir, resume=resume, logger=logger,
+                      desc=desc, attach=attach, in_memory=in_memory)
+    for iteration in loop.start(collect, evaluate):
+        groups, metrics = loop.collected(iteration, collect)
+        update = loop.update(groups)
+        sync = loop.sync(iteration)
+        loop.log(iteration, {**metrics, **update, **sync}, evaluate)
+        loop.checkpoint(iteration)
+    return loop.result()

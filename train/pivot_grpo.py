@@ -62,7 +62,7 @@ from memrl.rollout.pivots import (
 )
 from memrl.train.checkpoint import CheckpointManager
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
-from memrl.train.online import LoopConfig, run_online_loop, shared_run_dir
+from memrl.train.online import LoopConfig, run_online_loop, shared_run_dir, stale_sampling_tis
 from memrl.train.policy import PolicySpec
 
 __all__ = [
@@ -149,6 +149,8 @@ class PivotGRPOConfig(ConfigModel):
             raise ValueError("groups.phases 'phase1+2' trains Phase 1: it must be served by the policy (phase1: null)")
         if self.memory.variant != "full":
             raise ValueError("pivot-turn GRPO trains the full two-phase agent: memory.variant must be 'full'")
+        if (trainer := stale_sampling_tis(self.trainer, self.loop)) is not self.trainer:
+            self.trainer = trainer  # k >= 1: truncated IS on, and config.yaml shows it
         return self
 
 

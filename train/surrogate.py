@@ -1,6 +1,8 @@
-"""The clipped policy-gradient surrogate of the group trainer (shared by OAT-GRPO and pivot-turn GRPO).
+"""The training loss of the group trainer (shared by OAT-GRPO and pivot-turn GRPO): one function, the one that runs.
 
-Per response token t of sample i (paper symbols: rho = ratio, epsilon = clip range, A = group advantage):
+The clipped surrogate is PPO's ("Proximal Policy Optimization Algorithms", arXiv 1707.06347) with the asymmetric
+clip of DAPO ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476). Per response token
+t of row i (rho = ratio, eps = clip range, A_i = the row's group advantage):
 
     rho_t   = exp(log pi_theta(y_t) - log pi_old(y_t))              old = recomputed by the trainer before the update
     pg_t    = -min(rho_t * A_i, clip(rho_t, 1 - eps_low, 1 + eps_high) * A_i)
@@ -9,8 +11,15 @@ Per response token t of sample i (paper symbols: rho = ratio, epsilon = clip ran
     kl_t    = exp(r_t) - r_t - 1,  r_t = log pi_ref(y_t) - log pi_theta(y_t)   (k3 estimator, optional)
     loss_t  = w_t * pg_t + beta * kl_t
 
-Aggregation: ``token-mean`` averages loss_t over every response token of the batch; ``sequence-mean`` averages each
-sample's tokens first, then the samples.
+and the loss of an optimizer step is the weighted sum over its response tokens
+
+    L = sum_t c_t * loss_t,   c_t = 1 / N_tokens           (token-mean: every response token of the step counts once)
+                              c_t = 1 / (|y_i| * N_rows)    (sequence-mean: every row counts once)
+
+with N_tokens / N_rows counted over the whole optimizer step (all its micro-batches and processes), so summing the
+micro-batches' losses gives the step's mean. :func:`surrogate_loss` returns the summands c_t * loss_t; the trainer
+sums them chunk by chunk (the fused LM-head gradient of :mod:`memrl.train.logprobs` needs a loss separable over
+tokens). Edit this function and training changes.
 """
 
 from __future__ import annotations
@@ -20,66 +29,35 @@ from typing import Literal
 
 import torch
 
-__all__ = [
-    "Aggregation",
-    "SurrogateOutput",
-    "SurrogateTerms",
-    "aggregate",
-    "clipped_surrogate",
-    "surrogate_terms",
-    "token_weights",
-]
+__all__ = ["Aggregation", "SurrogateTerms", "surrogate_loss"]
 
 Aggregation = Literal["token-mean", "sequence-mean"]
 
 
 @dataclass
-class SurrogateOutput:
-    """The loss to backpropagate and detached diagnostics."""
-
-    loss: torch.Tensor
-    clip_fraction: float
-    approx_kl_old: float
-    kl_ref: float
-    tis_weight_mean: float
-
-
-def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, how: Aggregation, normalizer: float | None = None
-) -> torch.Tensor:
-    """Reduce a [batch, tokens] tensor over the response tokens selected by ``mask``.
-
-    ``normalizer`` replaces the batch's own token (token-mean) or sequence (sequence-mean) count: a micro-batch
-    divides by the count of its whole optimizer step, so accumulated micro-batches sum to the step's mean.
-    """
-    mask = mask.to(per_token.dtype)
-    if how == "token-mean":
-        denominator = normalizer if normalizer is not None else mask.sum().clamp(min=1.0)
-        return (per_token * mask).sum() / denominator
-    if how == "sequence-mean":
-        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-        has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)
-        denominator = normalizer if normalizer is not None else has_tokens.sum().clamp(min=1.0)
-        return (per_seq * has_tokens).sum() / denominator
-    raise ValueError(f"aggregation must be 'token-mean' or 'sequence-mean', got {how!r}")
-
-
-@dataclass
 class SurrogateTerms:
-    """The per-token pieces of the loss: ``per_token`` (w_t * pg_t + beta * kl_t) and what the diagnostics need."""
+    """The per-token summands of the loss (``weighted``: c_t * loss_t) and detached diagnostics."""
 
-    per_token: torch.Tensor
+    weighted: torch.Tensor  # c_t * loss_t: the step's loss is their sum
+    log_ratio: torch.Tensor  # detached log rho_t
     was_clipped: torch.Tensor  # detached: 1 where the min picked the clipped branch
-    log_ratio: torch.Tensor  # detached log pi_theta - log pi_old
     kl: torch.Tensor | None  # detached k3 KL to the reference
     tis_weight: torch.Tensor | None  # the truncated importance weight w_t
 
+    @property
+    def approx_kl(self) -> torch.Tensor:
+        """Per-token 0.5 * (log rho_t)^2: the approximate KL(pi_old || pi_theta) the trainer logs."""
+        return 0.5 * self.log_ratio.pow(2)
 
-def surrogate_terms(
+
+def surrogate_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
+    row_lengths: torch.Tensor,
     *,
+    aggregation: Aggregation,
+    normalizer: float,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     ref_logprobs: torch.Tensor | None = None,
@@ -87,72 +65,31 @@ def surrogate_terms(
     rollout_logprobs: torch.Tensor | None = None,
     tis_cap: float | None = None,
 ) -> SurrogateTerms:
-    """loss_t of the module docstring, token by token (every argument broadcasts against ``logprobs``)."""
+    """c_t * loss_t of the module docstring for a flat run of response tokens.
+
+    Every tensor argument is per token: ``advantages`` holds A_i of each token's row, ``row_lengths`` |y_i|;
+    ``normalizer`` is N_tokens (token-mean) or N_rows (sequence-mean) of the whole optimizer step.
+    """
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
-    weight = None
+    loss = -torch.minimum(unclipped, clipped)
+    tis_weight = None
     if tis_cap is not None and rollout_logprobs is not None:
-        weight = torch.exp(old_logprobs - rollout_logprobs).clamp(max=tis_cap).detach()
-        per_token = per_token * weight
+        tis_weight = torch.exp(old_logprobs - rollout_logprobs).clamp(max=tis_cap).detach()
+        loss = loss * tis_weight
     kl = None
     if ref_logprobs is not None and kl_coef:
         log_ref_ratio = ref_logprobs - logprobs
         kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0
-        per_token = per_token + kl_coef * kl
+        loss = loss + kl_coef * kl
         kl = kl.detach()
-    was_clipped = (clipped < unclipped).detach().to(logprobs.dtype)
-    return SurrogateTerms(per_token, was_clipped, log_ratio.detach(), kl, weight)
-
-
-def clipped_surrogate(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    aggregation: Aggregation = "token-mean",
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    rollout_logprobs: torch.Tensor | None = None,
-    tis_cap: float | None = None,
-    normalizer: float | None = None,
-) -> SurrogateOutput:
-    """Loss of the module docstring. Token tensors are [batch, tokens]; ``advantages`` is [batch]."""
-    terms = surrogate_terms(
-        logprobs,
-        old_logprobs,
-        advantages.unsqueeze(-1),
-        clip_low=clip_low,
-        clip_high=clip_high,
-        ref_logprobs=ref_logprobs,
-        kl_coef=kl_coef,
-        rollout_logprobs=rollout_logprobs,
-        tis_cap=tis_cap,
-    )
-    loss = aggregate(terms.per_token, mask, aggregation, normalizer)
-    with torch.no_grad():
-        tis_mean = float(aggregate(terms.tis_weight, mask, "token-mean")) if terms.tis_weight is not None else 1.0
-        kl_value = float(aggregate(terms.kl, mask, "token-mean")) if terms.kl is not None else 0.0
-        clip_fraction = float(aggregate(terms.was_clipped, mask, "token-mean"))
-        approx_kl = float(aggregate(0.5 * terms.log_ratio.pow(2), mask, "token-mean"))
-    return SurrogateOutput(loss, clip_fraction, approx_kl, kl_value, tis_mean)
-
-
-def token_weights(
-    response_lengths: list[int], aggregation: Aggregation, normalizer: float, device: torch.device | str
-) -> torch.Tensor:
-    """Per-token weights c_t with ``aggregate(x, mask, aggregation, normalizer) == sum_t c_t x_t`` for rows laid end to
-    end (``response_lengths`` tokens each): 1 / normalizer (token-mean) or 1 / (len_i * normalizer) (sequence-mean)."""
-    lengths = torch.tensor(response_lengths, dtype=torch.float32, device=device)
     if aggregation == "token-mean":
-        per_row = torch.full_like(lengths, 1.0 / normalizer)
+        c = torch.full_like(loss, 1.0 / normalizer)
     elif aggregation == "sequence-mean":
-        per_row = 1.0 / (lengths.clamp(min=1.0) * normalizer)
+        c = 1.0 / (row_lengths.to(loss.dtype).clamp(min=1.0) * normalizer)
     else:
         raise ValueError(f"aggregation must be 'token-mean' or 'sequence-mean', got {aggregation!r}")
-    return per_row.repeat_interleave(torch.tensor(response_lengths, device=device))
+    was_clipped = (clipped < unclipped).detach().to(logprobs.dtype)
+    return SurrogateTerms(c * loss, log_ratio.detach(), was_clipped, kl, tis_weight)
