@@ -38,6 +38,7 @@ from memrl.train.logprobs import (
     pack_rows,
     packed_hidden_states,
     response_token_logprobs,
+    rows_can_share_a_sequence,
     token_loss_and_logprobs,
 )
 from memrl.train.policy import LoraSettings, PolicySpec, load_policy, save_policy
@@ -307,6 +308,7 @@ class GroupTrainer:
                 f"micro_batches is {cfg.micro_batches}"
             )
         model, self.tokenizer = load_policy(policy, cfg.lora)
+        self.packs_rows = rows_can_share_a_sequence(model.config)
         self.is_peft = hasattr(model, "disable_adapter")
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -352,8 +354,9 @@ class GroupTrainer:
         return self.accelerator.unwrap_model(model).get_output_embeddings()
 
     def _micro_batches(self, ids: list[int], rows: list[Row]) -> list[list[list[int]]]:
-        """For every process, its micro-batches of ``ids`` (balanced shares; budget bins or ``micro_batches`` slices),
-        padded with empty micro-batches to the same count on every process (collectives run in every forward)."""
+        """For every process, its micro-batches of ``ids`` (balanced shares; budget bins or ``micro_batches`` slices,
+        one row each for a model whose rows cannot share a packed sequence), padded with empty micro-batches to the
+        same count on every process (collectives run in every forward)."""
         lengths = [len(r) for r in rows]
         shares = split_across_ranks(ids, lengths, self.accelerator.num_processes)
         budget = self.cfg.max_tokens_per_micro_batch
@@ -365,6 +368,8 @@ class GroupTrainer:
             for share in shares:
                 size = math.ceil(len(share) / k) if share else 0
                 per_rank.append([share[i * size : (i + 1) * size] for i in range(k)])
+        if not self.packs_rows:  # a recurrent layer would carry one row's state into the next: one row per forward
+            per_rank = [[[i] for micro in micros for i in micro] for micros in per_rank]
         count = max(len(m) for m in per_rank)
         return [m + [[]] * (count - len(m)) for m in per_rank]
 

@@ -31,6 +31,7 @@ __all__ = [
     "pack_rows",
     "packed_hidden_states",
     "response_token_logprobs",
+    "rows_can_share_a_sequence",
     "token_loss_and_logprobs",
 ]
 
@@ -57,6 +58,17 @@ class PackedBatch:
     def n_tokens(self) -> int:
         """Packed length (every token of every row)."""
         return int(self.input_ids.shape[1])
+
+
+def rows_can_share_a_sequence(config: Any) -> bool:
+    """Whether a model with this config can read several rows packed into one sequence.
+
+    Attention layers restart at every row through the position ids, but recurrent layers do not: Qwen3.5's gated
+    delta net (``layer_types`` entries ``linear_attention``) carries its state and conv window from one row into the
+    next, so each row of such a model gets a micro-batch of its own.
+    """
+    configs = [config, getattr(config, "text_config", None)]
+    return not any("linear_attention" in (getattr(c, "layer_types", None) or ()) for c in configs if c is not None)
 
 
 def pack_rows(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], device: torch.device | str) -> PackedBatch:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from memrl.train.logprobs import response_token_logprobs, token_loss_and_logprobs
-from memrl.train.surrogate import surrogate_terms, token_weights
+from memrl.train.surrogate import surrogate_loss
 
 # (response tokens, hidden, vocab): ragged chunks on both; the CUDA shape is closer to a real head (hidden x vocab).
 SHAPES = {"cpu": (300, 64, 2000), "cuda": (3000, 1024, 32_000)}
@@ -41,7 +41,7 @@ def test_chunked_loss_matches_fp32_autograd(device: torch.device, dtype: torch.d
     targets = torch.randint(0, vocab, (n,), generator=g).to(device)
     response_lengths = [n // 3, n // 3, n - 2 * (n // 3)]
     advantages = torch.cat([torch.full((k,), a) for k, a in zip(response_lengths, [1.3, -0.7, 0.4], strict=True)])
-    weights = token_weights(response_lengths, "token-mean", float(n), device)
+    row_lengths = torch.cat([torch.full((k,), float(k)) for k in response_lengths]).to(device)
     head = torch.nn.Linear(hidden_size, vocab, bias=False, device=device, dtype=dtype)
     with torch.no_grad():
         head.weight.copy_(weight)
@@ -55,9 +55,11 @@ def test_chunked_loss_matches_fp32_autograd(device: torch.device, dtype: torch.d
     advantages = advantages.to(device)
 
     def token_loss(logprobs: torch.Tensor, sl: slice) -> torch.Tensor:
-        terms = surrogate_terms(logprobs, old[sl], advantages[sl], clip_low=0.2, clip_high=0.28,
-                                rollout_logprobs=rollout[sl], tis_cap=2.0)
-        return terms.per_token * weights[sl]
+        # the trainer's own loss (train/surrogate.py), token-mean over the n tokens
+        terms = surrogate_loss(logprobs, old[sl], advantages[sl], row_lengths[sl], aggregation="token-mean",
+                               normalizer=float(n), clip_low=0.2, clip_high=0.28, rollout_logprobs=rollout[sl],
+                               tis_cap=2.0)
+        return terms.weighted
 
     # fp32 autograd reference over the full [n, vocab] logits, on the inputs rounded to ``dtype`` and upcast
     h_ref = hidden.to(dtype).float().clone().requires_grad_(True)

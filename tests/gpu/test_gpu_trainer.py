@@ -133,3 +133,35 @@ def test_bf16_steps_are_finite_deterministic_and_learn(
         }
     assert weights.keys() == again_weights.keys()
     assert all(torch.equal(weights[n], again_weights[n]) for n in weights)
+
+
+def test_hybrid_model_rows_are_scored_one_per_forward(tiny_model_dir: Path, fresh_accelerate_state: object,
+                                                      tmp_path: Path) -> None:
+    """Qwen3.5's linear-attention layers would carry one packed row's state into the next (the strict xfail in
+    test_gpu_packing.py): the trainer gives each row of such a model a forward of its own, so its log-probs equal
+    the padded per-row forward, while a dense model's rows still share packed micro-batches."""
+    import importlib
+    import shutil
+
+    from tests.gpu.models import padded_logprobs, random_rows, tiny_causal_lm
+
+    if not hasattr(importlib.import_module("transformers"), "Qwen3_5TextConfig"):
+        pytest.skip("this transformers has no Qwen3.5")
+    hybrid = tmp_path / "qwen3_5"
+    tiny_causal_lm("qwen3_5", "sdpa", torch.device("cpu"), torch.float32).save_pretrained(hybrid)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_model_dir / name).is_file():
+            shutil.copy(tiny_model_dir / name, hybrid / name)
+    cfg = GroupTrainerConfig(max_tokens_per_micro_batch=4096, seed=0)
+    trainer = GroupTrainer(PolicySpec(base=str(hybrid)), cfg)
+    rows = random_rows(lengths=[(40, 8), (3, 1), (25, 12), (60, 5)])
+    from memrl.train.group_trainer import Row
+
+    trained = [Row(prompt_ids=p, response_ids=r, advantage=1.0, rollout_logprobs=[]) for p, r in rows]
+    assert not trainer.packs_rows
+    (micros,) = trainer._micro_batches(list(range(len(trained))), trained)
+    assert sorted(micros) == [[0], [1], [2], [3]]
+    scored = trainer._score(trained, reference=False)
+    reference = padded_logprobs(trainer.accelerator.unwrap_model(trainer.model), rows)
+    worst = max(float((a.float().cpu() - b.float().cpu()).abs().max()) for a, b in zip(scored, reference, strict=True))
+    assert worst < 1e-4, f"hybrid rows scored by the trainer differ from the padded forward by {worst:.3g}"
