@@ -35,7 +35,7 @@ class SynthSource(ConfigModel):
 
     family: Literal["ama", "sam", "proactive"]  # task family to generate: ama (QA episodes), sam or proactive
     env: Literal["textworld", "gridworld"] = Field("textworld", description="environment of an ama source")
-    count: int = Field(4, ge=1)  # episodes per target-token bin (or in all without bins)
+    count: int = Field(4, ge=1, le=10**6)  # episodes per target-token bin (or in all without bins)
     target_tokens: list[int] = Field(
         [], description="bins (ama: required; sam: grow tours to each; proactive: not read)"
     )

@@ -23,7 +23,7 @@ from memrl.data.checks import (
 )
 from memrl.data.config import RunConfig
 from memrl.data.errors import UserError
-from memrl.data.run_dir import check_no_run_in
+from memrl.data.run_dir import check_no_run_in, check_resume_config
 
 __all__ = ["OUTPUT_KEYS", "POSITIVE_KEYS", "check_config"]
 
@@ -49,16 +49,35 @@ def check_config(cfg: BaseModel) -> None:
     """Run the generic checks on a command's whole config (see the module docstring)."""
     run = getattr(cfg, "run", None)
     if isinstance(run, RunConfig):
-        _check_run(run)
+        _check_run(cfg, run)
     _walk(cfg, "")
 
 
-def _check_run(run: RunConfig) -> None:
+def _check_run(cfg: BaseModel, run: RunConfig) -> None:
     check_output_dir(run.output_dir, "run.output_dir")
     if run.resume:
         check_resume_target(run.output_dir, run.name)
+        assert run.name is not None
+        _check_resumable(cfg, run, Path(run.output_dir) / run.name)
     elif run.name is not None:
         check_no_run_in(Path(run.output_dir) / run.name)
+
+
+def _check_resumable(cfg: BaseModel, run: RunConfig, run_dir: Path) -> None:
+    """``--resume`` does not guess: the config is the run's own (or the changes are named), a finished run is not
+    run again, and a run that saved checkpoints still has one."""
+    changes = check_resume_config(cfg, run, run_dir)
+    if (run_dir / "summary.json").is_file() and not changes:
+        raise UserError(f"--resume: run {run_dir} is finished (it wrote summary.json): nothing to resume. To train it "
+                        "further, resume with a longer schedule and --allow-config-change naming it (e.g. "
+                        "loop.iterations or train.max_steps), or start a new run from its final weights")
+    from memrl.train.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(run_dir / "checkpoints")
+    saved = manager.saved_before()
+    if saved and not any((manager.root / name).is_dir() for name in saved):
+        raise UserError(f"--resume: every checkpoint of run {run_dir} is gone (it saved {', '.join(saved)}, listed "
+                        f"in {manager.journal}); restore one, or start a new run without --resume")
 
 
 def _walk(node: Any, prefix: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
 from tqdm.auto import tqdm
 
 from memrl.data.config import ConfigModel, RunConfig
@@ -49,7 +50,7 @@ class DistillRunConfig(ConfigModel):
     reasoner_recall_budget: int = 2  # recall calls per intent of the scripted SAM reasoner
     tokenizer: str | None = None  # token accounting of the scripted agents (a model dir or hub id)
     rejection: RejectionConfig = RejectionConfig()
-    batch_size: int = 32  # tasks rolled out together per batch
+    batch_size: int = Field(32, ge=1, le=2**16)  # tasks rolled out together per batch
     out: str | None = None  # default: <run dir>/sft
 
 

@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import Field
 from tqdm.auto import tqdm
 
 from memrl.data.config import ConfigModel
@@ -62,11 +63,13 @@ class TreeConfig(ConfigModel):
 
     mode: Literal["tree", "flat"] = "tree"  # tree: K-way branching at memory calls; flat: G rollouts per task
     branch_roles: list[str] = ["recall"]  # trained roles (recall, consolidate): their actions are nodes and branch
-    branch_factor: int = 4  # K siblings per trainable call
-    max_branch_depth: int | None = None  # only the first this many memory actions on a path branch (None: no limit)
-    max_leaves: int = 16  # leaves per tree at most; split among siblings at every branching
-    reasoner_token_budget: int | None = None  # reasoner tokens per tree, split among siblings; no branching past it
-    flat_group_size: int = 4  # G trajectories per task in flat mode
+    branch_factor: int = Field(4, ge=1, le=64)  # K siblings per trainable call
+    # only the first this many memory actions on a path branch (None: no limit)
+    max_branch_depth: int | None = Field(None, ge=1, le=10**4)
+    max_leaves: int = Field(16, ge=1, le=4096)  # leaves per tree at most; split among siblings at every branching
+    # reasoner tokens per tree, split among siblings; no branching past it
+    reasoner_token_budget: int | None = Field(None, ge=1, le=10**10)
+    flat_group_size: int = Field(4, ge=1, le=4096)  # G trajectories per task in flat mode
     scheduler: Literal["async", "wavefront"] = "async"  # async: each branch advances when its own call returns
 
 

@@ -111,15 +111,15 @@ class SFTDataConfig(ConfigModel):
 class SFTTrainConfig(ConfigModel):
     """Optimisation, precision, parallelism and checkpointing of the SFT stage."""
 
-    max_steps: int | None = Field(300, ge=1, description="optimizer steps (None: train `epochs` epochs)")
-    epochs: float = Field(1.0, gt=0)  # epochs to train when max_steps is None
-    batch_size: int = Field(32, ge=1, description="rows per optimizer step, over all processes")
+    max_steps: int | None = Field(300, ge=1, le=10**8, description="optimizer steps (None: train `epochs` epochs)")
+    epochs: float = Field(1.0, gt=0, le=10**4)  # epochs to train when max_steps is None
+    batch_size: int = Field(32, ge=1, le=2**16, description="rows per optimizer step, over all processes")
     per_device_batch_size: int | None = Field(None, ge=1, description="micro-batch (default: batch_size / world)")
-    lr: float = Field(2e-5, gt=0)  # peak learning rate
+    lr: float = Field(2e-5, gt=0, le=1)  # peak learning rate
     lr_scheduler: str = "linear"  # transformers LR scheduler type (linear, cosine, constant, ...)
     warmup: float = Field(0.03, ge=0, description="warmup steps, or a fraction of the steps when < 1")
-    weight_decay: float = Field(0.0, ge=0)  # AdamW weight decay
-    max_grad_norm: float = Field(1.0, gt=0)  # gradient-norm clipping threshold
+    weight_decay: float = Field(0.0, ge=0, le=1)  # AdamW weight decay
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)  # gradient-norm clipping threshold
     max_length: int | None = Field(1024, ge=8, description="tokens per row (longer rows are cut at the end)")
     bf16: bool = Field(False, description="bf16 mixed precision (GPUs, and much faster on recent CPUs)")
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, slower)

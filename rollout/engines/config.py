@@ -78,7 +78,7 @@ class EngineConfig(ConfigModel):
 
     # hf
     device: str | None = None  # hf device; None: cuda if available, else cpu
-    batch_size: int = Field(64, ge=1)  # hf: rows per generate() call
+    batch_size: int = Field(64, ge=1, le=2**16)  # hf: rows per generate() call
 
     # openai
     endpoints: list[EndpointConfig] = []
