@@ -15,16 +15,17 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from memrl.data.errors import UserError
 
 __all__ = [
     "ConfigError",
     "ConfigModel",
+    "EndpointURL",
     "PlacementConfig",
     "PolicyPlacement",
     "RunConfig",
@@ -74,6 +75,25 @@ class ConfigModel(BaseModel):
         return data
 
 
+def check_endpoint_url(url: str) -> str:
+    """An OpenAI-compatible endpoint's base URL: ``http(s)://host[:port][/path]``; anything else is a ValueError
+    saying what is wrong (``htp:/nope`` is not accepted)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"endpoint {url!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or (port is not None and not 0 < port < 65536):
+        raise ValueError(f"endpoint {url!r} is not an http(s)://host[:port]/v1 URL")
+    return url
+
+
+EndpointURL = Annotated[str, AfterValidator(check_endpoint_url)]
+"""An OpenAI-compatible endpoint's base URL (checked by :func:`check_endpoint_url`)."""
+
+
 class WandbConfig(ConfigModel):
     """Weights & Biases logging. ``mode: offline`` works without a network; keys come from the environment only."""
 
@@ -108,15 +128,8 @@ class ServedModel(ConfigModel):
     """A frozen model behind OpenAI-compatible endpoints; requests are spread over all of them (more = faster)."""
 
     model: str = Field(min_length=1)  # the name the servers answer to (vLLM's --served-model-name)
-    endpoints: list[str] = []  # base URLs ending in /v1, e.g. http://gpu01:8000/v1
+    endpoints: list[EndpointURL] = []  # base URLs ending in /v1, e.g. http://gpu01:8000/v1
     api_key_env: str | None = None  # environment variable holding the key; None for local vLLM servers
-
-    @field_validator("endpoints")
-    @classmethod
-    def _urls(cls, endpoints: list[str]) -> list[str]:
-        for url in endpoints:
-            check_endpoint_url(url)
-        return endpoints
 
 
 class PolicyPlacement(ConfigModel):
@@ -157,21 +170,6 @@ class PlacementConfig(ConfigModel):
     reasoner: ServedModel | None = None
     committee: list[ServedModel] = []
     judge: ServedModel | None = None
-
-
-def check_endpoint_url(url: str) -> str:
-    """An OpenAI-compatible endpoint's base URL: ``http(s)://host[:port][/path]``; anything else is a ValueError
-    saying what is wrong (``htp:/nope`` is not accepted)."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"endpoint {url!r} is not a URL ({exc})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or (port is not None and not 0 < port < 65536):
-        raise ValueError(f"endpoint {url!r} is not an http(s)://host[:port]/v1 URL")
-    return url
 
 
 # ----------------------------------------------------------------------------------------------------------------

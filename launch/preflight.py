@@ -9,6 +9,7 @@ A command adds its own checks (``Job.checks``) for what only it knows. Everythin
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +113,17 @@ def _check_section(section: BaseModel, prefix: str) -> None:
                 raise UserError(f"{_key(prefix, name)}={value}: must be >= 0")
             if number < 1 and name in POSITIVE_KEYS:
                 raise UserError(f"{_key(prefix, name)}={value}: must be >= 1")
+    key_env = getattr(section, "api_key_env", None)
+    if isinstance(key_env, str) and not os.environ.get(key_env):
+        raise UserError(f"{_key(prefix, 'api_key_env')}: environment variable {key_env} is not set (it should hold "
+                        "the endpoint's API key); export it, or set api_key_env to null for servers without a key")
     kind = type(section).__name__
     if kind == "EngineConfig":
         _check_engine(section, prefix)
     elif kind == "PolicySpec":
-        check_model_ref(section.base, _key(prefix, "base"))
+        check_model_ref(section.base, _key(prefix, "base"), tokenizer=True)
         if section.adapter:
-            check_adapter_dir(section.adapter, _key(prefix, "adapter"))
+            check_adapter_dir(section.adapter, _key(prefix, "adapter"), base=section.base)
     elif "episodes" in fields and "count" in fields:
         _check_task_set(section, prefix)
     elif "adapter" in fields and isinstance(section.adapter, str):
@@ -131,7 +136,8 @@ def _check_section(section: BaseModel, prefix: str) -> None:
 
 def _check_engine(engine: Any, prefix: str) -> None:
     if engine.backend in ("vllm", "hf") and engine.model:
-        check_model_ref(engine.model, _key(prefix, "model"))
+        check_model_ref(engine.model, _key(prefix, "model"),
+                        tokenizer=not engine.tokenizer or engine.tokenizer == engine.model)
     if engine.tokenizer and engine.tokenizer != engine.model:
         check_model_ref(engine.tokenizer, _key(prefix, "tokenizer"), needs="tokenizer_config.json")
 
@@ -149,5 +155,24 @@ def _check_task_set(tasks: Any, prefix: str) -> None:
             loaded = load_tasks(tasks, "check")
         if not loaded:
             raise UserError(f"{_key(prefix, 'episodes')}: {tasks.episodes} holds no usable episodes")
+        if Path(tasks.episodes).suffix == ".jsonl":
+            _check_nonempty_episodes(Path(tasks.episodes))
     elif tasks.count < 1:
         raise UserError(f"{_key(prefix, 'count')}={tasks.count}: a generated task set needs count >= 1")
+
+
+def _check_nonempty_episodes(path: Path) -> None:
+    """An episode without turns or without questions gives nothing to roll out or score: ``file:line: field``."""
+    import json
+
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue  # the loader has already reported what it could not read
+        if not isinstance(record, dict):
+            continue
+        for field in ("trajectory", "qa_pairs"):
+            if field in record and not record[field]:
+                raise UserError(f"{path}:{lineno}: field '{field}': empty (an episode needs turns and questions to "
+                                "roll out and score); remove the record or complete it")

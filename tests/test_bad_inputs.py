@@ -98,6 +98,47 @@ def ws(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[s
     (root / "lora_no_config").mkdir()
     (root / "lora_no_config" / "adapter_model.safetensors").write_bytes(b"")
     files["lora_no_config"] = root / "lora_no_config"
+    # model folders that are not what they claim (copies of the tiny model, one thing broken in each)
+    def model_copy(name: str) -> Path:
+        folder = root / "models" / name
+        shutil.copytree(tiny_model_dir, folder)
+        return folder
+
+    weights = model_copy("truncated-weights") / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    files["truncated_weights"] = weights.parent
+    (model_copy("empty-weights") / "model.safetensors").write_bytes(b"")
+    files["empty_weights"] = root / "models" / "empty-weights"
+    (model_copy("garbage-config") / "config.json").write_text("{not json")
+    files["garbage_config"] = root / "models" / "garbage-config"
+    no_tok = model_copy("no-tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (no_tok / name).unlink()
+    files["no_tokenizer"] = no_tok
+    import torch
+    from safetensors.torch import save_file
+
+    other = root / "lora_other_base"  # a LoRA adapter trained on a base with another hidden size
+    other.mkdir()
+    (other / "adapter_config.json").write_text(json.dumps({"r": 4, "peft_type": "LORA",
+                                                           "base_model_name_or_path": "/elsewhere/other-base"}))
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(4, 96),
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(96, 4)},
+              str(other / "adapter_model.safetensors"))
+    files["lora_other_base"] = other
+    garbage_lora = root / "lora_garbage_weights"
+    garbage_lora.mkdir()
+    (garbage_lora / "adapter_config.json").write_text(json.dumps({"r": 4, "peft_type": "LORA"}))
+    (garbage_lora / "adapter_model.safetensors").write_bytes(b"\xff" * 64)
+    files["lora_garbage_weights"] = garbage_lora
+    sft_line = json.loads(files["sft_role"].read_text())
+    sft_line["messages"][-1]["content"] = "  "
+    files["sft_empty_target"] = write("sft_empty_target/recall.jsonl", files["sft_role"].read_text()
+                                      + json.dumps(sft_line) + "\n")
+    episode = json.loads(good[0])
+    files["no_turns"] = write("no_turns.jsonl", good[1] + "\n" + json.dumps({**episode, "trajectory": []}) + "\n")
+    files["no_questions"] = write("no_questions.jsonl", good[1] + "\n" + json.dumps({**episode, "qa_pairs": []})
+                                  + "\n")
     existing = root / "runs" / "taken"
     existing.mkdir(parents=True)
     (existing / "config.yaml").write_text("command: x\n")
@@ -283,6 +324,39 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
                                      ("no-config", ws["lora_no_config"], "adapter_config.json"),
                                      ("file", ws["afile"], "a file")):
             yield f"{command}/{key}-{label}", [*command.split(), *_base(command, ws), f"{key}={value}"], [key, expect]
+
+    # model and adapter files that are not what they claim
+    for command, key in (("train oat-grpo", "policy.base"), ("sft", "model.base"), ("train pivot-grpo", "policy.base")):
+        for label, folder, expect in (("truncated-weights", ws["truncated_weights"], "truncated"),
+                                      ("empty-weights", ws["empty_weights"], "too short"),
+                                      ("garbage-config", ws["garbage_config"], "does not parse"),
+                                      ("no-tokenizer", ws["no_tokenizer"], "no tokenizer files")):
+            yield f"{command}/{key}-{label}", [*command.split(), *_base(command, ws), f"{key}={folder}"], [
+                key, str(folder), expect]
+    for command, key in (("train oat-grpo", "policy.adapter"), ("sft", "model.adapter")):
+        yield f"{command}/{key}-other-base", [*command.split(), *_base(command, ws),
+                                              f"{key}={ws['lora_other_base']}"], [
+            key, "does not fit base", "q_proj", "/elsewhere/other-base"]
+        yield f"{command}/{key}-garbage-weights", [*command.split(), *_base(command, ws),
+                                                   f"{key}={ws['lora_garbage_weights']}"], [key, "safetensors"]
+    yield "train oat-grpo/engine.model-truncated", ["train", "oat-grpo", *_base("train oat-grpo", ws),
+                                                    f"engine={{backend: hf, model: {ws['truncated_weights']}}}"], [
+        "engine.model", "truncated"]
+
+    # empty records
+    yield "sft/empty-target", [*sft, f"data.dir={ws['sft_empty_target'].parent}"], ["recall.jsonl:2", "empty"]
+    for name, tasks_key in (("train oat-grpo", "train_tasks"), ("data distill", "tasks")):
+        for label, expect in (("no_turns", "no_turns.jsonl:2: field 'trajectory'"),
+                              ("no_questions", "no_questions.jsonl:2: field 'qa_pairs'")):
+            yield f"{name}/episode-{label}", [*name.split(), *_base(name, ws), f"{tasks_key}.episodes={ws[label]}"], [
+                expect]
+
+    # API keys from the environment
+    yield "train oat-grpo/api-key-unset", [*oat, "placement.judge={model: j, endpoints: ['http://h:8000/v1'], "
+                                                 "api_key_env: MEMRL_TEST_UNSET_KEY}"], ["MEMRL_TEST_UNSET_KEY"]
+    yield "train oat-grpo/endpoint-key-unset", [*oat, "reasoner={backend: openai, model: m, endpoints: [{url: "
+                                                      "'http://h:8000/v1', api_key_env: MEMRL_TEST_UNSET_KEY}]}"], [
+        "MEMRL_TEST_UNSET_KEY"]
 
     # export inputs
     ex = ["export", *_base("export", ws)]

@@ -22,10 +22,10 @@ import logging
 import os
 import re
 import shutil
-import struct
 from pathlib import Path
 from typing import Any
 
+from memrl.data.checks import safetensors_problem
 from memrl.data.errors import UserError
 from memrl.data.io import atomic_write_text
 
@@ -53,30 +53,6 @@ def _write_manifest(folder: Path) -> None:
     (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
 
 
-def check_safetensors(path: Path) -> str | None:
-    """What is wrong with a ``.safetensors`` file (its header does not parse or its tensors do not fill the file),
-    or None."""
-    size = path.stat().st_size
-    if size < 8:
-        return f"{size} bytes: too short for a safetensors file"
-    with open(path, "rb") as fh:
-        (header_len,) = struct.unpack("<Q", fh.read(8))
-        if header_len > size - 8:
-            return f"its header claims {header_len} bytes but the file holds {size} (truncated?)"
-        try:
-            header = json.loads(fh.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return "its header is not JSON (not a safetensors file, or damaged)"
-    if not isinstance(header, dict):
-        return "its header is not a JSON object"
-    ends = [t["data_offsets"][1] for k, t in header.items()
-            if k != "__metadata__" and isinstance(t, dict) and isinstance(t.get("data_offsets"), list)]
-    expected = 8 + header_len + max(ends, default=0)
-    if expected != size:
-        return f"its tensors need {expected} bytes but the file holds {size} (truncated?)"
-    return None
-
-
 def verify_checkpoint(path: Path, *, checksums: bool = True) -> str | None:
     """What is wrong with checkpoint ``path`` (a missing, resized or changed file, an unreadable safetensors file, a
     loop state that does not parse), or None when it is intact."""
@@ -92,7 +68,7 @@ def verify_checkpoint(path: Path, *, checksums: bool = True) -> str | None:
             return f"{file} is missing"
         if file.stat().st_size != entry["bytes"]:
             return f"{file} has {file.stat().st_size} bytes, the manifest says {entry['bytes']}"
-        if file.suffix == ".safetensors" and (problem := check_safetensors(file)):
+        if file.suffix == ".safetensors" and (problem := safetensors_problem(file)):
             return f"{file}: {problem}"
         if checksums and _sha256(file) != entry["sha256"]:
             return f"{file} does not match its checksum in the manifest (changed or damaged)"
