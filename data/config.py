@@ -111,8 +111,7 @@ class RunConfig(ConfigModel):
     name: str | None = None  # run directory name (one path component); None: <command>-<UTC timestamp>
     seed: int = Field(0, ge=0, lt=2**32)  # global RNG seed of the run (numpy takes seeds below 2^32)
     resume: bool = False  # reuse an existing run directory and continue from its latest checkpoint
-    # config keys (or sections) a resume may change; any other difference from the run's saved config is an error
-    allow_config_change: list[str] = []
+    allow_config_change: list[str] = []  # keys (or sections) a --resume may change; other changes are errors
     wandb: WandbConfig = WandbConfig()
 
     @field_validator("name")
