@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PositiveInt, ValidationError, model_validator
 from tqdm.auto import tqdm
 
 from memrl.data.config import ConfigModel, RunConfig
@@ -100,7 +100,7 @@ class SynthConfig(ConfigModel):
     sources: list[SynthSource] = Field(default_factory=_default_sources)
     eval_fraction: float = Field(0.25, ge=0, lt=1, description="share of each source and bin held out for eval")
     arrow: bool = True  # also write train.arrow/ and eval.arrow/ datasets next to the JSONL
-    histogram_bins: list[int] = [4096, 8192, 16384, 32768, 65536, 131072]  # token-length histogram edges of the stats
+    histogram_bins: list[PositiveInt] = [4096, 8192, 16384, 32768, 65536, 131072]  # token-length histogram edges
 
 
 def _seed(*parts: Any) -> int:

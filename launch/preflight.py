@@ -1,8 +1,10 @@
 """Checks every command runs on its validated config before it creates anything.
 
-Pydantic has already checked types and the bounds the models declare. This walks the config and checks what lies
-outside it: the files and folders named in it (model checkpoints and tokenizers, LoRA adapters, episode files with
-each record against its schema, the run's output folder), counts that must be positive, and ``--resume`` targets.
+Pydantic has already checked types and ranges (every numeric field declares its own bounds; the base class refuses
+non-finite numbers and booleans as numbers). This walks the config and checks what lies outside it: the files and
+folders named in it (model checkpoints, tokenizers and LoRA adapters with their weights, episode files with each
+record against its schema, the run's output folder), API keys in the environment, and ``--resume`` targets (the
+run's saved config, a finished run, checkpoints that are gone).
 A command adds its own checks (``Job.checks``) for what only it knows. Everything raises
 :class:`~memrl.data.errors.UserError`, which the CLI turns into one message and exit code 2.
 """
@@ -26,24 +28,10 @@ from memrl.data.config import RunConfig
 from memrl.data.errors import UserError
 from memrl.data.run_dir import check_no_run_in, check_resume_config
 
-__all__ = ["OUTPUT_KEYS", "POSITIVE_KEYS", "check_config"]
+__all__ = ["OUTPUT_KEYS", "check_config"]
 
-# Counts and sizes that make no sense at zero (pydantic already rejects what a model bounds itself; these keys are
-# bounded here wherever they appear, including in sections that do not declare it).
-POSITIVE_KEYS = frozenset({
-    "iterations", "tasks_per_iteration", "branch_factor", "max_leaves", "flat_group_size", "batch_size",
-    "group_size", "max_tokens", "repeats", "keep_checkpoints", "reference_max_tokens", "judge_max_tokens",
-    "min_group_size", "max_steps", "distill_tasks", "eval_tasks_per_horizon", "rl_tasks",
-    "layers", "hidden", "head_dim", "vocab_size", "max_position",  # a tiny model's shape
-})
 # Folders a command writes into besides its run directory (checked writable without being created).
 OUTPUT_KEYS = frozenset({"out", "output", "model_cache", "cache_dir"})
-# Integers that may be negative (-1 means "off" for top_k; seeds are any integer).
-_SIGNED_KEYS = frozenset({"top_k"})
-
-
-def _is_signed(name: str) -> bool:
-    return name in _SIGNED_KEYS or "seed" in name
 
 
 def check_config(cfg: BaseModel) -> None:
@@ -105,14 +93,6 @@ def _check_section(section: BaseModel, prefix: str) -> None:
         value = getattr(section, name)
         if isinstance(value, str) and name in OUTPUT_KEYS:
             check_output_dir(value, _key(prefix, name))
-        numbers = value if isinstance(value, (list, tuple)) else [value]
-        for number in numbers:
-            if isinstance(number, bool) or not isinstance(number, int):
-                continue
-            if number < 0 and not _is_signed(name):
-                raise UserError(f"{_key(prefix, name)}={value}: must be >= 0")
-            if number < 1 and name in POSITIVE_KEYS:
-                raise UserError(f"{_key(prefix, name)}={value}: must be >= 1")
     key_env = getattr(section, "api_key_env", None)
     if isinstance(key_env, str) and not os.environ.get(key_env):
         raise UserError(f"{_key(prefix, 'api_key_env')}: environment variable {key_env} is not set (it should hold "

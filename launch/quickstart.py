@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
+
 from memrl.data.config import ConfigModel, RunConfig
 from memrl.data.experts.sam import SamOracleConfig
 from memrl.data.run_dir import prepare_run_dir
@@ -50,9 +52,9 @@ def _task_params(horizon: int) -> SamTaskParams:
 class QuickstartSFT(ConfigModel):
     """The SFT stage of the quickstart."""
 
-    max_steps: int = 300  # optimizer steps of the SFT stage
-    batch_size: int = 32  # examples per SFT step (rows mixed = max_steps x batch_size)
-    lr: float = 2e-3  # SFT learning rate
+    max_steps: int = Field(300, ge=1, le=10**6)  # optimizer steps of the SFT stage
+    batch_size: int = Field(32, ge=1, le=2**16)  # examples per SFT step (rows mixed = max_steps x batch_size)
+    lr: float = Field(2e-3, gt=0, le=1)  # SFT learning rate
     role_weights: dict[str, float] = {"consolidate": 0.4, "recall": 0.6}  # share of the SFT mixture per memory role
 
 
@@ -63,25 +65,25 @@ class QuickstartConfig(ConfigModel):
     run: RunConfig = RunConfig(output_dir="runs")
     model: TinyModelSpec = TinyModelSpec()
     model_cache: str = ".cache/models"  # directory the tiny model is built into and reused from
-    horizon: int = 12  # tour steps before the question, for distillation and RL
+    horizon: int = Field(12, ge=1, le=10**5)  # tour steps before the question, for distillation and RL
     eval_horizons: list[int] = [12, 24]  # horizons (tour steps) of the held-out eval task sets
-    distill_tasks: int = 600  # SAM tasks the oracle is run on to make SFT data
-    eval_tasks_per_horizon: int = 60  # held-out tasks per eval horizon
+    distill_tasks: int = Field(600, ge=1, le=10**6)  # SAM tasks the oracle is run on to make SFT data
+    eval_tasks_per_horizon: int = Field(60, ge=1, le=10**5)  # held-out tasks per eval horizon
     expert: SamOracleConfig = SamOracleConfig(defer_to_later=0.9)
     memory: SamConfig = SamConfig(
         page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
         sampling={"consolidate": RoleSampling(temperature=0.0, max_tokens=64),
                   "recall": RoleSampling(temperature=1.0, max_tokens=64)},
     )
-    reasoner_max_pages: int = 2  # page ids the scripted reasoner asks for per recall
+    reasoner_max_pages: int = Field(2, ge=1, le=1000)  # page ids the scripted reasoner asks for per recall
     sft: QuickstartSFT = QuickstartSFT()
-    rl_tasks: int = 512  # SAM tasks in the RL training set
-    tasks_per_iteration: int = 16  # tasks rolled out per RL iteration
+    rl_tasks: int = Field(512, ge=1, le=10**6)  # SAM tasks in the RL training set
+    tasks_per_iteration: int = Field(16, ge=1, le=10**5)  # tasks rolled out per RL iteration
     tree: TreeConfig = TreeConfig(branch_factor=4, max_branch_depth=2, max_leaves=16)
     credit: CreditConfig = CreditConfig(committee_weight=0.5)
     trainer: GroupTrainerConfig = GroupTrainerConfig(lr=2e-4, lora=LoraSettings(enabled=False))
     loop: LoopConfig = LoopConfig(iterations=24, checkpoint_every=12)
-    eval_samples: int = 2  # sampled eval runs per task (plus one greedy)
+    eval_samples: int = Field(2, ge=0, le=1000)  # sampled eval runs per task (plus one greedy)
     evaluate_untrained: bool = True  # also evaluate the untrained model (greedy) as a baseline
     export: bool = True  # export the RL model as a HF checkpoint + model card at the end
 
