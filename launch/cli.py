@@ -128,10 +128,9 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
         job.load("checks")(config)
     run = getattr(config, "run", None)
     from memrl.data.run_dir import release_run_dirs
-    from memrl.launch.shutdown import handle_signals
 
     try:
-        with handle_signals(), _created_only_on_success(Path(run.output_dir) if run is not None else None):
+        with _created_only_on_success(Path(run.output_dir) if run is not None else None):
             from memrl.data.tracking import quiet_console
 
             with quiet_console(not args.verbose and not os.environ.get("MEMRL_VERBOSE")):
@@ -303,8 +302,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
+    from memrl.launch.shutdown import handle_signals
+
     try:
-        code = handler(args)
+        with handle_signals():  # SIGTERM ends every command as Ctrl-C does (launch/shutdown.py)
+            code = handler(args)
     except ConfigError as exc:
         print(f"memrl: config error: {exc}", file=sys.stderr)
         return 2

@@ -133,3 +133,28 @@ def test_reward_cache_is_snapshotted_and_restored(tiny_model_dir: Path, tmp_path
     assert manager.load(moved, trainer.accelerator, {"reward_cache": target}) == {"iteration": 0}
     assert JsonCache(target).get(content_key("reference", "a")) == "drawer 5"
     assert JsonCache(target).get(content_key("reference", "b")) is None
+
+
+def test_sft_resume_skips_a_damaged_newest_trainer_checkpoint(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """SFT (Hugging Face Trainer) checkpoints have no manifest: a newest one with truncated weights, a garbage
+    trainer_state.json or no optimizer state is reported and the newest intact one is resumed."""
+    from safetensors.torch import save_file
+
+    from memrl.train.sft import latest_checkpoint
+
+    for step in (2, 4, 6, 8):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        save_file({"w": torch.zeros(8, 8)}, str(folder / "model.safetensors"))
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        for name in ("optimizer.pt", "scheduler.pt"):
+            (folder / name).write_bytes(b"state")
+    weights = tmp_path / "checkpoint-8" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    (tmp_path / "checkpoint-6" / "trainer_state.json").write_text("{{garbage")
+    (tmp_path / "checkpoint-4" / "optimizer.pt").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-2"
+    assert all(f"checkpoint-{s} skipped" in caplog.text for s in (8, 4)), caplog.text
+    assert "model.safetensors" in caplog.text and "optimizer.pt" in caplog.text

@@ -29,7 +29,7 @@ from memrl.data.checks import safetensors_problem
 from memrl.data.errors import UserError
 from memrl.data.io import atomic_write_text
 
-__all__ = ["CheckpointManager", "verify_checkpoint"]
+__all__ = ["CheckpointManager", "newest_intact", "verify_checkpoint", "verify_trainer_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,41 @@ def verify_checkpoint(path: Path, *, checksums: bool = True) -> str | None:
         return f"{path / 'loop_state.json'} is missing or does not parse"
     if not isinstance(state, dict):
         return f"{path / 'loop_state.json'} is not a JSON object"
+    return None
+
+
+def verify_trainer_checkpoint(path: Path) -> str | None:
+    """What is wrong with a Hugging Face Trainer ``checkpoint-N`` folder (SFT), which has no manifest: its
+    ``trainer_state.json`` must parse, its safetensors weights be whole, its optimizer and scheduler states be there
+    and not empty (DeepSpeed keeps its own under ``global_step*``), or None when it looks intact."""
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return f"{path / 'trainer_state.json'} is missing or does not parse"
+    if not isinstance(state, dict):
+        return f"{path / 'trainer_state.json'} is not a JSON object"
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        return f"{path} holds no weights (*.safetensors)"
+    for file in weights:
+        if (problem := safetensors_problem(file)) is not None:
+            return f"{file}: {problem}"
+    if not any(path.glob("global_step*")):
+        for name in ("optimizer.pt", "scheduler.pt"):
+            file = path / name
+            if not file.is_file() or file.stat().st_size == 0:
+                return f"{file} is missing or empty"
+    return None
+
+
+def newest_intact(candidates: list[Path], verify: Any) -> Path | None:
+    """The newest of ``candidates`` (oldest first) that ``verify`` finds nothing wrong with; each newer one that
+    fails is reported with what is wrong."""
+    for path in reversed(candidates):
+        problem = verify(path)
+        if problem is None:
+            return path
+        logger.warning("checkpoint %s skipped: %s; trying an older one", path.name, problem)
     return None
 
 

@@ -40,6 +40,7 @@ from memrl.data.distill import load_sft_examples, role_file
 from memrl.data.io import atomic_write_text
 from memrl.data.run_dir import prepare_run_dir
 from memrl.data.schemas import SFTExample
+from memrl.train.checkpoint import newest_intact, verify_trainer_checkpoint
 from memrl.train.policy import LoraSettings, PolicySpec
 
 __all__ = [
@@ -252,10 +253,10 @@ def _checkpoints(folder: Path) -> list[Path]:
 
 
 def latest_checkpoint(folder: str | Path) -> Path | None:
-    """The newest complete ``checkpoint-N`` directory under ``folder`` (a kill mid-save leaves an incomplete one
-    without ``trainer_state.json``, which the Trainer writes last)."""
+    """The newest intact ``checkpoint-N`` directory under ``folder`` (a kill mid-save leaves an incomplete one
+    without ``trainer_state.json``, which the Trainer writes last; a damaged one is reported and skipped)."""
     complete = [p for p in _checkpoints(Path(folder)) if _complete(p)]
-    return complete[-1] if complete else None
+    return newest_intact(complete, verify_trainer_checkpoint)
 
 
 # ----------------------------------------------------------------------------------------------------------------
