@@ -165,7 +165,11 @@ def main() -> None:
     args = parser.parse_args()
     FLEET[:] = [f"fleet.workers={args.fleet_workers}", f"loop.max_staleness={args.max_staleness}"]
     if args.fleet_workers:
-        FLEET.append("fleet.cpus_per_worker=0.5")
+        # engine.batch_size=1: the hf engine samples each row alone. In shared batches the left padding changes the
+        # logits in the last bits, and the load-aware split over the workers (by measured speed) changes who shares a
+        # batch, so the rollout log-probs (the truncated importance weights of max_staleness >= 1) would differ
+        # between an uninterrupted run and a resumed one for reasons that have nothing to do with the resume.
+        FLEET.extend(["fleet.cpus_per_worker=0.5", "engine.batch_size=1"])
 
     from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
