@@ -119,6 +119,8 @@ def _lock(run_dir: Path) -> Any:
         handle.close()
         raise ConfigError(f"run directory {run_dir} is in use by a running memrl process ({holder}); wait for it to "
                           "end, or choose another run.name") from None
+    except OSError as exc:  # a filesystem without locks (Lustre mounted without -o flock): run unlocked, say so
+        logger.warning("cannot lock %s (%s): a second start into this run folder will not be refused", run_dir, exc)
     return handle
 
 
