@@ -324,8 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = exit_code(interrupt)
         what = "terminated (SIGTERM)" if code == 143 else "interrupted (SIGINT)"
         resumable = getattr(args, "resume", None) is not None
-        print(f"memrl: {what}: stopped" + (", the newest complete checkpoint is kept; continue with --resume"
-                                            if resumable else ""), file=sys.stderr)
+        print(f"memrl: {what}: stopped" + ("; what it saved is kept (checkpoints are written whole): continue "
+                                            "with --resume" if resumable else ""), file=sys.stderr)
         return code
     _leave_process_group()
     return code
