@@ -135,6 +135,10 @@ def ws(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[s
     sft_line["messages"][-1]["content"] = "  "
     files["sft_empty_target"] = write("sft_empty_target/recall.jsonl", files["sft_role"].read_text()
                                       + json.dumps(sft_line) + "\n")
+    stray = json.loads(files["sft_role"].read_text())
+    stray["role"] = "consolidate"
+    files["sft_stray_role"] = write("sft_stray_role/recall.jsonl", files["sft_role"].read_text()
+                                    + json.dumps(stray) + "\n")
     episode = json.loads(good[0])
     files["no_turns"] = write("no_turns.jsonl", good[1] + "\n" + json.dumps({**episode, "trajectory": []}) + "\n")
     files["no_questions"] = write("no_questions.jsonl", good[1] + "\n" + json.dumps({**episode, "qa_pairs": []})
@@ -345,6 +349,7 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
 
     # empty records
     yield "sft/empty-target", [*sft, f"data.dir={ws['sft_empty_target'].parent}"], ["recall.jsonl:2", "empty"]
+    yield "sft/stray-role", [*sft, f"data.dir={ws['sft_stray_role'].parent}"], ["recall.jsonl:2", "field 'role'"]
     for name, tasks_key in (("train oat-grpo", "train_tasks"), ("data distill", "tasks")):
         for label, expect in (("no_turns", "no_turns.jsonl:2: field 'trajectory'"),
                               ("no_questions", "no_questions.jsonl:2: field 'qa_pairs'")):
