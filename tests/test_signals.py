@@ -23,7 +23,6 @@ import pytest
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
 
 # data/tracking.py's console router answers isatty() on a closed stream at exit (colorama's atexit hook): the
 # traceback it prints is replaced with standard logging in another change; delete this filter when that lands.
@@ -124,6 +123,33 @@ def steps(run_dir: Path) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# the shutdown path in this process
+
+
+def test_sigterm_is_raised_like_ctrl_c_and_maps_to_143(capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from memrl.launch import cli
+    from memrl.launch.shutdown import Terminated, exit_code, handle_signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated) as caught, handle_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+    assert exit_code(caught.value) == 143 and exit_code(KeyboardInterrupt()) == 130
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
+
+    def terminated(args: object) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        return 0
+
+    monkeypatch.setattr(cli, "_config_show", terminated)
+    assert cli.main(["config", "show", "--command", "sft"]) == 143
+    err = capsys.readouterr().err.strip()
+    assert err == "memrl: terminated (SIGTERM): stopped", err
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # train oat-grpo on a 2-worker fleet
 
 
@@ -146,6 +172,7 @@ def final_policy(run_dir: Path) -> Path:
     return sorted((run_dir / "policy").glob("v*"))[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "KILL"])
 def test_fleet_run_stops_cleanly_and_resumes_equal(oat_reference: Path, tiny_model_dir: Path, tmp_path: Path,
                                                    sig: int) -> None:
@@ -185,6 +212,7 @@ def sft_reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     return data, out / "reference"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_sft_stops_cleanly_and_resumes_equal(sft_reference: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path,
                                              sig: int) -> None:
