@@ -1,12 +1,17 @@
 """SIGKILL at random moments of a 4-iteration OAT-GRPO run, each followed by ``--resume``: does every trial end with
-the uninterrupted run's weights and a ``metrics.jsonl`` holding each step once?
+the uninterrupted run's weights and a ``metrics.jsonl`` holding each step once, and does the kill leave no process of
+the run behind?
 
 The run is the tiny CPU recipe (configs/oat_grpo_tiny.yaml shrunk by :func:`overrides`, which the OAT-GRPO tests
-run too; a checkpoint after every iteration). One uninterrupted run gives the reference weights and its timing.
-Trial 0 kills during the first checkpoint write (the moment its temporary folder appears); the others at a moment
-drawn uniformly from the reference run's active span (from its run directory appearing, after imports and checks, to
-its end). Each killed run is resumed to completion (a kill that lands after the run finished is re-drawn). Prints
-one line per trial, then ``resumes_equal: N/M`` and one JSON line with what the kills hit.
+run too; a checkpoint after every iteration), by default on a Ray fleet of 2 rollout workers with one-step-off
+rollouts (``--fleet-workers 2 --max-staleness 1``; ``--fleet-workers 0`` runs the rollouts in the driver). One
+uninterrupted run gives the reference weights and its timing. Trial 0 kills during the first checkpoint write (the
+moment its temporary folder appears); the others at a moment drawn uniformly from the reference run's active span
+(from its run directory appearing, after imports and checks, to its end). Only the driver is killed (kill -9); the
+processes of its tree at that moment (Ray head, agents, rollout workers) must all be gone 10 s later. Each killed
+run is resumed to completion (a kill that lands after the run finished, or after it wrote its summary, is re-drawn).
+Prints one line per trial, then ``resumes_equal: N/M``, the same count for the kills that landed in a checkpoint
+write, and one JSON line with what the kills hit.
 
     .venv/bin/python benchmarks/resume_faults.py --trials 20 --work /tmp/resume-faults
 """
@@ -14,6 +19,7 @@ one line per trial, then ``resumes_equal: N/M`` and one JSON line with what the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -23,10 +29,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 ITERATIONS = 4
+
+
+FLEET: list[str] = []  # the fleet overrides of this invocation (main() sets them; the tests run without a fleet)
 
 
 def overrides(model: Path, out: Path, name: str, *, iterations: int = ITERATIONS, eval_every: int = 2) -> list[str]:
@@ -40,7 +50,7 @@ def overrides(model: Path, out: Path, name: str, *, iterations: int = ITERATIONS
         "tree.branch_roles=[consolidate, recall]", "memory.sampling.consolidate.temperature=1.0",
         "memory.sampling.consolidate.max_tokens=16", "memory.sampling.recall.max_tokens=24",
         f"loop.iterations={iterations}", f"loop.eval_every={eval_every}", "loop.checkpoint_every=1",
-        "loop.keep_checkpoints=2",
+        "loop.keep_checkpoints=2", *FLEET,
     ]
 
 
@@ -90,29 +100,58 @@ def steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _alive(procs: list[Any]) -> list[Any]:
+    import psutil
+
+    out = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
 def kill_at(cmd: list[str], run_dir: Path, moment: float | None) -> dict[str, object]:
-    """Start the run and SIGKILL it ``moment`` s after start (None: when the first checkpoint's temporary folder
-    appears); returns what the kill hit, or {"finished": True} when the run ended first."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """Start the run and SIGKILL its driver ``moment`` s after start (None: when the first checkpoint's temporary
+    folder appears); returns what the kill hit and how many processes of its tree outlived it by 10 s, or
+    {"finished": True} when the run ended (or wrote its summary) first."""
+    import psutil
+
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     start = time.perf_counter()
     first_tmp = run_dir / "checkpoints" / ".tmp-ckpt-000000"
+    tree: list[Any] = []
     try:
         while proc.poll() is None:
             elapsed = time.perf_counter() - start
             if (moment is None and first_tmp.exists()) or (moment is not None and elapsed >= moment):
+                with contextlib.suppress(psutil.Error):
+                    tree = psutil.Process(proc.pid).children(recursive=True)
                 writing = sorted(p.name for p in (run_dir / "checkpoints").glob(".tmp-ckpt-*")) \
                     if (run_dir / "checkpoints").is_dir() else []
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=60)
+                if (run_dir / "summary.json").exists():
+                    break  # killed after the run finished its work: nothing to resume
                 complete = sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*")
                                   if (p / "COMPLETE").exists()) if (run_dir / "checkpoints").is_dir() else []
+                deadline = time.monotonic() + 10
+                while _alive(tree) and time.monotonic() < deadline:
+                    time.sleep(0.2)
                 return {"killed_at_s": round(elapsed, 2), "checkpoint_being_written": writing,
-                        "complete_checkpoints": complete, "finished": False}
+                        "complete_checkpoints": complete, "orphans_after_10s": len(_alive(tree)),
+                        "finished": False}
             time.sleep(0.002)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for leftover in _alive(tree):  # counted above; never left running
+            with contextlib.suppress(psutil.Error):
+                leftover.kill()
     return {"finished": True}
 
 
@@ -121,7 +160,16 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default="/tmp/memrl-resume-faults")
+    parser.add_argument("--fleet-workers", type=int, default=2, help="Ray rollout workers (0: rollouts in the driver)")
+    parser.add_argument("--max-staleness", type=int, default=1, help="loop.max_staleness (one-step-off: 1)")
     args = parser.parse_args()
+    FLEET[:] = [f"fleet.workers={args.fleet_workers}", f"loop.max_staleness={args.max_staleness}"]
+    if args.fleet_workers:
+        # engine.batch_size=1: the hf engine samples each row alone. In shared batches the left padding changes the
+        # logits in the last bits, and the load-aware split over the workers (by measured speed) changes who shares a
+        # batch, so the rollout log-probs (the truncated importance weights of max_staleness >= 1) would differ
+        # between an uninterrupted run and a resumed one for reasons that have nothing to do with the resume.
+        FLEET.extend(["fleet.cpus_per_worker=0.5", "engine.batch_size=1"])
 
     from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
@@ -150,13 +198,19 @@ def main() -> None:
         trials.append({"trial": trial, **hit, "steps": got, "equal": ok})
         print(json.dumps(trials[-1]), flush=True)
         shutil.rmtree(run_dir, ignore_errors=True)
+    in_write = [t for t in trials if t["checkpoint_being_written"]]
     print(f"resumes_equal: {equal}/{args.trials}", flush=True)
+    print(f"resumes_equal_after_kills_in_checkpoint_writes: {sum(t['equal'] for t in in_write)}/{len(in_write)}",
+          flush=True)
     print(json.dumps({
-        "benchmark": "resume_faults", "iterations": ITERATIONS, "uninterrupted_wall_s": round(wall, 1),
+        "benchmark": "resume_faults", "iterations": ITERATIONS, "fleet_workers": args.fleet_workers,
+        "max_staleness": args.max_staleness, "uninterrupted_wall_s": round(wall, 1),
         "run_started_at_s": round(started, 1),
         "expected_steps": expected_steps, "resumes_equal": f"{equal}/{args.trials}",
-        "kills_during_checkpoint_write": sum(bool(t["checkpoint_being_written"]) for t in trials),
+        "kills_during_checkpoint_write": len(in_write),
+        "resumes_equal_after_checkpoint_write_kills": f"{sum(t['equal'] for t in in_write)}/{len(in_write)}",
         "kills_before_first_checkpoint": sum(not t["complete_checkpoints"] for t in trials),
+        "trials_with_orphans_after_10s": sum(bool(t["orphans_after_10s"]) for t in trials),
     }))
 
 

@@ -10,9 +10,12 @@ itself, instead of after a minute of hub retries.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import struct
 from pathlib import Path
+from typing import Any
 
 from memrl.data.errors import UserError
 
@@ -24,6 +27,8 @@ __all__ = [
     "check_resume_target",
     "hub_offline",
     "looks_like_hub_id",
+    "safetensors_problem",
+    "safetensors_shapes",
 ]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -50,9 +55,86 @@ def _in_hub_cache(repo_id: str, filename: str) -> bool:
     return isinstance(found, str)
 
 
-def check_model_ref(ref: str, key: str, *, needs: str = "config.json") -> None:
+def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header and its length; ValueError saying what is wrong."""
+    size = path.stat().st_size
+    if size < 8:
+        raise ValueError(f"{size} bytes: too short for a safetensors file")
+    with open(path, "rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        if length > size - 8:
+            raise ValueError(f"its header claims {length} bytes but the file holds {size} (truncated?)")
+        try:
+            header = json.loads(fh.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ValueError("its header is not JSON (not a safetensors file, or damaged)") from None
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    return header, length
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a ``.safetensors`` file (its header does not parse, or its tensors do not fill the file
+    exactly), or None. Reads the header only."""
+    try:
+        header, length = _safetensors_header(path)
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    ends = [t["data_offsets"][1] for k, t in header.items()
+            if k != "__metadata__" and isinstance(t, dict) and isinstance(t.get("data_offsets"), list)]
+    expected, size = 8 + length + max(ends, default=0), path.stat().st_size
+    if expected != size:
+        return f"its tensors need {expected} bytes but the file holds {size} (truncated?)"
+    return None
+
+
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape of a safetensors file (header only)."""
+    header, _ = _safetensors_header(path)
+    return {k: list(t["shape"]) for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)}
+
+
+def _json_file(path: Path, key: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{key}: {path} does not parse as JSON ({exc}); the folder is damaged or not a saved "
+                        "model") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{key}: {path} is not a JSON object; the folder is damaged or not a saved model")
+    return data
+
+
+def _check_weights(path: Path, key: str) -> None:
+    """A checkpoint folder's weights: safetensors headers against their file sizes, index shards present."""
+    files = sorted(path.glob("*.safetensors"))
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = set(_json_file(index, key).get("weight_map", {}).values())
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            raise UserError(f"{key}: {index} names shards that are not there: {', '.join(missing[:5])}")
+    if not files and not list(path.glob("pytorch_model*.bin")):
+        raise UserError(f"{key}: {path} holds no weights (*.safetensors), so it is not a complete checkpoint")
+    for file in files:
+        if (problem := safetensors_problem(file)) is not None:
+            raise UserError(f"{key}: {file} is not a valid safetensors file: {problem}; save the model again")
+
+
+def _check_tokenizer_files(path: Path, key: str) -> None:
+    if not (path / "tokenizer_config.json").is_file() or not any(
+            (path / name).is_file() for name in ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")):
+        raise UserError(f"{key}: {path} holds no tokenizer files (tokenizer_config.json and tokenizer.json or a "
+                        "vocabulary); save the tokenizer with the model (tokenizer.save_pretrained), or name a "
+                        "tokenizer folder")
+    _json_file(path / "tokenizer_config.json", key)
+
+
+def check_model_ref(ref: str, key: str, *, needs: str = "config.json", tokenizer: bool = False) -> None:
     """A base checkpoint or tokenizer reference ``ref`` (config key ``key``): a local directory holding ``needs``,
-    or a hub ``org/name`` id (cached, when offline)."""
+    or a hub ``org/name`` id (cached, when offline). A local checkpoint's ``config.json`` must parse and its
+    safetensors files must be whole; with ``tokenizer`` (or ``needs="tokenizer_config.json"``) its tokenizer files
+    must be there too."""
     path = Path(ref).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -60,6 +142,11 @@ def check_model_ref(ref: str, key: str, *, needs: str = "config.json") -> None:
         if not (path / needs).is_file():
             raise UserError(f"{key}: {ref} holds no {needs}, so it is not a model checkpoint; point {key} at the "
                             f"folder written by save_pretrained (or `memrl model tiny --out {ref}`)")
+        if needs == "config.json":
+            _json_file(path / needs, key)
+            _check_weights(path, key)
+        if tokenizer or needs == "tokenizer_config.json":
+            _check_tokenizer_files(path, key)
         return
     if not looks_like_hub_id(ref) or path.parent.is_dir():
         # Not of the org/name form, or its first part is a local folder (runs/sft-tiny): a local path, so missing.
@@ -70,8 +157,10 @@ def check_model_ref(ref: str, key: str, *, needs: str = "config.json") -> None:
                         "HF_HUB_OFFLINE is set; give a local model folder, or download it with hub access enabled")
 
 
-def check_adapter_dir(ref: str, key: str) -> None:
-    """A PEFT LoRA adapter folder: ``adapter_config.json`` and safetensors weights must be there."""
+def check_adapter_dir(ref: str, key: str, *, base: str | None = None) -> None:
+    """A PEFT LoRA adapter folder: ``adapter_config.json`` (parsing) and whole safetensors weights must be there;
+    with a local ``base`` checkpoint, every LoRA matrix must fit a module of the base (its shape): an adapter
+    trained on another base is refused here, not deep inside PEFT."""
     path = Path(ref).expanduser()
     if not path.exists():
         if looks_like_hub_id(ref) and not path.parent.is_dir() and not hub_offline():
@@ -86,6 +175,34 @@ def check_adapter_dir(ref: str, key: str) -> None:
     if missing:
         raise UserError(f"{key}: adapter folder {ref} lacks {', '.join(missing)}; it is not a complete saved "
                         "LoRA adapter (safetensors only)")
+    config = _json_file(path / "adapter_config.json", key)
+    weights = path / _ADAPTER_WEIGHTS[0]
+    if (problem := safetensors_problem(weights)) is not None:
+        raise UserError(f"{key}: {weights} is not a valid safetensors file: {problem}")
+    if base is not None and (Path(base).expanduser() / "config.json").is_file():
+        _check_adapter_fits(path, config, Path(base).expanduser(), key)
+
+
+def _check_adapter_fits(adapter: Path, config: dict[str, Any], base: Path, key: str) -> None:
+    base_shapes: dict[str, list[int]] = {}
+    for file in sorted(base.glob("*.safetensors")):
+        base_shapes.update(safetensors_shapes(file))
+    if not base_shapes:
+        return
+    trained_on = config.get("base_model_name_or_path")
+    for name, shape in safetensors_shapes(adapter / _ADAPTER_WEIGHTS[0]).items():
+        match = re.match(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$", name)
+        if match is None:
+            continue
+        module, side = match.group(1) + ".weight", match.group(2)
+        target = base_shapes.get(module)
+        fits = target is not None and len(shape) == 2 and len(target) == 2 and (
+            shape[1] == target[1] if side == "A" else shape[0] == target[0])
+        if not fits:
+            found = f"shape {target}" if target is not None else "no such module"
+            raise UserError(f"{key}: adapter {adapter} does not fit base {base}: {name} has shape {shape}, the base's "
+                            f"{module} {found}; it was trained on {trained_on or 'another base'} (adapter_config.json "
+                            "base_model_name_or_path): use the adapter with the base it was trained on")
 
 
 def check_existing_file(ref: str, key: str, *, what: str = "file", nonempty: bool = True) -> None:

@@ -15,22 +15,24 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from memrl.data.errors import UserError
 
 __all__ = [
     "ConfigError",
     "ConfigModel",
+    "EndpointURL",
     "PlacementConfig",
     "PolicyPlacement",
     "RunConfig",
     "ServedModel",
     "WandbConfig",
     "apply_overrides",
+    "check_endpoint_url",
     "config_hash",
     "config_to_yaml",
     "load_config",
@@ -45,10 +47,51 @@ class ConfigError(UserError, ValueError):
     """A configuration problem, reported before any work starts."""
 
 
-class ConfigModel(BaseModel):
-    """Base class of every config section: unknown keys are rejected and assignments are validated."""
+class _FieldError(ValueError):
+    """A field's error found by a model-level validator (reported at the field's own key)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    def __init__(self, field: str, value: Any, message: str) -> None:
+        super().__init__(message)
+        self.field, self.value = field, value
+
+
+class ConfigModel(BaseModel):
+    """Base class of every config section: unknown keys are rejected, assignments are validated, numbers are finite
+    (``nan`` / ``inf`` are errors) and a boolean is not a number (``iterations: true`` is an error, not 1). Ranges
+    are declared on the fields themselves (``Field(gt=0, le=...)``)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name) if isinstance(name, str) else None
+                if isinstance(value, bool) and field is not None:
+                    kinds = _unwrap(field.annotation)
+                    if bool not in kinds and any(k in (int, float) for k in kinds):
+                        raise _FieldError(name, value, "expected a number, got a boolean")
+        return data
+
+
+def check_endpoint_url(url: str) -> str:
+    """An OpenAI-compatible endpoint's base URL: ``http(s)://host[:port][/path]``; anything else is a ValueError
+    saying what is wrong (``htp:/nope`` is not accepted)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"endpoint {url!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or (port is not None and not 0 < port < 65536):
+        raise ValueError(f"endpoint {url!r} is not an http(s)://host[:port]/v1 URL")
+    return url
+
+
+EndpointURL = Annotated[str, AfterValidator(check_endpoint_url)]
+"""An OpenAI-compatible endpoint's base URL (checked by :func:`check_endpoint_url`)."""
 
 
 class WandbConfig(ConfigModel):
@@ -64,18 +107,27 @@ class WandbConfig(ConfigModel):
 class RunConfig(ConfigModel):
     """Where a run writes its outputs, and its global seed."""
 
-    output_dir: str = "runs"  # parent directory of the run directory
-    name: str | None = None  # run directory name; None: <command>-<UTC timestamp>
-    seed: int = 0  # global RNG seed of the run
+    output_dir: str = Field("runs", min_length=1)  # parent directory of the run directory
+    name: str | None = None  # run directory name (one path component); None: <command>-<UTC timestamp>
+    seed: int = Field(0, ge=0, lt=2**32)  # global RNG seed of the run (numpy takes seeds below 2^32)
     resume: bool = False  # reuse an existing run directory and continue from its latest checkpoint
+    allow_config_change: list[str] = []  # keys (or sections) a --resume may change; other changes are errors
     wandb: WandbConfig = WandbConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _one_path_component(cls, name: str | None) -> str | None:
+        if name is not None and (name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name):
+            raise ValueError("run.name must be a single folder name (no '/', '..' or '.'): the run folder is "
+                             "run.output_dir/run.name")
+        return name
 
 
 class ServedModel(ConfigModel):
     """A frozen model behind OpenAI-compatible endpoints; requests are spread over all of them (more = faster)."""
 
-    model: str  # the name the servers answer to (vLLM's --served-model-name)
-    endpoints: list[str] = []  # base URLs ending in /v1, e.g. http://gpu01:8000/v1
+    model: str = Field(min_length=1)  # the name the servers answer to (vLLM's --served-model-name)
+    endpoints: list[EndpointURL] = []  # base URLs ending in /v1, e.g. http://gpu01:8000/v1
     api_key_env: str | None = None  # environment variable holding the key; None for local vLLM servers
 
 
@@ -120,11 +172,62 @@ class PlacementConfig(ConfigModel):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# YAML with line numbers
+# YAML: data only (no tags, no duplicate keys, few aliases), with line numbers
+
+MAX_YAML_ALIASES = 100  # a config needs a few anchors at most
+MAX_YAML_NODES = 200_000  # values once aliases are expanded: an "alias bomb" of a few lines expands to billions
 
 
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that remembers the line of every mapping key (dotted path -> 1-based line)."""
+    """SafeLoader for config files: a duplicate key, a ``!!python/...`` (or any non-standard) tag and more than
+    :data:`MAX_YAML_ALIASES` aliases are errors at their line instead of a silent last value, a traceback or a hang."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"more than {MAX_YAML_ALIASES} aliases (*name): refused (an alias bomb?)",
+                    self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = key_node.value
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """How many values ``node`` holds once every alias is expanded (shared nodes counted once per use)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = MAX_YAML_NODES + 1  # a node that contains itself never ends when expanded
+    size = 1
+    if isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(item, memo) for item in node.value)
+    memo[id(node)] = size
+    return size
+
+
+def _refuse_tag(loader: _LineLoader, suffix: str, node: yaml.Node) -> Any:
+    raise yaml.constructor.ConstructorError(None, None, f"tag {node.tag!r} refused: config files hold plain data",
+                                            node.start_mark)
+
+
+_LineLoader.add_multi_constructor("!", _refuse_tag)
+_LineLoader.add_multi_constructor("tag:yaml.org,2002:python/", _refuse_tag)
 
 
 def shipped_configs() -> Path:
@@ -169,6 +272,9 @@ def _load_yaml_with_lines(text: str, source: str) -> tuple[Any, dict[str, int]]:
         mark = exc.problem_mark
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         raise ConfigError(f"{where}: invalid YAML: {exc.problem}") from None
+    if node is not None and (size := _expanded_size(node, {})) > MAX_YAML_NODES:
+        raise ConfigError(f"{source}: invalid YAML: its aliases expand to {size:,} values (more than "
+                          f"{MAX_YAML_NODES:,}): refused (an alias bomb?)")
     lines: dict[str, int] = {}
 
     def walk(n: yaml.Node, prefix: str) -> None:
@@ -185,7 +291,12 @@ def _load_yaml_with_lines(text: str, source: str) -> tuple[Any, dict[str, int]]:
 
     if node is not None:
         walk(node, "")
-    data = yaml.safe_load(text)
+    try:
+        data = yaml.load(text, Loader=_LineLoader)  # a SafeLoader refusing every tag
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        raise ConfigError(f"{where}: invalid YAML: {exc.problem}") from None
     return data, lines
 
 
@@ -248,8 +359,12 @@ def _suggest(prefix: str, key: str, candidates: Sequence[str]) -> str:
 
 
 def _parse_override_value(raw: str) -> Any:
+    if raw == "":
+        return ""
     try:
-        return yaml.safe_load(raw) if raw != "" else ""
+        return yaml.load(raw, Loader=_LineLoader)  # a SafeLoader refusing every tag
+    except yaml.constructor.ConstructorError as exc:
+        raise ConfigError(f"override value {raw!r}: {exc.problem}") from None
     except yaml.YAMLError:
         return raw
 
@@ -291,6 +406,9 @@ def _format_validation_error(
     messages = []
     for err in exc.errors():
         loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        if isinstance(field_error := err.get("ctx", {}).get("error"), _FieldError):
+            loc = [*loc, field_error.field]
+            err = {**err, "input": field_error.value, "msg": str(field_error)}
         dotted = ".".join(str(p) for p in loc)
         if dotted in override_keys:
             where = "command-line override"

@@ -318,6 +318,8 @@ class SFTExample(Record):
     def _ends_with_target(cls, messages: list[Message]) -> list[Message]:
         if messages[-1].role != "assistant":
             raise ValueError(f"the last message must be the assistant target, got role {messages[-1].role!r}")
+        if not messages[-1].content.strip():
+            raise ValueError("the assistant target (the last message) is empty: nothing to learn")
         return messages
 
 

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PositiveInt, ValidationError, model_validator
 
 from memrl.data.config import ConfigModel, RunConfig
 from memrl.data.io import atomic_write_text, describe_validation_error, write_arrow, write_jsonl
@@ -38,7 +38,7 @@ class SynthSource(ConfigModel):
 
     family: Literal["ama", "sam", "proactive"]  # task family to generate: ama (QA episodes), sam or proactive
     env: Literal["textworld", "gridworld"] = Field("textworld", description="environment of an ama source")
-    count: int = Field(4, ge=1)  # episodes per target-token bin (or in all without bins)
+    count: int = Field(4, ge=1, le=10**6)  # episodes per target-token bin (or in all without bins)
     target_tokens: list[int] = Field(
         [], description="bins (ama: required; sam: grow tours to each; proactive: not read)"
     )
@@ -103,7 +103,7 @@ class SynthConfig(ConfigModel):
     sources: list[SynthSource] = Field(default_factory=_default_sources)
     eval_fraction: float = Field(0.25, ge=0, lt=1, description="share of each source and bin held out for eval")
     arrow: bool = True  # also write train.arrow/ and eval.arrow/ datasets next to the JSONL
-    histogram_bins: list[int] = [4096, 8192, 16384, 32768, 65536, 131072]  # token-length histogram edges of the stats
+    histogram_bins: list[PositiveInt] = [4096, 8192, 16384, 32768, 65536, 131072]  # token-length histogram edges
 
 
 def _seed(*parts: Any) -> int:

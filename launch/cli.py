@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import shutil
 import sys
@@ -38,6 +39,9 @@ def _add_job_arguments(parser: argparse.ArgumentParser, job: Job) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=1e-6")
     if job.resumable:
         parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+        parser.add_argument("--allow-config-change", nargs="+", metavar="KEY", default=None,
+                            help="with --resume: config keys (or sections) that may differ from the run's saved "
+                            "config (sets run.allow_config_change)")
     for flag, key, help_text in job.flags:
         parser.add_argument(flag, dest=f"flag:{key}", metavar="VALUE", help=f"{help_text} (sets {key})")
     if job.dry_run:
@@ -50,6 +54,11 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if getattr(args, "resume", False):
         overrides.append("run.resume=true")
+    allowed = getattr(args, "allow_config_change", None)
+    if allowed:
+        if not getattr(args, "resume", False):
+            raise ConfigError("--allow-config-change applies to --resume only (a new run has no saved config)")
+        overrides.append(f"run.allow_config_change={json.dumps(allowed)}")
     for _, key, _ in job.flags:
         value = getattr(args, f"flag:{key}", None)
         if value is not None:
@@ -64,16 +73,21 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
     if job.checks:
         job.load("checks")(config)
     run = getattr(config, "run", None)
-    with _created_only_on_success(Path(run.output_dir) if run is not None else None):
-        from memrl.launch.console import console
+    from memrl.data.run_dir import release_run_dirs
 
-        with console(verbose=bool(args.verbose or os.environ.get("MEMRL_VERBOSE"))):
-            try:
-                code = job.load("runner")(config)
-            except (UserError, KeyboardInterrupt):
-                raise
-            except Exception as exc:
-                raise _Bug(exc, _save_traceback()) from exc
+    try:
+        with _created_only_on_success(Path(run.output_dir) if run is not None else None):
+            from memrl.launch.console import console
+
+            with console(verbose=bool(args.verbose or os.environ.get("MEMRL_VERBOSE"))):
+                try:
+                    code = job.load("runner")(config)
+                except (UserError, KeyboardInterrupt):
+                    raise
+                except Exception as exc:
+                    raise _Bug(exc, _save_traceback()) from exc
+    finally:
+        release_run_dirs()
     return int(code or 0)
 
 
@@ -104,29 +118,29 @@ def _has_complete_checkpoint(folder: Path) -> bool:
 
 @contextlib.contextmanager
 def _created_only_on_success(output_dir: Path | None) -> Iterator[None]:
-    """On a failed start (a :class:`UserError` from the runner) remove the folders this command created under
-    ``output_dir`` (and ``output_dir`` itself if it created it), unless they already hold a complete checkpoint."""
+    """On a failed start (a :class:`UserError` from the runner) remove the run folder this process created (and
+    locked), unless it already holds a complete checkpoint, and the parents of ``output_dir`` it created, when they
+    are empty. Nothing another process wrote is touched: a folder this process did not create is left as it is."""
     if output_dir is None:
         yield
         return
     top = output_dir.absolute()
     while not top.parent.exists() and top != top.parent:
         top = top.parent
-    existed = top.exists()
-    before = set(os.listdir(output_dir)) if output_dir.is_dir() else set()
+    missing = [] if top.exists() else [output_dir.absolute(), *output_dir.absolute().parents]
+    missing = [p for p in missing if p == top or top in p.parents]
     try:
         yield
     except UserError:
-        if not existed:
-            if top.exists() and not _has_complete_checkpoint(top):
-                shutil.rmtree(top, ignore_errors=True)
-        elif output_dir.is_dir():
-            for name in set(os.listdir(output_dir)) - before:
-                new = output_dir / name
-                if new.is_dir() and not _has_complete_checkpoint(new):
-                    shutil.rmtree(new, ignore_errors=True)
-                elif new.is_file():
-                    new.unlink()
+        from memrl.data.run_dir import created_run_dirs, release_run_dirs
+
+        for run_dir in created_run_dirs():
+            if not _has_complete_checkpoint(run_dir):
+                release_run_dirs(run_dir)
+                shutil.rmtree(run_dir, ignore_errors=True)
+        for folder in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
         raise
 
 
@@ -241,8 +255,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
+    from memrl.launch.shutdown import handle_signals
+
     try:
-        code = handler(args)
+        with handle_signals():  # SIGTERM ends every command as Ctrl-C does (launch/shutdown.py)
+            code = handler(args)
     except ConfigError as exc:
         print(f"memrl: config error: {exc}", file=sys.stderr)
         return 2
@@ -253,9 +270,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"memrl: unexpected error (a bug, please report it): {type(bug.error).__name__}: {bug.error}\n"
               f"the traceback is in {bug.log}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("memrl: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        from memrl.launch.shutdown import exit_code, stop_children
+
+        stop_children()
+        code = exit_code(interrupt)
+        what = "terminated (SIGTERM)" if code == 143 else "interrupted (SIGINT)"
+        resumable = getattr(args, "resume", None) is not None
+        print(f"memrl: {what}: stopped" + ("; what it saved is kept (checkpoints are written whole): continue "
+                                            "with --resume" if resumable else ""), file=sys.stderr)
+        return code
     _leave_process_group()
     return code
 

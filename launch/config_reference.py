@@ -78,6 +78,8 @@ def _type_name(annotation: Any) -> str:
         return annotation.__name__
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated:  # a checked type (EndpointURL): its base type
+        return _type_name(args[0])
     if origin is typing.Literal:
         return " \\| ".join(repr(a) for a in args)
     if origin in (typing.Union, types.UnionType):

@@ -1,14 +1,17 @@
 """Checks every command runs on its validated config before it creates anything.
 
-Pydantic has already checked types and the bounds the models declare. This walks the config and checks what lies
-outside it: the files and folders named in it (model checkpoints and tokenizers, LoRA adapters, episode files with
-each record against its schema, the run's output folder), counts that must be positive, and ``--resume`` targets.
+Pydantic has already checked types and ranges (every numeric field declares its own bounds; the base class refuses
+non-finite numbers and booleans as numbers). This walks the config and checks what lies outside it: the files and
+folders named in it (model checkpoints, tokenizers and LoRA adapters with their weights, episode files with each
+record against its schema, the run's output folder), API keys in the environment, and ``--resume`` targets (the
+run's saved config, a finished run, checkpoints that are gone).
 A command adds its own checks (``Job.checks``) for what only it knows. Everything raises
 :class:`~memrl.data.errors.UserError`, which the CLI turns into one message and exit code 2.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,42 +26,47 @@ from memrl.data.checks import (
 )
 from memrl.data.config import RunConfig
 from memrl.data.errors import UserError
-from memrl.data.run_dir import check_no_run_in
+from memrl.data.run_dir import check_no_run_in, check_resume_config
 
-__all__ = ["OUTPUT_KEYS", "POSITIVE_KEYS", "check_config"]
+__all__ = ["OUTPUT_KEYS", "check_config"]
 
-# Counts and sizes that make no sense at zero (pydantic already rejects what a model bounds itself; these keys are
-# bounded here wherever they appear, including in sections that do not declare it).
-POSITIVE_KEYS = frozenset({
-    "iterations", "tasks_per_iteration", "branch_factor", "max_leaves", "flat_group_size", "batch_size",
-    "group_size", "max_tokens", "repeats", "keep_checkpoints", "reference_max_tokens", "judge_max_tokens",
-    "min_group_size", "max_steps", "distill_tasks", "eval_tasks_per_horizon", "rl_tasks",
-    "layers", "hidden", "head_dim", "vocab_size", "max_position",  # a tiny model's shape
-})
 # Folders a command writes into besides its run directory (checked writable without being created).
 OUTPUT_KEYS = frozenset({"out", "output", "model_cache", "cache_dir"})
-# Integers that may be negative (-1 means "off" for top_k; seeds are any integer).
-_SIGNED_KEYS = frozenset({"top_k"})
-
-
-def _is_signed(name: str) -> bool:
-    return name in _SIGNED_KEYS or "seed" in name
 
 
 def check_config(cfg: BaseModel) -> None:
     """Run the generic checks on a command's whole config (see the module docstring)."""
     run = getattr(cfg, "run", None)
     if isinstance(run, RunConfig):
-        _check_run(run)
+        _check_run(cfg, run)
     _walk(cfg, "")
 
 
-def _check_run(run: RunConfig) -> None:
+def _check_run(cfg: BaseModel, run: RunConfig) -> None:
     check_output_dir(run.output_dir, "run.output_dir")
     if run.resume:
         check_resume_target(run.output_dir, run.name)
+        assert run.name is not None
+        _check_resumable(cfg, run, Path(run.output_dir) / run.name)
     elif run.name is not None:
         check_no_run_in(Path(run.output_dir) / run.name)
+
+
+def _check_resumable(cfg: BaseModel, run: RunConfig, run_dir: Path) -> None:
+    """``--resume`` does not guess: the config is the run's own (or the changes are named), a finished run is not
+    run again, and a run that saved checkpoints still has one."""
+    changes = check_resume_config(cfg, run, run_dir)
+    if (run_dir / "summary.json").is_file() and not changes:
+        raise UserError(f"--resume: run {run_dir} is finished (it wrote summary.json): nothing to resume. To train it "
+                        "further, resume with a longer schedule and --allow-config-change naming it (e.g. "
+                        "loop.iterations or train.max_steps), or start a new run from its final weights")
+    from memrl.train.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(run_dir / "checkpoints")
+    saved = manager.saved_before()
+    if saved and not any((manager.root / name).is_dir() for name in saved):
+        raise UserError(f"--resume: every checkpoint of run {run_dir} is gone (it saved {', '.join(saved)}, listed "
+                        f"in {manager.journal}); restore one, or start a new run without --resume")
 
 
 def _walk(node: Any, prefix: str) -> None:
@@ -85,21 +93,17 @@ def _check_section(section: BaseModel, prefix: str) -> None:
         value = getattr(section, name)
         if isinstance(value, str) and name in OUTPUT_KEYS:
             check_output_dir(value, _key(prefix, name))
-        numbers = value if isinstance(value, (list, tuple)) else [value]
-        for number in numbers:
-            if isinstance(number, bool) or not isinstance(number, int):
-                continue
-            if number < 0 and not _is_signed(name):
-                raise UserError(f"{_key(prefix, name)}={value}: must be >= 0")
-            if number < 1 and name in POSITIVE_KEYS:
-                raise UserError(f"{_key(prefix, name)}={value}: must be >= 1")
+    key_env = getattr(section, "api_key_env", None)
+    if isinstance(key_env, str) and not os.environ.get(key_env):
+        raise UserError(f"{_key(prefix, 'api_key_env')}: environment variable {key_env} is not set (it should hold "
+                        "the endpoint's API key); export it, or set api_key_env to null for servers without a key")
     kind = type(section).__name__
     if kind == "EngineConfig":
         _check_engine(section, prefix)
     elif kind == "PolicySpec":
-        check_model_ref(section.base, _key(prefix, "base"))
+        check_model_ref(section.base, _key(prefix, "base"), tokenizer=True)
         if section.adapter:
-            check_adapter_dir(section.adapter, _key(prefix, "adapter"))
+            check_adapter_dir(section.adapter, _key(prefix, "adapter"), base=section.base)
     elif "episodes" in fields and "count" in fields:
         _check_task_set(section, prefix)
     elif "adapter" in fields and isinstance(section.adapter, str):
@@ -112,7 +116,8 @@ def _check_section(section: BaseModel, prefix: str) -> None:
 
 def _check_engine(engine: Any, prefix: str) -> None:
     if engine.backend in ("vllm", "hf") and engine.model:
-        check_model_ref(engine.model, _key(prefix, "model"))
+        check_model_ref(engine.model, _key(prefix, "model"),
+                        tokenizer=not engine.tokenizer or engine.tokenizer == engine.model)
     if engine.tokenizer and engine.tokenizer != engine.model:
         check_model_ref(engine.tokenizer, _key(prefix, "tokenizer"), needs="tokenizer_config.json")
 
@@ -130,5 +135,24 @@ def _check_task_set(tasks: Any, prefix: str) -> None:
             loaded = load_tasks(tasks, "check")
         if not loaded:
             raise UserError(f"{_key(prefix, 'episodes')}: {tasks.episodes} holds no usable episodes")
+        if Path(tasks.episodes).suffix == ".jsonl":
+            _check_nonempty_episodes(Path(tasks.episodes))
     elif tasks.count < 1:
         raise UserError(f"{_key(prefix, 'count')}={tasks.count}: a generated task set needs count >= 1")
+
+
+def _check_nonempty_episodes(path: Path) -> None:
+    """An episode without turns or without questions gives nothing to roll out or score: ``file:line: field``."""
+    import json
+
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue  # the loader has already reported what it could not read
+        if not isinstance(record, dict):
+            continue
+        for field in ("trajectory", "qa_pairs"):
+            if field in record and not record[field]:
+                raise UserError(f"{path}:{lineno}: field '{field}': empty (an episode needs turns and questions to "
+                                "roll out and score); remove the record or complete it")

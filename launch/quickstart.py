@@ -66,9 +66,9 @@ def _task_set(cfg: QuickstartConfig, count: int, seed: int, horizon: int) -> Tas
 class QuickstartSFT(ConfigModel):
     """The SFT stage of the quickstart."""
 
-    max_steps: int = 300  # optimizer steps of the SFT stage
-    batch_size: int = 32  # examples per SFT step (rows mixed = max_steps x batch_size)
-    lr: float = 2e-3  # SFT learning rate
+    max_steps: int = Field(300, ge=1, le=10**6)  # optimizer steps of the SFT stage
+    batch_size: int = Field(32, ge=1, le=2**16)  # examples per SFT step (rows mixed = max_steps x batch_size)
+    lr: float = Field(2e-3, gt=0, le=1)  # SFT learning rate
     role_weights: dict[str, float] = {"consolidate": 0.4, "recall": 0.6}  # share of the SFT mixture per memory role
     max_length: int = Field(512, ge=16)  # tokens per SFT example at most
     lora: LoraSettings = LoraSettings(enabled=False)  # LoRA SFT (RL and evaluation run the adapter on its base)
@@ -84,12 +84,13 @@ class QuickstartConfig(ConfigModel):
     model: TinyModelSpec = TinyModelSpec()
     model_cache: str = ".cache/models"  # directory the base model is built (or converted) into and reused from
     task_family: Literal["sam", "dialogue"] = "sam"  # sam: text-world tours; dialogue: the same as English dialogue
-    max_model_len: int | None = Field(None, ge=16)  # vLLM context length (rollouts, evals); None: the model's
-    horizon: int = 12  # tour steps before the question, for distillation and RL
+    max_model_len: int | None = Field(None, ge=16, le=10**7)  # vLLM context length (rollouts, evals); None: the model's
+    horizon: int = Field(12, ge=1, le=10**5)  # tour steps before the question, for distillation and RL
     eval_horizons: list[int] = [12, 24]  # horizons (tour steps) of the held-out eval task sets
-    distill_tasks: int = 600  # SAM tasks the oracle is run on to make SFT data
-    eval_tasks_per_horizon: int = 60  # held-out tasks per eval horizon
-    eval_seed: int = 200_000  # first seed of the held-out tasks (+ 1000 x horizon); dialogue test split: 400000
+    distill_tasks: int = Field(600, ge=1, le=10**6)  # SAM tasks the oracle is run on to make SFT data
+    eval_tasks_per_horizon: int = Field(60, ge=1, le=10**5)  # held-out tasks per eval horizon
+    # first seed of the held-out tasks (+ 1000 x horizon); the dialogue test split: 400000
+    eval_seed: int = Field(200_000, ge=0, lt=2**32)
     paired_eval: bool = False  # also run untrained, SFT and exported RL greedy on the held-out tasks: paired intervals
     expert: SamOracleConfig = SamOracleConfig(defer_to_later=0.9)
     memory: SamConfig = SamConfig(
@@ -97,15 +98,15 @@ class QuickstartConfig(ConfigModel):
         sampling={"consolidate": RoleSampling(temperature=0.0, max_tokens=64),
                   "recall": RoleSampling(temperature=1.0, max_tokens=64)},
     )
-    reasoner_max_pages: int = 2  # page ids the scripted reasoner asks for per recall
+    reasoner_max_pages: int = Field(2, ge=1, le=1000)  # page ids the scripted reasoner asks for per recall
     sft: QuickstartSFT = QuickstartSFT()
-    rl_tasks: int = 512  # SAM tasks in the RL training set
-    tasks_per_iteration: int = 16  # tasks rolled out per RL iteration
+    rl_tasks: int = Field(512, ge=1, le=10**6)  # SAM tasks in the RL training set
+    tasks_per_iteration: int = Field(16, ge=1, le=10**5)  # tasks rolled out per RL iteration
     tree: TreeConfig = TreeConfig(branch_factor=4, max_branch_depth=2, max_leaves=16)
     credit: CreditConfig = CreditConfig(committee_weight=0.5)
     trainer: GroupTrainerConfig = GroupTrainerConfig(lr=2e-4, lora=LoraSettings(enabled=False))
     loop: LoopConfig = LoopConfig(iterations=24, checkpoint_every=12)
-    eval_samples: int = 2  # sampled eval runs per task (plus one greedy)
+    eval_samples: int = Field(2, ge=0, le=1000)  # sampled eval runs per task (plus one greedy)
     evaluate_untrained: bool = True  # also evaluate the untrained model (greedy) as a baseline
     export: bool = True  # export the RL model as a HF checkpoint + model card at the end
 

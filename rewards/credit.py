@@ -45,6 +45,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import Field
+
 from memrl.data.config import ConfigModel
 from memrl.data.schemas import MemoryCallTree, TreeNode
 from memrl.rewards.advantage import AdvantageScale, group_advantages, is_zero_variance
@@ -63,11 +65,11 @@ __all__ = [
 class CreditConfig(ConfigModel):
     """Weights of the OAT reward and the advantage scaling."""
 
-    committee_weight: float = 0.5  # lambda
+    committee_weight: float = Field(0.5, ge=0, le=1)  # lambda
     centre: Literal["siblings"] | float = "siblings"  # c_bar: "siblings" (the sibling mean of c) or a constant
     advantage_scale: AdvantageScale = "std"  # A(n): divide the centred reward by the group std, or none
-    eps: float = 1e-6  # added to the std when dividing by it
-    format_penalty: float = 0.0  # subtracted from r(n) when the memory call's output was malformed
+    eps: float = Field(1e-6, ge=0, le=1)  # added to the std when dividing by it
+    format_penalty: float = Field(0.0, ge=0, le=1e3)  # subtracted from r(n) when the memory call's output was malformed
     baseline: Literal["siblings", "global"] = "siblings"  # A(n): r minus the sibling mean, or minus the batch mean
     shuffle_outcomes: bool = False  # no-signal control: permute leaf outcomes and committee scores across the batch
     # per_trajectory: m_i is the trajectory's trained calls, so each trajectory counts once (module docstring)

@@ -13,6 +13,8 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
+
 from memrl.data.config import ConfigModel, RunConfig
 from memrl.data.distill import DistillWriter, RejectionConfig
 from memrl.data.experts.proactive import ProactiveOracle, ProactiveOracleConfig
@@ -48,10 +50,10 @@ class DistillRunConfig(ConfigModel):
     sam_memory: SamConfig = SamConfig()
     proactive_memory: ProactiveConfig = ProactiveConfig()
     reasoner_max_pages: int = 1  # page ids the scripted SAM reasoner asks for per recall
-    reasoner_recall_budget: int = 2  # recall calls per intent of the scripted SAM reasoner
+    reasoner_recall_budget: int = Field(2, ge=0, le=1000)  # recall calls per intent of the scripted SAM reasoner
     tokenizer: str | None = None  # token accounting of the scripted agents (a model dir or hub id)
     rejection: RejectionConfig = RejectionConfig()
-    batch_size: int = 32  # tasks rolled out together per batch
+    batch_size: int = Field(32, ge=1, le=2**16)  # tasks rolled out together per batch
     out: str | None = None  # default: <run dir>/sft
 
 

@@ -25,6 +25,9 @@ behind a job lands after that job's trees.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -36,6 +39,7 @@ from pydantic import Field
 from memrl.data.config import ConfigError, ConfigModel, PolicyPlacement
 from memrl.data.schemas import MemoryCallTree
 from memrl.rollout.loop import Rollout
+from memrl.rollout.reaper import start_reaper
 from memrl.rollout.worker import RolloutWorker, TreeBatch, TreeJob, WorkerSpec
 
 __all__ = ["EngineSlot", "FleetCollection", "FleetConfig", "FleetResult", "LocalFleet",
@@ -199,12 +203,21 @@ class RolloutFleet:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         placement = placement or PolicyPlacement()
+        self.reaper: subprocess.Popen[bytes] | None = None
         if not ray.is_initialized():
             address = cfg.address or os.environ.get("RAY_ADDRESS")
+            # ray.init replaces the SIGTERM handler with its own (sys.exit mid-step, which can abort the process):
+            # memrl's shutdown path stays in charge (launch/shutdown.py), and it stops Ray too
+            sigterm = signal.getsignal(signal.SIGTERM)
             if address:
                 ray.init(address=address, include_dashboard=False)
             else:
                 ray.init(num_cpus=max(int((cfg.workers or 1) * cfg.cpus_per_worker) + 1, 2), include_dashboard=False)
+                # the local cluster and its workers end with this process, also when it is killed (kill -9); on a
+                # cluster we joined, Ray ends the actors this driver owns when it goes
+                self.reaper = start_reaper()
+            if threading.current_thread() is threading.main_thread() and sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
         gpus = int(ray.cluster_resources().get("GPU", 0))
         tp = placement.tensor_parallel_size if spec.policy.backend == "vllm" else 1
         workers = cfg.workers if cfg.workers is not None else gpus // tp if gpus else 0

@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from memrl.data.config import ConfigModel
 from memrl.data.errors import UserError
 
@@ -75,15 +77,15 @@ CHAT_TEMPLATE = (
 class TinyModelSpec(ConfigModel):
     """Shape of a tiny random-initialised Qwen3 model (head_dim 64 so the vLLM CPU backend can serve it)."""
 
-    seed: int = 0  # weight-init RNG seed
-    layers: int = 2  # transformer layers
-    hidden: int = 128  # hidden size (a multiple of head_dim)
-    head_dim: int = 64  # attention head size; heads = hidden / head_dim
-    kv_heads: int | None = None  # key/value heads; None: as many as attention heads
-    intermediate: int | None = None  # MLP size; None: 3 x hidden
-    vocab_size: int = 1024  # BPE tokenizer vocabulary size (incl. special tokens)
-    max_position: int = 4096  # max positions (context length in tokens)
-    tokenizer_seed: int = 0  # seed of the synthetic corpus the tokenizer is trained on
+    seed: int = Field(0, ge=0, lt=2**32)  # weight-init RNG seed
+    layers: int = Field(2, ge=1, le=256)  # transformer layers
+    hidden: int = Field(128, ge=1, le=65536)  # hidden size (a multiple of head_dim)
+    head_dim: int = Field(64, ge=1, le=1024)  # attention head size; heads = hidden / head_dim
+    kv_heads: int | None = Field(None, ge=1, le=1024)  # key/value heads; None: as many as attention heads
+    intermediate: int | None = Field(None, ge=1, le=262144)  # MLP size; None: 3 x hidden
+    vocab_size: int = Field(1024, ge=1, le=1_000_000)  # BPE tokenizer vocabulary size (incl. special tokens)
+    max_position: int = Field(4096, ge=1, le=10**7)  # max positions (context length in tokens)
+    tokenizer_seed: int = Field(0, ge=0, lt=2**32)  # seed of the synthetic corpus the tokenizer is trained on
 
     @property
     def heads(self) -> int:

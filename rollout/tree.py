@@ -70,11 +70,11 @@ class TreeConfig(ConfigModel):
 
     mode: Literal["tree", "flat"] = "tree"  # tree: K-way branching at memory calls; flat: G rollouts per task
     branch_roles: list[str] = ["recall"]  # trained roles (recall, consolidate): their actions are nodes and branch
-    branch_factor: int = 4  # K siblings per trainable call
-    max_branch_depth: int | None = None  # only the first this many memory actions on a path branch (None: no limit)
-    max_leaves: int = 16  # leaves per tree at most; split among siblings at every branching
-    reasoner_token_budget: int | None = None  # reasoner tokens per tree, split among siblings; no branching past it
-    flat_group_size: int = 4  # G trajectories per task in flat mode
+    branch_factor: int = Field(4, ge=1, le=64)  # K siblings per trainable call
+    max_branch_depth: int | None = Field(None, ge=1, le=10**4)  # branch the first N actions of a path (None: all)
+    max_leaves: int = Field(16, ge=1, le=4096)  # leaves per tree at most; split among siblings at every branching
+    reasoner_token_budget: int | None = Field(None, ge=1, le=10**10)  # reasoner tokens per tree, split at branches
+    flat_group_size: int = Field(4, ge=1, le=4096)  # G trajectories per task in flat mode
     scheduler: Literal["async", "wavefront"] = "async"  # async: each branch advances when its own call returns
     # (a Monte-Carlo difference between two copies of one text is never trained as a preference)
     merge_identical_siblings: bool = True  # siblings with equal token ids are one node whose V(n) pools their leaves

@@ -86,6 +86,10 @@ def ws(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[s
     files["yaml_error"] = write("broken.yaml", "run:\n  name: x\n  seed: [1, 2\nloop: {iterations: 1}\n")
     files["yaml_list"] = write("list.yaml", "- 1\n- 2\n")
     files["results"] = write("results.json", json.dumps({"success": 0.5}))
+    files["yaml_duplicate"] = write("duplicate.yaml", "run:\n  seed: 1\n  seed: 2\n")
+    files["yaml_tag"] = write("tag.yaml", "run:\n  name: !!python/object/apply:os.system ['touch pwned']\n")
+    files["yaml_bomb"] = write("bomb.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)))
     (root / "nomodel").mkdir()
     (root / "inputs" / "nomodel.txt").write_text("x")
     lora = root / "lora_no_weights"
@@ -95,6 +99,51 @@ def ws(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[s
     (root / "lora_no_config").mkdir()
     (root / "lora_no_config" / "adapter_model.safetensors").write_bytes(b"")
     files["lora_no_config"] = root / "lora_no_config"
+    # model folders that are not what they claim (copies of the tiny model, one thing broken in each)
+    def model_copy(name: str) -> Path:
+        folder = root / "models" / name
+        shutil.copytree(tiny_model_dir, folder)
+        return folder
+
+    weights = model_copy("truncated-weights") / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    files["truncated_weights"] = weights.parent
+    (model_copy("empty-weights") / "model.safetensors").write_bytes(b"")
+    files["empty_weights"] = root / "models" / "empty-weights"
+    (model_copy("garbage-config") / "config.json").write_text("{not json")
+    files["garbage_config"] = root / "models" / "garbage-config"
+    no_tok = model_copy("no-tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (no_tok / name).unlink()
+    files["no_tokenizer"] = no_tok
+    import torch
+    from safetensors.torch import save_file
+
+    other = root / "lora_other_base"  # a LoRA adapter trained on a base with another hidden size
+    other.mkdir()
+    (other / "adapter_config.json").write_text(json.dumps({"r": 4, "peft_type": "LORA",
+                                                           "base_model_name_or_path": "/elsewhere/other-base"}))
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(4, 96),
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(96, 4)},
+              str(other / "adapter_model.safetensors"))
+    files["lora_other_base"] = other
+    garbage_lora = root / "lora_garbage_weights"
+    garbage_lora.mkdir()
+    (garbage_lora / "adapter_config.json").write_text(json.dumps({"r": 4, "peft_type": "LORA"}))
+    (garbage_lora / "adapter_model.safetensors").write_bytes(b"\xff" * 64)
+    files["lora_garbage_weights"] = garbage_lora
+    sft_line = json.loads(files["sft_role"].read_text())
+    sft_line["messages"][-1]["content"] = "  "
+    files["sft_empty_target"] = write("sft_empty_target/recall.jsonl", files["sft_role"].read_text()
+                                      + json.dumps(sft_line) + "\n")
+    stray = json.loads(files["sft_role"].read_text())
+    stray["role"] = "consolidate"
+    files["sft_stray_role"] = write("sft_stray_role/recall.jsonl", files["sft_role"].read_text()
+                                    + json.dumps(stray) + "\n")
+    episode = json.loads(good[0])
+    files["no_turns"] = write("no_turns.jsonl", good[1] + "\n" + json.dumps({**episode, "trajectory": []}) + "\n")
+    files["no_questions"] = write("no_questions.jsonl", good[1] + "\n" + json.dumps({**episode, "qa_pairs": []})
+                                  + "\n")
     existing = root / "runs" / "taken"
     existing.mkdir(parents=True)
     (existing / "config.yaml").write_text("command: x\n")
@@ -145,6 +194,18 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
         if job.resumable:
             yield f"{command}/resume-missing", [*argv, *base, "run.name=takne", "--resume"], ["takne", "taken"]
             yield f"{command}/resume-unnamed", [*argv, *base, "--resume"], ["run.name", "taken"]
+        # numbers that are not numbers, YAML that is not data, paths that leave the output folder
+        yield f"{command}/seed-bool", [*argv, *base, "run.seed=true"], ["run.seed", "boolean"]
+        yield f"{command}/seed-huge", [*argv, *base, f"run.seed={2**70}"], ["run.seed"]
+        yield f"{command}/seed-inf", [*argv, *base, "run.seed=.inf"], ["run.seed"]
+        yield f"{command}/yaml-duplicate-key", [*argv, "--config", str(ws["yaml_duplicate"])], [
+            "duplicate.yaml:3", "duplicate key 'seed'"]
+        yield f"{command}/yaml-python-tag", [*argv, "--config", str(ws["yaml_tag"])], ["tag.yaml:2", "refused"]
+        yield f"{command}/yaml-alias-bomb", [*argv, "--config", str(ws["yaml_bomb"])], ["bomb.yaml", "alias"]
+        yield f"{command}/override-tag", [*argv, *base, "run.name=!!python/name:os.system"], ["refused"]
+        yield f"{command}/name-escapes", [*argv, *base, "run.name=../escape"], ["run.name", "single folder name"]
+        yield f"{command}/name-nested", [*argv, *base, "run.name=a/b"], ["run.name"]
+        yield f"{command}/name-dot", [*argv, *base, "run.name=."], ["run.name"]
     yield "config show/yaml-syntax", ["config", "show", "--config", str(ws["yaml_error"])], ["broken.yaml:4"]
     yield "config show/missing", ["config", "show", "--config", str(root / "nope.yaml")], ["nope.yaml"]
     yield "model tiny/out-under-file", ["model", "tiny", "--out", f"{ws['afile']}/m"], ["--out", "afile.txt"]
@@ -167,6 +228,31 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
                  "judge_max_tokens=-1"],
         "export": ["verify.max_new_tokens=0"],
     }
+    # non-finite, out-of-range and absurd numbers
+    numbers = {
+        "train oat-grpo": ["trainer.lr=.inf", "trainer.lr=.nan", "trainer.lr=1e308", "trainer.lr=0",
+                           "trainer.clip_low=-5", "trainer.clip_high=.inf", "trainer.max_grad_norm=.nan",
+                           "credit.committee_weight=.nan", "credit.committee_weight=7", "loop.iterations=true",
+                           "tree.branch_factor=1000000", "tasks_per_iteration=1000000", "train_tasks.count=1000000000",
+                           "tree.max_leaves=100000000", "trainer.micro_batches=true", "trainer.kl_coef=-1",
+                           "trainer.tis_cap=0", "memory.sampling.recall.top_p=2"],
+        "sft": ["train.lr=.inf", "train.lr=1e308", "train.batch_size=1000000", "train.max_grad_norm=.nan",
+                "train.max_steps=true", "train.epochs=.inf"],
+        "data distill": ["batch_size=true", "batch_size=10000000", "tasks.count=1000000000"],
+        "data synth": ["sources=[{family: sam, count: 1000000000}]", "eval_fraction=.nan"],
+        "train pivot-grpo": ["loop.iterations=true", "trainer.lr=.inf", "train_tasks.count=1000000000"],
+    }
+    for command, overrides in numbers.items():
+        for override in overrides:
+            key = override.split("=", 1)[0].split("[")[0].split(".")[-1]
+            yield f"{command}/number:{override}", [*command.split(), *_base(command, ws), override], [key]
+
+    # endpoints and keys
+    oat = ["train", "oat-grpo", *_base("train oat-grpo", ws)]
+    for url in ("htp:/nope", "http://", "gpu01:8000/v1", "http://host:99999/v1"):
+        yield f"train oat-grpo/endpoint:{url}", [*oat, f"placement.judge={{model: j, endpoints: ['{url}']}}"], [
+            "placement.judge.endpoints", url]
+
     for command, overrides in bounds.items():
         for override in overrides:
             key = override.split("=", 1)[0].split("[")[0]
@@ -243,6 +329,40 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
                                      ("no-config", ws["lora_no_config"], "adapter_config.json"),
                                      ("file", ws["afile"], "a file")):
             yield f"{command}/{key}-{label}", [*command.split(), *_base(command, ws), f"{key}={value}"], [key, expect]
+
+    # model and adapter files that are not what they claim
+    for command, key in (("train oat-grpo", "policy.base"), ("sft", "model.base"), ("train pivot-grpo", "policy.base")):
+        for label, folder, expect in (("truncated-weights", ws["truncated_weights"], "truncated"),
+                                      ("empty-weights", ws["empty_weights"], "too short"),
+                                      ("garbage-config", ws["garbage_config"], "does not parse"),
+                                      ("no-tokenizer", ws["no_tokenizer"], "no tokenizer files")):
+            yield f"{command}/{key}-{label}", [*command.split(), *_base(command, ws), f"{key}={folder}"], [
+                key, str(folder), expect]
+    for command, key in (("train oat-grpo", "policy.adapter"), ("sft", "model.adapter")):
+        yield f"{command}/{key}-other-base", [*command.split(), *_base(command, ws),
+                                              f"{key}={ws['lora_other_base']}"], [
+            key, "does not fit base", "q_proj", "/elsewhere/other-base"]
+        yield f"{command}/{key}-garbage-weights", [*command.split(), *_base(command, ws),
+                                                   f"{key}={ws['lora_garbage_weights']}"], [key, "safetensors"]
+    yield "train oat-grpo/engine.model-truncated", ["train", "oat-grpo", *_base("train oat-grpo", ws),
+                                                    f"engine={{backend: hf, model: {ws['truncated_weights']}}}"], [
+        "engine.model", "truncated"]
+
+    # empty records
+    yield "sft/empty-target", [*sft, f"data.dir={ws['sft_empty_target'].parent}"], ["recall.jsonl:2", "empty"]
+    yield "sft/stray-role", [*sft, f"data.dir={ws['sft_stray_role'].parent}"], ["recall.jsonl:2", "field 'role'"]
+    for name, tasks_key in (("train oat-grpo", "train_tasks"), ("data distill", "tasks")):
+        for label, expect in (("no_turns", "no_turns.jsonl:2: field 'trajectory'"),
+                              ("no_questions", "no_questions.jsonl:2: field 'qa_pairs'")):
+            yield f"{name}/episode-{label}", [*name.split(), *_base(name, ws), f"{tasks_key}.episodes={ws[label]}"], [
+                expect]
+
+    # API keys from the environment
+    yield "train oat-grpo/api-key-unset", [*oat, "placement.judge={model: j, endpoints: ['http://h:8000/v1'], "
+                                                 "api_key_env: MEMRL_TEST_UNSET_KEY}"], ["MEMRL_TEST_UNSET_KEY"]
+    yield "train oat-grpo/endpoint-key-unset", [*oat, "reasoner={backend: openai, model: m, endpoints: [{url: "
+                                                      "'http://h:8000/v1', api_key_env: MEMRL_TEST_UNSET_KEY}]}"], [
+        "MEMRL_TEST_UNSET_KEY"]
 
     # export inputs
     ex = ["export", *_base("export", ws)]
@@ -360,3 +480,101 @@ def test_bug_gets_traceback_file_and_exit_1(tmp_path: Path, monkeypatch: pytest.
     err = capsys.readouterr().err
     log = tmp_path / "bug" / "run.log"
     assert "a bug" in err and str(log) in err and "KeyError" in log.read_text()
+
+
+_HOLDER = """
+import sys
+import memrl.data.run_dir as run_dir
+from memrl.launch.cli import main
+
+real = run_dir.write_resolved_config
+
+def held(cfg, folder, *args, **kwargs):
+    print("locked", flush=True)
+    sys.stdin.readline()  # the test's second start happens now: the lock is taken, config.yaml not yet written
+    return real(cfg, folder, *args, **kwargs)
+
+run_dir.write_resolved_config = held
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_concurrent_start_into_one_run_folder_exits_2_and_touches_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Acceptance 1: a second start into a run folder that another process holds exits 2 and leaves every file of
+    the first run as it was; the first completes, and a later --resume of it passes the run-folder checks."""
+    import subprocess
+    import sys
+
+    from memrl.data.config import load_config
+    from memrl.data.run_dir import prepare_run_dir, release_run_dirs
+    from memrl.data.synth import SynthConfig
+
+    argv = ["data", "synth", f"run.output_dir={tmp_path}", "run.name=shared", "sources=[{family: sam, count: 2}]",
+            "arrow=false"]
+    first = subprocess.Popen([sys.executable, "-c", _HOLDER, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "locked"
+        before = _snapshot(tmp_path)
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("memrl:") and "in use by a running memrl process" in err and "\n" not in err, err
+        assert _snapshot(tmp_path) == before
+        first.stdin.write("\n")
+        first.stdin.flush()
+        _, errors = first.communicate(timeout=300)
+        assert first.returncode == 0, errors[-2000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    run = tmp_path / "shared"
+    assert (run / "config.yaml").is_file() and (run / "run.log").is_file() and (run / "train.jsonl").is_file()
+    cfg = load_config(SynthConfig, None, [*argv[2:], "run.resume=true"])
+    assert prepare_run_dir(cfg, cfg.run, "data synth") == run
+    release_run_dirs()
+
+
+def test_resume_refuses_a_changed_config_unless_the_keys_are_named(
+        ws: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A changed key that alters the run is exit 2 naming it (nothing written); --allow-config-change KEY lets the
+    resume go ahead and keeps the previous config beside the new one; a finished run says it is finished."""
+    real_load = jobs.Job.load
+    reached = []
+
+    def fake(self: jobs.Job, attr: str):
+        if attr != "runner":
+            return real_load(self, attr)
+
+        def runner(cfg):
+            from memrl.data.run_dir import prepare_run_dir
+
+            reached.append(prepare_run_dir(cfg, cfg.run, "train oat-grpo"))
+            return 0
+        return runner
+
+    monkeypatch.setattr(jobs.Job, "load", fake)
+    base = ["train", "oat-grpo", *[o for o in _base("train oat-grpo", ws) if not o.startswith("run.output_dir")],
+            f"run.output_dir={tmp_path}", "run.name=r"]
+    assert main(base) == 0
+    capsys.readouterr()
+    before = _snapshot(tmp_path)
+    assert main([*base, "trainer.lr=0.5", "loop.iterations=3", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "trainer.lr" in err and "loop.iterations" in err and "--allow-config-change" in err and "\n" not in err
+    assert _snapshot(tmp_path) == before
+    assert main([*base, "trainer.lr=0.5", "loop.iterations=3", "--resume", "--allow-config-change", "trainer.lr"]) == 2
+    assert "trainer.lr" not in capsys.readouterr().err.split("differs")[-1].split(";")[0]
+    assert main([*base, "trainer.lr=0.5", "loop.iterations=3", "fleet.workers=3", "--resume",
+                 "--allow-config-change", "trainer.lr", "loop"]) == 0  # where it runs (fleet.*) may change freely
+    assert len(list((tmp_path / "r").glob("config.before-resume-*.yaml"))) == 1
+    (tmp_path / "r" / "summary.json").write_text("{}")
+    before = _snapshot(tmp_path)
+    assert main([*base, "trainer.lr=0.5", "loop.iterations=3", "--resume"]) == 2
+    assert "is finished" in capsys.readouterr().err
+    assert _snapshot(tmp_path) == before
+    (tmp_path / "r" / "summary.json").unlink()
+    (tmp_path / "r" / "checkpoints.log").write_text("ckpt-000000\nckpt-000001\n")
+    assert main([*base, "trainer.lr=0.5", "loop.iterations=3", "--resume"]) == 2
+    assert "every checkpoint of run" in capsys.readouterr().err

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from test_group_trainer import groups_for
 
-from memrl.train.checkpoint import CheckpointManager
+from memrl.data.errors import UserError
+from memrl.train.checkpoint import CheckpointManager, verify_checkpoint
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
 from memrl.train.policy import LoraSettings, PolicySpec
 
@@ -48,13 +53,64 @@ def test_save_load_round_trip_and_pruning(tiny_model_dir: Path, tmp_path: Path) 
 
 
 def test_incomplete_checkpoint_is_ignored(tmp_path: Path) -> None:
+    from memrl.train.checkpoint import _write_manifest
+
     root = tmp_path / "ckpt"
     (root / "ckpt-000005").mkdir(parents=True)  # killed before its COMPLETE marker
     (root / ".tmp-ckpt-000006").mkdir()
     assert CheckpointManager(root).latest() is None
     (root / "ckpt-000003").mkdir()
+    (root / "ckpt-000003" / "loop_state.json").write_text('{"iteration": 3}')
+    _write_manifest(root / "ckpt-000003")
     (root / "ckpt-000003" / "COMPLETE").write_text("ok\n")
     assert CheckpointManager(root).latest().name == "ckpt-000003"
+
+
+def _saved_three(tiny_model_dir: Path, root: Path) -> tuple[CheckpointManager, GroupTrainer]:
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4)))
+    manager = CheckpointManager(root, keep=3)
+    for it in range(3):
+        manager.save(it, trainer.accelerator, trainer.model, {"iteration": it})
+    return manager, trainer
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(
+        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Truncated weights, a missing optimizer file, a garbage loop state, a changed byte: each newest checkpoint is
+    reported (naming the file) and skipped; the newest intact one is loaded."""
+    manager, trainer = _saved_three(tiny_model_dir, tmp_path / "ckpt")
+    newest, middle = tmp_path / "ckpt" / "ckpt-000002", tmp_path / "ckpt" / "ckpt-000001"
+    assert json.loads((newest / "manifest.json").read_text())["files"]  # sizes and checksums of every file
+    weights = next(newest.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with caplog.at_level(logging.WARNING):
+        assert manager.latest() == middle
+    assert weights.name in caplog.text and "ckpt-000002" in caplog.text
+    assert manager.load(manager.latest(), trainer.accelerator) == {"iteration": 1}
+    optimizer = next(middle.glob("optimizer*"))
+    optimizer.unlink()
+    assert manager.latest().name == "ckpt-000000"
+    (tmp_path / "ckpt" / "ckpt-000000" / "loop_state.json").write_text("{{garbage")
+    with pytest.raises(UserError, match="every checkpoint of this run is gone or damaged"):
+        manager.latest()
+
+
+def test_changed_byte_fails_the_checksum(tiny_model_dir: Path, tmp_path: Path) -> None:
+    manager, _ = _saved_three(tiny_model_dir, tmp_path / "ckpt")
+    state = tmp_path / "ckpt" / "ckpt-000002" / "loop_state.json"
+    state.write_text(state.read_text().replace("2", "7"))
+    assert verify_checkpoint(state.parent) == f"{state} does not match its checksum in the manifest (changed or " \
+        "damaged)"
+    assert manager.latest().name == "ckpt-000001"
+
+
+def test_all_checkpoints_gone_is_an_error_not_a_fresh_start(tiny_model_dir: Path, tmp_path: Path) -> None:
+    manager, _ = _saved_three(tiny_model_dir, tmp_path / "run" / "checkpoints")
+    assert manager.saved_before() == ["ckpt-000000", "ckpt-000001", "ckpt-000002"]
+    shutil.rmtree(tmp_path / "run" / "checkpoints")
+    with pytest.raises(UserError, match="gone or damaged"):
+        manager.latest()
+    assert CheckpointManager(tmp_path / "never" / "checkpoints").latest() is None  # never saved one: a fresh start
 
 
 def test_reward_cache_is_snapshotted_and_restored(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -77,3 +133,28 @@ def test_reward_cache_is_snapshotted_and_restored(tiny_model_dir: Path, tmp_path
     assert manager.load(moved, trainer.accelerator, {"reward_cache": target}) == {"iteration": 0}
     assert JsonCache(target).get(content_key("reference", "a")) == "drawer 5"
     assert JsonCache(target).get(content_key("reference", "b")) is None
+
+
+def test_sft_resume_skips_a_damaged_newest_trainer_checkpoint(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """SFT (Hugging Face Trainer) checkpoints have no manifest: a newest one with truncated weights, a garbage
+    trainer_state.json or no optimizer state is reported and the newest intact one is resumed."""
+    from safetensors.torch import save_file
+
+    from memrl.train.sft import latest_checkpoint
+
+    for step in (2, 4, 6, 8):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        save_file({"w": torch.zeros(8, 8)}, str(folder / "model.safetensors"))
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        for name in ("optimizer.pt", "scheduler.pt"):
+            (folder / name).write_bytes(b"state")
+    weights = tmp_path / "checkpoint-8" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    (tmp_path / "checkpoint-6" / "trainer_state.json").write_text("{{garbage")
+    (tmp_path / "checkpoint-4" / "optimizer.pt").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-2"
+    assert all(f"checkpoint-{s} skipped" in caplog.text for s in (8, 4)), caplog.text
+    assert "model.safetensors" in caplog.text and "optimizer.pt" in caplog.text

@@ -98,7 +98,7 @@ def _ama(**override: object) -> dict:
         ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "qa_id": None}])],
          r":2: field 'qa_pairs\[0\].qa_id': expected string or integer or number, got null"),
         ([_ama(domain=["web"])], r":2: field 'domain': expected string or integer or number, got array"),
-        ([_ama(task_type=None)], r":2: field 'task_type': expected string or integer or number, got null"),
+        ([_ama(task_type=["web"])], r":2: field 'task_type': expected string or integer or number, got array"),
     ],
 )
 def test_malformed_amabench_names_file_line_field_and_writes_nothing(
@@ -231,6 +231,19 @@ def test_amabench_real_format_takes_the_official_defaults_and_records_them(tmp_p
     assert second.metadata["loader_defaults"] == [
         "trajectory[0].turn_idx: missing -> 0", "task_type: missing -> 'unknown'", "domain: missing -> 'unknown'"]
     assert second.qa_pairs[0].answer == "Sakura"
+
+
+def test_amabench_null_task_type_is_accepted_and_leaves_the_judge_line_out(tmp_path: Path) -> None:
+    """The official loader takes ``task_type: null``; its judge prompt then has no Task Type line."""
+    from memrl.rewards.scorers import render_ama_judge
+
+    src = tmp_path / "null_type.jsonl"
+    src.write_text(json.dumps(_ama(episode_id="n", task_type=None)) + "\n")
+    (episode,) = load_amabench(src)
+    assert episode.task_type == "" and episode.metadata["loader_defaults"] == ["task_type: null -> ''"]
+    prompt = render_ama_judge("q", "a", "a", episode.task, episode.task_type, episode.episode_id)
+    assert "Task Type" not in str(prompt)
+    assert "Task Type: x" in str(render_ama_judge("q", "a", "a", episode.task, "x", episode.episode_id))
 
 
 def test_amabench_turns_without_turn_idx_stay_in_order(tmp_path: Path) -> None:

@@ -5,25 +5,115 @@ hard-linked snapshot of it (a copy across filesystems), and loading puts back th
 checkpoint copied elsewhere resumes without paying for committee calls again.
 
 A checkpoint is written into a temporary directory and renamed into place once every file is there, so a kill at
-any moment leaves either the previous checkpoints or a complete new one; :meth:`CheckpointManager.latest` only sees
-complete ones. Loading uses accelerate's safe loader (``weights_only``) and safetensors: nothing is unpickled.
+any moment leaves either the previous checkpoints or a complete new one. Its ``manifest.json`` (every file's size and
+SHA-256) is written last, before the ``COMPLETE`` marker. :meth:`CheckpointManager.latest` returns the newest
+checkpoint that verifies (manifest sizes and checksums, safetensors headers against their file sizes, the loop state
+parses); a newer one that does not is reported (a warning naming the file and what is wrong) and skipped. Every save
+is also recorded in ``<root>.log`` beside the checkpoint folder, so a resume can tell a run that never reached a
+checkpoint (it starts over) from one whose checkpoints are all gone or damaged (an error). Loading uses accelerate's
+safe loader (``weights_only``) and safetensors: nothing is unpickled.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from memrl.data.checks import safetensors_problem
+from memrl.data.errors import UserError
 from memrl.data.io import atomic_write_text
 
-__all__ = ["CheckpointManager"]
+__all__ = ["CheckpointManager", "newest_intact", "verify_checkpoint", "verify_trainer_checkpoint"]
+
+logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^ckpt-(\d{6})$")
 _MARKER = "COMPLETE"
+MANIFEST = "manifest.json"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_manifest(folder: Path) -> None:
+    """Record every file's size and SHA-256 (written last: it vouches for everything else)."""
+    files = {str(f.relative_to(folder)): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(folder.rglob("*")) if f.is_file() and f.name not in (MANIFEST, _MARKER)}
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+
+
+def verify_checkpoint(path: Path, *, checksums: bool = True) -> str | None:
+    """What is wrong with checkpoint ``path`` (a missing, resized or changed file, an unreadable safetensors file, a
+    loop state that does not parse), or None when it is intact."""
+    if not (path / _MARKER).exists():
+        return "incomplete (no COMPLETE marker)"
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{path / MANIFEST} is missing or does not parse"
+    for name, entry in manifest.items():
+        file = path / name
+        if not file.is_file():
+            return f"{file} is missing"
+        if file.stat().st_size != entry["bytes"]:
+            return f"{file} has {file.stat().st_size} bytes, the manifest says {entry['bytes']}"
+        if file.suffix == ".safetensors" and (problem := safetensors_problem(file)):
+            return f"{file}: {problem}"
+        if checksums and _sha256(file) != entry["sha256"]:
+            return f"{file} does not match its checksum in the manifest (changed or damaged)"
+    try:
+        state = json.loads((path / "loop_state.json").read_text())
+    except (OSError, ValueError):
+        return f"{path / 'loop_state.json'} is missing or does not parse"
+    if not isinstance(state, dict):
+        return f"{path / 'loop_state.json'} is not a JSON object"
+    return None
+
+
+def verify_trainer_checkpoint(path: Path) -> str | None:
+    """What is wrong with a Hugging Face Trainer ``checkpoint-N`` folder (SFT), which has no manifest: its
+    ``trainer_state.json`` must parse, its safetensors weights be whole, its optimizer and scheduler states be there
+    and not empty (DeepSpeed keeps its own under ``global_step*``), or None when it looks intact."""
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return f"{path / 'trainer_state.json'} is missing or does not parse"
+    if not isinstance(state, dict):
+        return f"{path / 'trainer_state.json'} is not a JSON object"
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        return f"{path} holds no weights (*.safetensors)"
+    for file in weights:
+        if (problem := safetensors_problem(file)) is not None:
+            return f"{file}: {problem}"
+    if not any(path.glob("global_step*")):
+        for name in ("optimizer.pt", "scheduler.pt"):
+            file = path / name
+            if not file.is_file() or file.stat().st_size == 0:
+                return f"{file} is missing or empty"
+    return None
+
+
+def newest_intact(candidates: list[Path], verify: Any) -> Path | None:
+    """The newest of ``candidates`` (oldest first) that ``verify`` finds nothing wrong with; each newer one that
+    fails is reported with what is wrong."""
+    for path in reversed(candidates):
+        problem = verify(path)
+        if problem is None:
+            return path
+        logger.warning("checkpoint %s skipped: %s; trying an older one", path.name, problem)
+    return None
 
 
 class CheckpointManager:
@@ -33,14 +123,39 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep = max(keep, 1)
 
+    @property
+    def journal(self) -> Path:
+        """``<root>.log``: one line per checkpoint saved (kept when the checkpoints are deleted)."""
+        return self.root.parent / f"{self.root.name}.log"
+
+    def saved_before(self) -> list[str]:
+        """The checkpoints this run recorded saving."""
+        if not self.journal.is_file():
+            return []
+        return [line.split()[0] for line in self.journal.read_text().splitlines() if line.strip()]
+
     def latest(self) -> Path | None:
-        """The newest complete checkpoint directory, or None."""
-        if not self.root.is_dir():
-            return None
+        """The newest checkpoint that verifies (:func:`verify_checkpoint`; newer damaged ones are reported and
+        skipped), or None when the run never finished one. A run whose recorded checkpoints are all gone or damaged
+        is a :class:`~memrl.data.errors.UserError`: starting over would silently discard it."""
         found = sorted(
-            (int(m.group(1)), p) for p in self.root.iterdir() if (m := _NAME.match(p.name)) and (p / _MARKER).exists()
-        )
-        return found[-1][1] if found else None
+            ((int(m.group(1)), p) for p in self.root.iterdir() if (m := _NAME.match(p.name))), reverse=True
+        ) if self.root.is_dir() else []
+        problems = []
+        for _, path in found:
+            problem = verify_checkpoint(path)
+            if problem is None:
+                for skipped in problems:
+                    logger.warning("checkpoint skipped: %s; resuming from %s instead", skipped, path.name)
+                return path
+            if (path / _MARKER).exists():  # an unfinished one (no marker) is a kill mid-save: not worth a word
+                problems.append(f"{path.name}: {problem}")
+        if self.saved_before():
+            damaged = f" ({'; '.join(problems)})" if problems else ""
+            raise UserError(f"--resume: every checkpoint of this run is gone or damaged{damaged}; it saved "
+                            f"{', '.join(self.saved_before())} (listed in {self.journal}). Restore one, or start a "
+                            "new run without --resume")
+        return None
 
     def save(
         self, iteration: int, accelerator: Any, model: Any, state: dict[str, Any],
@@ -66,11 +181,14 @@ class CheckpointManager:
             (tmp / "loop_state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
             for name, source in (attach or {}).items():
                 _link_tree(Path(source), tmp / name)
+            _write_manifest(tmp)
             (tmp / _MARKER).write_text("ok\n")
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
             atomic_write_text(self.root / "latest", final.name + "\n")
+            with open(self.journal, "a", encoding="utf-8") as fh:
+                fh.write(f"{final.name}\n")
             self._prune()
         accelerator.wait_for_everyone()
         return final
@@ -79,8 +197,8 @@ class CheckpointManager:
         """Restore the accelerator state saved at ``path``, put the attached snapshots' missing entries back into the
         ``attach`` directories, and return the loop's state."""
         path = Path(path)
-        if not (path / _MARKER).exists():
-            raise FileNotFoundError(f"{path} is not a complete checkpoint")
+        if (problem := verify_checkpoint(path, checksums=False)) is not None:
+            raise UserError(f"checkpoint {path} cannot be loaded: {problem}")
         accelerator.load_state(str(path), strict=False)
         if accelerator.is_main_process:
             for name, target in (attach or {}).items():
@@ -90,7 +208,7 @@ class CheckpointManager:
     def _prune(self) -> None:
         complete = sorted(
             (int(m.group(1)), p) for p in self.root.iterdir() if (m := _NAME.match(p.name)) and (p / _MARKER).exists()
-        )
+        )  # the just-written one is among the kept ones: a damaged older one never outlives every intact one
         for _, old in complete[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(".tmp-ckpt-*"):

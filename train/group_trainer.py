@@ -58,42 +58,42 @@ __all__ = [
 class GroupTrainerConfig(ConfigModel):
     """Optimisation settings of the group trainer."""
 
-    lr: float = 1e-5  # AdamW learning rate
-    weight_decay: float = 0.0  # AdamW weight decay
+    lr: float = Field(1e-5, gt=0, le=1)  # AdamW learning rate
+    weight_decay: float = Field(0.0, ge=0, le=1)  # AdamW weight decay
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
-    max_grad_norm: float = 1.0  # gradient-norm clipping threshold
-    warmup_steps: int = 0  # linear LR warmup, in optimizer steps (0: none)
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)  # gradient-norm clipping threshold
+    warmup_steps: int = Field(0, ge=0, le=10**7)  # linear LR warmup, in optimizer steps (0: none)
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"  # after warmup: constant, or a decay
-    lr_decay_steps: int | None = Field(None, ge=1)  # optimizer steps of the decay (then held at its floor)
+    lr_decay_steps: int | None = Field(None, ge=1, le=10**7)  # optimizer steps of the decay (then held at its floor)
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)  # the decay's floor, as a fraction of lr
     # the first update's rows are a fixed probe; their tokens were sampled by the initial policy, so the k3 estimate
     # of KL(pi_initial || pi_theta) on them is unbiased
-    probe_rows: int = Field(32, ge=0)  # rows of the KL-to-initial probe logged as kl_initial_probe (0: off)
-    update_epochs: int = 1  # passes over each update's rows
-    optimizer_steps_per_epoch: int = 1  # optimizer steps each pass is split into
+    probe_rows: int = Field(32, ge=0, le=10**5)  # rows of the KL-to-initial probe logged as kl_initial_probe (0: off)
+    update_epochs: int = Field(1, ge=1, le=1000)  # passes over each update's rows
+    optimizer_steps_per_epoch: int = Field(1, ge=1, le=10**4)  # optimizer steps each pass is split into
     # per process and optimizer step (gradient accumulation) when max_tokens_per_micro_batch is None; with a token
     # budget, the DeepSpeed accumulation count it is configured with
-    micro_batches: int = 1
+    micro_batches: int = Field(1, ge=1, le=10**4)
     # token budget of a micro-batch: rows packed without padding, a row longer than the budget alone; None: split
     # each process's rows of an optimizer step into micro_batches slices
-    max_tokens_per_micro_batch: int | None = None
-    logit_chunk_tokens: int = 256  # response positions whose full-vocabulary logits exist at once
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, le=10**8)
+    logit_chunk_tokens: int = Field(256, ge=1, le=10**7)  # response positions with full-vocabulary logits at once
     log_entropy: bool = True  # compute the policy entropy over response tokens (a metric only)
     gradient_checkpointing: bool = False  # recompute the layers' activations in backward (long contexts on GPU)
-    clip_low: float = 0.2  # eps_low: ratio clipped below at 1 - clip_low
-    clip_high: float = 0.2  # eps_high: ratio clipped above at 1 + clip_high
+    clip_low: float = Field(0.2, ge=0, lt=1)  # eps_low: ratio clipped below at 1 - clip_low
+    clip_high: float = Field(0.2, ge=0, le=100)  # eps_high: ratio clipped above at 1 + clip_high
     aggregation: surrogate.Aggregation = "token-mean"  # loss mean over all response tokens, or per sequence first
-    kl_coef: float = 0.0  # beta: weight of the k3 KL to the reference model; 0: off
+    kl_coef: float = Field(0.0, ge=0, le=1e3)  # beta: weight of the k3 KL to the reference model; 0: off
     # the KL reference: "initial" is the model RL starts from (a LoRA run from an SFT adapter: a frozen copy with
     # policy.adapter merged; a fresh LoRA: its adapter switched off); "initial-adapter" the same model as a frozen
     # second adapter beside the trained one (no second copy of the base); "base" is policy.base itself
     kl_reference: Literal["initial", "initial-adapter", "base"] = "initial"
-    tis_cap: float | None = None  # cap of the truncated importance weight pi_old/pi_rollout; None: off
+    tis_cap: float | None = Field(None, gt=0, le=1e6)  # cap of the truncated importance weight pi_old/pi_rollout
     skip_zero_advantage: bool = True  # drop groups whose advantages are all zero
     bf16: bool = False  # autocast forward passes (several times faster on recent CPUs and on GPUs)
     deepspeed: str | None = None  # a configs/deepspeed name (zero2, zero3, zero2_cpu, ...) or a JSON path
     lora: LoraSettings = LoraSettings()
-    seed: int = 0  # RNG seed of the row shuffling
+    seed: int = Field(0, ge=0, lt=2**32)  # RNG seed of the row shuffling
 
     @model_validator(mode="after")
     def _decay_has_a_length(self) -> GroupTrainerConfig:

@@ -79,7 +79,7 @@ class OATGRPOConfig(ConfigModel):
     memory: SamConfig = SamConfig()
     train_tasks: TaskSetConfig = TaskSetConfig()
     eval_tasks: TaskSetConfig = TaskSetConfig(seed=10_000)
-    tasks_per_iteration: int = Field(16, ge=1)  # training tasks rolled out (as trees) per iteration
+    tasks_per_iteration: int = Field(16, ge=1, le=10**5)  # training tasks rolled out (as trees) per iteration
     tree: TreeConfig = TreeConfig()
     credit: CreditConfig = CreditConfig()
     trainer: GroupTrainerConfig = GroupTrainerConfig()

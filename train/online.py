@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 class LoopConfig(ConfigModel):
     """Iteration schedule of an online loop."""
 
-    iterations: int = Field(20, ge=1)  # rollout + update iterations
+    iterations: int = Field(20, ge=1, le=10**6)  # rollout + update iterations
     eval_every: int = Field(0, ge=0)  # 0: only before the first and after the last iteration
     checkpoint_every: int = Field(5, ge=0)  # checkpoint every this many iterations (and after the last; 0: last only)
     keep_checkpoints: int = Field(2, ge=1)  # most recent checkpoints kept on disk

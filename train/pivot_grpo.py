@@ -81,7 +81,7 @@ class ProactiveTaskSetConfig(ConfigModel):
 
     params: dict[str, Any] = {}  # ProactiveParams of generated tasks
     seed_start: int = 0  # seed of the first generated task (then +1, ...)
-    count: int = Field(32, ge=1)  # tasks to generate, or at most this many from episodes
+    count: int = Field(32, ge=1, le=10**6)  # tasks to generate, or at most this many from episodes
     episodes: str | None = None  # JSONL whose proactive episodes are the tasks; None: generate
 
     def load(self) -> list[ProactiveTask]:

@@ -42,6 +42,7 @@ from memrl.data.io import atomic_write_text
 from memrl.data.run_dir import prepare_run_dir
 from memrl.data.schemas import SFTExample
 from memrl.data.tracking import progress_bar
+from memrl.train.checkpoint import newest_intact, verify_trainer_checkpoint
 from memrl.train.policy import LoraSettings, PolicySpec
 
 __all__ = [
@@ -115,15 +116,15 @@ class SFTDataConfig(ConfigModel):
 class SFTTrainConfig(ConfigModel):
     """Optimisation, precision, parallelism and checkpointing of the SFT stage."""
 
-    max_steps: int | None = Field(300, ge=1, description="optimizer steps (None: train `epochs` epochs)")
-    epochs: float = Field(1.0, gt=0)  # epochs to train when max_steps is None
-    batch_size: int = Field(32, ge=1, description="rows per optimizer step, over all processes")
+    max_steps: int | None = Field(300, ge=1, le=10**8, description="optimizer steps (None: train `epochs` epochs)")
+    epochs: float = Field(1.0, gt=0, le=10**4)  # epochs to train when max_steps is None
+    batch_size: int = Field(32, ge=1, le=2**16, description="rows per optimizer step, over all processes")
     per_device_batch_size: int | None = Field(None, ge=1, description="micro-batch (default: batch_size / world)")
-    lr: float = Field(2e-5, gt=0)  # peak learning rate
+    lr: float = Field(2e-5, gt=0, le=1)  # peak learning rate
     lr_scheduler: str = "linear"  # transformers LR scheduler type (linear, cosine, constant, ...)
     warmup: float = Field(0.03, ge=0, description="warmup steps, or a fraction of the steps when < 1")
-    weight_decay: float = Field(0.0, ge=0)  # AdamW weight decay
-    max_grad_norm: float = Field(1.0, gt=0)  # gradient-norm clipping threshold
+    weight_decay: float = Field(0.0, ge=0, le=1)  # AdamW weight decay
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)  # gradient-norm clipping threshold
     max_length: int | None = Field(1024, ge=8, description="tokens per row (longer rows are cut at the end)")
     bf16: bool = Field(False, description="bf16 mixed precision (GPUs, and much faster on recent CPUs)")
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, slower)
@@ -177,6 +178,10 @@ def load_role_rows(cfg: SFTDataConfig) -> dict[str, list[SFTExample]]:
         rows = load_sft_examples(path)
         if not rows:
             raise ConfigError(f"dataset of role {role!r} is empty: {path}")
+        if (stray := next((i for i, r in enumerate(rows) if r.role != role), None)) is not None:
+            where = f"{path}:{stray + 1}" if path.suffix == ".jsonl" else f"{path} row {stray}"
+            raise ConfigError(f"{where}: field 'role': {rows[stray].role!r} in the dataset of role {role!r}; "
+                              "each role's file holds that role's rows only")
         out[role] = rows
     return out
 
@@ -256,10 +261,10 @@ def _checkpoints(folder: Path) -> list[Path]:
 
 
 def latest_checkpoint(folder: str | Path) -> Path | None:
-    """The newest complete ``checkpoint-N`` directory under ``folder`` (a kill mid-save leaves an incomplete one
-    without ``trainer_state.json``, which the Trainer writes last)."""
+    """The newest intact ``checkpoint-N`` directory under ``folder`` (a kill mid-save leaves an incomplete one
+    without ``trainer_state.json``, which the Trainer writes last; a damaged one is reported and skipped)."""
     complete = [p for p in _checkpoints(Path(folder)) if _complete(p)]
-    return complete[-1] if complete else None
+    return newest_intact(complete, verify_trainer_checkpoint)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -31,12 +31,18 @@ def _default(where: Where, obj: dict[str, Any], field: str, value: Any, name: st
     return where.text(obj, field, name[: -len(field)])
 
 
+def _null_task_type(taken: list[str]) -> str:
+    taken.append("task_type: null -> ''")
+    return ""
+
+
 def load_amabench(path: str | Path) -> list[Episode]:
     """AMA-Bench episodes: ``episode_id, task, task_type, domain, trajectory[{turn_idx, action, observation}],
     qa_pairs[{question, answer, type, ...}]``; other fields go to ``metadata``.
 
     Accepts what the official ``src/run.py`` / ``src/memory_interface.py`` accept, with their defaults: a missing
-    ``task`` is empty, a missing ``task_type`` or ``domain`` is ``unknown``, a missing turn ``action`` /
+    ``task`` is empty, a missing ``task_type`` or ``domain`` is ``unknown`` (a null ``task_type`` is empty: the judge
+    prompt then has no Task Type line, as the official one), a missing turn ``action`` /
     ``observation`` is empty, a missing ``turn_idx`` is 0 (a later turn without one follows the turn before it, since
     turns must stay in order), a missing question or answer is empty, a missing or null QA ``type`` is ``unknown``,
     and a non-string answer (a list) reads as the official prompt prints it (``['a', 'b']``; the list stays in
@@ -88,7 +94,9 @@ def load_amabench(path: str | Path) -> list[Episode]:
         data = {
             "episode_id": where.text(obj, "episode_id"),
             "task": _default(where, obj, "task", "", "task", defaults),
-            "task_type": _default(where, obj, "task_type", "unknown", "task_type", defaults),
+            # null: no Task Type line in the judge prompt, as the official code prints none for a falsy task_type
+            "task_type": _default(where, obj, "task_type", "unknown", "task_type", defaults)
+            if obj.get("task_type", "unknown") is not None else _null_task_type(defaults),
             "domain": _default(where, obj, "domain", "unknown", "domain", defaults),
             "trajectory": turns,
             "qa_pairs": qas,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from memrl.data.config import ConfigError, ConfigModel
 from memrl.data.io import read_jsonl
 from memrl.data.schemas import EnvSpec, Episode
@@ -68,8 +70,8 @@ class TaskSetConfig(ConfigModel):
 
     family: Literal["sam", "dialogue", "proactive"] = "sam"  # task family
     episodes: str | None = None  # JSONL of episodes to load; None: generate count tasks
-    count: int = 64  # tasks to generate, or at most this many from episodes (there 0: all)
-    seed: int = 0  # seed of the first generated task (then seed + 1, ...)
+    count: int = Field(64, ge=0, le=10**6)  # tasks to generate, or at most this many from episodes (there 0: all)
+    seed: int = Field(0, ge=0, lt=2**32)  # seed of the first generated task (then seed + 1, ...)
     sam: SamTaskParams = SamTaskParams()
     dialogue: DialogueParams = DialogueParams()
     proactive: ProactiveParams = ProactiveParams()

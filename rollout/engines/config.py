@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memrl.data.config import ConfigError, ConfigModel, PolicyPlacement
+from memrl.data.config import ConfigError, ConfigModel, EndpointURL, PolicyPlacement
 from memrl.data.schemas import ScriptedPolicy
 
 __all__ = ["EndpointConfig", "EngineConfig", "load_scripted_policy", "place_policy_engine"]
@@ -26,7 +26,7 @@ class EndpointConfig(ConfigModel):
     million tokens (cached prompt tokens at ``cached_input_usd_per_mtok`` when set, else at the input price).
     """
 
-    url: str = Field(min_length=1)  # API base, e.g. http://host:8000/v1
+    url: EndpointURL  # API base, e.g. http://host:8000/v1
     model: str | None = None  # served model name; None: the engine's model
     api_key_env: str | None = None  # environment variable holding the API key; None: no key
     max_concurrency: int = Field(8, ge=1)  # requests in flight at once
@@ -78,7 +78,7 @@ class EngineConfig(ConfigModel):
 
     # hf
     device: str | None = None  # hf device; None: cuda if available, else cpu
-    batch_size: int = Field(64, ge=1)  # hf: rows per generate() call
+    batch_size: int = Field(64, ge=1, le=2**16)  # hf: rows per generate() call
 
     # openai
     endpoints: list[EndpointConfig] = []

@@ -14,6 +14,8 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import Field
+
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import MemoryCall, Message
@@ -24,9 +26,9 @@ __all__ = ["MemoryRequest", "MemorySystem", "RoleSampling", "ToolResult", "Turn"
 class RoleSampling(ConfigModel):
     """Sampling settings of one memory role (or of the reasoner)."""
 
-    temperature: float = 1.0  # sampling temperature (0: greedy)
-    top_p: float = 1.0  # nucleus sampling mass
-    max_tokens: int = 128  # max generated tokens per call
+    temperature: float = Field(1.0, ge=0, le=100)  # sampling temperature (0: greedy)
+    top_p: float = Field(1.0, gt=0, le=1)  # nucleus sampling mass
+    max_tokens: int = Field(128, ge=1, le=10**6)  # max generated tokens per call
     stop: list[str] = []  # extra stop strings
 
 

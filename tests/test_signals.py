@@ -1,0 +1,220 @@
+"""SIGTERM, SIGINT and kill -9 of a run's driver: ``train oat-grpo`` on a 2-worker Ray fleet and ``sft``.
+
+Each run is signalled once its first checkpoint is complete. SIGTERM / SIGINT must end it with exit 143 / 130 and
+one ``memrl:`` line (no traceback); with kill -9 too, no process of the run (walked from the driver's process tree
+before the signal: the Ray head, its agents and the rollout workers below the raylet) may be alive 10 s later; and
+``--resume`` must end with the uninterrupted run's weights and metrics steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "memrl.launch.cli", *args]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-4000:]
+    return proc
+
+
+def _alive(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{proc.pid} {_cmdline(proc)[:80]}")
+        except psutil.Error:
+            continue
+    return out
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def signal_when(cmd: list[str], ready: Path, sig: int) -> tuple[int, str, list[psutil.Process], list[str]]:
+    """Start ``cmd``, send ``sig`` to its driver once ``ready`` exists; returns (exit code, stderr, the processes
+    of its tree at the signal, their command lines then)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    tree: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 600
+        while not ready.exists():
+            assert proc.poll() is None, f"the run ended before {ready} appeared:\n{proc.stderr.read()[-4000:]}"
+            assert time.monotonic() < deadline, f"{ready} did not appear"
+            time.sleep(0.05)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        commands = [_cmdline(p) for p in tree]
+        os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=180)
+        deadline = time.monotonic() + 10
+        while _alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return proc.returncode, err, tree, commands
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for leftover in tree:  # never leave a failing test's processes behind
+            with contextlib.suppress(psutil.Error):
+                leftover.kill()
+
+
+def check_ending(code: int, err: str, tree: list[psutil.Process], sig: int) -> None:
+    assert not _alive(tree), f"alive 10 s after {signal.Signals(sig).name}: {_alive(tree)}"
+    if sig == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+        return
+    assert code == 128 + sig, (code, err[-3000:])
+    rest = err
+    assert "Traceback" not in rest and "Exception ignored" not in rest, rest[-3000:]
+    last = [line for line in rest.replace("\r", "\n").splitlines() if line.startswith("memrl:")]
+    word = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted (SIGINT)"
+    assert len(last) == 1 and last[0].startswith(f"memrl: {word}") and "--resume" in last[0], rest[-2000:]
+
+
+def weights(folder: Path) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(file)))
+    return out
+
+
+def same_weights(a: dict[str, object], b: dict[str, object]) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # type: ignore[arg-type]
+
+
+def steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the shutdown path in this process
+
+
+def test_sigterm_is_raised_like_ctrl_c_and_maps_to_143(capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from memrl.launch import cli
+    from memrl.launch.shutdown import Terminated, exit_code, handle_signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated) as caught, handle_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+    assert exit_code(caught.value) == 143 and exit_code(KeyboardInterrupt()) == 130
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
+
+    def terminated(args: object) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        return 0
+
+    monkeypatch.setattr(cli, "_config_show", terminated)
+    assert cli.main(["config", "show", "--command", "sft"]) == 143
+    err = capsys.readouterr().err.strip()
+    assert err == "memrl: terminated (SIGTERM): stopped", err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# train oat-grpo on a 2-worker fleet
+
+
+def oat(model: Path, out: Path, name: str, *extra: str) -> list[str]:
+    from test_fleet import scripted_policy_overrides
+
+    return _cli("train", "oat-grpo", "--config", str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
+                *scripted_policy_overrides(model, out, name, 3), "fleet.workers=2", "fleet.cpus_per_worker=0.5",
+                *extra)
+
+
+@pytest.fixture(scope="module")
+def oat_reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("oat-signals")
+    _run(oat(tiny_model_dir, out, "reference"))
+    return out / "reference"
+
+
+def final_policy(run_dir: Path) -> Path:
+    return sorted((run_dir / "policy").glob("v*"))[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "KILL"])
+def test_fleet_run_stops_cleanly_and_resumes_equal(oat_reference: Path, tiny_model_dir: Path, tmp_path: Path,
+                                                   sig: int) -> None:
+    run_dir = tmp_path / "signalled"
+    code, err, tree, commands = signal_when(oat(tiny_model_dir, tmp_path, "signalled"),
+                                            run_dir / "checkpoints" / "ckpt-000000" / "COMPLETE", sig)
+    assert sum("RolloutWorker" in c for c in commands) == 2, f"both workers were up: {commands}"
+    check_ending(code, err, tree, sig)
+    assert not (run_dir / "summary.json").exists()
+    resumed = _run(oat(tiny_model_dir, tmp_path, "signalled", "--resume"))
+    assert "resumed from ckpt-" in resumed.stdout + resumed.stderr
+    assert steps(run_dir) == steps(oat_reference)
+    assert same_weights(weights(final_policy(run_dir)), weights(final_policy(oat_reference)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sft
+
+
+def sft(model: Path, data: Path, out: Path, name: str, *extra: str) -> list[str]:
+    return _cli("sft", f"model.base={model}", f"data.dir={data}", "data.roles=[consolidate, recall]",
+                f"run.output_dir={out}", f"run.name={name}", "lora.enabled=false", "train.max_steps=8",
+                "train.batch_size=4", "train.lr=2e-3", "train.warmup=0", "train.logging_steps=1",
+                "train.save_steps=2", "train.max_length=256", "train.progress=false", *extra)
+
+
+@pytest.fixture(scope="module")
+def sft_reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from test_sft import sam_traces
+
+    from memrl.data.distill import distill_traces
+
+    data = tmp_path_factory.mktemp("sft-data")
+    distill_traces(sam_traces(40), data, progress=False)
+    out = tmp_path_factory.mktemp("sft-signals")
+    _run(sft(tiny_model_dir, data, out, "reference"))
+    return data, out / "reference"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sft_stops_cleanly_and_resumes_equal(sft_reference: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path,
+                                             sig: int) -> None:
+    data, reference = sft_reference
+    run_dir = tmp_path / "signalled"
+    code, err, tree, _ = signal_when(sft(tiny_model_dir, data, tmp_path, "signalled"),
+                                  run_dir / "checkpoints" / "checkpoint-2" / "trainer_state.json", sig)
+    check_ending(code, err, tree, sig)
+    _run(sft(tiny_model_dir, data, tmp_path, "signalled", "--resume"))
+    assert same_weights(weights(run_dir / "final"), weights(reference / "final"))
