@@ -295,7 +295,8 @@ def parse_sam_recall_failures(text: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Proactive memory agent (seed 003 section 3.3): Phase 1 bank tools, Phase 2 reminder or silence.
+# Proactive memory agent ("Remember When It Matters: Proactive Memory Agent for Long-Horizon Agents", section 3.3):
+# Phase 1 bank tools, Phase 2 reminder or silence.
 
 PHASE1_SYSTEM = (
     "You manage the memory bank of an agent. Return zero or more tool calls: memory_update_status(content), "

@@ -1,4 +1,5 @@
-"""Pivot-turn rewards (seed 003 section 4.5); :func:`memrl.rewards.groups.pivot_groups` makes the trainer groups.
+"""Pivot-turn rewards ("Remember When It Matters: Proactive Memory Agent for Long-Horizon Agents", section 4.5);
+:func:`memrl.rewards.groups.pivot_groups` makes the trainer groups.
 
 Each of the G samples at a pivot is scored by its continuation's verifier outcome, minus an optional per-reminder
 cost, minus a format penalty for a malformed output:
