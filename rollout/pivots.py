@@ -50,7 +50,7 @@ from memrl.data.config import ConfigModel
 from memrl.data.formats import parse_intervention, render_intervention
 from memrl.data.schemas import EnvSpec, FiniteFloat, JsonDict, MemoryCall, Record, TokenUsage
 from memrl.data.tasks import ProactiveTask, make_task
-from memrl.data.tasks.proactive import find_pivot
+from memrl.data.tasks.proactive import fact_value, find_pivot
 from memrl.rollout.agents import build_proactive_rollout
 from memrl.rollout.engines.base import (
     Completion,
@@ -81,6 +81,7 @@ __all__ = [
     "detect_pivots",
     "detection_scores",
     "every_turn",
+    "fatal_misses",
     "label_rollouts",
     "restore",
     "rollout_from_record",
@@ -371,6 +372,19 @@ def planted_pivot(rollout: Rollout, step: int) -> dict[str, Any] | None:
     if not isinstance(rollout.env, ProactiveTask) or not isinstance(rollout.memory, ProactiveMemory):
         return None
     return find_pivot(_turns(rollout.memory, step), rollout.env.params.window)
+
+
+def fatal_misses(rollout: Rollout) -> list[bool]:
+    """For each fatal pivot on a finished proactive rollout's path (a planted pivot whose fact is a requirement), in
+    order: whether the memory agent missed it, i.e. its Phase 2 decision there delivered no reminder stating the
+    needed value. The miss rate m of a policy is the fraction of True over its rollouts."""
+    missed = []
+    for call in rollout.memory_calls:
+        planted = planted_pivot(rollout, call.step) if call.role == DECISION_ROLE else None
+        if planted is not None and planted["requirement"]:
+            needed = fact_value(planted["fact"], planted["reminder"])
+            missed.append(fact_value(planted["fact"], str(call.metadata.get("reminder") or "")) != needed)
+    return missed
 
 
 def _filters(memory: ProactiveMemory, step: int, cfg: PrefilterConfig) -> list[str]:

@@ -31,6 +31,7 @@ from memrl.rollout.pivots import (
     detect_pivots,
     detection_scores,
     every_turn,
+    fatal_misses,
     label_rollouts,
     restore,
     sample_pivot_groups,
@@ -379,3 +380,15 @@ def test_a_missed_single_fatal_pivot_is_detected_and_its_group_has_advantages() 
         assert not group.zero_variance and all(s.advantage != 0.0 for s in group.samples)
         for s in group.samples:  # caught (the reminder restates the needed requirement) -> positive advantage
             assert (s.advantage > 0) == (s.metadata["outcome"] == 1.0)
+
+
+def test_fatal_misses_count_the_fatal_pivots_a_policy_missed() -> None:
+    ts = tasks(3, start=70, facts=["interpreter", "output", "protected", "install_flag"], fatal_pivots=2)
+    truths = {t.task_id: t.truth() for t in ts}
+    for miss_rate, expected in ((0.0, False), (1.0, True)):
+        eng = engines(ts, miss_rate=miss_rate)
+        rollouts = [build_proactive_rollout(copy.deepcopy(t), ProactiveConfig(), seed=2) for t in ts]
+        run_rollouts(rollouts, eng)
+        assert [r.outcome for r in rollouts] == [float(not expected)] * len(ts)
+        for rollout in rollouts:
+            assert rollout.env.task_id in truths and fatal_misses(rollout) == [expected, expected]
