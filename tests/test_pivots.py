@@ -392,3 +392,17 @@ def test_fatal_misses_count_the_fatal_pivots_a_policy_missed() -> None:
         assert [r.outcome for r in rollouts] == [float(not expected)] * len(ts)
         for rollout in rollouts:
             assert rollout.env.task_id in truths and fatal_misses(rollout) == [expected, expected]
+
+
+def test_fatal_pivots_is_a_checked_setting_of_the_task_family() -> None:
+    from memrl.data.tasks.proactive import ProactiveParams
+
+    for f in (1, 2, 3):
+        task = ProactiveTask({"n_subtasks": 12, "fatal_pivots": f}, seed=5)
+        assert sum(p["requirement"] for p in task.pivots) == f and task.reference.outcome == 1.0
+        assert ProactiveTask.from_spec(task.spec, task.task_id).plan == task.plan  # the spec rebuilds the same task
+    assert ProactiveTask({"n_subtasks": 12}, seed=5).plan == ProactiveTask({"n_subtasks": 12, "fatal_pivots": 3},
+                                                                           seed=5).plan  # 3 of 3: the default task
+    for bad in ({"fatal_pivots": 4}, {"fatal_pivots": 0}, {"facts": ["interpreter"], "fatal_pivots": 2}):
+        with pytest.raises(ValueError, match="fatal_pivots"):
+            ProactiveParams.model_validate(bad)
