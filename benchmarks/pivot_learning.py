@@ -254,7 +254,7 @@ def main() -> None:
         test = split(base, TEST_START, args.test_tasks, [fatal])
         rows: dict[tuple[int, str], dict[str, Any]] = {}
         for seed in args.seeds:
-            root = work / f"F{fatal}" / f"seed{seed}"
+            root = work / chosen / f"F{fatal}" / f"seed{seed}"  # under the start: --reuse never mixes starts
             for variant in ("no_rl", *VARIANTS):
                 path = root / f"{variant}.test.json"
                 if args.reuse and path.is_file():
