@@ -152,7 +152,8 @@ def train_start(name: str, cfg: Any, args: argparse.Namespace, model_dir: Path, 
 
 def choose_start(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path, dev: list[ProactiveTask]
                  ) -> tuple[str, dict[str, Any]]:
-    """Train and measure every candidate start on dev; the one with the most flippable dev episodes."""
+    """Train and measure every candidate start on dev; the one with the most flippable dev episodes (ties: the lower
+    dev m, then the first listed)."""
     report: dict[str, Any] = {}
     for name in args.starts:
         path = work / "starts" / name / "dev.json"
