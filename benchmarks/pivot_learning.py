@@ -1,44 +1,44 @@
-"""Pivot-turn GRPO on the tiny CPU intervention agent: pivot groups vs all-turn groups vs no RL, over seeds.
+"""Pivot-turn GRPO on the tiny CPU intervention agent, from a start where one decision can change an outcome: pivot
+groups vs all-turn groups vs no RL, per number of fatal pivots per task, over seeds, paired on the same test tasks.
 
-The pipeline runs on CPU with the tiny random-initialised Qwen3 model (2 x 128) and ``configs/pivot_grpo_tiny.yaml``:
+The pipeline runs on CPU with the tiny random-initialised Qwen3 model (2 x 128) and ``configs/pivot_grpo_tiny.yaml``
+("Remember When It Matters: Proactive Memory Agent for Long-Horizon Agents", sections 3 and 4.5). Three disjoint task
+splits: training (seeds 0 ...), dev (50,000 ...), test (100,000 ...); a task plants F fatal requirement pivots
+(``fatal_pivots``, F in ``--fatal``), each of which a pass needs caught.
 
-1. **Teacher traces.** The proactive memory agent runs on training tasks. Phase 1 (bank writing) is the scripted
-   :class:`~memrl.data.tasks.proactive.BankWriter`: it records what the agent has seen (the statement's requirements,
-   facts the window states, failed commands) and never reads the task's plan, so the bank does not say which entry the
-   next
-   subtask needs. Phase 2 is an imperfect prompted expert (:class:`~memrl.data.experts.ProactiveOracle`; ``--miss``:
-   stays silent at a pivot; ``--false-alarm``: cites a needless entry) that cites the entry by its id (``k1: ...``; the
-   memory system restates the cited entry's exact text). Its Phase 2 calls become SFT rows (every trace kept: the
-   student inherits the teacher's calibration).
-2. **SFT** of the ``intervene`` role (TRL SFTTrainer, full fine-tuning, bf16 autocast), once: this one checkpoint
-   is where every seed and variant starts. ``no_rl`` is this model, evaluated with each seed's sampling seed.
-3. **GRPO from the SFT model**, per seed, one run per variant, the same number of groups and samples per iteration:
-   ``pivot``: groups at pivots found by counterfactual replay (plus a few labelled non-pivots, where the reminder cost
-   teaches silence); ``all_turns``: groups at memory steps drawn from every trigger turn of the labelled rollouts, no
-   detection (``groups.at=all_turns``). Phase 1 stays with the bank writer in every variant; only Phase 2 is trained.
-4. Held-out pass rate at the rollout temperature (1.0) and greedy, reminders per episode, the action agent's tokens
-   spent in training (labelling, detection and group continuations) and wall times per seed and variant (``no_rl``'s
-   is the shared teacher + SFT time); per variant the mean over seeds with a 95% t-interval (seeds as the units), per
-   seed a 95% Wilson interval over its held-out episodes, and the paired differences (pivot - no_rl, all_turns -
-   no_rl, pivot - all_turns) with t-intervals. One JSON line last. Greedy decoding of ``no_rl`` is the same on every
-   seed, so its interval is a point.
+1. **Starting students, chosen on dev.** For each start in :data:`STARTS` (teacher noise and the F mix of its
+   training tasks), teacher traces (Phase 1: the scripted :class:`~memrl.data.tasks.proactive.BankWriter`, which
+   never reads the plan; Phase 2: the prompted expert :class:`~memrl.data.experts.ProactiveOracle` citing bank entries
+   by id) become SFT rows of the ``intervene`` role and one SFT model. Each is run on the dev tasks (every F, sampled
+   at T = 1) and measured: the miss rate m (fraction of fatal pivots whose decision did not deliver the needed fact)
+   and the flippable fraction (episodes with exactly one missed fatal pivot: one changed decision flips them). The
+   start with the highest flippable fraction on dev starts RL (the rule is fixed before any run; the test split is
+   not read).
+2. **GRPO from it**, per F, seed and variant, the same number of groups and samples per iteration: ``pivot``: groups at
+   pivots found by counterfactual replay over every bank entry (plus a few labelled non-pivots, where the reminder
+   cost teaches silence); ``all_turns``: groups at any memory step of the labelled rollouts, no detection. Pivots
+   detected per iteration and the detection budget are logged; the run evaluates on the dev split after every
+   iteration (the learning curves).
+3. **Test.** The final policy of every (F, seed, variant), and ``no_rl`` (the chosen SFT model), on the same test tasks,
+   ``--samples`` rollouts each (the seed's sampling seeds). Per F and variant the mean pass rate over seeds with a 95%
+   t-interval, and paired differences (pivot - no_rl, all_turns - no_rl, pivot - all_turns) per seed with t-intervals.
+   One JSON line last.
 
-``--quick`` fits about 15 minutes on 2 CPU cores (fewer teacher tasks, SFT steps, iterations and held-out tasks); the
-default (full) setting about 45 minutes. Settings are fixed in advance, not tuned until a variant wins.
+``--quick`` is sized to finish within 15 minutes on the 2 shared cores (one start, fewer seeds, tasks and
+iterations); the default (full) setting runs 5 seeds. Settings are fixed in advance, not tuned until a variant wins.
 
-    .venv/bin/python benchmarks/pivot_learning.py [--quick] [--work DIR] [--seeds 0 1 2] [dotted GRPO overrides]
+    .venv/bin/python benchmarks/pivot_learning.py [--quick] [--work DIR] [--seeds 0 1 2 3 4] [--fatal 1 2 3]
+                                                  [dotted GRPO overrides]
 
-With ``--reuse-sft --reuse-runs`` an interrupted or split run (e.g. seeds run as separate processes on one ``--work``)
-is completed: the SFT model and finished (seed, variant) runs are read back, the rest is run, and the summary is
-printed over all of them.
+With ``--reuse`` an interrupted run is completed: SFT models, dev measurements and finished (F, seed, variant) runs
+are read back from ``--work``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
-import math
-import shutil
 import statistics
 import tempfile
 import time
@@ -48,6 +48,7 @@ from typing import Any
 from memrl.data.config import load_config
 from memrl.data.distill import RejectionConfig, distill_traces
 from memrl.data.experts import ProactiveOracle
+from memrl.data.tasks import ProactiveTask
 from memrl.data.tasks.proactive import BankWriter
 from memrl.rollout.agents import build_proactive_rollout
 from memrl.rollout.engines.factory import build_engine
@@ -55,32 +56,30 @@ from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.evaluation.stats import t_interval
 from memrl.rollout.loop import EngineSet, run_rollouts
 from memrl.rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
+from memrl.rollout.pivots import fatal_misses
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("pivot", "all_turns")
-SETTINGS: dict[str, dict[str, int]] = {  # sized for the wall time on 2 shared cores before any run; not tuned
-    "full": {"train_tasks": 96, "sft_steps": 120, "iterations": 3, "eval_tasks": 40, "label_tasks": 8,
-             "pivots_per_iteration": 6, "non_pivots_per_iteration": 3, "group_size": 8},
-    "quick": {"train_tasks": 48, "sft_steps": 60, "iterations": 2, "eval_tasks": 24, "label_tasks": 4,
-              "pivots_per_iteration": 4, "non_pivots_per_iteration": 2, "group_size": 4},
+DEV_START, TEST_START = 50_000, 100_000
+STARTS: dict[str, dict[str, Any]] = {  # candidate starting students; fixed before any run
+    "issue": {"miss": 0.4, "false_alarm": 0.1, "fatal_mix": [3]},  # the start issue 27 found at m ~ 0.8-1
+    "clean_curriculum": {"miss": 0.0, "false_alarm": 0.1, "fatal_mix": [1, 2, 3]},  # better data, every F
 }
-GRPO_KEYS = {"iterations": "loop.iterations", "eval_tasks": "eval_tasks.count", "label_tasks": "pivots.tasks",
+SETTINGS: dict[str, dict[str, Any]] = {  # sized for the wall time on 2 shared cores before any run; not tuned
+    "full": {"starts": list(STARTS), "seeds": [0, 1, 2, 3, 4], "train_tasks": 96, "sft_steps": 120, "dev_tasks": 12,
+             "test_tasks": 24, "samples": 2, "iterations": 3, "label_tasks": 6, "pivots_per_iteration": 6,
+             "non_pivots_per_iteration": 2, "group_size": 8},
+    "quick": {"starts": ["clean_curriculum"], "seeds": [0, 1], "train_tasks": 48, "sft_steps": 60, "dev_tasks": 6,
+              "test_tasks": 12, "samples": 2, "iterations": 2, "label_tasks": 3, "pivots_per_iteration": 4,
+              "non_pivots_per_iteration": 1, "group_size": 4},
+}
+GRPO_KEYS = {"iterations": "loop.iterations", "dev_tasks": "eval_tasks.count", "label_tasks": "pivots.tasks",
              "pivots_per_iteration": "groups.pivots_per_iteration",
              "non_pivots_per_iteration": "groups.non_pivots_per_iteration", "group_size": "groups.group_size"}
 
 
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
-
-
-def wilson(successes: float, n: int, z: float = 1.959964) -> list[float]:
-    """95% Wilson score interval of a binomial proportion."""
-    if n == 0:
-        return [0.0, 1.0]
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
 
 
 def mean_ci(values: list[float]) -> dict[str, Any]:
@@ -90,176 +89,212 @@ def mean_ci(values: list[float]) -> dict[str, Any]:
             "n": len(values)}
 
 
-def teacher_and_sft(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path, seed: int) -> dict[str, Any]:
-    """Teacher traces -> SFT rows -> the SFT model at ``work/sft/final`` (shared by every seed and variant)."""
+def split(cfg: Any, start: int, count: int, fatal: list[int]) -> list[ProactiveTask]:
+    """``count`` tasks of the config's family from seed ``start``, F cycling through ``fatal``."""
+    return [ProactiveTask({**cfg.train_tasks.params, "fatal_pivots": fatal[i % len(fatal)]}, seed=start + i)
+            for i in range(count)]
+
+
+def engines_for(cfg: Any, policy: Any) -> EngineSet:
+    """The frozen action agent and bank writer around a Phase 2 ``policy`` engine."""
+    return EngineSet(reasoner=build_engine(cfg.reasoner), memory=policy,
+                     by_role={"bank_edit": ScriptedEngine(BankWriter())})
+
+
+def hf_policy(cfg: Any, model: Path | str) -> Any:
+    return build_engine(cfg.engine.model_copy(update={"model": str(model)}))
+
+
+def measure(cfg: Any, engines: EngineSet, tasks: list[ProactiveTask], seed: int, samples: int) -> dict[str, Any]:
+    """Pass rate, miss rate m and flippable fraction of ``engines``' policy on ``tasks`` (``samples`` each), by F."""
+    rollouts = [build_proactive_rollout(copy.deepcopy(t), cfg.memory, seed=seed + r, rollout_id=f"m{r}",
+                                        reasoner_sampling=cfg.reasoner_sampling) for r in range(samples) for t in tasks]
+    run_rollouts(rollouts, engines)
+    out: dict[str, Any] = {}
+    for f in sorted({t.params.fatal_pivots for t in tasks}):
+        mine = [r for r in rollouts if r.env.params.fatal_pivots == f]
+        misses = [fatal_misses(r) for r in mine]
+        flat = [m for ms in misses for m in ms]
+        out[str(f)] = {"pass_rate": round(sum(r.outcome or 0.0 for r in mine) / len(mine), 4),
+                       "m": round(sum(flat) / len(flat), 4) if flat else None, "fatal_pivots_reached": len(flat),
+                       "flippable": round(sum(sum(ms) == 1 for ms in misses) / len(mine), 4),
+                       "reminders_per_episode": round(sum(r.memory.stats.get("reminders_injected", 0) for r in mine)
+                                                      / len(mine), 3), "episodes": len(mine)}
+    return out
+
+
+def train_start(name: str, cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path) -> dict[str, Any]:
+    """Teacher traces of start ``name`` -> SFT rows -> the SFT model at ``work/starts/NAME/sft/final``."""
     from memrl.train.sft import SFTRunConfig, run_sft
 
+    start, folder = STARTS[name], work / "starts" / name
     t0 = time.perf_counter()
-    tokenizer = load_tokenizer(model_dir)
-    tasks = cfg.train_tasks.load()[: args.train_tasks]
+    tasks = split(cfg, 0, args.train_tasks, start["fatal_mix"])
     truths = {t.task_id: t.truth() for t in tasks}
-    teacher = ProactiveOracle({"miss_rate": args.miss, "false_alarm_rate": args.false_alarm, "cite_ids": True},
-                              truths=truths)
-    engines = EngineSet(
-        reasoner=build_engine(cfg.reasoner.model_copy(update={"tokenizer": str(model_dir)})),
-        memory=ScriptedEngine(teacher, tokenizer=tokenizer), by_role={"bank_edit": ScriptedEngine(BankWriter())},
-    )
-    traces = run_rollouts([build_proactive_rollout(t, cfg.memory, seed=seed) for t in tasks], engines)
-    distilled = distill_traces(traces, work / "distill", RejectionConfig(min_outcome=0.0, roles=["intervene"]),
+    teacher = ProactiveOracle({"miss_rate": start["miss"], "false_alarm_rate": start["false_alarm"],
+                               "cite_ids": True}, truths=truths)
+    engines = engines_for(cfg, ScriptedEngine(teacher, tokenizer=load_tokenizer(model_dir)))
+    traces = run_rollouts([build_proactive_rollout(t, cfg.memory, seed=0) for t in tasks], engines)
+    distilled = distill_traces(traces, folder / "distill", RejectionConfig(min_outcome=0.0, roles=["intervene"]),
                                progress=False)
-    teacher_pass = sum(t.outcome or 0.0 for t in traces) / len(traces)
     sft = SFTRunConfig.model_validate({
-        "run": {"output_dir": str(work), "name": "sft", "seed": seed},
+        "run": {"output_dir": str(folder), "name": "sft", "seed": 0},
         "model": {"base": str(model_dir)},
         "lora": {"enabled": False},
-        "data": {"dir": str(work / "distill"), "roles": ["intervene"]},
+        "data": {"dir": str(folder / "distill"), "roles": ["intervene"]},
         "train": {"max_steps": args.sft_steps, "batch_size": args.sft_batch, "lr": args.sft_lr, "warmup": 0.05,
                   "bf16": True, "save_steps": 0, "logging_steps": 20, "max_length": 384, "progress": False},
     })
     run_sft(sft)
-    return {"teacher_pass_rate": round(teacher_pass, 4), "intervene_rows": distilled["roles"]["intervene"]["kept"],
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {"start": name, **start, "teacher_pass_rate": round(sum(t.outcome or 0.0 for t in traces) / len(traces), 4),
+            "intervene_rows": distilled["roles"]["intervene"]["kept"], "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def run_variant(args: argparse.Namespace, final: Path, seed_dir: Path, seed: int, variant: str,
-                settings: dict[str, int]) -> dict[str, Any]:
-    """Pivot-turn GRPO from the SFT model ``final`` with groups at ``variant``; the summary and the wall time."""
+def choose_start(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path, dev: list[ProactiveTask]
+                 ) -> tuple[str, dict[str, Any]]:
+    """Train and measure every candidate start on dev; the one with the most flippable dev episodes (ties: the lower
+    dev m, then the first listed)."""
+    report: dict[str, Any] = {}
+    for name in args.starts:
+        path = work / "starts" / name / "dev.json"
+        if args.reuse and path.is_file():
+            report[name] = json.loads(path.read_text())
+        else:
+            trained = train_start(name, cfg, args, model_dir, work)
+            policy = hf_policy(cfg, work / "starts" / name / "sft" / "final")
+            report[name] = {**trained, "dev": measure(cfg, engines_for(cfg, policy), dev, DEV_START, 1)}
+            policy.close()
+            path.write_text(json.dumps(report[name], indent=1) + "\n")
+        dev_rows = report[name]["dev"].values()
+        report[name]["dev_flippable"] = round(statistics.fmean(r["flippable"] for r in dev_rows), 4)
+        report[name]["dev_m"] = round(statistics.fmean(r["m"] for r in dev_rows if r["m"] is not None), 4)
+        emit({"stage": "start", **report[name]})
+    chosen = max(args.starts, key=lambda n: (report[n]["dev_flippable"], -report[n]["dev_m"]))
+    return chosen, report
+
+
+def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: int, seed: int, variant: str
+                ) -> dict[str, Any]:
+    """Pivot-turn GRPO from the SFT model ``final`` on F = ``fatal`` tasks, evaluated on dev after every iteration."""
     from memrl.train.pivot_grpo import PivotGRPOConfig, run_pivot_grpo
 
-    sized = [f"{key}={settings[name]}" for name, key in GRPO_KEYS.items()]
     cfg = load_config(PivotGRPOConfig, args.config, [
-        f"run.output_dir={seed_dir}", f"run.name={variant}", f"run.seed={seed}", f"policy.base={final}",
-        f"engine.model={final}", f"reasoner.tokenizer={final}", f"phase1.tokenizer={final}", *sized,
+        f"run.output_dir={run_root}", f"run.name={variant}", f"run.seed={seed}", f"policy.base={final}",
+        f"engine.model={final}", f"reasoner.tokenizer={final}", f"phase1.tokenizer={final}",
+        *[f"{key}={getattr(args, name)}" for name, key in GRPO_KEYS.items()],
+        f"train_tasks.params.fatal_pivots={fatal}", f"eval_tasks.params.fatal_pivots={fatal}",
+        f"eval_tasks.seed_start={DEV_START}", "loop.eval_every=1", "eval.greedy=false", "eval.no_memory_baseline=false",
         f"groups.at={'pivots' if variant == 'pivot' else 'all_turns'}", *args.overrides,
     ])
-    run_dir = seed_dir / variant
-    earlier = [seed_dir / v / "baselines.json" for v in VARIANTS if v != variant]
-    if not run_dir.exists() and (found := next((p for p in earlier if p.is_file()), None)) is not None:
-        run_dir.mkdir(parents=True)  # the same SFT model, seed and held-out tasks: reuse its no-RL evaluation
-        shutil.copy(found, run_dir / "baselines.json")
-    done = run_dir / "summary.json"
-    if not (args.reuse_runs and done.is_file()):
+    done = run_root / variant / "summary.json"
+    if not (args.reuse and done.is_file()):
         run_pivot_grpo(cfg)
     summary = json.loads(done.read_text())
-    # the run's own clock: seconds from its logger's start to its last record (the final evaluation)
-    last = (run_dir / "metrics.jsonl").read_text().splitlines()[-1]
-    seconds = float(json.loads(last)["time_s"])
-    for row in summary["history"]:
-        emit({"stage": "grpo", "seed": seed, "variant": variant,
-              **{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()
-                 if k in ("iteration", "reward_mean", "pivot_pool", "pivot_groups", "planted_group_fraction",
-                          "pivot_success", "pivot_reminder_rate", "non_pivot_reminder_rate",
-                          "zero_variance_group_fraction", "rows", "refresh_recall", "refresh_precision",
-                          "action_tokens")}})
-    return {"summary": summary, "seconds": seconds, "eval_tasks": cfg.eval_tasks.count}
-
-
-def result_row(seed: int, variant: str, evaluation: dict[str, Any], n: int, tokens: float, seconds: float
-               ) -> dict[str, Any]:
-    """One (seed, variant) result with Wilson intervals over its ``n`` held-out episodes."""
-    sampled, greedy = evaluation["pass_rate"], evaluation.get("greedy_pass_rate")
+    history = summary["history"]
     return {
-        "stage": "result", "seed": seed, "variant": variant, "held_out_tasks": n,
-        "pass_rate": round(sampled, 4), "pass_rate_ci95": wilson(sampled * n, n),
-        "greedy_pass_rate": None if greedy is None else round(greedy, 4),
-        "greedy_pass_rate_ci95": None if greedy is None else wilson(greedy * n, n),
-        "reminders_per_episode": round(evaluation["reminders_per_episode"], 3),
-        "greedy_reminders_per_episode": (round(evaluation["greedy_reminders_per_episode"], 3)
-                                         if "greedy_reminders_per_episode" in evaluation else None),
-        "double_checks_per_episode": round(evaluation["double_checks_per_episode"], 3),
-        "action_tokens_training": tokens, "action_tokens_eval_per_run": evaluation["action_tokens"],
-        "seconds": round(seconds, 1),
+        "policy_dir": summary["policy_dir"],
+        "pivots_detected": [h.get("refresh_pivots") for h in history],  # per iteration (None: no refresh there)
+        "pivot_pool": [h.get("pivot_pool") for h in history],
+        "detect_budget": next((h["refresh_budget"] for h in history if "refresh_budget" in h), None),
+        "bank_entries_tried": sum(h.get("refresh_bank_tried", 0.0) for h in history),
+        "bank_entries_over_budget": sum(h.get("refresh_bank_over_budget", 0.0) for h in history),
+        "zero_variance_groups": [h.get("zero_variance_group_fraction") for h in history],
+        "dev_curve": [round(e["pass_rate"], 4) for e in summary_evals(summary)],
+        "action_tokens_training": summary["training_action_tokens"],
+        "seconds": float(json.loads((run_root / variant / "metrics.jsonl").read_text().splitlines()[-1])["time_s"]),
     }
+
+
+def summary_evals(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dev evaluations in order: before the first update, then after every iteration."""
+    rows = [summary["before"]] if summary["before"] else []
+    return rows + [h_eval for h_eval in (
+        {k[len("eval/"):]: v for k, v in h.items() if k.startswith("eval/")} for h in summary["history"]) if h_eval]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "pivot_grpo_tiny.yaml"))
     parser.add_argument("--work", default=None, help="output directory (default: a temporary one)")
-    parser.add_argument("--quick", action="store_true", help="the ~15-minute setting (see SETTINGS)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="GRPO and evaluation seeds")
-    parser.add_argument("--miss", type=float, default=0.4, help="teacher: silence at a pivot")
-    parser.add_argument("--false-alarm", type=float, default=0.1, help="teacher: needless citation elsewhere")
+    parser.add_argument("--quick", action="store_true", help="the setting sized for 15 minutes (see SETTINGS)")
+    parser.add_argument("--fatal", type=int, nargs="+", default=[1, 2, 3], help="fatal pivots per task, reported by")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="GRPO and test sampling seeds")
+    parser.add_argument("--starts", nargs="+", default=None, choices=list(STARTS), help="candidate starts")
     parser.add_argument("--sft-batch", type=int, default=32)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
-    parser.add_argument("--reuse-sft", action="store_true", help="keep an existing <work>/sft/final")
-    parser.add_argument("--reuse-runs", action="store_true",
-                        help="read back (seed, variant) runs that finished in <work> instead of redoing them")
-    for name in SETTINGS["full"]:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="override the setting's")
+    parser.add_argument("--reuse", action="store_true", help="read back what an earlier run left in --work")
+    for name, value in SETTINGS["full"].items():
+        if isinstance(value, int):
+            parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="override the setting's")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the GRPO config")
     args = parser.parse_args()
     setting = "quick" if args.quick else "full"
-    settings = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in SETTINGS[setting].items()}
-    args.train_tasks, args.sft_steps = settings["train_tasks"], settings["sft_steps"]
+    for name, value in SETTINGS[setting].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
 
     from memrl.train.pivot_grpo import PivotGRPOConfig
 
     work = Path(args.work or tempfile.mkdtemp(prefix="memrl-pivot-learning-"))
-    start = time.perf_counter()
+    work.mkdir(parents=True, exist_ok=True)
+    clock = time.perf_counter()
     model_dir = ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec())
-    emit({"stage": "setting", "setting": setting, **settings, "seeds": args.seeds, "overrides": args.overrides})
-
-    # one SFT model (the first seed's teacher traces and SFT run) is the start of every seed and variant
-    final = work / "sft" / "final"
+    emit({"stage": "setting", "setting": setting, **{k: getattr(args, k) for k in SETTINGS[setting]},
+          "fatal": args.fatal, "overrides": args.overrides})
     base = load_config(PivotGRPOConfig, args.config, [
-        f"run.output_dir={work}", f"run.seed={args.seeds[0]}", f"policy.base={model_dir}",
-        f"engine.model={model_dir}", *args.overrides,
-    ])
-    if args.reuse_sft and final.is_dir():
-        done = work / "sft" / "summary.json"  # the SFT run's own record: its wall time, when it wrote one
-        wall = json.loads(done.read_text())["wall_s"] if done.is_file() else 0.0
-        teacher: dict[str, Any] = {"reused": str(final), "seconds": round(wall, 1)}
-    else:
-        teacher = teacher_and_sft(base, args, model_dir, work, args.seeds[0])
-    emit({"stage": "sft", **teacher})
-    rows: list[dict[str, Any]] = []
-    for seed in args.seeds:
-        seed_dir = work / f"seed{seed}"
-        for variant in VARIANTS:
-            out = run_variant(args, final, seed_dir, seed, variant, settings)
-            summary, n = out["summary"], out["eval_tasks"]
-            if variant == VARIANTS[0]:
-                row = result_row(seed, "no_rl", summary["before"], n, 0.0, teacher["seconds"])
-                row["no_memory_pass_rate"] = summary["before"].get("no_memory_pass_rate")
-                rows.append(row)
-                emit(row)
-            row = result_row(seed, variant, summary["after"], n, summary["training_action_tokens"], out["seconds"])
-            rows.append(row)
-            emit(row)
+        f"run.output_dir={work}", f"policy.base={model_dir}", f"engine.model={model_dir}",
+        f"reasoner.tokenizer={model_dir}", f"phase1.tokenizer={model_dir}", *args.overrides])
+    dev = split(base, DEV_START, args.dev_tasks * len(args.fatal), args.fatal)
+    chosen, starts = choose_start(base, args, model_dir, work, dev)
+    final = work / "starts" / chosen / "sft" / "final"
+    emit({"stage": "chosen", "start": chosen, "dev_m": starts[chosen]["dev_m"],
+          "dev_flippable": starts[chosen]["dev_flippable"]})
 
-    greedy = all(r["greedy_pass_rate"] is not None for r in rows)  # off when the config evaluates sampled only
-    variants: dict[str, dict[str, Any]] = {}
-    for name in ("no_rl", *VARIANTS):
-        mine = [r for r in rows if r["variant"] == name]
-        variants[name] = {
-            "pass_rate": mean_ci([r["pass_rate"] for r in mine]),
-            "greedy_pass_rate": mean_ci([r["greedy_pass_rate"] for r in mine]) if greedy else None,
-            "reminders_per_episode": mean_ci([r["reminders_per_episode"] for r in mine]),
-            "action_tokens_training": mean_ci([r["action_tokens_training"] for r in mine]),
-            "seconds": mean_ci([r["seconds"] for r in mine]),
-        }
-    by = {(r["seed"], r["variant"]): r for r in rows}
-    deltas = {}
-    for a, b in (("pivot", "no_rl"), ("all_turns", "no_rl"), ("pivot", "all_turns")):
-        deltas[f"{a}-{b}"] = {
-            metric: mean_ci([by[(s, a)][metric] - by[(s, b)][metric] for s in args.seeds])
-            for metric in ("pass_rate", "greedy_pass_rate") if greedy or metric == "pass_rate"
-        }
+    results: dict[str, Any] = {}
+    for fatal in args.fatal:
+        test = split(base, TEST_START, args.test_tasks, [fatal])
+        rows: dict[tuple[int, str], dict[str, Any]] = {}
+        for seed in args.seeds:
+            root = work / chosen / f"F{fatal}" / f"seed{seed}"  # under the start: --reuse never mixes starts
+            for variant in ("no_rl", *VARIANTS):
+                path = root / f"{variant}.test.json"
+                if args.reuse and path.is_file():
+                    row = json.loads(path.read_text())
+                else:
+                    trained = run_variant(args, final, root, fatal, seed, variant) if variant != "no_rl" else {}
+                    policy = hf_policy(base, trained.get("policy_dir", final))
+                    score = measure(base, engines_for(base, policy), test, TEST_START + 1000 * seed, args.samples)
+                    policy.close()
+                    row = {"fatal": fatal, "seed": seed, "variant": variant, **score[str(fatal)], **trained}
+                    root.mkdir(parents=True, exist_ok=True)
+                    path.write_text(json.dumps(row, indent=1) + "\n")
+                rows[(seed, variant)] = row
+                emit({"stage": "result", **{k: v for k, v in row.items() if k != "policy_dir"}})
+        per = {v: {"pass_rate": mean_ci([rows[(s, v)]["pass_rate"] for s in args.seeds]),
+                   "m": mean_ci([rows[(s, v)]["m"] for s in args.seeds if rows[(s, v)]["m"] is not None]),
+                   "reminders_per_episode": mean_ci([rows[(s, v)]["reminders_per_episode"] for s in args.seeds])}
+               for v in ("no_rl", *VARIANTS)}
+        for v in VARIANTS:
+            per[v]["pivots_detected_per_iteration"] = [rows[(s, v)]["pivots_detected"] for s in args.seeds]
+            per[v]["dev_curve_mean"] = [round(statistics.fmean(c), 4) for c in
+                                        zip(*(rows[(s, v)]["dev_curve"] for s in args.seeds), strict=True)]
+        deltas = {f"{a}-{b}": mean_ci([rows[(s, a)]["pass_rate"] - rows[(s, b)]["pass_rate"] for s in args.seeds])
+                  for a, b in (("pivot", "no_rl"), ("all_turns", "no_rl"), ("pivot", "all_turns"))}
+        results[str(fatal)] = {"test_tasks": args.test_tasks, "samples": args.samples, "variants": per,
+                               "paired_deltas_pass_rate": deltas}
     emit({
         "benchmark": "pivot_learning",
         "setting": setting,
-        **settings,
         "model": "tiny 2x128",
         "phase1": "bank-writer (observed facts and failures; no plan, no risk note)",
-        "sft": teacher,
         "seeds": args.seeds,
-        "variants": variants,
-        "deltas": deltas,
-        "no_memory_pass_rate": mean_ci([r["no_memory_pass_rate"] for r in rows if r["variant"] == "no_rl"]),
-        "pivot_beats_all_turns": deltas["pivot-all_turns"]["pass_rate"]["mean"] > 0,
-        "pivot_beats_no_rl": deltas["pivot-no_rl"]["pass_rate"]["mean"] > 0,
-        "total_seconds": round(time.perf_counter() - start, 1),
+        "start_chosen_on_dev": chosen,
+        "starting_miss_rate_m_dev": {f: starts[chosen]["dev"][str(f)]["m"] for f in args.fatal},
+        "starting_flippable_dev": {f: starts[chosen]["dev"][str(f)]["flippable"] for f in args.fatal},
+        "starts": {n: {k: starts[n][k] for k in ("dev_m", "dev_flippable", "teacher_pass_rate", "miss", "fatal_mix")}
+                   for n in starts},
+        "by_fatal_pivots": results,
+        "total_seconds": round(time.perf_counter() - clock, 1),
         "work": str(work),
     })
 

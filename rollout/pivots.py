@@ -1,5 +1,5 @@
-"""Pivot turns of the proactive memory agent (seed 003 section 4.5): offline labelled rollouts, pivot detection by
-counterfactual resampling, and pivot-turn groups.
+"""Pivot turns of the proactive memory agent ("Remember When It Matters: Proactive Memory Agent for Long-Horizon
+Agents", section 4.5): offline labelled rollouts, pivot detection by counterfactual resampling, and pivot-turn groups.
 
 **Labelled rollouts** (:func:`label_rollouts`). The current memory agent (any engine) runs with the frozen action
 agent over training tasks; every model call of the run is recorded in order (:class:`RecordedCall`: text, token ids,
@@ -11,9 +11,12 @@ state exactly (messages, bank, environment, token accounting, call seeds), pendi
 rollout deep-copied at its pending call is the same snapshot; the stored record makes it durable and shareable.
 
 **Pivot detection** (:func:`detect_pivots`). Cheap pre-filters (:class:`PrefilterConfig`) pick candidate steps: before
-a state-changing command, after a tool error, before a repeated command. Each candidate is restored and given up to
-``alternatives`` distinct Phase 2 decisions: the recorded one (its outcome is the labelled rollout's), silence, fresh
-samples of the memory engine, and reminders that restate one bank entry each. Every alternative continues with the
+a state-changing command, after a tool error, before a repeated command. Each candidate is restored and given
+distinct Phase 2 decisions, in this order: the recorded one (its outcome is the labelled rollout's), silence, a
+reminder restating each bank entry (every one: the detector cannot tell which entry the next action needs, and a
+pivot the student could have caught must not be missed because its entry went untried), then fresh samples of the
+memory engine; at most ``alternatives`` of them (the budget; what it cuts is counted in the returned stats and
+logged). Every alternative continues with the
 frozen action agent to the end of the task, and the step is a pivot when the outcomes differ by at least
 ``min_spread``. Siblings keep the rollout's id, so they share the seeds of every later call (common random numbers:
 their outcomes differ through the decision, not through sampling noise). The labels and outcome spreads of all
@@ -34,6 +37,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import logging
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -46,7 +50,7 @@ from memrl.data.config import ConfigModel
 from memrl.data.formats import parse_intervention, render_intervention
 from memrl.data.schemas import EnvSpec, FiniteFloat, JsonDict, MemoryCall, Record, TokenUsage
 from memrl.data.tasks import ProactiveTask, make_task
-from memrl.data.tasks.proactive import find_pivot
+from memrl.data.tasks.proactive import fact_value, find_pivot
 from memrl.rollout.agents import build_proactive_rollout
 from memrl.rollout.engines.base import (
     Completion,
@@ -77,12 +81,15 @@ __all__ = [
     "detect_pivots",
     "detection_scores",
     "every_turn",
+    "fatal_misses",
     "label_rollouts",
     "restore",
     "rollout_from_record",
     "sample_pivot_groups",
     "state_digest",
 ]
+
+logger = logging.getLogger(__name__)
 
 DECISION_ROLE = "intervene"
 EDIT_ROLE = "bank_edit"
@@ -226,10 +233,12 @@ class DetectConfig(ConfigModel):
     """Counterfactual resampling at candidate steps."""
 
     prefilter: PrefilterConfig = PrefilterConfig()
-    alternatives: int = Field(4, ge=2, description="m: distinct decisions per candidate (the recorded one too)")
+    alternatives: int = Field(
+        12, ge=2, description="the budget: distinct decisions continued per candidate at most (the recorded one "
+        "too); tried in the order recorded, silence, every bank entry, policy samples; what it cuts is logged")
     silence: bool = Field(True, description="always try <no_intervention/>")
     policy_samples: int = Field(2, ge=0, description="fresh samples of the memory engine per candidate")
-    bank_reminders: bool = Field(True, description="try reminders that restate one bank entry each")
+    bank_reminders: bool = Field(True, description="try a reminder restating each bank entry, every one of them")
     min_spread: float = Field(0.5, gt=0, description="outcome spread that marks a pivot")
     max_candidates_per_rollout: int | None = Field(None, ge=1)  # first N candidate steps per rollout; None: all
 
@@ -365,6 +374,19 @@ def planted_pivot(rollout: Rollout, step: int) -> dict[str, Any] | None:
     return find_pivot(_turns(rollout.memory, step), rollout.env.params.window)
 
 
+def fatal_misses(rollout: Rollout) -> list[bool]:
+    """For each fatal pivot on a finished proactive rollout's path (a planted pivot whose fact is a requirement), in
+    order: whether the memory agent missed it, i.e. its Phase 2 decision there delivered no reminder stating the
+    needed value. The miss rate m of a policy is the fraction of True over its rollouts."""
+    missed = []
+    for call in rollout.memory_calls:
+        planted = planted_pivot(rollout, call.step) if call.role == DECISION_ROLE else None
+        if planted is not None and planted["requirement"]:
+            needed = fact_value(planted["fact"], planted["reminder"])
+            missed.append(fact_value(planted["fact"], str(call.metadata.get("reminder") or "")) != needed)
+    return missed
+
+
 def _filters(memory: ProactiveMemory, step: int, cfg: PrefilterConfig) -> list[str]:
     by_step = {s: (action_of(reply) if s > 0 else "", obs) for s, reply, obs, _ in memory.turns}
     fired = ["every_step"] if cfg.every_step else []
@@ -498,8 +520,9 @@ def detect_pivots(
 ) -> tuple[list[PivotRecord], dict[str, float]]:
     """Label the pre-filtered steps of ``records`` by counterfactual resampling (see the module docstring).
 
-    Returns every candidate's :class:`PivotRecord` and the detection's cost (candidates, continuations, the action
-    agent's tokens spent on them)."""
+    Returns every candidate's :class:`PivotRecord` and the detection's cost: candidates, continuations, the action
+    agent's tokens spent on them, the budget (``alternatives``), the bank entries at the candidates, how many were
+    tried, and the distinct decisions (bank entries among them) the budget cut."""
     cfg = cfg or DetectConfig()
     candidates: list[_Candidate] = []
     for record in records:
@@ -515,23 +538,32 @@ def detect_pivots(
         requests = [_resampled(p, cfg.policy_samples, salt) for p in pending if p is not None]
         samples = _generate_grouped(engines, [p for p in pending if p is not None], requests)
     forks: list[Rollout] = []
+    budget = {"bank_entries": 0, "bank_tried": 0, "bank_over_budget": 0, "over_budget": 0}
     for i, cand in enumerate(candidates):
         options: list[tuple[str, str]] = [("recorded", cand.step.decision)]
         if cfg.silence:
             options.append(("silence", render_intervention(None)))
+        memory = cand.base.memory
+        if cfg.bank_reminders and isinstance(memory, ProactiveMemory):
+            # every entry could be the one the next action needs: the detector cannot know which (the bank does not
+            # say), so it tries them all before any policy sample, within the budget
+            options += [("bank", render_intervention(e.content)) for e in memory.bank.entries]
+            budget["bank_entries"] += len(memory.bank.entries)
         if samples:
             options += [("policy", c.text) for c in samples[i].completions]
-        if cfg.bank_reminders and isinstance(cand.base.memory, ProactiveMemory):
-            options += [("bank", render_intervention(e.content)) for e in cand.base.memory.bank.entries]
-        memory = cand.base.memory
         seen: set[str | None] = set()
         for source, text in options:
             # distinct by what reaches the action agent (a citation and the entry it restates are one decision)
             reminder = memory.delivered(text)[0] if isinstance(memory, ProactiveMemory) else parse_intervention(text)[0]
-            if reminder in seen or len(cand.alternatives) >= cfg.alternatives:
+            if reminder in seen:
                 continue
             seen.add(reminder)
+            if len(cand.alternatives) >= cfg.alternatives:
+                budget["over_budget"] += 1
+                budget["bank_over_budget"] += source == "bank"
+                continue
             cand.alternatives.append((source, text, reminder))
+            budget["bank_tried"] += source == "bank"
         for _, text, _ in cand.alternatives[1:]:  # the recorded decision's continuation is the record itself
             fork = _fork(cand.base)
             fork.advance(_text_result(text))
@@ -555,7 +587,12 @@ def detect_pivots(
         "continuations": float(len(forks)),
         "pivots": float(sum(p.is_pivot for p in out)),
         "action_tokens": float(tokens.spent),
+        "budget": float(cfg.alternatives),
+        **{k: float(v) for k, v in budget.items()},
     }
+    if budget["bank_over_budget"]:
+        logger.warning("pivot detection: the budget (detect.alternatives=%d) left %d of %d bank entries untried",
+                       cfg.alternatives, budget["bank_over_budget"], budget["bank_entries"])
     return out, stats
 
 

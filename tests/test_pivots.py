@@ -31,6 +31,7 @@ from memrl.rollout.pivots import (
     detect_pivots,
     detection_scores,
     every_turn,
+    fatal_misses,
     label_rollouts,
     restore,
     sample_pivot_groups,
@@ -338,3 +339,70 @@ def test_cited_entries_are_restated_and_the_oracle_notes_the_risk() -> None:
     assert reply == f"<context_for_action>{entry.entry_id}: {entry.content}</context_for_action>"
     rollout.advance(oracle.generate([rollout.pending().request])[0])
     assert rollout.memory.reasoner_messages("s")[-1].content.endswith(pivot["reminder"])
+
+
+# ---------------------------------------------------------------------------------------------------- one fatal pivot
+def test_a_missed_single_fatal_pivot_is_detected_and_its_group_has_advantages() -> None:
+    """A task with one fatal pivot, a student that misses it: detection (every bank entry tried) finds the turn, and
+    the group sampled there carries non-zero advantages; a budget too small for the bank misses it and says so."""
+    from memrl.data.tasks.proactive import BankWriter
+    from memrl.rewards.groups import pivot_groups
+
+    ts = tasks(4, start=60, facts=["interpreter", "output", "protected", "install_flag"], fatal_pivots=1)
+    truths = {t.task_id: t.truth() for t in ts}
+    assert all(sum(p["requirement"] for p in t.pivots) == 1 for t in ts)
+    student = EngineSet(reasoner=ScriptedEngine(ActionAgent()),
+                        memory=ScriptedEngine(ProactiveOracle({"miss_rate": 1.0}, truths=truths)),
+                        by_role={"bank_edit": ScriptedEngine(BankWriter())})
+    records = label_rollouts(ts, student, ProactiveConfig(), seed=3)
+    assert all(r.outcome == 0.0 for r in records)  # the student misses the one fatal pivot: every episode fails
+    fatal = {(r.record_id, s.step) for r in records for s in r.steps if s.planted and s.planted["requirement"]}
+    assert len(fatal) == len(ts)
+
+    pivots, stats = detect_pivots(records, student, DetectConfig(policy_samples=0))
+    found = {(p.record_id, p.step) for p in pivots if p.is_pivot}
+    assert fatal <= found
+    assert stats["bank_tried"] == stats["bank_entries"] > 2 * stats["candidates"] and stats["bank_over_budget"] == 0
+    at_fatal = [p for p in pivots if (p.record_id, p.step) in fatal]
+    assert all(p.best_reminder == p.planted["reminder"] for p in at_fatal if p.planted is not None)
+
+    # a budget of 2: the recorded silence and the first bank entry only (silence repeats the recorded decision)
+    _, cut = detect_pivots(records, student, DetectConfig(policy_samples=0, alternatives=2))
+    assert cut["bank_tried"] == cut["candidates"] and cut["bank_over_budget"] > 0 and cut["budget"] == 2.0
+
+    coin = EngineSet(reasoner=ScriptedEngine(ActionAgent()), memory=ScriptedEngine(Coin(truths)),
+                     by_role={"bank_edit": ScriptedEngine(BankWriter())})
+    results = sample_pivot_groups(at_fatal, {r.record_id: r for r in records}, coin, PivotGroupConfig(group_size=8))
+    groups = pivot_groups(results)
+    assert len(groups) == len(at_fatal)
+    for group, result in zip(groups, results, strict=True):
+        assert {s.outcome for s in result.samples} == {0.0, 1.0}  # the coin both caught and missed it
+        assert not group.zero_variance and all(s.advantage != 0.0 for s in group.samples)
+        for s in group.samples:  # caught (the reminder restates the needed requirement) -> positive advantage
+            assert (s.advantage > 0) == (s.metadata["outcome"] == 1.0)
+
+
+def test_fatal_misses_count_the_fatal_pivots_a_policy_missed() -> None:
+    ts = tasks(3, start=70, facts=["interpreter", "output", "protected", "install_flag"], fatal_pivots=2)
+    truths = {t.task_id: t.truth() for t in ts}
+    for miss_rate, expected in ((0.0, False), (1.0, True)):
+        eng = engines(ts, miss_rate=miss_rate)
+        rollouts = [build_proactive_rollout(copy.deepcopy(t), ProactiveConfig(), seed=2) for t in ts]
+        run_rollouts(rollouts, eng)
+        assert [r.outcome for r in rollouts] == [float(not expected)] * len(ts)
+        for rollout in rollouts:
+            assert rollout.env.task_id in truths and fatal_misses(rollout) == [expected, expected]
+
+
+def test_fatal_pivots_is_a_checked_setting_of_the_task_family() -> None:
+    from memrl.data.tasks.proactive import ProactiveParams
+
+    for f in (1, 2, 3):
+        task = ProactiveTask({"n_subtasks": 12, "fatal_pivots": f}, seed=5)
+        assert sum(p["requirement"] for p in task.pivots) == f and task.reference.outcome == 1.0
+        assert ProactiveTask.from_spec(task.spec, task.task_id).plan == task.plan  # the spec rebuilds the same task
+    assert ProactiveTask({"n_subtasks": 12}, seed=5).plan == ProactiveTask({"n_subtasks": 12, "fatal_pivots": 3},
+                                                                           seed=5).plan  # 3 of 3: the default task
+    for bad in ({"fatal_pivots": 4}, {"fatal_pivots": 0}, {"facts": ["interpreter"], "fatal_pivots": 2}):
+        with pytest.raises(ValueError, match="fatal_pivots"):
+            ProactiveParams.model_validate(bad)

@@ -1,34 +1,42 @@
-"""``memrl train pivot-grpo``: pivot-turn GRPO for the proactive intervention agent (seed 003 section 4.5).
+"""``memrl train pivot-grpo``: pivot-turn GRPO for the proactive intervention agent ("Remember When It Matters:
+Proactive Memory Agent for Long-Horizon Agents", section 4.5).
 
 The policy is the memory agent (typically the SFT model); the action agent stays frozen (scripted on CPU, or
-``placement.reasoner``'s OpenAI-compatible endpoints: the paper's Qwen3.5-122B-A10B). The shared online loop
-(:func:`memrl.train.online.run_online_loop`) runs the iterations; this module supplies its ``collect`` and ``evaluate``:
+``placement.reasoner``'s OpenAI-compatible endpoints: the paper's Qwen3.5-122B-A10B). :func:`run_pivot_grpo` is the
+whole recipe: setup, then per iteration, top to bottom,
 
-- **Pivot refresh** every ``pivots.every`` iterations: offline labelled rollouts of ``pivots.tasks`` training tasks
-  with the current policy, pre-filtered candidate steps, counterfactual resampling (:mod:`memrl.rollout.pivots`). The
-  labelled rollouts and every candidate's label and outcome spread are written under
-  ``<run_dir>/pivots/r<NNNN>/`` (``rollouts.jsonl``, ``pivots.jsonl``, then a ``COMPLETE`` marker), so a resumed run
-  reloads the pool it was training on instead of relabelling it with another policy.
-- **Groups** each iteration: ``groups.pivots_per_iteration`` pivots of the pool (a pure function of the seed and
-  the iteration; with ``groups.at: all_turns``, the ablation, no detection runs and the groups go to that many plus
-  ``non_pivots_per_iteration`` memory steps of the labelled rollouts, pivots or not), G samples each from the
-  restored state, every one continued to the end and scored by
-  :mod:`memrl.rewards.pivot` (verifier outcome minus the optional per-reminder cost and the format penalty).
-- **Update and sync**: the group trainer updates the policy; the loop saves it and loads it into the rollout engine
-  (LoRA hot-swap or in-place full weights).
-- **Evaluation**: held-out pass rate at the rollout temperature (and greedy), reminders per episode and the action
-  agent's tokens, beside the no-memory baseline and the SFT agent (the policy before the first update); written to
-  ``baselines.json`` once, so a resumed run compares against the same numbers (a run started in a directory that
-  already holds one, e.g. a second variant from the same SFT model, reuses its evaluation of the starting policy).
+1. **collect**: every ``pivots.every`` iterations the pivot pool is refreshed (:func:`refresh_pool`): offline
+   labelled rollouts of ``pivots.tasks`` training tasks with the current policy, pre-filtered candidate steps,
+   counterfactual resampling over every bank entry within a logged budget (:mod:`memrl.rollout.pivots`), written under
+   ``<run_dir>/pivots/r<NNNN>/`` (``rollouts.jsonl``, ``pivots.jsonl``, then ``COMPLETE``) so a resumed run reloads
+   the pool it was training on. Then :func:`draw_sites` picks ``groups.pivots_per_iteration`` pivots (plus
+   ``non_pivots_per_iteration`` labelled non-pivots; with ``groups.at: all_turns``, the ablation, no detection runs
+   and the sites are that many memory steps of the labelled rollouts, pivots or not), and G samples are drawn at each
+   from the restored state, every one continued to the end;
+2. **credit and groups**: :func:`memrl.rewards.groups.pivot_groups` scores each sample (:mod:`memrl.rewards.pivot`:
+   verifier outcome minus the optional per-reminder cost and the format penalty) and builds the trainer groups with
+   group-relative advantages;
+3. **update** (:class:`~memrl.train.group_trainer.GroupTrainer`), 4. **sync** (the new version into the rollout
+   engine: LoRA hot-swap or in-place full weights), 5. **log** (and evaluate when due), 6. **checkpoint**.
 
-Phase 1 (``bank_edit``) is served by the policy too unless ``phase1`` names another engine (e.g. the scripted oracle,
-when only Phase 2 is trained). ``summary.json`` holds the evaluations, the baselines and the action agent's tokens.
+**Evaluation** (:func:`evaluate_policy`): held-out pass rate at the rollout temperature (and greedy), reminders per
+episode and the action agent's tokens, beside the no-memory baseline and the SFT agent (the policy before the first
+update); written to ``baselines.json`` once, so a resumed run compares against the same numbers (a run started in a
+directory that already holds one, e.g. a second variant from the same SFT model, reuses its evaluation of the
+starting policy).
+
+Phase 1 (``bank_edit``) is served by the policy too unless ``phase1`` names another engine (e.g. the scripted bank
+writer, when only Phase 2 is trained). ``summary.json`` holds the evaluations, the baselines and the action agent's
+tokens.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +46,7 @@ from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConf
 from memrl.data.io import atomic_write_text, read_jsonl, write_jsonl
 from memrl.data.schemas import Episode, TokenUsage
 from memrl.data.tasks import ProactiveTask, task_from_episode
-from memrl.data.tracking import MetricsLogger
+from memrl.data.tracking import MetricsLogger, progress_bar
 from memrl.rewards.groups import pivot_groups
 from memrl.rewards.pivot import PivotRewardConfig
 from memrl.rollout.agents import build_proactive_rollout
@@ -53,6 +61,7 @@ from memrl.rollout.pivots import (
     DetectConfig,
     LabelledRollout,
     PivotGroupConfig,
+    PivotGroupResult,
     PivotRecord,
     detect_pivots,
     detection_scores,
@@ -62,15 +71,28 @@ from memrl.rollout.pivots import (
 )
 from memrl.train.checkpoint import CheckpointManager
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
-from memrl.train.online import LoopConfig, run_online_loop, shared_run_dir, stale_sampling_tis
+from memrl.train.online import (
+    LoopConfig,
+    broadcast_groups,
+    prune_policy_versions,
+    shared_run_dir,
+    sync_policy,
+)
 from memrl.train.policy import PolicySpec
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "PivotEvalConfig",
     "PivotGRPOConfig",
+    "PivotPool",
     "PivotRefreshConfig",
     "ProactiveTaskSetConfig",
+    "draw_sites",
     "evaluate_memory",
+    "evaluate_policy",
+    "group_metrics",
+    "refresh_pool",
     "run_pivot_grpo",
 ]
 
@@ -149,8 +171,9 @@ class PivotGRPOConfig(ConfigModel):
             raise ValueError("groups.phases 'phase1+2' trains Phase 1: it must be served by the policy (phase1: null)")
         if self.memory.variant != "full":
             raise ValueError("pivot-turn GRPO trains the full two-phase agent: memory.variant must be 'full'")
-        if (trainer := stale_sampling_tis(self.trainer, self.loop)) is not self.trainer:
-            self.trainer = trainer  # k >= 1: truncated IS on, and config.yaml shows it
+        if self.loop.max_staleness:
+            raise ValueError("loop.max_staleness: pivot-turn GRPO collects synchronously (groups restore labelled "
+                             "states of the current policy); it must be 0")
         return self
 
 
@@ -230,166 +253,210 @@ def evaluate_memory(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The run
+# The steps of an iteration (each called once, in order, from run_pivot_grpo)
 
 
-class _PivotCollector:
-    """The loop's ``collect``: the pivot pool (refreshed every ``pivots.every`` iterations) and its groups."""
+@dataclass
+class PivotPool:
+    """One refresh's labelled rollouts and the group sites drawn from: detected pivots and labelled non-pivots (with
+    ``groups.at: all_turns`` every memory step, unlabelled, sits in ``negatives``)."""
 
-    def __init__(self, cfg: PivotGRPOConfig, run_dir: Path, engines: EngineSet, tasks: list[ProactiveTask]) -> None:
-        self.cfg, self.dir, self.engines, self.tasks = cfg, run_dir / "pivots", engines, tasks
-        self.refresh = -1
-        self.records: dict[str, LabelledRollout] = {}
-        self.pool: list[PivotRecord] = []
-        self.negatives: list[PivotRecord] = []
-
-    def _labelled(self, r: int) -> tuple[list[LabelledRollout], list[PivotRecord], dict[str, float]]:
-        """The pool of refresh ``r``: reloaded when a previous process completed it (no metrics: they were logged
-        with the iteration that built it), else labelled and detected now with the current policy."""
-        folder = self.dir / f"r{r:04d}"
-        if (folder / "COMPLETE").exists():
-            return read_jsonl(folder / "rollouts.jsonl", LabelledRollout), read_jsonl(folder / "pivots.jsonl",
-                                                                                      PivotRecord), {}
-        cfg = self.cfg
-        rng = random.Random(f"{cfg.run.seed}/refresh/{r}")
-        order = list(range(len(self.tasks)))
-        rng.shuffle(order)
-        chosen = [self.tasks[order[i % len(order)]] for i in range(cfg.pivots.tasks)]
-        records = label_rollouts(chosen, self.engines, cfg.memory, prefilter=cfg.pivots.detect.prefilter,
-                                 seed=cfg.run.seed * 100_003 + r, rollout_id=f"r{r}",
-                                 reasoner_sampling=cfg.reasoner_sampling)
-        labelling = sum((rec.reasoner_usage for rec in records), TokenUsage())
-        stats = {"refresh_label_pass_rate": sum(rec.outcome for rec in records) / len(records)}
-        if cfg.groups.at == "all_turns":  # no detection: every memory step is a group site
-            pivots = every_turn(records)
-            stats.update({"refresh_turns": float(len(pivots)), "refresh_action_tokens": float(labelling.spent)})
-        else:
-            pivots, cost = detect_pivots(records, self.engines, cfg.pivots.detect, salt=r + 1)
-            scores = detection_scores(records, pivots)
-            required = detection_scores(records, pivots, lambda p: bool(p.get("requirement")))
-            stats.update({
-                "refresh_candidates": cost["candidates"],
-                "refresh_continuations": cost["continuations"],
-                "refresh_pivots": cost["pivots"],
-                "refresh_recall": scores["recall"],
-                "refresh_precision": scores["precision"],
-                "refresh_requirement_recall": required["recall"],
-                "refresh_action_tokens": cost["action_tokens"] + labelling.spent,  # labelling + counterfactuals
-            })
-        write_jsonl(folder / "rollouts.jsonl", records)
-        write_jsonl(folder / "pivots.jsonl", pivots)
-        atomic_write_text(folder / "stats.json", json.dumps(stats, indent=1) + "\n")
-        atomic_write_text(folder / "COMPLETE", "ok\n")
-        return records, pivots, stats
-
-    def __call__(self, iteration: int) -> tuple[list[Any], dict[str, Any]]:
-        cfg = self.cfg
-        metrics: dict[str, Any] = {}
-        r = iteration // cfg.pivots.every
-        if r != self.refresh:
-            records, pivots, stats = self._labelled(r)
-            self.refresh, self.records = r, {rec.record_id: rec for rec in records}
-            self.pool = [p for p in pivots if p.is_pivot]
-            self.negatives = [p for p in pivots if not p.is_pivot]
-            metrics.update(stats)
-        rng = random.Random(f"{cfg.run.seed}/groups/{iteration}")
-        if cfg.groups.at == "all_turns":
-            sites = cfg.groups.pivots_per_iteration + cfg.groups.non_pivots_per_iteration
-            # every_turn records are unlabelled (is_pivot false): the whole refresh sits in self.negatives
-            chosen = rng.sample(self.negatives, min(sites, len(self.negatives)))
-        else:
-            chosen = rng.sample(self.pool, min(cfg.groups.pivots_per_iteration, len(self.pool)))
-            chosen += rng.sample(self.negatives, min(cfg.groups.non_pivots_per_iteration, len(self.negatives)))
-        results = sample_pivot_groups(chosen, self.records, self.engines, cfg.groups, salt=iteration)
-        groups = pivot_groups(results, cfg.reward)
-        samples = [s for g in results if g.metadata["is_pivot"] for s in g.samples]
-        others = [s for g in results if not g.metadata["is_pivot"] for s in g.samples]
-        spent = sum((s.usage for g in results for s in g.samples), TokenUsage()).spent
-        metrics.update({
-            "pivot_pool": float(len(self.pool)),
-            "pivot_groups": float(len(results)),
-            "planted_group_fraction": sum(g.metadata["planted"] for g in results) / len(results) if results else 0.0,
-            "non_pivot_reminder_rate": sum(s.reminder is not None for s in others) / len(others) if others else 0.0,
-            "pivot_success": sum(s.outcome for s in samples) / len(samples) if samples else 0.0,
-            "pivot_reminder_rate": sum(s.reminder is not None for s in samples) / len(samples) if samples else 0.0,
-            "group_action_tokens": float(spent),
-            "action_tokens": float(spent) + metrics.get("refresh_action_tokens", 0.0),
-        })
-        return groups, metrics
+    refresh: int
+    records: dict[str, LabelledRollout]
+    pivots: list[PivotRecord]
+    negatives: list[PivotRecord]
+    stats: dict[str, float] = field(default_factory=dict)  # the refresh's metrics (empty when reloaded)
 
 
-class _Evaluator:
-    """The loop's ``evaluate``: the policy on the held-out tasks, beside the no-memory and SFT baselines."""
+def refresh_pool(cfg: PivotGRPOConfig, run_dir: Path, engines: EngineSet, tasks: list[ProactiveTask],
+                 r: int) -> PivotPool:
+    """The pool of refresh ``r``: reloaded when a previous process completed it (its metrics were logged with the
+    iteration that built it), else labelled and detected now with the current policy and written under
+    ``<run_dir>/pivots/r<NNNN>/`` (``COMPLETE`` last)."""
+    folder = run_dir / "pivots" / f"r{r:04d}"
+    if (folder / "COMPLETE").exists():
+        records, labels = read_jsonl(folder / "rollouts.jsonl", LabelledRollout), read_jsonl(folder / "pivots.jsonl",
+                                                                                               PivotRecord)
+        return PivotPool(r, {x.record_id: x for x in records}, [p for p in labels if p.is_pivot],
+                         [p for p in labels if not p.is_pivot])
+    rng = random.Random(f"{cfg.run.seed}/refresh/{r}")
+    order = rng.sample(range(len(tasks)), len(tasks))
+    chosen = [tasks[order[i % len(order)]] for i in range(cfg.pivots.tasks)]
+    records = label_rollouts(chosen, engines, cfg.memory, prefilter=cfg.pivots.detect.prefilter, rollout_id=f"r{r}",
+                             seed=cfg.run.seed * 100_003 + r, reasoner_sampling=cfg.reasoner_sampling)
+    labelling = sum((rec.reasoner_usage for rec in records), TokenUsage()).spent
+    stats = {"refresh_label_pass_rate": sum(rec.outcome for rec in records) / len(records)}
+    if cfg.groups.at == "all_turns":  # no detection: every memory step is a group site
+        labels = every_turn(records)
+        stats.update({"refresh_turns": float(len(labels)), "refresh_action_tokens": float(labelling)})
+    else:
+        labels, cost = detect_pivots(records, engines, cfg.pivots.detect, salt=r + 1)
+        required = detection_scores(records, labels, lambda p: bool(p.get("requirement")))
+        stats.update({f"refresh_{k}": v for k, v in cost.items() if k != "action_tokens"})
+        stats.update({"refresh_recall": detection_scores(records, labels)["recall"],
+                      "refresh_precision": detection_scores(records, labels)["precision"],
+                      "refresh_requirement_recall": required["recall"],
+                      "refresh_action_tokens": cost["action_tokens"] + labelling})  # labelling + counterfactuals
+    write_jsonl(folder / "rollouts.jsonl", records)
+    write_jsonl(folder / "pivots.jsonl", labels)
+    atomic_write_text(folder / "stats.json", json.dumps(stats, indent=1) + "\n")
+    atomic_write_text(folder / "COMPLETE", "ok\n")
+    return PivotPool(r, {x.record_id: x for x in records}, [p for p in labels if p.is_pivot],
+                     [p for p in labels if not p.is_pivot], stats)
 
-    def __init__(self, cfg: PivotGRPOConfig, run_dir: Path, engines: EngineSet, tasks: list[ProactiveTask]) -> None:
-        self.cfg, self.path, self.engines, self.tasks = cfg, run_dir / "baselines.json", engines, tasks
-        self.baselines: dict[str, float] = json.loads(self.path.read_text()) if self.path.exists() else {}
 
-    def _run(self, memory: ProactiveConfig) -> dict[str, float]:
-        e = self.cfg.eval
-        return evaluate_memory(self.tasks, self.engines, memory, seed=self.cfg.run.seed, repeats=e.repeats,
-                               reasoner_sampling=self.cfg.reasoner_sampling)
+def draw_sites(pool: PivotPool, cfg: PivotGroupConfig, seed: int, iteration: int) -> list[PivotRecord]:
+    """This iteration's group sites, a pure function of the seed and the iteration: ``pivots_per_iteration`` pivots
+    and ``non_pivots_per_iteration`` labelled non-pivots (``at: all_turns``: that many memory steps, any)."""
+    rng = random.Random(f"{seed}/groups/{iteration}")
+    if cfg.at == "all_turns":
+        sites = cfg.pivots_per_iteration + cfg.non_pivots_per_iteration
+        return rng.sample(pool.negatives, min(sites, len(pool.negatives)))
+    chosen = rng.sample(pool.pivots, min(cfg.pivots_per_iteration, len(pool.pivots)))
+    return chosen + rng.sample(pool.negatives, min(cfg.non_pivots_per_iteration, len(pool.negatives)))
 
-    def __call__(self, iteration: int) -> dict[str, Any]:
-        cfg = self.cfg
-        start = {k[len("sft_"):]: v for k, v in self.baselines.items() if k.startswith("sft_")}
-        if iteration < 0 and "pass_rate" in start and ("greedy_pass_rate" in start or not cfg.eval.greedy):
-            # the starting policy was evaluated already (a baselines.json placed in the run directory): reuse it
-            out: dict[str, Any] = start
-        else:
-            out = dict(self._run(_at_temperature(cfg.memory, cfg.eval.temperature)))
-            if cfg.eval.greedy:
-                out.update({f"greedy_{k}": v for k, v in self._run(_at_temperature(cfg.memory, 0.0)).items()})
-        if "no_memory_pass_rate" not in self.baselines and cfg.eval.no_memory_baseline:
-            none = self._run(cfg.memory.model_copy(update={"variant": "no_memory"}))
-            self.baselines["no_memory_pass_rate"] = none["pass_rate"]
-        if "sft_pass_rate" not in self.baselines and iteration < 0:
-            self.baselines.update({f"sft_{k}": v for k, v in out.items()})
-        if iteration < 0:
-            atomic_write_text(self.path, json.dumps(self.baselines, indent=1, sort_keys=True) + "\n")
-        for name in ("no_memory", "sft"):
-            if f"{name}_pass_rate" in self.baselines:
-                out[f"{name}_pass_rate"] = self.baselines[f"{name}_pass_rate"]
-                out[f"gain_over_{name}"] = out["pass_rate"] - self.baselines[f"{name}_pass_rate"]
-        return out
+
+def group_metrics(pool: PivotPool, results: list[PivotGroupResult]) -> dict[str, float]:
+    """What the sampled groups did: pool size, success and reminder rates at pivots and elsewhere, tokens spent."""
+    at_pivots = [s for g in results if g.metadata["is_pivot"] for s in g.samples]
+    others = [s for g in results if not g.metadata["is_pivot"] for s in g.samples]
+    spent = float(sum((s.usage for g in results for s in g.samples), TokenUsage()).spent)
+    return {
+        "pivot_pool": float(len(pool.pivots)),
+        "pivot_groups": float(len(results)),
+        "planted_group_fraction": sum(g.metadata["planted"] for g in results) / len(results) if results else 0.0,
+        "non_pivot_reminder_rate": sum(s.reminder is not None for s in others) / len(others) if others else 0.0,
+        "pivot_success": sum(s.outcome for s in at_pivots) / len(at_pivots) if at_pivots else 0.0,
+        "pivot_reminder_rate": sum(s.reminder is not None for s in at_pivots) / len(at_pivots) if at_pivots else 0.0,
+        "group_action_tokens": spent,
+        "action_tokens": spent + pool.stats.get("refresh_action_tokens", 0.0),
+    }
+
+
+def evaluate_policy(cfg: PivotGRPOConfig, engines: EngineSet, tasks: list[ProactiveTask], run_dir: Path,
+                    iteration: int) -> dict[str, Any]:
+    """The policy on the held-out tasks (sampled, and greedy with ``eval.greedy``) beside the no-memory and SFT
+    baselines of ``baselines.json``; before the first update (``iteration`` -1) it writes them, or reuses the
+    start's evaluation a run from the same SFT model left there."""
+    path = run_dir / "baselines.json"
+    baselines: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+
+    def run(memory: ProactiveConfig) -> dict[str, float]:
+        return evaluate_memory(tasks, engines, memory, seed=cfg.run.seed, repeats=cfg.eval.repeats,
+                               reasoner_sampling=cfg.reasoner_sampling)
+
+    start = {k[len("sft_"):]: v for k, v in baselines.items() if k.startswith("sft_")}
+    if iteration < 0 and "pass_rate" in start and ("greedy_pass_rate" in start or not cfg.eval.greedy):
+        out: dict[str, Any] = start
+    else:
+        out = dict(run(_at_temperature(cfg.memory, cfg.eval.temperature)))
+        if cfg.eval.greedy:
+            out.update({f"greedy_{k}": v for k, v in run(_at_temperature(cfg.memory, 0.0)).items()})
+    if iteration < 0:
+        if "no_memory_pass_rate" not in baselines and cfg.eval.no_memory_baseline:
+            baselines["no_memory_pass_rate"] = run(cfg.memory.model_copy(update={"variant": "no_memory"}))["pass_rate"]
+        baselines.update({f"sft_{k}": v for k, v in out.items() if f"sft_{k}" not in baselines})
+        atomic_write_text(path, json.dumps(baselines, indent=1, sort_keys=True) + "\n")
+    for name in ("no_memory", "sft"):
+        if f"{name}_pass_rate" in baselines:
+            out[f"{name}_pass_rate"] = baselines[f"{name}_pass_rate"]
+            out[f"gain_over_{name}"] = out["pass_rate"] - baselines[f"{name}_pass_rate"]
+    return out
+
+
+def resume_state(cfg: PivotGRPOConfig, ckpt: CheckpointManager, trainer: GroupTrainer, logger: MetricsLogger | None
+                 ) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
+    """(first iteration, history, evals): from the latest checkpoint with ``run.resume``, else a fresh start (which
+    drops what an earlier process logged, the start's evaluation included)."""
+    latest = ckpt.latest() if cfg.run.resume else None
+    if latest is None:
+        if logger is not None:
+            logger.truncate_after(-2)
+        return 0, [], []
+    state = ckpt.load(latest, trainer.accelerator)
+    trainer.version, trainer.updates = state["policy_version"], state["updates"]
+    trainer.set_rng_state(state["trainer_rng"])
+    if logger is not None:
+        logger.truncate_after(state["iteration"])
+        log.info("resumed from %s: continuing at iteration %d", latest.name, state["iteration"] + 1)
+    return state["iteration"] + 1, state["history"], state["evals"]
+
+
+def due(every: int, iteration: int, last: bool) -> bool:
+    """Whether a periodic step (every ``every`` iterations; 0: the last only) runs after ``iteration``."""
+    return last or (every > 0 and (iteration + 1) % every == 0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The recipe
 
 
 def run_pivot_grpo(cfg: PivotGRPOConfig) -> int:
-    """Run pivot-turn GRPO (see the module docstring); writes ``summary.json`` into the run directory."""
-    accelerator = make_accelerator(cfg.trainer)
+    """Run pivot-turn GRPO (see the module docstring); writes ``summary.json`` into the run directory.
+
+    Each iteration: collect (refresh the pivot pool when due, G samples at this iteration's sites, every one continued
+    to the end) -> credit (pivot rewards, group advantages) -> groups -> update -> sync -> log -> checkpoint."""
+    accelerator = make_accelerator(cfg.trainer)  # setup
     run_dir = shared_run_dir(cfg, cfg.run, cfg.command, accelerator)
     main = accelerator.is_main_process
     trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
     train_tasks, eval_tasks = cfg.train_tasks.load(), cfg.eval_tasks.load()
     engines, policy_engine = build_engines(cfg, train_tasks + eval_tasks) if main else (None, None)
-    latest = CheckpointManager(run_dir / "checkpoints").latest() if cfg.run.resume else None
-    resume_step = int(latest.name.split("-")[1]) if latest is not None else None
-    logger = MetricsLogger(run_dir, cfg.run.wandb if main else None, cfg.model_dump(mode="json"), name=run_dir.name,
-                           console=main, resume_from_step=resume_step if main else None)
-    collect = _PivotCollector(cfg, run_dir, engines, train_tasks) if main else None
-    evaluate = _Evaluator(cfg, run_dir, engines, eval_tasks) if main else None
+    ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.loop.keep_checkpoints)
+    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name) if main else None
+    start, history, evals = resume_state(cfg, ckpt, trainer, logger)
+    policy_root, pool = run_dir / "policy", None
+    policy_dir = sync_policy(trainer, policy_engine, policy_root)
+    if main and start == 0:
+        evals.append({"iteration": -1, **evaluate_policy(cfg, engines, eval_tasks, run_dir, -1)})
+        logger.log(-1, {f"eval/{k}": v for k, v in evals[-1].items() if k != "iteration"})
     try:
-        result = run_online_loop(
-            trainer=trainer, engine=policy_engine, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
-            collect=collect if collect is not None else (lambda i: ([], {})), evaluate=evaluate, logger=logger,
-            desc="pivot-grpo",
-        )
-    finally:
-        logger.close()
-        if engines is not None:
+        for iteration in progress_bar(range(start, cfg.loop.iterations), desc="pivot-grpo", disable=not main,
+                                      initial=start, total=cfg.loop.iterations):
+            t0, last, metrics, groups = time.perf_counter(), iteration == cfg.loop.iterations - 1, {}, None
+            if main:
+                # collect: the pool of this refresh, then G samples at each of this iteration's sites
+                if pool is None or pool.refresh != iteration // cfg.pivots.every:
+                    pool = refresh_pool(cfg, run_dir, engines, train_tasks, iteration // cfg.pivots.every)
+                    metrics.update(pool.stats)
+                sites = draw_sites(pool, cfg.groups, cfg.run.seed, iteration)
+                results = sample_pivot_groups(sites, pool.records, engines, cfg.groups, salt=iteration)
+                # credit and groups: r = outcome - reminder cost - format penalty, group-relative advantages
+                groups = pivot_groups(results, cfg.reward)
+                metrics.update(group_metrics(pool, results) | {"rollout_s": time.perf_counter() - t0})
+                policy_engine.sleep()  # colocated on GPU: free the engine's memory for the update (the sync wakes it)
+            # update
+            metrics.update(trainer.step(broadcast_groups(groups, accelerator)))
+            # sync: the new policy version into the rollout engine
+            policy_dir = sync_policy(trainer, policy_engine, policy_root)
+            if main:
+                prune_policy_versions(policy_root, cfg.loop.keep_policy_versions, {trainer.version})
+            # log (and evaluate when due)
+            if main and due(cfg.loop.eval_every, iteration, last):
+                evals.append({"iteration": iteration,
+                              **evaluate_policy(cfg, engines, eval_tasks, run_dir, iteration)})
+                metrics.update({f"eval/{k}": v for k, v in evals[-1].items() if k != "iteration"})
+            metrics.update({"iteration_s": time.perf_counter() - t0, "updates": trainer.updates})
+            history.append({"iteration": iteration,
+                            **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}})
+            if main:
+                logger.log(iteration, metrics)
+            # checkpoint
+            if due(cfg.loop.checkpoint_every, iteration, last):
+                ckpt.save(iteration, accelerator, trainer.model, {
+                    "iteration": iteration, "policy_version": trainer.version, "updates": trainer.updates,
+                    "trainer_rng": trainer.rng_state(), "history": history, "evals": evals})
+    finally:  # cleanup
+        if main:
+            logger.close()
             for engine in {id(e): e for e in (engines.reasoner, engines.memory, *engines.by_role.values())}.values():
                 engine.close()
     if main:
-        evals = result.evals
-        summary = {
-            "iterations_run": result.iterations_run,
-            "updates": result.updates,
-            "policy_version": result.policy_version,
-            "policy_dir": result.policy_dir,
+        atomic_write_text(run_dir / "summary.json", json.dumps({
+            "iterations_run": cfg.loop.iterations - start, "updates": trainer.updates,
+            "policy_version": trainer.version, "policy_dir": policy_dir,
             "before": evals[0] if evals and evals[0]["iteration"] == -1 else None,
             "after": evals[-1] if evals else None,
-            "training_action_tokens": sum(h.get("action_tokens", 0.0) for h in result.history),
-            "history": result.history,
-        }
-        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
+            "training_action_tokens": sum(h.get("action_tokens", 0.0) for h in history), "history": history,
+        }, indent=1) + "\n")
     return 0

@@ -110,7 +110,7 @@ def check_proactive_qa(episode: Episode) -> list[str]:
         qa_id = qa.qa_id or qa.question
         m = _PROACTIVE_Q.fullmatch(qa.question)
         kind = m.group(1).replace(" ", "_") if m else None
-        if kind not in FACT_KINDS or kind not in task.params.facts:
+        if kind not in FACT_KINDS or kind not in task.facts:
             problems.append(f"{qa_id}: not a question about a planted fact: {qa.question!r}")
             continue
         truth = task.values[kind]

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from memrl.data.config import ConfigModel
 from memrl.data.envs.base import turn_tokens
@@ -141,6 +141,7 @@ USES = {
     "protected": Subtask("clean temporary files", "protected", "rm -rf build/tmp data/*/tmp", "rm -rf build/tmp"),
     "db_port": Subtask("load the data", "db_port", "load --port 5432", "load --port {v}", "cat config.yaml"),
 }
+RUN_ANY = Subtask("run the pipeline", None, "python run.py")  # when no interpreter is required
 _NEXT = re.compile(r"^next: (.+) \(subtask (\d+) of (\d+)\)$", re.MULTILINE)
 
 
@@ -161,6 +162,9 @@ class ProactiveParams(ConfigModel):
     window: int = Field(4, ge=1, description="the action agent's window k (pivots are computed for it)")
     slack: int = Field(2, ge=0, description="steps allowed beyond the perfect-memory run")
     extra_installs: int = Field(1, ge=0, le=4, description="later installs that need the diagnosed flag")
+    fatal_pivots: int | None = Field(
+        None, ge=1, le=len(REQUIREMENTS), description="requirements planted per task, each a fatal pivot (drawn by the "
+        "task's seed from the requirement kinds in facts); None: every requirement kind in facts")
 
     @field_validator("facts")
     @classmethod
@@ -169,6 +173,14 @@ class ProactiveParams(ConfigModel):
         if unknown:
             raise ValueError(f"unknown kinds {unknown}; one of {FACT_KINDS}")
         return facts
+
+    @model_validator(mode="after")
+    def _enough_requirements(self) -> ProactiveParams:
+        listed = [k for k in self.facts if k in REQUIREMENTS]
+        if self.fatal_pivots is not None and self.fatal_pivots > len(listed):
+            raise ValueError(f"fatal_pivots: {self.fatal_pivots} requirements asked, facts lists {len(listed)} "
+                             f"({listed})")
+        return self
 
 
 @dataclass
@@ -201,6 +213,7 @@ class ProactiveTask:
             "install_flag": rng.choice(["--user", "--break-system-packages"]),
             "db_port": str(rng.randint(5433, 5499)),
         }
+        self.facts = self._planted_facts()
         self.plan = self._make_plan(rng)
         self.task = self._statement()
         self.s = TermState()
@@ -222,20 +235,33 @@ class ProactiveTask:
         return EnvSpec(name="proactive", seed=self.seed, params=self.params.model_dump(mode="json"))
 
     # ------------------------------------------------------------------------------------------------ building
+    def _planted_facts(self) -> list[str]:
+        """The fact kinds this task plants: ``params.facts``, with only ``fatal_pivots`` of its requirement kinds
+        (drawn from a generator of its own, so the other draws of the seed are those of a task with all of them)."""
+        fatal = self.params.fatal_pivots
+        listed = [k for k in self.params.facts if k in REQUIREMENTS]
+        if fatal is None or fatal == len(listed):
+            return list(self.params.facts)
+        kept = set(random.Random(f"{self.seed}/fatal").sample(listed, fatal))
+        return [k for k in self.params.facts if k not in REQUIREMENTS or k in kept]
+
     def _make_plan(self, rng: random.Random) -> list[Subtask]:
         p = self.params
         packages = rng.sample(PACKAGES, 1 + p.extra_installs)
         sources: list[Subtask] = []
         uses: list[Subtask] = []
-        if "install_flag" in p.facts:
+        if "install_flag" in self.facts:
             sources.append(_install(packages[0]))
             uses += [_install(pkg) for pkg in packages[1:]]
-        if "db_port" in p.facts:
+        if "db_port" in self.facts:
             sources.append(Subtask("read the config", None, "cat config.yaml"))
-        uses += [USES[k] for k in ("interpreter", "output", "protected", "db_port") if k in p.facts]
+        uses += [USES[k] for k in ("interpreter", "output", "protected", "db_port") if k in self.facts]
+        if "output" in self.facts and "interpreter" not in self.facts:  # the result still needs a run (any python)
+            uses.append(RUN_ANY)
         rng.shuffle(uses)
-        if USES["interpreter"] in uses and USES["output"] in uses:  # the result exists only after a run
-            a, b = uses.index(USES["interpreter"]), uses.index(USES["output"])
+        run = USES["interpreter"] if "interpreter" in self.facts else RUN_ANY
+        if run in uses and USES["output"] in uses:  # the result exists only after a run
+            a, b = uses.index(run), uses.index(USES["output"])
             if a > b:
                 uses[a], uses[b] = uses[b], uses[a]
         n_fill = max(0, p.n_subtasks - len(sources) - len(uses))
@@ -254,11 +280,11 @@ class ProactiveTask:
 
     def _statement(self) -> str:
         reqs = []
-        if "interpreter" in self.params.facts:
+        if "interpreter" in self.facts:
             reqs.append(f"- use {self.values['interpreter']}, not python")
-        if "output" in self.params.facts:
+        if "output" in self.facts:
             reqs.append(f"- write the result to {self.values['output']}")
-        if "protected" in self.params.facts:
+        if "protected" in self.facts:
             reqs.append(f"- never touch {self.values['protected']}")
         return "\n".join(["task: finish the data pipeline, one subtask at a time.", "requirements:", *reqs])
 
@@ -295,7 +321,7 @@ class ProactiveTask:
             s.installed.add(pkg)
             return f"Successfully installed {pkg}", name == f"install {pkg}"
         if m := re.fullmatch(r"(python[\d.]*) run\.py", cmd):
-            if m.group(1) != v["interpreter"]:
+            if "interpreter" in self.facts and m.group(1) != v["interpreter"]:
                 s.violations.append(f"ran {m.group(1)} instead of {v['interpreter']}")
             s.files.add("build/result.txt")
             return "wrote build/result.txt", name == "run the pipeline"
@@ -343,7 +369,7 @@ class ProactiveTask:
         """The end-state check behind :meth:`finish`."""
         s, v = self.s, self.values
         ok = s.done >= len(self.plan) and not s.violations and s.steps <= self.max_steps
-        if "output" in self.params.facts:
+        if "output" in self.facts:
             ok = ok and v["output"] in s.files
         return ok
 
@@ -367,7 +393,7 @@ class ProactiveTask:
         return {
             "plan": [[t.name, t.fact] for t in self.plan],
             "values": dict(self.values),
-            "facts": list(self.params.facts),
+            "facts": list(self.facts),
         }
 
     def episode(self) -> Episode:
@@ -381,7 +407,7 @@ class ProactiveTask:
                 needle_turns=sorted(t for t, k in self.reference.fact_turns if k == kind)[:1],
                 qa_id=f"{self.task_id}/{kind}",
             )
-            for kind in self.params.facts
+            for kind in self.facts
         ]
         turns = self.reference.turns
         return Episode(
@@ -676,10 +702,10 @@ def simulate_proactive(
             run.wasted += 1
         observation, over = task.step(action)
         turns.append((action, observation))
-        for kind in task.params.facts:
+        for kind in task.facts:
             if fact_value(kind, observation) is not None:
                 run.fact_turns.append((len(turns) - 1, kind))
-    run.fact_turns += [(0, kind) for kind in task.params.facts if fact_value(kind, turns[0][1])]
+    run.fact_turns += [(0, kind) for kind in task.facts if fact_value(kind, turns[0][1])]
     run.steps = task.s.steps
     run.outcome = task.finish(None)
     run.turns = [Turn(turn_idx=i, action=a or "start", observation=o) for i, (a, o) in enumerate(turns)]
