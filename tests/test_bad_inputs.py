@@ -483,14 +483,18 @@ def test_bug_gets_traceback_file_and_exit_1(tmp_path: Path, monkeypatch: pytest.
 
 
 _HOLDER = """
+import os
 import sys
 import memrl.data.run_dir as run_dir
 from memrl.launch.cli import main
 
 real = run_dir.write_resolved_config
+# the test's pipe, kept before the CLI sends file descriptors 1 and 2 to the run's log
+signal_out = os.fdopen(os.dup(1), "w")
 
 def held(cfg, folder, *args, **kwargs):
-    print("locked", flush=True)
+    signal_out.write("locked\\n")
+    signal_out.flush()
     sys.stdin.readline()  # the test's second start happens now: the lock is taken, config.yaml not yet written
     return real(cfg, folder, *args, **kwargs)
 
