@@ -302,6 +302,11 @@ class EpisodeTrace(Record):
     metadata: JsonDict = {}
 
 
+# Roles whose empty reply is itself a decision the model learns (the end-of-sequence token): the proactive agent's
+# Phase 1 answers a window that needs no bank edit with no tool call.
+EMPTY_REPLY_ROLES = frozenset({"bank_edit"})
+
+
 class SFTExample(Record):
     """One chat-format SFT row of a memory role: the exact messages the memory model saw, then the expert's output as
     the final assistant message (the only span the loss is taken on)."""
@@ -318,9 +323,14 @@ class SFTExample(Record):
     def _ends_with_target(cls, messages: list[Message]) -> list[Message]:
         if messages[-1].role != "assistant":
             raise ValueError(f"the last message must be the assistant target, got role {messages[-1].role!r}")
-        if not messages[-1].content.strip():
-            raise ValueError("the assistant target (the last message) is empty: nothing to learn")
         return messages
+
+    @model_validator(mode="after")
+    def _target_is_not_empty(self) -> SFTExample:
+        if not self.messages[-1].content.strip() and self.role not in EMPTY_REPLY_ROLES:
+            raise ValueError(f"the assistant target (the last message) of role {self.role!r} is empty: "
+                             "nothing to learn")
+        return self
 
 
 # ----------------------------------------------------------------------------------------------------------------

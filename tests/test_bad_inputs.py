@@ -230,7 +230,7 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
     }
     # non-finite, out-of-range and absurd numbers
     numbers = {
-        "train oat-grpo": ["trainer.lr=.inf", "trainer.lr=.nan", "trainer.lr=1e308", "trainer.lr=0",
+        "train oat-grpo": ["trainer.lr=.inf", "trainer.lr=.nan", "trainer.lr=1e308", "trainer.lr=-1e-5",
                            "trainer.clip_low=-5", "trainer.clip_high=.inf", "trainer.max_grad_norm=.nan",
                            "credit.committee_weight=.nan", "credit.committee_weight=7", "loop.iterations=true",
                            "tree.branch_factor=1000000", "tasks_per_iteration=1000000", "train_tasks.count=1000000000",

@@ -58,10 +58,10 @@ __all__ = [
 class GroupTrainerConfig(ConfigModel):
     """Optimisation settings of the group trainer."""
 
-    lr: float = Field(1e-5, gt=0, le=1)  # AdamW learning rate
+    lr: float = Field(1e-5, ge=0, le=1)  # AdamW learning rate (0: the no-update control of the ablations)
     weight_decay: float = Field(0.0, ge=0, le=1)  # AdamW weight decay
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
-    max_grad_norm: float = Field(1.0, gt=0, le=1e6)  # gradient-norm clipping threshold
+    max_grad_norm: float = Field(1.0, gt=0, le=1e12)  # gradient-norm clipping threshold
     warmup_steps: int = Field(0, ge=0, le=10**7)  # linear LR warmup, in optimizer steps (0: none)
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"  # after warmup: constant, or a decay
     lr_decay_steps: int | None = Field(None, ge=1, le=10**7)  # optimizer steps of the decay (then held at its floor)
