@@ -138,10 +138,16 @@ def test_sigterm_is_raised_like_ctrl_c_and_maps_to_143(capsys: pytest.CaptureFix
         time.sleep(5)
         return 0
 
+    # in this process the children are the test session's own (wandb's service, ...): record the call, stop none
+    from memrl.launch import shutdown
+
+    stopped = []
+    monkeypatch.setattr(shutdown, "stop_children", lambda grace_s=shutdown.CHILD_GRACE_S: stopped.append(grace_s))
     monkeypatch.setattr(cli, "_config_show", terminated)
     assert cli.main(["config", "show", "--command", "sft"]) == 143
     err = capsys.readouterr().err.strip()
     assert err == "memrl: terminated (SIGTERM): stopped", err
+    assert stopped, "the shutdown path did not stop the children"
 
 
 # ----------------------------------------------------------------------------------------------------------------
