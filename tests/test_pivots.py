@@ -149,7 +149,7 @@ def test_distraction_draws_are_shared_by_counterfactual_branches() -> None:
 
 # ---------------------------------------------------------------------------------------------------- pre-filters
 def test_prefilters_fire_on_state_changes_errors_and_repeats() -> None:
-    from memrl.rollout.pivots import _filters
+    from memrl.rollout.pivots.labels import _filters
 
     memory = ProactiveMemory(ProactiveConfig(window=4))
     memory.reset("task: t", {})

@@ -1,0 +1,207 @@
+"""Pivot detection by counterfactual resampling (:func:`detect_pivots`): at each candidate memory step the recorded
+decision, silence, every bank entry that could be the needed one (within a logged budget) and policy samples are
+continued to the end, and a step whose alternatives change the outcome is a pivot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memrl.data.formats import parse_intervention, render_intervention
+from memrl.data.schemas import TokenUsage
+from memrl.rollout.engines.base import (
+    Completion,
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    Usage,
+    sample_seed,
+)
+from memrl.rollout.loop import EngineSet, PendingCall, Rollout, run_rollouts
+from memrl.rollout.memory.proactive import ProactiveMemory
+from memrl.rollout.pivots.config import DetectConfig
+from memrl.rollout.pivots.records import Alternative, LabelledRollout, LabelledStep, PivotRecord
+from memrl.rollout.pivots.replay import restore
+
+__all__ = ["detect_pivots", "detection_scores", "every_turn"]
+
+logger = logging.getLogger(__name__)
+
+
+def _fork(base: Rollout) -> Rollout:
+    """``base.fork`` keeping the rollout id (siblings share the seeds of every later call: common random numbers), with
+    the recorded history shared rather than deep-copied (its records are never modified once made)."""
+    calls, events = base.memory_calls, base.events
+    base.memory_calls, base.events = [], []
+    try:
+        twin = base.fork(base.rollout_id)
+    finally:
+        base.memory_calls, base.events = calls, events
+    twin.memory_calls, twin.events = list(calls), list(events)
+    return twin
+
+
+def _text_result(text: str) -> GenerationResult:
+    return GenerationResult(prompt_ids=[], completions=[Completion([], [], text, "stop")], usage=Usage(),
+                            engine="counterfactual")
+
+
+def _resampled(call: PendingCall, n: int, salt: int, temperature: float | None = None) -> GenerationRequest:
+    """The pending request asking for ``n`` samples under a derived seed (fresh samples, reproducible)."""
+    base = call.request.sampling.seed if call.request.sampling.seed is not None else 0
+    sampling = dataclasses.replace(call.request.sampling, n=n, seed=sample_seed(base, salt))
+    if temperature is not None:
+        sampling = dataclasses.replace(sampling, temperature=temperature)
+    return GenerationRequest(messages=call.request.messages, prompt_ids=call.request.prompt_ids, sampling=sampling,
+                             metadata=dict(call.request.metadata))
+
+
+def _generate_grouped(engines: EngineSet, calls: list[PendingCall], requests: list[GenerationRequest]
+                      ) -> list[GenerationResult]:
+    """One engine call per engine for all ``requests`` (results in request order)."""
+    results: list[GenerationResult | None] = [None] * len(requests)
+    batches: dict[int, tuple[Engine, list[int]]] = {}
+    for i, call in enumerate(calls):
+        engine = engines.for_call(call)
+        batches.setdefault(id(engine), (engine, []))[1].append(i)
+    for engine, indices in batches.values():
+        for i, result in zip(indices, engine.generate([requests[i] for i in indices]), strict=True):
+            results[i] = result
+    return [r for r in results if r is not None]
+
+
+@dataclass
+class _Candidate:
+    record: LabelledRollout
+    step: LabelledStep
+    base: Rollout
+    alternatives: list[tuple[str, str, str | None]] = field(default_factory=list)  # (source, text, reminder)
+    forks: list[Rollout] = field(default_factory=list)
+
+
+def detect_pivots(
+    records: Sequence[LabelledRollout],
+    engines: EngineSet,
+    cfg: DetectConfig | None = None,
+    *,
+    salt: int = 1,
+    progress: str | None = None,
+) -> tuple[list[PivotRecord], dict[str, float]]:
+    """Label the pre-filtered steps of ``records`` by counterfactual resampling (see the module docstring).
+
+    Returns every candidate's :class:`PivotRecord` and the detection's cost: candidates, continuations, the action
+    agent's tokens spent on them, the budget (``alternatives``), the bank entries at the candidates, how many were
+    tried, and the distinct decisions (bank entries among them) the budget cut."""
+    cfg = cfg or DetectConfig()
+    candidates: list[_Candidate] = []
+    for record in records:
+        chosen = [s for s in record.steps if s.filters]
+        if cfg.max_candidates_per_rollout is not None:
+            chosen = chosen[: cfg.max_candidates_per_rollout]
+        for step in chosen:
+            candidates.append(_Candidate(record, step, restore(record, step.phase2_index)))
+    samples: list[GenerationResult] = []
+    if cfg.policy_samples and candidates:
+        pending = [c.base.pending() for c in candidates]
+        assert all(p is not None for p in pending)
+        requests = [_resampled(p, cfg.policy_samples, salt) for p in pending if p is not None]
+        samples = _generate_grouped(engines, [p for p in pending if p is not None], requests)
+    forks: list[Rollout] = []
+    budget = {"bank_entries": 0, "bank_tried": 0, "bank_over_budget": 0, "over_budget": 0}
+    for i, cand in enumerate(candidates):
+        options: list[tuple[str, str]] = [("recorded", cand.step.decision)]
+        if cfg.silence:
+            options.append(("silence", render_intervention(None)))
+        memory = cand.base.memory
+        if cfg.bank_reminders and isinstance(memory, ProactiveMemory):
+            # every entry could be the one the next action needs: the detector cannot know which (the bank does not
+            # say), so it tries them all before any policy sample, within the budget
+            options += [("bank", render_intervention(e.content)) for e in memory.bank.entries]
+            budget["bank_entries"] += len(memory.bank.entries)
+        if samples:
+            options += [("policy", c.text) for c in samples[i].completions]
+        seen: set[str | None] = set()
+        for source, text in options:
+            # distinct by what reaches the action agent (a citation and the entry it restates are one decision)
+            reminder = memory.delivered(text)[0] if isinstance(memory, ProactiveMemory) else parse_intervention(text)[0]
+            if reminder in seen:
+                continue
+            seen.add(reminder)
+            if len(cand.alternatives) >= cfg.alternatives:
+                budget["over_budget"] += 1
+                budget["bank_over_budget"] += source == "bank"
+                continue
+            cand.alternatives.append((source, text, reminder))
+            budget["bank_tried"] += source == "bank"
+        for _, text, _ in cand.alternatives[1:]:  # the recorded decision's continuation is the record itself
+            fork = _fork(cand.base)
+            fork.advance(_text_result(text))
+            cand.forks.append(fork)
+            forks.append(fork)
+    run_rollouts(forks, engines, progress=progress)
+    out = []
+    tokens = TokenUsage()
+    for cand in candidates:
+        outcomes = [cand.record.outcome] + [float(f.outcome or 0.0) for f in cand.forks]
+        for fork in cand.forks:
+            tokens = tokens + _minus(fork.reasoner_usage, cand.base.reasoner_usage)
+        alternatives = [Alternative(source=s, text=t, reminder=r, outcome=o)
+                        for (s, t, r), o in zip(cand.alternatives, outcomes, strict=True)]
+        spread = max(outcomes) - min(outcomes)
+        best = max(alternatives, key=lambda a: (a.outcome, a.source == "recorded"))
+        out.append(_pivot_record(cand.record, cand.step, alternatives=alternatives, spread=spread,
+                                 is_pivot=spread >= cfg.min_spread, best_reminder=best.reminder))
+    stats = {
+        "candidates": float(len(candidates)),
+        "continuations": float(len(forks)),
+        "pivots": float(sum(p.is_pivot for p in out)),
+        "action_tokens": float(tokens.spent),
+        "budget": float(cfg.alternatives),
+        **{k: float(v) for k, v in budget.items()},
+    }
+    if budget["bank_over_budget"]:
+        logger.warning("pivot detection: the budget (detect.alternatives=%d) left %d of %d bank entries untried",
+                       cfg.alternatives, budget["bank_over_budget"], budget["bank_entries"])
+    return out, stats
+
+
+def _minus(a: TokenUsage, b: TokenUsage) -> TokenUsage:
+    return TokenUsage(prompt_tokens=a.prompt_tokens - b.prompt_tokens,
+                      cached_prompt_tokens=a.cached_prompt_tokens - b.cached_prompt_tokens,
+                      completion_tokens=a.completion_tokens - b.completion_tokens, calls=a.calls - b.calls)
+
+
+def detection_scores(records: Sequence[LabelledRollout], pivots: Sequence[PivotRecord],
+                     which: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, float]:
+    """Recall and precision of the detected pivots against the planted ones (steps whose ``planted`` is set and
+    passes ``which``), counted over every memory step of ``records``. A planted step that the pre-filters skipped
+    counts as missed."""
+    which = which or (lambda planted: True)
+    planted = {(r.record_id, s.step) for r in records for s in r.steps if s.planted is not None and which(s.planted)}
+    found = {(p.record_id, p.step) for p in pivots if p.is_pivot}
+    hits = len(planted & found)
+    return {
+        "planted": float(len(planted)),
+        "detected": float(len(found)),
+        "true_positives": float(hits),
+        "recall": hits / len(planted) if planted else 0.0,
+        "precision": hits / len(found) if found else 0.0,
+    }
+
+
+def every_turn(records: Sequence[LabelledRollout]) -> list[PivotRecord]:
+    """Every memory step of ``records`` as an unlabelled :class:`PivotRecord` (no alternatives, ``is_pivot`` false,
+    the planted pivot kept for analysis): the group sites of ``at: all_turns``, which skips detection."""
+    return [_pivot_record(record, step, alternatives=[], spread=0.0, is_pivot=False)
+            for record in records for step in record.steps]
+
+
+def _pivot_record(record: LabelledRollout, step: LabelledStep, **label: Any) -> PivotRecord:
+    """The :class:`PivotRecord` of one memory step of ``record``, with the detection's ``label`` fields."""
+    return PivotRecord(pivot_id=f"{record.record_id}/t{step.step}", record_id=record.record_id, task_id=record.task_id,
+                       step=step.step, phase1_index=step.phase1_index, phase2_index=step.phase2_index,
+                       filters=list(step.filters), planted=step.planted, policy_version=record.policy_version, **label)
