@@ -117,7 +117,11 @@ def test_bf16_steps_are_finite_deterministic_and_learn(
         pytest.skip("the trainer's accelerator uses CUDA whenever there is one")
     metrics, objectives, weights = run(tiny_model_dir, lora, checkpointing)
     for step in metrics:
-        bad = {k: v for k, v in step.items() if not math.isfinite(v)}
+        # scalars, and per optimizer step the diagnostics of each (``optimizer_steps``: a list of dicts)
+        scalars = {k: v for k, v in step.items() if not isinstance(v, list)}
+        per_step = [(f"optimizer_steps[{i}].{k}", v) for i, s in enumerate(step.get("optimizer_steps", []))
+                    for k, v in s.items() if isinstance(v, (int, float))]
+        bad = {k: v for k, v in [*scalars.items(), *per_step] if not math.isfinite(v)}
         assert not bad, f"non-finite metrics: {bad}"
         assert step["rows"] == 8 and step["grad_norm"] > 0 and "skipped" not in step
     assert all(math.isfinite(j) for j in objectives)
