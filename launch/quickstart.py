@@ -213,7 +213,8 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
                                                           lambda: evaluate_with(None, cfg.eval_samples))
     if cfg.evaluate_untrained:
         # Greedy only: the untrained model writes max-length noise on every call, and one run per task shows it.
-        baselines[f"untrained {cfg.base_model}"] = stages.run(
+        label = "untrained tiny model" if cfg.base_model == "tiny" else "untrained SmolLM2-135M-Instruct"
+        baselines[label] = stages.run(
             "eval-untrained", "the untrained model as memory model (greedy)",
             lambda: evaluate_with(Path(base), 0, keep_as="untrained"))
 

@@ -181,7 +181,10 @@ def test_online_loop_runs_evaluates_and_resumes(tmp_path: Path, tiny_model_dir: 
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [-1, 0, 1]  # iteration 1 was redone and logged once
     # going on past the first pool relabels with the current policy
-    assert run_pivot_grpo(tiny_run(tmp_path, tiny_model_dir, run={"resume": True}, loop={"iterations": 3})) == 0
+    # (a longer run is a config change --resume refuses unless it is named)
+    longer = tiny_run(tmp_path, tiny_model_dir, run={"resume": True, "allow_config_change": ["loop.iterations"]},
+                      loop={"iterations": 3})
+    assert run_pivot_grpo(longer) == 0
     assert (run / "pivots" / "r0001" / "COMPLETE").exists()
 
 
