@@ -250,20 +250,13 @@ SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Huggin
 
 # SmolLM2's own ChatML template (default system prompt when the chat has none), with the {% generation %} span TRL
 # needs for assistant-only loss around each assistant turn's content and its <|im_end|>. Renders the same text.
-SMOLLM2_CHAT_TEMPLATE = (
+SMOLLM2_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{%- for message in messages %}",
     "{%- for message in messages %}"
     "{%- if loop.first and messages[0]['role'] != 'system' %}"
     "{{- '<|im_start|>system\\n" + SMOLLM2_SYSTEM + "<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- if message['role'] == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}"
-    "{{- '\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{%- endif %}",
+    1,
 )
 
 _MISSING_SMOLLM2 = (

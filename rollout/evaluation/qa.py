@@ -27,6 +27,7 @@ from memrl.rollout.evaluation.records import (
     asked_as,
     conversation_tokens,
     item_key,
+    scored,
     usage_dict,
 )
 from memrl.rollout.loop import EngineSet, PendingCall, Rollout, run_rollouts
@@ -189,12 +190,7 @@ def run_qa(
                 "reasoner_calls": fork.reasoner_usage.calls,
                 "stats": dict(trace.stats),
             })
-        if scorer is not None:
-            for record, scores in zip(records, scorer(records), strict=True):
-                record["scores"] = scores
-        if on_progress is not None:
-            on_progress(len(records))
-        yield from records
+        yield from scored(records, scorer, on_progress)
 
 
 def _prompt_recorder(store: dict[int, str]) -> Callable[[Rollout, PendingCall, GenerationResult], None]:

@@ -11,7 +11,7 @@ from memrl.data.envs.base import turn_tokens
 from memrl.data.schemas import Episode, QAPair, TokenUsage
 from memrl.rollout.memory.sam import TokenCounter
 
-__all__ = ["Scorer", "asked_as", "conversation_tokens", "horizon_label", "item_key", "usage_dict"]
+__all__ = ["Scorer", "asked_as", "conversation_tokens", "horizon_label", "item_key", "scored", "usage_dict"]
 
 
 Scorer = Callable[[list[dict[str, Any]]], list[dict[str, float]]]
@@ -75,3 +75,14 @@ def asked_as(qa: QAPair) -> str:
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), max(size, 1)):
         yield items[start : start + max(size, 1)]
+
+
+def scored(records: list[dict[str, Any]], scorer: Scorer | None,
+           on_progress: Callable[[int], None] | None) -> list[dict[str, Any]]:
+    """A batch of finished records with the scorer's scores attached (``record["scores"]``), progress reported."""
+    if scorer is not None:
+        for record, scores in zip(records, scorer(records), strict=True):
+            record["scores"] = scores
+    if on_progress is not None:
+        on_progress(len(records))
+    return records

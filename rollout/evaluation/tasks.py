@@ -15,7 +15,7 @@ from memrl.data.tasks.proactive import ProactiveTask
 from memrl.data.tasks.sam import SamTask
 from memrl.rollout.agents import build_proactive_rollout
 from memrl.rollout.engines.base import Engine
-from memrl.rollout.evaluation.records import Scorer, _chunks, item_key, usage_dict
+from memrl.rollout.evaluation.records import Scorer, _chunks, item_key, scored, usage_dict
 from memrl.rollout.evaluation.stats import _mean
 from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 from memrl.rollout.memory.embedders import Embedder
@@ -85,12 +85,7 @@ def run_tasks(
                 "reasoner_calls": trace.reasoner_usage.calls, "peak_context_tokens": trace.peak_context_tokens,
                 "stats": dict(trace.stats),
             })
-        if scorer is not None:
-            for record, scores in zip(records, scorer(records), strict=True):
-                record["scores"] = scores
-        if on_progress is not None:
-            on_progress(len(records))
-        yield from records
+        yield from scored(records, scorer, on_progress)
 
 
 def _task_rollout(task: SamTask | ProactiveTask, memory: MemoryConfig, run: str, seed: int,
