@@ -9,7 +9,6 @@ before the signal: the Ray head, its agents and the rollout workers below the ra
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 from safetensors.torch import load_file
+
+from benchmarks.resume_faults import same_weights, steps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,16 +106,6 @@ def weights(folder: Path) -> dict[str, object]:
     for file in sorted(folder.glob("*.safetensors")):
         out.update(load_file(str(file)))
     return out
-
-
-def same_weights(a: dict[str, object], b: dict[str, object]) -> bool:
-    import torch
-
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # type: ignore[arg-type]
-
-
-def steps(run_dir: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 # ----------------------------------------------------------------------------------------------------------------
