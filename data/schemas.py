@@ -193,6 +193,15 @@ class TokenUsage(Record):
             calls=self.calls + other.calls,
         )
 
+    def __sub__(self, other: TokenUsage) -> TokenUsage:
+        """What was spent between ``other`` and ``self`` (a fork's usage minus the usage at its branch point)."""
+        return TokenUsage(
+            prompt_tokens=self.prompt_tokens - other.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens - other.cached_prompt_tokens,
+            completion_tokens=self.completion_tokens - other.completion_tokens,
+            calls=self.calls - other.calls,
+        )
+
 
 class TreeNode(Record):
     """A node of a memory-call tree: a memory call (or the root / a leaf) and the scores filled in later."""

@@ -24,7 +24,7 @@ from memrl.data.formats import (
     parse_window,
     render_tool_call,
 )
-from memrl.rollout.evaluation.text import _STOPWORDS, _WORD, _content, stems, terms
+from memrl.rollout.evaluation.text import STOPWORDS, WORD_PATTERN, content_of, stems, terms
 
 __all__ = ["ExtractiveMemoryModel"]
 
@@ -39,7 +39,7 @@ def _between(text: str, start: str, end: str) -> str:
 
 def _entities(text: str, limit: int = 12) -> list[str]:
     """Noun-like phrases: a word followed by a number (``chest 4``) or a content word, in order, deduplicated."""
-    words = _WORD.findall(text.lower())
+    words = WORD_PATTERN.findall(text.lower())
     out: list[str] = []
     i = 0
     while i < len(words):
@@ -50,7 +50,7 @@ def _entities(text: str, limit: int = 12) -> list[str]:
         else:
             phrase = word
             i += 1
-        if phrase not in _STOPWORDS and not phrase.isdigit() and len(phrase) > 2 and phrase not in out:
+        if phrase not in STOPWORDS and not phrase.isdigit() and len(phrase) > 2 and phrase not in out:
             out.append(phrase)
         if len(out) >= limit:
             break
@@ -84,7 +84,7 @@ def _salient_entities(text: str, limit: int = 16) -> list[str]:
     and small talk recur while the facts occur once, and a cue cut to its token budget should keep the facts."""
     found = [e for e in _entities(text, limit=10_000) if not _STEP_MARK.fullmatch(e)]
     counts: dict[str, int] = {}
-    for word in _WORD.findall(text.lower()):
+    for word in WORD_PATTERN.findall(text.lower()):
         counts[word] = counts.get(word, 0) + 1
     rank = {e: (max(counts.get(w, 0) for w in e.split()), i) for i, e in enumerate(found)}
     return sorted(found, key=lambda e: rank[e])[:limit]
@@ -139,7 +139,7 @@ class ExtractiveMemoryModel:
     def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
         """The extractive answer to the role's prompt (empty text for a prompt it does not know)."""
         role = str(metadata.get("role", ""))
-        user = _content(messages[-1]) if messages else ""
+        user = content_of(messages[-1]) if messages else ""
         handler = getattr(self, f"_{role}", None)
         if handler is not None:
             return str(handler(messages, user))

@@ -21,11 +21,10 @@ from memrl.rollout.engines.base import Engine, GenerationResult
 from memrl.rollout.evaluation.reader import Evidence, EvidenceReader, ReaderQuestion, golds_of, question_evidence
 from memrl.rollout.evaluation.records import (
     Scorer,
-    _chunks,
-    _episode_horizon,
-    _usage_minus,
     asked_as,
+    chunks,
     conversation_tokens,
+    episode_horizon,
     item_key,
     scored,
     usage_dict,
@@ -126,7 +125,7 @@ def run_qa(
     registers each question with it); leave it None for a model reasoner. ``on_progress(n)`` is told how many
     questions each batch finished."""
     done = set(skip)
-    for chunk in _chunks(list(episodes), episodes_per_batch):
+    for chunk in chunks(list(episodes), episodes_per_batch):
         work: list[tuple[Episode, list[tuple[int, QAPair]]]] = []
         for episode in chunk:
             qas = list(enumerate(episode.qa_pairs))[: max_questions if max_questions is not None else None]
@@ -161,13 +160,13 @@ def run_qa(
                 fork.add_turn(Turn(step=asked_at, action_text="", observation=text, role="user"))
                 forks.append((fork, base, episode, index, qa, evidence))
         lengths = {id(e): conversation_tokens(e, count_tokens) for e, _ in work}
-        horizons = {id(e): _episode_horizon(e, lengths[id(e)]) for e, _ in work}
+        horizons = {id(e): episode_horizon(e, lengths[id(e)]) for e, _ in work}
         last_prompt: dict[int, str] = {}
         traces = run_rollouts([f[0] for f in forks], engines, on_result=_prompt_recorder(last_prompt))
         shares = {id(base): max(1, sum(1 for f in forks if f[1] is base)) for base in bases}
         records = []
         for (fork, base, episode, index, qa, evidence), trace in zip(forks, traces, strict=True):
-            memory_answer = _usage_minus(fork.memory_usage, base.memory_usage)
+            memory_answer = fork.memory_usage - base.memory_usage
             ingest = usage_dict(base.memory_usage)
             share = {k: v / shares[id(base)] for k, v in ingest.items()}
             context = last_prompt.get(id(fork), "").replace(asked_as(qa), " ")

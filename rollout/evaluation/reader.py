@@ -26,7 +26,7 @@ from memrl.data.formats import (
     render_tool_call,
 )
 from memrl.data.schemas import Episode, QAPair
-from memrl.rollout.evaluation.text import _content, _norm, _role, stems
+from memrl.rollout.evaluation.text import content_of, normalised, role_of, stems
 
 __all__ = [
     "NOT_IN_CONTEXT", "Evidence", "EvidenceReader", "ReaderConfig", "ReaderQuestion", "golds_of", "question_evidence",
@@ -50,17 +50,17 @@ class Evidence:
 
     def found(self, context: str) -> bool:
         """Whether the evidence is in ``context`` (normalised substring tests)."""
-        text = _norm(context)
-        if not all(_norm(s) in text for s in self.all_of):
+        text = normalised(context)
+        if not all(normalised(s) in text for s in self.all_of):
             return False
-        return not self.any_of or any(_norm(s) in text for s in self.any_of)
+        return not self.any_of or any(normalised(s) in text for s in self.any_of)
 
     def share(self, context: str) -> float:
         """The share of evidence strings present in ``context`` (1.0 when an any-of string is)."""
-        text = _norm(context)
+        text = normalised(context)
         if self.all_of:
-            return sum(_norm(s) in text for s in self.all_of) / len(self.all_of)
-        return float(any(_norm(s) in text for s in self.any_of)) if self.any_of else 0.0
+            return sum(normalised(s) in text for s in self.all_of) / len(self.all_of)
+        return float(any(normalised(s) in text for s in self.any_of)) if self.any_of else 0.0
 
 
 def golds_of(qa: QAPair) -> list[str]:
@@ -126,8 +126,8 @@ class EvidenceReader:
         entry = self.questions.get((str(metadata.get("task_id")), str(metadata.get("rollout_id"))))
         if entry is None:
             return render_tool_call("answer", {"answer": NOT_IN_CONTEXT})
-        system = next((_content(m) for m in messages if _role(m) == "system"), "")
-        context = "\n".join(_content(m) for m in messages if _role(m) != "system").replace(entry.question, " ")
+        system = next((content_of(m) for m in messages if role_of(m) == "system"), "")
+        context = "\n".join(content_of(m) for m in messages if role_of(m) != "system").replace(entry.question, " ")
         if entry.evidence.found(context):
             return render_tool_call("answer", {"answer": entry.answer})
         attempt = int(metadata.get("step", 0)) - entry.asked_at
@@ -146,8 +146,8 @@ class EvidenceReader:
         if "page_ids" in params:
             cues: dict[int, str] = {}
             for m in messages:
-                if _role(m) == "user" and _content(m).startswith("task: "):
-                    cues = parse_sam_memory_block(_content(m))[1]
+                if role_of(m) == "user" and content_of(m).startswith("task: "):
+                    cues = parse_sam_memory_block(content_of(m))[1]
                     break
             if not cues:
                 return None

@@ -11,7 +11,17 @@ from memrl.data.envs.base import turn_tokens
 from memrl.data.schemas import Episode, QAPair, TokenUsage
 from memrl.rollout.memory.sam import TokenCounter
 
-__all__ = ["Scorer", "asked_as", "conversation_tokens", "horizon_label", "item_key", "scored", "usage_dict"]
+__all__ = [
+    "Scorer",
+    "asked_as",
+    "chunks",
+    "conversation_tokens",
+    "episode_horizon",
+    "horizon_label",
+    "item_key",
+    "scored",
+    "usage_dict",
+]
 
 
 Scorer = Callable[[list[dict[str, Any]]], list[dict[str, float]]]
@@ -28,15 +38,6 @@ def usage_dict(usage: TokenUsage) -> dict[str, int]:
     """Token usage as a JSON-ready dict, with ``spent`` (prefill not served from cache plus generated tokens)."""
     return {"prompt": usage.prompt_tokens, "cached": usage.cached_prompt_tokens,
             "completion": usage.completion_tokens, "calls": usage.calls, "spent": usage.spent}
-
-
-def _usage_minus(after: TokenUsage, before: TokenUsage) -> TokenUsage:
-    return TokenUsage(
-        prompt_tokens=after.prompt_tokens - before.prompt_tokens,
-        cached_prompt_tokens=after.cached_prompt_tokens - before.cached_prompt_tokens,
-        completion_tokens=after.completion_tokens - before.completion_tokens,
-        calls=after.calls - before.calls,
-    )
 
 
 def horizon_label(tokens: int) -> str:
@@ -56,7 +57,7 @@ def conversation_tokens(episode: Episode, count_tokens: TokenCounter | None = No
     return count_tokens("\n".join(f"{t.action}\n{t.observation}" for t in episode.trajectory))
 
 
-def _episode_horizon(episode: Episode, length: int) -> str:
+def episode_horizon(episode: Episode, length: int) -> str:
     """The horizon bin: the generator's target length when it has one, else the bucket of the recorded length
     (``episode.horizon_tokens`` when the file gives it, else ``length``)."""
     target = episode.metadata.get("target_tokens")
@@ -72,7 +73,8 @@ def asked_as(qa: QAPair) -> str:
     return asked if isinstance(asked, str) and asked else qa.question
 
 
-def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """Consecutive slices of ``items`` of ``size`` (at least 1) items each, the last one shorter."""
     for start in range(0, len(items), max(size, 1)):
         yield items[start : start + max(size, 1)]
 

@@ -8,10 +8,11 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["aggregate", "bootstrap_ci", "t_interval"]
+__all__ = ["aggregate", "bootstrap_ci", "mean_or_none", "t_interval"]
 
 
-def _mean(values: list[float]) -> float | None:
+def mean_or_none(values: list[float]) -> float | None:
+    """The mean of ``values``, None when there are none."""
     return sum(values) / len(values) if values else None
 
 
@@ -57,17 +58,17 @@ def aggregate(records: Iterable[dict[str, Any]], by: Sequence[str] = ("system", 
                 if isinstance(value, (int, float)):
                     metrics.setdefault(name, []).append(float(value))
         for name, values in sorted(metrics.items()):
-            row[name] = _mean(values)
+            row[name] = mean_or_none(values)
             row[f"{name}_ci"] = bootstrap_ci(values)
-        row["reasoner_tokens"] = _mean([r["reasoner_tokens"]["spent"] for r in items])
-        row["memory_tokens"] = _mean([
+        row["reasoner_tokens"] = mean_or_none([r["reasoner_tokens"]["spent"] for r in items])
+        row["memory_tokens"] = mean_or_none([
             r["memory_tokens_answer"]["prompt"] + r["memory_tokens_answer"]["completion"]
             + r.get("memory_tokens_ingest_share", {}).get("prompt", 0)
             + r.get("memory_tokens_ingest_share", {}).get("completion", 0) for r in items
         ])
         evidence = [r["evidence_in_context"] for r in items if "evidence_in_context" in r]
         if evidence:
-            row["evidence_in_context"] = _mean(evidence)
+            row["evidence_in_context"] = mean_or_none(evidence)
             row["evidence_in_context_ci"] = bootstrap_ci(evidence)
         out.append(row)
     return out

@@ -15,8 +15,8 @@ from memrl.data.tasks.proactive import ProactiveTask
 from memrl.data.tasks.sam import SamTask
 from memrl.rollout.agents import build_proactive_rollout
 from memrl.rollout.engines.base import Engine
-from memrl.rollout.evaluation.records import Scorer, _chunks, item_key, scored, usage_dict
-from memrl.rollout.evaluation.stats import _mean
+from memrl.rollout.evaluation.records import Scorer, chunks, item_key, scored, usage_dict
+from memrl.rollout.evaluation.stats import mean_or_none
 from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 from memrl.rollout.memory.embedders import Embedder
 from memrl.rollout.memory.proactive import ProactiveConfig
@@ -70,7 +70,7 @@ def run_tasks(
     done = set(skip)
     jobs = [(task, run) for task in tasks for run in runs
             if item_key(dataset, task.task_id, run, system, model) not in done]
-    for chunk in _chunks(jobs, tasks_per_batch):
+    for chunk in chunks(jobs, tasks_per_batch):
         rollouts = [_task_rollout(task, configs[run], run, seed, count_tokens, embedder) for task, run in chunk]
         traces = run_rollouts(rollouts, engines)
         records = []
@@ -133,15 +133,15 @@ def evaluate_sam_memory(
     sampled = [r for r in records if r["sampled"]]
 
     def success(rows: list[dict[str, Any]]) -> float | None:
-        return _mean([float(r["outcome"] or 0.0) for r in rows])
+        return mean_or_none([float(r["outcome"] or 0.0) for r in rows])
 
     horizons = sorted({r["horizon"] for r in records})
     return {
         "success_greedy": success(greedy),
         "success_sampled": success(sampled),
-        "reasoner_tokens_per_task": _mean([r["reasoner_tokens"]["spent"] for r in greedy]),
-        "memory_tokens_per_task": _mean([r["memory_tokens_answer"]["prompt"] + r["memory_tokens_answer"]["completion"]
-                                         for r in greedy]),
+        "reasoner_tokens_per_task": mean_or_none([r["reasoner_tokens"]["spent"] for r in greedy]),
+        "memory_tokens_per_task": mean_or_none([r["memory_tokens_answer"]["prompt"]
+                                                + r["memory_tokens_answer"]["completion"] for r in greedy]),
         "by_horizon": {h: {"success_greedy": success([r for r in greedy if r["horizon"] == h]),
                            "success_sampled": success([r for r in sampled if r["horizon"] == h])} for h in horizons},
         "records": records,

@@ -6,37 +6,40 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["stems", "terms"]
+__all__ = ["STOPWORDS", "WORD_PATTERN", "content_of", "normalised", "role_of", "stems", "terms"]
 
 
-_STOPWORDS = frozenset(re.findall(r"\w+", """
+STOPWORDS = frozenset(re.findall(r"\w+", """
     a an the of in on at to from for by with and or is was were are be been did does do what which who whom whose
     where when why how that this these those it its after before into than then there their they he she his her
     you your i me my we our as if not no yes any all
 """))
 
 
-_WORD = re.compile(r"[a-z0-9]+")
+WORD_PATTERN = re.compile(r"[a-z0-9]+")
 
 
 def terms(text: str) -> list[str]:
     """Content terms of ``text``: lower-case words and numbers without stopwords, in order, deduplicated."""
     out: list[str] = []
-    for word in _WORD.findall(text.lower()):
-        if word not in _STOPWORDS and word not in out:
+    for word in WORD_PATTERN.findall(text.lower()):
+        if word not in STOPWORDS and word not in out:
             out.append(word)
     return out
 
 
-def _norm(text: str) -> str:
+def normalised(text: str) -> str:
+    """``text`` lower-cased with its whitespace collapsed (for substring tests that ignore case and line breaks)."""
     return " ".join(text.lower().split())
 
 
-def _role(message: Any) -> str:
+def role_of(message: Any) -> str:
+    """The role of a chat message, given as a dict or as a message object."""
     return message["role"] if isinstance(message, dict) else message.role
 
 
-def _content(message: Any) -> str:
+def content_of(message: Any) -> str:
+    """The text of a chat message, given as a dict or as a message object."""
     return message["content"] if isinstance(message, dict) else message.content
 
 

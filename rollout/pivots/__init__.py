@@ -30,8 +30,8 @@ follow), every sample continues to the end, and the raw results (:class:`PivotGr
 :mod:`memrl.rewards.pivot` for rewards and group advantages. All pivots' samples are one engine call; all continuations
 run through :func:`~memrl.rollout.loop.run_rollouts` wavefronts (one engine call per engine and wavefront).
 
-One concept a module: :mod:`.records`, :mod:`.config`, :mod:`.replay`, :mod:`.labels`, :mod:`.detect`,
-:mod:`.groups`; this package exports their public names.
+One concept a module: :mod:`.records`, :mod:`.config`, :mod:`.replay`, :mod:`.labels`, :mod:`.sampling` (branching a
+restored step), :mod:`.detect`, :mod:`.groups`; this package exports their public names.
 """
 
 from memrl.rollout.pivots.config import DetectConfig, PivotGroupConfig, PrefilterConfig

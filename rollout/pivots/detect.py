@@ -5,7 +5,6 @@ continued to the end, and a step whose alternatives change the outcome is a pivo
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,65 +12,22 @@ from typing import Any
 
 from memrl.data.formats import parse_intervention, render_intervention
 from memrl.data.schemas import TokenUsage
-from memrl.rollout.engines.base import (
-    Completion,
-    Engine,
-    GenerationRequest,
-    GenerationResult,
-    Usage,
-    sample_seed,
-)
-from memrl.rollout.loop import EngineSet, PendingCall, Rollout, run_rollouts
+from memrl.rollout.engines.base import Completion, GenerationResult, Usage
+from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 from memrl.rollout.memory.proactive import ProactiveMemory
 from memrl.rollout.pivots.config import DetectConfig
 from memrl.rollout.pivots.records import Alternative, LabelledRollout, LabelledStep, PivotRecord
 from memrl.rollout.pivots.replay import restore
+from memrl.rollout.pivots.sampling import generate_grouped, resampled_request, sibling_fork
 
 __all__ = ["detect_pivots", "detection_scores", "every_turn"]
 
 logger = logging.getLogger(__name__)
 
 
-def _fork(base: Rollout) -> Rollout:
-    """``base.fork`` keeping the rollout id (siblings share the seeds of every later call: common random numbers), with
-    the recorded history shared rather than deep-copied (its records are never modified once made)."""
-    calls, events = base.memory_calls, base.events
-    base.memory_calls, base.events = [], []
-    try:
-        twin = base.fork(base.rollout_id)
-    finally:
-        base.memory_calls, base.events = calls, events
-    twin.memory_calls, twin.events = list(calls), list(events)
-    return twin
-
-
 def _text_result(text: str) -> GenerationResult:
     return GenerationResult(prompt_ids=[], completions=[Completion([], [], text, "stop")], usage=Usage(),
                             engine="counterfactual")
-
-
-def _resampled(call: PendingCall, n: int, salt: int, temperature: float | None = None) -> GenerationRequest:
-    """The pending request asking for ``n`` samples under a derived seed (fresh samples, reproducible)."""
-    base = call.request.sampling.seed if call.request.sampling.seed is not None else 0
-    sampling = dataclasses.replace(call.request.sampling, n=n, seed=sample_seed(base, salt))
-    if temperature is not None:
-        sampling = dataclasses.replace(sampling, temperature=temperature)
-    return GenerationRequest(messages=call.request.messages, prompt_ids=call.request.prompt_ids, sampling=sampling,
-                             metadata=dict(call.request.metadata))
-
-
-def _generate_grouped(engines: EngineSet, calls: list[PendingCall], requests: list[GenerationRequest]
-                      ) -> list[GenerationResult]:
-    """One engine call per engine for all ``requests`` (results in request order)."""
-    results: list[GenerationResult | None] = [None] * len(requests)
-    batches: dict[int, tuple[Engine, list[int]]] = {}
-    for i, call in enumerate(calls):
-        engine = engines.for_call(call)
-        batches.setdefault(id(engine), (engine, []))[1].append(i)
-    for engine, indices in batches.values():
-        for i, result in zip(indices, engine.generate([requests[i] for i in indices]), strict=True):
-            results[i] = result
-    return [r for r in results if r is not None]
 
 
 @dataclass
@@ -108,8 +64,8 @@ def detect_pivots(
     if cfg.policy_samples and candidates:
         pending = [c.base.pending() for c in candidates]
         assert all(p is not None for p in pending)
-        requests = [_resampled(p, cfg.policy_samples, salt) for p in pending if p is not None]
-        samples = _generate_grouped(engines, [p for p in pending if p is not None], requests)
+        requests = [resampled_request(p, cfg.policy_samples, salt) for p in pending if p is not None]
+        samples = generate_grouped(engines, [p for p in pending if p is not None], requests)
     forks: list[Rollout] = []
     budget = {"bank_entries": 0, "bank_tried": 0, "bank_over_budget": 0, "over_budget": 0}
     for i, cand in enumerate(candidates):
@@ -138,7 +94,7 @@ def detect_pivots(
             cand.alternatives.append((source, text, reminder))
             budget["bank_tried"] += source == "bank"
         for _, text, _ in cand.alternatives[1:]:  # the recorded decision's continuation is the record itself
-            fork = _fork(cand.base)
+            fork = sibling_fork(cand.base)
             fork.advance(_text_result(text))
             cand.forks.append(fork)
             forks.append(fork)
@@ -148,7 +104,7 @@ def detect_pivots(
     for cand in candidates:
         outcomes = [cand.record.outcome] + [float(f.outcome or 0.0) for f in cand.forks]
         for fork in cand.forks:
-            tokens = tokens + _minus(fork.reasoner_usage, cand.base.reasoner_usage)
+            tokens = tokens + (fork.reasoner_usage - cand.base.reasoner_usage)
         alternatives = [Alternative(source=s, text=t, reminder=r, outcome=o)
                         for (s, t, r), o in zip(cand.alternatives, outcomes, strict=True)]
         spread = max(outcomes) - min(outcomes)
@@ -167,12 +123,6 @@ def detect_pivots(
         logger.warning("pivot detection: the budget (detect.alternatives=%d) left %d of %d bank entries untried",
                        cfg.alternatives, budget["bank_over_budget"], budget["bank_entries"])
     return out, stats
-
-
-def _minus(a: TokenUsage, b: TokenUsage) -> TokenUsage:
-    return TokenUsage(prompt_tokens=a.prompt_tokens - b.prompt_tokens,
-                      cached_prompt_tokens=a.cached_prompt_tokens - b.cached_prompt_tokens,
-                      completion_tokens=a.completion_tokens - b.completion_tokens, calls=a.calls - b.calls)
 
 
 def detection_scores(records: Sequence[LabelledRollout], pivots: Sequence[PivotRecord],

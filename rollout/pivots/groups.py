@@ -11,9 +11,9 @@ from typing import Any
 from memrl.data.schemas import MemoryCall, TokenUsage
 from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 from memrl.rollout.pivots.config import PivotGroupConfig
-from memrl.rollout.pivots.detect import _fork, _generate_grouped, _minus, _resampled
 from memrl.rollout.pivots.records import LabelledRollout, PivotRecord
 from memrl.rollout.pivots.replay import restore, state_digest
+from memrl.rollout.pivots.sampling import generate_grouped, resampled_request, sibling_fork
 
 __all__ = ["PivotGroupResult", "PivotSample", "sample_pivot_groups"]
 
@@ -70,12 +70,12 @@ def sample_pivot_groups(
         return []
     pending = [base.pending() for _, base in bases]
     calls = [p for p in pending if p is not None]
-    requests = [_resampled(p, cfg.group_size, 7919 + salt, cfg.temperature) for p in calls]
-    results = _generate_grouped(engines, calls, requests)
+    requests = [resampled_request(p, cfg.group_size, 7919 + salt, cfg.temperature) for p in calls]
+    results = generate_grouped(engines, calls, requests)
     forks: list[tuple[int, Rollout, str]] = []
     for b, ((_, base), result) in enumerate(zip(bases, results, strict=True)):
         for k in range(len(result.completions)):
-            fork = _fork(base)
+            fork = sibling_fork(base)
             forks.append((b, fork, state_digest(fork)))
             fork.advance(result, sample=k)
     starts = [(len(base.memory_calls), base.memory.stats.get("reminders_injected", 0)) for _, base in bases]
@@ -92,7 +92,7 @@ def sample_pivot_groups(
                 index=k, call=call, followup=followup, reminder=decision.metadata.get("reminder"),
                 outcome=float(fork.outcome or 0.0),
                 reminders_after=fork.memory.stats.get("reminders_injected", 0) - reminded,
-                usage=_minus(fork.reasoner_usage, base.reasoner_usage), fingerprint=fingerprint,
+                usage=fork.reasoner_usage - base.reasoner_usage, fingerprint=fingerprint,
             ))
         groups.append(PivotGroupResult(
             pivot_id=pivot.pivot_id, task_id=pivot.task_id, role=samples[0].call.role,
