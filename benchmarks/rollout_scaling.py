@@ -4,7 +4,7 @@
    latency (the scripted oracle as memory model and the scripted reasoner, each answering after ``--latency-ms``
    per call: :class:`memrl.rollout.engines.scripted.DelayedPolicy`). Each figure is a timed job after a warm-up job.
 2. ``offpolicy_iteration_ratio`` (target <= 0.6): the mean iteration time of the real online loop
-   (:func:`memrl.train.online.run_online_loop`) with ``max_staleness: 1`` over ``max_staleness: 0``, on the 2-worker
+   (:class:`memrl.train.online.OnlineLoop`) with ``max_staleness: 1`` over ``max_staleness: 0``, on the 2-worker
    fleet,
    with a stand-in trainer whose update takes exactly the measured rollout time (rollout time = update time).
 3. ``async_speedup`` (target >= 1.5): the time to build the job's trees in one process with lock-step wavefronts
@@ -95,13 +95,11 @@ def scaling(spec: Any, tasks: list[Any], make: Any) -> dict[str, float]:
 class TimedTrainer:
     """The online loop's trainer interface with an update of exactly ``update_s`` seconds (no model)."""
 
-    def __init__(self, update_s: float) -> None:
+    def __init__(self, update_s: float, cfg: Any) -> None:
         from accelerate import Accelerator
 
-        from memrl.train.group_trainer import GroupTrainerConfig
-
         self.accelerator = Accelerator(cpu=True)
-        self.cfg = GroupTrainerConfig()
+        self.cfg = cfg  # a GroupTrainerConfig; the loop reads tis_cap from it
         self.update_s = update_s
         self.version = self.updates = 0
         self.is_peft = True  # the sync hands the workers a directory; scripted engines only take the version
@@ -198,7 +196,8 @@ def iteration_times(fleet: Any, tasks: list[Any], make: Any, update_s: float, it
     from memrl.data.tracking import MetricsLogger
     from memrl.rewards.credit import CreditConfig
     from memrl.rewards.groups import credit_and_groups
-    from memrl.train.online import LoopConfig, run_online_loop
+    from memrl.train.group_trainer import GroupTrainerConfig
+    from memrl.train.online import LoopConfig, OnlineLoop, stale_sampling_tis
 
     out = {}
     for k in (0, 1):
@@ -214,13 +213,18 @@ def iteration_times(fleet: Any, tasks: list[Any], make: Any, update_s: float, it
                 return SimpleNamespace(result=groups)
 
             logger = MetricsLogger(run_dir, None, {}, name="bench", console=False)
-            result = run_online_loop(
-                trainer=TimedTrainer(update_s), engine=fleet,  # type: ignore[arg-type]
-                cfg=LoopConfig(iterations=iterations, checkpoint_every=0, max_staleness=k), run_dir=run_dir,
-                resume=False, collect=collect, evaluate=None, logger=logger, desc=f"k={k}",
-            )
+            loop_cfg = LoopConfig(iterations=iterations, checkpoint_every=0, max_staleness=k)
+            trainer = TimedTrainer(update_s, stale_sampling_tis(GroupTrainerConfig(), loop_cfg))
+            loop = OnlineLoop(trainer=trainer, engine=fleet, cfg=loop_cfg, run_dir=run_dir,  # type: ignore[arg-type]
+                              resume=False, logger=logger, desc=f"k={k}")
+            for iteration in loop.start(collect, None):
+                batch, metrics = loop.collected(iteration, collect)
+                update = loop.update(batch)
+                sync = loop.sync(iteration)
+                loop.log(iteration, {**metrics, **update, **sync}, None)
+                loop.checkpoint(iteration)
             logger.close()
-            times = [h["iteration_s"] for h in result.history[1:]]
+            times = [h["iteration_s"] for h in loop.result().history[1:]]
             out[f"iteration_s_k{k}"] = sum(times) / len(times)
     out["offpolicy_iteration_ratio"] = out["iteration_s_k1"] / out["iteration_s_k0"]
     return out

@@ -8,8 +8,8 @@ iterations.
 
 A recipe writes its iteration itself over :class:`OnlineLoop`, which keeps the bookkeeping (launching collections
 ahead, staleness, syncing, evaluation, logging, checkpoints and resume): OAT-GRPO's ``train_oat_grpo`` reads collect
--> credit -> groups -> update -> sync -> log -> checkpoint. :func:`run_online_loop` is that loop for a recipe whose
-collection already returns groups (pivot-turn GRPO). Engines are anything with the :class:`PolicyEngine` methods.
+-> credit -> groups -> update -> sync -> log -> checkpoint. Engines are anything with the :class:`PolicyEngine`
+methods.
 
 Rollouts are driven by the main process: its own policy engine, or a fleet of rollout workers on every node
 (:mod:`memrl.rollout.fleet`; ``collect`` then returns a collection in flight, anything with ``.result()``); the groups
@@ -53,7 +53,7 @@ from memrl.train.checkpoint import CheckpointManager
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
 
 __all__ = ["LoopConfig", "LoopResult", "OnlineLoop", "PolicyEngine", "WeightSender", "broadcast_groups",
-           "prune_policy_versions", "run_online_loop", "shared_run_dir", "stale_sampling_tis", "sync_policy"]
+           "prune_policy_versions", "shared_run_dir", "stale_sampling_tis", "sync_policy"]
 
 
 class PolicyEngine(Protocol):
@@ -331,32 +331,3 @@ class OnlineLoop:
         """What the finished loop reports."""
         return LoopResult(self.cfg.iterations - self.first, self.trainer.updates, self.trainer.version,
                           self.policy_dir, self.history, self.evals)
-
-
-def run_online_loop(
-    *,
-    trainer: GroupTrainer,
-    engine: PolicyEngine | None,
-    cfg: LoopConfig,
-    run_dir: Path,
-    resume: bool,
-    collect: Callable[[int], Any],
-    evaluate: Evaluate | None,
-    logger: MetricsLogger,
-    desc: str = "rl",
-    attach: dict[str, Path] | None = None,
-    in_memory: WeightSender | None = None,
-) -> LoopResult:
-    """The loop for a recipe whose ``collect(iteration)`` already returns (groups, metrics), or a collection in
-    flight with ``.result()`` (pivot-turn GRPO); ``engine`` is the policy's rollout engine or fleet; ``in_memory``
-    the GPU weight sync of full weights; ``attach`` names directories (the reward cache) that every checkpoint
-    snapshots and a resume restores."""
-    loop = OnlineLoop(trainer=trainer, engine=engine, cfg=cfg, run_dir=run_dir, resume=resume, logger=logger,
-                      desc=desc, attach=attach, in_memory=in_memory)
-    for iteration in loop.start(collect, evaluate):
-        groups, metrics = loop.collected(iteration, collect)
-        update = loop.update(groups)
-        sync = loop.sync(iteration)
-        loop.log(iteration, {**metrics, **update, **sync}, evaluate)
-        loop.checkpoint(iteration)
-    return loop.result()
