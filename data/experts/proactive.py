@@ -29,7 +29,7 @@ from pydantic import Field
 
 from memrl.data.config import ConfigModel
 from memrl.data.formats import BankView, parse_phase_prompt, parse_window, render_intervention, render_tool_call
-from memrl.data.tasks.proactive import FACT_KINDS, FACTS, _subtask_by_name, fact_value, parse_next
+from memrl.data.tasks.proactive import FACT_KINDS, FACTS, fact_value, parse_next, subtask_by_name
 
 __all__ = ["ProactiveOracle", "ProactiveOracleConfig"]
 
@@ -75,7 +75,7 @@ class ProactiveOracle:
         plan = truth.get("plan")
         if plan and 0 < index <= len(plan):
             return plan[index - 1][1]
-        sub = _subtask_by_name(name)
+        sub = subtask_by_name(name)
         return sub.fact if sub else None
 
     @staticmethod

@@ -24,7 +24,8 @@ from memrl.data.formats import (
     parse_window,
     render_tool_call,
 )
-from memrl.rollout.evaluation.text import STOPWORDS, WORD_PATTERN, content_of, stems, terms
+from memrl.data.tasks.common import content_of
+from memrl.rollout.evaluation.text import STOPWORDS, WORD_PATTERN, stems, terms
 
 __all__ = ["ExtractiveMemoryModel"]
 

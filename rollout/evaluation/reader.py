@@ -26,7 +26,8 @@ from memrl.data.formats import (
     render_tool_call,
 )
 from memrl.data.schemas import Episode, QAPair
-from memrl.rollout.evaluation.text import content_of, normalised, role_of, stems
+from memrl.data.tasks.common import content_of, role_of
+from memrl.rollout.evaluation.text import normalised, stems
 
 __all__ = [
     "NOT_IN_CONTEXT", "Evidence", "EvidenceReader", "ReaderConfig", "ReaderQuestion", "golds_of", "question_evidence",

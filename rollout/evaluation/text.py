@@ -1,12 +1,11 @@
-"""Text helpers the reader and the extractive memory model share: content words, stems, a message's role and text.
+"""Text helpers the reader and the extractive memory model share: content words, stems, normalised text.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
-__all__ = ["STOPWORDS", "WORD_PATTERN", "content_of", "normalised", "role_of", "stems", "terms"]
+__all__ = ["STOPWORDS", "WORD_PATTERN", "normalised", "stems", "terms"]
 
 
 STOPWORDS = frozenset(re.findall(r"\w+", """
@@ -31,16 +30,6 @@ def terms(text: str) -> list[str]:
 def normalised(text: str) -> str:
     """``text`` lower-cased with its whitespace collapsed (for substring tests that ignore case and line breaks)."""
     return " ".join(text.lower().split())
-
-
-def role_of(message: Any) -> str:
-    """The role of a chat message, given as a dict or as a message object."""
-    return message["role"] if isinstance(message, dict) else message.role
-
-
-def content_of(message: Any) -> str:
-    """The text of a chat message, given as a dict or as a message object."""
-    return message["content"] if isinstance(message, dict) else message.content
 
 
 def stems(text: str) -> set[str]:
