@@ -445,14 +445,14 @@ def test_slurm_dry_run_outside_an_allocation_and_real_run_refused(tmp_path: Path
 
 def test_slurm_requeued_job_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = oat_config(tmp_path)
-    monkeypatch.setattr(layout.slurm, "_resumable", lambda stage: stage == "train oat-grpo")
+    monkeypatch.setattr(layout.slurm, "is_resumable", lambda stage: stage == "train oat-grpo")
     argv = ["--dry-run", "--", "train", "oat-grpo", "--config", str(cfg)]
     first = plan_slurm(argv, slurm_env(0))
     assert first.info["resume"] is False and first.shell["auto_requeue"] == "1"
     again = plan_slurm(argv, slurm_env(0, SLURM_RESTART_COUNT="1"))
     assert again.info["resume"] is True and again.info["train_command"][-1] == "--resume"
     assert again.info["run_dir"] == first.info["run_dir"]  # the same run directory after a requeue
-    monkeypatch.setattr(layout.slurm, "_resumable", lambda stage: False)
+    monkeypatch.setattr(layout.slurm, "is_resumable", lambda stage: False)
     assert plan_slurm(argv, slurm_env(0)).shell["auto_requeue"] == "0"
 
 

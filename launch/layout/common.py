@@ -120,7 +120,8 @@ def launch_view(command: MemrlCommand) -> LaunchView:
         raise LaunchError(f"{source}: {exc}") from None
 
 
-def _resumable(stage: str) -> bool:
+def is_resumable(stage: str) -> bool:
+    """Whether the job ``stage`` (``train oat-grpo``) takes ``--resume``."""
     from memrl.launch.jobs import JOBS
 
     return any(" ".join(job.path) == stage and job.resumable for job in JOBS)
@@ -189,17 +190,20 @@ class Plan:
         return self.text
 
 
-def _ranges(lo: int, hi: int) -> str:
+def index_range(lo: int, hi: int) -> str:
+    """``lo-hi`` (``lo`` alone when they are equal): a range of ranks or GPU indices as the plans print it."""
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> list[str]:
+def text_table(header: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> list[str]:
+    """``rows`` under ``header`` as left-aligned text columns, one line each."""
     cells = [list(map(str, header)), *[[str(c) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     return [indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
 
 
-def _command_line(env: Mapping[str, str], cmd: Sequence[str]) -> str:
+def shell_command(env: Mapping[str, str], cmd: Sequence[str]) -> str:
+    """``cmd`` as one shell-quoted line, prefixed with ``env K=V ...`` when ``env`` is not empty."""
     return shlex.join([*(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), *cmd])
 
 
@@ -243,15 +247,15 @@ class TrainLayout:
         if self.policy is None or self.device == "cpu":
             return "-"
         if self.policy.mode == "separate":
-            return _ranges(self.nproc_per_node, self.nproc_per_node + self.policy.gpus_per_node - 1)
+            return index_range(self.nproc_per_node, self.nproc_per_node + self.policy.gpus_per_node - 1)
         return "shared"
 
     def _train_gpus(self, node: int) -> str:
         if self.device == "cpu" or not self.global_ranks(node):
             return "-"
         if self.single_process:
-            return _ranges(0, self.gpus_per_node - 1)  # the one process sees every GPU of its node
-        return _ranges(0, self.nproc_per_node - 1)
+            return index_range(0, self.gpus_per_node - 1)  # the one process sees every GPU of its node
+        return index_range(0, self.nproc_per_node - 1)
 
     def nodes(self) -> list[dict[str, Any]]:
         """One dict per node: host, global and local ranks (``None`` on an idle node), GPUs, policy-engine GPUs."""
@@ -286,14 +290,14 @@ class TrainLayout:
             sleep = f"sleep level {policy.sleep_level} during updates" if policy.sleep_level else "never sleeps"
             return (
                 f"policy vLLM engine: on the main process, colocated on node 0's training GPU(s) "
-                f"{_ranges(0, policy.tensor_parallel_size - 1)} (TP {policy.tensor_parallel_size}, "
+                f"{index_range(0, policy.tensor_parallel_size - 1)} (TP {policy.tensor_parallel_size}, "
                 f"{policy.gpu_memory_utilization:g} of GPU memory, {sleep})"
             )
         first = self.nproc_per_node
         tp = policy.tensor_parallel_size
         idle = policy.gpus_per_node * self.nnodes - tp
         return (
-            f"policy vLLM engine: on the main process, GPU(s) {_ranges(first, first + tp - 1)} of node 0 "
+            f"policy vLLM engine: on the main process, GPU(s) {index_range(first, first + tp - 1)} of node 0 "
             f"(TP {tp}); GPU(s) {self._engine_gpus()} kept from training on every node, {idle} of them idle"
         )
 
@@ -301,7 +305,7 @@ class TrainLayout:
         where = "CPU" if self.device == "cpu" else f"all {self.gpus_per_node} GPU(s) of its node visible to it"
         lines = [f"{self.label} runs in one process (it is not distributed): node rank 0 ({self.hosts[0]}), {where}"]
         if self.nnodes > 1:
-            lines.append(f"node rank(s) {_ranges(1, self.nnodes - 1)} start nothing")
+            lines.append(f"node rank(s) {index_range(1, self.nnodes - 1)} start nothing")
         if this_node:
             here = "runs it" if self.node_rank == 0 else "nothing to start here"
             lines.append(f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}): {here}")
@@ -323,21 +327,21 @@ class TrainLayout:
         ]
         if this_node:
             lines.append(f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}), global ranks "
-                         f"{_ranges(ranks[0], ranks[-1])}, local ranks {_ranges(0, self.nproc_per_node - 1)}")
+                         f"{index_range(ranks[0], ranks[-1])}, local ranks {index_range(0, self.nproc_per_node - 1)}")
         engine = self._engine_line()
         if engine:
             lines.append(engine)
         header = ["node", "host", "global ranks", "local ranks", "training GPUs"]
-        rows = [[n["node"], n["host"], _ranges(*n["global_ranks"]), _ranges(*n["local_ranks"]), n["train_gpus"]]
+        rows = [[n["node"], n["host"], index_range(*n["global_ranks"]), index_range(*n["local_ranks"]), n["train_gpus"]]
                 for n in self.nodes()]  # fmt: skip
         if self.policy is not None:
             header.append("policy-engine GPUs")
             rows = [[*row, n["engine_gpus"]] for row, n in zip(rows, self.nodes(), strict=True)]
-        lines += _table(header, rows)
+        lines += text_table(header, rows)
         return lines
 
 
-def _train_layout(
+def train_layout(
     *,
     nnodes: int | None,
     nproc_per_node: int | None,
@@ -412,7 +416,7 @@ def _train_layout(
     )
 
 
-def _launch_env(layout: TrainLayout, env: Mapping[str, str]) -> dict[str, str]:
+def training_env(layout: TrainLayout, env: Mapping[str, str]) -> dict[str, str]:
     """Environment of the training processes (only what the launcher adds)."""
     path = [str(ROOT), *(p for p in env.get("PYTHONPATH", "").split(":") if p and p != str(ROOT))]
     out = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": ":".join(path)}
@@ -431,7 +435,7 @@ def _launch_env(layout: TrainLayout, env: Mapping[str, str]) -> dict[str, str]:
 _FLAGS = {"--dry-run", "-h", "--help"}
 
 
-def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Split ``[launcher options] [--] command...``: the command starts at ``--`` or at the first bare word."""
     argv = list(argv)
     i = 0
@@ -445,7 +449,8 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+def launcher_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The argument parser every launcher subcommand starts from (``--help``, ``--dry-run``, ``--format``)."""
     parser = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
     parser.add_argument("--dry-run", action="store_true", help="print the layout and commands, start nothing")
@@ -453,10 +458,12 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _help_plan(parser: argparse.ArgumentParser) -> Plan:
+def help_plan(parser: argparse.ArgumentParser) -> Plan:
+    """The plan that prints ``parser``'s help and starts nothing."""
     return Plan(parser.format_help().rstrip().splitlines(), {}, {"help": True}, dry_run=True)
 
 
-def _device_argument(parser: argparse.ArgumentParser) -> None:
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--device auto|gpu|cpu`` to ``parser``."""
     parser.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto",
                         help="gpu (NCCL) or cpu (gloo, DS_ACCELERATOR=cpu); auto = gpu when one is visible")

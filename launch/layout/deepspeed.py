@@ -14,13 +14,13 @@ from memrl.launch.layout.common import (
     MemrlCommand,
     Plan,
     TrainLayout,
-    _command_line,
-    _device_argument,
-    _help_plan,
-    _launch_env,
-    _parser,
-    _split_command,
+    add_device_argument,
     command_kind,
+    help_plan,
+    launcher_parser,
+    shell_command,
+    split_command,
+    training_env,
 )
 from memrl.launch.layout.hosts import (
     LaunchError,
@@ -30,7 +30,7 @@ from memrl.launch.layout.hosts import (
     rendezvous_port,
     resolve_device,
 )
-from memrl.launch.layout.torchrun import _ignored_for_single, _layout_info, _policy_of
+from memrl.launch.layout.torchrun import ignored_for_single, layout_info, policy_placement_of
 
 
 def _read_hostfile(path: Path) -> list[tuple[str, int]]:
@@ -52,7 +52,7 @@ def _read_hostfile(path: Path) -> list[tuple[str, int]]:
 
 
 def _deepspeed_parser() -> argparse.ArgumentParser:
-    parser = _parser(
+    parser = launcher_parser(
         "launch/deepspeed.sh",
         "Run a memrl command with the DeepSpeed launcher over a hostfile (written from --hosts or the Slurm node "
         "list when not given). Multi-node runs reach the other nodes with --launcher (pdsh needs passwordless ssh).",
@@ -68,17 +68,17 @@ def _deepspeed_parser() -> argparse.ArgumentParser:
                         help="how DeepSpeed reaches the other nodes (default pdsh)")
     parser.add_argument("--module", default="memrl.launch.cli",
                         help="Python module to run (default: memrl.launch.cli = memrl)")
-    _device_argument(parser)
+    add_device_argument(parser)
     return parser
 
 
 def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     """Plan ``launch/deepspeed.sh [options] [--] COMMAND...``."""
     parser = _deepspeed_parser()
-    own, command = _split_command(argv)
+    own, command = split_command(argv)
     args = parser.parse_args(own)
     if args.help:
-        return _help_plan(parser)
+        return help_plan(parser)
     if not command and args.module == "memrl.launch.cli":
         raise LaunchError("give the memrl command to run after the options, e.g. -- sft --config FILE")
     if args.hostfile and args.hosts:
@@ -89,7 +89,7 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     memrl = MemrlCommand(command)
     kind = command_kind(args.module, memrl)
     single = not kind.distributed
-    policy = _policy_of(kind, args.module, memrl)
+    policy = policy_placement_of(kind, args.module, memrl)
     if policy is not None and (device == "cpu" or single):
         policy = policy.model_copy(update={"mode": "colocate", "gpus_per_node": 0})
     kept = policy.gpus_per_node if policy is not None else 0
@@ -128,16 +128,16 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         single_process=single,
         label=kind.label,
     )
-    launch_env = _launch_env(layout, env)
+    launch_env = training_env(layout, env)
     hostfile_text = "".join(f"{host} slots={slots}\n" for host, slots in entries)
     if single:
         # Not distributed: one plain process on this node, without the DeepSpeed launcher or a hostfile.
         cmd = [sys.executable, "-m", args.module, *command]
-        lines = ["memrl deepspeed", *_ignored_for_single(kind, num_gpus=args.num_gpus),
+        lines = ["memrl deepspeed", *ignored_for_single(kind, num_gpus=args.num_gpus),
                  *layout.describe(this_node=False),
                  "it runs here, on the node that runs this script: no DeepSpeed launcher, no hostfile",
-                 f"command: {_command_line(launch_env, cmd)}"]  # fmt: skip
-        info = {"launcher": "deepspeed", "layout": _layout_info(layout), "hostfile": None,
+                 f"command: {shell_command(launch_env, cmd)}"]  # fmt: skip
+        info = {"launcher": "deepspeed", "layout": layout_info(layout), "hostfile": None,
                 "hostfile_text": "", "env": launch_env, "command": cmd}  # fmt: skip
         shell_single: dict[str, str | list[str]] = {
             "launch_env": [f"{k}={v}" for k, v in launch_env.items()], "launch_cmd": cmd,
@@ -169,10 +169,10 @@ def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         lines.append(f"hostfile {hostfile_path}{' (written at launch)' if write else ''}:")
         lines += ["  " + ln for ln in hostfile_text.splitlines()]
         lines.append(f"the launcher reaches the other nodes with {args.launcher}; run this on the first node only")
-    lines.append(f"command: {_command_line(launch_env, cmd)}")
+    lines.append(f"command: {shell_command(launch_env, cmd)}")
     info = {
         "launcher": "deepspeed",
-        "layout": _layout_info(layout),
+        "layout": layout_info(layout),
         "hostfile": None if local else hostfile_path,
         "hostfile_text": hostfile_text,
         "env": launch_env,

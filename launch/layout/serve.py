@@ -19,11 +19,11 @@ from memrl.data.config import (
 from memrl.launch.layout.common import (
     VLLM_SERVER_MODULE,
     Plan,
-    _command_line,
-    _device_argument,
-    _help_plan,
-    _parser,
-    _table,
+    add_device_argument,
+    help_plan,
+    launcher_parser,
+    shell_command,
+    text_table,
 )
 from memrl.launch.layout.hosts import (
     Device,
@@ -88,7 +88,7 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
-def _vllm_replicas(
+def vllm_replicas(
     spec: ServeSpec, *, gpu_ids: list[str], device: Device, port: int, bind: str, extra: Sequence[str]
 ) -> list[tuple[dict[str, str], list[str], int]]:
     """(environment, command, port) of every server replica on one node."""
@@ -115,7 +115,7 @@ def _vllm_replicas(
 
 
 def _serve_parser() -> argparse.ArgumentParser:
-    parser = _parser(
+    parser = launcher_parser(
         "launch/serve_endpoints.sh run|start",
         "Start vLLM OpenAI-compatible servers for one frozen model on this node: REPLICAS servers of TP GPUs each on "
         "consecutive ports. Arguments after -- go to every vLLM server.",
@@ -133,7 +133,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-memory-utilization", type=float,
                         help="fraction of memory vLLM reserves (default 0.9 on GPU, 0.15 of host memory on CPU)")
     parser.add_argument("--log-dir", default="logs/serve", help="one log file per server (default logs/serve)")
-    _device_argument(parser)
+    add_device_argument(parser)
     return parser
 
 
@@ -144,7 +144,7 @@ def plan_serve(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = parser.parse_args(own)
     if args.help:
-        return _help_plan(parser)
+        return help_plan(parser)
     if not args.model:
         raise LaunchError("--model is required")
     gpus = gpus_on_node(env)
@@ -165,7 +165,7 @@ def plan_serve(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
                          max_model_len=max_len, gpu_memory_utilization=util)
     except ValidationError as exc:
         raise LaunchError(str(exc)) from None
-    replicas = _vllm_replicas(spec, gpu_ids=gpu_ids, device=device, port=args.port, bind=args.host, extra=extra)
+    replicas = vllm_replicas(spec, gpu_ids=gpu_ids, device=device, port=args.port, bind=args.host, extra=extra)
     host = socket.gethostname()
     advertise = args.advertise_host or ("127.0.0.1" if args.host in ("127.0.0.1", "localhost") else host)
     log_dir = Path(args.log_dir)
@@ -175,13 +175,13 @@ def plan_serve(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     lines = [
         f"memrl serve: {spec.served_name} on {host}: {len(replicas)} server(s) x TP {spec.tp if device == 'gpu' else 1}"
         f" on {device.upper()}",
-        *_table(
+        *text_table(
             ["server", "GPUs", "port", "endpoint", "log"],
             [[i, env_.get("CUDA_VISIBLE_DEVICES", "-"), port, endpoints[i], logs[i]]
              for i, (env_, _, port) in enumerate(replicas)],
         ),
         "commands:",
-        *[f"  {_command_line(env_, cmd)}" for env_, cmd, _ in replicas],
+        *[f"  {shell_command(env_, cmd)}" for env_, cmd, _ in replicas],
     ]
     shell: dict[str, str | list[str]] = {
         "log_dir": str(log_dir),

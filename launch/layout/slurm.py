@@ -20,16 +20,16 @@ from memrl.launch.layout.common import (
     LaunchView,
     MemrlCommand,
     Plan,
-    _command_line,
-    _help_plan,
-    _parser,
-    _ranges,
-    _resumable,
-    _split_command,
-    _table,
-    _train_layout,
     command_kind,
+    help_plan,
+    index_range,
+    is_resumable,
     launch_view,
+    launcher_parser,
+    shell_command,
+    split_command,
+    text_table,
+    train_layout,
 )
 from memrl.launch.layout.hosts import (
     Device,
@@ -39,8 +39,8 @@ from memrl.launch.layout.hosts import (
     gpus_on_node,
     rendezvous_port,
 )
-from memrl.launch.layout.serve import ServeSpec, _vllm_replicas
-from memrl.launch.layout.torchrun import _layout_info
+from memrl.launch.layout.serve import ServeSpec, vllm_replicas
+from memrl.launch.layout.torchrun import layout_info
 from memrl.rollout.fleet import EngineSlot, plan_fleet
 
 SETUPS: dict[str, dict[str, Any]] = {
@@ -79,7 +79,7 @@ class _Service:
 
 
 def _slurm_parser() -> argparse.ArgumentParser:
-    parser = _parser(
+    parser = launcher_parser(
         "launch/slurm/memrl.sbatch",
         "Inside a Slurm job: start vLLM servers for the frozen reasoner / committee / judge on dedicated nodes, "
         "wait for their health checks, pass their endpoints to the run as placement.* overrides, train on the "
@@ -122,10 +122,10 @@ def _services(args: argparse.Namespace, stage: str) -> tuple[str, list[tuple[str
 def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     """Plan ``launch/slurm/memrl.sbatch [options] [--] COMMAND...`` for the whole allocation."""
     parser = _slurm_parser()
-    own, command = _split_command(argv)
+    own, command = split_command(argv)
     args = parser.parse_args(own)
     if args.help:
-        return _help_plan(parser)
+        return help_plan(parser)
     if not command:
         raise LaunchError("give the memrl command to run after the options, e.g. -- train oat-grpo --config FILE")
     slurm = SlurmEnv.from_env(env)
@@ -194,13 +194,13 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         placement["committee"] = committee
         extra_overrides.append(f"placement.committee={json.dumps(committee)}")
     restarts = slurm.restart_count if slurm else 0
-    resumable = _resumable(stage)
+    resumable = is_resumable(stage)
     resume = restarts > 0 and resumable and not memrl.has_resume
     train_argv = [*command, *extra_overrides, *(["--resume"] if resume else [])]
 
     policy = view.placement.policy if kind.policy_engine else None
     master_port = rendezvous_port(args.master_port, env, slurm)
-    layout = _train_layout(
+    layout = train_layout(
         nnodes=len(train_hosts), nproc_per_node=None if device == "gpu" else 1, node_rank=0,
         master_addr=train_hosts[0], master_port=master_port, device_choice=device, policy=policy,
         env={**env, "SLURM_GPUS_ON_NODE": str(gpus)}, hosts=train_hosts, kind=kind,
@@ -231,16 +231,16 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     for s in services:
         for h in s.hosts:
             rows.append([h, s.label, f"{s.spec.served_name}: {s.replicas} server(s) x TP {s.spec.tp}, ports "
-                         f"{_ranges(s.ports[0], s.ports[-1])}"])
+                         f"{index_range(s.ports[0], s.ports[-1])}"])
     for n in layout.nodes():
         if layout.single_process:
             rows.append([n["host"], "run", f"{kind.label}, one process"])
         else:
-            rows.append([n["host"], "train", f"node rank {n['node']}, global ranks {_ranges(*n['global_ranks'])}"])
+            rows.append([n["host"], "train", f"node rank {n['node']}, global ranks {index_range(*n['global_ranks'])}"])
     rows += [[h, "idle", f"nothing ({kind.label} runs in one process)"] for h in idle_hosts]
-    lines += ["nodes:", *_table(["host", "role", "runs"], rows)]
+    lines += ["nodes:", *text_table(["host", "role", "runs"], rows)]
     for i, s in enumerate(services):
-        replicas = _vllm_replicas(
+        replicas = vllm_replicas(
             s.spec, gpu_ids=[str(g) for g in range(gpus)], device=device, port=args.port, bind="0.0.0.0", extra=[]
         )
         serve_cmd = [
@@ -259,7 +259,7 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         lines += [
             f"[serve {s.label}] {shlex.join(serve_cmd)}",
             "  which starts on each of its nodes:",
-            *[f"    {_command_line(e, c)}" for e, c, _ in replicas],
+            *[f"    {shell_command(e, c)}" for e, c, _ in replicas],
         ]
     fleet = _fleet_plan(view, kind.policy_engine, train_hosts if kind.distributed else train_hosts[:1], gpus,
                         device, args.ray_port)
@@ -272,7 +272,7 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         layout.fleet_engines = len(engines)
         lines += [f"rollout fleet: {len(engines)} engine(s) x TP {fleet['tp']} on {len(fleet['hosts'])} node(s) "
                   f"({fleet['mode']}), Ray head {fleet['address']}; one RolloutWorker actor per engine",
-                  *_table(["host", "GPUs per engine"],
+                  *text_table(["host", "GPUs per engine"],
                           [[h, " ".join(",".join(map(str, e["gpus"])) for e in engines if e["host"] == h)]
                            for h in fleet["hosts"]]),
                   *[f"[ray] {shlex.join(step)}" for step in ray_steps],
@@ -330,7 +330,7 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         "services": serve_info,
         "train_hosts": train_hosts,
         "idle_hosts": idle_hosts,
-        "layout": _layout_info(layout),
+        "layout": layout_info(layout),
         "overrides": extra_overrides,
         "resume": resume,
         "run_dir": str(run_dir),

@@ -15,15 +15,15 @@ from memrl.launch.layout.common import (
     MemrlCommand,
     Plan,
     TrainLayout,
-    _command_line,
-    _device_argument,
-    _help_plan,
-    _launch_env,
-    _parser,
-    _split_command,
-    _train_layout,
+    add_device_argument,
     command_kind,
+    help_plan,
     launch_view,
+    launcher_parser,
+    shell_command,
+    split_command,
+    train_layout,
+    training_env,
 )
 from memrl.launch.layout.hosts import (
     LaunchError,
@@ -31,7 +31,7 @@ from memrl.launch.layout.hosts import (
 
 
 def _torchrun_parser() -> argparse.ArgumentParser:
-    parser = _parser(
+    parser = launcher_parser(
         "launch/torchrun.sh",
         "Run a memrl command under torchrun on this node. Unset values come from Slurm variables when inside an "
         "allocation, else a single node with every visible GPU (or 1 CPU process).",
@@ -44,17 +44,17 @@ def _torchrun_parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-port", type=int, help="rendezvous port (default: MASTER_PORT, job id, 29500)")
     parser.add_argument("--module", default="memrl.launch.cli",
                         help="Python module to run (default: memrl.launch.cli = memrl)")
-    _device_argument(parser)
+    add_device_argument(parser)
     return parser
 
 
-def _policy_of(kind: CommandKind, module: str, command: MemrlCommand) -> PolicyPlacement | None:
+def policy_placement_of(kind: CommandKind, module: str, command: MemrlCommand) -> PolicyPlacement | None:
     """The policy engine's placement when the command builds one; reading the config also checks it exists."""
     view = launch_view(command) if module == "memrl.launch.cli" else None
     return view.placement.policy if view is not None and kind.policy_engine else None
 
 
-def _ignored_for_single(kind: CommandKind, **given: int | None) -> list[str]:
+def ignored_for_single(kind: CommandKind, **given: int | None) -> list[str]:
     """Notes for process counts asked of a command that runs in one process."""
     return [f"note: --{name.replace('_', '-')} {value} ignored: {kind.label} runs in one process"
             for name, value in given.items() if value is not None and value != 1]
@@ -64,31 +64,31 @@ def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     """Plan ``launch/torchrun.sh [options] [--] COMMAND...`` for this node. A command that is not distributed runs
     as one plain process on node rank 0, and the other nodes start nothing."""
     parser = _torchrun_parser()
-    own, command = _split_command(argv)
+    own, command = split_command(argv)
     args = parser.parse_args(own)
     if args.help:
-        return _help_plan(parser)
+        return help_plan(parser)
     if not command and args.module == "memrl.launch.cli":
         raise LaunchError("give the memrl command to run after the options, e.g. -- sft --config FILE")
     memrl = MemrlCommand(command)
     kind = command_kind(args.module, memrl)
-    layout = _train_layout(
+    layout = train_layout(
         nnodes=args.nnodes,
         nproc_per_node=args.nproc_per_node,
         node_rank=args.node_rank,
         master_addr=args.master_addr,
         master_port=args.master_port,
         device_choice=args.device,
-        policy=_policy_of(kind, args.module, memrl),
+        policy=policy_placement_of(kind, args.module, memrl),
         env=env,
         kind=kind,
     )
-    launch_env = _launch_env(layout, env)
+    launch_env = training_env(layout, env)
     if layout.single_process:
         cmd = [sys.executable, "-m", args.module, *command]
-        notes = _ignored_for_single(kind, nproc_per_node=args.nproc_per_node)
+        notes = ignored_for_single(kind, nproc_per_node=args.nproc_per_node)
         runs_here = layout.node_rank == 0
-        command_line = _command_line(launch_env, cmd)
+        command_line = shell_command(launch_env, cmd)
         lines = ["memrl torchrun", *notes, *layout.describe(),
                  f"command: {command_line}" if runs_here else f"command (on node rank 0 only): {command_line}"]
     else:
@@ -102,8 +102,8 @@ def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
             "--master-port", str(layout.master_port),
             "-m", args.module, *command,
         ]  # fmt: skip
-        lines = ["memrl torchrun", *layout.describe(), f"command: {_command_line(launch_env, cmd)}"]
-    info = {"launcher": "torchrun", "layout": _layout_info(layout), "env": launch_env, "command": cmd,
+        lines = ["memrl torchrun", *layout.describe(), f"command: {shell_command(launch_env, cmd)}"]
+    info = {"launcher": "torchrun", "layout": layout_info(layout), "env": launch_env, "command": cmd,
             "runs_here": runs_here}
     shell: dict[str, str | list[str]] = {
         "launch_env": [f"{k}={v}" for k, v in launch_env.items()],
@@ -113,7 +113,8 @@ def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     return Plan(lines, shell, info, args.dry_run)
 
 
-def _layout_info(layout: TrainLayout) -> dict[str, Any]:
+def layout_info(layout: TrainLayout) -> dict[str, Any]:
+    """The layout as the JSON plan reports it."""
     return {
         "nnodes": layout.nnodes,
         "nproc_per_node": layout.nproc_per_node,
