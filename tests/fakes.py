@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memrl.data.formats import ToolCall, render_tool_call
-from memrl.data.schemas import MemoryCall, Message
+from memrl.data.schemas import Episode, MemoryCall, Message, QAPair
+from memrl.data.schemas import Turn as TrajectoryTurn
 from memrl.data.tasks.common import content_of
 from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
 from memrl.rollout.engines.scripted import ScriptedEngine
@@ -163,17 +164,31 @@ class RecordingEngine(ScriptedEngine):
         return results
 
 
+DOOR_CODE_TURNS = [
+    {"turn_idx": 0, "action": "look", "observation": "a hall with a locked door"},
+    {"turn_idx": 1, "action": "read the note", "observation": "the note says the door code is 4172"},
+    *({"turn_idx": i, "action": f"walk {i}", "observation": f"corridor {i}"} for i in range(2, 8)),
+]
+"""A recorded trajectory whose one fact (the door code, 4172) is at turn 1, followed by six turns of noise."""
+
+
 @dataclass(frozen=True)
 class QACase:
-    """A memory system answering a question about a trajectory it was fed (the harness's question-answering mode),
-    with :class:`RecordingEngine` s on ``script`` as reasoner and memory model: what the answer, the memory-model calls
-    and the reasoner's last prompt must be."""
+    """A memory system answering a question about a trajectory it was fed, in the evaluation harness's
+    question-answering mode (:func:`memrl.rollout.evaluation.qa.run_qa`), with :class:`RecordingEngine` s on ``script``
+    as reasoner and memory model: what the answer, the memory-model calls and the reasoner's last prompt must be."""
 
-    memory: Callable[[], MemorySystem]
-    script: Reply
-    env: Callable[[], Any]  # the rollout's environment, whose reset() is empty in this mode
+    memory: dict[str, Any]  # the system's config (its name and settings); the harness builds the system from it
+    script: Any  # a Reply function or a scripted policy (respond(messages, rng, metadata)); plays both engines
+    task: str
     turns: list[dict[str, Any]]
     question: str
     answer: str
     roles: list[str]  # the memory-model calls, in order
     prompt_has: tuple[str, ...] = ()  # also in the reasoner's last prompt
+
+    def episode(self) -> Episode:
+        """The recorded episode: the trajectory and the one question."""
+        return Episode(episode_id="qa-case", task=self.task,
+                       trajectory=[TrajectoryTurn.model_validate(t) for t in self.turns],
+                       qa_pairs=[QAPair(question=self.question, answer=self.answer, type="A")])

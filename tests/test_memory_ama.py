@@ -183,13 +183,8 @@ def test_agent_mode_retrieve_tool_in_the_loop() -> None:
     assert mem.nodes[2].associations == [1]
 
 
-class WalkQAEnv(WalkEnv):
-    def reset(self) -> str:
-        return ""
-
-
 QA_CASE = QACase(
-    memory=lambda: AMAMemory(AMAConfig(top_k=2), embedder=HashingEmbedder()), script=walk_script, env=WalkQAEnv,
+    memory={"name": "ama_agent", "top_k": 2}, script=walk_script, task="find the key",
     turns=TRAJECTORY, question="where was the red key?", answer="key",
     roles=["ama_graph_build"] * 5 + ["ama_sufficiency"],
 )

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 import itertools
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import DOOR_CODE_TURNS, QACase
 from pydantic import ValidationError
 
 from memrl.data.envs.base import count_tokens
@@ -21,6 +23,7 @@ from memrl.data.formats import (
     parse_tool_calls,
     render_tool_call,
 )
+from memrl.data.tasks.common import content_of
 from memrl.data.tasks.sam import SamTask
 from memrl.rollout.agents import sam_engines, sam_rollout
 from memrl.rollout.loop import run_rollouts
@@ -175,6 +178,36 @@ def test_long_context_succeeds_when_the_history_fits_and_fails_when_it_does_not(
     narrow = run_rollouts([sam_rollout(t, LongContextConfig(window_tokens=800)) for t in tasks], sam_engines())
     assert [t.outcome for t in wide] == [1.0] * 4 and [t.outcome for t in narrow] == [0.0] * 4
     assert all(not any(e.kind == "memory_tool" for e in t.events) for t in wide + narrow)  # no memory tool offered
+
+
+# ------------------------------------------------------------------------------------------------ question answering
+class DoorCodeReader:
+    """A reasoner answering with the door code when its context shows it; with ``retrieve``, it first asks the
+    retrieval tool for it."""
+
+    name = "door-code-reader"
+
+    def __init__(self, retrieve: bool) -> None:
+        self.retrieve = retrieve
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        if self.retrieve and parse_sam_recalled(content_of(messages[-1])) is None:
+            return render_tool_call("memory", {"intent": "door code"})
+        seen = "\n".join(content_of(m) for m in messages[1:])
+        return render_tool_call("answer", {"answer": "4172" if "4172" in seen else "?"})
+
+
+ONE_TURN_PAGES = {"page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3, "top_k": 1}
+QA_CASES = {
+    name: QACase(memory=memory, script=DoorCodeReader(retrieve=name != "long_context"), task="open the door",
+                 turns=DOOR_CODE_TURNS, question="what is the door code?", answer="4172", roles=[],
+                 prompt_has=("the note says the door code is 4172", *(("pages: 2",) if name != "long_context" else ())))
+    for name, memory in {
+        "long_context": {"name": "long_context"},  # the whole trajectory fits the default window
+        "bm25": {"name": "bm25", **ONE_TURN_PAGES},  # turn 1 is page 2 (after the start notice and turn 0)
+        "embedding": {"name": "embedding", "embedder": "hashing", **ONE_TURN_PAGES},
+    }.items()
+}
 
 
 # ---------------------------------------------------------------------------------------------------- registry

@@ -238,13 +238,8 @@ def test_runs_in_the_agent_loop() -> None:
     assert "[@0] picked ring and necklace" in reasoner.prompts[-1] and "[4] pay -> done: pay" in reasoner.prompts[-1]
 
 
-class ShopQAEnv(ShopEnv):
-    def reset(self) -> str:
-        return ""
-
-
 QA_CASE = QACase(
-    memory=lambda: MageMemory(MageConfig(max_raw_turns=3)), script=shop_script, env=ShopQAEnv,
+    memory={"name": "mage", "max_raw_turns": 3}, script=shop_script, task=TASK,
     turns=[{"turn_idx": i, "action": f"a{i}", "observation": f"o{i}"} for i in range(4)], question="which metal?",
     answer="gold", roles=["mage_compress", "mage_maintain"], prompt_has=("[5] a3 -> o3",),
 )

@@ -205,15 +205,9 @@ def test_agent_mode_memory_tool_in_the_loop() -> None:
     assert len(trace.events[2].memory_call_ids) == 4  # the partial chunk flushed by the tool call counts toward it
 
 
-class TickQAEnv(TickEnv):
-    def reset(self) -> str:
-        return ""
-
-
 QA_CASE = QACase(
-    memory=lambda: MemMAMemory(MemMAConfig(chunk_turns=1, session_chunks=2, probes_per_session=1),
-                               embedder=HashingEmbedder()),
-    script=tick_script, env=TickQAEnv, turns=TRAJECTORY, question="what is the door code?", answer="4172",
+    memory={"name": "memma", "chunk_turns": 1, "session_chunks": 2, "probes_per_session": 1},
+    script=tick_script, task="find the door code", turns=TRAJECTORY, question="what is the door code?", answer="4172",
     roles=["memma_meta_think", "memma_manage"] * 2 + ["memma_probe", "memma_answer", "memma_verify",
                                                       "memma_meta_think", "memma_answer"],
 )

@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 import pytest
-from fakes import RecordingEngine
+from fakes import DOOR_CODE_TURNS, QACase, RecordingEngine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -44,6 +44,34 @@ class Script:
             return self.phase1.get(t, "")
         return self.phase2.get(t, self.default2)
 
+
+
+class DoorCodeReminder:
+    """The question-answering case's script. Phase 1 banks the door code when its window shows it; Phase 2 reminds of
+    the banked code when the question has come; the reasoner answers from its context (window and reminder)."""
+
+    name = "door-code-reminder"
+
+    def respond(self, messages: list[Message], rng: random.Random, metadata: dict[str, Any]) -> str:
+        last = messages[-1].content
+        if metadata.get("role") == "bank_edit":
+            window, bank = last.split("bank:")
+            saved = "4172" in window and "4172" not in bank
+            return render_tool_call("memory_save_knowledge", {"content": "the door code is 4172"}) if saved else ""
+        if metadata.get("role") == "intervene":
+            banked = "4172" in last.split("bank:")[1]
+            return render_intervention("the door code is 4172" if "question:" in last and banked else None)
+        seen = "\n".join(m.content for m in messages[1:])
+        return render_tool_call("answer", {"answer": "4172" if "4172" in seen else "?"})
+
+
+QA_CASE = QACase(
+    # the memory model sees 8 steps, the reasoner 3: turn 1 reaches the reasoner only as a reminder
+    memory={"name": "proactive", "action_window": 3}, script=DoorCodeReminder(), task="open the door",
+    turns=DOOR_CODE_TURNS, question="what is the door code?", answer="4172",
+    roles=["bank_edit", "intervene"] * 2,  # after ingestion (banks the code, silent) and at the question (reminds)
+    prompt_has=("memory context: the door code is 4172",),
+)
 
 def task(seed: int = 1, **params: Any) -> ProactiveTask:
     return ProactiveTask({"n_subtasks": 16, **params}, seed=seed)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import RecordingEngine
+from fakes import DOOR_CODE_TURNS, QACase, RecordingEngine
 
 from memrl.data.envs.base import count_tokens
 from memrl.data.experts.sam import SamOracle
@@ -577,6 +577,34 @@ def test_one_turn_pages_quickstart_shape_with_repeated_evidence() -> None:
     assert [t.outcome for t in traces] == [1.0] * len(tasks)
     for rollout in rollouts:
         assert all(len(p.steps) == 1 for p in rollout.memory.pages)
+
+
+class DoorCodeRecall:
+    """The question-answering case's script. Memory model: a page's cue says whether it holds the door code; a recall
+    extracts it. Reasoner: recall the pages whose cue names the code, then answer with what came back."""
+
+    name = "door-code-recall"
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        last = content_of(messages[-1])
+        if metadata.get("role") == "consolidate":
+            return "the door code" if "4172" in last else "a corridor walk"
+        if metadata.get("role") == "recall":
+            return "the door code is 4172" if "4172" in last else NOTHING_RELEVANT
+        if (recalled := parse_sam_recalled(last)) is not None:
+            return render_tool_call("answer", {"answer": "4172" if "4172" in recalled[2] else "?"})
+        cues = parse_sam_memory_block(content_of(messages[1]))[1]
+        return render_tool_call("memory", {"intent": "the door code", "page_ids": [p for p, c in cues.items()
+                                                                                  if "code" in c]})
+
+
+QA_CASE = QACase(
+    memory={"name": "sam", "page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3}, script=DoorCodeRecall(),
+    task="open the door", turns=DOOR_CODE_TURNS, question="what is the door code?", answer="4172",
+    # one cue per page cut from the live context (the start notice and turns 0-5), the recall of page 2 (turn 1),
+    # then the cue of the page the recall pushed out
+    roles=["consolidate"] * 7 + ["recall", "consolidate"], prompt_has=("p2: the door code", "pages: 2"),
+)
 
 
 # ---------------------------------------------------------------------------------------------------- task knobs
