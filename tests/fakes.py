@@ -113,23 +113,6 @@ class RecallAwareMemory(TwoCallMemory):
         super().on_turn(turn)
 
 
-class Recorder(Engine):
-    """Answers every request with a fixed text (or a function of it) and records what it was asked."""
-
-    def __init__(self, name: str, reply: Any) -> None:
-        self.name, self.reply, self.requests, self.calls = name, reply, [], 0
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        self.calls += 1
-        self.requests.extend(requests)
-        return [
-            GenerationResult(
-                prompt_ids=[], completions=[Completion([], [], self.reply(r), "stop")], usage=Usage(), engine=self.name
-            )
-            for r in requests
-        ]
-
-
 Reply = Callable[[str, dict[str, Any]], str]
 """A reply function: (the request's last message text, its metadata: ``role``, ``phase``, ...) -> the reply text."""
 
@@ -144,19 +127,29 @@ class _ReplyPolicy:
         return self.reply(content_of(messages[-1]), metadata)
 
 
+def _fixed_reply(text: str) -> Reply:
+    return lambda last, metadata: text
+
+
 class RecordingEngine(ScriptedEngine):
-    """The memory-system tests' engine: a :class:`ScriptedEngine` (token ids and usage when given a ``tokenizer``)
-    answering with ``reply``, a scripted policy (``respond(messages, rng, metadata)``) or a :data:`Reply` function.
-    It keeps every request it answered, the last message of each (``prompts``) and every result it gave."""
+    """The tests' recording engine: a :class:`ScriptedEngine` (token ids and usage when given a ``tokenizer``)
+    answering with ``reply``: a scripted policy (``respond(messages, rng, metadata)``), a :data:`Reply` function or a
+    fixed text.
+    It keeps every request it answered, the last message of each (``prompts``), every result it gave and how many
+    batches it was called with (``calls``)."""
 
     def __init__(self, reply: Any, name: str | None = None, **kwargs: Any) -> None:
+        if isinstance(reply, str):  # a fixed text
+            reply = _fixed_reply(reply)
         policy = reply if hasattr(reply, "respond") else _ReplyPolicy(reply, name or "reply")
         super().__init__(policy, name=name, **kwargs)
         self.requests: list[GenerationRequest] = []
         self.prompts: list[str] = []
         self.results: list[GenerationResult] = []
+        self.calls = 0  # generate() calls: batches, not requests
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        self.calls += 1
         results = super().generate(requests)
         self.requests += requests
         self.prompts += [content_of(r.messages[-1]) for r in requests]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fakes import CountEnv, FakeEngine, RecallAwareMemory, Recorder
+from fakes import CountEnv, FakeEngine, RecallAwareMemory, RecordingEngine
 
 from memrl.rewards.committee import Committee, CommitteeConfig, offline_judge, parse_judge_scores
-from memrl.rollout.engines.base import Engine, GenerationRequest
+from memrl.rollout.engines.base import Engine
 from memrl.rollout.loop import EngineSet, Rollout
 from memrl.rollout.tree import TreeConfig, build_trees
 
@@ -25,8 +26,8 @@ def trees(n_tasks: int = 2):
     return out
 
 
-def judge_reply(request: GenerationRequest) -> str:
-    n = request.messages[-1].content.split("candidates:\n")[1].count("\n") + 1
+def judge_reply(last: str, metadata: dict[str, Any]) -> str:
+    n = last.split("candidates:\n")[1].count("\n") + 1
     return json.dumps(
         [{"candidate": i + 1, "relevance": 10, "coverage": 10 * (i % 2), "consistency": 10} for i in range(n)]
     )
@@ -34,8 +35,8 @@ def judge_reply(request: GenerationRequest) -> str:
 
 def test_one_committee_and_judge_call_per_parent_context_and_warm_cache(tmp_path: Path) -> None:
     ts = trees(2)  # 3 sibling groups per tree
-    refs = [Recorder("ref-a", lambda r: "part b#1"), Recorder("ref-b", lambda r: "part b")]
-    judge = Recorder("judge", judge_reply)
+    refs = [RecordingEngine("part b#1", "ref-a"), RecordingEngine("part b", "ref-b")]
+    judge = RecordingEngine(judge_reply, "judge")
     cfg = CommitteeConfig(cache_dir=str(tmp_path / "cache"))
     stats = Committee(cfg, refs, judge).score(ts)
     assert stats.groups == 6
@@ -47,8 +48,8 @@ def test_one_committee_and_judge_call_per_parent_context_and_warm_cache(tmp_path
     # the judge saw the union of both references
     assert "[1] part b#1\n[2] part b" in judge.requests[0].messages[-1].content
     # a rerun on the same inputs with a warm cache makes no committee or judge call
-    refs2 = [Recorder("ref-a", lambda r: "x"), Recorder("ref-b", lambda r: "y")]
-    judge2 = Recorder("judge", judge_reply)
+    refs2 = [RecordingEngine("x", "ref-a"), RecordingEngine("y", "ref-b")]
+    judge2 = RecordingEngine(judge_reply, "judge")
     fresh = trees(2)
     stats2 = Committee(cfg, refs2, judge2).score(fresh)
     assert [r.calls for r in refs2] == [0, 0] and judge2.calls == 0 and stats2.cache_hits == 12 + 6
@@ -59,15 +60,15 @@ def test_unreadable_judge_falls_back_and_is_counted() -> None:
     ts = trees(1)
     committee = Committee(
         CommitteeConfig(fallback="offline"),
-        [Recorder("ref", lambda r: "part a#1")],
-        Recorder("judge", lambda r: "I think they are fine"),
+        [RecordingEngine("part a#1", "ref")],
+        RecordingEngine("I think they are fine", "judge"),
     )
     stats = committee.score(ts)
     assert stats.failures == 3 and stats.fallbacks == 3
     scores = {n.call.text: n.committee_score for n in ts[0].nodes if n.kind == "memory"}
     assert scores["part a#1"] == pytest.approx(1.0) and scores["part a#0"] < 1.0
     skip = trees(1)
-    Committee(CommitteeConfig(fallback="skip"), [Recorder("ref", lambda r: "x")], Recorder("j", lambda r: "?")).score(
+    Committee(CommitteeConfig(fallback="skip"), [RecordingEngine("x", "ref")], RecordingEngine("?", "j")).score(
         skip
     )
     assert all(n.committee_score is None for n in skip[0].nodes)
@@ -87,14 +88,14 @@ def test_dead_reference_engine_is_not_fatal() -> None:
 
 def test_empty_answers_are_counted_not_cached_and_token_limits_key_the_cache(tmp_path: Path) -> None:
     cfg = CommitteeConfig(cache_dir=str(tmp_path / "cache"))
-    silent = Recorder("ref", lambda r: "  ")
+    silent = RecordingEngine("  ", "ref")
     stats = Committee(cfg, [silent], None).score(trees(1))
     assert stats.failures == 3 and stats.fallbacks == 3 and not list((tmp_path / "cache").rglob("*.json"))
-    answering = Recorder("ref", lambda r: "part b#1")
+    answering = RecordingEngine("part b#1", "ref")
     assert Committee(cfg, [answering], None).score(trees(1)).cache_hits == 0 and answering.calls == 1
-    again = Recorder("ref", lambda r: "part b#1")
+    again = RecordingEngine("part b#1", "ref")
     assert Committee(cfg, [again], None).score(trees(1)).cache_hits == 3 and again.calls == 0
-    longer = Recorder("ref", lambda r: "part b#1")  # a different token limit is a different question
+    longer = RecordingEngine("part b#1", "ref")  # a different token limit is a different question
     Committee(cfg.model_copy(update={"reference_max_tokens": 64}), [longer], None).score(trees(1))
     assert longer.calls == 1
 
@@ -104,12 +105,12 @@ def test_committee_members_answer_concurrently() -> None:
 
     meeting = threading.Barrier(2, timeout=10)
 
-    class Waiting(Recorder):
+    class Waiting(RecordingEngine):
         def generate(self, requests):
             meeting.wait()  # each member waits for the other: only concurrent calls get past
             return super().generate(requests)
 
-    refs = [Waiting("ref-a", lambda r: "part b#1"), Waiting("ref-b", lambda r: "part b")]
+    refs = [Waiting("part b#1", "ref-a"), Waiting("part b", "ref-b")]
     stats = Committee(CommitteeConfig(), refs, None).score(trees(1))
     assert stats.failures == 0 and [r.calls for r in refs] == [1, 1]
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fakes import Recorder
+from fakes import RecordingEngine
 
 from memrl.data.formats import render_sam_recall_prompt
 from memrl.data.schemas import MemoryCall, MemoryCallTree, TreeNode
 from memrl.data.tasks.common import as_messages
 from memrl.rewards.committee import Committee, CommitteeConfig
 from memrl.rewards.credit import CreditConfig, assign_batch_credit, assign_credit
-from memrl.rollout.engines.base import GenerationRequest
 
 # node -> (the judge's 0-10 relevance, coverage, consistency) and the c(n) they rescale to
 RUBRIC = {
@@ -55,8 +55,8 @@ def hand_built_tree() -> MemoryCallTree:
     return MemoryCallTree(tree_id="hand/tree", task_id="hand", root_id="root", nodes=nodes)
 
 
-def judge_reply(request: GenerationRequest) -> str:
-    candidates = re.findall(r"^\(\d+\) out-(n\d)$", request.messages[-1].content, re.MULTILINE)
+def judge_reply(last: str, metadata: dict[str, Any]) -> str:
+    candidates = re.findall(r"^\(\d+\) out-(n\d)$", last, re.MULTILINE)
     return "scores:\n" + json.dumps([
         {"candidate": i + 1, **dict(zip(("relevance", "coverage", "consistency"), RUBRIC[n][0], strict=True))}
         for i, n in enumerate(candidates)
@@ -66,8 +66,8 @@ def judge_reply(request: GenerationRequest) -> str:
 @pytest.mark.parametrize("scale", ["std", "none"])
 def test_hand_built_tree_values_rewards_and_advantages(tmp_path: Path, scale: str) -> None:
     tree = hand_built_tree()
-    reference = Recorder("ref", lambda r: "the red key is in box 0")
-    judge = Recorder("judge", judge_reply)
+    reference = RecordingEngine("the red key is in box 0", "ref")
+    judge = RecordingEngine(judge_reply, "judge")
     stats = Committee(CommitteeConfig(cache_dir=str(tmp_path / f"cache-{scale}")), [reference], judge).score([tree])
     # one reference request and one judge call per parent context, all in one batch
     assert stats.groups == 3 and len(reference.requests) == 3 and len(judge.requests) == 3 and judge.calls == 1
@@ -100,8 +100,9 @@ def test_hand_built_tree_values_rewards_and_advantages(tmp_path: Path, scale: st
 def test_sibling_centring_cancels_but_a_global_baseline_does_not(tmp_path: Path) -> None:
     def scored() -> MemoryCallTree:
         tree = hand_built_tree()
-        Committee(CommitteeConfig(cache_dir=str(tmp_path / "cache")), [Recorder("ref", lambda r: "x")],
-                  Recorder("judge", judge_reply)).score([tree])
+        reference = RecordingEngine("x", "ref")
+        Committee(CommitteeConfig(cache_dir=str(tmp_path / "cache")), [reference],
+                  RecordingEngine(judge_reply, "judge")).score([tree])
         return tree
 
     def advantages(cfg: CreditConfig) -> dict[str, float]:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from fakes import RecordingEngine
 
 from memrl.data.loaders import load_locomo
 from memrl.launch.evaluation.engines import make_scorer
@@ -26,7 +27,6 @@ from memrl.rewards.scorers import (
     token_f1,
     verifier_outcome,
 )
-from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
 from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.evaluation.stats import aggregate
 
@@ -82,21 +82,11 @@ def test_ama_judge_prompt_and_the_offline_judge_through_an_engine() -> None:
     assert [(v.score, v.parsed, v.reply) for v in verdicts] == [(1.0, True, "yes"), (0.0, True, "no")]
 
 
-class _Fixed(Engine):
-    name = "fixed"
-
-    def __init__(self, reply: str) -> None:
-        self.reply = reply
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return [GenerationResult([1], [Completion([2], [], self.reply, "stop")], Usage(1, 1), "fixed")
-                for _ in requests]
-
-
 def test_judge_engine_garbage_falls_back_to_f1() -> None:
-    (verdict,) = JudgeScorer(_Fixed("hmm, maybe"), "ama").score([JudgeItem("q", "red key", "red key in chest")])
+    garbage = RecordingEngine("hmm, maybe", "judge")
+    (verdict,) = JudgeScorer(garbage, "ama").score([JudgeItem("q", "red key", "red key in chest")])
     assert not verdict.parsed and verdict.score == pytest.approx(token_f1("red key in chest", "red key"))
-    (verdict,) = JudgeScorer(_Fixed("???"), "locomo").score([JudgeItem("q", "Paris", "Paris")])
+    (verdict,) = JudgeScorer(RecordingEngine("???", "judge"), "locomo").score([JudgeItem("q", "Paris", "Paris")])
     assert not verdict.parsed and verdict.score == 1.0
 
 
