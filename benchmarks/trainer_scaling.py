@@ -216,8 +216,9 @@ def logprob_difference(model_dir: Path, context: int, response: int, rows: int) 
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import selective_log_softmax
 
-    from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, Row
+    from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
     from memrl.train.policy import LoraSettings, PolicySpec
+    from memrl.train.rows import Row
 
     prompt, responses, advantages = make_batch(context, response, rows)
     trainer = GroupTrainer(

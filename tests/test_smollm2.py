@@ -196,9 +196,10 @@ def test_token_integrity_over_multi_turn_memory_calls(engine, smollm2_dir) -> No
     from memrl.rollout.memory.base import RoleSampling
     from memrl.rollout.memory.sam import SamConfig
     from memrl.rollout.tree import TreeConfig, build_trees
-    from memrl.train.group_trainer import GroupTrainerConfig, rows_from_groups
+    from memrl.train.group_trainer import GroupTrainerConfig
     from memrl.train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs
     from memrl.train.oat_grpo import default_reasoner
+    from memrl.train.rows import rows_from_groups
 
     memory = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
                        sampling={"consolidate": RoleSampling(temperature=1.0, max_tokens=24),

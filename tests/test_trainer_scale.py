@@ -9,9 +9,10 @@ import torch
 from reference_surrogate import clipped_surrogate
 
 from memrl.rollout.models import load_causal_lm
-from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, split_across_ranks, token_budget_bins
+from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
 from memrl.train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs, token_loss_and_logprobs
 from memrl.train.policy import LoraSettings, PolicySpec, response_logprobs
+from memrl.train.rows import split_across_ranks, token_budget_bins
 from memrl.train.surrogate import surrogate_loss
 
 # rows of very different lengths: (prompt length, response length)

@@ -1,9 +1,10 @@
 """The group policy-gradient trainer shared by OAT-GRPO and pivot-turn GRPO.
 
-It consumes :class:`memrl.data.schemas.Group` s: each sample becomes a row (shared prompt ids + response ids, the group
-advantage, the rollout engine's log-probs). Before the update the trainer recomputes the old log-probs (and the KL
-reference's) with the current weights; then it runs ``update_epochs`` passes of ``optimizer_steps_per_epoch``
-optimizer steps, minimising :func:`memrl.train.surrogate.surrogate_loss` (the loss that runs).
+It consumes :class:`memrl.data.schemas.Group` s: each sample becomes a row (:mod:`memrl.train.rows`: shared prompt ids
++ response ids, the group advantage, the rollout engine's log-probs). Before the update the trainer recomputes the old
+log-probs (and the KL reference's) with the current weights; then it runs ``update_epochs`` passes of
+``optimizer_steps_per_epoch`` optimizer steps, minimising :func:`memrl.train.surrogate.surrogate_loss` (the loss that
+runs).
 
 Memory scales with the response, not the context: a micro-batch is its rows packed end to end without padding
 (:mod:`memrl.train.logprobs`), the LM head runs only on positions that predict response tokens, a chunk of tokens at a
@@ -42,15 +43,14 @@ from memrl.train.logprobs import (
     token_loss_and_logprobs,
 )
 from memrl.train.policy import LoraSettings, PolicySpec, load_policy, save_policy
+from memrl.train.rows import Row, rows_from_groups, split_across_ranks, token_budget_bins
 
 __all__ = [
     "GroupTrainer",
     "GroupTrainerConfig",
-    "Row",
     "batch_metrics",
     "lr_factor",
     "make_accelerator",
-    "rows_from_groups",
     "summarize_steps",
 ]
 
@@ -113,43 +113,6 @@ def lr_factor(step: int, cfg: GroupTrainerConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
 
-@dataclass
-class Row:
-    """One training row: prompt + response token ids, the advantage, and the rollout engine's log-probs."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    advantage: float
-    rollout_logprobs: list[float]
-    reward: float = 0.0
-    policy_version: int = 0
-
-    def __len__(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
-
-def rows_from_groups(groups: list[Group], *, skip_zero_advantage: bool = True) -> list[Row]:
-    """Flatten groups into rows (zero-variance groups are dropped when ``skip_zero_advantage``)."""
-    rows = []
-    for group in groups:
-        if skip_zero_advantage and all(s.advantage == 0.0 for s in group.samples):
-            continue
-        for s in group.samples:
-            if not s.response_ids:
-                continue
-            rows.append(
-                Row(
-                    list(group.prompt_ids),
-                    list(s.response_ids),
-                    s.advantage,
-                    list(s.rollout_logprobs),
-                    s.reward,
-                    s.policy_version,
-                )
-            )
-    return rows
-
-
 def batch_metrics(groups: list[Group], rows: list[Row]) -> dict[str, Any]:
     """What an update is given: groups, rows, rewards, and the advantages of the rows it trains on.
 
@@ -200,34 +163,6 @@ def summarize_steps(steps: list[dict[str, float]], *, log_entropy: bool) -> dict
         optimizer_step_count=float(len(steps)),
     )
     return out
-
-
-def split_across_ranks(ids: list[int], lengths: list[int], world: int) -> list[list[int]]:
-    """Rows ``ids`` shared among ``world`` processes, longest first to the process with the fewest tokens so far (the
-    same answer on every process)."""
-    shares: list[list[int]] = [[] for _ in range(world)]
-    load = [0] * world
-    for i in sorted(ids, key=lambda i: -lengths[i]):
-        rank = min(range(world), key=lambda r: (load[r], r))
-        shares[rank].append(i)
-        load[rank] += lengths[i]
-    return shares
-
-
-def token_budget_bins(ids: list[int], lengths: list[int], budget: int) -> list[list[int]]:
-    """First-fit-decreasing packing of rows into micro-batches of at most ``budget`` tokens (a longer row alone)."""
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(ids, key=lambda i: -lengths[i]):
-        for b, free in enumerate(room):
-            if lengths[i] <= free:
-                bins[b].append(i)
-                room[b] -= lengths[i]
-                break
-        else:
-            bins.append([i])
-            room.append(budget - lengths[i])
-    return bins
 
 
 @dataclass

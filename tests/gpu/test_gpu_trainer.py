@@ -159,7 +159,7 @@ def test_hybrid_model_rows_are_scored_one_per_forward(tiny_model_dir: Path, fres
     cfg = GroupTrainerConfig(max_tokens_per_micro_batch=4096, seed=0)
     trainer = GroupTrainer(PolicySpec(base=str(hybrid)), cfg)
     rows = random_rows(lengths=[(40, 8), (3, 1), (25, 12), (60, 5)])
-    from memrl.train.group_trainer import Row
+    from memrl.train.rows import Row
 
     trained = [Row(prompt_ids=p, response_ids=r, advantage=1.0, rollout_logprobs=[]) for p, r in rows]
     assert not trainer.packs_rows

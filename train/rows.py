@@ -1,0 +1,77 @@
+"""Training rows: a group's samples flattened into rows (:class:`Row`: shared prompt ids + response ids, the group
+advantage, the rollout engine's log-probs), and how rows are binned for an update: shared across processes by tokens
+(:func:`split_across_ranks`) and packed into micro-batches under a token budget (:func:`token_budget_bins`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memrl.data.schemas import Group
+
+__all__ = ["Row", "rows_from_groups", "split_across_ranks", "token_budget_bins"]
+
+
+@dataclass
+class Row:
+    """One training row: prompt + response token ids, the advantage, and the rollout engine's log-probs."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    advantage: float
+    rollout_logprobs: list[float]
+    reward: float = 0.0
+    policy_version: int = 0
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+def rows_from_groups(groups: list[Group], *, skip_zero_advantage: bool = True) -> list[Row]:
+    """Flatten groups into rows (zero-variance groups are dropped when ``skip_zero_advantage``)."""
+    rows = []
+    for group in groups:
+        if skip_zero_advantage and all(s.advantage == 0.0 for s in group.samples):
+            continue
+        for s in group.samples:
+            if not s.response_ids:
+                continue
+            rows.append(
+                Row(
+                    list(group.prompt_ids),
+                    list(s.response_ids),
+                    s.advantage,
+                    list(s.rollout_logprobs),
+                    s.reward,
+                    s.policy_version,
+                )
+            )
+    return rows
+
+
+def split_across_ranks(ids: list[int], lengths: list[int], world: int) -> list[list[int]]:
+    """Rows ``ids`` shared among ``world`` processes, longest first to the process with the fewest tokens so far (the
+    same answer on every process)."""
+    shares: list[list[int]] = [[] for _ in range(world)]
+    load = [0] * world
+    for i in sorted(ids, key=lambda i: -lengths[i]):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        shares[rank].append(i)
+        load[rank] += lengths[i]
+    return shares
+
+
+def token_budget_bins(ids: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """First-fit-decreasing packing of rows into micro-batches of at most ``budget`` tokens (a longer row alone)."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(ids, key=lambda i: -lengths[i]):
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(budget - lengths[i])
+    return bins
