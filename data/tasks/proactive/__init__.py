@@ -1,4 +1,5 @@
-"""Proactive task family: behavioural state decay in a terminal-like environment with executable state.
+"""Proactive task family: behavioural state decay (the failure mode named by "Remember When It Matters: Proactive Memory
+Agent for Long-Horizon Agents") in a terminal-like environment with executable state.
 
 The task statement (the first observation) lists requirements (the interpreter to use, where the result goes, a
 directory never to touch); some commands fail with a diagnostic until a flag is used (``pip install`` needs
