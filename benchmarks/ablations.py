@@ -317,9 +317,11 @@ class Bench:
         return self.sft_evals[seed]
 
     # ------------------------------------------------------------------------------------------------ memrl RL
-    def oat_family(self, variant: str, seed: int, budget: int | None, name: str | None = None) -> dict[str, Any]:
+    def oat_family(self, variant: str, seed: int, budget: int | None, name: str | None = None,
+                   curve: bool = True) -> dict[str, Any]:
         """``oat``, ``tree_lambda0``, ``flat``, ``no_signal`` and ``lr0`` through ``memrl train oat-grpo`` under
-        ``self.rl``: a dev learning curve during training, then the final policy scored on the scored tasks."""
+        ``self.rl``: a dev learning curve during training (``curve`` False: only its ends), then the final policy
+        scored on the scored tasks."""
         from memrl.data.config import RunConfig
         from memrl.data.run_dir import prepare_run_dir
         from memrl.data.tracking import MetricsLogger
@@ -351,7 +353,7 @@ class Bench:
             reasoner=self.reasoner_config(seed), memory=self.memory, train_tasks=self.train_set,
             tasks_per_iteration=s.tasks_per_iteration, tree=tree, credit=credit,
             trainer=trainer,
-            loop=LoopConfig(iterations=iterations, eval_every=s.eval_every, checkpoint_every=iterations,
+            loop=LoopConfig(iterations=iterations, eval_every=s.eval_every if curve else 0, checkpoint_every=iterations,
                             keep_checkpoints=1),
             eval_samples=1, reasoner_token_budget=budget,
         )
@@ -632,7 +634,7 @@ def select(bench: Bench, progress: Progress, seed: int = 0) -> dict[str, Any]:
         if row is None:
             shutil.rmtree(bench.runs / f"{name}-s{seed}", ignore_errors=True)  # an interrupted try starts over
             bench.rl = candidate
-            row = {"seed": seed, **bench.oat_family("oat", seed, None, name=f"{name}-s{seed}")}
+            row = {"seed": seed, **bench.oat_family("oat", seed, None, name=f"{name}-s{seed}", curve=False)}
             progress.add(name, seed, row)
         diff = paired_difference([row], [sft])
         rows.append({**asdict(candidate), "dev_success": row["success"], "dev_success_greedy": row["success_greedy"],
