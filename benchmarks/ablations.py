@@ -24,8 +24,18 @@ approximation, tasks as the unit: the seeds' spread is inside each task's mean).
 a PNG. ``--split dev`` scores the final policies on dev tasks instead (for choosing settings; report test).
 
 Settings of the RL variants that differ from memrl's defaults are listed in the JSON (``non_default_settings``) with
-the reason for each.
+the reason for each. ``--select`` chooses the learning rate, KL weight and update epochs on the dev split only: ``oat``
+under each entry of the pre-declared :data:`SELECT_GRID`, scored on dev tasks paired with the SFT start, picked by
+:func:`pick_setting`; the choice goes to ``<work>/<quick|full>/selected_on_dev.json``, which a later test-split run
+reads and lists with its dev figures.
 
+Unattended and resumable: every finished (variant, seed) is a line of ``progress.jsonl`` with the key of the settings
+it ran under; rerunning the same command skips those and restarts only the unfinished one. Evaluations are cached by
+(weights, seed, tasks); the SFT start's dev-curve figures are computed once per seed. The JSON reports each phase's
+wall and CPU seconds with the load average (``phases``) and, for ``--quick``, the full setting's time extrapolated
+from the measured rates (``full_estimate``).
+
+    python benchmarks/ablations.py --quick --select   # choose the RL settings on dev (6 settings, seed 0)
     python benchmarks/ablations.py --quick            # 48 test tasks x 2 samples, 2 seeds
     python benchmarks/ablations.py                    # 300 test tasks x 4 samples, 5 seeds, >= 100 optimizer steps
 
@@ -35,12 +45,17 @@ One JSON line last, with ``variants`` (per variant and seed) and ``paired`` (the
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import math
+import os
 import random
+import resource
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +66,8 @@ PAIRS = (("oat", "sft"), ("tree_lambda0", "sft"), ("flat", "sft"), ("oat", "sft_
          ("oat", "tree_lambda0"), ("oat", "no_signal"), ("tree_lambda0", "no_signal"), ("flat", "no_signal"),
          ("sft_more", "no_signal"), ("oat", "lr0"), ("no_signal", "sft"), ("lr0", "sft"))
 # The RL variants' settings that differ from memrl's defaults, with the reason for each (issue 26's analysis of the
-# starved RL phase). They were fixed before any test-split run; --split dev is where to revisit them.
+# starved RL phase). The learning rate, KL weight and update epochs among them are replaced by the choice of
+# ``--select`` on the dev split when its file exists (see RLSettings).
 NON_DEFAULT_SETTINGS = {
     "tree.branch_factor=4": "K=2 left ~55% of groups as two copies of one text; 4-8 is practical (issue 26)",
     "tree.max_leaves=16": "4 leaves per sibling at K=4, so V(n) averages more than one outcome",
@@ -97,8 +113,79 @@ QUICK = Scale(test_tasks=48, train_tasks=128, tasks_per_iteration=4, iterations=
 FULL = Scale(test_tasks=300, train_tasks=1024, tasks_per_iteration=8, iterations=25, max_iterations=32,
              eval_every=5, branch_factor=4, max_leaves=16, flat_group_size=4, trl_prompts_per_step=8,
              eval_samples=4, dev_curve_tasks=48, seeds=5)
-UPDATE_EPOCHS, STEPS_PER_EPOCH = 2, 2  # per collected batch; FULL's 25 iterations make 100 optimizer steps
-STEPS_PER_UPDATE = UPDATE_EPOCHS * STEPS_PER_EPOCH
+STEPS_PER_EPOCH = 2  # optimizer steps per pass over a collected batch
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    """The RL variants' optimisation settings that ``--select`` chooses on the dev split."""
+
+    lr: float
+    kl_coef: float  # the k3 KL to the initial (SFT) policy
+    update_epochs: int  # passes over each collected batch, STEPS_PER_EPOCH optimizer steps each
+
+    @property
+    def name(self) -> str:
+        return f"lr{self.lr:g}-kl{self.kl_coef:g}-ep{self.update_epochs}"
+
+
+# from issue 26's analysis, used when no --select choice exists: 4 optimizer steps per batch, so FULL's 25
+# iterations make 100 optimizer steps
+ANALYSIS_SETTINGS = RLSettings(lr=1e-4, kl_coef=0.05, update_epochs=2)
+# --select's grid, declared before it ran, in order of closeness to memrl's defaults (kl_coef 0, lr 1e-5,
+# update_epochs 1): the KL-free settings first, then the smaller learning rate. The rule: the highest mean dev
+# success (sampled runs, paired with the SFT start on the same dev tasks); a tie goes to the earlier entry.
+SELECT_GRID = tuple(RLSettings(lr, kl, 2) for kl in (0.0, 0.05) for lr in (5e-5, 1e-4, 2e-4))
+
+
+def pick_setting(scores: list[float]) -> int:
+    """The index of the grid entry ``--select`` chooses: the highest dev success, ties to the earliest entry."""
+    return max(range(len(scores)), key=lambda i: (scores[i], -i))
+
+
+class PhaseClock:
+    """Wall and CPU seconds (this process's threads plus waited-for children) and the 1-minute load average per
+    benchmark phase: where a run's time goes, and how busy the machine was meanwhile."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, dict[str, Any]] = {}
+
+    @staticmethod
+    def _cpu() -> float:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + children.ru_utime + children.ru_stime
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        wall, cpu, load = time.perf_counter(), self._cpu(), os.getloadavg()[0]
+        try:
+            yield
+        finally:
+            p = self.phases.setdefault(phase, {"wall_s": 0.0, "cpu_s": 0.0, "count": 0, "load": []})
+            p["wall_s"] += time.perf_counter() - wall
+            p["cpu_s"] += self._cpu() - cpu
+            p["count"] += 1
+            p["load"] += [load, os.getloadavg()[0]]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per phase: wall and CPU seconds, how many times it ran, the mean load average sampled at its edges."""
+        return {name: {"wall_s": round(p["wall_s"], 1), "cpu_s": round(p["cpu_s"], 1), "count": p["count"],
+                       "load_avg": round(statistics.fmean(p["load"]), 2)} for name, p in self.phases.items()}
+
+
+def weights_digest(model_dir: Path) -> str:
+    """SHA-256 over a saved model's tensors (names and bytes, whatever file metadata says): equal for equal
+    weights, so an evaluation of the same weights under the same seed is computed once."""
+    import torch
+    from safetensors import safe_open
+
+    digest = hashlib.sha256()
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for name in sorted(f.keys()):
+                digest.update(name.encode())
+                digest.update(f.get_tensor(name).contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -133,6 +220,11 @@ class Bench:
         self.base: Path | None = None
         self.sft_dir: Path | None = None
         self.sft_evals: dict[int, dict[str, Any]] = {}
+        self.clock = PhaseClock()
+        self.rl = ANALYSIS_SETTINGS  # replaced by --select's choice in main()
+        # the SFT start's dev-curve figures per seed: every RL run of a seed starts from them (computed by the first)
+        self.initial_curve: dict[int, dict[str, Any]] = {}
+        self.eval_cache = self.runs / "eval_cache"  # evaluations keyed by weights, seed and tasks (deterministic)
 
     # ------------------------------------------------------------------------------------------------ shared SFT
     def prepare(self) -> dict[str, Any]:
@@ -154,8 +246,9 @@ class Bench:
                 sam_oracle=SamOracleConfig(**self.setting.expert), sam_memory=self.memory, reasoner_max_pages=2,
                 tokenizer=str(self.base),
             )
-            stats = distill(distill_cfg, self.work / "distill")
-            self._sft(self.work / "distill", self.base, self.work, "sft", SFT_STEPS, seed=0)
+            with self.clock("sft_checkpoint"):
+                stats = distill(distill_cfg, self.work / "distill")
+                self._sft(self.work / "distill", self.base, self.work, "sft", SFT_STEPS, seed=0)
         return {"distill_traces": stats.get("traces"), "distill_rows": stats.get("rows"),
                 "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -190,13 +283,20 @@ class Bench:
         from memrl.rollout.evaluation.tasks import evaluate_sam_memory
         from memrl.train.oat_grpo import summarize_eval
 
-        engine = build_engine(EngineConfig(backend="hf", name="memory", model=str(model_dir), dtype="float32",
-                                           batch_size=64))
-        try:
-            result = evaluate_sam_memory(self.test_tasks, engine, self.memory, samples=self.scale.eval_samples,
-                                         reasoner=build_engine(self.reasoner_config(seed)), seed=seed, progress=None)
-        finally:
-            engine.close()
+        scored = f"{self.args.split}{self.scale.test_tasks}x{self.scale.eval_samples}"
+        key = f"{weights_digest(model_dir)[:24]}-s{seed}-{scored}"
+        cached = self.eval_cache / f"{key}.json"
+        if cached.exists():  # the same weights, seed and tasks: the evaluation is deterministic
+            return json.loads(cached.read_text())
+        with self.clock("test_eval"):  # only evaluations that ran: the rate per episode is measured on them
+            engine = build_engine(EngineConfig(backend="hf", name="memory", model=str(model_dir), dtype="float32",
+                                               batch_size=64))
+            try:
+                result = evaluate_sam_memory(self.test_tasks, engine, self.memory, samples=self.scale.eval_samples,
+                                             reasoner=build_engine(self.reasoner_config(seed)), seed=seed,
+                                             progress=None)
+            finally:
+                engine.close()
         per_task: dict[str, list[float]] = {}
         greedy: dict[str, float] = {}
         for r in result["records"]:
@@ -204,8 +304,11 @@ class Bench:
                 per_task.setdefault(r["episode_id"], []).append(float(r["outcome"] or 0.0))
             else:
                 greedy[r["episode_id"]] = float(r["outcome"] or 0.0)
-        return {**summarize_eval(result), "per_task": {k: statistics.fmean(v) for k, v in per_task.items()},
-                "per_task_greedy": greedy}
+        out = {**summarize_eval(result), "per_task": {k: statistics.fmean(v) for k, v in per_task.items()},
+               "per_task_greedy": greedy}
+        self.eval_cache.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps(out))
+        return out
 
     def sft_eval(self, seed: int) -> dict[str, Any]:
         """The shared SFT checkpoint's held-out figures under ``seed`` (every run of that seed starts from them)."""
@@ -214,9 +317,11 @@ class Bench:
         return self.sft_evals[seed]
 
     # ------------------------------------------------------------------------------------------------ memrl RL
-    def oat_family(self, variant: str, seed: int, budget: int | None) -> dict[str, Any]:
-        """``oat``, ``tree_lambda0``, ``flat``, ``no_signal`` and ``lr0`` through ``memrl train oat-grpo``: a dev
-        learning curve during training, then the final policy scored on the test tasks."""
+    def oat_family(self, variant: str, seed: int, budget: int | None, name: str | None = None,
+                   curve: bool = True) -> dict[str, Any]:
+        """``oat``, ``tree_lambda0``, ``flat``, ``no_signal`` and ``lr0`` through ``memrl train oat-grpo`` under
+        ``self.rl``: a dev learning curve during training (``curve`` False: only its ends), then the final policy
+        scored on the scored tasks."""
         from memrl.data.config import RunConfig
         from memrl.data.run_dir import prepare_run_dir
         from memrl.data.tracking import MetricsLogger
@@ -236,27 +341,33 @@ class Bench:
         credit = CreditConfig(committee_weight=0.0 if variant in ("tree_lambda0", "flat") else 0.5,
                               shuffle_outcomes=variant == "no_signal")
         iterations = s.iterations if budget is None else s.max_iterations
-        trainer = GroupTrainerConfig(lr=0.0 if variant == "lr0" else 1e-4, lora=LoraSettings(enabled=False),
-                                     update_epochs=UPDATE_EPOCHS, optimizer_steps_per_epoch=STEPS_PER_EPOCH,
-                                     kl_coef=0.05,
-                                     kl_reference="initial", lr_schedule="cosine", min_lr_ratio=0.1,
-                                     lr_decay_steps=iterations * STEPS_PER_UPDATE)
+        rl = self.rl
+        trainer = GroupTrainerConfig(lr=0.0 if variant == "lr0" else rl.lr, lora=LoraSettings(enabled=False),
+                                     update_epochs=rl.update_epochs, optimizer_steps_per_epoch=STEPS_PER_EPOCH,
+                                     kl_coef=rl.kl_coef, kl_reference="initial", lr_schedule="cosine",
+                                     min_lr_ratio=0.1, lr_decay_steps=iterations * rl.update_epochs * STEPS_PER_EPOCH)
         cfg = OATGRPOConfig(
-            run=RunConfig(output_dir=str(self.runs), name=f"{variant}-s{seed}", seed=seed),
+            run=RunConfig(output_dir=str(self.runs), name=name or f"{variant}-s{seed}", seed=seed),
             policy=PolicySpec(base=str(self.sft_dir)),
             engine=EngineConfig(backend="hf", name="policy", model=str(self.sft_dir), dtype="float32", batch_size=64),
             reasoner=self.reasoner_config(seed), memory=self.memory, train_tasks=self.train_set,
             tasks_per_iteration=s.tasks_per_iteration, tree=tree, credit=credit,
             trainer=trainer,
-            loop=LoopConfig(iterations=iterations, eval_every=s.eval_every, checkpoint_every=iterations,
+            loop=LoopConfig(iterations=iterations, eval_every=s.eval_every if curve else 0, checkpoint_every=iterations,
                             keep_checkpoints=1),
             eval_samples=1, reasoner_token_budget=budget,
         )
         run_dir = prepare_run_dir(cfg, cfg.run, "train-oat-grpo")
         logger = MetricsLogger(run_dir, None, cfg.model_dump(mode="json"), name=run_dir.name, console=False)
         t0 = time.perf_counter()
-        result = train_oat_grpo(cfg, run_dir, logger=logger, eval_tasks=self.curve_tasks)
+        with self.clock("rl_train_and_dev_curve"):
+            result = train_oat_grpo(cfg, run_dir, logger=logger, eval_tasks=self.curve_tasks,
+                                    initial_eval=self.initial_curve.get(seed))
         logger.close()
+        if result["evals"] and result["evals"][0]["iteration"] == -1:  # the SFT start's figures, for the seed's others
+            self.initial_curve.setdefault(seed, {k: v for k, v in result["evals"][0].items() if k != "iteration"})
+        trained = [h for h in result["history"] if not h.get("budget_exhausted")]
+        trees = sum(s.tasks_per_iteration + int(h.get("extra_trees", 0)) for h in trained)
         spent, by_iteration = 0, {}
         for h in result["history"]:
             spent += int(h.get("reasoner_tokens", 0))
@@ -264,11 +375,13 @@ class Bench:
         curve = [(0.0 if e["iteration"] < 0 else float(by_iteration[e["iteration"]]), e["success"],
                   e["success_greedy"]) for e in result["evals"]]
         rows = [h.get("rows", 0.0) for h in result["history"] if not h.get("skipped")]
+        train_s = sum(float(h.get("iteration_s", 0.0)) for h in result["history"])
         final = self.evaluate(Path(result["policy_dir"]), seed)
         return {**final, "reasoner_tokens": spent, "updates": result["updates"],
                 "rows_per_update": statistics.fmean(rows) if rows else 0.0,
-                "wall_s": round(time.perf_counter() - t0, 1), "curve": curve,
-                "diagnostics": diagnostics(result["history"])}
+                "wall_s": round(time.perf_counter() - t0, 1), "train_s": round(train_s, 1), "trees": trees,
+                "iterations_trained": len(trained),
+                "curve": curve, "diagnostics": diagnostics(result["history"])}
 
     # ------------------------------------------------------------------------------------------------ SFT only
     def sft_more(self, seed: int, budget: int, steps: int, rows_per_step: int) -> dict[str, Any]:
@@ -290,14 +403,15 @@ class Bench:
         extra = max(1, math.ceil(budget / per_task))
         out = self.runs / f"sft_more-s{seed}"
         tasks = TaskSetConfig(count=extra, seed=500_000 + 10_000 * seed, sam=self.setting.sft)
-        distill(DistillRunConfig(
-            run=RunConfig(output_dir=str(out), name="distill", seed=seed), tasks=tasks,
-            sam_oracle=SamOracleConfig(**self.setting.expert), sam_memory=self.memory, reasoner_max_pages=2,
-            tokenizer=str(self.base),
-        ), out / "distill")
-        # continued at the RL variants' learning rate: a fresh 2e-3 warm restart undoes the shared checkpoint
-        model = self._sft(out / "distill", self.sft_dir, out, "sft", steps, seed=seed, lr=1e-4,  # type: ignore[arg-type]
-                          batch_size=rows_per_step)
+        with self.clock("sft_more_data_and_train"):
+            distill(DistillRunConfig(
+                run=RunConfig(output_dir=str(out), name="distill", seed=seed), tasks=tasks,
+                sam_oracle=SamOracleConfig(**self.setting.expert), sam_memory=self.memory, reasoner_max_pages=2,
+                tokenizer=str(self.base),
+            ), out / "distill")
+            # continued at the RL variants' learning rate: a fresh 2e-3 warm restart undoes the shared checkpoint
+            model = self._sft(out / "distill", self.sft_dir, out, "sft", steps, seed=seed,  # type: ignore[arg-type]
+                              lr=self.rl.lr, batch_size=rows_per_step)
         result = self.evaluate(model, seed)
         return {**result, "reasoner_tokens": round(extra * per_task), "extra_expert_tasks": extra,
                 "sft_steps": steps, "sft_rows_per_step": rows_per_step, "wall_s": round(time.perf_counter() - t0, 1)}
@@ -469,7 +583,101 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], sft: float, path: Path) -
     plt.close(fig)
 
 
+def run_key(args: argparse.Namespace, scale: Scale, rl: RLSettings) -> str:
+    """What a finished (variant, seed) row of progress.jsonl was computed under: a row is reused on a rerun only
+    when every one of these is unchanged."""
+    inputs = {"scale": asdict(scale), "rl": asdict(rl), "setting": args.setting, "split": args.split,
+              "sft_steps": SFT_STEPS, "non_default": sorted(NON_DEFAULT_SETTINGS)}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Progress:
+    """progress.jsonl: one line per finished (variant, seed) with its run key; a rerun of the same command skips
+    the finished ones (an unfinished one's folder is removed and it runs again from its start)."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path, self.key = path, key
+        self.done: dict[tuple[str, int], dict[str, Any]] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                row = json.loads(line) if line.strip() else {}
+                if row.get("key") == key:
+                    self.done[(row["variant"], row["seed"])] = {k: v for k, v in row.items()
+                                                                if k not in ("key", "variant")}
+
+    def get(self, variant: str, seed: int) -> dict[str, Any] | None:
+        return self.done.get((variant, seed))
+
+    def add(self, variant: str, seed: int, row: dict[str, Any]) -> None:
+        self.done[(variant, seed)] = {"seed": seed, **row}
+        with self.path.open("a") as f:
+            f.write(json.dumps({"key": self.key, "variant": variant, "seed": seed, **row}) + "\n")
+
+
+def selection_file(work: Path, quick: bool) -> Path:
+    """Where ``--select`` writes its choice and the test-split run reads it."""
+    return work / ("quick" if quick else "full") / "selected_on_dev.json"
+
+
+def select(bench: Bench, progress: Progress, seed: int = 0) -> dict[str, Any]:
+    """``--select``: ``oat`` under each of :data:`SELECT_GRID` on the dev split only (one seed, the SFT start's
+    figures on the same dev tasks as the pair), the choice by :func:`pick_setting`."""
+    import shutil
+
+    sft = progress.get("sft", seed) or {"seed": seed, **bench.sft_eval(seed)}
+    if progress.get("sft", seed) is None:
+        progress.add("sft", seed, sft)
+    rows = []
+    for candidate in SELECT_GRID:
+        name = f"select-{candidate.name}"
+        row = progress.get(name, seed)
+        if row is None:
+            shutil.rmtree(bench.runs / f"{name}-s{seed}", ignore_errors=True)  # an interrupted try starts over
+            bench.rl = candidate
+            row = {"seed": seed, **bench.oat_family("oat", seed, None, name=f"{name}-s{seed}", curve=False)}
+            progress.add(name, seed, row)
+        diff = paired_difference([row], [sft])
+        rows.append({**asdict(candidate), "dev_success": row["success"], "dev_success_greedy": row["success_greedy"],
+                     "oat_minus_sft": diff, "updates": row["updates"], "wall_s": row["wall_s"]})
+        print(f"[ablations] select {candidate.name}: dev sampled {row['success']:.3f} greedy "
+              f"{row['success_greedy']:.3f} (SFT {sft['success']:.3f}); oat - SFT {diff['difference']:+.1f} "
+              f"[{diff['ci95'][0]:+.1f}, {diff['ci95'][1]:+.1f}]", flush=True)
+    chosen = pick_setting([r["dev_success"] for r in rows])
+    return {"rule": "the highest mean dev success (sampled), ties to the setting listed first (closest to memrl's "
+                    "defaults: kl_coef 0 first, then the smaller lr)",
+            "split": "dev", "seed": seed, "dev_tasks": bench.scale.test_tasks,
+            "eval_samples_per_task": bench.scale.eval_samples, "sft_dev_success": sft["success"],
+            "candidates": rows, "chosen": rows[chosen]}
+
+
+def full_estimate(runs: dict[str, list[dict[str, Any]]], phases: dict[str, dict[str, float]],
+                  scale: Scale) -> dict[str, Any]:
+    """The full setting's time on this machine, extrapolated from this run's measured rates: seconds per tree (or
+    flat group) built and trained, and per evaluation episode (a task's sampled or greedy run)."""
+    rl = [r for variant, rows in runs.items() if variant not in ("sft_more", "trl_grpo") for r in rows
+          if r.get("trees")]
+    evals = phases.get("test_eval", {})
+    episodes = evals.get("count", 0) * scale.test_tasks * (scale.eval_samples + 1)
+    if not rl or not episodes:
+        return {}
+    per_tree = sum(r["train_s"] for r in rl) / sum(r["trees"] for r in rl)
+    per_episode = evals["wall_s"] / episodes
+    # dynamic sampling's extra trees, as a ratio to the iterations' own tasks
+    extra_ratio = sum(r["trees"] for r in rl) / sum(r["iterations_trained"] * scale.tasks_per_iteration for r in rl)
+    curve = FULL.dev_curve_tasks * 2 * (FULL.iterations // FULL.eval_every + 1)  # 1 sampled + greedy per eval
+    per_rl_run = FULL.iterations * FULL.tasks_per_iteration * extra_ratio * per_tree + (
+        FULL.test_tasks * (FULL.eval_samples + 1) + curve) * per_episode
+    runs_full = FULL.seeds * (len(DEFAULT_VARIANTS) - 1)  # RL runs; sft_more and the SFT evals are cheaper
+    total = runs_full * per_rl_run + FULL.seeds * 2 * FULL.test_tasks * (FULL.eval_samples + 1) * per_episode
+    return {"seconds_per_tree": round(per_tree, 2), "seconds_per_eval_episode": round(per_episode, 3),
+            "seconds_per_rl_variant_seed": round(per_rl_run), "hours_total": round(total / 3600, 1),
+            "how": "this run's rates x the full setting's trees (25 iterations x 8 tasks, scaled by this run's "
+                   "extra-tree ratio) and evaluation episodes (300 x 5 test + 48 x 2 dev-curve x 6)"}
+
+
 def main() -> None:
+    import shutil
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the small setting")
     parser.add_argument("--seeds", type=int, default=None, help="default: 2 (--quick) or 5")
@@ -477,10 +685,15 @@ def main() -> None:
                         help=f"comma-separated subset of {', '.join(VARIANTS)}")
     parser.add_argument("--setting", default="multihop", help="a name of memrl.data.tasks.sam.SAM_SETTINGS")
     parser.add_argument("--split", choices=["dev", "test"], default="test")
+    parser.add_argument("--select", action="store_true",
+                        help="choose lr / kl_coef / update_epochs for 'oat' on the dev split (SELECT_GRID) and write "
+                             "<work>/<quick|full>/selected_on_dev.json, which later test-split runs read")
     parser.add_argument("--work", default="runs/ablations", help="output directory (the SFT checkpoint is reused)")
     parser.add_argument("--model-cache", default=".cache/models")
     parser.add_argument("--prepare-only", action="store_true", help="build the shared SFT checkpoint and stop")
     args = parser.parse_args()
+    if args.select:
+        args.split = "dev"  # settings are chosen on dev tasks only, never on the test split
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -495,38 +708,75 @@ def main() -> None:
     print(f"[ablations] shared SFT checkpoint {bench.sft_dir} ({prep})", flush=True)
     if args.prepare_only:
         return
+    chosen_file = selection_file(bench.work, args.quick)
+    non_default = dict(NON_DEFAULT_SETTINGS)
+    if args.select:
+        progress = Progress(bench.runs / "select_progress.jsonl", run_key(args, bench.scale, ANALYSIS_SETTINGS))
+        record = {"benchmark": "ablations-select", "setting": args.setting, "quick": args.quick,
+                  **select(bench, progress), "phases": bench.clock.summary(),
+                  "wall_seconds": round(time.perf_counter() - t_start, 1)}
+        chosen_file.write_text(json.dumps(record, indent=1) + "\n")
+        print(json.dumps(record), flush=True)
+        return
+    if chosen_file.exists() and args.split == "test":
+        selection = json.loads(chosen_file.read_text())
+        c = selection["chosen"]
+        bench.rl = RLSettings(c["lr"], c["kl_coef"], c["update_epochs"])
+        figures = ", ".join(f"{r['lr']:g}/{r['kl_coef']:g}/{r['update_epochs']}: {100 * r['dev_success']:.1f}%"
+                            for r in selection["candidates"])
+        for key in [k for k in non_default if k.startswith(("trainer.kl_coef", "trainer.lr", "trainer.update"))]:
+            del non_default[key]
+        non_default[f"trainer.lr={bench.rl.lr:g}, trainer.kl_coef={bench.rl.kl_coef:g}, trainer.update_epochs="
+                    f"{bench.rl.update_epochs}"] = (
+            f"chosen on dev ({chosen_file.name}; {selection['rule']}): dev success lr/kl_coef/update_epochs: "
+            f"{figures}; SFT {100 * selection['sft_dev_success']:.1f}%")
+        non_default[f"trainer.optimizer_steps_per_epoch={STEPS_PER_EPOCH}, lr_schedule=cosine to 0.1 over the run"] = (
+            "from issue 26's analysis, not chosen on dev: several clipped steps per batch, late steps refine")
+        print(f"[ablations] RL settings chosen on dev: {bench.rl}", flush=True)
+    else:
+        non_default["trainer.lr, trainer.kl_coef, trainer.update_epochs"] = (
+            f"from issue 26's analysis, NOT chosen on dev: no {chosen_file} (run --select first)")
+    progress = Progress(bench.runs / "progress.jsonl", run_key(args, bench.scale, bench.rl))
+    if progress.done:
+        print(f"[ablations] {len(progress.done)} finished (variant, seed) runs reused from {progress.path}", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    progress = bench.runs / "progress.jsonl"  # partial results survive an interrupted run
+    reused: list[tuple[str, int]] = []
 
-    def record_run(variant: str, seed: int, row: dict[str, Any], seconds: float) -> None:
-        runs[variant].append({"seed": seed, **row})
-        with progress.open("a") as f:
-            f.write(json.dumps({"variant": variant, "seed": seed, **row}) + "\n")
-        print(f"[ablations] {variant} seed {seed}: test sampled {row['success']:.3f} greedy "
-              f"{row['success_greedy']:.3f} tokens {row['reasoner_tokens']} updates {row.get('updates', '-')} "
-              f"({seconds:.0f} s)", flush=True)
+    def run_once(variant: str, seed: int, compute: Any) -> dict[str, Any]:
+        row = progress.get(variant, seed)
+        if row is not None:
+            reused.append((variant, seed))
+        else:
+            shutil.rmtree(bench.runs / f"{variant}-s{seed}", ignore_errors=True)  # an interrupted attempt's folder
+            t0 = time.perf_counter()
+            row = compute()
+            progress.add(variant, seed, row)
+            print(f"[ablations] {variant} seed {seed}: test sampled {row['success']:.3f} greedy "
+                  f"{row['success_greedy']:.3f} tokens {row.get('reasoner_tokens', 0)} updates "
+                  f"{row.get('updates', '-')} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        row = {**row, "seed": seed}
+        if variant in runs:
+            runs[variant].append(row)
+        return row
 
-    t0 = time.perf_counter()
-    first = bench.oat_family("oat", 0, None)
+    first = run_once("oat", 0, lambda: bench.oat_family("oat", 0, None))
     budget = first["reasoner_tokens"]
-    record_run("oat", 0, first, time.perf_counter() - t0)
     # sft_more: as many optimizer steps as oat seed 0, each on as many rows as one of its optimizer steps
     steps, rows_per_step = max(first["updates"], 1), max(round(first["rows_per_update"] / STEPS_PER_EPOCH), 1)
     print(f"[ablations] budget: {budget} reasoner tokens, {steps} optimizer steps (oat seed 0)", flush=True)
     sft_runs = []
     for seed in range(seeds):
-        sft_runs.append({"seed": seed, **bench.sft_eval(seed), "reasoner_tokens": 0, "wall_s": 0.0})
+        sft_runs.append(run_once("sft", seed, lambda seed=seed: {**bench.sft_eval(seed), "reasoner_tokens": 0,
+                                                                 "wall_s": 0.0}))
         for variant in variants:
             if variant == "oat" and seed == 0:
                 continue
-            t0 = time.perf_counter()
             if variant == "trl_grpo":
-                row = bench.trl_grpo(seed, budget)
+                run_once(variant, seed, lambda seed=seed: bench.trl_grpo(seed, budget))
             elif variant == "sft_more":
-                row = bench.sft_more(seed, budget, steps, rows_per_step)
+                run_once(variant, seed, lambda seed=seed: bench.sft_more(seed, budget, steps, rows_per_step))
             else:
-                row = bench.oat_family(variant, seed, budget)
-            record_run(variant, seed, row, time.perf_counter() - t0)
+                run_once(variant, seed, lambda seed=seed, variant=variant: bench.oat_family(variant, seed, budget))
     png = bench.runs / "ablations_curves.png"
     sft_sampled = statistics.fmean(r["success"] for r in sft_runs)
     plot_curves(runs, sft_sampled, png)
@@ -534,6 +784,7 @@ def main() -> None:
     paired = {f"{a} - {b}": {"sampled": paired_difference(everything[a], everything[b]),
                              "greedy": paired_difference(everything[a], everything[b], "per_task_greedy")}
               for a, b in PAIRS if everything.get(a) and everything.get(b)}
+    phases = bench.clock.summary()
     record = {
         "benchmark": "ablations",
         "setting": args.setting,
@@ -544,10 +795,15 @@ def main() -> None:
         "eval_samples_per_task": bench.scale.eval_samples,
         "budget_reasoner_tokens": budget,
         "oat_optimizer_steps": steps,
-        "non_default_settings": NON_DEFAULT_SETTINGS,
+        "rl_settings": asdict(bench.rl),
+        "non_default_settings": non_default,
         "paired": paired,
         "png": str(png),
         "wall_seconds": round(time.perf_counter() - t_start, 1),
+        "cpu_seconds": round(PhaseClock._cpu(), 1),
+        "reused_runs": [f"{v}-s{seed}" for v, seed in reused],  # finished before this invocation (a resume)
+        "phases": phases,
+        "full_estimate": full_estimate(runs, phases, bench.scale) if args.quick else {},
         "variants": summarize(everything),
     }
     (bench.runs / "ablations.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -193,3 +193,35 @@ def test_lr_schedule_warms_up_then_decays_to_its_floor() -> None:
     assert factors[3] < 1.0 and factors[6:] == pytest.approx([0.1, 0.1])
     with pytest.raises(ValueError, match="lr_decay_steps"):
         GroupTrainerConfig(lr_schedule="linear")
+
+
+def test_kl_to_the_initial_policy_after_a_resume_is_to_the_run_s_start(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The probe and its log-probs under the initial policy travel in the checkpoint: a run stopped after its first
+    iteration and resumed logs the same kl_initial_probe as the uninterrupted run (a probe re-fixed at the resume
+    would measure the distance to the resumed policy instead, and read about the last update's KL)."""
+    from memrl.data.tracking import MetricsLogger
+    from memrl.train.online import LoopConfig, OnlineLoop
+
+    def run(name: str, stop_after: int | None, resume: bool = False) -> list[float]:
+        run_dir = tmp_path / name
+        run_dir.mkdir(exist_ok=True)
+        torch.manual_seed(0)  # the same LoRA initialisation in every run
+        trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
+                               GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3))
+        groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
+        logger = MetricsLogger(run_dir, None, {}, name=name, console=False)
+        loop = OnlineLoop(trainer=trainer, engine=None, cfg=LoopConfig(iterations=2, checkpoint_every=1),
+                          run_dir=run_dir, resume=resume, logger=logger)
+        kls = []
+        for iteration in loop.start(lambda i: None, None):
+            kls.append(loop.update(groups)["kl_initial_probe"])
+            loop.checkpoint(iteration)
+            if iteration == stop_after:
+                break
+        logger.close()
+        return kls
+
+    uninterrupted = run("whole", None)
+    assert uninterrupted[1] > uninterrupted[0] > 1e-4
+    assert run("stopped", 0) == pytest.approx(uninterrupted[:1], rel=1e-5)
+    assert run("stopped", None, resume=True) == pytest.approx(uninterrupted[1:], rel=1e-4)

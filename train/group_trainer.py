@@ -404,8 +404,9 @@ class GroupTrainer:
 
     def probe_kl(self) -> float:
         """KL(pi_initial || pi_theta) per token on the fixed probe rows: the k3 estimate e^r - r - 1 with
-        r = log pi_theta - log pi_initial, over tokens the initial policy sampled. The probe is fixed at the first
-        update this trainer makes (after a resume: the resumed policy)."""
+        r = log pi_theta - log pi_initial, over tokens the initial policy sampled. The probe is fixed at the run's
+        first update and travels in checkpoints (:meth:`probe_state`), so after a resume it still measures the
+        distance to the policy the run started from."""
         scored_rows = self.scored_rows  # what the update scored, not the probe
         self.model.eval()
         now = self._score(self._probe, reference=False)
@@ -542,6 +543,24 @@ class GroupTrainer:
             return tuple(as_tuple(v) for v in x) if isinstance(x, list) else x
 
         self._rng.setstate(as_tuple(state))
+
+    def probe_state(self) -> dict[str, Any] | None:
+        """The KL-to-initial probe for a checkpoint: its rows' token ids and their log-probs under the initial
+        policy (None before the first update fixed it)."""
+        if not self._probe:
+            return None
+        return {"prompt_ids": [r.prompt_ids for r in self._probe],
+                "response_ids": [r.response_ids for r in self._probe],
+                "initial_logprobs": [lp.tolist() for lp in self._probe_initial]}
+
+    def set_probe_state(self, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`probe_state` (None: no probe yet; the next update fixes it)."""
+        if state is None:
+            self._probe, self._probe_initial = [], []
+            return
+        self._probe = [Row(list(p), list(r), 0.0, []) for p, r in zip(state["prompt_ids"], state["response_ids"],
+                                                                          strict=True)]
+        self._probe_initial = [torch.tensor(lp, dtype=torch.float32) for lp in state["initial_logprobs"]]
 
     def save_policy(self, out_dir: str) -> str:
         """Save the adapter (LoRA) or the full weights as safetensors for the rollout engine and for export."""

@@ -238,6 +238,7 @@ class OnlineLoop:
             trainer.version, trainer.updates = state["policy_version"], state["updates"]
             self.history, self.evals = state.get("history", []), state.get("evals", [])
             trainer.set_rng_state(state["trainer_rng"])
+            trainer.set_probe_state(state.get("trainer_probe"))  # KL to the run's initial policy, not the resumed one
             if self.main:
                 self.logger.truncate_after(state["iteration"])
                 log.info(f"[{self.desc}] resumed from {latest.name}: continuing at iteration {self.first}")
@@ -323,7 +324,8 @@ class OnlineLoop:
             trainer = self.trainer
             self.ckpt.save(iteration, trainer.accelerator, trainer.model, {
                 "iteration": iteration, "policy_version": trainer.version, "updates": trainer.updates,
-                "trainer_rng": trainer.rng_state(), "history": self.history, "evals": self.evals,
+                "trainer_rng": trainer.rng_state(), "trainer_probe": trainer.probe_state(),
+                "history": self.history, "evals": self.evals,
                 "launched": {str(i): v for i, v in self.launched.items()},
             }, self.attach)
 
