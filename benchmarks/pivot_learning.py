@@ -6,14 +6,14 @@ The pipeline runs on CPU with the tiny random-initialised Qwen3 model (2 x 128) 
 splits: training (seeds 0 ...), dev (50,000 ...), test (100,000 ...); a task plants F fatal requirement pivots
 (``fatal_pivots``, F in ``--fatal``), each of which a pass needs caught.
 
-1. **Starting students, chosen on dev.** For each start in :data:`STARTS` (teacher noise and the F mix of its
-   training tasks), teacher traces (Phase 1: the scripted :class:`~memrl.data.tasks.proactive.BankWriter`, which
-   never reads the plan; Phase 2: the prompted expert :class:`~memrl.data.experts.ProactiveOracle` citing bank entries
-   by id) become SFT rows of the ``intervene`` role and one SFT model. Each is run on the dev tasks (every F, sampled
-   at T = 1) and measured: the miss rate m (fraction of fatal pivots whose decision did not deliver the needed fact)
-   and the flippable fraction (episodes with exactly one missed fatal pivot: one changed decision flips them). The
-   start with the highest flippable fraction on dev starts RL (the rule is fixed before any run; the test split is
-   not read).
+1. **Starting students, chosen on dev.** For each start in :data:`STARTS` (teacher noise, the F mix of its training
+   tasks, the number of teacher tasks and SFT steps), teacher traces (Phase 1: the scripted
+   :class:`~memrl.data.tasks.proactive.BankWriter`, which never reads the plan; Phase 2: the prompted expert
+   :class:`~memrl.data.experts.ProactiveOracle` citing bank entries by id) become SFT rows of the ``intervene`` role and
+   one SFT model. Each is run on the dev tasks (every F, sampled at T = 1) and measured: the miss rate m (fraction of
+   fatal pivots whose decision did not deliver the needed fact) and the flippable fraction (episodes with exactly one
+   missed fatal pivot: one changed decision flips them). The start with the highest flippable fraction on dev starts RL
+   (ties: the lower dev m, then the first listed; the rule is fixed before any run; the test split is not read).
 2. **GRPO from it**, per F, seed and variant, the same number of groups and samples per iteration: ``pivot``: groups at
    pivots found by counterfactual replay over every bank entry (plus a few labelled non-pivots, where the reminder
    cost teaches silence); ``all_turns``: groups at any memory step of the labelled rollouts, no detection. Pivots
@@ -31,7 +31,9 @@ iterations); the default (full) setting runs 5 seeds. Settings are fixed in adva
                                                   [dotted GRPO overrides]
 
 With ``--reuse`` an interrupted run is completed: SFT models, dev measurements and finished (F, seed, variant) runs
-are read back from ``--work``.
+are read back from ``--work``, and a GRPO run that was interrupted continues from its last iteration (every iteration
+is checkpointed). The last line also gives the wall time, the CPU time (user + sys, every core) and the load average,
+and the wall seconds per stage.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
+import resource
 import statistics
 import tempfile
 import time
@@ -61,15 +65,16 @@ from memrl.rollout.pivots import fatal_misses
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("pivot", "all_turns")
 DEV_START, TEST_START = 50_000, 100_000
-STARTS: dict[str, dict[str, Any]] = {  # candidate starting students; fixed before any run
-    "issue": {"miss": 0.4, "false_alarm": 0.1, "fatal_mix": [3]},  # the start issue 27 found at m ~ 0.8-1
-    "clean_curriculum": {"miss": 0.0, "false_alarm": 0.1, "fatal_mix": [1, 2, 3]},  # better data, every F
+STARTS: dict[str, dict[str, Any]] = {  # candidate starting students (teacher noise, teacher task F mix, SFT size)
+    "issue": {"miss": 0.4, "false_alarm": 0.1, "fatal_mix": [3], "train_tasks": 48, "sft_steps": 60},  # m ~ 0.8-1
+    "clean_curriculum": {"miss": 0.0, "false_alarm": 0.1, "fatal_mix": [1, 2, 3], "train_tasks": 48, "sft_steps": 60},
+    "clean_long": {"miss": 0.0, "false_alarm": 0.1, "fatal_mix": [1, 2, 3], "train_tasks": 96, "sft_steps": 240},
 }
 SETTINGS: dict[str, dict[str, Any]] = {  # sized for the wall time on 2 shared cores before any run; not tuned
-    "full": {"starts": list(STARTS), "seeds": [0, 1, 2, 3, 4], "train_tasks": 96, "sft_steps": 120, "dev_tasks": 12,
+    "full": {"starts": list(STARTS), "seeds": [0, 1, 2, 3, 4], "dev_tasks": 12,
              "test_tasks": 24, "samples": 2, "iterations": 3, "label_tasks": 6, "pivots_per_iteration": 6,
              "non_pivots_per_iteration": 2, "group_size": 8},
-    "quick": {"starts": ["clean_curriculum"], "seeds": [0, 1], "train_tasks": 48, "sft_steps": 60, "dev_tasks": 6,
+    "quick": {"starts": ["clean_long"], "seeds": [0, 1], "dev_tasks": 6,
               "test_tasks": 12, "samples": 2, "iterations": 2, "label_tasks": 3, "pivots_per_iteration": 4,
               "non_pivots_per_iteration": 1, "group_size": 4},
 }
@@ -80,6 +85,12 @@ GRPO_KEYS = {"iterations": "loop.iterations", "dev_tasks": "eval_tasks.count", "
 
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children (every core counted)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def mean_ci(values: list[float]) -> dict[str, Any]:
@@ -117,19 +128,31 @@ def measure(cfg: Any, engines: EngineSet, tasks: list[ProactiveTask], seed: int,
         flat = [m for ms in misses for m in ms]
         out[str(f)] = {"pass_rate": round(sum(r.outcome or 0.0 for r in mine) / len(mine), 4),
                        "m": round(sum(flat) / len(flat), 4) if flat else None, "fatal_pivots_reached": len(flat),
-                       "flippable": round(sum(sum(ms) == 1 for ms in misses) / len(mine), 4),
+                       "flippable": round(sum(flippable(r.outcome, ms) for r, ms in zip(mine, misses, strict=True))
+                                          / len(mine), 4),
+                       "exactly_one_miss": round(sum(sum(ms) == 1 for ms in misses) / len(mine), 4),
                        "reminders_per_episode": round(sum(r.memory.stats.get("reminders_injected", 0) for r in mine)
                                                       / len(mine), 3), "episodes": len(mine)}
     return out
+
+
+def flippable(outcome: float | None, misses: list[bool]) -> bool:
+    """Whether one changed decision at a fatal pivot flips this episode: a pass with every fatal pivot caught (missing
+    one fails it) or a failure with exactly one missed (catching it can pass it). A student that misses every pivot
+    flips nothing at F >= 2, one that catches every pivot flips every episode: both directions give detection a pivot
+    and a pivot group non-zero advantages."""
+    passed = bool(outcome)
+    return (passed and not any(misses)) or (not passed and sum(misses) == 1)
 
 
 def train_start(name: str, cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path) -> dict[str, Any]:
     """Teacher traces of start ``name`` -> SFT rows -> the SFT model at ``work/starts/NAME/sft/final``."""
     from memrl.train.sft import SFTRunConfig, run_sft
 
-    start, folder = STARTS[name], work / "starts" / name
+    folder = work / "starts" / name
+    start = {**STARTS[name], **{k: getattr(args, k) for k in ("train_tasks", "sft_steps") if getattr(args, k)}}
     t0 = time.perf_counter()
-    tasks = split(cfg, 0, args.train_tasks, start["fatal_mix"])
+    tasks = split(cfg, 0, start["train_tasks"], start["fatal_mix"])
     truths = {t.task_id: t.truth() for t in tasks}
     teacher = ProactiveOracle({"miss_rate": start["miss"], "false_alarm_rate": start["false_alarm"],
                                "cite_ids": True}, truths=truths)
@@ -142,7 +165,7 @@ def train_start(name: str, cfg: Any, args: argparse.Namespace, model_dir: Path, 
         "model": {"base": str(model_dir)},
         "lora": {"enabled": False},
         "data": {"dir": str(folder / "distill"), "roles": ["intervene"]},
-        "train": {"max_steps": args.sft_steps, "batch_size": args.sft_batch, "lr": args.sft_lr, "warmup": 0.05,
+        "train": {"max_steps": start["sft_steps"], "batch_size": args.sft_batch, "lr": args.sft_lr, "warmup": 0.05,
                   "bf16": True, "save_steps": 0, "logging_steps": 20, "max_length": 384, "progress": False},
     })
     run_sft(sft)
@@ -156,17 +179,24 @@ def choose_start(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path
     dev m, then the first listed)."""
     report: dict[str, Any] = {}
     for name in args.starts:
-        path = work / "starts" / name / "dev.json"
+        path, trained_path = work / "starts" / name / "dev.json", work / "starts" / name / "start.json"
         if args.reuse and path.is_file():
             report[name] = json.loads(path.read_text())
         else:
-            trained = train_start(name, cfg, args, model_dir, work)
+            if args.reuse and trained_path.is_file():  # the SFT model is there; its dev measurement is not
+                trained = json.loads(trained_path.read_text())
+            else:
+                trained = train_start(name, cfg, args, model_dir, work)
+                trained_path.write_text(json.dumps(trained, indent=1) + "\n")
+            t0 = time.perf_counter()
             policy = hf_policy(cfg, work / "starts" / name / "sft" / "final")
             report[name] = {**trained, "dev": measure(cfg, engines_for(cfg, policy), dev, DEV_START, 1)}
             policy.close()
+            report[name]["dev_seconds"] = round(time.perf_counter() - t0, 1)
             path.write_text(json.dumps(report[name], indent=1) + "\n")
         dev_rows = report[name]["dev"].values()
         report[name]["dev_flippable"] = round(statistics.fmean(r["flippable"] for r in dev_rows), 4)
+        report[name]["dev_pass_rate"] = round(statistics.fmean(r["pass_rate"] for r in dev_rows), 4)
         report[name]["dev_m"] = round(statistics.fmean(r["m"] for r in dev_rows if r["m"] is not None), 4)
         emit({"stage": "start", **report[name]})
     chosen = max(args.starts, key=lambda n: (report[n]["dev_flippable"], -report[n]["dev_m"]))
@@ -175,19 +205,24 @@ def choose_start(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path
 
 def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: int, seed: int, variant: str
                 ) -> dict[str, Any]:
-    """Pivot-turn GRPO from the SFT model ``final`` on F = ``fatal`` tasks, evaluated on dev after every iteration."""
+    """Pivot-turn GRPO from the SFT model ``final`` on F = ``fatal`` tasks, evaluated on dev after every iteration and
+    checkpointed after every iteration, so ``--reuse`` continues an interrupted run from its last iteration."""
     from memrl.train.pivot_grpo import PivotGRPOConfig, run_pivot_grpo
 
+    done = run_root / variant / "summary.json"
+    resume = args.reuse and (run_root / variant / "config.yaml").is_file() and not done.is_file()
     cfg = load_config(PivotGRPOConfig, args.config, [
         f"run.output_dir={run_root}", f"run.name={variant}", f"run.seed={seed}", f"policy.base={final}",
         f"engine.model={final}", f"reasoner.tokenizer={final}", f"phase1.tokenizer={final}",
         *[f"{key}={getattr(args, name)}" for name, key in GRPO_KEYS.items()],
         f"train_tasks.params.fatal_pivots={fatal}", f"eval_tasks.params.fatal_pivots={fatal}",
-        f"eval_tasks.seed_start={DEV_START}", "loop.eval_every=1", "eval.greedy=false", "eval.no_memory_baseline=false",
+        f"eval_tasks.seed_start={DEV_START}", "loop.eval_every=1", "loop.checkpoint_every=1", f"run.resume={resume}",
+        "eval.greedy=false", "eval.no_memory_baseline=false",
         f"groups.at={'pivots' if variant == 'pivot' else 'all_turns'}", *args.overrides,
     ])
-    done = run_root / variant / "summary.json"
     if not (args.reuse and done.is_file()):
+        if resume:
+            emit({"stage": "resume", "run": str(run_root / variant)})
         run_pivot_grpo(cfg)
     summary = json.loads(done.read_text())
     history = summary["history"]
@@ -205,6 +240,14 @@ def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: in
     }
 
 
+def seconds_by_stage(starts: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Wall seconds per stage (rows read back with ``--reuse`` count with the time they took when they ran)."""
+    return {"starts_teacher_and_sft": round(sum(s["seconds"] for s in starts.values()), 1),
+            "starts_dev": round(sum(s.get("dev_seconds", 0.0) for s in starts.values()), 1),
+            "grpo_runs_with_dev_curves": round(sum(r.get("seconds", 0.0) for r in rows), 1),
+            "test": round(sum(r.get("test_seconds", 0.0) for r in rows), 1)}
+
+
 def summary_evals(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The dev evaluations in order: before the first update, then after every iteration."""
     rows = [summary["before"]] if summary["before"] else []
@@ -220,6 +263,8 @@ def main() -> None:
     parser.add_argument("--fatal", type=int, nargs="+", default=[1, 2, 3], help="fatal pivots per task, reported by")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="GRPO and test sampling seeds")
     parser.add_argument("--starts", nargs="+", default=None, choices=list(STARTS), help="candidate starts")
+    parser.add_argument("--train-tasks", type=int, default=None, help="teacher tasks of every start (default: its own)")
+    parser.add_argument("--sft-steps", type=int, default=None, help="SFT steps of every start (default: its own)")
     parser.add_argument("--sft-batch", type=int, default=32)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
     parser.add_argument("--reuse", action="store_true", help="read back what an earlier run left in --work")
@@ -237,7 +282,7 @@ def main() -> None:
 
     work = Path(args.work or tempfile.mkdtemp(prefix="memrl-pivot-learning-"))
     work.mkdir(parents=True, exist_ok=True)
-    clock = time.perf_counter()
+    clock, cpu_clock, load_before = time.perf_counter(), cpu_seconds(), os.getloadavg()
     model_dir = ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec())
     emit({"stage": "setting", "setting": setting, **{k: getattr(args, k) for k in SETTINGS[setting]},
           "fatal": args.fatal, "overrides": args.overrides})
@@ -251,6 +296,7 @@ def main() -> None:
           "dev_flippable": starts[chosen]["dev_flippable"]})
 
     results: dict[str, Any] = {}
+    all_rows: list[dict[str, Any]] = []
     for fatal in args.fatal:
         test = split(base, TEST_START, args.test_tasks, [fatal])
         rows: dict[tuple[int, str], dict[str, Any]] = {}
@@ -262,13 +308,16 @@ def main() -> None:
                     row = json.loads(path.read_text())
                 else:
                     trained = run_variant(args, final, root, fatal, seed, variant) if variant != "no_rl" else {}
+                    t0 = time.perf_counter()
                     policy = hf_policy(base, trained.get("policy_dir", final))
                     score = measure(base, engines_for(base, policy), test, TEST_START + 1000 * seed, args.samples)
                     policy.close()
-                    row = {"fatal": fatal, "seed": seed, "variant": variant, **score[str(fatal)], **trained}
+                    row = {"fatal": fatal, "seed": seed, "variant": variant, **score[str(fatal)], **trained,
+                           "test_seconds": round(time.perf_counter() - t0, 1)}
                     root.mkdir(parents=True, exist_ok=True)
                     path.write_text(json.dumps(row, indent=1) + "\n")
                 rows[(seed, variant)] = row
+                all_rows.append(row)
                 emit({"stage": "result", **{k: v for k, v in row.items() if k != "policy_dir"}})
         per = {v: {"pass_rate": mean_ci([rows[(s, v)]["pass_rate"] for s in args.seeds]),
                    "m": mean_ci([rows[(s, v)]["m"] for s in args.seeds if rows[(s, v)]["m"] is not None]),
@@ -291,10 +340,15 @@ def main() -> None:
         "start_chosen_on_dev": chosen,
         "starting_miss_rate_m_dev": {f: starts[chosen]["dev"][str(f)]["m"] for f in args.fatal},
         "starting_flippable_dev": {f: starts[chosen]["dev"][str(f)]["flippable"] for f in args.fatal},
-        "starts": {n: {k: starts[n][k] for k in ("dev_m", "dev_flippable", "teacher_pass_rate", "miss", "fatal_mix")}
+        "starts": {n: {k: starts[n][k] for k in ("dev_m", "dev_flippable", "teacher_pass_rate", "miss", "fatal_mix",
+                                                 "train_tasks", "sft_steps", "dev_pass_rate")}
                    for n in starts},
         "by_fatal_pivots": results,
         "total_seconds": round(time.perf_counter() - clock, 1),
+        "cpu_seconds": round(cpu_seconds() - cpu_clock, 1),  # user + sys over every core; beside the wall time
+        "load_average_1_5_15": {"start": [round(x, 2) for x in load_before],
+                                "end": [round(x, 2) for x in os.getloadavg()]},
+        "seconds_by_stage": seconds_by_stage(starts, all_rows),
         "work": str(work),
     })
 

@@ -13,6 +13,7 @@ import pytest
 from memrl.data.config import ConfigError, load_config
 from memrl.data.formats import parse_intervention
 from memrl.data.schemas import MemoryCall, Message, TokenUsage
+from memrl.data.tasks.proactive import ProactiveParams
 from memrl.launch.cli import build_parser
 from memrl.launch.jobs import JOBS
 from memrl.rewards.groups import pivot_groups
@@ -95,6 +96,11 @@ def test_phase1_and_2_groups_add_the_followups_with_the_same_advantage() -> None
 def test_configs_validate(name: str) -> None:
     cfg = load_config(PivotGRPOConfig, ROOT / "configs" / name)
     assert cfg.command == "train pivot-grpo" and cfg.memory.variant == "full"
+    # the detection budget covers the recorded decision, silence, one bank entry per fact kind the tasks plant and the
+    # policy samples: every entry that could be the needed one is tried
+    detect = cfg.pivots.detect
+    facts = ProactiveParams.model_validate(cfg.train_tasks.params).facts
+    assert detect.alternatives >= 2 + len(facts) + detect.policy_samples
 
 
 def test_cli_registers_the_job_and_checks_the_config(tmp_path: Path) -> None:

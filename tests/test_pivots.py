@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.pivot_learning import flippable
 from memrl.data.experts import ProactiveOracle
 from memrl.data.io import read_jsonl, write_jsonl
 from memrl.data.schemas import Message
@@ -392,6 +393,11 @@ def test_fatal_misses_count_the_fatal_pivots_a_policy_missed() -> None:
         assert [r.outcome for r in rollouts] == [float(not expected)] * len(ts)
         for rollout in rollouts:
             assert rollout.env.task_id in truths and fatal_misses(rollout) == [expected, expected]
+            # the benchmark's start rule: a perfect student flips every episode (missing one pivot fails it), one
+            # that misses both pivots flips none
+            assert flippable(rollout.outcome, fatal_misses(rollout)) is not expected
+    assert flippable(0.0, [False, True, False]) and not flippable(0.0, [True, True, False])
+    assert not flippable(0.0, [False, False])  # failed with every pivot caught: no pivot decision flips it
 
 
 def test_fatal_pivots_is_a_checked_setting_of_the_task_family() -> None:
