@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,3 +216,36 @@ def test_sft_stops_cleanly_and_resumes_equal(sft_reference: tuple[Path, Path], t
     check_ending(code, err, tree, sig)
     _run(sft(tiny_model_dir, data, tmp_path, "signalled", "--resume"))
     assert same_weights(weights(run_dir / "final"), weights(reference / "final"))
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_sft_resume_of_a_finished_changed_or_emptied_run_exits_2(sft_reference: tuple[Path, Path],
+                                                                 tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``sft`` records its checkpoints in the run's journal as the online loops do: ``--resume`` of the finished run
+    says it is finished and trains nothing, with a changed key it names the key, and with every checkpoint deleted it
+    is an error, not a fresh start; each exit 2 with one line and the run folder untouched."""
+    data, reference = sft_reference
+    run_dir = tmp_path / reference.name
+    shutil.copytree(reference, run_dir)
+    assert (run_dir / "checkpoints.log").read_text().split() == [f"checkpoint-{s}" for s in (2, 4, 6, 8)]
+
+    def refused(*extra: str) -> str:
+        before = _files(run_dir)
+        proc = subprocess.run(sft(tiny_model_dir, data, tmp_path, reference.name, *extra, "--resume"), cwd=ROOT,
+                              env=_env(), capture_output=True, text=True, timeout=300)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("memrl:"), proc.stderr[-3000:]
+        assert _files(run_dir) == before
+        return lines[0]
+
+    assert "is finished" in refused()
+    assert "train.lr (0.002 -> 0.5)" in refused("train.lr=0.5")
+    (run_dir / "summary.json").unlink()
+    shutil.rmtree(run_dir / "checkpoints")
+    gone = refused()
+    assert "every checkpoint of run" in gone and "checkpoint-2, checkpoint-4, checkpoint-6, checkpoint-8" in gone
+
