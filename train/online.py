@@ -258,7 +258,8 @@ class OnlineLoop:
             self.evals.append({"iteration": -1, **evaluate(-1)})
             self.logger.log(-1, {f"eval/{k}": v for k, v in self.evals[-1].items() if k != "iteration"})
         self._bar = progress_bar(range(self.first, self.cfg.iterations), desc=self.desc, disable=not self.main,
-                                 initial=self.first, total=self.cfg.iterations)
+                                 initial=self.first, total=self.cfg.iterations,
+                                 work=f"{self.cfg.iterations - self.first:,} iterations to run")
         return self._bar
 
     def collected(self, iteration: int, launch: Launch) -> tuple[Any, dict[str, Any]]:
