@@ -37,10 +37,11 @@ def _null_task_type(taken: list[str]) -> str:
 
 
 def load_amabench(path: str | Path) -> list[Episode]:
-    """AMA-Bench episodes: ``episode_id, task, task_type, domain, trajectory[{turn_idx, action, observation}],
-    qa_pairs[{question, answer, type, ...}]``; other fields go to ``metadata``.
+    """AMA-Bench episodes ("AMA-Bench: Evaluating Long-Horizon Memory for Agentic Applications", arXiv 2602.22769):
+    ``episode_id, task, task_type, domain, trajectory[{turn_idx, action, observation}], qa_pairs[{question, answer,
+    type, ...}]``; other fields go to ``metadata``.
 
-    Accepts what the official ``src/run.py`` / ``src/memory_interface.py`` accept, with their defaults: a missing
+    Accepts what the official code's ``src/run.py`` / ``src/memory_interface.py`` accept, with their defaults: a missing
     ``task`` is empty, a missing ``task_type`` or ``domain`` is ``unknown`` (a null ``task_type`` is empty: the judge
     prompt then has no Task Type line, as the official one), a missing turn ``action`` / ``observation`` is empty, a
     missing ``turn_idx`` is 0 (the official ``MemoryQAInterface._trajectory_to_text`` reads ``step.get("turn_idx",
