@@ -7,13 +7,16 @@ run too; a checkpoint after every iteration), by default on a Ray fleet of 2 rol
 rollouts (``--fleet-workers 2 --max-staleness 1``; ``--fleet-workers 0`` runs the rollouts in the driver). One
 uninterrupted run gives the reference weights and its timing. Trial 0 kills during the first checkpoint write (the
 moment its temporary folder appears); the others at a moment drawn uniformly from the reference run's active span
-(from its run directory appearing, after imports and checks, to its end). Only the driver is killed (kill -9); the
+(from its run directory appearing, after imports and checks, to its end), or, for the share ``--in-write`` of them,
+0-50 ms after the temporary folder of a random iteration's checkpoint appears (a kill counts as in a write only if a
+temporary folder was there when it was sent). Only the driver is killed (kill -9); the
 processes of its tree at that moment (Ray head, agents, rollout workers) must all be gone 10 s later. Each killed
 run is resumed to completion (a kill that lands after the run finished, or after it wrote its summary, is re-drawn).
 Prints one line per trial, then ``resumes_equal: N/M``, the same count for the kills that landed in a checkpoint
 write, and one JSON line with what the kills hit.
 
     .venv/bin/python benchmarks/resume_faults.py --trials 20 --work /tmp/resume-faults
+    .venv/bin/python benchmarks/resume_faults.py --trials 20 --in-write 0.5   # half the kills aimed at writes
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 ITERATIONS = 4
 
 
@@ -60,8 +62,8 @@ def command(model: Path, out: Path, name: str, *extra: str) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
-            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
 
 
 def run(cmd: list[str], run_dir: Path | None = None) -> tuple[float, float]:
@@ -113,21 +115,26 @@ def _alive(procs: list[Any]) -> list[Any]:
     return out
 
 
-def kill_at(cmd: list[str], run_dir: Path, moment: float | None) -> dict[str, object]:
-    """Start the run and SIGKILL its driver ``moment`` s after start (None: when the first checkpoint's temporary
-    folder appears); returns what the kill hit and how many processes of its tree outlived it by 10 s, or
-    {"finished": True} when the run ended (or wrote its summary) first."""
+def kill_at(cmd: list[str], run_dir: Path, moment: float | None, *, in_write_of: int = 0,
+            write_delay: float = 0.0) -> dict[str, object]:
+    """Start the run and SIGKILL its driver ``moment`` s after start (None: ``write_delay`` s after the temporary
+    folder of checkpoint ``in_write_of`` appears); returns what the kill hit and how many processes of its tree
+    outlived it by 10 s, or {"finished": True} when the run ended (or wrote its summary) first."""
     import psutil
 
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     start = time.perf_counter()
-    first_tmp = run_dir / "checkpoints" / ".tmp-ckpt-000000"
+    tmp = run_dir / "checkpoints" / f".tmp-ckpt-{in_write_of:06d}"
+    write_seen: float | None = None
     tree: list[Any] = []
     try:
         while proc.poll() is None:
             elapsed = time.perf_counter() - start
-            if (moment is None and first_tmp.exists()) or (moment is not None and elapsed >= moment):
+            if moment is None and write_seen is None and tmp.exists():
+                write_seen = elapsed
+            if (write_seen is not None and elapsed >= write_seen + write_delay) or \
+                    (moment is not None and elapsed >= moment):
                 with contextlib.suppress(psutil.Error):
                     tree = psutil.Process(proc.pid).children(recursive=True)
                 writing = sorted(p.name for p in (run_dir / "checkpoints").glob(".tmp-ckpt-*")) \
@@ -162,6 +169,10 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/memrl-resume-faults")
     parser.add_argument("--fleet-workers", type=int, default=2, help="Ray rollout workers (0: rollouts in the driver)")
     parser.add_argument("--max-staleness", type=int, default=1, help="loop.max_staleness (one-step-off: 1)")
+    parser.add_argument("--in-write", type=float, default=0.0,
+                        help="share of the trials after the first aimed at a checkpoint write (of a random "
+                             "iteration, a random 0-50 ms after its temporary folder appears) instead of a uniform "
+                             "moment; whether a kill did land in a write is recorded, not assumed")
     args = parser.parse_args()
     FLEET[:] = [f"fleet.workers={args.fleet_workers}", f"loop.max_staleness={args.max_staleness}"]
     if args.fleet_workers:
@@ -186,8 +197,11 @@ def main() -> None:
         name = f"trial-{trial:02d}"
         run_dir = work / name
         while True:
-            moment = None if trial == 0 else rng.uniform(started, wall)
-            hit = kill_at(command(model, work, name), run_dir, moment)
+            aimed = trial == 0 or rng.random() < args.in_write
+            moment = None if aimed else rng.uniform(started, wall)
+            hit = kill_at(command(model, work, name), run_dir, moment,
+                          in_write_of=rng.randrange(ITERATIONS) if trial else 0,
+                          write_delay=rng.uniform(0.0, 0.05) if trial else 0.0)
             if not hit["finished"]:
                 break
             shutil.rmtree(run_dir, ignore_errors=True)  # the run beat the kill: draw another moment
@@ -195,7 +209,7 @@ def main() -> None:
         got = steps(run_dir)
         ok = same_weights(weights(run_dir), reference) and got == expected_steps
         equal += ok
-        trials.append({"trial": trial, **hit, "steps": got, "equal": ok})
+        trials.append({"trial": trial, "aimed_at_a_write": aimed, **hit, "steps": got, "equal": ok})
         print(json.dumps(trials[-1]), flush=True)
         shutil.rmtree(run_dir, ignore_errors=True)
     in_write = [t for t in trials if t["checkpoint_being_written"]]
@@ -204,7 +218,8 @@ def main() -> None:
           flush=True)
     print(json.dumps({
         "benchmark": "resume_faults", "iterations": ITERATIONS, "fleet_workers": args.fleet_workers,
-        "max_staleness": args.max_staleness, "uninterrupted_wall_s": round(wall, 1),
+        "max_staleness": args.max_staleness, "in_write": args.in_write, "uninterrupted_wall_s": round(wall, 1),
+        "kills_aimed_at_a_write": sum(t["aimed_at_a_write"] for t in trials),
         "run_started_at_s": round(started, 1),
         "expected_steps": expected_steps, "resumes_equal": f"{equal}/{args.trials}",
         "kills_during_checkpoint_write": len(in_write),

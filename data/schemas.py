@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializationInfo,
+    ValidationInfo,
     WrapSerializer,
     field_validator,
     model_validator,
@@ -42,6 +43,7 @@ __all__ = [
     "TraceEvent",
     "TreeNode",
     "Turn",
+    "turn_steps",
 ]
 
 
@@ -94,6 +96,16 @@ class Turn(Record):
     observation: str
 
 
+def turn_steps(turns: list[Turn]) -> list[int]:
+    """The memory step of each trajectory turn, in trajectory order: its ``turn_idx``, or one past the turn before
+    it where the index does not increase (AMA-Bench turns without a ``turn_idx`` all read 0). Equal to the
+    ``turn_idx`` wherever the indices increase; always distinct, since memory systems key turns by step."""
+    steps: list[int] = []
+    for turn in turns:
+        steps.append(turn.turn_idx if not steps else max(turn.turn_idx, steps[-1] + 1))
+    return steps
+
+
 class QAPair(Record):
     """A question about an episode with its gold answer, capability type and the turns that hold the evidence."""
 
@@ -120,6 +132,12 @@ class Episode(Record):
     task: str
     task_type: str = ""
     domain: str = ""
+    unnumbered_turns: list[int] = Field(
+        default=[],
+        description="positions of the turns their source gave no turn_idx (listed before ``trajectory``, whose check "
+        "reads it): they read 0, as AMA-Bench's official loader reads them, keep their place by position and are "
+        "exempt from the increasing-turn_idx check",
+    )
     trajectory: list[Turn] = []
     qa_pairs: list[QAPair] = []
     env: EnvSpec | None = None
@@ -128,10 +146,18 @@ class Episode(Record):
 
     @field_validator("trajectory")
     @classmethod
-    def _turns_in_order(cls, turns: list[Turn]) -> list[Turn]:
-        for before, after in itertools.pairwise(turns):
-            if after.turn_idx <= before.turn_idx:
-                raise ValueError(f"turn_idx must increase, got {before.turn_idx} then {after.turn_idx}")
+    def _turns_in_order(cls, turns: list[Turn], info: ValidationInfo) -> list[Turn]:
+        unnumbered = set(info.data.get("unnumbered_turns", []))
+        for position in sorted(unnumbered):
+            if not 0 <= position < len(turns):
+                raise ValueError(f"unnumbered_turns names position {position}, past the {len(turns)}-turn trajectory")
+            if turns[position].turn_idx != 0:
+                raise ValueError(f"turn {position} is listed in unnumbered_turns but has turn_idx "
+                                 f"{turns[position].turn_idx} (a turn without one reads 0)")
+        numbered = [t.turn_idx for i, t in enumerate(turns) if i not in unnumbered]
+        for before, after in itertools.pairwise(numbered):
+            if after <= before:
+                raise ValueError(f"turn_idx must increase, got {before} then {after}")
         return turns
 
 

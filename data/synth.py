@@ -140,7 +140,8 @@ def build_episodes(cfg: SynthConfig, progress: bool = False) -> tuple[list[Episo
                 jobs.append((source, index, target, i, i >= source.count - n_eval))
     train: list[Episode] = []
     held: list[Episode] = []
-    for source, index, target, i, is_eval in progress_bar(jobs, desc="synth", disable=not progress, leave=False):
+    for source, index, target, i, is_eval in progress_bar(jobs, desc="synth", disable=not progress, leave=False,
+                                                          work=f"{len(jobs):,} episodes to generate"):
         episode = _one(source, index, target, i, _seed(cfg.run.seed, index, target, i))
         (held if is_eval else train).append(episode)
     return train, held

@@ -126,13 +126,48 @@ def _console_handler() -> ConsoleHandler | None:
     return next((h for h in logging.getLogger("memrl").handlers if isinstance(h, ConsoleHandler)), None)
 
 
-def progress_bar(iterable: Any = None, **kwargs: Any) -> Any:
+ESTIMATE_AFTER_S = 2.0
+"""How long a bar with ``work`` measures its rate before it logs how long the whole job would take."""
+
+
+def progress_bar(iterable: Any = None, *, work: str | None = None, **kwargs: Any) -> Any:
     """A tqdm bar drawn on memrl's console (where the CLI's :class:`ConsoleHandler` shows memrl's records; stderr when
-    memrl runs as a library)."""
+    memrl runs as a library). With ``work`` (what the whole job is, e.g. ``"1,000,000 episodes"``), one log line says,
+    once the first items have run for :data:`ESTIMATE_AFTER_S` seconds, how long the rest would take at the rate
+    measured over them: an absurd size shows as an absurd time while it can still be interrupted."""
     from tqdm.auto import tqdm
 
     handler = _console_handler()
-    return tqdm(iterable, file=handler.err if handler is not None else sys.stderr, **kwargs)
+    file = handler.err if handler is not None else sys.stderr
+    if work is None:
+        return tqdm(iterable, file=file, **kwargs)
+
+    class EstimatingBar(tqdm):
+        def update(self, n: float | None = 1) -> bool | None:
+            shown = super().update(n)
+            if not getattr(self, "_estimated", False) and not self.disable:
+                self._estimate()
+            return shown
+
+        def _estimate(self) -> None:
+            elapsed, done = self._time() - self.start_t, self.n - self.initial
+            if elapsed < ESTIMATE_AFTER_S or done <= 0 or not self.total:
+                return
+            self._estimated = True
+            rate = done / elapsed
+            with tqdm.external_write_mode(file=self.fp):
+                log.info(f"{self.desc or 'progress'}: {work}; {done:,} done in {elapsed:.1f} s ({rate:.3g}/s): about "
+                         f"{_duration((self.total - self.n) / rate)} to go")
+
+    return EstimatingBar(iterable, file=file, **kwargs)
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in the unit a person reads it in (``40 s``, ``12 min``, ``3.5 h``, ``2.1 days``, ``31 years``)."""
+    for unit, size in (("years", 365 * 86400), ("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.0f} s"
 
 
 class RunLog(logging.StreamHandler):

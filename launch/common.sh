@@ -21,7 +21,7 @@ memrl_python() {
 memrl_plan() {
   local kind="$1"
   shift
-  PYTHONPATH="$MEMRL_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$(memrl_python)" -m memrl.launch.layout "$kind" --format shell "$@"
+  "$(memrl_python)" -m memrl.launch.layout "$kind" --format shell "$@"
 }
 
 # memrl_stop_pids GRACE_SECONDS PID...: SIGTERM the processes, wait up to GRACE_SECONDS, then SIGKILL what is left.

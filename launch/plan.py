@@ -468,11 +468,9 @@ def measure_trainer_peak(model_dir: str | Path, trainer: Any, *, context: int, r
             "_measure_child(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:]))")
     cmd = [sys.executable, "-c", code, str(model_dir), trainer.model_dump_json(), str(context), str(response),
            str(rows)]
-    root = Path(__file__).resolve().parents[1]
     # A clean environment: what this process set for itself (vLLM's LD_PRELOAD and thread settings after an engine
     # start, ACCELERATE_USE_DEEPSPEED from a DeepSpeed trainer on CPU) would change what is measured.
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "TMPDIR", "LANG") or k.endswith("_OFFLINE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"the measured run failed:\n{proc.stderr[-3000:]}")

@@ -27,6 +27,7 @@ from memrl.data.checks import (
 from memrl.data.config import RunConfig
 from memrl.data.errors import UserError
 from memrl.data.run_dir import check_no_run_in, check_resume_config
+from memrl.train.checkpoint import check_checkpoints_remain
 
 __all__ = ["OUTPUT_KEYS", "check_config"]
 
@@ -60,13 +61,7 @@ def _check_resumable(cfg: BaseModel, run: RunConfig, run_dir: Path) -> None:
         raise UserError(f"--resume: run {run_dir} is finished (it wrote summary.json): nothing to resume. To train it "
                         "further, resume with a longer schedule and --allow-config-change naming it (e.g. "
                         "loop.iterations or train.max_steps), or start a new run from its final weights")
-    from memrl.train.checkpoint import CheckpointManager
-
-    manager = CheckpointManager(run_dir / "checkpoints")
-    saved = manager.saved_before()
-    if saved and not any((manager.root / name).is_dir() for name in saved):
-        raise UserError(f"--resume: every checkpoint of run {run_dir} is gone (it saved {', '.join(saved)}, listed "
-                        f"in {manager.journal}); restore one, or start a new run without --resume")
+    check_checkpoints_remain(run_dir / "checkpoints")
 
 
 def _walk(node: Any, prefix: str) -> None:

@@ -101,7 +101,8 @@ def distill(cfg: DistillRunConfig, out_dir: str | Path) -> dict[str, Any]:
         log.info(f"[distill] resuming: {writer.resumed} traces already written")
     engines = _engines(cfg, tasks)
     todo = [t for t in tasks if not writer.is_done(f"{t.task_id}/expert")]
-    bar = progress_bar(total=len(tasks), initial=len(tasks) - len(todo), desc="distill")
+    bar = progress_bar(total=len(tasks), initial=len(tasks) - len(todo), desc="distill",
+                       work=f"{len(todo):,} expert rollouts")
     for start in range(0, len(todo), cfg.batch_size):
         batch = todo[start : start + cfg.batch_size]
         traces = run_rollouts([_rollout(cfg, t, cfg.run.seed) for t in batch], engines)

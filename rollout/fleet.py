@@ -212,10 +212,11 @@ class RolloutFleet:
             if address:
                 ray.init(address=address, include_dashboard=False)
             else:
-                ray.init(num_cpus=max(int((cfg.workers or 1) * cfg.cpus_per_worker) + 1, 2), include_dashboard=False)
-                # the local cluster and its workers end with this process, also when it is killed (kill -9); on a
-                # cluster we joined, Ray ends the actors this driver owns when it goes
+                # the local cluster and its workers end with this process, also when it is killed (kill -9), even
+                # during ray.init (the reaper records Ray's processes as they start); on a cluster we joined, Ray
+                # ends the actors this driver owns when it goes
                 self.reaper = start_reaper()
+                ray.init(num_cpus=max(int((cfg.workers or 1) * cfg.cpus_per_worker) + 1, 2), include_dashboard=False)
             if threading.current_thread() is threading.main_thread() and sigterm is not None:
                 signal.signal(signal.SIGTERM, sigterm)
         gpus = int(ray.cluster_resources().get("GPU", 0))

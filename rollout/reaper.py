@@ -5,7 +5,8 @@ process groups, below the raylet; Ray's agents survive a ``kill -9`` of the driv
 process group misses the workers. :func:`start_reaper` starts ``python -m memrl.rollout.reaper`` in its own session
 (a signal to the driver's group does not reach it) with a pipe from the driver: it records the driver's process tree
 every ``interval_s`` and, when the pipe closes (the driver exited, however it ended), sends SIGTERM and then SIGKILL to
-every recorded process still alive (matched by pid and start time, so a recycled pid is never hit).
+every recorded process still alive (matched by pid and start time, so a recycled pid is never hit) and to what they
+started since. The fleet starts it before ``ray.init``, so a kill during Ray's start-up leaves nothing either.
 """
 
 from __future__ import annotations
@@ -50,20 +51,23 @@ def _tree(driver: int) -> dict[int, float]:
 def _reap(recorded: dict[int, float]) -> None:
     import psutil
 
-    procs = []
+    procs = {}
     for pid, started in recorded.items():
         try:
             proc = psutil.Process(pid)
             if proc.create_time() == started:
-                procs.append(proc)
+                procs[pid] = proc
+                # what a recorded process started after the last record (a raylet's new worker) goes with it
+                procs.update({child.pid: child for child in proc.children(recursive=True)})
         except psutil.Error:
             continue
-    for proc in procs:
+    procs.pop(os.getpid(), None)
+    for proc in procs.values():
         try:
             proc.terminate()
         except psutil.Error:
             continue
-    _, alive = psutil.wait_procs(procs, timeout=GRACE_S)
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=GRACE_S)
     for proc in alive:
         try:
             proc.kill()

@@ -148,6 +148,23 @@ def ws(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[s
     existing.mkdir(parents=True)
     (existing / "config.yaml").write_text("command: x\n")
     files["runs"] = root / "runs"
+    # runs to resume, saved as each resumable command saves its config: one finished, one whose checkpoints are gone
+    from memrl.data.config import write_resolved_config
+
+    for job in JOBS:
+        if not job.resumable:
+            continue
+        command = " ".join(job.path)
+        for state in ("finished", "gone"):
+            name = f"{command.replace(' ', '-')}-{state}"
+            cfg = load_config(job.load("config"), None, [*_base(command, {**files, "runs": root / "runs"}),
+                                                         f"run.name={name}"])
+            (root / "runs" / name).mkdir(parents=True)
+            write_resolved_config(cfg, root / "runs" / name)
+            if state == "finished":
+                (root / "runs" / name / "summary.json").write_text("{}\n")
+            else:  # the journal of saved checkpoints lists two; the checkpoints folder is gone
+                (root / "runs" / name / "checkpoints.log").write_text("checkpoint-2\ncheckpoint-4\n")
     export_out = root / "export-out"
     export_out.mkdir()
     (export_out / "model.safetensors").write_text("old")
@@ -194,6 +211,14 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
         if job.resumable:
             yield f"{command}/resume-missing", [*argv, *base, "run.name=takne", "--resume"], ["takne", "taken"]
             yield f"{command}/resume-unnamed", [*argv, *base, "--resume"], ["run.name", "taken"]
+            # resume that guesses: a finished run, a changed config, every checkpoint gone
+            slug = command.replace(" ", "-")
+            yield f"{command}/resume-finished", [*argv, *base, f"run.name={slug}-finished", "--resume"], [
+                "is finished", "summary.json"]
+            yield f"{command}/resume-changed", [*argv, *base, f"run.name={slug}-gone", "run.seed=777", "--resume"], [
+                "run.seed", "--allow-config-change run.seed"]
+            yield f"{command}/resume-checkpoints-gone", [*argv, *base, f"run.name={slug}-gone", "--resume"], [
+                "every checkpoint of run", "checkpoint-2, checkpoint-4", "checkpoints.log"]
         # numbers that are not numbers, YAML that is not data, paths that leave the output folder
         yield f"{command}/seed-bool", [*argv, *base, "run.seed=true"], ["run.seed", "boolean"]
         yield f"{command}/seed-huge", [*argv, *base, f"run.seed={2**70}"], ["run.seed"]

@@ -12,7 +12,7 @@ import torch
 from test_group_trainer import groups_for
 
 from memrl.data.errors import UserError
-from memrl.train.checkpoint import CheckpointManager, verify_checkpoint
+from memrl.train.checkpoint import CheckpointManager, record_saved, saved_before, verify_checkpoint
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
 from memrl.train.policy import LoraSettings, PolicySpec
 
@@ -91,7 +91,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(
     optimizer.unlink()
     assert manager.latest().name == "ckpt-000000"
     (tmp_path / "ckpt" / "ckpt-000000" / "loop_state.json").write_text("{{garbage")
-    with pytest.raises(UserError, match="every checkpoint of this run is gone or damaged"):
+    with pytest.raises(UserError, match=r"every checkpoint of run .* is gone or damaged"):
         manager.latest()
 
 
@@ -106,7 +106,7 @@ def test_changed_byte_fails_the_checksum(tiny_model_dir: Path, tmp_path: Path) -
 
 def test_all_checkpoints_gone_is_an_error_not_a_fresh_start(tiny_model_dir: Path, tmp_path: Path) -> None:
     manager, _ = _saved_three(tiny_model_dir, tmp_path / "run" / "checkpoints")
-    assert manager.saved_before() == ["ckpt-000000", "ckpt-000001", "ckpt-000002"]
+    assert saved_before(manager.root) == ["ckpt-000000", "ckpt-000001", "ckpt-000002"]
     shutil.rmtree(tmp_path / "run" / "checkpoints")
     with pytest.raises(UserError, match="gone or damaged"):
         manager.latest()
@@ -143,18 +143,27 @@ def test_sft_resume_skips_a_damaged_newest_trainer_checkpoint(tmp_path: Path,
 
     from memrl.train.sft import latest_checkpoint
 
+    root = tmp_path / "checkpoints"
+    root.mkdir()
     for step in (2, 4, 6, 8):
-        folder = tmp_path / f"checkpoint-{step}"
+        folder = root / f"checkpoint-{step}"
         folder.mkdir()
         save_file({"w": torch.zeros(8, 8)}, str(folder / "model.safetensors"))
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
         for name in ("optimizer.pt", "scheduler.pt"):
             (folder / name).write_bytes(b"state")
-    weights = tmp_path / "checkpoint-8" / "model.safetensors"
+    weights = root / "checkpoint-8" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
-    (tmp_path / "checkpoint-6" / "trainer_state.json").write_text("{{garbage")
-    (tmp_path / "checkpoint-4" / "optimizer.pt").unlink()
+    (root / "checkpoint-6" / "trainer_state.json").write_text("{{garbage")
+    (root / "checkpoint-4" / "optimizer.pt").unlink()
     with caplog.at_level(logging.WARNING):
-        assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-2"
+        assert latest_checkpoint(root) == root / "checkpoint-2"
     assert all(f"checkpoint-{s} skipped" in caplog.text for s in (8, 4)), caplog.text
     assert "model.safetensors" in caplog.text and "optimizer.pt" in caplog.text
+    # every one damaged: a run that never recorded a save starts over; one that did is an error, as for OAT-GRPO
+    (root / "checkpoint-2" / "scheduler.pt").write_bytes(b"")
+    assert latest_checkpoint(root) is None
+    for step in (2, 4, 6, 8):
+        record_saved(root, f"checkpoint-{step}")
+    with pytest.raises(UserError, match=r"every checkpoint of run .* is gone or damaged \(checkpoint-8: .*scheduler"):
+        latest_checkpoint(root)

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 from benchmark_files import write_amabench, write_locomo, write_memoryarena
+from pydantic import ValidationError
 
-from memrl.data.io import RecordError, read_jsonl, write_jsonl
+from memrl.data.io import RecordError, read_arrow, read_jsonl, write_arrow, write_jsonl
 from memrl.data.loaders import LOADERS, convert, load_amabench, load_generic, load_locomo, load_memoryarena
 from memrl.data.loaders.formats import LOCOMO_DATE_INSTRUCTION, LOCOMO_NOT_MENTIONED
-from memrl.data.schemas import Episode
+from memrl.data.schemas import Episode, turn_steps
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -99,6 +100,13 @@ def _ama(**override: object) -> dict:
          r":2: field 'qa_pairs\[0\].qa_id': expected string or integer or number, got null"),
         ([_ama(domain=["web"])], r":2: field 'domain': expected string or integer or number, got array"),
         ([_ama(task_type=["web"])], r":2: field 'task_type': expected string or integer or number, got array"),
+        # given indices still must increase, also around turns that give none
+        ([_ama(trajectory=[{"turn_idx": 3, "action": "a", "observation": "o"},
+                           {"turn_idx": 1, "action": "b", "observation": "p"}])],
+         r":2: field 'trajectory': turn_idx must increase, got 3 then 1"),
+        ([_ama(trajectory=[{"turn_idx": 5, "action": "a", "observation": "o"}, {"action": "b", "observation": "p"},
+                           {"turn_idx": 5, "action": "c", "observation": "q"}])],
+         r":2: field 'trajectory': turn_idx must increase, got 5 then 5"),
     ],
 )
 def test_malformed_amabench_names_file_line_field_and_writes_nothing(
@@ -246,15 +254,36 @@ def test_amabench_null_task_type_is_accepted_and_leaves_the_judge_line_out(tmp_p
     assert "Task Type: x" in str(render_ama_judge("q", "a", "a", episode.task, "x", episode.episode_id))
 
 
-def test_amabench_turns_without_turn_idx_stay_in_order(tmp_path: Path) -> None:
+def test_amabench_turns_without_turn_idx_read_0_as_the_official_loader_and_keep_their_order(tmp_path: Path) -> None:
+    """The official ``_trajectory_to_text`` reads ``step.get("turn_idx", 0)``: every such turn is ``Step 0``."""
     record = _ama(trajectory=[{"action": "a", "observation": "o"}, {"action": "b", "observation": "p"},
                               {"turn_idx": 7, "action": "c", "observation": "q"}, {"action": "d"}])
     src = tmp_path / "ama.jsonl"
     src.write_text(json.dumps(record) + "\n")
     (ep,) = load_amabench(src)
-    assert [t.turn_idx for t in ep.trajectory] == [0, 1, 7, 8]
+    assert [t.turn_idx for t in ep.trajectory] == [0, 0, 7, 0]
+    assert [t.action for t in ep.trajectory] == ["a", "b", "c", "d"] and ep.unnumbered_turns == [0, 1, 3]
     assert ep.trajectory[3].observation == ""
+    assert "trajectory[1].turn_idx: missing -> 0" in ep.metadata["loader_defaults"]
     assert "trajectory[3].observation: missing -> ''" in ep.metadata["loader_defaults"]
+    # memory steps stay distinct and in order; where indices increase they are the indices
+    assert turn_steps(ep.trajectory) == [0, 1, 7, 8]
+    assert turn_steps(load_amabench(write_amabench(tmp_path / "numbered.jsonl"))[0].trajectory) == [0, 1, 2, 3]
+    # the episode round-trips through JSONL and Arrow with its unnumbered turns
+    assert read_jsonl(write_jsonl(tmp_path / "ep.jsonl", [ep]), Episode) == [ep]
+    assert read_arrow(write_arrow(tmp_path / "ep.arrow", [ep]), Episode) == [ep]
+
+
+def test_unnumbered_turns_exempt_only_the_turns_they_name() -> None:
+    turns = [{"turn_idx": 0, "action": "a", "observation": "o"}, {"turn_idx": 0, "action": "b", "observation": "p"}]
+    with pytest.raises(ValidationError, match="turn_idx must increase, got 0 then 0"):
+        Episode(episode_id="e", task="t", trajectory=turns)
+    assert Episode(episode_id="e", task="t", trajectory=turns, unnumbered_turns=[1]).unnumbered_turns == [1]
+    numbered = [{"turn_idx": 4, "action": "a", "observation": "o"}, {"turn_idx": 0, "action": "b", "observation": "p"}]
+    with pytest.raises(ValidationError, match="listed in unnumbered_turns but has turn_idx 4"):
+        Episode(episode_id="e", task="t", trajectory=numbered, unnumbered_turns=[0])
+    with pytest.raises(ValidationError, match="position 2, past the 2-turn trajectory"):
+        Episode(episode_id="e", task="t", trajectory=turns, unnumbered_turns=[1, 2])
 
 
 def test_memoryarena_real_format(tmp_path: Path) -> None:

@@ -243,7 +243,7 @@ def test_single_process_commands_one_node_eight_gpus(stage: list[str]) -> None:
     res = run(ROOT / "launch" / "deepspeed.sh", "--dry-run", "--", *stage, env=env)
     assert res.returncode == 0, res.stderr
     assert f"{label} runs in one process" in res.stdout and "deepspeed.launcher" not in res.stdout
-    assert f"command: env PYTHONUNBUFFERED=1 PYTHONPATH={ROOT}" in res.stdout
+    assert "command: env PYTHONUNBUFFERED=1 " in res.stdout and "PYTHONPATH" not in res.stdout
     assert res.stdout.rstrip().endswith(f"{PY} -m memrl.launch.cli {' '.join(stage)}")
 
 
@@ -474,7 +474,8 @@ def test_serve_spec_parsing() -> None:
 
 def fake_bin(tmp_path: Path) -> Path:
     """Stub ``scontrol`` (hostnames, requeue), ``srun`` (servers sleep, training runs torchrun.sh --dry-run on the
-    step's first node) and ``curl`` (healthy unless FAKE_CURL_RC), logging every call to $FAKE_LOG."""
+    step's first node, or for real with FAKE_TRAIN_REAL) and ``curl`` (healthy unless FAKE_CURL_RC), logging every
+    call to $FAKE_LOG."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     stubs = {
@@ -499,6 +500,7 @@ case "$2" in
   *torchrun.sh)
     export SLURM_STEP_NODELIST="$nodelist" SLURMD_NODENAME="${nodelist%%,*}"
     if [ -n "${FAKE_TRAIN_SLEEP:-}" ]; then echo "$$" >"$FAKE_TRAIN_PID"; exec sleep "$FAKE_TRAIN_SLEEP"; fi
+    if [ -n "${FAKE_TRAIN_REAL:-}" ]; then exec "$@"; fi
     exec "$1" "$2" --dry-run "${@:3}" ;;
 esac
 echo "unexpected srun command: $*" >&2
@@ -575,6 +577,31 @@ def test_sbatch_on_a_fake_cluster_serves_waits_trains_and_stops(tmp_path: Path) 
     pids = [int(p) for p in (tmp_path / "server.pids").read_text().split()]
     assert len(pids) == 2 and wait_gone(pids) == []
     assert "stopping the servers" in out
+
+
+def test_launched_commands_run_from_the_installed_package_outside_the_checkout(tmp_path: Path) -> None:
+    """No checkout goes on PYTHONPATH: torchrun.sh and the Slurm script (srun running torchrun.sh on the fake
+    cluster) run a real command from a temporary folder with the installed memrl, and every script the Slurm plan
+    names exists."""
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
+    synth = ["data", "synth", "sources=[{family: sam, count: 2}]", "arrow=false", "run.name=synth"]
+    res = run(ROOT / "launch" / "torchrun.sh", "--", *synth, f"run.output_dir={tmp_path / 'torchrun'}", env=env,
+              cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "torchrun" / "synth" / "train.jsonl").is_file() and "PYTHONPATH" not in res.stdout
+
+    cluster = {k: v for k, v in cluster_env(tmp_path, FAKE_TRAIN_REAL="1").items() if k != "PYTHONPATH"}
+    cluster["SLURM_SUBMIT_DIR"] = str(tmp_path)  # submitted from outside the checkout
+    res = run(ROOT / "launch" / "slurm" / "memrl.sbatch", "--setup", "none", "--", *synth,
+              f"run.output_dir={tmp_path / 'slurm'}", env=cluster, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "slurm" / "synth" / "train.jsonl").is_file() and "PYTHONPATH" not in res.stdout
+    srun_calls = [line for line in (tmp_path / "calls.log").read_text().splitlines() if line.startswith("srun ")]
+    assert len(srun_calls) == 1 and "PYTHONPATH" not in srun_calls[0], srun_calls
+    plan = plan_slurm(["--dry-run", "--", "train", "oat-grpo", "--config", str(oat_config(tmp_path))],
+                      slurm_env(0))
+    scripts = {word for line in plan.text.splitlines() for word in line.split() if word.endswith(".sh")}
+    assert scripts and all(Path(s).is_file() for s in scripts), scripts
 
 
 def test_sbatch_stops_servers_and_training_on_sigterm(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 from fakes import QACase, RecordingEngine
 
 from memrl.data.formats import render_tool_call
-from memrl.data.schemas import MemoryCall
+from memrl.data.schemas import Episode, MemoryCall
 from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 from memrl.rollout.memory.ama_agent import AMAConfig, AMAMemory
 from memrl.rollout.memory.base import MemoryRequest
@@ -76,6 +76,18 @@ def test_causality_graph_construction() -> None:
     assert mem.neighbourhood([2], 2, 10) == [1, 3, 0, 4]
     assert mem.neighbourhood([2], 2, 3) == [1, 3, 0]
     assert mem.similar("unlock the door with the red key", 1) == [4]
+
+
+def test_turns_without_turn_idx_each_become_a_node() -> None:
+    """AMA-Bench turns without ``turn_idx`` all read 0 (as the official loader reads them); each is still a node."""
+    episode = Episode(episode_id="e", task="t", unnumbered_turns=[0, 1, 2],
+                      trajectory=[{"turn_idx": 0, "action": a, "observation": o} for a, o in (
+                          ("look", "a red key"), ("take red key", "you hold it"), ("go north", "a corridor"))])
+    mem = make()
+    feed_episode(mem, episode.trajectory, "what did the agent take?")
+    turns = [answer(mem, "ama_graph_build", "state: s").metadata["turn"] for _ in range(3)]
+    assert turns == [0, 1, 2] and sorted(mem.nodes) == [0, 1, 2] and mem.nodes[1].action == "take red key"
+    assert mem.stats.get("ama_duplicate_turn", 0) == 0
 
 
 def test_graph_route_traverses_the_neighbourhood() -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import psutil
 import pytest
@@ -215,3 +217,87 @@ def test_sft_stops_cleanly_and_resumes_equal(sft_reference: tuple[Path, Path], t
     check_ending(code, err, tree, sig)
     _run(sft(tiny_model_dir, data, tmp_path, "signalled", "--resume"))
     assert same_weights(weights(run_dir / "final"), weights(reference / "final"))
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_sft_resume_of_a_finished_changed_or_emptied_run_exits_2(sft_reference: tuple[Path, Path],
+                                                                 tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``sft`` records its checkpoints in the run's journal as the online loops do: ``--resume`` of the finished run
+    says it is finished and trains nothing, with a changed key it names the key, and with every checkpoint deleted it
+    is an error, not a fresh start; each exit 2 with one line and the run folder untouched."""
+    data, reference = sft_reference
+    run_dir = tmp_path / reference.name
+    shutil.copytree(reference, run_dir)
+    assert (run_dir / "checkpoints.log").read_text().split() == [f"checkpoint-{s}" for s in (2, 4, 6, 8)]
+
+    def refused(*extra: str) -> str:
+        before = _files(run_dir)
+        proc = subprocess.run(sft(tiny_model_dir, data, tmp_path, reference.name, *extra, "--resume"), cwd=ROOT,
+                              env=_env(), capture_output=True, text=True, timeout=300)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("memrl:"), proc.stderr[-3000:]
+        assert _files(run_dir) == before
+        return lines[0]
+
+    assert "is finished" in refused()
+    assert "train.lr (0.002 -> 0.5)" in refused("train.lr=0.5")
+    (run_dir / "summary.json").unlink()
+    shutil.rmtree(run_dir / "checkpoints")
+    gone = refused()
+    assert "every checkpoint of run" in gone and "checkpoint-2, checkpoint-4, checkpoint-6, checkpoint-8" in gone
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# absurd sizes: progress at once, an estimate measured from the first items, a clean Ctrl-C
+
+
+def test_a_huge_count_shows_progress_and_an_estimate_at_once_and_stops_cleanly(tmp_path: Path) -> None:
+    """``data synth`` of a million episodes: the bar is on the console within seconds of the start, one line then
+    says how long all of it would take at the rate of the first items, and Ctrl-C ends it with exit 130 and one
+    line, with nothing of the output written (only the run's config, log and lock)."""
+    import threading
+
+    cmd = _cli("data", "synth", "sources=[{family: sam, count: 1000000, params: {horizon_steps: 12}}]",
+               "arrow=false", f"run.output_dir={tmp_path}", "run.name=big")
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    seen = {"out": "", "err": ""}
+    first: dict[str, float] = {}
+
+    def read(stream: IO[bytes], key: str, marker: str) -> None:
+        while chunk := os.read(stream.fileno(), 4096):
+            seen[key] += chunk.decode(errors="replace")
+            if marker in seen[key] and key not in first:
+                first[key] = time.monotonic() - started
+
+    readers = [threading.Thread(target=read, args=(proc.stdout, "out", "to go"), daemon=True),
+               threading.Thread(target=read, args=(proc.stderr, "err", "/1000000"), daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        deadline = started + 120
+        while len(first) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(first) == 2, (first, seen["out"][-2000:], seen["err"][-2000:])
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    for reader in readers:
+        reader.join(timeout=10)
+    print(f"bar after {first['err']:.1f} s, estimate after {first['out']:.1f} s")
+    assert first["err"] < 30, "no progress bar within 30 s of the start"
+    assert first["out"] - first["err"] < 20, "no time estimate within 20 s of the bar"
+    (estimate,) = [line for line in seen["out"].splitlines() if "to go" in line]
+    assert estimate.startswith("synth: 1,000,000 episodes to generate; ") and "/s): about " in estimate, estimate
+    lines = [line for line in seen["err"].replace("\r", "\n").splitlines() if line.startswith("memrl:")]
+    assert len(lines) == 1 and lines[0].startswith("memrl: interrupted"), seen["err"][-2000:]
+    assert "Traceback" not in seen["err"]
+    assert sorted(p.name for p in (tmp_path / "big").iterdir()) == [".lock", "config.yaml", "run.log"]
+

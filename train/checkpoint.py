@@ -9,9 +9,10 @@ any moment leaves either the previous checkpoints or a complete new one. Its ``m
 SHA-256) is written last, before the ``COMPLETE`` marker. :meth:`CheckpointManager.latest` returns the newest
 checkpoint that verifies (manifest sizes and checksums, safetensors headers against their file sizes, the loop state
 parses); a newer one that does not is reported (a warning naming the file and what is wrong) and skipped. Every save
-is also recorded in ``<root>.log`` beside the checkpoint folder, so a resume can tell a run that never reached a
-checkpoint (it starts over) from one whose checkpoints are all gone or damaged (an error). Loading uses accelerate's
-safe loader (``weights_only``) and safetensors: nothing is unpickled.
+is also recorded in ``<root>.log`` beside the checkpoint folder (SFT's Hugging Face Trainer checkpoints too), so a
+resume can tell a run that never reached a checkpoint (it starts over) from one whose checkpoints are all gone or
+damaged (an error): :func:`resume_point` makes that decision for both kinds. Loading uses accelerate's safe loader
+(``weights_only``) and safetensors: nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -29,7 +30,16 @@ from memrl.data.checks import safetensors_problem
 from memrl.data.errors import UserError
 from memrl.data.io import atomic_write_text
 
-__all__ = ["CheckpointManager", "newest_intact", "verify_checkpoint", "verify_trainer_checkpoint"]
+__all__ = [
+    "CheckpointManager",
+    "check_checkpoints_remain",
+    "journal_of",
+    "record_saved",
+    "resume_point",
+    "saved_before",
+    "verify_checkpoint",
+    "verify_trainer_checkpoint",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -105,14 +115,58 @@ def verify_trainer_checkpoint(path: Path) -> str | None:
     return None
 
 
-def newest_intact(candidates: list[Path], verify: Any) -> Path | None:
-    """The newest of ``candidates`` (oldest first) that ``verify`` finds nothing wrong with; each newer one that
-    fails is reported with what is wrong."""
+def journal_of(root: Path) -> Path:
+    """``<root>.log`` beside the checkpoint folder ``root``: one line per checkpoint saved, kept when the checkpoints
+    are deleted."""
+    return root.parent / f"{root.name}.log"
+
+
+def record_saved(root: Path, name: str) -> None:
+    """Note in the journal that checkpoint ``name`` under ``root`` is complete (call once it is)."""
+    with open(journal_of(root), "a", encoding="utf-8") as fh:
+        fh.write(f"{name}\n")
+
+
+def saved_before(root: Path) -> list[str]:
+    """The checkpoints the run writing into ``root`` recorded saving."""
+    journal = journal_of(root)
+    if not journal.is_file():
+        return []
+    return [line.split()[0] for line in journal.read_text().splitlines() if line.strip()]
+
+
+def _lost(root: Path, problems: list[str]) -> UserError:
+    damaged = f" ({'; '.join(problems)})" if problems else ""
+    return UserError(f"--resume: every checkpoint of run {root.parent} is gone or damaged{damaged}; it saved "
+                     f"{', '.join(saved_before(root))} (listed in {journal_of(root)}). Restore one, or start a new "
+                     "run without --resume")
+
+
+def check_checkpoints_remain(root: Path) -> None:
+    """Before a resume writes anything: a run that recorded checkpoints under ``root`` still has one of them
+    (:class:`~memrl.data.errors.UserError` otherwise; whether it is intact is :func:`resume_point`'s question)."""
+    saved = saved_before(root)
+    if saved and not any((root / name).is_dir() for name in saved):
+        raise _lost(root, [])
+
+
+def resume_point(root: Path, candidates: list[Path], verify: Any) -> Path | None:
+    """Where a resume continues: the newest of ``candidates`` (checkpoints under ``root``, oldest first) that
+    ``verify`` finds nothing wrong with, each newer one that fails reported with what is wrong; None when the run
+    never saved a checkpoint (it starts over). A run whose recorded checkpoints are all gone or damaged is a
+    :class:`~memrl.data.errors.UserError`: starting over would silently discard it."""
+    skipped: list[tuple[str, str]] = []
     for path in reversed(candidates):
         problem = verify(path)
         if problem is None:
+            for name, why in skipped:
+                logger.warning("checkpoint %s skipped: %s; resuming from %s instead", name, why, path.name)
             return path
-        logger.warning("checkpoint %s skipped: %s; trying an older one", path.name, problem)
+        skipped.append((path.name, problem))
+    if saved_before(root):
+        raise _lost(root, [f"{name}: {why}" for name, why in skipped])
+    for name, why in skipped:
+        logger.warning("checkpoint %s skipped: %s; starting over", name, why)
     return None
 
 
@@ -123,39 +177,10 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep = max(keep, 1)
 
-    @property
-    def journal(self) -> Path:
-        """``<root>.log``: one line per checkpoint saved (kept when the checkpoints are deleted)."""
-        return self.root.parent / f"{self.root.name}.log"
-
-    def saved_before(self) -> list[str]:
-        """The checkpoints this run recorded saving."""
-        if not self.journal.is_file():
-            return []
-        return [line.split()[0] for line in self.journal.read_text().splitlines() if line.strip()]
-
     def latest(self) -> Path | None:
-        """The newest checkpoint that verifies (:func:`verify_checkpoint`; newer damaged ones are reported and
-        skipped), or None when the run never finished one. A run whose recorded checkpoints are all gone or damaged
-        is a :class:`~memrl.data.errors.UserError`: starting over would silently discard it."""
-        found = sorted(
-            ((int(m.group(1)), p) for p in self.root.iterdir() if (m := _NAME.match(p.name))), reverse=True
-        ) if self.root.is_dir() else []
-        problems = []
-        for _, path in found:
-            problem = verify_checkpoint(path)
-            if problem is None:
-                for skipped in problems:
-                    logger.warning("checkpoint skipped: %s; resuming from %s instead", skipped, path.name)
-                return path
-            if (path / _MARKER).exists():  # an unfinished one (no marker) is a kill mid-save: not worth a word
-                problems.append(f"{path.name}: {problem}")
-        if self.saved_before():
-            damaged = f" ({'; '.join(problems)})" if problems else ""
-            raise UserError(f"--resume: every checkpoint of this run is gone or damaged{damaged}; it saved "
-                            f"{', '.join(self.saved_before())} (listed in {self.journal}). Restore one, or start a "
-                            "new run without --resume")
-        return None
+        """The newest checkpoint that verifies (:func:`verify_checkpoint`; see :func:`resume_point`)."""
+        found = sorted(p for p in self.root.iterdir() if _NAME.match(p.name)) if self.root.is_dir() else []
+        return resume_point(self.root, found, verify_checkpoint)  # ckpt-NNNNNN: the name order is the step order
 
     def save(
         self, iteration: int, accelerator: Any, model: Any, state: dict[str, Any],
@@ -187,8 +212,7 @@ class CheckpointManager:
                 shutil.rmtree(final)
             os.replace(tmp, final)
             atomic_write_text(self.root / "latest", final.name + "\n")
-            with open(self.journal, "a", encoding="utf-8") as fh:
-                fh.write(f"{final.name}\n")
+            record_saved(self.root, final.name)
             self._prune()
         accelerator.wait_for_everyone()
         return final

@@ -22,7 +22,8 @@ tree is built under one policy version (a worker runs a weight sync only between
 is on (the recipe configs resolve ``trainer.tis_cap`` with :func:`stale_sampling_tis`; the loop refuses a stale run
 without it); the staleness of each update is logged. k = 0 is the synchronous loop. The weights reach the engines
 through ``policy/vNNNNN`` (LoRA adapters; full weights on CPU), or in memory by NCCL broadcast on GPUs
-(train/weight_sync.py); only the newest ``keep_policy_versions`` version directories are kept.
+(train/weight_sync.py); only the newest ``keep_policy_versions`` version directories are kept, and those a resume
+from the newest complete checkpoint would relaunch collections under (until a newer checkpoint is complete).
 
 Resume: ``--resume`` restores the newest complete checkpoint (policy, optimizer, scheduler, RNG states, iteration) and
 continues with the next iteration. Batches are a pure function of (seed, iteration), so the data order after a resume
@@ -225,6 +226,9 @@ class OnlineLoop:
         self.evals: list[dict[str, Any]] = []
         self.in_flight: dict[int, Any] = {}  # iteration -> its collection, launched before its turn when k >= 1
         self.launched: dict[int, int] = {}  # iteration -> the policy version its collection was launched under
+        # the versions a resume from the newest complete checkpoint relaunches collections under: their directories
+        # stay until a newer checkpoint is complete (a kill in between resumes from this one)
+        self.checkpoint_needs: set[int] = set()
         self.policy_dir = ""
         self._t0 = 0.0
         self._bar: Any = None
@@ -249,6 +253,7 @@ class OnlineLoop:
                                         trainer.is_peft)
                     self.in_flight[iteration] = launch(iteration)
                 self.launched[iteration] = version
+            self.checkpoint_needs = set(self.launched.values())
         elif self.main:
             # A start from scratch (also a --resume that finds no complete checkpoint, e.g. after a kill during the
             # first checkpoint write) logs every step again, the eval before training (step -1) included.
@@ -259,7 +264,8 @@ class OnlineLoop:
             self.evals.append({"iteration": -1, **evaluate(-1)})
             self.logger.log(-1, {f"eval/{k}": v for k, v in self.evals[-1].items() if k != "iteration"})
         self._bar = progress_bar(range(self.first, self.cfg.iterations), desc=self.desc, disable=not self.main,
-                                 initial=self.first, total=self.cfg.iterations)
+                                 initial=self.first, total=self.cfg.iterations,
+                                 work=f"{self.cfg.iterations - self.first:,} iterations to run")
         return self._bar
 
     def collected(self, iteration: int, launch: Launch) -> tuple[Any, dict[str, Any]]:
@@ -291,16 +297,20 @@ class OnlineLoop:
 
     def sync(self, iteration: int) -> dict[str, Any]:
         """The updated policy into the engines (written to disk with k >= 1 and at the last iteration); old
-        version directories pruned, except those a resume would relaunch collections under."""
+        version directories pruned, except those a resume (from now, or from the newest complete checkpoint) would
+        relaunch collections under."""
         t_sync = time.perf_counter()
         last = iteration == self.cfg.iterations - 1
         self.policy_dir = sync_policy(self.trainer, self.engine, self.policy_root, self.in_memory,
                                       save=self.cfg.max_staleness > 0 or last)
         sync_s = time.perf_counter() - t_sync
+        self._prune()
+        return {"sync_s": sync_s}
+
+    def _prune(self) -> None:
         if self.main:
             prune_policy_versions(self.policy_root, self.cfg.keep_policy_versions,
-                                  set(self.launched.values()) | {self.trainer.version})
-        return {"sync_s": sync_s}
+                                  set(self.launched.values()) | {self.trainer.version} | self.checkpoint_needs)
 
     def log(self, iteration: int, record: dict[str, Any], evaluate: Evaluate | None) -> dict[str, Any]:
         """Evaluate every ``eval_every`` iterations (and after the last); log the record; keep its numbers."""
@@ -328,6 +338,8 @@ class OnlineLoop:
                 "history": self.history, "evals": self.evals,
                 "launched": {str(i): v for i, v in self.launched.items()},
             }, self.attach)
+            self.checkpoint_needs = set(self.launched.values())
+            self._prune()
 
     def result(self) -> LoopResult:
         """What the finished loop reports."""

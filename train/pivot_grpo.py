@@ -412,7 +412,8 @@ def run_pivot_grpo(cfg: PivotGRPOConfig) -> int:
         logger.log(-1, {f"eval/{k}": v for k, v in evals[-1].items() if k != "iteration"})
     try:
         for iteration in progress_bar(range(start, cfg.loop.iterations), desc="pivot-grpo", disable=not main,
-                                      initial=start, total=cfg.loop.iterations):
+                                      initial=start, total=cfg.loop.iterations,
+                                      work=f"{cfg.loop.iterations - start:,} iterations to run"):
             t0, last, metrics, groups = time.perf_counter(), iteration == cfg.loop.iterations - 1, {}, None
             if main:
                 # collect: the pool of this refresh, then G samples at each of this iteration's sites

@@ -42,7 +42,7 @@ from memrl.data.io import atomic_write_text
 from memrl.data.run_dir import prepare_run_dir
 from memrl.data.schemas import SFTExample
 from memrl.data.tracking import progress_bar
-from memrl.train.checkpoint import newest_intact, verify_trainer_checkpoint
+from memrl.train.checkpoint import record_saved, resume_point, verify_trainer_checkpoint
 from memrl.train.policy import LoraSettings, PolicySpec
 
 __all__ = [
@@ -262,9 +262,24 @@ def _checkpoints(folder: Path) -> list[Path]:
 
 def latest_checkpoint(folder: str | Path) -> Path | None:
     """The newest intact ``checkpoint-N`` directory under ``folder`` (a kill mid-save leaves an incomplete one
-    without ``trainer_state.json``, which the Trainer writes last; a damaged one is reported and skipped)."""
+    without ``trainer_state.json``, which the Trainer writes last; a damaged one is reported and skipped), or None
+    when the run never saved one; a run whose saved checkpoints are all gone or damaged is an error
+    (:func:`~memrl.train.checkpoint.resume_point`, as for the online loops)."""
     complete = [p for p in _checkpoints(Path(folder)) if _complete(p)]
-    return newest_intact(complete, verify_trainer_checkpoint)
+    return resume_point(Path(folder), complete, verify_trainer_checkpoint)
+
+
+def _journal_callback(ckpt_dir: Path) -> Any:
+    """Record each complete checkpoint in the run's checkpoint journal, which tells a resume whose checkpoints are
+    all gone from a run that never saved one."""
+    from transformers import TrainerCallback
+
+    class JournalSaves(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.is_world_process_zero:  # called after the Trainer wrote trainer_state.json, its last file
+                record_saved(ckpt_dir, f"checkpoint-{state.global_step}")
+
+    return JournalSaves()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -560,7 +575,8 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
     metrics = _metrics_callback(run_dir, resume_step if resume_from else -1, main)
     # The eval loss before training comes from inside train(): DeepSpeed engines exist only there.
     args.eval_on_start = bool(eval_rows) and resume_from is None
-    trainer = build_sft_trainer(cfg, args, train_rows, eval_rows, [metrics, *(callbacks or [])])
+    trainer = build_sft_trainer(cfg, args, train_rows, eval_rows,
+                                [metrics, _journal_callback(ckpt_dir), *(callbacks or [])])
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     elapsed = time.perf_counter() - start

@@ -37,21 +37,25 @@ def _null_task_type(taken: list[str]) -> str:
 
 
 def load_amabench(path: str | Path) -> list[Episode]:
-    """AMA-Bench episodes: ``episode_id, task, task_type, domain, trajectory[{turn_idx, action, observation}],
-    qa_pairs[{question, answer, type, ...}]``; other fields go to ``metadata``.
+    """AMA-Bench episodes ("AMA-Bench: Evaluating Long-Horizon Memory for Agentic Applications", arXiv 2602.22769):
+    ``episode_id, task, task_type, domain, trajectory[{turn_idx, action, observation}], qa_pairs[{question, answer,
+    type, ...}]``; other fields go to ``metadata``.
 
-    Accepts what the official ``src/run.py`` / ``src/memory_interface.py`` accept, with their defaults: a missing
+    Accepts what the official code's ``src/run.py`` / ``src/memory_interface.py`` accept, with their defaults: a missing
     ``task`` is empty, a missing ``task_type`` or ``domain`` is ``unknown`` (a null ``task_type`` is empty: the judge
-    prompt then has no Task Type line, as the official one), a missing turn ``action`` /
-    ``observation`` is empty, a missing ``turn_idx`` is 0 (a later turn without one follows the turn before it, since
-    turns must stay in order), a missing question or answer is empty, a missing or null QA ``type`` is ``unknown``,
-    and a non-string answer (a list) reads as the official prompt prints it (``['a', 'b']``; the list stays in
-    ``metadata.answer_list``). Each default taken is listed in ``metadata.loader_defaults`` (the episode's for its own
-    fields and turns, the QA pair's for its fields) so results can show it."""
+    prompt then has no Task Type line, as the official one), a missing turn ``action`` / ``observation`` is empty, a
+    missing ``turn_idx`` is 0 (the official ``MemoryQAInterface._trajectory_to_text`` reads ``step.get("turn_idx",
+    0)``, so every such turn prints as ``Step 0``; here it keeps its place by position and is listed in
+    ``Episode.unnumbered_turns``, while the indices a file does give must still increase), a missing question or
+    answer is empty, a missing or null QA ``type`` is ``unknown``, and a non-string answer (a list) reads as the
+    official prompt prints it (``['a', 'b']``; the list stays in ``metadata.answer_list``). Each default taken is
+    listed in ``metadata.loader_defaults`` (the episode's for its own fields and turns, the QA pair's for its fields)
+    so results can show it."""
     out = []
     for where, obj in read_records(path):
         defaults: list[str] = []
         turns = []
+        unnumbered: list[int] = []
         for i, turn in enumerate(where.get(obj, "trajectory", list)):
             prefix = f"trajectory[{i}]."
             if not isinstance(turn, dict):
@@ -59,8 +63,9 @@ def load_amabench(path: str | Path) -> list[Episode]:
             if "turn_idx" in turn:
                 turn_idx = where.get(turn, "turn_idx", int, prefix)
             else:
-                turn_idx = 0 if not turns else turns[-1]["turn_idx"] + 1
-                defaults.append(f"{prefix}turn_idx: missing -> {turn_idx}")
+                turn_idx = 0
+                unnumbered.append(i)
+                defaults.append(f"{prefix}turn_idx: missing -> 0")
             turns.append({
                 "turn_idx": turn_idx,
                 "action": _default(where, turn, "action", "", f"{prefix}action", defaults),
@@ -98,6 +103,7 @@ def load_amabench(path: str | Path) -> list[Episode]:
             "task_type": _default(where, obj, "task_type", "unknown", "task_type", defaults)
             if obj.get("task_type", "unknown") is not None else _null_task_type(defaults),
             "domain": _default(where, obj, "domain", "unknown", "domain", defaults),
+            "unnumbered_turns": unnumbered,
             "trajectory": turns,
             "qa_pairs": qas,
             "metadata": {"source": "amabench", **{k: v for k, v in obj.items() if k not in _AMA_FIELDS},

@@ -21,6 +21,7 @@ from memrl.data.tasks.dialogue import DialogueParams, DialogueTask
 from memrl.data.tasks.proactive import ActionAgent, ProactiveParams, ProactiveTask, simulate_proactive
 from memrl.data.tasks.sam import SamReasoner, SamTask, SamTaskParams
 from memrl.data.tasks.sam_reference import simulate_sam
+from memrl.data.tracking import progress_bar
 
 __all__ = [
     "SAM_FAMILIES",
@@ -85,10 +86,9 @@ def load_tasks(cfg: TaskSetConfig, prefix: str = "task") -> list[SamTask | Proac
         if not tasks:
             raise ConfigError(f"{cfg.episodes}: no {cfg.family} episodes in the file")
         return tasks[: cfg.count] if cfg.count else tasks
-    if cfg.family == "sam":
-        return [SamTask(cfg.sam, seed=cfg.seed + i, task_id=f"{prefix}-{cfg.seed + i}") for i in range(cfg.count)]
-    if cfg.family == "dialogue":
-        return [DialogueTask(cfg.dialogue, seed=cfg.seed + i, task_id=f"{prefix}-{cfg.seed + i}")
-                for i in range(cfg.count)]
-    return [ProactiveTask(cfg.proactive, seed=cfg.seed + i, task_id=f"{prefix}-{cfg.seed + i}")
-            for i in range(cfg.count)]
+    make, params = {"sam": (SamTask, cfg.sam), "dialogue": (DialogueTask, cfg.dialogue),
+                    "proactive": (ProactiveTask, cfg.proactive)}[cfg.family]
+    # generating a task runs its reference agent (milliseconds each): a large count gets a bar and a time estimate
+    seeds = progress_bar(range(cfg.seed, cfg.seed + cfg.count), desc=f"{prefix} tasks", leave=False,
+                         work=f"{cfg.count:,} {cfg.family} tasks to generate")
+    return [make(params, seed=seed, task_id=f"{prefix}-{seed}") for seed in seeds]

@@ -34,7 +34,8 @@ from memrl.launch.layout.hosts import (
 )
 from memrl.rollout.fleet import FleetConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+LAUNCH_DIR = Path(__file__).resolve().parents[1]
+"""The launch scripts' folder: ``launch/`` of a checkout, ``memrl/launch/`` of an installed wheel."""
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
@@ -417,9 +418,9 @@ def train_layout(
 
 
 def training_env(layout: TrainLayout, env: Mapping[str, str]) -> dict[str, str]:
-    """Environment of the training processes (only what the launcher adds)."""
-    path = [str(ROOT), *(p for p in env.get("PYTHONPATH", "").split(":") if p and p != str(ROOT))]
-    out = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": ":".join(path)}
+    """Environment of the training processes (only what the launcher adds; memrl is imported from the installed
+    package, so no checkout goes on ``PYTHONPATH``)."""
+    out = {"PYTHONUNBUFFERED": "1"}
     if "OMP_NUM_THREADS" not in env:
         # torchrun would otherwise pin every process to 1 thread.
         out["OMP_NUM_THREADS"] = str(max(1, cpu_count() // layout.nproc_per_node))

@@ -16,7 +16,7 @@ import yaml
 
 from memrl.data.config import ServedModel
 from memrl.launch.layout.common import (
-    ROOT,
+    LAUNCH_DIR,
     LaunchView,
     MemrlCommand,
     Plan,
@@ -244,7 +244,7 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
             s.spec, gpu_ids=[str(g) for g in range(gpus)], device=device, port=args.port, bind="0.0.0.0", extra=[]
         )
         serve_cmd = [
-            *srun(s.hosts), "bash", str(ROOT / "launch" / "serve_endpoints.sh"), "run",
+            *srun(s.hosts), "bash", str(LAUNCH_DIR / "serve_endpoints.sh"), "run",
             "--model", s.spec.model, "--served-model-name", s.spec.served_name,
             "--tp", str(s.spec.tp), "--replicas", str(s.replicas), "--port", str(args.port),
             "--max-model-len", str(s.spec.max_model_len).lower(),
@@ -283,7 +283,7 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         lines.append("endpoints (as placement.* overrides of the run):")
         lines += [f"  {o}" for o in extra_overrides if o.startswith("placement.")]
     train_cmd = [
-        *srun(train_hosts), "bash", str(ROOT / "launch" / "torchrun.sh"),
+        *srun(train_hosts), "bash", str(LAUNCH_DIR / "torchrun.sh"),
         "--nnodes", str(layout.nnodes), "--nproc-per-node", str(layout.nproc_per_node),
         "--master-addr", layout.master_addr, "--master-port", str(master_port),
         "--device", device, "--", *train_argv,

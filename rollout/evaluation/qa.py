@@ -2,13 +2,14 @@
 
 The memory system ingests the recorded trajectory once per (episode, system, model), following
 :mod:`memrl.rollout.memory.workflow`'s protocol: a :class:`~memrl.rollout.loop.Rollout` over a :class:`ReplayEnv` is
-given every trajectory turn (step = ``turn_idx``) and runs the memory-model calls that ingestion needs. Each question
-is then answered from a fork of that state: the question arrives as a ``user`` turn one step after the last one
-(worded as the benchmark's own prompt asks it, :func:`~memrl.rollout.evaluation.records.asked_as`), and the frozen
-reasoner answers through the system (calling its retrieval tool if it has one) with ``answer(answer)``. Memory tokens
-of the ingestion are shared by the episode's questions (``memory_tokens_ingest_share``); memory tokens of the answer
-phase are the fork's own. ``evidence_in_context`` is the share of the question's evidence strings present in the
-reasoner's last prompt: what the memory surfaced, whatever the reasoner made of it.
+given every trajectory turn (step = ``turn_idx``, made distinct by :func:`~memrl.data.schemas.turn_steps`) and runs
+the memory-model calls that ingestion needs. Each question is then answered from a fork of that state: the question
+arrives as a ``user`` turn one step after the last one (worded as the benchmark's own prompt asks it,
+:func:`~memrl.rollout.evaluation.records.asked_as`), and the frozen reasoner answers through the system (calling its
+retrieval tool if it has one) with ``answer(answer)``. Memory tokens of the ingestion are shared by the episode's
+questions (``memory_tokens_ingest_share``); memory tokens of the answer phase are the fork's own.
+``evidence_in_context`` is the share of the question's evidence strings present in the reasoner's last prompt: what
+the memory surfaced, whatever the reasoner made of it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from memrl.data.schemas import Episode, QAPair
+from memrl.data.schemas import Episode, QAPair, turn_steps
 from memrl.rollout.engines.base import Engine, GenerationResult
 from memrl.rollout.evaluation.reader import Evidence, EvidenceReader, ReaderQuestion, golds_of, question_evidence
 from memrl.rollout.evaluation.records import (
@@ -55,7 +56,7 @@ class ReplayEnv:
         self.episode = episode
         self.task_id = episode.episode_id
         self.task = episode.task
-        last = episode.trajectory[-1].turn_idx if episode.trajectory else 0
+        last = turn_steps(episode.trajectory)[-1] if episode.trajectory else 0
         self.max_steps = last + 2 + slack_steps
 
     def reset(self) -> str:
@@ -141,14 +142,13 @@ def run_qa(
             base = Rollout(ReplayEnv(episode, slack_steps), mem, reasoner_system=_reasoner_system(mem),
                            reasoner_sampling=reasoner_sampling, seed=seed, rollout_id="ingest",
                            metadata={"family": "qa", "dataset": dataset})
-            for turn in episode.trajectory:
-                base.add_turn(Turn(step=turn.turn_idx, action_text=turn.action, observation=turn.observation,
-                                   role="tool"))
+            for step, turn in zip(turn_steps(episode.trajectory), episode.trajectory, strict=True):
+                base.add_turn(Turn(step=step, action_text=turn.action, observation=turn.observation, role="tool"))
             bases.append(base)
         drive_memory(bases, engines)
         forks: list[tuple[Rollout, Rollout, Episode, int, QAPair, Evidence]] = []
         for base, (episode, todo) in zip(bases, work, strict=True):
-            asked_at = (episode.trajectory[-1].turn_idx if episode.trajectory else 0) + 1
+            asked_at = (turn_steps(episode.trajectory)[-1] if episode.trajectory else 0) + 1
             for index, qa in todo:
                 fork = base.fork(f"{dataset}|{system}|{model}|{_qa_id(qa, index)}")
                 asked = asked_as(qa)

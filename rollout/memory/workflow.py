@@ -11,7 +11,8 @@ and ingested in order, so a whole trajectory fed at once is processed exactly as
 1. ``reset(task, metadata)``; the agent loop also feeds the environment's first observation as
    ``Turn(step=0, action_text="", role="user")`` (the *start* turn).
 2. every recorded trajectory turn as ``Turn(step=turn_idx, action_text=action, observation=observation,
-   role="tool")`` (turn ids in memory are AMA-Bench's ``turn_idx``); :func:`feed_episode` does steps 2 and 3.
+   role="tool")`` (turn ids in memory are AMA-Bench's ``turn_idx``, made distinct by
+   :func:`~memrl.data.schemas.turn_steps`); :func:`feed_episode` does steps 2 and 3.
 3. the question as a ``user`` turn with empty ``action_text`` at a step > 0 (the last ``turn_idx`` + 1).
 4. the loop asks :meth:`~JobQueueMemory.next_memory_request` until it returns None (ingestion calls in trajectory
    order, then the question's retrieval calls), then :meth:`~memrl.rollout.memory.base.MemorySystem.reasoner_messages`
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.data.formats import ToolCall, parse_tool_calls
-from memrl.data.schemas import MemoryCall, Message
+from memrl.data.schemas import MemoryCall, Message, turn_steps
 from memrl.data.schemas import Turn as TrajectoryTurn
 from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
 
@@ -57,12 +58,11 @@ def truncate(text: str, limit: int) -> str:
 
 def feed_episode(memory: MemorySystem, trajectory: Sequence[TrajectoryTurn | dict[str, Any]], question: str) -> None:
     """Feed a recorded trajectory (AMA-Bench turns) and then the question, as the question-answering protocol says."""
-    last = 0
-    for raw in trajectory:
-        turn = raw if isinstance(raw, TrajectoryTurn) else TrajectoryTurn.model_validate(raw)
-        last = turn.turn_idx
-        memory.on_turn(Turn(step=last, action_text=turn.action, observation=turn.observation, role="tool"))
-    memory.on_turn(Turn(step=last + 1, action_text="", observation=question, role="user"))
+    turns = [raw if isinstance(raw, TrajectoryTurn) else TrajectoryTurn.model_validate(raw) for raw in trajectory]
+    steps = turn_steps(turns)
+    for step, turn in zip(steps, turns, strict=True):
+        memory.on_turn(Turn(step=step, action_text=turn.action, observation=turn.observation, role="tool"))
+    memory.on_turn(Turn(step=steps[-1] + 1 if steps else 1, action_text="", observation=question, role="user"))
 
 
 @dataclass
