@@ -128,13 +128,17 @@ def _console_handler() -> ConsoleHandler | None:
 
 ESTIMATE_AFTER_S = 2.0
 """How long a bar with ``work`` measures its rate before it logs how long the whole job would take."""
+LONG_JOB_S = 600.0
+"""A job projected to take longer than this has its estimate on the console; a shorter one only in the debug log
+(so the quickstart's console stays as it was)."""
 
 
 def progress_bar(iterable: Any = None, *, work: str | None = None, **kwargs: Any) -> Any:
     """A tqdm bar drawn on memrl's console (where the CLI's :class:`ConsoleHandler` shows memrl's records; stderr when
     memrl runs as a library). With ``work`` (what the whole job is, e.g. ``"1,000,000 episodes"``), one log line says,
     once the first items have run for :data:`ESTIMATE_AFTER_S` seconds, how long the rest would take at the rate
-    measured over them: an absurd size shows as an absurd time while it can still be interrupted."""
+    measured over them, on the console when it is longer than :data:`LONG_JOB_S`: an absurd size shows as an absurd
+    time while it can still be interrupted."""
     from tqdm.auto import tqdm
 
     handler = _console_handler()
@@ -155,9 +159,11 @@ def progress_bar(iterable: Any = None, *, work: str | None = None, **kwargs: Any
                 return
             self._estimated = True
             rate = done / elapsed
+            remaining = (self.total - self.n) / rate
             with tqdm.external_write_mode(file=self.fp):
-                log.info(f"{self.desc or 'progress'}: {work}; {done:,} done in {elapsed:.1f} s ({rate:.3g}/s): about "
-                         f"{_duration((self.total - self.n) / rate)} to go")
+                log.log(logging.INFO if remaining >= LONG_JOB_S else logging.DEBUG,
+                        f"{self.desc or 'progress'}: {work}; {done:,} done in {elapsed:.1f} s ({rate:.3g}/s): about "
+                        f"{_duration(remaining)} to go")
 
     return EstimatingBar(iterable, file=file, **kwargs)
 

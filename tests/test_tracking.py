@@ -124,3 +124,19 @@ def test_console_without_a_run_leaves_no_file(capfd) -> None:
         os.write(2, b"noise\n")
     assert temporary is not None and not temporary.exists()
     assert "noise" not in "".join(capfd.readouterr())
+
+
+def test_progress_estimate_reaches_the_console_only_for_a_long_job(monkeypatch, caplog) -> None:
+    """A bar with ``work`` logs its projection at INFO (the console) only when the rest would take LONG_JOB_S or more;
+    a short job's projection goes to the debug log, so short runs' consoles do not change."""
+    import logging
+
+    from memrl.data import tracking
+
+    monkeypatch.setattr(tracking, "ESTIMATE_AFTER_S", 0.0)
+    caplog.set_level(logging.DEBUG, logger="memrl.data.tracking")
+    for total in (3, 10**12):
+        with tracking.progress_bar(total=total, desc=f"job{total}", work=f"{total} items", disable=False) as bar:
+            bar.update(1)
+    records = {r.getMessage().split(":")[0]: r.levelno for r in caplog.records if "to go" in r.getMessage()}
+    assert records == {"job3": logging.DEBUG, f"job{10**12}": logging.INFO}
