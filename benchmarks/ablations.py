@@ -256,7 +256,8 @@ class Bench:
              batch_size: int = 32) -> Path:
         from memrl.data.config import RunConfig
         from memrl.train.policy import LoraSettings, PolicySpec
-        from memrl.train.sft import SFTDataConfig, SFTRunConfig, SFTTrainConfig, run_sft
+        from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
+        from memrl.train.sft_data import SFTDataConfig
 
         cfg = SFTRunConfig(
             run=RunConfig(output_dir=str(out), name=name, seed=seed), model=PolicySpec(base=str(base)),

@@ -146,7 +146,8 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     from memrl.rollout.models import ensure_smollm2, ensure_tiny_model
     from memrl.train.export import ExportConfig, export_model
     from memrl.train.oat_grpo import OATGRPOConfig, default_reasoner, summarize_eval, train_oat_grpo
-    from memrl.train.sft import SFTDataConfig, SFTRunConfig, SFTTrainConfig, run_sft
+    from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
+    from memrl.train.sft_data import SFTDataConfig
 
     run_dir = prepare_run_dir(cfg, cfg.run, "quickstart")
     stages = _Stages()

@@ -367,7 +367,8 @@ def test_each_sft_config_reads_what_a_distill_config_writes(
 
 
 def test_the_tiny_distill_config_writes_the_roles_sft_tiny_trains_on(tmp_path: Path) -> None:
-    from memrl.train.sft import SFTRunConfig, load_role_rows
+    from memrl.train.sft import SFTRunConfig
+    from memrl.train.sft_data import load_role_rows
 
     cfg = load_config(DistillRunConfig, CONFIGS / "distill_tiny.yaml",
                       [f"run.output_dir={tmp_path}", f"out={tmp_path / 'distill-tiny'}", "tasks.count=24",

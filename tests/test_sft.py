@@ -30,7 +30,8 @@ from memrl.data.formats import (
 )
 from memrl.data.io import write_jsonl
 from memrl.data.schemas import EpisodeTrace, MemoryCall, Message, SFTExample
-from memrl.train.sft import SFTRunConfig, build_sft_trainer, latest_checkpoint, mix_rows, run_sft, sft_args
+from memrl.train.sft import SFTRunConfig, build_sft_trainer, latest_checkpoint, run_sft, sft_args
+from memrl.train.sft_data import mix_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 COLORS = ["red", "blue", "green", "brass", "silver", "golden", "black", "white"]
