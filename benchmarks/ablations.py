@@ -53,6 +53,8 @@ import os
 import random
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -308,7 +310,9 @@ class Bench:
         out = {**summarize_eval(result), "per_task": {k: statistics.fmean(v) for k, v in per_task.items()},
                "per_task_greedy": greedy}
         self.eval_cache.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps(out))
+        partial = cached.with_suffix(f".{os.getpid()}.tmp")  # another --jobs process may read it meanwhile
+        partial.write_text(json.dumps(out))
+        partial.replace(cached)
         return out
 
     def sft_eval(self, seed: int) -> dict[str, Any]:
@@ -594,25 +598,133 @@ def run_key(args: argparse.Namespace, scale: Scale, rl: RLSettings) -> str:
 
 class Progress:
     """progress.jsonl: one line per finished (variant, seed) with its run key; a rerun of the same command skips
-    the finished ones (an unfinished one's folder is removed and it runs again from its start)."""
+    the finished ones (an unfinished one's folder is removed and it runs again from its start). Several processes
+    may share one file (``--jobs``): each line is one ``write`` to a file opened for appending, and :meth:`get`
+    reads lines the others have added since."""
 
     def __init__(self, path: Path, key: str) -> None:
         self.path, self.key = path, key
         self.done: dict[tuple[str, int], dict[str, Any]] = {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                row = json.loads(line) if line.strip() else {}
-                if row.get("key") == key:
-                    self.done[(row["variant"], row["seed"])] = {k: v for k, v in row.items()
-                                                                if k not in ("key", "variant")}
+        self._read = 0  # bytes of the file already parsed
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Parse the lines appended since the last read (complete lines only)."""
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self._read)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._read += len(complete)
+        for line in complete.decode().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if row.get("key") == self.key:
+                self.done[(row["variant"], row["seed"])] = {k: v for k, v in row.items() if k not in ("key", "variant")}
 
     def get(self, variant: str, seed: int) -> dict[str, Any] | None:
+        self.refresh()
         return self.done.get((variant, seed))
 
     def add(self, variant: str, seed: int, row: dict[str, Any]) -> None:
-        self.done[(variant, seed)] = {"seed": seed, **row}
-        with self.path.open("a") as f:
-            f.write(json.dumps({"key": self.key, "variant": variant, "seed": seed, **row}) + "\n")
+        line = json.dumps({"key": self.key, "variant": variant, "seed": seed, **row}) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())  # one append: other processes' lines never interleave with it
+        finally:
+            os.close(fd)
+        self.refresh()
+
+
+class Claims:
+    """Which process is computing which (variant, seed): a file per claim, created exclusively, holding the
+    claimant's PID. A claim whose process has died is taken over, so a killed worker's run is computed again."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def _file(self, variant: str, seed: int) -> Path:
+        return self.folder / f"{variant}-s{seed}.pid"
+
+    def take(self, variant: str, seed: int) -> bool:
+        """True when this process now holds the claim (newly, or it already did)."""
+        path, me = self._file(variant, seed), str(os.getpid())
+        mine = path.with_name(f"{path.name}.{me}.tmp")
+        mine.write_text(me)
+        try:
+            for _ in range(2):
+                try:
+                    os.link(mine, path)  # created whole, PID inside, or not at all
+                    return True
+                except FileExistsError:
+                    holder = path.read_text().strip() if path.exists() else ""
+                    if holder == me:
+                        return True
+                    if holder and _alive(int(holder)):
+                        return False
+                    self._drop_stale(path, holder)
+            return False
+        finally:
+            mine.unlink(missing_ok=True)
+
+    @staticmethod
+    def _drop_stale(path: Path, holder: str) -> None:
+        """Remove a dead holder's claim, unless another process has replaced it meanwhile."""
+        aside = path.with_name(f"{path.name}.{os.getpid()}.stale")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return
+        if aside.read_text().strip() != holder:  # a live process's fresh claim: put it back
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, path)
+        aside.unlink()
+
+    def release(self, variant: str, seed: int) -> None:
+        self._file(variant, seed).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_all(items: list[tuple[str, int, Any]], progress: Progress, claims: Claims, runs: Path,
+            on_finished: Any = None, poll_s: float = 5.0) -> None:
+    """Compute every (variant, seed, compute) not yet in ``progress``, sharing the work with any other process on
+    the same files: a run another live process has claimed is waited for, not repeated. Returns when every item is
+    finished, by whichever process. A run's folder (``runs/<variant>-s<seed>``) left by an interrupted try is
+    removed before it runs again. ``on_finished(variant, seed, row, seconds)`` reports the ones computed here."""
+    import shutil
+
+    pending = list(items)
+    while pending:
+        waiting = []
+        for variant, seed, compute in pending:
+            if progress.get(variant, seed) is not None:
+                continue
+            if not claims.take(variant, seed):
+                waiting.append((variant, seed, compute))
+                continue
+            try:
+                if progress.get(variant, seed) is None:  # finished between the check and the claim
+                    shutil.rmtree(runs / f"{variant}-s{seed}", ignore_errors=True)  # an interrupted try
+                    t0 = time.perf_counter()
+                    row = compute()
+                    progress.add(variant, seed, row)
+                    if on_finished is not None:
+                        on_finished(variant, seed, row, time.perf_counter() - t0)
+            finally:
+                claims.release(variant, seed)
+        if waiting and len(waiting) == len(pending):
+            time.sleep(poll_s)  # every remaining run is another process's: wait for it
+        pending = waiting
 
 
 def selection_file(work: Path, quick: bool) -> Path:
@@ -620,29 +732,32 @@ def selection_file(work: Path, quick: bool) -> Path:
     return work / ("quick" if quick else "full") / "selected_on_dev.json"
 
 
-def select(bench: Bench, progress: Progress, seed: int = 0) -> dict[str, Any]:
+def select(bench: Bench, progress: Progress, claims: Claims, seed: int = 0) -> dict[str, Any] | None:
     """``--select``: ``oat`` under each of :data:`SELECT_GRID` on the dev split only (one seed, the SFT start's
-    figures on the same dev tasks as the pair), the choice by :func:`pick_setting`."""
-    import shutil
+    figures on the same dev tasks as the pair), the choice by :func:`pick_setting`. A ``--worker`` computes its
+    share of the runs and returns None."""
 
-    sft = progress.get("sft", seed) or {"seed": seed, **bench.sft_eval(seed)}
-    if progress.get("sft", seed) is None:
-        progress.add("sft", seed, sft)
+    def candidate_run(candidate: RLSettings) -> dict[str, Any]:
+        bench.rl = candidate
+        return bench.oat_family("oat", seed, None, name=f"select-{candidate.name}-s{seed}", curve=False)
+
+    items = [("sft", seed, lambda: bench.sft_eval(seed))]
+    items += [(f"select-{c.name}", seed, lambda c=c: candidate_run(c)) for c in SELECT_GRID]
+    run_all(items, progress, claims, bench.runs)
+    if bench.args.worker:
+        return None
+    sft = progress.get("sft", seed)
+    assert sft is not None
     rows = []
     for candidate in SELECT_GRID:
-        name = f"select-{candidate.name}"
-        row = progress.get(name, seed)
-        if row is None:
-            shutil.rmtree(bench.runs / f"{name}-s{seed}", ignore_errors=True)  # an interrupted try starts over
-            bench.rl = candidate
-            row = {"seed": seed, **bench.oat_family("oat", seed, None, name=f"{name}-s{seed}", curve=False)}
-            progress.add(name, seed, row)
+        row = progress.get(f"select-{candidate.name}", seed)
+        assert row is not None
         diff = paired_difference([row], [sft])
         rows.append({**asdict(candidate), "dev_success": row["success"], "dev_success_greedy": row["success_greedy"],
                      "oat_minus_sft": diff, "updates": row["updates"], "wall_s": row["wall_s"]})
-        print(f"[ablations] select {candidate.name}: dev sampled {row['success']:.3f} greedy "
-              f"{row['success_greedy']:.3f} (SFT {sft['success']:.3f}); oat - SFT {diff['difference']:+.1f} "
-              f"[{diff['ci95'][0]:+.1f}, {diff['ci95'][1]:+.1f}]", flush=True)
+        say(f"select {candidate.name}: dev sampled {row['success']:.3f} greedy {row['success_greedy']:.3f} "
+            f"(SFT {sft['success']:.3f}); oat - SFT {diff['difference']:+.1f} "
+            f"[{diff['ci95'][0]:+.1f}, {diff['ci95'][1]:+.1f}]")
     chosen = pick_setting([r["dev_success"] for r in rows])
     return {"rule": "the highest mean dev success (sampled), ties to the setting listed first (closest to memrl's "
                     "defaults: kl_coef 0 first, then the smaller lr)",
@@ -676,8 +791,42 @@ def full_estimate(runs: dict[str, list[dict[str, Any]]], phases: dict[str, dict[
                    "extra-tree ratio) and evaluation episodes (300 x 5 test + 48 x 2 dev-curve x 6)"}
 
 
+def say(message: str) -> None:
+    """One progress line on stdout, marked with the worker when several processes share the run."""
+    print(f"[ablations{WORKER_TAG}] {message}", flush=True)
+
+
+WORKER_TAG = ""
+
+
+def start_workers(jobs: int) -> list[subprocess.Popen]:
+    """``jobs - 1`` copies of this command as ``--worker`` processes on the same work folder; each dies with its
+    parent (Linux's parent-death signal), so killing the benchmark leaves no worker behind."""
+    argv, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a == "--jobs":
+            skip = True
+        elif not a.startswith("--jobs="):
+            argv.append(a)
+    return [subprocess.Popen([sys.executable, sys.argv[0], *argv, "--worker", f"--worker-index={i}"])
+            for i in range(1, jobs)]
+
+
+def die_with_parent() -> None:
+    """Ask Linux to send this process SIGTERM when its parent exits (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent was already gone
+        sys.exit(1)
+
+
 def main() -> None:
-    import shutil
+    global WORKER_TAG
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the small setting")
@@ -692,7 +841,17 @@ def main() -> None:
     parser.add_argument("--work", default="runs/ablations", help="output directory (the SFT checkpoint is reused)")
     parser.add_argument("--model-cache", default=".cache/models")
     parser.add_argument("--prepare-only", action="store_true", help="build the shared SFT checkpoint and stop")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="processes sharing the (variant, seed) runs, one torch thread each (2 on this 2-core "
+                             "machine halves the wall time); the figures do not depend on it")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.worker:
+        WORKER_TAG = f" w{args.worker_index}"
+        die_with_parent()
     if args.select:
         args.split = "dev"  # settings are chosen on dev tasks only, never on the test split
     variants = [v for v in args.variants.split(",") if v]
@@ -704,18 +863,40 @@ def main() -> None:
 
     t_start = time.perf_counter()
     bench = Bench(args)
-    seeds = args.seeds or bench.scale.seeds
-    prep = bench.prepare()
-    print(f"[ablations] shared SFT checkpoint {bench.sft_dir} ({prep})", flush=True)
+    prep = bench.prepare()  # before any worker starts: they reuse the checkpoint
+    say(f"shared SFT checkpoint {bench.sft_dir} ({prep})")
     if args.prepare_only:
         return
+    if args.jobs > 1 or args.worker:
+        from memrl.rollout.engines.base import set_torch_threads
+
+        set_torch_threads(1)  # one core per process: OpenMP threads spinning on a shared core cost 4-12x
+    workers = start_workers(args.jobs) if args.jobs > 1 and not args.worker else []
+    try:
+        run_benchmark(args, bench, t_start, workers)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.terminate()
+            w.wait()
+
+
+def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, workers: list[subprocess.Popen]) -> None:
+    """The selection or the ablation proper, on the prepared checkpoint (a ``--worker`` only computes runs)."""
+    variants = [v for v in args.variants.split(",") if v]
+    seeds = args.seeds or bench.scale.seeds
     chosen_file = selection_file(bench.work, args.quick)
     non_default = dict(NON_DEFAULT_SETTINGS)
+    claims = Claims(bench.runs / "claims")
     if args.select:
         progress = Progress(bench.runs / "select_progress.jsonl", run_key(args, bench.scale, ANALYSIS_SETTINGS))
-        record = {"benchmark": "ablations-select", "setting": args.setting, "quick": args.quick,
-                  **select(bench, progress), "phases": bench.clock.summary(),
-                  "wall_seconds": round(time.perf_counter() - t_start, 1)}
+        selection = select(bench, progress, claims)
+        if selection is None:  # a worker
+            return
+        wait_for(workers)
+        record = {"benchmark": "ablations-select", "setting": args.setting, "quick": args.quick, "jobs": args.jobs,
+                  **selection, "phases": bench.clock.summary(),
+                  "wall_seconds": round(time.perf_counter() - t_start, 1), "cpu_seconds": round(PhaseClock._cpu(), 1)}
         chosen_file.write_text(json.dumps(record, indent=1) + "\n")
         print(json.dumps(record), flush=True)
         return
@@ -733,51 +914,48 @@ def main() -> None:
             f"{figures}; SFT {100 * selection['sft_dev_success']:.1f}%")
         non_default[f"trainer.optimizer_steps_per_epoch={STEPS_PER_EPOCH}, lr_schedule=cosine to 0.1 over the run"] = (
             "from issue 26's analysis, not chosen on dev: several clipped steps per batch, late steps refine")
-        print(f"[ablations] RL settings chosen on dev: {bench.rl}", flush=True)
+        say(f"RL settings chosen on dev: {bench.rl}")
     else:
         non_default["trainer.lr, trainer.kl_coef, trainer.update_epochs"] = (
             f"from issue 26's analysis, NOT chosen on dev: no {chosen_file} (run --select first)")
     progress = Progress(bench.runs / "progress.jsonl", run_key(args, bench.scale, bench.rl))
-    if progress.done:
-        print(f"[ablations] {len(progress.done)} finished (variant, seed) runs reused from {progress.path}", flush=True)
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    reused: list[tuple[str, int]] = []
+    finished_before = set(progress.done)
+    if finished_before and not args.worker:
+        say(f"{len(finished_before)} finished (variant, seed) runs reused from {progress.path}")
 
-    def run_once(variant: str, seed: int, compute: Any) -> dict[str, Any]:
-        row = progress.get(variant, seed)
-        if row is not None:
-            reused.append((variant, seed))
-        else:
-            shutil.rmtree(bench.runs / f"{variant}-s{seed}", ignore_errors=True)  # an interrupted attempt's folder
-            t0 = time.perf_counter()
-            row = compute()
-            progress.add(variant, seed, row)
-            print(f"[ablations] {variant} seed {seed}: test sampled {row['success']:.3f} greedy "
-                  f"{row['success_greedy']:.3f} tokens {row.get('reasoner_tokens', 0)} updates "
-                  f"{row.get('updates', '-')} ({time.perf_counter() - t0:.0f} s)", flush=True)
-        row = {**row, "seed": seed}
-        if variant in runs:
-            runs[variant].append(row)
-        return row
+    def report(variant: str, seed: int, row: dict[str, Any], seconds: float) -> None:
+        say(f"{variant} seed {seed}: test sampled {row['success']:.3f} greedy {row['success_greedy']:.3f} tokens "
+            f"{row.get('reasoner_tokens', 0)} updates {row.get('updates', '-')} ({seconds:.0f} s)")
 
-    first = run_once("oat", 0, lambda: bench.oat_family("oat", 0, None))
+    # oat seed 0 fixes the budget every other run spends; the SFT evaluations need nothing, so a second worker
+    # does them meanwhile
+    run_all([("oat", 0, lambda: bench.oat_family("oat", 0, None))]
+            + [("sft", seed, lambda seed=seed: {**bench.sft_eval(seed), "reasoner_tokens": 0, "wall_s": 0.0})
+               for seed in range(seeds)], progress, claims, bench.runs, report)
+    first = progress.get("oat", 0)
+    assert first is not None
     budget = first["reasoner_tokens"]
     # sft_more: as many optimizer steps as oat seed 0, each on as many rows as one of its optimizer steps
     steps, rows_per_step = max(first["updates"], 1), max(round(first["rows_per_update"] / STEPS_PER_EPOCH), 1)
-    print(f"[ablations] budget: {budget} reasoner tokens, {steps} optimizer steps (oat seed 0)", flush=True)
-    sft_runs = []
-    for seed in range(seeds):
-        sft_runs.append(run_once("sft", seed, lambda seed=seed: {**bench.sft_eval(seed), "reasoner_tokens": 0,
-                                                                 "wall_s": 0.0}))
-        for variant in variants:
-            if variant == "oat" and seed == 0:
-                continue
-            if variant == "trl_grpo":
-                run_once(variant, seed, lambda seed=seed: bench.trl_grpo(seed, budget))
-            elif variant == "sft_more":
-                run_once(variant, seed, lambda seed=seed: bench.sft_more(seed, budget, steps, rows_per_step))
-            else:
-                run_once(variant, seed, lambda seed=seed, variant=variant: bench.oat_family(variant, seed, budget))
+    if not args.worker:
+        say(f"budget: {budget} reasoner tokens, {steps} optimizer steps (oat seed 0)")
+
+    def compute(variant: str, seed: int) -> Any:
+        if variant == "trl_grpo":
+            return lambda: bench.trl_grpo(seed, budget)
+        if variant == "sft_more":
+            return lambda: bench.sft_more(seed, budget, steps, rows_per_step)
+        return lambda: bench.oat_family(variant, seed, budget)
+
+    run_all([(variant, seed, compute(variant, seed)) for seed in range(seeds) for variant in variants
+             if (variant, seed) != ("oat", 0)], progress, claims, bench.runs, report)
+    if args.worker:
+        return
+    wait_for(workers)
+    reused = [key for key in finished_before if key[0] in ("sft", *variants) and key[1] < seeds]
+    sft_runs = [{**progress.get("sft", seed), "seed": seed} for seed in range(seeds)]  # type: ignore[dict-item]
+    runs = {v: [{**progress.get(v, seed), "seed": seed} for seed in range(seeds)]  # type: ignore[dict-item]
+            for v in variants}
     png = bench.runs / "ablations_curves.png"
     sft_sampled = statistics.fmean(r["success"] for r in sft_runs)
     plot_curves(runs, sft_sampled, png)
@@ -791,6 +969,7 @@ def main() -> None:
         "setting": args.setting,
         "split": args.split,
         "quick": args.quick,
+        "jobs": args.jobs,  # phases count this process's time; wall and cpu seconds include the workers'
         "seeds": seeds,
         "test_tasks": bench.scale.test_tasks,
         "eval_samples_per_task": bench.scale.eval_samples,
@@ -809,6 +988,14 @@ def main() -> None:
     }
     (bench.runs / "ablations.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record), flush=True)
+
+
+def wait_for(workers: list[subprocess.Popen]) -> None:
+    """Every run is finished when this is called: let the workers exit, and fail loudly if one crashed."""
+    for w in workers:
+        if w.wait() != 0:
+            raise SystemExit(f"[ablations] worker {w.pid} exited with {w.returncode}; its runs were finished by "
+                             "another process, but check its output above")
 
 
 if __name__ == "__main__":

@@ -69,3 +69,58 @@ def test_full_estimate_scales_this_run_s_rates() -> None:
     episodes = FULL.test_tasks * (FULL.eval_samples + 1) + FULL.dev_curve_tasks * 2 * (FULL.iterations // 5 + 1)
     assert out["seconds_per_rl_variant_seed"] == round(FULL.iterations * FULL.tasks_per_iteration * 10 + episodes * 0.5)
     assert full_estimate({}, phases, QUICK) == {}
+
+
+def test_claims_are_exclusive_and_a_dead_holder_s_claim_is_taken_over(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from benchmarks.ablations import Claims
+
+    claims = Claims(tmp_path / "claims")
+    assert claims.take("oat", 0) and claims.take("oat", 0)  # taken, and still ours
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "claims" / "flat-s1.pid").write_text(str(live.pid))
+        assert not claims.take("flat", 1)  # a live process computes it
+    finally:
+        live.kill()
+        live.wait()
+    assert claims.take("flat", 1)  # its holder died: taken over
+    claims.release("oat", 0)
+    assert not (tmp_path / "claims" / "oat-s0.pid").exists()
+
+
+def test_two_processes_share_the_runs_and_compute_each_once(tmp_path) -> None:
+    """run_all in two processes at once over one progress file: every run is computed by exactly one of them, and
+    each process returns only when all are finished."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+        from benchmarks.ablations import Claims, Progress, run_all
+        work = Path({str(tmp_path)!r})
+        progress = Progress(work / "progress.jsonl", "k")
+        def compute(v, s):
+            def run():
+                time.sleep(0.3)
+                return {{"by": os.getpid()}}
+            return run
+        run_all([(v, s, compute(v, s)) for v in ("a", "b", "c") for s in range(2)], progress,
+                Claims(work / "claims"), work, poll_s=0.1)
+        print(sorted(progress.done))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    rows = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert sorted((r["variant"], r["seed"]) for r in rows) == [(v, s) for v in "abc" for s in range(2)]  # once each
+    assert len({r["by"] for r in rows}) == 2  # both processes did some of the work
+    assert outs[0] == outs[1] != ""  # each saw every run finished before it returned
+    assert list((tmp_path / "claims").iterdir()) == []
