@@ -94,6 +94,21 @@ EndpointURL = Annotated[str, AfterValidator(check_endpoint_url)]
 """An OpenAI-compatible endpoint's base URL (checked by :func:`check_endpoint_url`)."""
 
 
+def check_regex(pattern: str) -> str:
+    """A pattern Python's ``re`` compiles; anything else is a ValueError quoting the regex engine's complaint."""
+    import re
+
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from None
+    return pattern
+
+
+RegexPattern = Annotated[str, AfterValidator(check_regex)]
+"""A regular expression, checked when the config loads (the error names the field)."""
+
+
 class WandbConfig(ConfigModel):
     """Weights & Biases logging. ``mode: offline`` works without a network; keys come from the environment only."""
 

@@ -64,9 +64,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import bm25s
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from memrl.data.config import ConfigModel
+from memrl.data.config import ConfigModel, RegexPattern
 from memrl.data.formats import (
     ToolCall,
     parse_intervention,
@@ -108,7 +108,7 @@ class ProactiveConfig(ConfigModel):
     trigger_every: int = Field(1, ge=0, description="N: memory step at t = 0 and every N steps (0: first step only)")
     trigger_on_error: bool = False  # g(t) also fires after a tool error (error_pattern)
     trigger_on_repeat: bool = False  # g(t) also fires after a command repeated in the window
-    error_pattern: str = Field(
+    error_pattern: RegexPattern = Field(
         r"(?im)^(error|fatal|traceback)\b|command not found|cannot stat|no such file",
         description="an observation matching this regex is a tool error (for trigger_on_error)",
     )
@@ -120,14 +120,6 @@ class ProactiveConfig(ConfigModel):
         "intervene": RoleSampling(temperature=1.0, max_tokens=128),
     }
 
-    @field_validator("error_pattern")
-    @classmethod
-    def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"error_pattern is not a valid regular expression: {exc}") from None
-        return pattern
 
     @property
     def uses_bank(self) -> bool:

@@ -54,7 +54,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memrl.data.config import ConfigModel
+from memrl.data.config import ConfigModel, RegexPattern
 from memrl.data.envs.base import count_tokens as approximate_count_tokens
 from memrl.data.formats import (
     NOTHING_RELEVANT,
@@ -141,7 +141,9 @@ class PagingConfig(ConfigModel):
     live_capacity_turns: int | None = Field(None, ge=1, description="... or this many turns")
     keep_recent_tokens: int = Field(1024, ge=0, description="after a cut, at most this many tokens stay raw")
     keep_recent_turns: int | None = Field(None, ge=0, description="... and at most this many turns")
-    pin_pattern: str = Field(r"(?m)^question: ", description="an observation matching it is never cut, nor later ones")
+    pin_pattern: RegexPattern = Field(
+        r"(?m)^question: ", description="an observation matching it is never cut, nor later ones"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> PagingConfig:
@@ -150,10 +152,6 @@ class PagingConfig(ConfigModel):
         capacity, keep = self.live_capacity_turns, self.keep_recent_turns
         if capacity is not None and keep is not None and keep >= capacity:
             raise ValueError("keep_recent_turns must be below live_capacity_turns")
-        try:
-            re.compile(self.pin_pattern)
-        except re.error as exc:
-            raise ValueError(f"pin_pattern is not a regular expression: {exc}") from exc
         return self
 
 

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from memrl.data.config import ConfigModel
+from memrl.data.config import ConfigModel, RegexPattern
 
 __all__ = ["DetectConfig", "PivotGroupConfig", "PrefilterConfig"]
 
@@ -29,17 +28,9 @@ class PrefilterConfig(ConfigModel):
     tool_error: bool = Field(True, description="the step follows a tool error")
     repeat: bool = Field(True, description="the step precedes a command the window already holds")
     every_step: bool = Field(False, description="every memory step is a candidate (no pre-filter)")
-    state_change_pattern: str = _STATE_CHANGE  # regex of a state-changing command
-    error_pattern: str = _TOOL_ERROR  # regex of an observation that is a tool error
+    state_change_pattern: RegexPattern = _STATE_CHANGE  # a state-changing command
+    error_pattern: RegexPattern = _TOOL_ERROR  # an observation that is a tool error
 
-    @field_validator("state_change_pattern", "error_pattern")
-    @classmethod
-    def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from None
-        return pattern
 
 
 class DetectConfig(ConfigModel):
