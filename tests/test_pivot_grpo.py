@@ -211,3 +211,36 @@ def test_all_turns_groups_skip_detection_and_reuse_the_start_evaluation(tmp_path
     (row,) = summary["history"]
     assert row["pivot_groups"] == 3 and row["refresh_turns"] >= 3 and "refresh_candidates" not in row
     assert row["action_tokens"] > 0
+
+
+def test_a_resumed_pivot_run_measures_kl_to_its_initial_policy(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The KL probe travels in pivot-GRPO's checkpoint: after a resume, kl_initial_probe is the distance to the
+    run's start, as in the uninterrupted run (a probe re-fixed at the resume would read one update's KL)."""
+    from types import SimpleNamespace
+
+    import torch
+    from test_group_trainer import groups_for
+
+    from memrl.train.checkpoint import CheckpointManager
+    from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+    from memrl.train.pivot_grpo import checkpoint_state, resume_state
+    from memrl.train.policy import LoraSettings, PolicySpec
+
+    def trainer() -> GroupTrainer:
+        torch.manual_seed(0)  # the same LoRA initialisation each time
+        return GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
+                            GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3))
+
+    whole = trainer()
+    groups = groups_for(whole.tokenizer, "the red key is in drawer 5", "nothing relevant")
+    uninterrupted = [whole.step(groups)["kl_initial_probe"] for _ in range(2)]
+    assert uninterrupted[1] > uninterrupted[0] > 1e-4
+
+    first = trainer()
+    assert first.step(groups)["kl_initial_probe"] == pytest.approx(uninterrupted[0], rel=1e-5)
+    ckpt = CheckpointManager(tmp_path / "checkpoints", keep=2)
+    ckpt.save(0, first.accelerator, first.model, checkpoint_state(0, first, [], []))
+    resumed = trainer()
+    start, _, _ = resume_state(SimpleNamespace(run=SimpleNamespace(resume=True)), ckpt, resumed, None)
+    assert start == 1
+    assert resumed.step(groups)["kl_initial_probe"] == pytest.approx(uninterrupted[1], rel=1e-4)

@@ -376,10 +376,19 @@ def resume_state(cfg: PivotGRPOConfig, ckpt: CheckpointManager, trainer: GroupTr
     state = ckpt.load(latest, trainer.accelerator)
     trainer.version, trainer.updates = state["policy_version"], state["updates"]
     trainer.set_rng_state(state["trainer_rng"])
+    trainer.set_probe_state(state.get("trainer_probe"))  # KL to the run's initial policy, not the resumed one
     if logger is not None:
         logger.truncate_after(state["iteration"])
         log.info("resumed from %s: continuing at iteration %d", latest.name, state["iteration"] + 1)
     return state["iteration"] + 1, state["history"], state["evals"]
+
+
+def checkpoint_state(iteration: int, trainer: GroupTrainer, history: list[dict[str, Any]],
+                     evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The loop's state saved beside the weights after ``iteration``; :func:`resume_state` reads it back."""
+    return {"iteration": iteration, "policy_version": trainer.version, "updates": trainer.updates,
+            "trainer_rng": trainer.rng_state(), "trainer_probe": trainer.probe_state(), "history": history,
+            "evals": evals}
 
 
 def due(every: int, iteration: int, last: bool) -> bool:
@@ -444,9 +453,7 @@ def run_pivot_grpo(cfg: PivotGRPOConfig) -> int:
                 logger.log(iteration, metrics)
             # checkpoint
             if due(cfg.loop.checkpoint_every, iteration, last):
-                ckpt.save(iteration, accelerator, trainer.model, {
-                    "iteration": iteration, "policy_version": trainer.version, "updates": trainer.updates,
-                    "trainer_rng": trainer.rng_state(), "history": history, "evals": evals})
+                ckpt.save(iteration, accelerator, trainer.model, checkpoint_state(iteration, trainer, history, evals))
     finally:  # cleanup
         if main:
             logger.close()
