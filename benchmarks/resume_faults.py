@@ -196,15 +196,15 @@ def main() -> None:
     for trial in range(args.trials):
         name = f"trial-{trial:02d}"
         run_dir = work / name
+        aimed = trial == 0 or rng.random() < args.in_write  # drawn once: a redraw below keeps the kind of kill
         while True:
-            aimed = trial == 0 or rng.random() < args.in_write
             moment = None if aimed else rng.uniform(started, wall)
             hit = kill_at(command(model, work, name), run_dir, moment,
                           in_write_of=rng.randrange(ITERATIONS) if trial else 0,
                           write_delay=rng.uniform(0.0, 0.05) if trial else 0.0)
             if not hit["finished"]:
                 break
-            shutil.rmtree(run_dir, ignore_errors=True)  # the run beat the kill: draw another moment
+            shutil.rmtree(run_dir, ignore_errors=True)  # the run beat the kill: another moment, same kind
         run(command(model, work, name, "--resume"))
         got = steps(run_dir)
         ok = same_weights(weights(run_dir), reference) and got == expected_steps
