@@ -947,8 +947,12 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
             return lambda: bench.sft_more(seed, budget, steps, rows_per_step)
         return lambda: bench.oat_family(variant, seed, budget)
 
-    run_all([(variant, seed, compute(variant, seed)) for seed in range(seeds) for variant in variants
-             if (variant, seed) != ("oat", 0)], progress, claims, bench.runs, report)
+    # seed by seed, so an interrupted run's finished seeds already make a table (``--seeds K`` prints it from
+    # progress.jsonl); the lr0 control, which only confirms that nothing moves, after all the others
+    order = [(v, seed) for seed in range(seeds) for v in variants if v != "lr0"]
+    order += [("lr0", seed) for seed in range(seeds) if "lr0" in variants]
+    run_all([(v, seed, compute(v, seed)) for v, seed in order if (v, seed) != ("oat", 0)], progress, claims,
+            bench.runs, report)
     if args.worker:
         return
     wait_for(workers)
