@@ -30,14 +30,17 @@ under each entry of the pre-declared :data:`SELECT_GRID`, scored on dev tasks pa
 reads and lists with its dev figures.
 
 Unattended and resumable: every finished (variant, seed) is a line of ``progress.jsonl`` with the key of the settings
-it ran under; rerunning the same command skips those and restarts only the unfinished one. Evaluations are cached by
+it ran under; rerunning the same command skips those and restarts only the unfinished one. ``--jobs N`` runs N
+processes (one torch thread each) that share the (variant, seed) runs through claim files; the figures do not depend
+on N. Evaluations are cached by
 (weights, seed, tasks); the SFT start's dev-curve figures are computed once per seed. The JSON reports each phase's
 wall and CPU seconds with the load average (``phases``) and, for ``--quick``, the full setting's time extrapolated
 from the measured rates (``full_estimate``).
 
     python benchmarks/ablations.py --quick --select   # choose the RL settings on dev (6 settings, seed 0)
     python benchmarks/ablations.py --quick            # 48 test tasks x 2 samples, 2 seeds
-    python benchmarks/ablations.py                    # 300 test tasks x 4 samples, 5 seeds, >= 100 optimizer steps
+    python benchmarks/ablations.py --select --jobs 2  # the same choice at the full scale (300 dev tasks)
+    python benchmarks/ablations.py --jobs 2           # 300 test tasks x 4 samples, 5 seeds, >= 100 optimizer steps
 
 One JSON line last, with ``variants`` (per variant and seed) and ``paired`` (the differences).
 """
