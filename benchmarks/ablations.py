@@ -31,8 +31,8 @@ reads and lists with its dev figures.
 
 Unattended and resumable: every finished (variant, seed) is a line of ``progress.jsonl`` with the key of the settings
 it ran under; rerunning the same command skips those and restarts only the unfinished one. ``--jobs N`` runs N
-processes (one torch thread each) that share the (variant, seed) runs through claim files; the figures do not depend
-on N. Evaluations are cached by
+processes (one torch thread each) that share the (variant, seed) runs through claim files; a run's figures do not
+depend on which process computed it. Evaluations are cached by
 (weights, seed, tasks); the SFT start's dev-curve figures are computed once per seed. The JSON reports each phase's
 wall and CPU seconds with the load average (``phases``) and, for ``--quick``, the full setting's time extrapolated
 from the measured rates (``full_estimate``).
@@ -846,7 +846,7 @@ def main() -> None:
     parser.add_argument("--prepare-only", action="store_true", help="build the shared SFT checkpoint and stop")
     parser.add_argument("--jobs", type=int, default=1,
                         help="processes sharing the (variant, seed) runs, one torch thread each (2 on this 2-core "
-                             "machine halves the wall time); the figures do not depend on it")
+                             "machine); a run's figures do not depend on which process computed it")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
