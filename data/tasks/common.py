@@ -1,14 +1,35 @@
-"""Pieces shared by the task families: answer normalisation and message helpers."""
+"""Pieces shared by the task families: rebuilding a task from its spec, answer normalisation, message helpers."""
 
 from __future__ import annotations
 
 import re
 import string
-from typing import Any
+from typing import Any, ClassVar
 
-from memrl.data.schemas import Message
+from typing_extensions import Self
 
-__all__ = ["as_messages", "content_of", "normalize_answer", "role_of"]
+from memrl.data.schemas import EnvSpec, Message
+
+__all__ = ["SpecTask", "as_messages", "content_of", "normalize_answer", "role_of"]
+
+
+class SpecTask:
+    """A synthetic task that an :class:`EnvSpec` named after its ``family`` rebuilds: deterministic for its
+    (params, seed), constructed as ``cls(params, seed, task_id)``."""
+
+    family: ClassVar[str]
+    params: Any  # the family's parameter model
+    seed: int
+
+    @classmethod
+    def from_spec(cls, spec: EnvSpec, task_id: str = "") -> Self:
+        """Rebuild from an :class:`EnvSpec` named after the family."""
+        return cls(spec.params, spec.seed, task_id)  # type: ignore[call-arg]
+
+    @property
+    def spec(self) -> EnvSpec:
+        """The spec that rebuilds this task."""
+        return EnvSpec(name=self.family, seed=self.seed, params=self.params.model_dump(mode="json"))
 
 
 def normalize_answer(text: str | None) -> str:

@@ -24,7 +24,6 @@ from typing import Any
 
 from pydantic import Field
 
-from memrl.data.schemas import EnvSpec
 from memrl.data.tasks.sam import SamTask, SamTaskParams
 
 __all__ = ["DIALOGUE_SPLITS", "DIALOGUE_TASK", "DialogueParams", "DialogueTask", "narrate"]
@@ -134,16 +133,6 @@ class DialogueTask(SamTask):
         self.speakers = SPEAKERS[seed % len(SPEAKERS)]
         super().__init__(params, seed, task_id or f"dialogue-{seed}")
         self.task = DIALOGUE_TASK
-
-    @classmethod
-    def from_spec(cls, spec: EnvSpec, task_id: str = "") -> DialogueTask:
-        """Rebuild from an :class:`EnvSpec` named ``dialogue``."""
-        return cls(DialogueParams.model_validate(spec.params), spec.seed, task_id)
-
-    @property
-    def spec(self) -> EnvSpec:
-        """The spec that rebuilds this task."""
-        return EnvSpec(name="dialogue", seed=self.seed, params=self.params.model_dump(mode="json"))
 
     def _strip(self, observation: str) -> str:  # type: ignore[override]
         """The observation without its goal line, narrated; the wording is a pure function of (seed, text), so a

@@ -37,8 +37,8 @@ from memrl.data.formats import (
     parse_tool_calls,
     render_tool_call,
 )
-from memrl.data.schemas import EnvSpec, Episode, QAPair, Turn
-from memrl.data.tasks.common import content_of, normalize_answer, role_of
+from memrl.data.schemas import Episode, QAPair, Turn
+from memrl.data.tasks.common import SpecTask, content_of, normalize_answer, role_of
 
 __all__ = [
     "SAM_SETTINGS",
@@ -165,7 +165,7 @@ SAM_SETTINGS: dict[str, SamSetting] = {
 }
 
 
-class SamTask:
+class SamTask(SpecTask):
     """One SAM episode (see the module docstring). Deterministic for (params, seed); survives ``copy.deepcopy``."""
 
     family = "sam"
@@ -180,15 +180,6 @@ class SamTask:
         self.pos = 0
         self.env = copy.deepcopy(self._fresh)
 
-    @classmethod
-    def from_spec(cls, spec: EnvSpec, task_id: str = "") -> SamTask:
-        """Rebuild from an :class:`EnvSpec` named ``sam``."""
-        return cls(spec.params, spec.seed, task_id)
-
-    @property
-    def spec(self) -> EnvSpec:
-        """The spec that rebuilds this task."""
-        return EnvSpec(name="sam", seed=self.seed, params=self.params.model_dump(mode="json"))
 
     # ------------------------------------------------------------------------------------------------ building
     def _world_params(self, n_rooms: int, variants: int) -> TextWorldParams:

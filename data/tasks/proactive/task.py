@@ -12,7 +12,8 @@ import re
 from typing import Any
 
 from memrl.data.envs.base import turn_tokens
-from memrl.data.schemas import EnvSpec, Episode, QAPair
+from memrl.data.schemas import Episode, QAPair
+from memrl.data.tasks.common import SpecTask
 from memrl.data.tasks.proactive.agents import ActionAgent
 from memrl.data.tasks.proactive.reference import simulate_proactive
 from memrl.data.tasks.proactive.world import (
@@ -31,7 +32,7 @@ from memrl.data.tasks.proactive.world import (
 __all__ = ["ProactiveTask"]
 
 
-class ProactiveTask:
+class ProactiveTask(SpecTask):
     """One proactive episode (see :mod:`memrl.data.tasks.proactive`); implements the agent loop's task interface."""
 
     family = "proactive"
@@ -61,15 +62,6 @@ class ProactiveTask:
         self.max_steps = reference.steps + self.params.slack
         self.reset()
 
-    @classmethod
-    def from_spec(cls, spec: EnvSpec, task_id: str = "") -> ProactiveTask:
-        """Rebuild from an :class:`EnvSpec` named ``proactive``."""
-        return cls(spec.params, spec.seed, task_id)
-
-    @property
-    def spec(self) -> EnvSpec:
-        """The spec that rebuilds this task."""
-        return EnvSpec(name="proactive", seed=self.seed, params=self.params.model_dump(mode="json"))
 
     # ------------------------------------------------------------------------------------------------ building
     def _planted_facts(self) -> list[str]:
