@@ -224,6 +224,7 @@ class Bench:
                                                     sam=self.setting.test), "curve")
         self.base: Path | None = None
         self.sft_dir: Path | None = None
+        self.start: dict[str, str] = {}  # digests of the base and SFT weights: what every figure here starts from
         self.sft_evals: dict[int, dict[str, Any]] = {}
         self.clock = PhaseClock()
         self.rl = ANALYSIS_SETTINGS  # replaced by --select's choice in main()
@@ -254,7 +255,8 @@ class Bench:
             with self.clock("sft_checkpoint"):
                 stats = distill(distill_cfg, self.work / "distill")
                 self._sft(self.work / "distill", self.base, self.work, "sft", SFT_STEPS, seed=0)
-        return {"distill_traces": stats.get("traces"), "distill_rows": stats.get("rows"),
+        self.start = {"base_weights": weights_digest(self.base)[:16], "sft_weights": weights_digest(self.sft_dir)[:16]}
+        return {"distill_traces": stats.get("traces"), "distill_rows": stats.get("rows"), **self.start,
                 "seconds": round(time.perf_counter() - t0, 1)}
 
     def _sft(self, data_dir: Path, base: Path, out: Path, name: str, steps: int, seed: int, lr: float = 2e-3,
@@ -591,11 +593,11 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], sft: float, path: Path) -
     plt.close(fig)
 
 
-def run_key(args: argparse.Namespace, scale: Scale, rl: RLSettings) -> str:
+def run_key(args: argparse.Namespace, scale: Scale, rl: RLSettings, start: dict[str, str]) -> str:
     """What a finished (variant, seed) row of progress.jsonl was computed under: a row is reused on a rerun only
-    when every one of these is unchanged."""
+    when every one of these is unchanged, the weights it started from (``start``: Bench.start's digests) included."""
     inputs = {"scale": asdict(scale), "rl": asdict(rl), "setting": args.setting, "split": args.split,
-              "sft_steps": SFT_STEPS, "non_default": sorted(NON_DEFAULT_SETTINGS)}
+              "sft_steps": SFT_STEPS, "non_default": sorted(NON_DEFAULT_SETTINGS), "start": start}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -892,19 +894,23 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
     non_default = dict(NON_DEFAULT_SETTINGS)
     claims = Claims(bench.runs / "claims")
     if args.select:
-        progress = Progress(bench.runs / "select_progress.jsonl", run_key(args, bench.scale, ANALYSIS_SETTINGS))
+        progress = Progress(bench.runs / "select_progress.jsonl", run_key(args, bench.scale, ANALYSIS_SETTINGS,
+                                                                                   bench.start))
         selection = select(bench, progress, claims)
         if selection is None:  # a worker
             return
         wait_for(workers)
         record = {"benchmark": "ablations-select", "setting": args.setting, "quick": args.quick, "jobs": args.jobs,
-                  **selection, "phases": bench.clock.summary(),
+                  **bench.start, **selection, "phases": bench.clock.summary(),
                   "wall_seconds": round(time.perf_counter() - t_start, 1), "cpu_seconds": round(PhaseClock._cpu(), 1)}
         chosen_file.write_text(json.dumps(record, indent=1) + "\n")
         print(json.dumps(record), flush=True)
         return
     if chosen_file.exists() and args.split == "test":
         selection = json.loads(chosen_file.read_text())
+        if selection.get("sft_weights", bench.start["sft_weights"]) != bench.start["sft_weights"]:
+            raise SystemExit(f"[ablations] {chosen_file} was chosen from the SFT weights {selection['sft_weights']}, "
+                             f"but {bench.sft_dir} holds {bench.start['sft_weights']}: run --select again")
         c = selection["chosen"]
         bench.rl = RLSettings(c["lr"], c["kl_coef"], c["update_epochs"])
         figures = ", ".join(f"{r['lr']:g}/{r['kl_coef']:g}/{r['update_epochs']}: {100 * r['dev_success']:.1f}%"
@@ -921,7 +927,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
     else:
         non_default["trainer.lr, trainer.kl_coef, trainer.update_epochs"] = (
             f"from issue 26's analysis, NOT chosen on dev: no {chosen_file} (run --select first)")
-    progress = Progress(bench.runs / "progress.jsonl", run_key(args, bench.scale, bench.rl))
+    progress = Progress(bench.runs / "progress.jsonl", run_key(args, bench.scale, bench.rl, bench.start))
     finished_before = set(progress.done)
     if finished_before and not args.worker:
         say(f"{len(finished_before)} finished (variant, seed) runs reused from {progress.path}")
@@ -980,6 +986,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
         "seeds": seeds,
         "test_tasks": bench.scale.test_tasks,
         "eval_samples_per_task": bench.scale.eval_samples,
+        **bench.start,
         "budget_reasoner_tokens": budget,
         "oat_optimizer_steps": steps,
         "rl_settings": asdict(bench.rl),

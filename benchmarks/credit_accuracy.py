@@ -226,7 +226,7 @@ def main() -> None:
     n_tasks = args.tasks or (8 if args.quick else 24)
     replays = args.replays or (8 if args.quick else 16)
 
-    from benchmarks.ablations import Bench
+    from benchmarks.ablations import Bench, weights_digest
     from memrl.data.tasks import TaskSetConfig, load_tasks
 
     t_start = time.perf_counter()
@@ -238,6 +238,8 @@ def main() -> None:
         from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
         bench.base, bench.sft_dir = ensure_tiny_model(args.model_cache, TinyModelSpec()), Path(args.policy)
+        bench.start = {"base_weights": weights_digest(bench.base)[:16],
+                       "policy_weights": weights_digest(bench.sft_dir)[:16]}
     tasks = load_tasks(TaskSetConfig(count=n_tasks, seed=bench.setting.dev_seed + 7, sam=bench.setting.test), "dev")
     rep = Replayer(bench, args.seed)
     max_k = max(KS)
@@ -321,6 +323,7 @@ def main() -> None:
         "benchmark": "credit_accuracy",
         "setting": args.setting,
         "quick": args.quick,
+        **bench.start,  # the weights the states and replays come from
         "tasks": n_tasks,
         "states": len(states),
         "replays_per_action": replays,

@@ -47,14 +47,18 @@ def test_progress_reuses_finished_runs_only_under_the_same_key(tmp_path) -> None
     assert Progress(path, "k3").done == {}
 
 
-def test_run_key_changes_with_the_rl_settings() -> None:
+def test_run_key_changes_with_the_rl_settings_and_the_start() -> None:
     import argparse
 
     from benchmarks.ablations import ANALYSIS_SETTINGS, QUICK, SELECT_GRID, run_key
 
     args = argparse.Namespace(setting="multihop", split="test")
-    assert run_key(args, QUICK, ANALYSIS_SETTINGS) == run_key(args, QUICK, ANALYSIS_SETTINGS)
-    assert run_key(args, QUICK, ANALYSIS_SETTINGS) != run_key(args, QUICK, SELECT_GRID[0])
+    start = {"base_weights": "b", "sft_weights": "s"}
+    assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) == run_key(args, QUICK, ANALYSIS_SETTINGS, dict(start))
+    assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(args, QUICK, SELECT_GRID[0], start)
+    # a rebuilt SFT checkpoint with other weights: the finished runs started elsewhere and are not reused
+    assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(args, QUICK, ANALYSIS_SETTINGS,
+                                                                     {**start, "sft_weights": "t"})
 
 
 def test_full_estimate_scales_this_run_s_rates() -> None:

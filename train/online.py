@@ -324,7 +324,10 @@ class OnlineLoop:
                              **{k: v for k, v in record.items() if isinstance(v, (int, float))}})
         if self.main:
             self.logger.log(iteration, record)
-            self._bar.set_postfix(reward=f"{record.get('reward_mean', float('nan')):.3f}")
+            if "reward_mean" in record:
+                self._bar.set_postfix(reward=f"{record['reward_mean']:.3f}")
+            elif record.get("budget_exhausted"):  # the remaining iterations only close the run: say why
+                self._bar.set_postfix_str("reasoner-token budget spent")
         return record
 
     def checkpoint(self, iteration: int) -> None:
