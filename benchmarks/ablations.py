@@ -24,7 +24,7 @@ approximation, tasks as the unit: the seeds' spread is inside each task's mean).
 a PNG. ``--split dev`` scores the final policies on dev tasks instead (for choosing settings; report test).
 
 Settings of the RL variants that differ from memrl's defaults are listed in the JSON (``non_default_settings``) with
-the reason for each. ``--select`` chooses the learning rate, KL weight and update epochs on the dev split only: ``oat``
+the reason for each. ``--select`` chooses the learning rate and KL weight on the dev split only: ``oat``
 under each entry of the pre-declared :data:`SELECT_GRID`, scored on dev tasks paired with the SFT start, picked by
 :func:`pick_setting`; the choice goes to ``<work>/<quick|full>/selected_on_dev.json``, which a later test-split run
 reads and lists with its dev figures.
@@ -105,8 +105,6 @@ class Scale:
     max_leaves: int
     flat_group_size: int
     trl_prompts_per_step: int
-
-
     eval_samples: int  # sampled test runs per task (plus one greedy)
     dev_curve_tasks: int  # dev tasks of the learning curve
     seeds: int
@@ -563,15 +561,39 @@ def paired_difference(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str
             "seeds": seeds}
 
 
+def settings_chosen_on_dev(selection: dict[str, Any], file_name: str) -> tuple[RLSettings, dict[str, str]]:
+    """The RL settings a ``--select`` record chose, and the non-default settings with their reasons: what the grid
+    varied is listed as chosen on dev with every candidate's dev figure; what it held fixed is listed as such."""
+    c = selection["chosen"]
+    rl = RLSettings(c["lr"], c["kl_coef"], c["update_epochs"])
+    non_default = {k: v for k, v in NON_DEFAULT_SETTINGS.items()
+                   if not k.startswith(("trainer.kl_coef", "trainer.lr", "trainer.update"))}
+    figures = ", ".join(f"{r['lr']:g}/{r['kl_coef']:g}/{r['update_epochs']}: {100 * r['dev_success']:.1f}%"
+                        for r in selection["candidates"])
+    chosen = f"trainer.lr={rl.lr:g}, trainer.kl_coef={rl.kl_coef:g}"
+    if len({r["update_epochs"] for r in selection["candidates"]}) > 1:
+        chosen += f", trainer.update_epochs={rl.update_epochs}"
+    else:
+        non_default[f"trainer.update_epochs={rl.update_epochs}"] = (
+            "from issue 26's analysis, held fixed on the --select grid (not chosen on dev)")
+    non_default[chosen] = (f"chosen on dev ({file_name}; {selection['rule']}): dev success lr/kl_coef/update_epochs: "
+                           f"{figures}; SFT {100 * selection['sft_dev_success']:.1f}%")
+    non_default[f"trainer.optimizer_steps_per_epoch={STEPS_PER_EPOCH}, lr_schedule=cosine to 0.1 over the run"] = (
+        "from issue 26's analysis, not chosen on dev: several clipped steps per batch, late steps refine")
+    return rl, non_default
+
+
 def plot_curves(runs: dict[str, list[dict[str, Any]]], sft: float, path: Path) -> None:
-    """Dev success (sampled) against training reasoner tokens, mean over seeds, one line per variant (a variant
-    without a curve: a dashed line from the SFT start to its final test success)."""
+    """Dev success (sampled) against training reasoner tokens, mean over seeds, one line per variant. A variant
+    without a dev curve (``sft_more``) is not drawn on the dev axis: a note under the plot gives its test success
+    against the SFT start's (``sft``, test), so the two splits never share an axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    notes = []
     for variant, rows in runs.items():
         if not rows:
             continue
@@ -581,14 +603,18 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], sft: float, path: Path) -
             ys = [statistics.fmean(r["curve"][i][1] for r in rows) for i in range(n)]
             ax.plot(xs, ys, marker="o", label=variant)
         else:
-            ax.plot([0, statistics.fmean(r["reasoner_tokens"] for r in rows)],
-                    [sft, statistics.fmean(r["success"] for r in rows)], marker="s", linestyle="--", label=variant)
+            test = 100 * statistics.fmean(r["success"] for r in rows)
+            tokens = statistics.fmean(r["reasoner_tokens"] for r in rows)
+            notes.append(f"{variant} has no dev curve: test success {test:.1f}% after {tokens:,.0f} reasoner tokens "
+                         f"(SFT start on test: {100 * sft:.1f}%)")
     ax.set_xlabel("training reasoner tokens")
     ax.set_ylabel("held-out dev success (sampled)")
-    ax.set_title("SAM multihop: learning curves (mean over seeds)")
+    ax.set_title("SAM multihop: learning curves on dev (mean over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    if notes:
+        fig.text(0.01, 0.01, "\n".join(notes), fontsize=7)
+    fig.tight_layout(rect=(0, 0.04 * len(notes), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -841,7 +867,7 @@ def main() -> None:
     parser.add_argument("--setting", default="multihop", help="a name of memrl.data.tasks.sam.SAM_SETTINGS")
     parser.add_argument("--split", choices=["dev", "test"], default="test")
     parser.add_argument("--select", action="store_true",
-                        help="choose lr / kl_coef / update_epochs for 'oat' on the dev split (SELECT_GRID) and write "
+                        help="choose lr / kl_coef for 'oat' on the dev split (SELECT_GRID) and write "
                              "<work>/<quick|full>/selected_on_dev.json, which later test-split runs read")
     parser.add_argument("--work", default="runs/ablations", help="output directory (the SFT checkpoint is reused)")
     parser.add_argument("--model-cache", default=".cache/models")
@@ -911,18 +937,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
         if selection.get("sft_weights", bench.start["sft_weights"]) != bench.start["sft_weights"]:
             raise SystemExit(f"[ablations] {chosen_file} was chosen from the SFT weights {selection['sft_weights']}, "
                              f"but {bench.sft_dir} holds {bench.start['sft_weights']}: run --select again")
-        c = selection["chosen"]
-        bench.rl = RLSettings(c["lr"], c["kl_coef"], c["update_epochs"])
-        figures = ", ".join(f"{r['lr']:g}/{r['kl_coef']:g}/{r['update_epochs']}: {100 * r['dev_success']:.1f}%"
-                            for r in selection["candidates"])
-        for key in [k for k in non_default if k.startswith(("trainer.kl_coef", "trainer.lr", "trainer.update"))]:
-            del non_default[key]
-        non_default[f"trainer.lr={bench.rl.lr:g}, trainer.kl_coef={bench.rl.kl_coef:g}, trainer.update_epochs="
-                    f"{bench.rl.update_epochs}"] = (
-            f"chosen on dev ({chosen_file.name}; {selection['rule']}): dev success lr/kl_coef/update_epochs: "
-            f"{figures}; SFT {100 * selection['sft_dev_success']:.1f}%")
-        non_default[f"trainer.optimizer_steps_per_epoch={STEPS_PER_EPOCH}, lr_schedule=cosine to 0.1 over the run"] = (
-            "from issue 26's analysis, not chosen on dev: several clipped steps per batch, late steps refine")
+        bench.rl, non_default = settings_chosen_on_dev(selection, chosen_file.name)
         say(f"RL settings chosen on dev: {bench.rl}")
     else:
         non_default["trainer.lr, trainer.kl_coef, trainer.update_epochs"] = (

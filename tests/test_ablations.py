@@ -35,6 +35,27 @@ def test_select_picks_the_best_dev_success_and_breaks_ties_towards_the_defaults(
     assert first.kl_coef == 0.0 and first.lr == min(s.lr for s in SELECT_GRID)  # closest to memrl's defaults
 
 
+def test_settings_chosen_on_dev_list_what_the_grid_varied_and_what_it_held_fixed() -> None:
+    from benchmarks.ablations import settings_chosen_on_dev
+
+    def candidate(lr: float, kl: float, epochs: int, dev: float) -> dict:
+        return {"lr": lr, "kl_coef": kl, "update_epochs": epochs, "dev_success": dev}
+
+    grid = [candidate(1e-4, 0.0, 2, 0.50), candidate(2e-4, 0.05, 2, 0.53)]
+    selection = {"chosen": grid[1], "candidates": grid, "rule": "the highest", "sft_dev_success": 0.47}
+    rl, listed = settings_chosen_on_dev(selection, "selected_on_dev.json")
+    assert (rl.lr, rl.kl_coef, rl.update_epochs) == (2e-4, 0.05, 2)
+    assert "chosen on dev" in listed["trainer.lr=0.0002, trainer.kl_coef=0.05"]
+    assert "53.0%" in listed["trainer.lr=0.0002, trainer.kl_coef=0.05"]
+    assert "held fixed" in listed["trainer.update_epochs=2"]
+    assert not any(k.startswith("trainer.lr=1e-4") or k.startswith("trainer.kl_coef=0.05") for k in listed)
+
+    varied = [candidate(1e-4, 0.0, 1, 0.50), candidate(1e-4, 0.0, 2, 0.55)]
+    _, listed = settings_chosen_on_dev({**selection, "chosen": varied[1], "candidates": varied}, "s.json")
+    assert "chosen on dev" in listed["trainer.lr=0.0001, trainer.kl_coef=0, trainer.update_epochs=2"]
+    assert "trainer.update_epochs=2" not in listed
+
+
 def test_progress_reuses_finished_runs_only_under_the_same_key(tmp_path) -> None:
     from benchmarks.ablations import Progress
 
