@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.data.config import ConfigError
-from memrl.data.errors import UserError
+from memrl.data.errors import RunFault, UserError
 from memrl.launch.jobs import JOBS, Job
 from memrl.launch.model_commands import add_model_commands
 
@@ -85,10 +85,28 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
                 except (UserError, KeyboardInterrupt):
                     raise
                 except Exception as exc:
+                    fault = _runtime_fault(exc, Path(run.output_dir) if run is not None else Path.cwd())
+                    if fault is not None:
+                        raise fault from exc
                     raise _Bug(exc, _save_traceback()) from exc
     finally:
         release_run_dirs()
     return int(code or 0)
+
+
+def _runtime_fault(exc: Exception, output_dir: Path) -> UserError | None:
+    """The one-line error for an exception that is a fault of the run's surroundings, not a bug: a write the storage
+    refused (the file it names, else the output folder), an OpenAI-compatible endpoint that kept failing after its
+    retries. None for anything else."""
+    from memrl.data.io import storage_error
+
+    target = output_dir
+    for cause in (exc, exc.__cause__, exc.__context__):
+        name = getattr(cause, "filename", None)
+        if isinstance(cause, OSError) and isinstance(name, str) and name:
+            target = Path(name)
+            break
+    return storage_error(exc, target, "the run stopped")
 
 
 class _Bug(Exception):
@@ -105,11 +123,18 @@ def _save_traceback() -> Path:
 
     text = traceback.format_exc()
     path = run_log_path()
+    fallback = Path(tempfile.gettempdir()) / f"memrl-crash-{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
     if path is None or not path.parent.is_dir() or path.parent == Path(tempfile.gettempdir()):
-        path = Path(tempfile.gettempdir()) / f"memrl-crash-{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(text)
-    return path
+        path = fallback
+    for candidate in dict.fromkeys((path, fallback)):
+        try:
+            with open(candidate, "a", encoding="utf-8") as fh:
+                fh.write(text)
+            return candidate
+        except OSError:  # the run's disk is full or gone: try the next place
+            continue
+    sys.__stderr__.write(text)
+    return Path("<stderr>")
 
 
 def _has_complete_checkpoint(folder: Path) -> bool:
@@ -131,6 +156,8 @@ def _created_only_on_success(output_dir: Path | None) -> Iterator[None]:
     missing = [p for p in missing if p == top or top in p.parents]
     try:
         yield
+    except RunFault:
+        raise  # the run had started: what it saved stays for --resume
     except UserError:
         from memrl.data.run_dir import created_run_dirs, release_run_dirs
 
