@@ -152,8 +152,8 @@ def storage_error(exc: BaseException, folder: str | Path, what: str) -> StorageE
         fix = "free some space within the quota (or write elsewhere)"
     elif code == errno.EROFS:
         fix = "write elsewhere (run.output_dir)"
-    return StorageError(f"{what}: {_REASONS[code]} while writing {folder}{detail}; {fix}, then run the command again "
-                        "(a resumable run continues from its last complete checkpoint with --resume)")
+    return StorageError(f"{what}: {_REASONS[code]} while writing {folder}{detail}; {fix}, then run the command "
+                        "again")
 
 
 @contextlib.contextmanager

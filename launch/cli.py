@@ -290,6 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"memrl: config error: {exc}", file=sys.stderr)
         return 2
+    except RunFault as exc:
+        resumable = getattr(args, "resume", None) is not None
+        print(f"memrl: error: {exc}" + ("; what the run saved is kept: continue it with --resume" if resumable
+                                         else ""), file=sys.stderr)
+        return 2
     except UserError as exc:
         print(f"memrl: error: {exc}", file=sys.stderr)
         return 2
