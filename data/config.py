@@ -119,6 +119,9 @@ class WandbConfig(ConfigModel):
     tags: list[str] = []  # wandb run tags
 
 
+MAX_RUN_NAME_BYTES = 200  # a file name takes 255 bytes; the rest is room for the names memrl derives from it
+
+
 class RunConfig(ConfigModel):
     """Where a run writes its outputs, and its global seed."""
 
@@ -135,6 +138,12 @@ class RunConfig(ConfigModel):
         if name is not None and (name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name):
             raise ValueError("run.name must be a single folder name (no '/', '..' or '.'): the run folder is "
                              "run.output_dir/run.name")
+        if name is not None and any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise ValueError("run.name must not hold control characters (a newline, a tab): it names a folder that "
+                             "logs and shells print")
+        if name is not None and len(name.encode("utf-8", "surrogateescape")) > MAX_RUN_NAME_BYTES:
+            raise ValueError(f"run.name is {len(name.encode('utf-8', 'surrogateescape'))} bytes long; a folder name "
+                             f"takes at most {MAX_RUN_NAME_BYTES}")
         return name
 
 

@@ -85,7 +85,7 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
                 except (UserError, KeyboardInterrupt):
                     raise
                 except Exception as exc:
-                    fault = _runtime_fault(exc, Path(run.output_dir) if run is not None else Path.cwd())
+                    fault = _runtime_fault(exc, Path(run.output_dir) if run is not None else Path("."))
                     if fault is not None:
                         raise fault from exc
                     raise _Bug(exc, _save_traceback()) from exc
@@ -277,8 +277,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _standard_streams() -> None:
+    """Give a closed stdin, stdout or stderr (``memrl ... >&-``) ``/dev/null``: otherwise the next file opened takes
+    its descriptor, and what the command prints (or the run log's redirection of descriptors 1 and 2) lands in it."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDONLY if mode == "r" else os.O_WRONLY)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8"))  # noqa: SIM115 - the process's stream
+
+
+def _say(text: str) -> None:
+    """The command's last word on stderr (nothing when stderr has gone: a closed pipe)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memrl`` console script."""
+    _standard_streams()
+    try:
+        os.getcwd()
+    except OSError as exc:  # torch and its libraries cannot even load then (oneMKL: "Cannot load libtorch_cpu.so")
+        _say(f"memrl: error: the working folder no longer exists ({exc.strerror}): cd into an existing folder and run "
+             "the command again")
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
@@ -288,19 +317,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         with handle_signals():  # SIGTERM ends every command as Ctrl-C does (launch/shutdown.py)
             code = handler(args)
     except ConfigError as exc:
-        print(f"memrl: config error: {exc}", file=sys.stderr)
+        _say(f"memrl: config error: {exc}")
         return 2
     except RunFault as exc:
         resumable = getattr(args, "resume", None) is not None
-        print(f"memrl: error: {exc}" + ("; what the run saved is kept: continue it with --resume" if resumable
-                                         else ""), file=sys.stderr)
+        _say(f"memrl: error: {exc}" + ("; what the run saved is kept: continue it with --resume" if resumable
+                                         else ""))
         return 2
     except UserError as exc:
-        print(f"memrl: error: {exc}", file=sys.stderr)
+        _say(f"memrl: error: {exc}")
         return 2
     except _Bug as bug:
-        print(f"memrl: unexpected error (a bug, please report it): {type(bug.error).__name__}: {bug.error}\n"
-              f"the traceback is in {bug.log}", file=sys.stderr)
+        _say(f"memrl: unexpected error (a bug, please report it): {type(bug.error).__name__}: {bug.error}\n"
+              f"the traceback is in {bug.log}")
         return 1
     except KeyboardInterrupt as interrupt:
         from memrl.launch.shutdown import exit_code, stop_children
@@ -309,8 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = exit_code(interrupt)
         what = "terminated (SIGTERM)" if code == 143 else "interrupted (SIGINT)"
         resumable = getattr(args, "resume", None) is not None
-        print(f"memrl: {what}: stopped" + ("; what it saved is kept (checkpoints are written whole): continue "
-                                            "with --resume" if resumable else ""), file=sys.stderr)
+        _say(f"memrl: {what}: stopped" + ("; what it saved is kept (checkpoints are written whole): continue "
+                                            "with --resume" if resumable else ""))
         return code
     _leave_process_group()
     return code

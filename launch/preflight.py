@@ -50,6 +50,7 @@ def _check_run(cfg: BaseModel, run: RunConfig) -> None:
         assert run.name is not None
         _check_resumable(cfg, run, Path(run.output_dir) / run.name)
     elif run.name is not None:
+        check_output_dir(str(Path(run.output_dir) / run.name), "run.name")
         check_no_run_in(Path(run.output_dir) / run.name)
 
 
