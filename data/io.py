@@ -33,6 +33,7 @@ __all__ = [
     "append_jsonl",
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_jsonl_file",
     "iter_jsonl",
     "read_arrow",
     "read_jsonl",
@@ -295,6 +296,22 @@ def iter_jsonl(
             yield model.model_validate(obj)
         except ValidationError as exc:
             raise RecordError(f"{path}:{lineno}: {describe_validation_error(exc)}") from None
+
+
+def check_jsonl_file(path: str | Path, what: str) -> None:
+    """A JSONL file a tool appends to and reads back (a benchmark's ``progress.jsonl``) must be absent or a file
+    whose every line is a JSON object (a torn last line from a kill is allowed): anything else (a folder, binary,
+    garbage, a list) is a :class:`RecordError` naming the file, the line and the way out, raised before any work."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_file():
+        raise RecordError(f"{what}: {path} is not a file (a folder, or a link to nothing); remove it to start over")
+    try:
+        for _ in iter_jsonl(path, tolerate_torn_tail=True):
+            pass
+    except RecordError as exc:
+        raise RecordError(f"{what}: {exc}; fix that line, or remove the file to compute everything again") from None
 
 
 def read_jsonl(path: str | Path, model: type[M], *, tolerate_torn_tail: bool = False) -> list[M]:
