@@ -29,8 +29,15 @@ class Terminated(KeyboardInterrupt):
     signum = signal.SIGTERM
 
 
+_received: list[int] = []  # the signals :func:`handle_signals` received in its latest block
+
+
 def exit_code(interrupt: KeyboardInterrupt) -> int:
-    """128 + the signal number: 130 for SIGINT (Ctrl-C), 143 for SIGTERM."""
+    """128 + the signal number: 130 for SIGINT (Ctrl-C), 143 for SIGTERM. The signal received decides, not the
+    exception's type: a library that catches the interrupt and raises its own ``KeyboardInterrupt`` (Ray's
+    ``ray.get`` does, on the fleet path) must not turn a SIGTERM into 130."""
+    if _received:
+        return 128 + _received[0]
     return 128 + int(getattr(interrupt, "signum", signal.SIGINT))
 
 
@@ -41,12 +48,13 @@ def handle_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: list[int] = []
+    received = _received
+    received.clear()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if received:  # impatient: skip the rest of the shutdown
             stop_children(grace_s=0.5)
-            os._exit(128 + signum)
+            os._exit(128 + received[0])
         received.append(signum)
         raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
