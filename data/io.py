@@ -35,6 +35,7 @@ __all__ = [
     "atomic_write_text",
     "check_jsonl_file",
     "iter_jsonl",
+    "iter_lines",
     "read_arrow",
     "read_jsonl",
     "storage_error",
@@ -257,6 +258,25 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+MAX_RECORD_BYTES = 64 << 20  # one JSONL line (a record) at most: a longer one is refused before it is read whole
+
+
+def iter_lines(path: str | Path, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[int, bytes, bool]]:
+    """``(line number, line without its newline, torn)`` for every line of ``path``, read one at a time: a line
+    longer than ``max_bytes`` is a :class:`RecordError` after reading ``max_bytes`` of it, never the whole line (a
+    1 GiB line costs 64 MiB, not gigabytes). ``torn``: the last line has no newline (a writer killed mid-append)."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        lineno = 0
+        while raw := fh.readline(max_bytes + 1):
+            lineno += 1
+            ended = raw.endswith(b"\n")
+            if not ended and len(raw) > max_bytes:
+                raise RecordError(f"{path}:{lineno}: a line longer than {_human(max_bytes)}: refused before reading "
+                                  "it whole (a JSONL file holds one record per line; is this the file you meant?)")
+            yield lineno, raw[:-1] if ended else raw, not ended
+
+
 def iter_jsonl(
     path: str | Path, model: type[M] | None = None, *, tolerate_torn_tail: bool = False
 ) -> Iterator[M | dict[str, Any]]:
@@ -267,14 +287,9 @@ def iter_jsonl(
     path = Path(path)
     if not path.is_file():
         raise RecordError(f"{path}: file not found")
-    with open(path, "rb") as fh:
-        raw_lines = fh.read().split(b"\n")
-    last = len(raw_lines) - 1
-    for index, raw in enumerate(raw_lines):
-        lineno = index + 1
+    for lineno, raw, torn in iter_lines(path):
         if not raw.strip():
             continue
-        torn = index == last  # no trailing newline: possibly a partial write
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
