@@ -1,9 +1,10 @@
 """A local OpenAI-compatible chat endpoint that misbehaves on purpose, and keeps its own log.
 
-Each request (attempt) draws from a seeded RNG: ``fail`` of them get HTTP 500, ``hang`` of them are held past the
-client's timeout (then answered; the client has gone), the rest get a 200 answer. Reference requests (model ``ref``)
-are answered with a fixed recall text; judge requests (model ``judge``) with a score list for every candidate. The
-server stops answering after ``max_requests`` and the whole thing is bounded by ``max_seconds``.
+Each request (attempt) draws from a seeded RNG: ``fail`` of them get HTTP 500, ``hang`` of them are never answered
+(held until the client gives up and closes the connection, at most ``hang_s``: a condition, not a race between the
+server's sleep and the client's timeout on a loaded machine), the rest get a 200 answer at once. Reference requests
+(model ``ref``) are answered with a fixed recall text; judge requests (model ``judge``) with a score list for every
+candidate. The server stops answering after ``max_requests`` and the whole thing is bounded by ``max_seconds``.
 
 :class:`PlanServer` is the other kind: each fault planned per request (redirects, a redirect loop, 429 with an absurd
 ``Retry-After``, a gzip bomb, an HTML page with 200, a wrong JSON schema, ``NaN`` usage, a drip-fed body), for the
@@ -17,6 +18,7 @@ import hashlib
 import json
 import random
 import re
+import select
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ class Attempt:
 class FaultServer:
     fail: float = 0.3
     hang: float = 0.1
-    hang_s: float = 1.0
+    hang_s: float = 120.0
     seed: int = 0
     max_requests: int = 2000
     max_seconds: float = 600.0
@@ -66,8 +68,11 @@ class FaultServer:
                 if outcome in ("error", "refused"):
                     self._reply(500, {"error": "injected failure"})
                     return
-                if outcome == "hang":
-                    time.sleep(server.hang_s)
+                if outcome == "hang":  # never answered: wait for the client to leave (EOF), at most hang_s
+                    with contextlib.suppress(OSError, ValueError):
+                        select.select([self.connection], [], [], server.hang_s)
+                    self.close_connection = True
+                    return
                 self._reply(200, server.answer(body))
 
             def _reply(self, status: int, payload: dict[str, Any]) -> None:
