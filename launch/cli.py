@@ -294,7 +294,12 @@ def _standard_streams() -> None:
 
 
 def _say(text: str) -> None:
-    """The command's last word on stderr (nothing when stderr has gone: a closed pipe)."""
+    """The command's last word on stderr, on a line of its own: progress bars a failure left open are closed first
+    (nothing when stderr has gone: a closed pipe)."""
+    tqdm = getattr(sys.modules.get("tqdm"), "tqdm", None)
+    for bar in list(getattr(tqdm, "_instances", None) or ()):
+        with contextlib.suppress(Exception):
+            bar.close()
     with contextlib.suppress(OSError, ValueError):
         print(text, file=sys.stderr, flush=True)
 

@@ -247,6 +247,13 @@ class PlanServer:
         class Server(ThreadingHTTPServer):
             request_queue_size = 128
 
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                """A client that gave up mid-request (its timeout, a redirect loop it cut short) is expected here."""
+                import sys
+
+                if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+                    super().handle_error(request, client_address)
+
         self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]

@@ -40,6 +40,7 @@ import os
 import random
 import threading
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -479,7 +480,7 @@ class OpenAIEngine(Engine):
     async def _exchange(self, ep: _Endpoint, url: str, payload: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
         """POST ``payload`` to ``url``, following redirects with the POST kept (at most :data:`MAX_REDIRECTS`; the
         API key stays with its own host), and read the answer up to :data:`MAX_BODY_BYTES` once decompressed."""
-        headers = dict(ep.headers)
+        headers = {**ep.headers, "Accept-Encoding": "gzip, deflate"}  # encodings decoded in bounded steps here
         seen = [url]
         origin = urlsplit(url)[:2]
         while True:
@@ -502,14 +503,7 @@ class OpenAIEngine(Engine):
                     seen.append(target)
                     url = target
                     continue
-                chunks, size = [], 0
-                async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > MAX_BODY_BYTES:
-                        raise _Retry(f"HTTP {response.status_code} with an answer larger than "
-                                     f"{MAX_BODY_BYTES >> 20} MiB once decompressed: refused")
-                    chunks.append(chunk)
-                return response.status_code, response.headers, b"".join(chunks)
+                return response.status_code, response.headers, await _bounded_body(response)
             finally:
                 await response.aclose()
 
@@ -589,6 +583,36 @@ class OpenAIEngine(Engine):
             ep.tokens.adjust(prompt_tokens + completion_tokens - estimate)
         completion = Completion(response_ids=ids, logprobs=logprobs, text=text, finish_reason=finish)
         return _Sample(completion, prompt_tokens, cached, completion_tokens, cost)
+
+
+async def _bounded_body(response: httpx.Response) -> bytes:
+    """The answer's body, decompressed here in steps of at most what is left of :data:`MAX_BODY_BYTES`: a gzip
+    bomb (80 KB that inflate to gigabytes) is refused after inflating the limit, never held whole."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+        raise _Retry(f"HTTP {response.status_code} with an answer in content encoding {encoding!r} (asked for gzip "
+                     "or deflate)")
+    inflate = zlib.decompressobj(47) if encoding not in ("", "identity") else None  # 32 + 15: zlib or gzip header
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for raw in response.aiter_raw():
+            pending = raw
+            while pending:
+                if inflate is None:
+                    data, pending = pending, b""
+                else:
+                    data = inflate.decompress(pending, min(1 << 20, MAX_BODY_BYTES + 1 - size))  # 1 MiB at a time
+                    pending = inflate.unconsumed_tail
+                size += len(data)
+                if size > MAX_BODY_BYTES:
+                    chunks.clear()  # the exception's traceback keeps this frame alive until a garbage collection
+                    raise _Retry(f"HTTP {response.status_code} with an answer larger than {MAX_BODY_BYTES >> 20} MiB "
+                                 "once decompressed: refused")
+                chunks.append(data)
+    except zlib.error as exc:
+        raise _Retry(f"HTTP {response.status_code} with a {encoding} answer that does not decompress ({exc})") from None
+    return b"".join(chunks)
 
 
 def _retry_after(value: str | None) -> float:
