@@ -121,6 +121,12 @@ class TimedTrainer:
     def set_rng_state(self, state: dict[str, Any]) -> None:
         pass
 
+    def probe_state(self) -> dict[str, Any] | None:
+        return None  # no model: no KL-to-initial probe
+
+    def set_probe_state(self, state: dict[str, Any] | None) -> None:
+        pass
+
 
 def tree_seconds(tasks: list[Any], make: Any, engines: Any, scheduler: str, repeats: int = 3) -> tuple[float, Any]:
     """Median seconds to build the trees of ``tasks`` with ``scheduler``, and the trees (as data)."""

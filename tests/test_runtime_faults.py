@@ -149,6 +149,7 @@ def test_oat_grpo_over_the_file_size_limit(tiny_model_dir: Path, tmp_path: Path)
     assert not [p for p in left if p.startswith("o/policy/")], left  # absent, not a config.json alone
 
 
+@pytest.mark.slow
 def test_export_over_the_file_size_limit(tiny_model_dir: Path, tmp_path: Path) -> None:
     code, err, left = limited(["export", f"policy.base={tiny_model_dir}", "verify.vllm=false",
                                "verify.transformers=false", f"run.output_dir={tmp_path}", "run.name=e"],
@@ -158,6 +159,7 @@ def test_export_over_the_file_size_limit(tiny_model_dir: Path, tmp_path: Path) -
     assert not half_written(left) and not [p for p in left if p.startswith("e/model")], left
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TMPFS, reason="no private mount namespace here (unshare -rm): the RLIMIT_FSIZE cases run")
 def test_sft_on_a_full_disk(tiny_model_dir: Path, sft_data: Path, tmp_path: Path) -> None:
     """A real "no space left on device": a 3 MB tmpfs under the run."""
@@ -485,14 +487,26 @@ def test_a_deleted_working_folder_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
-def test_a_closed_stdout_or_a_closed_pipe_does_not_stop_a_command(tmp_path: Path) -> None:
-    """``memrl ... >&-`` and ``memrl ... | head -c 1``: the command completes (exit 0) and writes its files; its
-    console output goes nowhere (the run's log has it)."""
+def test_a_closed_stdout_is_given_dev_null(tmp_path: Path) -> None:
+    """``memrl config show >&-`` (sys.stdout is None) and ``memrl data synth >&- 2>&-``: exit 0, the files written;
+    nothing of the run lands in a file that took descriptor 1."""
     cli = [sys.executable, "-m", "memrl.launch.cli"]
     closed = subprocess.run([*cli, "config", "show", "--command", "data synth"], cwd=ROOT, env=_env(),
                             preexec_fn=lambda: os.close(1), capture_output=False, stderr=subprocess.PIPE,
                             text=True, timeout=120)
     assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr[-2000:]
+    synth = subprocess.run([*cli, *_synth(tmp_path, "run.name=closed")], cwd=ROOT, env=_env(),
+                           preexec_fn=lambda: (os.close(1), os.close(2)), timeout=120)
+    assert synth.returncode == 0 and (tmp_path / "closed" / "train.jsonl").is_file()
+    log = (tmp_path / "closed" / "run.log").read_text()
+    assert "Traceback" not in log and (tmp_path / "closed" / "config.yaml").read_text().startswith("command:")
+
+
+@pytest.mark.slow
+def test_a_closed_stdout_or_a_closed_pipe_does_not_stop_an_eval(tmp_path: Path) -> None:
+    """``memrl eval ... >&- 2>&-`` and ``memrl eval ... -v | head -c 1``: the eval completes (exit 0) and writes its
+    report; its console output goes nowhere (the run's log has it)."""
+    cli = [sys.executable, "-m", "memrl.launch.cli"]
     both = subprocess.run([*cli, *_eval(tmp_path, "closed")], cwd=ROOT, env=_env(),
                           preexec_fn=lambda: (os.close(1), os.close(2)), timeout=300)
     assert both.returncode == 0 and (tmp_path / "closed" / "report.md").is_file()

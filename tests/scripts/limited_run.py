@@ -28,15 +28,16 @@ def main() -> int:
     if args.mount_tmpfs:
         Path(args.mount_tmpfs).mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.size}", "tmpfs", args.mount_tmpfs], check=True)
-    if args.fsize is not None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize, args.fsize))
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if args.fsize is not None:  # the soft limit: the listing below raises it back
+        resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize, hard))
     from memrl.launch.cli import main as memrl_main
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     code = memrl_main(argv)
     sys.stderr.flush()
     if args.fsize is not None:  # listing is small, but leave the limit out of it
-        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
     root = Path(args.list)
     left = {str(p.relative_to(root)): (p.stat().st_size if p.is_file() else -1)
             for p in sorted(root.rglob("*"))} if root.is_dir() else {}
