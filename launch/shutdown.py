@@ -36,8 +36,10 @@ def exit_code(interrupt: KeyboardInterrupt) -> int:
     """128 + the signal number: 130 for SIGINT (Ctrl-C), 143 for SIGTERM. The signal received decides, not the
     exception's type: a library that catches the interrupt and raises its own ``KeyboardInterrupt`` (Ray's
     ``ray.get`` does, on the fleet path) must not turn a SIGTERM into 130."""
-    if _received:
-        return 128 + _received[0]
+    if _received:  # the signal that started the shutdown; read once
+        signum = _received[0]
+        _received.clear()
+        return 128 + signum
     return 128 + int(getattr(interrupt, "signum", signal.SIGINT))
 
 
