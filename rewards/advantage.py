@@ -69,8 +69,8 @@ AdvantageScale = Literal["std", "none"]
 
 class AdvantageConfig(ConfigModel):
     """How a group's outcomes and shaping become advantages (:mod:`memrl.rewards.advantage`). A preset name may stand
-    for the whole section: ``grpo_std`` (the paper's formula, the default), ``dr_grpo``, ``dr_grpo_gated``, ``std_floor``,
-    ``informative_only``, ``batch_outcome_std``."""
+    for the whole section: ``grpo_std`` (the paper's formula, the default), ``dr_grpo``, ``dr_grpo_gated``,
+    ``std_floor``, ``informative_only``, ``batch_outcome_std``."""
 
     scale: Literal["group_std", "none", "batch_std", "batch_outcome_std"] = "group_std"  # divisor of r - mean(r)
     std_floor: float = Field(0.0, ge=0, le=1e6)  # the std divided by is at least this (group_std and the batch scales)

@@ -96,14 +96,14 @@ def test_presets_by_name_in_configs_and_clear_errors_for_old_keys(tmp_path) -> N
     assert PivotRewardConfig().advantage.preset == "grpo_std"  # the default is still the paper's formula
     with pytest.raises(ValidationError, match="the former 'none' is now 'dr_grpo'"):
         PivotRewardConfig(advantage="none")
-    with pytest.raises(ValidationError, match="renamed: set 'advantage.scale'"):
+    with pytest.raises(ValidationError, match=r"renamed: set 'advantage\.scale'"):
         CreditConfig(advantage_scale="none")
     from memrl.train.oat_grpo import OATGRPOConfig
 
     cfg = load_config(OATGRPOConfig, None, ["credit.advantage=std_floor", "credit.advantage.std_floor=0.5"],
                       defaults={"policy": {"base": "x"}})
     assert cfg.credit.advantage.std_floor == 0.5 and cfg.credit.advantage.outcome_free_batch == "update"
-    with pytest.raises(ConfigError, match="credit.advantage_scale' was renamed: set 'advantage.scale'"):
+    with pytest.raises(ConfigError, match=r"credit\.advantage_scale' was renamed: set 'advantage\.scale'"):
         load_config(OATGRPOConfig, None, ["credit.advantage_scale=none"], defaults={"policy": {"base": "x"}})
     path = tmp_path / "old.yaml"
     path.write_text("policy: {base: x}\ncredit:\n  eps: 0.0\n")
