@@ -43,7 +43,7 @@ from memrl.train.logprobs import (
     token_loss_and_logprobs,
 )
 from memrl.train.policy import LoraSettings, PolicySpec, load_policy, save_policy
-from memrl.train.rows import Row, rows_from_groups, split_across_ranks, token_budget_bins
+from memrl.train.rows import Row, advantage_shares, rows_from_groups, split_across_ranks, token_budget_bins
 
 __all__ = [
     "GroupTrainer",
@@ -119,7 +119,8 @@ def batch_metrics(groups: list[Group], rows: list[Row]) -> dict[str, Any]:
     ``zero_variance_group_fraction`` counts sibling groups whose rewards r tie (the outcome ties, a stricter count,
     come from credit assignment); a one-sample group (flat mode, Phase 2 follow-ups) carries an advantage computed
     elsewhere, so the fraction is over groups of two or more and zero advantages are counted apart.
-    ``advantage_mean`` is over trained rows: non-zero when the batch pushes the policy down more than up."""
+    ``advantage_mean`` is over trained rows: non-zero when the batch pushes the policy down more than up. Where the
+    advantage comes from (outcome-tied groups, identical rows): :func:`memrl.train.rows.advantage_shares`."""
     siblings = [g for g in groups if len(g.samples) > 1]
     samples = [s for g in groups for s in g.samples]
     metrics: dict[str, Any] = {
@@ -135,6 +136,7 @@ def batch_metrics(groups: list[Group], rows: list[Row]) -> dict[str, Any]:
         mean = sum(rewards) / len(rewards)
         metrics["reward_mean"] = mean
         metrics["reward_std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    metrics.update(advantage_shares(rows))
     if advs := [r.advantage for r in rows]:
         metrics.update(
             advantage_mean=sum(advs) / len(advs),
