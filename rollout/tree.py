@@ -144,6 +144,8 @@ class _Branch:
 
 
 _Call = tuple[_Branch, PendingCall, int]  # a branch, its pending call, and how many samples the call draws
+# a trainable action about to be taken: the rollout at its state, the pending call, the samples, their node ids
+OnAction = Callable[[Rollout, PendingCall, GenerationResult, list[str]], None]
 
 
 def build_trees(
@@ -154,8 +156,13 @@ def build_trees(
     *,
     config_hash: str = "",
     progress: str | None = None,
+    on_action: OnAction | None = None,
 ) -> tuple[list[MemoryCallTree], TreeRolloutStats]:
-    """Roll every task out as a memory-call tree (or G flat trajectories) and return the trees, in task order."""
+    """Roll every task out as a memory-call tree (or G flat trajectories) and return the trees, in task order.
+
+    ``on_action(state, call, result, node_ids)`` sees every trainable action before it is taken: the rollout at its
+    state (to :meth:`~memrl.rollout.loop.Rollout.fork`, never to advance), the pending call, the engine's n samples
+    and the node ids they become (a benchmark replays continuations from there for a ground truth)."""
     stats = TreeRolloutStats()
     trees: list[_TreeState] = []
     branches: list[_Branch] = []
@@ -174,7 +181,7 @@ def build_trees(
 
     def advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int) -> list[_Branch]:
         running = []
-        for b in _advance(branch, call, result, n, cfg):
+        for b in _advance(branch, call, result, n, cfg, on_action):
             if not b.rollout.done:
                 running.append(b)
                 continue
@@ -427,7 +434,8 @@ def _samples_for(call: PendingCall, branch: _Branch, cfg: TreeConfig) -> int:
     return cfg.branch_factor
 
 
-def _advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int, cfg: TreeConfig) -> list[_Branch]:
+def _advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int, cfg: TreeConfig,
+             on_action: OnAction | None = None) -> list[_Branch]:
     """Consume the engine's answer to the branch's call: the branch moves on, or forks into n siblings."""
     if call.kind == "reasoner":
         spent = TokenUsage(
@@ -450,6 +458,10 @@ def _advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: in
             node.follow_up_calls.append(record)
         return [branch]
     if call.role in cfg.branch_roles:
+        if on_action is not None:
+            rid, depth = branch.rollout.rollout_id, branch.tree.nodes[branch.node_id].depth + 1
+            ids = [f"{rid}.{k}:{depth}" if n > 1 else f"{rid}:{depth}" for k in range(n)]
+            on_action(branch.rollout, call, result, ids)
         return _branch_out(branch, result, n)
     record = branch.rollout.advance(result)
     if record is not None:
