@@ -109,3 +109,27 @@ def test_presets_by_name_in_configs_and_clear_errors_for_old_keys(tmp_path) -> N
     path.write_text("policy: {base: x}\ncredit:\n  eps: 0.0\n")
     with pytest.raises(ConfigError, match=r"old.yaml:3: key 'credit.eps': this key was renamed: set 'advantage.eps'"):
         load_config(OATGRPOConfig, path)
+
+
+@pytest.mark.parametrize("preset", list(ADVANTAGE_PRESETS))
+def test_oat_credit_gives_a_committee_only_tied_group_the_advantage_its_option_defines(preset: str) -> None:
+    """Acceptance 3: in a tree whose sibling group ties on the outcome (both leaves succeed) and whose committee
+    scores differ a little (0.61 vs 0.60), each node's advantage is what the option defines for (V, lambda (c - c_bar));
+    only the paper's formula makes it +-1."""
+    from memrl.data.schemas import MemoryCall, MemoryCallTree, TreeNode
+    from memrl.rewards.credit import assign_batch_credit
+
+    nodes = [TreeNode(node_id="root", kind="root", children=["a", "b"])]
+    for nid, score in (("a", 0.61), ("b", 0.60)):
+        nodes += [TreeNode(node_id=nid, parent_id="root", depth=1, kind="memory", group_id="g", children=[f"{nid}l"],
+                           committee_score=score, call=MemoryCall(call_id=nid, role="recall", response_ids=[ord(nid)])),
+                  TreeNode(node_id=f"{nid}l", parent_id=nid, depth=2, kind="leaf", outcome=1.0)]
+    tree = MemoryCallTree(tree_id="t", task_id="t", root_id="root", nodes=nodes)
+    cfg = CreditConfig(committee_weight=0.5, advantage=preset)
+    assign_batch_credit([tree], cfg)
+    got = [n.advantage for n in tree.nodes if n.kind == "memory"]
+    assert got == pytest.approx(shaped_group_advantages([1.0, 1.0], [0.0025, -0.0025], cfg.advantage), abs=1e-9)
+    if preset == "grpo_std":
+        assert got == pytest.approx([1.0, -1.0], abs=1e-3)
+    else:
+        assert max(abs(a) for a in got) <= 0.01
