@@ -18,7 +18,18 @@ The audit behind issue 39 read these off training logs: committee-only tied grou
 with mean |A| 0.97 under ``grpo_std``, and 65% of the |A| of duplicated sibling rows cancelled. Here they are computed
 for every option on one batch, so options are compared on the same trees.
 
+**Pivot-turn groups** (``--family proactive``; "Remember When It Matters", section 4.5). The same question for the
+reminder cost: proactive tasks with ``--fatal`` fatal pivots each, a scripted student (the proactive oracle expert
+missing a fatal pivot with probability 0.4 and reminding needlessly with probability 0.1) labels its own rollouts,
+counterfactual replay finds the pivots, and G = 8 samples of the same student are continued to the end at every
+detected pivot (``pivot``) and at every memory step (``all_turns``); r = outcome - 0.1 x reminder - 0.5 x malformed.
+Per option the same diagnostics, and in the outcome-tied groups that mixed decisions (all continuations pass or all
+fail, some remind) the mean advantage of reminding and of staying silent: the push toward silence that the cost alone
+sets (the audit: A(remind) = -1.73, A(silent) = +0.58 under ``grpo_std``, such groups carrying 81% of the all-turn
+runs' advantage mass).
+
     python benchmarks/advantage_shares.py [--tasks 32] [--policy DIR | noisy-oracle] [--criterion recoverability]
+    python benchmarks/advantage_shares.py --family proactive [--tasks 12 --fatal 3]
 
 A table, then one JSON line last.
 """
@@ -111,11 +122,103 @@ def build_batch(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     return trees, start
 
 
+STUDENT = {"miss_rate": 0.4, "false_alarm_rate": 0.1}  # --family proactive: the scripted student's noise
+
+
+def pivot_option_shares(results: list[Any], preset: str, reminder_cost: float) -> dict[str, Any]:
+    """The rows one pivot-GRPO update would train from ``results`` under one option, where their advantage comes
+    from, and the mean advantage of reminding and of silence in outcome-tied groups that mixed decisions."""
+    from memrl.rewards.advantage import is_zero_variance
+    from memrl.rewards.groups import pivot_groups
+    from memrl.rewards.pivot import PivotRewardConfig
+    from memrl.train.rows import advantage_shares, rows_from_groups
+
+    groups = pivot_groups(results, PivotRewardConfig(reminder_cost=reminder_cost, advantage=preset))
+    rows = rows_from_groups(groups)
+    remind, silent = [], []
+    for g in groups:
+        outcomes = [s.metadata["outcome"] for s in g.samples]
+        decisions = {s.metadata["reminder"] for s in g.samples}
+        if len(g.samples) > 1 and is_zero_variance(outcomes) and decisions == {True, False}:
+            remind += [s.advantage for s in g.samples if s.metadata["reminder"]]
+            silent += [s.advantage for s in g.samples if not s.metadata["reminder"]]
+    sibling = [g for g in groups if len(g.samples) > 1]
+    return {
+        "groups": len(sibling), "outcome_tied_groups": sum(bool(g.metadata.get("outcome_tied")) for g in sibling),
+        "rows": len(rows), "updates": bool(rows),
+        "tied_mixed_groups_advantage_remind": statistics.fmean(remind) if remind else None,
+        "tied_mixed_groups_advantage_silent": statistics.fmean(silent) if silent else None,
+        **advantage_shares(rows),
+    }
+
+
+def build_pivot_batch(args: argparse.Namespace) -> dict[str, list[Any]]:
+    """The pivot-turn group results of the scripted student at detected pivots and at every memory step."""
+    from memrl.data.experts import ProactiveOracle
+    from memrl.data.tasks import ActionAgent, ProactiveTask
+    from memrl.data.tasks.proactive import BankWriter
+    from memrl.rollout.engines.scripted import ScriptedEngine
+    from memrl.rollout.loop import EngineSet
+    from memrl.rollout.memory.proactive import ProactiveConfig
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
+    from memrl.rollout.pivots import (
+        DetectConfig,
+        PivotGroupConfig,
+        detect_pivots,
+        every_turn,
+        label_rollouts,
+        sample_pivot_groups,
+    )
+
+    tokenizer = load_tokenizer(ensure_tiny_model(args.model_cache, TinyModelSpec()))  # token ids: trainer rows
+    tasks = [ProactiveTask({"n_subtasks": 12, "fatal_pivots": args.fatal}, seed=args.seed * 1000 + s)
+             for s in range(args.tasks)]
+    truths = {t.task_id: t.truth() for t in tasks}
+    student = EngineSet(reasoner=ScriptedEngine(ActionAgent(), tokenizer=tokenizer),
+                        memory=ScriptedEngine(ProactiveOracle(STUDENT, truths=truths), tokenizer=tokenizer),
+                        by_role={"bank_edit": ScriptedEngine(BankWriter(), tokenizer=tokenizer)})
+    records = label_rollouts(tasks, student, ProactiveConfig(), seed=args.seed, progress="labelled rollouts")
+    by_id = {r.record_id: r for r in records}
+    pivots, _ = detect_pivots(records, student, DetectConfig(policy_samples=0))
+    group = PivotGroupConfig(group_size=8)
+    return {
+        "pivot": sample_pivot_groups([p for p in pivots if p.is_pivot], by_id, student, group, progress="pivot groups"),
+        "all_turns": sample_pivot_groups(every_turn(records), by_id, student, group, progress="all-turn groups"),
+    }
+
+
+def pivot_main(args: argparse.Namespace) -> None:
+    """``--family proactive`` (module docstring)."""
+    from memrl.rewards.advantage import ADVANTAGE_PRESETS
+
+    t0 = time.perf_counter()
+    batches = build_pivot_batch(args)
+    built_s = time.perf_counter() - t0
+    out: dict[str, Any] = {}
+    print(f"{'sites/option':<30} {'groups':>6} {'tied':>5} {'rows':>5} {'tied |A|':>8} {'A(remind)':>9} "
+          f"{'A(silent)':>9}")
+    for sites, results in batches.items():
+        for preset in ADVANTAGE_PRESETS:
+            o = pivot_option_shares(results, preset, args.reminder_cost)
+            out[f"{sites}/{preset}"] = o
+
+            def fmt(key: str, o: dict[str, Any] = o) -> str:
+                return "-" if o.get(key) is None else f"{o[key]:+.2f}"
+
+            print(f"{sites + '/' + preset:<30} {o['groups']:>6} {o['outcome_tied_groups']:>5} {o['rows']:>5} "
+                  f"{fmt('outcome_tied_advantage_fraction'):>8} {fmt('tied_mixed_groups_advantage_remind'):>9} "
+                  f"{fmt('tied_mixed_groups_advantage_silent'):>9}", flush=True)
+    print(json.dumps({"benchmark": "advantage_shares", "family": "proactive", "tasks": args.tasks,
+                      "fatal_pivots": args.fatal, "student": STUDENT, "reminder_cost": args.reminder_cost,
+                      "seed": args.seed, "build_seconds": round(built_s, 1), "options": out}), flush=True)
+
+
 def main() -> None:
     from memrl.rewards.advantage import ADVANTAGE_PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=32, help="training tasks whose trees make the batch")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="training tasks whose trees (or rollouts) make the batch (default 32; proactive: 12)")
     parser.add_argument("--k", type=int, default=4, help="siblings per recall")
     parser.add_argument("--max-leaves", type=int, default=16)
     parser.add_argument("--committee-weight", type=float, default=0.5, help="lambda")
@@ -127,7 +230,16 @@ def main() -> None:
                         help="a model directory, or 'noisy-oracle'; default: benchmarks/ablations.py's SFT start")
     parser.add_argument("--work", default="runs/ablations", help="where the shared SFT checkpoint lives")
     parser.add_argument("--model-cache", default=".cache/models")
+    parser.add_argument("--family", choices=["sam", "proactive"], default="sam",
+                        help="OAT-GRPO trees (sam) or pivot-turn groups (proactive)")
+    parser.add_argument("--fatal", type=int, default=3, help="--family proactive: fatal pivots per task")
+    parser.add_argument("--reminder-cost", type=float, default=0.1, help="--family proactive: reward.reminder_cost")
     args = parser.parse_args()
+    if args.family == "proactive":
+        args.tasks = args.tasks or 12
+        pivot_main(args)
+        return
+    args.tasks = args.tasks or 32
 
     t0 = time.perf_counter()
     trees, start = build_batch(args)
