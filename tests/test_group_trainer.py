@@ -122,7 +122,7 @@ def test_old_logprobs_are_scored_without_dropout(tiny_model_dir: Path) -> None:
         return score(rows, reference=reference)
 
     trainer._score = recording  # type: ignore[method-assign]
-    trainer.step(groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant"))
+    trainer.step(groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant"), probe=True)
     assert modes == [False, False, False]  # pi_old, pi_ref and the KL-to-initial probe in eval mode (dropout off)
     assert trainer.model.training  # the update passes ran in train mode
 

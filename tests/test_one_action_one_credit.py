@@ -159,12 +159,15 @@ def test_tied_groups_are_marked_for_the_trainer_in_oat_and_in_the_old_layout_can
     tied = tree_of([([[1], [2]], [1.0]), ([[1], [3]], [1.0])], "a")
     tied.nodes[1].committee_score, tied.nodes[3].committee_score = 0.9, 0.1
     informative = tree_of([([[1]], [1.0]), ([[2]], [0.0])], "b")
-    cfg = CreditConfig(committee_weight=0.5, shared_prefix="separate")
+    cfg = CreditConfig(committee_weight=0.5, shared_prefix="separate", advantage="grpo_std")
     groups, _ = credit_and_groups([tied, informative], cfg, "tree", 0)
     rows = rows_from_groups(groups)
     metrics = batch_metrics(groups, rows)
     assert metrics["outcome_tied_row_fraction"] == pytest.approx(4 / 6)  # 2 siblings x 2 calls of 6 rows
     assert metrics["identical_row_cancelled_advantage_fraction"] > 0.3  # the shared first call: +1 and -1
+    default, _ = credit_and_groups([tree_of([([[1], [2]], [1.0]), ([[1], [3]], [1.0])], "a"),
+                                    tree_of([([[1]], [1.0]), ([[2]], [0.0])], "b")], CreditConfig(), "tree", 0)
+    assert advantage_shares(rows_from_groups(default))["outcome_tied_row_fraction"] == 0.0  # tied groups train nothing
     branched, _ = credit_and_groups([tree_of([([[1], [2]], [1.0]), ([[1], [3]], [0.0])])],
                                     CreditConfig(committee_weight=0.0), "tree", 0)
     assert advantage_shares(rows_from_groups(branched))["identical_row_cancelled_advantage_fraction"] == 0.0
