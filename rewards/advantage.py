@@ -49,7 +49,7 @@ on its own, whatever the batch: an outcome-tied group trains nothing, a batch wi
 step (AdamW included), and tied rows leave the token-mean loss of the informative ones alone; inside an informative
 group the committee (or a cost) still ranks the members. On the same batch of trees it takes the share of the update's
 |A| that comes from committee-only groups from 19-28% to 0, and on pivot-turn groups at every memory step the share
-from cost-only groups from 88% to 0 (``benchmarks/advantage_shares.py``, docs/results/shaping.md). ``grpo_std`` stays
+from cost-only groups from 84% to 0 (``benchmarks/advantage_shares.py``, docs/results/shaping.md). ``grpo_std`` stays
 selectable for replicating the paper.
 """
 
