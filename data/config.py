@@ -63,6 +63,9 @@ class ConfigModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
     # keys this section no longer has -> where their setting lives now (the error names it, never a silent default)
     renamed_keys: ClassVar[dict[str, str]] = {}
+    # named settings a section may be given as a string instead of its keys (the section's own validator expands
+    # them; overrides of single keys apply on top of the named setting)
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     @model_validator(mode="before")
     @classmethod
@@ -418,10 +421,13 @@ def apply_overrides(cls: type[BaseModel], data: dict[str, Any], overrides: Seque
                 node[part] = _parse_override_value(raw)
             else:
                 child = node.get(part)
+                sub = _model_at(model, [part]) if model is not None else None
+                if isinstance(child, str) and sub is not None and issubclass(sub, ConfigModel) and child in sub.presets:
+                    child = sub.presets[child]  # a named setting, then the override's key on top of it
                 child = dict(child) if isinstance(child, dict) else {}
                 node[part] = child
                 node = child
-                model = _model_at(model, [part]) if model is not None else None
+                model = sub
     return data
 
 

@@ -232,6 +232,7 @@ class OnlineLoop:
         self.policy_dir = ""
         self._t0 = 0.0
         self._bar: Any = None
+        self._iteration: int | None = None  # the iteration being collected and updated
 
     def start(self, launch: Launch, evaluate: Evaluate | None) -> Any:
         """Resume (or start afresh), give the engines the starting policy, evaluate it; the iterations to run."""
@@ -277,14 +278,16 @@ class OnlineLoop:
                 if self.main:
                     self.in_flight[ahead] = launch(ahead)
                 self.launched[ahead] = self.trainer.version
+        self._iteration = iteration  # the update after it probes the KL to the start at the last iteration
         payload, metrics = _result(self.in_flight.pop(iteration)) if self.main else (None, {})
         collected_under = self.launched.pop(iteration)
         return payload, {**metrics, "policy_version_collected": collected_under,
                          "rollout_s": time.perf_counter() - self._t0}
 
-    def update(self, groups: list[Group] | None) -> dict[str, Any]:
+    def update(self, groups: list[Group] | None, iteration: int | None = None) -> dict[str, Any]:
         """Every process gets the main process's groups; the engine sleeps (colocated on GPU, synchronous loop);
-        the trainer takes one update. Returns its metrics with the staleness of the samples."""
+        the trainer takes one update, with the KL probe at the last iteration (``iteration``, else the one
+        :meth:`collected` last returned). Returns its metrics with the staleness of the samples."""
         trainer = self.trainer
         groups = broadcast_groups(groups, trainer.accelerator)
         versions = [s.policy_version for g in groups for s in g.samples]
@@ -293,7 +296,8 @@ class OnlineLoop:
                      "mixed_version_groups": sum(len({s.policy_version for s in g.samples}) > 1 for g in groups)}
         if self.engine is not None and not self.cfg.max_staleness:  # free the engine's GPU memory for the update
             self.engine.sleep()  # (the sync wakes it); with k >= 1 the engines keep generating during the update
-        return {**trainer.step(groups), **staleness}
+        last = (self._iteration if iteration is None else iteration) == self.cfg.iterations - 1
+        return {**trainer.step(groups, probe=True if last else None), **staleness}
 
     def sync(self, iteration: int) -> dict[str, Any]:
         """The updated policy into the engines (written to disk with k >= 1 and at the last iteration); old
