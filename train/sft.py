@@ -35,7 +35,15 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from memrl.data.config import ConfigError, ConfigModel, RunConfig, WandbConfig, config_hash, resolve_deepspeed_config
+from memrl.data.config import (
+    ConfigError,
+    ConfigModel,
+    LoggingConfig,
+    RunConfig,
+    WandbConfig,
+    config_hash,
+    resolve_deepspeed_config,
+)
 from memrl.data.io import atomic_write_text
 from memrl.data.run_dir import prepare_run_dir
 from memrl.data.schemas import SFTExample
@@ -188,7 +196,7 @@ def sft_args(cfg: SFTRunConfig, output_dir: Path, has_eval: bool) -> Any:
 
     t = cfg.train
     per_device, accumulation = _batch_layout(t, _world_size())
-    wandb_on = cfg.run.wandb.enabled and cfg.run.wandb.mode != "disabled"
+    wandb_on = (cfg.run.wandb.enabled or "wandb" in cfg.run.logging.backends) and cfg.run.wandb.mode != "disabled"
     kwargs: dict[str, Any] = {
         "output_dir": str(output_dir),
         "max_steps": t.max_steps if t.max_steps is not None else -1,
@@ -337,16 +345,19 @@ def _console_progress(show_bar: bool) -> Any:
     return ConsoleProgress()
 
 
-def _metrics_callback(run_dir: Path, resume_step: int, main: bool) -> Any:
-    """A ``TrainerCallback`` that appends every log to ``metrics.jsonl`` (main process; records after
-    ``resume_step`` are dropped first, they are redone) and keeps the losses for the summary."""
+def _metrics_callback(run_dir: Path, resume_step: int, main: bool, tracking: LoggingConfig) -> Any:
+    """A ``TrainerCallback`` that appends every log to ``metrics.jsonl`` and the TensorBoard / MLflow backends of
+    ``run.logging`` (main process; records after ``resume_step`` are dropped first, they are redone; wandb is the
+    Trainer's own callback) and keeps the losses for the summary."""
     from transformers import TrainerCallback
 
     from memrl.data.tracking import MetricsLogger
 
     class MetricsToJsonl(TrainerCallback):
         def __init__(self) -> None:
-            self.logger = MetricsLogger(run_dir, None, console=False, resume_from_step=resume_step) if main else None
+            others = tracking.model_copy(update={"backends": [b for b in tracking.backends if b != "wandb"]})
+            self.logger = MetricsLogger(run_dir, None, console=False, resume_from_step=resume_step,
+                                        logging=others) if main else None
             self.losses: dict[str, list[float]] = {"loss": [], "eval_loss": []}
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
@@ -356,7 +367,6 @@ def _metrics_callback(run_dir: Path, resume_step: int, main: bool) -> Any:
                     seen.append(float(logs[key]))
             if self.logger is not None:
                 self.logger.log(state.global_step, logs)
-
     return MetricsToJsonl()
 
 
@@ -451,7 +461,7 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
 
     resume_step = _step_of(resume_from) if resume_from else 0
     # A run restarted from scratch (no complete checkpoint) drops every earlier record.
-    metrics = _metrics_callback(run_dir, resume_step if resume_from else -1, main)
+    metrics = _metrics_callback(run_dir, resume_step if resume_from else -1, main, cfg.run.logging)
     # The eval loss before training comes from inside train(): DeepSpeed engines exist only there.
     args.eval_on_start = bool(eval_rows) and resume_from is None
     trainer = build_sft_trainer(cfg, args, train_rows, eval_rows,
@@ -461,6 +471,8 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
     elapsed = time.perf_counter() - start
     if eval_rows:
         trainer.evaluate()
+    if metrics.logger is not None:
+        metrics.logger.close()  # the TensorBoard / MLflow runs end after the last evaluation
     final = run_dir / "final"
     _save_final(trainer, cfg, final, cfg.data.role_names)
 
