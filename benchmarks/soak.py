@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             if step < 0:
                 return
             row = {"iteration": step, "wall_s": round(time.perf_counter() - started, 2), "processes": sampler.take(),
-                   "sync_check_s": metrics.get("sync_check_s"), "iteration_s": metrics.get("iteration_s")}
+                   "sync_s": metrics.get("sync_s"), "sync_check_s": metrics.get("sync_check_s"),
+                   "iteration_s": metrics.get("iteration_s")}
             rows.append(row)
             with open(progress, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "soak", "iterations": len(rows), "workers": args.workers, "warmup": args.warmup,
         "wall_s": round(time.perf_counter() - started, 1),
         "iteration_s_mean": round(sum(r["iteration_s"] or 0 for r in rows) / max(len(rows), 1), 3),
+        "sync_s_mean": round(sum(r["sync_s"] or 0 for r in rows) / max(len(rows), 1), 4),
         "sync_check_s_mean": round(sum(r["sync_check_s"] or 0 for r in rows) / max(len(rows), 1), 4),
         "bound_mb_per_100": args.bound_mb,
         **summarize(rows, args.warmup, args.bound_mb),

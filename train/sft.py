@@ -195,11 +195,12 @@ def _batch_layout(cfg: SFTTrainConfig, world: int) -> tuple[int, int]:
 
 def logging_interval(t: SFTTrainConfig) -> int:
     """Steps between loss logs: ``train.logging_steps``, or about 20 points over the run (1 to 25 steps), and never
-    fewer than 4 points over a run of known length (an 8-step run logs every 2 steps, not only its first)."""
+    fewer than 4 points (the first step's included) over a run of known length: an 8-step run logs every 2 steps,
+    not only its first."""
     if t.max_steps is None:
         return t.logging_steps or 10
     steps = t.logging_steps or min(max(t.max_steps // 20, 1), 25)
-    return min(steps, max(t.max_steps // 4, 1))
+    return min(steps, max(t.max_steps // 3, 1))
 
 
 def no_step_at_lr_zero(scheduler: Any, warmup_steps: int) -> None:
