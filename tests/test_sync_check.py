@@ -195,3 +195,28 @@ def test_vllm_engine_that_ignores_a_sync_stops_the_run(tiny_model_dir: Path, tmp
             engine.use_base(0)
     finally:
         engine.close()
+
+
+def test_hf_probe_ignores_the_models_end_of_sequence(tiny_model_dir: Path) -> None:
+    """The probe decodes past end-of-sequence: with the model's generation config naming an EOS id that greedy
+    decoding emits, the HF engine must not stop there and pad (the pads would carry the log-probs of other tokens:
+    SmolLM2's config does this, and the sync check read a 0.12 per-token gap at version 0)."""
+    from transformers import AutoModelForCausalLM
+
+    engine = build_engine(EngineConfig(backend="hf", name="policy", model=str(tiny_model_dir), dtype="float32"))
+    try:
+        prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+        (free,) = engine.probe_logprobs(prompts, 8)
+        engine.model.generation_config.eos_token_id = [free.response_ids[0][2]]
+        engine.model.generation_config.pad_token_id = free.response_ids[0][2]
+        (stopped,) = engine.probe_logprobs(prompts, 8)
+        assert stopped.response_ids == free.response_ids and stopped.logprobs == free.logprobs
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+        for prompt, response, logprobs in zip(prompts, free.response_ids, free.logprobs, strict=True):
+            ids = torch.tensor([prompt + response])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1:-1], -1)
+            expected = logp.gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+            assert torch.allclose(torch.tensor(logprobs), expected, atol=1e-4)
+    finally:
+        engine.close()
