@@ -52,9 +52,13 @@ __all__ = ["BF16_TOLERANCE", "FP32_TOLERANCE", "PROBE_TEXTS", "InMemoryWeightSyn
 log = logging.getLogger(__name__)
 
 FP32_TOLERANCE = 1e-3
-"""Default largest mean per-token log-prob gap between an engine and a trainer that scores in fp32."""
-BF16_TOLERANCE = 0.05
-"""Default largest gap when the trainer scores under bf16 autocast (``trainer.bf16``)."""
+"""Default largest mean per-token log-prob gap between an engine and a trainer that scores in fp32. Measured on CPU
+(docs/results/reliability.md): 2e-7 (tiny model) and 8e-6 (SmolLM2-135M) with fp32 transformers and vLLM engines;
+an engine that missed one update was 5e-3 to 9e-2 away."""
+BF16_TOLERANCE = 0.15
+"""Default largest gap when the trainer scores under bf16 autocast (``trainer.bf16``). Measured against fp32
+engines: 2e-3 (tiny model), 0.022 to 0.041 (SmolLM2-135M): one missed update (about 0.03) hides in that noise, and
+the unchanged-answer test is what catches it."""
 
 PROBE_TEXTS = (
     "Summarise what is established so far: the red key opened the north door and the cellar is still locked.",
