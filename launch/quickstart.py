@@ -316,7 +316,7 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_report(run_dir, cfg, summary, rl["history"])
-    _print_table(summary)
+    _print_table(summary, _sampled_roles(cfg))
     log.info(f"\n[quickstart] report: {run_dir / 'report.md'}")
     return 0
 
@@ -373,11 +373,11 @@ def _sampled_roles(cfg: QuickstartConfig) -> str:
                      for role, s in cfg.memory.sampling.items())
 
 
-def _print_table(summary: dict[str, Any]) -> None:
+def _print_table(summary: dict[str, Any], sampled: str) -> None:
     rows = [(name, v["success"], v["success_greedy"]) for name, v in summary["baselines"].items()]
     rows += [("SFT", summary["success_sft"], summary["success_sft_greedy"]),
              ("SFT + OAT-GRPO", summary["success_rl"], summary["success_rl_greedy"])]
-    log.info("\n[quickstart] held-out success inside SAM (recall sampled at T=1 | greedy)")
+    log.info(f"\n[quickstart] held-out success inside SAM (sampled: {sampled} | greedy)")
     def pct(x: float | None) -> str:
         return "   n/a" if x is None else f"{x:>6.1%}"
 

@@ -190,10 +190,11 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         "",
         *[f"![{p}]({p})" for p in plots],
         "",
-        "Files: `summary.json`, `heldout_results.json` (the held-out figures the model card records),"
-        " `metrics.jsonl` (one line per RL iteration and eval), `config.yaml` (the resolved config), `distill/` (SFT"
-        " datasets + stats), `sft/` and `rl/` (stage runs, checkpoints, policy versions),"
-        " `export/model` (the Hugging Face checkpoint and its model card).",
+        "Files: `summary.json`, `stage_figures.json` (each stage's figures, written as the stage ended),"
+        " `heldout_results.json` (the held-out figures" + (" the model card records" if summary.get("export") else "")
+        + "), `metrics.jsonl` (one line per RL iteration and eval), `config.yaml` (the resolved config), `distill/`"
+        " (SFT datasets + stats), `sft/` and `rl/` (stage runs, checkpoints, policy versions)"
+        + (", `export/model` (the Hugging Face checkpoint and its model card)." if summary.get("export") else "."),
     ]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
