@@ -220,3 +220,14 @@ def test_hf_probe_ignores_the_models_end_of_sequence(tiny_model_dir: Path) -> No
             assert torch.allclose(torch.tensor(logprobs), expected, atol=1e-4)
     finally:
         engine.close()
+
+
+def test_a_stand_in_trainer_without_a_model_turns_the_check_off(caplog: pytest.LogCaptureFixture) -> None:
+    """benchmarks/rollout_scaling.py drives the loop with a trainer that has no model or tokenizer."""
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(cfg=GroupTrainerConfig(), version=0, accelerator=None)
+    verifier = SyncVerifier(trainer, SyncCheckConfig())
+    with caplog.at_level("WARNING", logger="memrl.train.weight_sync"):
+        assert verifier.check(object()) == {} and verifier.check(object()) == {}
+    assert "the trainer has no tokenizer" in caplog.text and caplog.text.count("sync check off") == 1

@@ -110,7 +110,7 @@ class SyncVerifier:
     def __init__(self, trainer: Any, cfg: SyncCheckConfig) -> None:
         self.trainer, self.cfg = trainer, cfg
         self.tolerance = cfg.tolerance or (BF16_TOLERANCE if trainer.cfg.bf16 else FP32_TOLERANCE)
-        self.prompts = probe_prompts(trainer.tokenizer, cfg.prompts) if cfg.every else []
+        self.prompts: list[list[int]] = []  # built at the first check (from the trainer's tokenizer)
         self.syncs = 0
         self.off = ""  # why the check is off for this run (an engine that cannot be probed)
         # engine -> (version, its answer, the trainer's log-probs of those tokens) at the previous check
@@ -122,6 +122,13 @@ class SyncVerifier:
         self.syncs += 1
         if not self.cfg.every or (self.syncs - 1) % self.cfg.every or self.off:
             return {}
+        if not self.prompts:
+            tokenizer = getattr(self.trainer, "tokenizer", None)
+            if tokenizer is None:  # a stand-in trainer without a model (benchmarks/rollout_scaling.py)
+                self.off = "the trainer has no tokenizer to build the probe with"
+                log.warning(f"weight sync check off for this run: {self.off}")
+                return {}
+            self.prompts = probe_prompts(tokenizer, self.cfg.prompts)
         t0 = time.perf_counter()
         acc, version = self.trainer.accelerator, self.trainer.version
         payload: list[str] = [""]
