@@ -373,11 +373,17 @@ def _model_at(cls: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel]
     return None if in_container else current
 
 
-def _suggest(prefix: str, key: str, candidates: Sequence[str]) -> str:
-    """'; did you mean 'prefix.close_key'?' or the list of valid keys at that level."""
+def _suggest(prefix: str, key: str, candidates: Sequence[str], model: type[BaseModel] | None = None) -> str:
+    """'; did you mean 'prefix.close_key'?' (or 'prefix.section.key' when ``key`` is a key of one of ``model``'s
+    sections, e.g. ``logging`` -> ``run.logging``), else the list of valid keys at that level."""
+    lead = prefix + "." if prefix else ""
     match = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
     if match:
-        return f"; did you mean '{prefix + '.' if prefix else ''}{match[0]}'?"
+        return f"; did you mean '{lead}{match[0]}'?"
+    for name in candidates if model is not None else ():
+        section = _model_at(model, [name])
+        if section is not None and key in section.model_fields:
+            return f"; did you mean '{lead}{name}.{key}'?"
     return f"; valid keys here: {', '.join(sorted(candidates))}"
 
 
@@ -410,7 +416,7 @@ def apply_overrides(cls: type[BaseModel], data: dict[str, Any], overrides: Seque
         node = data
         for depth, part in enumerate(parts):
             if model is not None and part not in model.model_fields:
-                hint = _suggest(".".join(parts[:depth]), part, list(model.model_fields))
+                hint = _suggest(".".join(parts[:depth]), part, list(model.model_fields), model)
                 raise ConfigError(f"override '{item}': unknown key '{key}'{hint}")
             if depth == len(parts) - 1:
                 node[part] = _parse_override_value(raw)
@@ -446,7 +452,7 @@ def _format_validation_error(
             parent = _model_at(cls, loc[:-1])
             fields = list(parent.model_fields) if parent is not None else []
             prefix = ".".join(str(p) for p in loc[:-1])
-            hint = _suggest(prefix, str(loc[-1]), fields) if fields else ""
+            hint = _suggest(prefix, str(loc[-1]), fields, parent) if fields else ""
             messages.append(f"{where}: unknown key '{dotted}'{hint}")
         elif err["type"] == "missing":
             messages.append(f"{where}: missing required value '{dotted}'")

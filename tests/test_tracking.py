@@ -208,3 +208,16 @@ def test_a_backend_without_its_package_is_a_config_error(tmp_path: Path, monkeyp
                                           r"installed: pip install 'memrl\[tracking\]'"):
         MetricsLogger(tmp_path, logging=LoggingConfig(backends=["mlflow"]))
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_a_top_level_logging_key_points_to_run_logging() -> None:
+    """The issue's own spelling, ``logging.backends``, lives under ``run``: the error says where."""
+    import pytest
+
+    from memrl.data.config import ConfigError, apply_overrides
+    from memrl.launch.evaluation.config import EvalConfig
+
+    with pytest.raises(ConfigError, match=r"unknown key 'logging.backends'; did you mean 'run.logging'\?"):
+        apply_overrides(EvalConfig, {}, ["logging.backends=[jsonl, tensorboard]"])
+    assert apply_overrides(EvalConfig, {}, ["run.logging.backends=[jsonl, mlflow]"]) == {
+        "run": {"logging": {"backends": ["jsonl", "mlflow"]}}}
