@@ -424,6 +424,17 @@ class GroupTrainer:
         r = torch.cat(now) - torch.cat(self._probe_initial)
         return float((torch.exp(r) - r - 1.0).mean())
 
+    def logprobs_of(self, pairs: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+        """The current policy's log-probs of each ``(prompt ids, response ids)`` pair's response tokens, without
+        dropout, as an update scores them (the weight-sync check, memrl.train.weight_sync; every process calls it)."""
+        scored_rows, training = self.scored_rows, self.model.training
+        self.model.eval()
+        try:
+            return self._score([Row(list(p), list(r), 0.0, []) for p, r in pairs], reference=False)
+        finally:
+            self.model.train(training)
+            self.scored_rows = scored_rows
+
     def _score_old_and_ref(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """pi_old (and pi_ref when the KL term is on) of every row, without dropout: with it, the ratio would
         differ from 1 before any update."""

@@ -412,7 +412,8 @@ def run_pivot_grpo(cfg: PivotGRPOConfig) -> int:
     train_tasks, eval_tasks = cfg.train_tasks.load(), cfg.eval_tasks.load()
     engines, policy_engine = build_engines(cfg, train_tasks + eval_tasks) if main else (None, None)
     ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.loop.keep_checkpoints)
-    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name) if main else None
+    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name,
+                           logging=cfg.run.logging) if main else None
     start, history, evals = resume_state(cfg, ckpt, trainer, logger)
     policy_root, pool = run_dir / "policy", None
     policy_dir = sync_policy(trainer, policy_engine, policy_root)
