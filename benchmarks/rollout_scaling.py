@@ -105,7 +105,7 @@ class TimedTrainer:
         self.is_peft = True  # the sync hands the workers a directory; scripted engines only take the version
         self.model = None
 
-    def step(self, groups: list[Any]) -> dict[str, float]:
+    def step(self, groups: list[Any], probe: bool | None = None) -> dict[str, float]:
         time.sleep(self.update_s)
         self.version += 1
         self.updates += 1
