@@ -293,6 +293,15 @@ def _standard_streams() -> None:
         setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8"))  # noqa: SIM115 - the process's stream
 
 
+def _own_words(exc: BaseException) -> str:
+    """An expected error's message; one raised in a Ray worker (a rollout worker's endpoint that kept failing) comes
+    back as Ray's ``RayTaskError(<the error>)``, whose text is the worker's traceback: its cause's message instead."""
+    cause = getattr(exc, "cause", None)
+    if type(exc).__name__.startswith("RayTaskError") and isinstance(cause, UserError):
+        return str(cause)
+    return str(exc)
+
+
 def _say(text: str) -> None:
     """The command's last word on stderr, on a line of its own: progress bars a failure left open are closed first
     (nothing when stderr has gone: a closed pipe)."""
@@ -322,15 +331,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         with handle_signals():  # SIGTERM ends every command as Ctrl-C does (launch/shutdown.py)
             code = handler(args)
     except ConfigError as exc:
-        _say(f"memrl: config error: {exc}")
+        _say(f"memrl: config error: {_own_words(exc)}")
         return 2
     except RunFault as exc:
         resumable = getattr(args, "resume", None) is not None
-        _say(f"memrl: error: {exc}" + ("; what the run saved is kept: continue it with --resume" if resumable
-                                         else ""))
+        _say(f"memrl: error: {_own_words(exc)}" + ("; what the run saved is kept: continue it with --resume"
+                                                     if resumable else ""))
         return 2
     except UserError as exc:
-        _say(f"memrl: error: {exc}")
+        _say(f"memrl: error: {_own_words(exc)}")
         return 2
     except _Bug as bug:
         _say(f"memrl: unexpected error (a bug, please report it): {type(bug.error).__name__}: {bug.error}\n"

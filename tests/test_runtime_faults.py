@@ -431,6 +431,38 @@ sys.exit(cli.main(["config", "show", "--command", "sft"]))
 """
 
 
+_RAY_WORKER_ENDPOINT = """
+import sys
+from memrl.launch import cli
+
+def blocked(args):
+    import ray
+    from memrl.rollout.engines.openai_engine import EndpointError
+
+    ray.init(num_cpus=1, include_dashboard=False)
+
+    @ray.remote
+    def rollout():
+        raise EndpointError("reasoner: request failed after 3 attempt(s); last endpoint http://h:8000/v1 -> HTTP 503")
+
+    return ray.get(rollout.remote())
+
+cli._config_show = blocked
+sys.exit(cli.main(["config", "show", "--command", "sft"]))
+"""
+
+
+@pytest.mark.slow
+def test_an_endpoint_failing_in_a_ray_worker_is_one_line() -> None:
+    """Ray hands the driver RayTaskError(EndpointError), whose text is the worker's traceback: the line is the
+    endpoint's own message."""
+    proc = subprocess.run([sys.executable, "-c", _RAY_WORKER_ENDPOINT], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=300, start_new_session=True)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert one_line(proc.stderr) == ("memrl: error: reasoner: request failed after 3 attempt(s); last endpoint "
+                                     "http://h:8000/v1 -> HTTP 503")
+
+
 @pytest.mark.slow
 def test_sigterm_during_ray_get_exits_143() -> None:
     """The fleet path for real: SIGTERM while the driver waits in ray.get (a rollout in flight)."""

@@ -475,7 +475,9 @@ class OpenAIEngine(Engine):
         snippet = body[:300].decode("utf-8", "replace").replace("\n", " ")
         if status in RETRYABLE_STATUS:
             raise _Retry(f"HTTP {status}: {snippet}", _retry_after(headers.get("retry-after")))
-        raise EndpointError(f"{self.name}: {ep.label} -> HTTP {status} (not retryable): {snippet}; {_CHECK}")
+        check = (f"check the API key{f' in ${ep.cfg.api_key_env}' if ep.cfg.api_key_env else ''} and the model "
+                 "name" if status in (401, 403) else _CHECK)
+        raise EndpointError(f"{self.name}: {ep.label} -> HTTP {status} (not retryable): {snippet}; {check}")
 
     async def _exchange(self, ep: _Endpoint, url: str, payload: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
         """POST ``payload`` to ``url``, following redirects with the POST kept (at most :data:`MAX_REDIRECTS`; the
