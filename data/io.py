@@ -34,10 +34,12 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "check_jsonl_file",
+    "iter_json_lines",
     "iter_jsonl",
     "iter_lines",
     "read_arrow",
     "read_jsonl",
+    "replace_folder",
     "storage_error",
     "storage_guard",
     "to_arrow_rows",
@@ -202,6 +204,18 @@ def atomic_write_bytes(path: str | Path, payload: bytes) -> Path:
     return path
 
 
+def replace_folder(complete: Path, path: Path) -> None:
+    """Put the complete folder ``complete`` (a sibling of ``path``) in ``path``'s place: a reader sees the old
+    folder or the new one, never a mix (the old one is moved aside, then removed)."""
+    if path.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+        os.replace(path, trash / "old")
+        os.replace(complete, path)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(complete, path)
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """UTF-8 text version of :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))
@@ -277,16 +291,10 @@ def iter_lines(path: str | Path, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[
             yield lineno, raw[:-1] if ended else raw, not ended
 
 
-def iter_jsonl(
-    path: str | Path, model: type[M] | None = None, *, tolerate_torn_tail: bool = False
-) -> Iterator[M | dict[str, Any]]:
-    """Yield validated records (or plain dicts when ``model`` is None) from a JSONL file.
-
-    ``tolerate_torn_tail`` skips a last line without its newline that does not parse (a writer killed mid-append).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise RecordError(f"{path}: file not found")
+def iter_json_lines(path: str | Path, *, tolerate_torn_tail: bool = False) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed JSON value)`` for every non-blank line of ``path`` (see :func:`iter_lines`); a line
+    that is not UTF-8 or not JSON is a :class:`RecordError` naming the file and line. ``tolerate_torn_tail`` skips a
+    last line without its newline that does not parse (a writer killed mid-append)."""
     for lineno, raw, torn in iter_lines(path):
         if not raw.strip():
             continue
@@ -297,11 +305,24 @@ def iter_jsonl(
                 return
             raise RecordError(f"{path}:{lineno}: not UTF-8 ({exc.reason} at byte {exc.start} of the line)") from None
         try:
-            obj = json.loads(text)
+            yield lineno, json.loads(text)
         except json.JSONDecodeError as exc:
             if torn and tolerate_torn_tail:
                 return
             raise RecordError(f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+
+
+def iter_jsonl(
+    path: str | Path, model: type[M] | None = None, *, tolerate_torn_tail: bool = False
+) -> Iterator[M | dict[str, Any]]:
+    """Yield validated records (or plain dicts when ``model`` is None) from a JSONL file.
+
+    ``tolerate_torn_tail`` skips a last line without its newline that does not parse (a writer killed mid-append).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecordError(f"{path}: file not found")
+    for lineno, obj in iter_json_lines(path, tolerate_torn_tail=tolerate_torn_tail):
         if model is None:
             if not isinstance(obj, dict):
                 raise RecordError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
@@ -355,13 +376,7 @@ def write_arrow(path: str | Path, records: Iterable[BaseModel]) -> Path:
     try:
         ds = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({})
         ds.save_to_disk(str(tmp))
-        if path.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
-            os.replace(path, trash / "old")
-            os.replace(tmp, path)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        replace_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

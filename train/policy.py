@@ -6,8 +6,6 @@ optional adapter directory.
 
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,7 @@ import torch
 from pydantic import Field
 
 from memrl.data.config import ConfigModel
-from memrl.data.io import storage_guard
+from memrl.data.io import replace_folder, storage_guard
 from memrl.rollout.models import load_causal_lm, load_tokenizer
 
 __all__ = ["LoraSettings", "PolicySpec", "load_policy", "response_logprobs", "save_policy"]
@@ -85,13 +83,7 @@ def save_policy(model: Any, out_dir: str | Path, tokenizer: Any | None = None, s
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         tmp.chmod(0o755)  # mkdtemp's 0700 would keep a served engine running as another user out
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / "old")
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        replace_folder(tmp, out)
     return out
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memrl.data.io import RecordError, describe_validation_error, iter_lines, write_jsonl
+from memrl.data.io import RecordError, describe_validation_error, iter_json_lines, write_jsonl
 from memrl.data.schemas import Episode
 
 __all__ = ["MAX_TURN_CHARS", "Where", "convert", "read_records", "unique_episodes"]
@@ -151,19 +151,8 @@ def read_records(path: str | Path) -> Iterator[tuple[Where, dict[str, Any]]]:
         for row, obj in enumerate(pq.read_table(path).to_pylist()):
             yield Where(path, row, "row"), obj
         return
-    if path.suffix != ".json":
-        for lineno, raw, _ in iter_lines(path):
-            if not raw.strip():
-                continue
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise RecordError(f"{path}:{lineno}: not UTF-8 ({exc.reason} at byte {exc.start} of the line)"
-                                  ) from None
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RecordError(f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+    if path.suffix != ".json":  # JSONL, read a line at a time (a huge line is refused before it is read whole)
+        for lineno, obj in iter_json_lines(path):
             yield _object(Where(path, lineno), obj)
         return
     text = _decode(path)
