@@ -4,9 +4,12 @@ Every job command takes ``--config FILE.yaml`` plus dotted overrides (``train.lr
 the config is validated and so is everything it names (data records, model and adapter paths, output folders:
 launch/preflight.py plus the command's own checks); the run directory is created only when the run starts, and a
 start that fails on bad input removes what it created. Expected failures (:class:`~memrl.data.errors.UserError`) print
-one message with the fix and exit 2; a traceback means a bug and comes with the log file's path (exit 1). Third-party
-output goes to the run's ``run.log`` unless ``--verbose``. Heavy imports happen only inside the command that needs
-them, so ``memrl --help`` answers at once.
+one message with the fix and exit 2; so do faults of what a run stands on, met while it runs (a write the disk or the
+file-size limit refuses, an endpoint that keeps failing after its retries: :class:`~memrl.data.errors.RunFault`), and
+those keep what the run saved for ``--resume``. A traceback means a bug and comes with the log file's path (exit 1).
+A closed stdin/stdout/stderr gets ``/dev/null`` and a deleted working folder is refused before anything loads.
+Third-party output goes to the run's ``run.log`` unless ``--verbose``. Heavy imports happen only inside the command
+that needs them, so ``memrl --help`` answers at once.
 """
 
 from __future__ import annotations

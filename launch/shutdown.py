@@ -5,7 +5,8 @@ in the main thread wherever it is: the current step is abandoned, and since chec
 temporary folder and renamed into place, the run folder keeps its newest complete checkpoint (``--resume`` continues
 from it). :func:`stop_children` then stops the Ray fleet this process started (``ray.shutdown``) and every child
 process left (vLLM engine processes, accelerate helpers), walking the process tree; the CLI prints one line and exits
-130 (SIGINT) or 143 (SIGTERM). A second signal during the shutdown skips what is left of it.
+130 (SIGINT) or 143 (SIGTERM), decided by the signal received (Ray's ``ray.get`` re-raises the interrupt as a plain
+``KeyboardInterrupt``). A second signal during the shutdown skips what is left of it.
 """
 
 from __future__ import annotations
