@@ -31,6 +31,7 @@ the iteration's metrics; the run goes on.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import logging
 import queue
@@ -106,6 +107,8 @@ def _driver(task: ExternalTask) -> Any:
     """The driver of a task's family (one per process: an HTTP agent's server and process are shared)."""
     key = task.entry if task.kind == "episode" else json.dumps(task.params, sort_keys=True)
     with _DRIVERS_LOCK:
+        if not _DRIVERS:
+            atexit.register(close_drivers)  # a rollout worker's agents stop with it
         if key not in _DRIVERS:
             if task.kind == "episode":
                 assert task.entry is not None

@@ -48,6 +48,7 @@ from memrl.rewards.groups import credit_and_groups
 from memrl.rollout.agents import task_rollout
 from memrl.rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
 from memrl.rollout.engines.factory import build_sticky_engine
+from memrl.rollout.episodes import close_drivers
 from memrl.rollout.evaluation.tasks import FAILURE_STATS, evaluate_memory
 from memrl.rollout.fleet import FleetConfig, FleetResult, build_fleet
 from memrl.rollout.loop import EngineSet, Rollout
@@ -461,6 +462,7 @@ class OATRun:
             self.logger.close()
         if self.fleet is not None:
             self.fleet.close()
+        close_drivers()  # HTTP agents this process started, and its model endpoint
 
 
 def job_seed(cfg: OATGRPOConfig, iteration: int) -> int:
