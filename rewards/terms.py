@@ -4,7 +4,8 @@
 ``reward_funcs`` + ``reward_weights`` and verl's reward-manager registry give their users: every term scores each
 memory action (tree node) of a sibling group, is centred within the group (``centre``: the sibling mean, or a
 constant) and weighted; :mod:`memrl.rewards.credit` adds the sum to the outcome part V(n). The committee's
-recoverability score (:mod:`memrl.rewards.committee`) is the first entry of the default list, not a special case.
+recoverability score (:mod:`memrl.rewards.committee`) is the first entry of the default list, not a special case;
+``length`` (a length penalty) and ``prompt_overlap`` (a lexical proxy of what an action keeps) are built in too.
 
 A term is a function (or a class whose instances are called) ``term(node, tree) -> float | None``: ``node`` is the
 :class:`~memrl.data.schemas.TreeNode` of the memory action (its ``call`` holds the text, token ids and log-probs),
@@ -16,6 +17,7 @@ entry's ``params`` as keyword arguments.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
@@ -45,7 +47,7 @@ def _check_term(obj: Any) -> None:
 
 
 REWARD_TERMS: Registry[Any] = Registry("reward term", _check_term)
-"""Reward terms by name: ``committee`` and a user's."""
+"""Reward terms by name: ``committee``, ``length``, ``prompt_overlap`` and a user's."""
 
 
 def register_reward(name: str) -> Callable[[Any], Any]:
@@ -61,6 +63,43 @@ def committee(node: TreeNode, tree: MemoryCallTree) -> float | None:
     return node.committee_score
 
 
+def _calls(node: TreeNode) -> list[Any]:
+    return [] if node.call is None else [node.call, *node.follow_up_calls]
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+@register_reward("length")
+class Length:
+    """Minus the action's generated tokens (every model call of it) per ``per_tokens``: shorter is cheaper (a
+    length penalty, as TRL's and verl's users weight one)."""
+
+    def __init__(self, per_tokens: int = 100) -> None:
+        if per_tokens < 1:
+            raise ComponentError("reward term length: per_tokens must be at least 1")
+        self.per_tokens = per_tokens
+
+    def __call__(self, node: TreeNode, tree: MemoryCallTree) -> float | None:
+        """-tokens / per_tokens (None for a node without a model call)."""
+        calls = _calls(node)
+        if not calls:
+            return None
+        return -sum(len(c.response_ids) or c.completion_tokens for c in calls) / self.per_tokens
+
+
+@register_reward("prompt_overlap")
+def prompt_overlap(node: TreeNode, tree: MemoryCallTree) -> float | None:
+    """The share of the words of the action's last prompt message that its output repeats (lower-cased letters and
+    digits): a cheap lexical proxy of how much of what it read a memory action keeps, in [0, 1]."""
+    calls = _calls(node)
+    if not calls or not calls[0].messages:
+        return None
+    seen = set(_WORD.findall(calls[0].messages[-1].content.lower()))
+    kept = set(_WORD.findall(" ".join(c.text for c in calls).lower()))
+    return len(seen & kept) / len(seen) if seen else 0.0
+
+
 class RewardTermConfig(ConfigModel):
     """One weighted reward term of ``credit.terms``."""
 
@@ -70,13 +109,19 @@ class RewardTermConfig(ConfigModel):
     centre: Literal["siblings"] | float = "siblings"  # centre_t: the sibling mean of the term, or a constant
     params: dict[str, Any] = {}  # keyword arguments of a term class
 
+    @model_validator(mode="before")
+    @classmethod
+    def _path_as_entry(cls, data: Any) -> Any:
+        """``name: "pkg.mod:term"`` is an import path: it goes to ``entry``."""
+        if isinstance(data, dict) and isinstance(data.get("name"), str) and is_entry(data["name"]) \
+                and data.get("entry") is None:
+            data = {**{k: v for k, v in data.items() if k != "name"}, "entry": data["name"]}
+        return data
+
     @model_validator(mode="after")
     def _named(self) -> RewardTermConfig:
         if (self.name is None) == (self.entry is None):
             raise ValueError("a reward term needs exactly one of 'name' (registered) and 'entry' (import path)")
-        if self.name is not None and is_entry(self.name):
-            self.entry, self.name = self.name, None
-            return self
         term_registration(self)  # an unknown name or an unimportable entry is an error now, not mid-run
         return self
 

@@ -167,7 +167,7 @@ def check_inputs(cfg: OATGRPOConfig) -> None:
     if kind in ("env", "gym") and getattr(cfg.memory, "name", "") == "external":
         raise ConfigError("memory: external is the memory of an episode function or an HTTP agent; a "
                           f"{kind} family runs a memory system (e.g. memory: {{name: sam}} or your own by entry)")
-    committee_used = bool(cfg.credit.committee_weight)
+    committee_used = bool(cfg.credit.weight_of("committee"))
     if committee_used and not cfg.committee.references and not cfg.placement.committee and not reg.extra.get("oracle"):
         raise ConfigError(f"credit: the committee term needs reference engines, and task family "
                           f"{cfg.train_tasks.family!r} has no oracle: set committee.references, or drop the committee "
@@ -488,7 +488,7 @@ def setup_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger |
         settings = settings.model_copy(update={"cache_dir": str(run_dir / "committee_cache")})
     spec = WorkerSpec(
         policy=policy_engine_config(cfg), reasoner=reasoner_cfg, tree=cfg.tree, config_hash=config_hash(cfg),
-        make_scorer=TreeScorer(reference_cfgs, judge_cfg, settings, enabled=bool(cfg.credit.committee_weight)),
+        make_scorer=TreeScorer(reference_cfgs, judge_cfg, settings, enabled=bool(cfg.credit.weight_of("committee"))),
         weight_transfer="nccl" if in_memory else None,
     )
     fleet = build_fleet(spec, cfg.fleet, cfg.placement.policy) if main else None

@@ -7,7 +7,7 @@ config.yaml from it).
   to the memory model: that is what OAT-GRPO trains.
 - ``VaultPlayer``: walks north; at the vault enters the code found in its context (an LLM reasoner engine takes its
   place in a real run).
-- ``brevity``: a reward term (shorter notes are cheaper), weighted in ``credit.terms``.
+- ``keeps_code``: a reward term (a note that repeats a code it saw), weighted in ``credit.terms``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,10 @@ class VaultPlayer:
         return '<tool_call>' + json.dumps({"name": "act", "arguments": {"action": action}}) + '</tool_call>'
 
 
-@register_reward("brevity")
-def brevity(node: Any, tree: Any) -> float | None:
-    """Minus the note's length in tokens / 24 (its max_tokens): shorter notes are cheaper."""
-    return None if node.call is None else -len(node.call.response_ids) / 24
+@register_reward("keeps_code")
+def keeps_code(node: Any, tree: Any) -> float | None:
+    """1 when the note repeats a three-digit number its prompt showed (a code it may need later), else 0."""
+    if node.call is None:
+        return None
+    shown = set(re.findall(r"\b\d{3}\b", node.call.messages[-1].content))
+    return float(bool(shown & set(re.findall(r"\b\d{3}\b", node.call.text))))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, SerializeAsAny
+from pydantic import BeforeValidator
 
 from memrl.data.config import ConfigModel
 from memrl.data.registry import ComponentError, Registration, is_entry
@@ -101,8 +101,7 @@ class RegisteredConfig:
         return [r.config for r in self.registry.items() if r.config is not None]
 
 
-MemoryConfig = Annotated[SerializeAsAny[ConfigModel], BeforeValidator(parse_memory_config),
-                         RegisteredConfig(MEMORY_SYSTEMS)]
+MemoryConfig = Annotated[Any, BeforeValidator(parse_memory_config), RegisteredConfig(MEMORY_SYSTEMS)]
 """The config of any registered memory system, chosen by its ``name`` (or ``entry``)."""
 
 
