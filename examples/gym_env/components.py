@@ -7,6 +7,7 @@ config.yaml from it).
   to the memory model: that is what OAT-GRPO trains.
 - ``VaultPlayer``: walks north; at the vault enters the code found in its context (an LLM reasoner engine takes its
   place in a real run).
+- ``NoteExpert``: a scripted expert memory model, for ``memrl data distill`` (distill.yaml).
 - ``keeps_code``: a reward term (a note that repeats a code it saw), weighted in ``credit.terms``.
 """
 
@@ -92,6 +93,17 @@ class VaultPlayer:
             found = re.findall(r"vault code is (\d{3})", text)
             action = f"enter {found[-1] if found else rng.randint(100, 999)}"
         return '<tool_call>' + json.dumps({"name": "act", "arguments": {"action": action}}) + '</tool_call>'
+
+
+@register_reasoner("note_expert")
+class NoteExpert:
+    """A scripted expert memory model (``memrl data distill``'s expert): notes the vault code when it sees it."""
+
+    name = "note-expert"
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        found = re.search(r"vault code is \d{3}", messages[-1].content)
+        return found.group(0) if found else "nothing new"
 
 
 @register_reward("keeps_code")
