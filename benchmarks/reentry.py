@@ -8,7 +8,7 @@ Per horizon and mode: seconds per branch (median over ``--repeats`` runs of ``--
 steps per branch (the steps the re-entry itself ran). Every branch is checked: the next action gives the same
 observation in the branch as in the original. Prints one JSON line.
 
-    .venv/bin/python benchmarks/reentry.py [--quick] [--horizons 8,32,128,512] [--branches 8] [--repeats 5]
+    .venv/bin/python benchmarks/reentry.py [--quick] [--horizons 8,32,128,512,2048] [--branches 8] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from memrl.data.envs.gym import GymFactory, GymTask
 from memrl.data.envs.textworld import TextWorldEnv, TextWorldParams
 
-HORIZONS = [8, 32, 128, 512]
+HORIZONS = [8, 32, 128, 512, 2048]
 PARAMS = {"n_rooms": 8, "containers_per_room": 2, "items_per_container": 2, "chain_length": 2}
 
 
