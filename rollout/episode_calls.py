@@ -76,6 +76,7 @@ class CallChannel:
     def __init__(self) -> None:
         self.items: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.closed = threading.Event()
+        self.rejected = 0  # requests of this episode the endpoint refused as invalid (an HTTP agent's)
 
     def post(self, kind: Literal["memory", "reasoner"], role: str, messages: Any, max_tokens: int | None = None,
              stop: list[str] | None = None) -> ExternalCall:

@@ -320,6 +320,8 @@ class EpisodeRollout:
         self._stop()
 
     def _stop(self) -> None:
+        if self._channel.rejected:  # an HTTP agent's invalid requests, counted in the iteration's metrics
+            self.stats["agent_rejected_requests"] = self._channel.rejected
         self._channel.close()
         while True:  # refuse calls the episode already queued, so its thread (or agent) unwinds
             try:

@@ -197,6 +197,7 @@ class ModelEndpoint:
                 (404, _error(f"unknown episode {episode_id}"))
         model = request.get("model", "memory")
         if model not in ("memory", "reasoner"):
+            episode.channel.rejected += 1
             return 400, _error("model: 'memory' (the trained memory model) or 'reasoner' (the frozen reasoner)")
         metadata = request.get("metadata") or {}
         role = metadata.get("role", "memory") if isinstance(metadata, dict) else None
@@ -206,15 +207,18 @@ class ModelEndpoint:
         stop = request.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) and s for s in stop):
+            episode.channel.rejected += 1
             return 400, _error("stop: a string or a list of at most 16 non-empty strings")
         if not episode.busy.acquire(blocking=False):
             self._count("rejected_concurrent")
+            episode.channel.rejected += 1
             return 409, _error("this episode already waits on a call: its calls are sequential")
         try:
             try:
                 call = episode.channel.post(model, role, request.get("messages"), max_tokens, stop)
             except ValueError as exc:
                 self._count("rejected_request")
+                episode.channel.rejected += 1
                 return 400, _error(str(exc))
             try:
                 completion = call.reply.result(timeout=self.call_timeout_s)

@@ -192,6 +192,7 @@ def test_the_endpoint_validates_every_request() -> None:
         endpoint.close_episode("ep-1")
         assert post(url, {"messages": [{"role": "user", "content": "x"}]}).status_code == 409
         assert channel.items.empty()  # nothing invalid reached the episode
+        assert channel.rejected == 3  # the refusals of a known episode count in its stats (agent_rejected_requests)
     finally:
         endpoint.close()
 

@@ -317,7 +317,7 @@ def collection_metrics(batch: list[Any], results: list[FleetResult]) -> dict[str
         "reasoner_tokens": sum(t.reasoner_usage.spent for t in trees),
         "rerun_tasks": sum(r.reruns for r in results),
     }
-    for key in FAILURE_STATS:  # episodes whose environment or agent raised or timed out (each a failed leaf)
+    for key in (*FAILURE_STATS, "agent_rejected_requests"):  # failed episodes (each a failed leaf), refused requests
         if count := sum(int(n.metadata.get("stats", {}).get(key, 0)) for n in leaves):
             metrics[key] = count
     for r in results:
