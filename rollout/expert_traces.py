@@ -27,7 +27,7 @@ from memrl.data.tasks import TaskSetConfig, family_of, load_tasks
 from memrl.data.tasks.proactive import ProactiveTask
 from memrl.data.tracking import progress_bar
 from memrl.rollout.agents import build_proactive_rollout, task_rollout
-from memrl.rollout.engines.config import EngineConfig, load_scripted_policy
+from memrl.rollout.engines.config import EngineConfig, load_scripted_policy, scripted_policy_class
 from memrl.rollout.engines.factory import build_engine
 from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.loop import EngineSet, run_rollouts
@@ -73,6 +73,12 @@ def check_inputs(cfg: DistillRunConfig) -> None:
     """Before any run folder exists: the family, the memory system and the reasoner resolve, and an expert exists
     for a family without an oracle."""
     reg = family_of(cfg.tasks)
+    for key, engine in (("reasoner", cfg.reasoner), ("expert", cfg.expert)):
+        if engine is not None and engine.backend == "scripted" and engine.scripted_policy:
+            try:
+                scripted_policy_class(engine.scripted_policy)
+            except ConfigError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
     if cfg.expert is None and not reg.extra.get("oracle"):
         raise ConfigError(f"tasks: family {cfg.tasks.family!r} has no oracle expert: set expert (an engine, e.g. a "
                           f"frontier model behind an OpenAI-compatible endpoint)")

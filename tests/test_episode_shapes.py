@@ -146,7 +146,7 @@ def test_protocol_errors_name_the_function() -> None:
 # ------------------------------------------------------------------------------------------------------ HTTP agent
 def test_an_http_agent_in_its_own_process_builds_trees_and_is_stopped() -> None:
     cfg = TaskSetConfig(family="http_agent", count=3, params={
-        "command": [sys.executable, str(ROOT / "examples" / "http_agent" / "agent.py")],
+        "command": [sys.executable, "-S", str(ROOT / "examples" / "http_agent" / "agent.py")],  # -S: no memrl
         "task": {"corridor": 3, "max_turns": 8}, "episode_timeout_s": 60})
     try:
         check_branched(trees(cfg))

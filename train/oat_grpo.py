@@ -46,7 +46,7 @@ from memrl.rewards.committee import Committee, CommitteeConfig
 from memrl.rewards.credit import CreditConfig, informative_groups
 from memrl.rewards.groups import credit_and_groups
 from memrl.rollout.agents import task_rollout
-from memrl.rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
+from memrl.rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine, scripted_policy_class
 from memrl.rollout.engines.factory import build_sticky_engine
 from memrl.rollout.episodes import close_drivers
 from memrl.rollout.evaluation.tasks import FAILURE_STATS, evaluate_memory
@@ -167,6 +167,14 @@ def check_inputs(cfg: OATGRPOConfig) -> None:
     if kind in ("env", "gym") and getattr(cfg.memory, "name", "") == "external":
         raise ConfigError("memory: external is the memory of an episode function or an HTTP agent; a "
                           f"{kind} family runs a memory system (e.g. memory: {{name: sam}} or your own by entry)")
+    engines = [("reasoner", cfg.reasoner), ("engine", cfg.engine), ("committee.judge", cfg.committee.judge),
+               *((f"committee.references.{i}", r) for i, r in enumerate(cfg.committee.references))]
+    for key, engine in engines:
+        if engine is not None and engine.backend == "scripted" and engine.scripted_policy:
+            try:
+                scripted_policy_class(engine.scripted_policy)
+            except ConfigError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
     committee_used = bool(cfg.credit.weight_of("committee"))
     if committee_used and not cfg.committee.references and not cfg.placement.committee and not reg.extra.get("oracle"):
         raise ConfigError(f"credit: the committee term needs reference engines, and task family "

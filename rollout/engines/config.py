@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from memrl.data.config import ConfigError, ConfigModel, EndpointURL, PolicyPlacement
 from memrl.data.schemas import ScriptedPolicy
 
-__all__ = ["EndpointConfig", "EngineConfig", "load_scripted_policy", "place_policy_engine"]
+__all__ = ["EndpointConfig", "EngineConfig", "load_scripted_policy", "place_policy_engine", "scripted_policy_class"]
 
 
 class EndpointConfig(ConfigModel):
@@ -164,15 +164,21 @@ def place_policy_engine(engine: EngineConfig, placement: PolicyPlacement, *, gpu
     return EngineConfig.model_validate({**engine.model_dump(exclude_unset=True), **update})
 
 
-def load_scripted_policy(path: str, kwargs: dict[str, Any] | None = None) -> ScriptedPolicy:
-    """Instantiate a scripted policy (a reasoner registered with ``@register_reasoner``, by name: ``sam``,
-    ``action_agent``, ...; or any class by import path ``"package.module:Class"``) with keyword arguments."""
+def scripted_policy_class(path: str) -> Any:
+    """The class a ``scripted_policy`` names (a registered reasoner or an import path), checked against the protocol
+    (``respond``) without constructing it: a :class:`~memrl.data.registry.ComponentError` names what is wrong."""
     import memrl.data.tasks  # noqa: F401 - registers the built-in reasoners
     from memrl.data.registry import REASONERS, check_protocol, is_entry
 
-    target = REASONERS.get(path).obj if is_entry(path) or path in REASONERS else None
-    if target is None:
+    if not (is_entry(path) or path in REASONERS):
         raise ConfigError(f"scripted_policy {path!r}: not a registered reasoner ({', '.join(REASONERS.names())}) "
                           f"nor an import path 'package.module:Class'")
+    target = REASONERS.get(path).obj
     check_protocol(target, "reasoner", methods=("respond",))
-    return target(**(kwargs or {}))
+    return target
+
+
+def load_scripted_policy(path: str, kwargs: dict[str, Any] | None = None) -> ScriptedPolicy:
+    """Instantiate a scripted policy (a reasoner registered with ``@register_reasoner``, by name: ``sam``,
+    ``action_agent``, ...; or any class by import path ``"package.module:Class"``) with keyword arguments."""
+    return scripted_policy_class(path)(**(kwargs or {}))

@@ -125,10 +125,13 @@ class MemoryConfigBase(ConfigModel):
 
 
 def _check_memory(obj: Any) -> None:
+    label = f"memory system {getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', obj)}"
     check_protocol(obj, "memory system", methods=("reset", "on_turn", "reasoner_messages"))
     if not (isinstance(obj, type) and issubclass(obj, MemorySystem)):
-        raise ComponentError(f"memory system {getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', obj)} "
-                             f"must subclass memrl.api.MemorySystem")
+        raise ComponentError(f"{label} must subclass memrl.api.MemorySystem")
+    if missing := sorted(getattr(obj, "__abstractmethods__", ())):
+        raise ComponentError(f"{label} does not implement the memory system protocol: missing method"
+                             f"{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}")
 
 
 MEMORY_SYSTEMS: Registry[Any] = Registry("memory system", _check_memory)
