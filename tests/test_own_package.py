@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.wheel_venv import wheel_venv
 
 GAME = '''
 import random
@@ -136,21 +135,8 @@ eval_samples: 0
 
 @pytest.mark.slow
 def test_a_wheel_trains_a_package_of_your_own(tmp_path: Path, tiny_model_dir: Path) -> None:
-    dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
-                    "--outdir", str(dist), str(ROOT)], check=True, capture_output=True, text=True)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    # third-party packages from this venv, by path only (its .pth files, the editable memrl among them, do not run)
-    ours = Path(subprocess.run([sys.executable, "-c", "import torch, pathlib; print(pathlib.Path(torch.__file__)"
-                                ".parents[1])"], check=True, capture_output=True, text=True).stdout.strip())
-    (site / "borrowed.pth").write_text(f"{ours}\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet",
-                    str(next(dist.glob("memrl-*.whl")))], check=True)
-
+    python, _ = wheel_venv(tmp_path)
+    venv = python.parent.parent
     user = tmp_path / "my_project"
     package = user / "myagent"
     package.mkdir(parents=True)
