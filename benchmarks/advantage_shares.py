@@ -58,7 +58,8 @@ def option_shares(trees: list[Any], preset: str, shared_prefix: str, committee_w
     from memrl.rewards.groups import credit_and_groups
     from memrl.train.rows import advantage_shares, rows_from_groups
 
-    cfg = CreditConfig(committee_weight=committee_weight, advantage=preset, shared_prefix=shared_prefix)
+    terms = [{"name": "committee", "weight": committee_weight}] if committee_weight else []
+    cfg = CreditConfig(terms=terms, advantage=preset, shared_prefix=shared_prefix)
     groups, credit = credit_and_groups(copy.deepcopy(trees), cfg, "tree", seed)
     rows = rows_from_groups(groups)
     tied = [abs(r.advantage) for r in rows if r.outcome_tied]

@@ -251,12 +251,12 @@ def main() -> None:
     from memrl.rollout.fleet import FleetConfig, RolloutFleet
     from memrl.rollout.memory.sam import SamConfig
     from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
-    from memrl.train.oat_grpo import SamTreeRollout
+    from memrl.train.oat_grpo import TaskTreeRollout
 
     model = str(ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec()))
     tasks = load_tasks(TaskSetConfig(count=args.tasks, sam=SamTaskParams(
         horizon_steps=8, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5)), "bench")
-    make = SamTreeRollout(SamConfig.model_validate(MEMORY))
+    make = TaskTreeRollout(SamConfig.model_validate(MEMORY))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     spec = worker_spec(model, args.latency_ms / 1000)
     summary: dict[str, Any] = {"tasks": args.tasks, "latency_ms": args.latency_ms, **scaling(spec, tasks, make)}

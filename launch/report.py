@@ -119,7 +119,7 @@ def export_sentence(export: dict[str, Any], base: str | None, sft: str | None) -
 def rl_sentence(cfg: Any, summary: dict[str, Any]) -> str:
     """The OAT-GRPO line: iterations, updates, where the trees branch, the reward as configured, tokens spent."""
     roles = " and ".join({"consolidate": "cue", "recall": "recall"}.get(r, r) for r in cfg.tree.branch_roles)
-    weight = cfg.credit.committee_weight
+    weight = cfg.credit.weight_of("committee")
     reward = (f"r = V(n) + {weight:g} (c(n) - c_bar) with the oracle as committee and the offline judge" if weight
               else "r = V(n) (committee off)")
     return (f"- OAT-GRPO: {summary['rl_iterations']} iterations, {summary['rl_updates']} optimizer updates, trees"

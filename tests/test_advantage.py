@@ -130,7 +130,7 @@ def test_oat_credit_gives_a_committee_only_tied_group_the_advantage_its_option_d
                            committee_score=score, call=MemoryCall(call_id=nid, role="recall", response_ids=[ord(nid)])),
                   TreeNode(node_id=f"{nid}l", parent_id=nid, depth=2, kind="leaf", outcome=1.0)]
     tree = MemoryCallTree(tree_id="t", task_id="t", root_id="root", nodes=nodes)
-    cfg = CreditConfig(committee_weight=0.5, advantage=preset)
+    cfg = CreditConfig(terms=[{"name": "committee", "weight": 0.5}], advantage=preset)
     assign_batch_credit([tree], cfg)
     got = [n.advantage for n in tree.nodes if n.kind == "memory"]
     assert got == pytest.approx(shaped_group_advantages([1.0, 1.0], [0.0025, -0.0025], cfg.advantage), abs=1e-9)
@@ -139,5 +139,5 @@ def test_oat_credit_gives_a_committee_only_tied_group_the_advantage_its_option_d
     else:
         assert max(abs(a) for a in got) <= 0.01
     default = copy.deepcopy(tree)
-    assign_batch_credit([default], CreditConfig(committee_weight=0.5))
+    assign_batch_credit([default], CreditConfig(terms=[{"name": "committee", "weight": 0.5}]))
     assert [n.advantage for n in default.nodes if n.kind == "memory"] == [0.0, 0.0]

@@ -33,7 +33,7 @@ from memrl.rollout.memory.sam import SamConfig
 from memrl.rollout.tree import TreeConfig
 from memrl.rollout.worker import WorkerSpec
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
-from memrl.train.oat_grpo import SamTreeRollout, TreeScorer
+from memrl.train.oat_grpo import TaskTreeRollout, TreeScorer
 from memrl.train.online import prune_policy_versions
 from memrl.train.policy import PolicySpec
 from tests.timing import scaled
@@ -74,7 +74,7 @@ def dumped(groups: list[Any]) -> list[dict[str, Any]]:
 
 def groups_of(trees: list[Any], seed: int) -> list[Any]:
     """The trainer groups of a job's trees, as the driver makes them (OAT credit over all the trees)."""
-    return credit_and_groups(trees, CreditConfig(committee_weight=0.5), "tree", seed)[0]
+    return credit_and_groups(trees, CreditConfig(terms=[{"name": "committee", "weight": 0.5}]), "tree", seed)[0]
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ def test_two_workers_match_one_and_the_trainer_agrees(ray_cluster: Any, tasks: l
     """Acceptance 1: identical groups (in task order, so also sorted by tree id) from 1 in-process worker, 1 Ray
     worker and 2 Ray workers; the trainer's metrics after 2 iterations agree within 1e-6; every tree's memory calls
     ran on one worker."""
-    make = SamTreeRollout(MEMORY)
+    make = TaskTreeRollout(MEMORY)
     local = LocalFleet(spec(tiny_model_dir))
     fleets = {1: RolloutFleet(spec(tiny_model_dir), FleetConfig(workers=1, cpus_per_worker=0.5)),
               2: RolloutFleet(spec(tiny_model_dir), FleetConfig(workers=2, cpus_per_worker=0.5))}
@@ -217,7 +217,7 @@ def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[An
     """Acceptance 4: SIGKILL a worker mid-iteration: the iteration completes with every tree exactly once (the same
     groups as an undisturbed run); Ray restarts the worker, which gets the last weight sync back; a worker that
     cannot restart leaves the fleet with a warning."""
-    make = SamTreeRollout(MEMORY)
+    make = TaskTreeRollout(MEMORY)
     local = LocalFleet(spec(tiny_model_dir))
     local.update_weights("/nonexistent/v00003", 3)
     reference = dumped(groups_of(local.submit(0, tasks, 7, make).result().trees, 7))
@@ -364,7 +364,7 @@ def test_vllm_fleet_two_workers_match_one_and_weight_syncs_reach_every_worker(
     tree = TreeConfig(branch_factor=2, max_leaves=4, branch_roles=["consolidate", "recall"])
     fleet = RolloutFleet(dataclasses.replace(spec(tiny_model_dir), policy=policy, tree=tree),
                          FleetConfig(workers=2, cpus_per_worker=0.5, restart_timeout_s=900))
-    make = SamTreeRollout(SamConfig.model_validate({**MEMORY.model_dump(), "sampling": {
+    make = TaskTreeRollout(SamConfig.model_validate({**MEMORY.model_dump(), "sampling": {
         "consolidate": {"temperature": 1.0, "max_tokens": 48}, "recall": {"temperature": 1.0, "max_tokens": 48}}}))
     try:
         # worker 0 builds every tree first, so the 2-worker job meets a warm prefix cache there and a cold one on

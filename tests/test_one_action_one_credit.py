@@ -49,7 +49,7 @@ SHARED_FIRST = [([[4, 9], [7]], [1.0]), ([[4, 9], [8]], [0.0]), ([[3], [7]], [0.
 
 
 def trained(tree: MemoryCallTree, **credit: object) -> list[Row]:
-    groups, _ = credit_and_groups([tree], CreditConfig(committee_weight=0.0, **credit), "tree", 0)
+    groups, _ = credit_and_groups([tree], CreditConfig(terms=[], **credit), "tree", 0)
     return rows_from_groups(groups)
 
 
@@ -99,7 +99,7 @@ def test_nested_agreement_branches_again_and_groups_share_their_prompt() -> None
     assert inner.parent_id == top.node_id and [c.response_ids for c in (inner.call, *inner.follow_up_calls)] == [[2]]
     assert by_id["r.2:1"].parent_id == top.node_id and len(by_id["r.2:1"].follow_up_calls) == 1  # pages 2 and 3
     assert top.metadata["copies"] == 4 and node_values(tree)["r.2:1"] == 1.0
-    groups, _ = credit_and_groups([tree], CreditConfig(committee_weight=0.0), "tree", 0)
+    groups, _ = credit_and_groups([tree], CreditConfig(terms=[]), "tree", 0)
     by_id = {n.node_id: n for n in tree.nodes}
     for g in groups:  # a sibling group's members all answer its one prompt
         if len(g.samples) > 1:
@@ -159,7 +159,7 @@ def test_tied_groups_are_marked_for_the_trainer_in_oat_and_in_the_old_layout_can
     tied = tree_of([([[1], [2]], [1.0]), ([[1], [3]], [1.0])], "a")
     tied.nodes[1].committee_score, tied.nodes[3].committee_score = 0.9, 0.1
     informative = tree_of([([[1]], [1.0]), ([[2]], [0.0])], "b")
-    cfg = CreditConfig(committee_weight=0.5, shared_prefix="separate", advantage="grpo_std")
+    cfg = CreditConfig(terms=[{"name": "committee", "weight": 0.5}], shared_prefix="separate", advantage="grpo_std")
     groups, _ = credit_and_groups([tied, informative], cfg, "tree", 0)
     rows = rows_from_groups(groups)
     metrics = batch_metrics(groups, rows)
@@ -169,5 +169,5 @@ def test_tied_groups_are_marked_for_the_trainer_in_oat_and_in_the_old_layout_can
                                     tree_of([([[1]], [1.0]), ([[2]], [0.0])], "b")], CreditConfig(), "tree", 0)
     assert advantage_shares(rows_from_groups(default))["outcome_tied_row_fraction"] == 0.0  # tied groups train nothing
     branched, _ = credit_and_groups([tree_of([([[1], [2]], [1.0]), ([[1], [3]], [0.0])])],
-                                    CreditConfig(committee_weight=0.0), "tree", 0)
+                                    CreditConfig(terms=[]), "tree", 0)
     assert advantage_shares(rows_from_groups(branched))["identical_row_cancelled_advantage_fraction"] == 0.0

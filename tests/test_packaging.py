@@ -4,13 +4,13 @@ its layering contract (data <- rollout <- rewards <- train <- launch) checked by
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import tomllib
 
 from tests.lint_imports import lint
+from tests.wheel_venv import wheel_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("data", "rollout", "rewards", "train", "launch")
@@ -46,22 +46,8 @@ def test_layers_contract_holds_and_catches_an_upward_import(tmp_path):
 def test_built_wheel_installs_one_namespace(tmp_path):
     """Build the wheel, install it (no dependencies) into a fresh venv that borrows this venv's third-party packages,
     and run it from a folder holding a user's own ``data/`` package and ``train.py``."""
-    dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
-                    "--outdir", str(dist), str(ROOT)],
-                   check=True, capture_output=True, text=True)
-    wheel = next(dist.glob("memrl-*.whl"))
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    # third-party packages from this venv, by path only: its .pth files (the editable memrl among them) are not run
-    ours = Path(subprocess.run([sys.executable, "-c", "import torch, pathlib; print(pathlib.Path(torch.__file__)"
-                                ".parents[1])"], check=True, capture_output=True, text=True).stdout.strip())
-    (site / "borrowed.pth").write_text(f"{ours}\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet",
-                    str(wheel)], check=True)
+    python, site = wheel_venv(tmp_path)
+    venv = python.parent.parent
     installed = sorted(p.name for p in site.iterdir())
     assert not set(LAYERS) & set(installed), installed
     assert "memrl" in installed

@@ -29,7 +29,7 @@ def test_report_sentences_follow_the_config_and_the_checks(tmp_path: Path) -> No
     (0% of the time)', and 'weights differ from the untrained base' where the check compared with the SFT model."""
     cfg = QuickstartConfig.model_validate({"eval_samples": 0, "expert": {"defer_to_later": 0.0},
                                            "tree": {"branch_roles": ["consolidate", "recall"]},
-                                           "credit": {"committee_weight": 0.0}})
+                                           "credit": {"terms": []}})
     export = {"path": "/r/export/model", "ok": True, "failures": [],
               "differs_from_base": {"base": "/r/sft/final", "differs": True, "tensors_changed": 3,
                                     "tensors_compared": 24, "max_abs_diff": 0.1}}

@@ -7,7 +7,6 @@ finds. API keys never appear in a config: an endpoint names the environment vari
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any, Literal
 
@@ -16,7 +15,7 @@ from pydantic import Field, model_validator
 from memrl.data.config import ConfigError, ConfigModel, EndpointURL, PolicyPlacement
 from memrl.data.schemas import ScriptedPolicy
 
-__all__ = ["EndpointConfig", "EngineConfig", "load_scripted_policy", "place_policy_engine"]
+__all__ = ["EndpointConfig", "EngineConfig", "load_scripted_policy", "place_policy_engine", "scripted_policy_class"]
 
 
 class EndpointConfig(ConfigModel):
@@ -165,15 +164,21 @@ def place_policy_engine(engine: EngineConfig, placement: PolicyPlacement, *, gpu
     return EngineConfig.model_validate({**engine.model_dump(exclude_unset=True), **update})
 
 
+def scripted_policy_class(path: str) -> Any:
+    """The class a ``scripted_policy`` names (a registered reasoner or an import path), checked against the protocol
+    (``respond``) without constructing it: a :class:`~memrl.data.registry.ComponentError` names what is wrong."""
+    import memrl.data.tasks  # noqa: F401 - registers the built-in reasoners
+    from memrl.data.registry import REASONERS, check_protocol, is_entry
+
+    if not (is_entry(path) or path in REASONERS):
+        raise ConfigError(f"scripted_policy {path!r}: not a registered reasoner ({', '.join(REASONERS.names())}) "
+                          f"nor an import path 'package.module:Class'")
+    target = REASONERS.get(path).obj
+    check_protocol(target, "reasoner", methods=("respond",))
+    return target
+
+
 def load_scripted_policy(path: str, kwargs: dict[str, Any] | None = None) -> ScriptedPolicy:
-    """Instantiate a scripted policy from an import path ``"package.module:Class"`` with keyword arguments."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"scripted_policy must look like 'package.module:Class', got {path!r}")
-    target: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        target = getattr(target, part)
-    policy = target(**(kwargs or {}))
-    if not callable(getattr(policy, "respond", None)):
-        raise TypeError(f"{path} does not implement ScriptedPolicy (no respond method)")
-    return policy
+    """Instantiate a scripted policy (a reasoner registered with ``@register_reasoner``, by name: ``sam``,
+    ``action_agent``, ...; or any class by import path ``"package.module:Class"``) with keyword arguments."""
+    return scripted_policy_class(path)(**(kwargs or {}))
