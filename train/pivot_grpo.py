@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig
 from memrl.data.io import atomic_write_text, read_jsonl, write_jsonl
@@ -144,10 +144,14 @@ def _task_set_form(value: Any) -> str:
     return "proactive"
 
 
-PivotTaskSet = Annotated[
-    Annotated[ProactiveTaskSetConfig, Tag("proactive")] | Annotated[TaskSetConfig, Tag("family")],
-    Discriminator(_task_set_form),
-]
+def _task_set(value: Any) -> Any:
+    """A task set validated as the form it is written in (:func:`_task_set_form`; errors name the set's own keys)."""
+    if isinstance(value, (ProactiveTaskSetConfig, TaskSetConfig)):
+        return value
+    return (TaskSetConfig if _task_set_form(value) == "family" else ProactiveTaskSetConfig).model_validate(value)
+
+
+PivotTaskSet = Annotated[ProactiveTaskSetConfig | TaskSetConfig, BeforeValidator(_task_set)]
 """A pivot run's task set: the proactive tasks (the default form), or any family of memrl's task interface or a
 user's Gym-style environment named as in ``memrl train oat-grpo`` (``{entry: "pkg.mod:MyEnv", params: ...}``)."""
 
@@ -221,6 +225,8 @@ class PivotGRPOConfig(ConfigModel):
             raise ValueError("pivot-turn GRPO trains the full two-phase agent: memory.variant must be 'full'")
         for key in ("train_tasks", "eval_tasks"):
             tasks = getattr(self, key)
+            if isinstance(tasks, TaskSetConfig) and tasks.count == 0 and tasks.episodes is None:
+                raise ValueError(f"{key}.count: generated tasks need a count of at least 1 (got 0)")
             if isinstance(tasks, TaskSetConfig) and (kind := family_of(tasks).extra.get("kind")) in ("episode", "http"):
                 raise ValueError(f"{key}: pivot-turn GRPO runs the proactive memory agent in memrl's agent loop, so "
                                  f"its tasks are a family of memrl's task interface or a Gym-style environment; "
