@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from benchmarks.pivot_learning import flippable
+from memrl.data.envs.gym import ReplayMismatchError
 from memrl.data.experts import ProactiveOracle
 from memrl.data.io import read_jsonl, write_jsonl
 from memrl.data.schemas import Message
 from memrl.data.tasks import ActionAgent, ProactiveTask
 from memrl.rollout.agents import build_proactive_rollout
-from memrl.rollout.engines.base import EngineError
 from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
 from memrl.rollout.memory.base import Turn
@@ -131,7 +131,7 @@ def test_replay_refuses_a_diverging_record() -> None:
     (record,) = label_rollouts(ts, engines(ts), ProactiveConfig())
     broken = record.model_copy(deep=True)
     broken.calls[1].role = "bank_edit"  # the rollout asks for Phase 2 here
-    with pytest.raises(EngineError, match="diverged"):
+    with pytest.raises(ReplayMismatchError, match=r"diverged at call 1 .*asks for 'intervene'"):
         restore(broken, record.steps[1].phase2_index)
     with pytest.raises(IndexError):
         restore(record, len(record.calls))

@@ -2,9 +2,16 @@
 Proactive Memory Agent for Long-Horizon Agents", section 4.5).
 
 The policy is the memory agent (typically the SFT model); the action agent stays frozen (scripted on CPU, or
-``placement.reasoner``'s OpenAI-compatible endpoints: the paper's Qwen3.5-122B-A10B). :func:`run_pivot_grpo` is the
-whole recipe, written over the online loop OAT-GRPO runs on (:class:`~memrl.train.online.OnlineLoop`: resume,
-checkpoints, bounded staleness, the one weight-sync path): setup, then per iteration, top to bottom,
+``placement.reasoner``'s OpenAI-compatible endpoints: the paper's Qwen3.5-122B-A10B). The tasks are the proactive
+family by default, or any task family or a user's Gym-style environment named as OAT-GRPO names it
+(``train_tasks: {entry: "pkg.mod:MyEnv", params: {...}, max_steps: N}``; ``eval_tasks`` naming no family takes
+train_tasks' on seeds from 100000); pivot states are re-entered by checked replay, or by the environment's own
+snapshot/restore when a branch is forked (:mod:`memrl.rollout.pivots`). Set ``reasoner`` to the environment's action
+agent and ``pivots.detect.prefilter`` to filters that fire on it (``every_step: true`` for a small game).
+
+:func:`run_pivot_grpo` is the whole recipe, written over the online loop OAT-GRPO runs on
+(:class:`~memrl.train.online.OnlineLoop`: resume, checkpoints, bounded staleness, the one weight-sync path): setup,
+then per iteration, top to bottom,
 
 1. **collect**: every ``pivots.every`` iterations the pivot pool is refreshed (:func:`refresh_pool`): offline
    labelled rollouts of ``pivots.tasks`` training tasks with the current policy, pre-filtered candidate steps,
@@ -45,19 +52,19 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig
 from memrl.data.io import atomic_write_text, read_jsonl, write_jsonl
 from memrl.data.schemas import Episode, TokenUsage
-from memrl.data.tasks import ProactiveTask, task_from_episode
+from memrl.data.tasks import ProactiveTask, TaskSetConfig, family_of, load_tasks, task_from_episode
 from memrl.data.tracking import MetricsLogger
 from memrl.rewards.groups import pivot_groups
 from memrl.rewards.pivot import PivotRewardConfig
-from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.agents import task_rollout
 from memrl.rollout.engines.base import Engine
 from memrl.rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
 from memrl.rollout.engines.factory import build_engine
@@ -89,11 +96,13 @@ __all__ = [
     "PivotPool",
     "PivotRefreshConfig",
     "PivotRun",
+    "PivotTaskSet",
     "ProactiveTaskSetConfig",
     "draw_sites",
     "evaluate_memory",
     "evaluate_policy",
     "group_metrics",
+    "load_task_set",
     "refresh_pool",
     "run_pivot_grpo",
     "setup_pivot_grpo",
@@ -127,6 +136,31 @@ class ProactiveTaskSetConfig(ConfigModel):
         return tasks[: self.count]
 
 
+def _task_set_form(value: Any) -> str:
+    """Which form a task set is written in: a registered family or a user's component (``family`` / ``entry``: a
+    :class:`~memrl.data.tasks.TaskSetConfig`), or the proactive task set (:class:`ProactiveTaskSetConfig`)."""
+    if isinstance(value, TaskSetConfig) or (isinstance(value, dict) and {"family", "entry"} & value.keys()):
+        return "family"
+    return "proactive"
+
+
+def _task_set(value: Any) -> Any:
+    """A task set validated as the form it is written in (:func:`_task_set_form`; errors name the set's own keys)."""
+    if isinstance(value, (ProactiveTaskSetConfig, TaskSetConfig)):
+        return value
+    return (TaskSetConfig if _task_set_form(value) == "family" else ProactiveTaskSetConfig).model_validate(value)
+
+
+PivotTaskSet = Annotated[ProactiveTaskSetConfig | TaskSetConfig, BeforeValidator(_task_set)]
+"""A pivot run's task set: the proactive tasks (the default form), or any family of memrl's task interface or a
+user's Gym-style environment named as in ``memrl train oat-grpo`` (``{entry: "pkg.mod:MyEnv", params: ...}``)."""
+
+
+def load_task_set(cfg: ProactiveTaskSetConfig | TaskSetConfig, prefix: str) -> list[Any]:
+    """The tasks of a pivot run's task set (ids ``<prefix>-<seed>`` for a family's generated tasks)."""
+    return cfg.load() if isinstance(cfg, ProactiveTaskSetConfig) else load_tasks(cfg, prefix)
+
+
 class PivotRefreshConfig(ConfigModel):
     """How the pivot pool is (re)built with the current policy."""
 
@@ -157,14 +191,29 @@ class PivotGRPOConfig(ConfigModel):
     reasoner_sampling: RoleSampling = RoleSampling(temperature=0.0, max_tokens=256)
     phase1: EngineConfig | None = Field(None, description="engine for Phase 1 (None: the policy serves it)")
     memory: ProactiveConfig = ProactiveConfig()
-    train_tasks: ProactiveTaskSetConfig = ProactiveTaskSetConfig()
-    eval_tasks: ProactiveTaskSetConfig = ProactiveTaskSetConfig(seed_start=100_000)
+    train_tasks: PivotTaskSet = ProactiveTaskSetConfig()
+    eval_tasks: PivotTaskSet = ProactiveTaskSetConfig(seed_start=100_000)  # a family's: train_tasks' on other seeds
     pivots: PivotRefreshConfig = PivotRefreshConfig()
     groups: PivotGroupConfig = PivotGroupConfig()
     reward: PivotRewardConfig = PivotRewardConfig()
     trainer: GroupTrainerConfig = GroupTrainerConfig()
     loop: LoopConfig = LoopConfig()
     eval: PivotEvalConfig = PivotEvalConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_tasks_of_the_training_family(cls, data: Any) -> Any:
+        """With a family's train_tasks (``family`` / ``entry``), eval_tasks naming none takes train_tasks' family on
+        its own seeds (default 100000), as ``memrl train oat-grpo`` does."""
+        if not isinstance(data, dict) or _task_set_form(data.get("train_tasks")) != "family":
+            return data
+        evals = data.get("eval_tasks", {})
+        if _task_set_form(evals) == "family" or not isinstance(evals, dict):
+            return data
+        train = data["train_tasks"]
+        train = train.model_dump(exclude_unset=True) if isinstance(train, TaskSetConfig) else dict(train)
+        inherited = {k: train[k] for k in ("family", "entry", "params", "max_steps", "reentry") if k in train}
+        return {**data, "eval_tasks": {"seed": 100_000, **inherited, **evals}}
 
     @model_validator(mode="after")
     def _consistent(self) -> PivotGRPOConfig:
@@ -174,6 +223,14 @@ class PivotGRPOConfig(ConfigModel):
             raise ValueError("groups.phases 'phase1+2' trains Phase 1: it must be served by the policy (phase1: null)")
         if self.memory.variant != "full":
             raise ValueError("pivot-turn GRPO trains the full two-phase agent: memory.variant must be 'full'")
+        for key in ("train_tasks", "eval_tasks"):
+            tasks = getattr(self, key)
+            if isinstance(tasks, TaskSetConfig) and tasks.count == 0 and tasks.episodes is None:
+                raise ValueError(f"{key}.count: generated tasks need a count of at least 1 (got 0)")
+            if isinstance(tasks, TaskSetConfig) and (kind := family_of(tasks).extra.get("kind")) in ("episode", "http"):
+                raise ValueError(f"{key}: pivot-turn GRPO runs the proactive memory agent in memrl's agent loop, so "
+                                 f"its tasks are a family of memrl's task interface or a Gym-style environment; "
+                                 f"{tasks.entry or tasks.family!r} is an {kind} family (its agent loop is its own)")
         if (trainer := stale_sampling_tis(self.trainer, self.loop)) is not self.trainer:
             self.trainer = trainer  # k >= 1: truncated IS on, and config.yaml shows it
         return self
@@ -201,15 +258,15 @@ def _reasoner_config(cfg: PivotGRPOConfig) -> EngineConfig:
                         endpoints=endpoints)
 
 
-def _with_truths(engine: Engine, tasks: list[ProactiveTask]) -> Engine:
-    """Give a scripted oracle the ground truth of the run's tasks (it looks it up by task id)."""
+def _with_truths(engine: Engine, tasks: list[Any]) -> Engine:
+    """Give a scripted oracle the ground truth of the run's tasks that know it (it looks it up by task id)."""
     truths = getattr(getattr(engine, "policy", None), "truths", None)
     if isinstance(truths, dict):
-        truths.update({t.task_id: t.truth() for t in tasks})
+        truths.update({t.task_id: t.truth() for t in tasks if callable(getattr(t, "truth", None))})
     return engine
 
 
-def build_engines(cfg: PivotGRPOConfig, tasks: list[ProactiveTask]) -> tuple[EngineSet, Engine]:
+def build_engines(cfg: PivotGRPOConfig, tasks: list[Any]) -> tuple[EngineSet, Engine]:
     """(the run's engines, the policy's rollout engine)."""
     policy = build_engine(place_policy_engine(cfg.engine, cfg.placement.policy))
     reasoner = _with_truths(build_engine(_reasoner_config(cfg)), tasks)
@@ -229,7 +286,7 @@ def _at_temperature(memory: ProactiveConfig, temperature: float | None) -> Proac
 
 
 def evaluate_memory(
-    tasks: list[ProactiveTask],
+    tasks: list[Any],
     engines: EngineSet,
     memory: ProactiveConfig,
     *,
@@ -239,8 +296,7 @@ def evaluate_memory(
 ) -> dict[str, float]:
     """Pass rate, reminders per episode, double-checks per episode and the action agent's tokens of ``memory`` on
     ``tasks`` (``repeats`` rollouts each, seeds ``seed`` ...)."""
-    rollouts = [build_proactive_rollout(task, memory, seed=seed + r, rollout_id=f"eval{r}",
-                                        reasoner_sampling=reasoner_sampling)
+    rollouts = [task_rollout(task, memory, seed=seed + r, rollout_id=f"eval{r}", reasoner_sampling=reasoner_sampling)
                 for r in range(repeats) for task in tasks]
     traces = run_rollouts(rollouts, engines)
     n = len(traces)
@@ -270,7 +326,7 @@ class PivotPool:
     stats: dict[str, float] = field(default_factory=dict)  # the refresh's metrics (stats.json when reloaded)
 
 
-def refresh_pool(cfg: PivotGRPOConfig, run_dir: Path, engines: EngineSet, tasks: list[ProactiveTask],
+def refresh_pool(cfg: PivotGRPOConfig, run_dir: Path, engines: EngineSet, tasks: list[Any],
                  r: int) -> PivotPool:
     """The pool of refresh ``r``: reloaded (with its metrics) when a previous process completed it, else labelled and
     detected now with the current policy and written under ``<run_dir>/pivots/r<NNNN>/`` (``COMPLETE`` last)."""
@@ -291,7 +347,8 @@ def refresh_pool(cfg: PivotGRPOConfig, run_dir: Path, engines: EngineSet, tasks:
         labels = every_turn(records)
         stats.update({"refresh_turns": float(len(labels)), "refresh_action_tokens": float(labelling)})
     else:
-        labels, cost = detect_pivots(records, engines, cfg.pivots.detect, salt=r + 1)
+        labels, cost = detect_pivots(records, engines, cfg.pivots.detect, salt=r + 1,
+                                     tasks={t.task_id: t for t in tasks})
         required = detection_scores(records, labels, lambda p: bool(p.get("requirement")))
         stats.update({f"refresh_{k}": v for k, v in cost.items() if k != "action_tokens"})
         stats.update({"refresh_recall": detection_scores(records, labels)["recall"],
@@ -336,7 +393,7 @@ def group_metrics(pool: PivotPool, results: list[PivotGroupResult], *, refresh: 
     }
 
 
-def evaluate_policy(cfg: PivotGRPOConfig, engines: EngineSet, tasks: list[ProactiveTask], run_dir: Path,
+def evaluate_policy(cfg: PivotGRPOConfig, engines: EngineSet, tasks: list[Any], run_dir: Path,
                     iteration: int) -> dict[str, Any]:
     """The policy on the held-out tasks (sampled, and greedy with ``eval.greedy``) beside the no-memory and SFT
     baselines of ``baselines.json``; before the first update (``iteration`` -1) it writes them, or reuses the
@@ -381,8 +438,8 @@ class PivotRun:
     trainer: GroupTrainer
     engines: EngineSet | None
     loop: OnlineLoop
-    train_tasks: list[ProactiveTask]
-    eval_tasks: list[ProactiveTask]
+    train_tasks: list[Any]
+    eval_tasks: list[Any]
     logger: MetricsLogger | None
     pool: PivotPool | None = None
 
@@ -398,7 +455,8 @@ class PivotRun:
             self.pool = refresh_pool(cfg, self.run_dir, engines, self.train_tasks, refresh)
         first = iteration == refresh * cfg.pivots.every
         sites = draw_sites(self.pool, cfg.groups, cfg.run.seed, iteration)
-        results = sample_pivot_groups(sites, self.pool.records, engines, cfg.groups, salt=iteration)
+        results = sample_pivot_groups(sites, self.pool.records, engines, cfg.groups, salt=iteration,
+                                      tasks={t.task_id: t for t in self.train_tasks})
         return results, {**(self.pool.stats if first else {}), **group_metrics(self.pool, results, refresh=first)}
 
     def evaluate(self, iteration: int) -> dict[str, Any]:
@@ -424,7 +482,7 @@ def setup_pivot_grpo(cfg: PivotGRPOConfig, run_dir: Path, accelerator: Any = Non
     if cfg.loop.max_staleness and torch.cuda.is_available() and cfg.placement.policy.mode == "colocate":
         raise ConfigError("loop.max_staleness > 0 keeps the policy engine awake during the update: "
                           "placement.policy.mode must be 'separate' on GPUs")
-    train_tasks, eval_tasks = cfg.train_tasks.load(), cfg.eval_tasks.load()
+    train_tasks, eval_tasks = load_task_set(cfg.train_tasks, "train"), load_task_set(cfg.eval_tasks, "eval")
     engines, policy_engine = build_engines(cfg, train_tasks + eval_tasks) if main else (None, None)
     logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name,
                            logging=cfg.run.logging) if main else None

@@ -5,10 +5,17 @@ Agents", section 4.5): offline labelled rollouts, pivot detection by counterfact
 agent over training tasks; every model call of the run is recorded in order (:class:`RecordedCall`: text, token ids,
 log-probs, usage), together with an index of the memory steps (:class:`LabelledStep`: where the step's Phase 1 and
 Phase 2 calls sit in that record, the decision taken, the pre-filters that fired, and, when the task knows it, the
-planted pivot at that point). Any memory step is re-entered by :func:`restore`: the task is rebuilt from its spec and
-the recorded prefix is replayed through a :class:`ReplayEngine` (no model is called), which reproduces the rollout's
-state exactly (messages, bank, environment, token accounting, call seeds), pending at the step's call. In memory, a
-rollout deep-copied at its pending call is the same snapshot; the stored record makes it durable and shareable.
+planted pivot at that point). Any memory step is re-entered by :func:`restore`: the task is rebuilt from its spec (or,
+for a user's Gym-style environment, which has none, from the run's task of that id) and the recorded prefix is
+replayed through a :class:`ReplayEngine` (no model is called), which reproduces the rollout's state exactly (messages,
+bank, environment, token accounting, call seeds), pending at the step's call. The replay is checked as
+:mod:`memrl.data.envs.gym` checks its own: every request must have its recorded digest and every observation must be
+the logged one, so an environment that does not replay raises
+:class:`~memrl.data.envs.gym.ReplayMismatchError` naming the episode, the step and both observations. In memory, a
+rollout forked at its pending call is the same snapshot (a Gym environment re-enters there by its snapshot/restore,
+or by replaying its logged actions, checked the same way); the stored record makes it durable and shareable. Tasks
+are of any family of memrl's task interface or a user's Gym-style environment; the memory system is the proactive
+agent (:mod:`memrl.rollout.memory.proactive`) and the action agent any frozen reasoner engine.
 
 **Pivot detection** (:func:`detect_pivots`). Cheap pre-filters (:class:`PrefilterConfig`) pick candidate steps: before
 a state-changing command, after a tool error, before a repeated command. Each candidate is restored and given

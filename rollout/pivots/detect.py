@@ -6,7 +6,7 @@ continued to the end, and a step whose alternatives change the outcome is a pivo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,8 +46,11 @@ def detect_pivots(
     *,
     salt: int = 1,
     progress: str | None = None,
+    tasks: Mapping[str, Any] | None = None,
 ) -> tuple[list[PivotRecord], dict[str, float]]:
-    """Label the pre-filtered steps of ``records`` by counterfactual resampling (see the module docstring).
+    """Label the pre-filtered steps of ``records`` by counterfactual resampling (see the module docstring). Each
+    candidate is re-entered by :func:`~memrl.rollout.pivots.replay.restore` (``tasks``: the run's tasks by id, for
+    records of tasks without a spec, e.g. a Gym-style environment), its alternatives by forking it.
 
     Returns every candidate's :class:`PivotRecord` and the detection's cost: candidates, continuations, the action
     agent's tokens spent on them, the budget (``alternatives``), the bank entries at the candidates, how many were
@@ -59,7 +62,8 @@ def detect_pivots(
         if cfg.max_candidates_per_rollout is not None:
             chosen = chosen[: cfg.max_candidates_per_rollout]
         for step in chosen:
-            candidates.append(_Candidate(record, step, restore(record, step.phase2_index)))
+            task = tasks.get(record.task_id) if tasks is not None else None
+            candidates.append(_Candidate(record, step, restore(record, step.phase2_index, task)))
     samples: list[GenerationResult] = []
     if cfg.policy_samples and candidates:
         pending = [c.base.pending() for c in candidates]

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +54,11 @@ def sample_pivot_groups(
     *,
     salt: int = 0,
     progress: str | None = None,
+    tasks: Mapping[str, Any] | None = None,
 ) -> list[PivotGroupResult]:
     """Sample G memory-engine outputs at each pivot, continue every one to the end; one engine call for all pivots'
-    samples and run_rollouts wavefronts for all continuations. ``salt`` varies the samples between iterations."""
+    samples and run_rollouts wavefronts for all continuations. ``salt`` varies the samples between iterations;
+    ``tasks``: the run's tasks by id, for records of tasks without a spec (a Gym-style environment)."""
     cfg = cfg or PivotGroupConfig()
     bases: list[tuple[PivotRecord, Rollout]] = []
     for pivot in pivots:
@@ -65,7 +67,8 @@ def sample_pivot_groups(
             if pivot.phase1_index is None:
                 continue
             index = pivot.phase1_index
-        bases.append((pivot, restore(records[pivot.record_id], index)))
+        task = tasks.get(pivot.task_id) if tasks is not None else None
+        bases.append((pivot, restore(records[pivot.record_id], index, task)))
     if not bases:
         return []
     pending = [base.pending() for _, base in bases]

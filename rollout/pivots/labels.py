@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 from memrl.data.formats import parse_intervention
 from memrl.data.tasks import ProactiveTask
 from memrl.data.tasks.proactive import fact_value, find_pivot
-from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.agents import task_rollout
 from memrl.rollout.engines.base import (
     GenerationResult,
 )
@@ -22,6 +21,7 @@ from memrl.rollout.memory.proactive import ProactiveConfig, ProactiveMemory
 from memrl.rollout.memory.workflow import action_of
 from memrl.rollout.pivots.config import PrefilterConfig
 from memrl.rollout.pivots.records import DECISION_ROLE, EDIT_ROLE, LabelledRollout, LabelledStep, RecordedCall
+from memrl.rollout.pivots.replay import observations
 
 __all__ = ["fatal_misses", "label_rollouts", "planted_pivot"]
 
@@ -78,11 +78,12 @@ def label_rollouts(
     keep_prompt_ids: bool = False,
     progress: str | None = None,
 ) -> list[LabelledRollout]:
-    """Run the memory agent (``engines``) over ``tasks`` (ProactiveTask or Episode) and record every call and memory
-    step. ``keep_prompt_ids`` also keeps the action agent's prompt ids (the memory calls' are always kept)."""
+    """Run the memory agent (``engines``) over ``tasks`` (tasks of any family: a proactive task, its Episode, a
+    user's Gym-style environment, ...) and record every call, memory step and observation. ``keep_prompt_ids`` also
+    keeps the action agent's prompt ids (the memory calls' are always kept)."""
     prefilter = prefilter or PrefilterConfig()
-    rollouts = [build_proactive_rollout(copy.deepcopy(t) if isinstance(t, ProactiveTask) else t, memory, seed=seed,
-                                        rollout_id=rollout_id, reasoner_sampling=reasoner_sampling) for t in tasks]
+    rollouts = [task_rollout(t, memory, seed=seed, rollout_id=rollout_id, reasoner_sampling=reasoner_sampling)
+                for t in tasks]
     calls: dict[int, list[RecordedCall]] = {id(r): [] for r in rollouts}
 
     def record(rollout: Rollout, call: PendingCall, result: GenerationResult) -> None:
@@ -110,10 +111,11 @@ def label_rollouts(
         versions = [r.policy_version for r in recorded if r.kind == "memory" and r.role == DECISION_ROLE]
         out.append(LabelledRollout(
             record_id=f"{task.task_id}/{rollout.rollout_id}/v{max(versions, default=0)}/s{seed}",
-            task_id=task.task_id, env=task.spec, seed=seed, rollout_id=rollout.rollout_id,
+            task_id=task.task_id, env=getattr(task, "spec", None), seed=seed, rollout_id=rollout.rollout_id,
             memory=rollout.memory.config.model_dump(mode="json"),
             reasoner=rollout.reasoner_sampling.model_dump(mode="json"), policy_version=max(versions, default=0),
             calls=recorded, steps=steps, outcome=float(rollout.outcome or 0.0),
             reasoner_usage=rollout.reasoner_usage, stats={**rollout.memory.stats, **rollout.stats},
+            observations=observations(rollout),
         ))
     return out

@@ -14,6 +14,7 @@ from memrl.rollout.engines.base import (
     GenerationResult,
     Usage,
 )
+from memrl.rollout.episode_calls import request_digest
 from memrl.rollout.loop import PendingCall
 
 __all__ = [
@@ -43,6 +44,7 @@ class RecordedCall(Record):
     cached_prompt_tokens: int = Field(0, ge=0)
     engine: str = ""
     policy_version: int = 0
+    request: str = ""  # digest of the request (kind, role, messages): a replay must ask exactly this ("": unchecked)
 
     @classmethod
     def from_result(cls, call: PendingCall, result: GenerationResult, step: int, keep_prompt_ids: bool) -> RecordedCall:
@@ -56,6 +58,7 @@ class RecordedCall(Record):
             prompt_tokens=result.usage.prompt_tokens, completion_tokens=result.usage.completion_tokens,
             cached_prompt_tokens=result.usage.cached_prompt_tokens, engine=result.engine,
             policy_version=result.policy_version,
+            request=request_digest(call.kind, call.role, list(call.request.messages or [])),
         )
 
     def as_result(self) -> GenerationResult:
@@ -82,11 +85,12 @@ class LabelledStep(Record):
 
 
 class LabelledRollout(Record):
-    """One offline labelled rollout: the task spec, the memory configuration, every call in order, the steps."""
+    """One offline labelled rollout: the task spec, the memory configuration, every call in order, the steps, and the
+    environment's observations (what a replay must reproduce, step by step)."""
 
     record_id: str = Field(min_length=1)
     task_id: str
-    env: EnvSpec
+    env: EnvSpec | None = None  # None: a task without a spec (a Gym-style environment), rebuilt from the run's tasks
     seed: int
     rollout_id: str
     memory: JsonDict  # the resolved ProactiveConfig
@@ -97,6 +101,7 @@ class LabelledRollout(Record):
     outcome: FiniteFloat
     reasoner_usage: TokenUsage = TokenUsage()
     stats: dict[str, int] = {}
+    observations: list[str] = []  # the environment's observation after each action, in order ([]: unchecked)
 
 
 class Alternative(Record):
