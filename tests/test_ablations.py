@@ -19,6 +19,67 @@ def test_paired_difference_is_per_task_and_matches_seeds() -> None:
     assert paired_difference(a, [{"seed": 5, "per_task": {}}]) == {}
 
 
+def test_paired_difference_over_several_seeds_has_a_two_level_interval() -> None:
+    """Three seeds, two tasks, differences (points) per seed [20, 0], [20, 20], [40, 20]: seed means 10, 20, 30 (the
+    seed-level t: 20 +- t(0.975, 2) 10 / sqrt(3)); task means over seeds 26.7 and 13.3 (the task-level interval the
+    benchmark reported before: 20 +- 1.96 x 9.43 / sqrt(2)). Treating the six (seed, task) differences as
+    independent samples would give 20 +- 2.57 x 12.6 / sqrt(6) = +- 13.3, narrower than the seed-level t."""
+    import math
+
+    a = [{"seed": s, "per_task": {"t1": x, "t2": y}} for s, (x, y) in enumerate([(0.2, 0.0), (0.5, 0.4), (0.4, 0.2)])]
+    b = [{"seed": s, "per_task": {"t1": x, "t2": y}} for s, (x, y) in enumerate([(0.0, 0.0), (0.3, 0.2), (0.0, 0.0)])]
+    out = paired_difference(a, b)
+    assert out["seeds"] == [0, 1, 2] and out["tasks"] == 2
+    assert out["difference"] == pytest.approx(20.0)
+    assert out["per_seed"] == pytest.approx([10.0, 20.0, 30.0])
+    half_t = 4.302652729749464 * 10 / math.sqrt(3)
+    assert out["ci95_seed_t"] == pytest.approx([20 - half_t, 20 + half_t])
+    half_task = 1.959963984540054 * math.sqrt(2 * (20 / 3) ** 2) / math.sqrt(2)
+    assert out["ci95_tasks_only"] == pytest.approx([20 - half_task, 20 + half_task])
+    low, high = out["ci95"]  # the wider of the bootstrap and the seed-level t
+    assert low <= min(out["ci95_seed_t"][0], out["ci95_two_level_bootstrap"][0]) + 1e-9
+    assert high >= max(out["ci95_seed_t"][1], out["ci95_two_level_bootstrap"][1]) - 1e-9
+    assert out["half_width"] >= half_t - 1e-9 and half_t > half_task
+
+
+def test_records_keep_every_seed_and_task_and_recompute_the_paired_table() -> None:
+    from benchmarks.ablations import paired_from_records, task_records
+
+    def run(seed: int, sampled: dict, greedy: dict) -> dict:
+        return {"seed": seed, "success": 0.0, "per_task": sampled, "per_task_greedy": greedy}
+
+    runs = {"sft": [run(0, {"a": 0.5, "b": 0.0}, {"a": 1.0, "b": 0.0}),
+                    run(1, {"a": 0.0, "b": 0.5}, {"a": 0.0, "b": 1.0})],
+            "oat": [run(0, {"a": 1.0, "b": 0.5}, {"a": 1.0, "b": 1.0}), run(1, {"a": 1.0}, {"a": 1.0})]}
+    records = task_records(runs)
+    assert records["tasks"] == ["a", "b"]
+    assert records["sampled"]["oat"] == {"0": [1.0, 0.5], "1": [1.0, None]}  # a task not scored stays None
+    assert records["greedy"]["sft"]["1"] == [0.0, 1.0]
+    paired = paired_from_records(records)
+    assert set(paired) == {"oat - sft"}
+    direct = paired_difference(runs["oat"], runs["sft"])
+    assert paired["oat - sft"]["sampled"] == direct  # only task "a" is scored under every seed of both
+    assert direct["tasks"] == 1 and direct["difference"] == pytest.approx(75.0)
+    assert paired["oat - sft"]["greedy"]["difference"] == pytest.approx(50.0)
+
+
+def test_a_rebuilt_start_with_other_weights_is_named_in_one_line(tmp_path) -> None:
+    import json
+
+    from benchmarks.ablations import committed_starts, start_mismatch
+
+    (tmp_path / "ablations_full.json").write_text(json.dumps({"setting": "multihop", "sft_weights": "41336ca2"}))
+    (tmp_path / "other.json").write_text(json.dumps({"setting": "deferring_expert", "sft_weights": "aaaa"}))
+    (tmp_path / "old.json").write_text(json.dumps({"setting": "multihop"}))  # no digest recorded: not compared
+    (tmp_path / "broken.json").write_text("{")
+    assert committed_starts("multihop", tmp_path) == {"ablations_full.json": "41336ca2"}
+    assert start_mismatch("multihop", "41336ca2", tmp_path) is None
+    line = start_mismatch("multihop", "8647402f", tmp_path)
+    assert line is not None and "\n" not in line
+    assert "8647402f" in line and "ablations_full.json (41336ca2)" in line
+    assert start_mismatch("textworld", "8647402f", tmp_path) is None  # no committed figures for it
+
+
 def test_diagnostics_average_iterations_and_keep_the_last_probe_kl() -> None:
     history = [{"rows": 4, "kl_initial_probe": 0.01, "approx_kl": 0.0}, {"rows": 8, "kl_initial_probe": 0.03}]
     out = diagnostics(history)
