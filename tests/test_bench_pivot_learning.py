@@ -1,10 +1,12 @@
 """benchmarks/pivot_learning.py at its smallest setting (one start of 4 teacher tasks and 2 SFT steps, F = 1, one
-GRPO iteration, 2 test tasks): ``--select`` chooses the GRPO settings on dev, the test run applies them (keyed into
-its runs folder) with two-level intervals and per-task records, two processes (``--jobs 2``) share the runs, and a
-rerun reads every finished run back."""
+GRPO iteration, 2 test tasks): ``--select`` chooses the GRPO settings on dev with two processes; a test run with two
+processes (``--jobs 2``) reports two-level intervals and per-task records, and a rerun reads every finished run back;
+the settings chosen on dev are applied to the runs (and keyed into their folder), a file chosen from other start
+weights is refused."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,7 +16,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
 TINY = ["--quick", "--fatal", "1", "--starts", "clean_long", "--train-tasks", "4", "--sft-steps", "2", "--dev-tasks",
         "1", "--test-tasks", "2", "--samples", "1", "--iterations", "1", "--label-tasks", "1",
         "--pivots-per-iteration", "1", "--non-pivots-per-iteration", "1", "--group-size", "2"]
@@ -29,27 +30,31 @@ def _run(*args: str) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def test_select_then_test_with_two_jobs_then_resume(tmp_path: Path, tiny_model_dir: Path) -> None:
-    work = str(tmp_path / "w")
-    selection = _run("--work", work, "--select", "--jobs", "2")[-1]
-    assert selection["benchmark"] == "pivot_learning-select" and selection["split"] == "dev"
+@pytest.mark.slow
+def test_select_chooses_on_dev_with_two_jobs(tmp_path: Path, tiny_model_dir: Path) -> None:
     from benchmarks.pivot_learning import SELECT_GRID
 
+    selection = _run("--work", str(tmp_path / "w"), "--select", "--jobs", "2")[-1]
+    assert selection["benchmark"] == "pivot_learning-select" and selection["split"] == "dev"
     assert [c["overrides"] for c in selection["candidates"]] == list(SELECT_GRID)
     best = max(c["dev_pass_rate"] for c in selection["candidates"])
-    first_best = next(c for c in selection["candidates"] if c["dev_pass_rate"] == best)
-    assert selection["chosen"] == first_best  # ties go to the entry listed first
-    assert selection["start_weights"] and (tmp_path / "w" / "clean_long" / "selected_on_dev.json").is_file()
+    assert selection["chosen"] == next(c for c in selection["candidates"] if c["dev_pass_rate"] == best)  # ties: first
+    saved = json.loads((tmp_path / "w" / "clean_long" / "selected_on_dev.json").read_text())
+    assert saved["chosen"] == selection["chosen"] and saved["start_weights"] == selection["start_weights"]
+    assert len(list((tmp_path / "w" / "clean_long" / "select").glob("c*/F1/seed0/pivot.dev.json"))) == len(SELECT_GRID)
 
+
+@pytest.mark.slow
+def test_two_jobs_share_the_runs_and_a_rerun_reads_them_back(tmp_path: Path, tiny_model_dir: Path) -> None:
+    work = str(tmp_path / "w")
     lines = _run("--work", work, "--seeds", "0", "1", "--jobs", "2")
     record = lines[-1]
     assert record["benchmark"] == "pivot_learning"
-    assert record["grpo_settings"]["chosen_on_dev"] == selection["chosen"]["overrides"]
-    assert record["grpo_overrides"] == [f"{k}={v}" for k, v in selection["chosen"]["overrides"].items()]
-    assert record["start_weights"]["clean_long"] == selection["start_weights"]
+    assert record["grpo_settings"]["chosen_on_dev"] is None and "NOT chosen on dev" in record["grpo_settings"]["note"]
+    assert record["start_weights"]["clean_long"] and record["start_threads"] == 2 and record["run_threads"] == 1
     f1 = record["by_fatal_pivots"]["1"]
     assert set(f1["paired_deltas_pass_rate"]) == {"pivot-no_rl", "all_turns-no_rl", "pivot-all_turns"}
-    for delta in f1["paired_deltas_pass_rate"].values():
+    for delta in [*f1["paired_deltas_pass_rate"].values(), *(v["pass_rate"] for v in f1["variants"].values())]:
         assert delta["n"] == 2 and delta["tasks"] == 2
         assert delta["ci95"][0] <= delta["mean"] <= delta["ci95"][1]
     assert len(f1["records"]["tasks"]) == 2
@@ -58,4 +63,41 @@ def test_select_then_test_with_two_jobs_then_resume(tmp_path: Path, tiny_model_d
 
     again = _run("--work", work, "--seeds", "0", "1", "--reuse")[-1]
     assert again["by_fatal_pivots"] == record["by_fatal_pivots"] and again["runs"] == record["runs"]
-    assert again["total_seconds"] < record["total_seconds"]
+
+
+def test_settings_chosen_on_dev_are_applied_before_the_command_line_and_key_the_runs(tmp_path: Path) -> None:
+    from benchmarks.pivot_learning import grpo_overrides, runs_folder, selection_file
+
+    start = tmp_path / "starts" / "clean_long"
+    start.mkdir(parents=True)
+    (start / "start.json").write_text(json.dumps({"weights": "abc"}))
+    args = argparse.Namespace(overrides=["trainer.lr=5e-5", "loop.iterations=3"], config="configs/pivot_grpo_tiny.yaml",
+                              dev_tasks=1, test_tasks=2, samples=1, iterations=1, label_tasks=1,
+                              pivots_per_iteration=1, non_pivots_per_iteration=1, group_size=2)
+    plain, report = grpo_overrides(args, tmp_path, "clean_long")
+    assert plain == args.overrides and report["chosen_on_dev"] is None
+    chosen = {"trainer.lr": 1e-4, "reward.reminder_cost": 0.0}
+    selection_file(tmp_path, "clean_long").parent.mkdir(parents=True)
+    selection_file(tmp_path, "clean_long").write_text(json.dumps({
+        "start_weights": "abc", "rule": "r", "chosen": {"overrides": chosen},
+        "candidates": [{"overrides": chosen, "dev_pass_rate": 0.5}]}))
+    overrides, report = grpo_overrides(args, tmp_path, "clean_long")
+    assert overrides == ["trainer.lr=0.0001", "reward.reminder_cost=0.0", "trainer.lr=5e-5", "loop.iterations=3"]
+    assert report["chosen_on_dev"] == chosen and report["overruled_by_the_command_line"] == ["trainer.lr=0.0001"]
+    assert runs_folder(tmp_path, "clean_long", overrides, args) != runs_folder(tmp_path, "clean_long", plain, args)
+    assert runs_folder(tmp_path, "clean_long", plain, args) == runs_folder(tmp_path, "clean_long", list(plain), args)
+    (start / "start.json").write_text(json.dumps({"weights": "other"}))
+    with pytest.raises(SystemExit, match="run --select again"):
+        grpo_overrides(args, tmp_path, "clean_long")
+
+
+def test_a_rebuilt_start_with_other_weights_is_named_in_one_line(tmp_path: Path) -> None:
+    from benchmarks.pivot_learning import start_mismatch
+
+    committed = tmp_path / "pivot_learning_full.json"
+    assert start_mismatch("clean_long", "abc", committed) is None  # no committed figures
+    committed.write_text(json.dumps({"start_weights": {"clean_long": "abc"}}))
+    assert start_mismatch("clean_long", "abc", committed) is None
+    line = start_mismatch("clean_long", "def", committed)
+    assert line is not None and "\n" not in line and "def" in line and "abc" in line
+    assert start_mismatch("issue", "def", committed) is None  # the committed figures do not report this start
