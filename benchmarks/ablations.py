@@ -152,20 +152,30 @@ class RLSettings:
 
     lr: float
     kl_coef: float  # the k3 KL to the initial (SFT) policy
-    update_epochs: int  # passes over each collected batch, STEPS_PER_EPOCH optimizer steps each
+    update_epochs: int  # passes over each collected batch, steps_per_epoch optimizer steps each
+    advantage: str = "grpo_std"  # credit.advantage: a preset of memrl.rewards.advantage.ADVANTAGE_PRESETS
+    steps_per_epoch: int = STEPS_PER_EPOCH  # optimizer steps per pass
 
     @property
     def name(self) -> str:
-        return f"lr{self.lr:g}-kl{self.kl_coef:g}-ep{self.update_epochs}"
+        return (f"lr{self.lr:g}-kl{self.kl_coef:g}-ep{self.update_epochs}x{self.steps_per_epoch}-{self.advantage}")
 
 
+# The fields of RLSettings as the config keys they set (the JSON lists the settings by these keys).
+RL_KEYS = {"lr": "trainer.lr", "kl_coef": "trainer.kl_coef", "update_epochs": "trainer.update_epochs",
+           "advantage": "credit.advantage", "steps_per_epoch": "trainer.optimizer_steps_per_epoch"}
 # from issue 26's analysis, used when no --select choice exists: 4 optimizer steps per batch, so FULL's 25
 # iterations make 100 optimizer steps
 ANALYSIS_SETTINGS = RLSettings(lr=1e-4, kl_coef=0.05, update_epochs=2)
-# --select's grid, declared before it ran, in order of closeness to memrl's defaults (kl_coef 0, lr 1e-5,
-# update_epochs 1): the KL-free settings first, then the smaller learning rate. The rule: the highest mean dev
-# success (sampled runs, paired with the SFT start on the same dev tasks); a tie goes to the earlier entry.
-SELECT_GRID = tuple(RLSettings(lr, kl, 2) for kl in (0.0, 0.05) for lr in (5e-5, 1e-4, 2e-4))
+# the advantage presets --select compares (issue 39: the paper's group-std formula first, so a tie keeps it)
+SELECT_ADVANTAGES = ("grpo_std", "dr_grpo", "dr_grpo_gated", "std_floor", "informative_only", "batch_outcome_std")
+# --select's grid, declared before it ran (issue 39): every advantage preset at the two learning rates the previous
+# --select found best (docs/figures/ablations_select_full.json: 1e-4 and 2e-4, both with kl_coef 0.05, which beat 0
+# at each), 2 epochs x 2 optimizer steps per batch; then one entry at the old trainer default of one optimizer step
+# per batch. The rule: the highest mean dev success (sampled runs, paired with the SFT start on the same dev tasks);
+# a tie goes to the earlier entry (the paper's formula, the smaller learning rate).
+SELECT_GRID = (*(RLSettings(lr, 0.05, 2, advantage) for advantage in SELECT_ADVANTAGES for lr in (1e-4, 2e-4)),
+               RLSettings(2e-4, 0.05, 1, "grpo_std", steps_per_epoch=1))
 
 
 def pick_setting(scores: list[float]) -> int:
@@ -420,14 +430,15 @@ class Bench:
                           branch_factor=s.branch_factor, max_leaves=s.max_leaves, flat_group_size=s.flat_group_size,
                           informative_groups=0 if variant == "flat" else s.tasks_per_iteration,
                           max_extra_trees=0 if variant == "flat" else s.tasks_per_iteration)
-        credit = CreditConfig(committee_weight=0.0 if variant in ("tree_lambda0", "flat") else 0.5,
-                              shuffle_outcomes=variant == "no_signal")
-        iterations = s.iterations if budget is None else s.max_iterations
         rl = self.rl
+        credit = CreditConfig(committee_weight=0.0 if variant in ("tree_lambda0", "flat") else 0.5,
+                              shuffle_outcomes=variant == "no_signal", advantage=rl.advantage)
+        iterations = s.iterations if budget is None else s.max_iterations
         trainer = GroupTrainerConfig(lr=0.0 if variant == "lr0" else rl.lr, lora=LoraSettings(enabled=False),
-                                     update_epochs=rl.update_epochs, optimizer_steps_per_epoch=STEPS_PER_EPOCH,
+                                     update_epochs=rl.update_epochs, optimizer_steps_per_epoch=rl.steps_per_epoch,
                                      kl_coef=rl.kl_coef, kl_reference="initial", lr_schedule="cosine",
-                                     min_lr_ratio=0.1, lr_decay_steps=iterations * rl.update_epochs * STEPS_PER_EPOCH)
+                                     min_lr_ratio=0.1,
+                                     lr_decay_steps=iterations * rl.update_epochs * rl.steps_per_epoch)
         cfg = OATGRPOConfig(
             run=RunConfig(output_dir=str(self.runs), name=name or f"{variant}-s{seed}", seed=seed),
             policy=PolicySpec(base=str(self.sft_dir)),
@@ -677,22 +688,30 @@ def paired_from_records(records: dict[str, Any], pairs: tuple[tuple[str, str], .
 def settings_chosen_on_dev(selection: dict[str, Any], file_name: str) -> tuple[RLSettings, dict[str, str]]:
     """The RL settings a ``--select`` record chose, and the non-default settings with their reasons: what the grid
     varied is listed as chosen on dev with every candidate's dev figure; what it held fixed is listed as such."""
-    c = selection["chosen"]
-    rl = RLSettings(c["lr"], c["kl_coef"], c["update_epochs"])
+    def settings(row: dict[str, Any]) -> dict[str, Any]:  # records before issue 39 lack advantage, steps_per_epoch
+        return {k: row.get(k, getattr(ANALYSIS_SETTINGS, k)) for k in RL_KEYS}
+
+    candidates = [settings(r) for r in selection["candidates"]]
+    rl = RLSettings(**settings(selection["chosen"]))
+    varied = [k for k in RL_KEYS if len({c[k] for c in candidates}) > 1]
     non_default = {k: v for k, v in NON_DEFAULT_SETTINGS.items()
                    if not k.startswith(("trainer.kl_coef", "trainer.lr", "trainer.update"))}
-    figures = ", ".join(f"{r['lr']:g}/{r['kl_coef']:g}/{r['update_epochs']}: {100 * r['dev_success']:.1f}%"
-                        for r in selection["candidates"])
-    chosen = f"trainer.lr={rl.lr:g}, trainer.kl_coef={rl.kl_coef:g}"
-    if len({r["update_epochs"] for r in selection["candidates"]}) > 1:
-        chosen += f", trainer.update_epochs={rl.update_epochs}"
-    else:
-        non_default[f"trainer.update_epochs={rl.update_epochs}"] = (
-            "from issue 26's analysis, held fixed on the --select grid (not chosen on dev)")
-    non_default[chosen] = (f"chosen on dev ({file_name}; {selection['rule']}): dev success lr/kl_coef/update_epochs: "
-                           f"{figures}; SFT {100 * selection['sft_dev_success']:.1f}%")
-    non_default[f"trainer.optimizer_steps_per_epoch={STEPS_PER_EPOCH}, lr_schedule=cosine to 0.1 over the run"] = (
-        "from issue 26's analysis, not chosen on dev: several clipped steps per batch, late steps refine")
+
+    def value(v: Any) -> str:
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    figures = ", ".join("/".join(value(c[k]) for k in varied) + f": {100 * r['dev_success']:.1f}%"
+                        for c, r in zip(candidates, selection["candidates"], strict=True))
+    chosen = ", ".join(f"{RL_KEYS[k]}={value(getattr(rl, k))}" for k in varied)
+    for k in RL_KEYS:
+        if k not in varied:
+            non_default[f"{RL_KEYS[k]}={value(getattr(rl, k))}"] = "held fixed on the --select grid (not chosen on dev)"
+    if varied:
+        non_default[chosen] = (f"chosen on dev ({file_name}; {selection['rule']}): dev success by "
+                               f"{'/'.join(RL_KEYS[k] for k in varied)}: {figures}; SFT "
+                               f"{100 * selection['sft_dev_success']:.1f}%")
+    non_default["trainer.lr_schedule=cosine to 0.1 over the run"] = (
+        "from issue 26's analysis, not chosen on dev: late steps refine")
     return rl, non_default
 
 
@@ -1069,7 +1088,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
         bench.rl, non_default = settings_chosen_on_dev(selection, chosen_file.name)
         say(f"RL settings chosen on dev: {bench.rl}")
     else:
-        non_default["trainer.lr, trainer.kl_coef, trainer.update_epochs"] = (
+        non_default[", ".join(RL_KEYS.values())] = (
             f"from issue 26's analysis, NOT chosen on dev: no {chosen_file} (run --select first)")
     progress = Progress(bench.runs / "progress.jsonl", run_key(args, bench.scale, bench.rl, bench.start))
     finished_before = set(progress.done)
@@ -1089,7 +1108,8 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
     assert first is not None
     budget = first["reasoner_tokens"]
     # sft_more: as many optimizer steps as oat seed 0, each on as many rows as one of its optimizer steps
-    steps, rows_per_step = max(first["updates"], 1), max(round(first["rows_per_update"] / STEPS_PER_EPOCH), 1)
+    steps = max(first["updates"], 1)
+    rows_per_step = max(round(first["rows_per_update"] / bench.rl.steps_per_epoch), 1)
     if not args.worker:
         say(f"budget: {budget} reasoner tokens, {steps} optimizer steps (oat seed 0)")
 

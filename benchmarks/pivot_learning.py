@@ -87,13 +87,13 @@ PAIRS = (("pivot", "no_rl"), ("all_turns", "no_rl"), ("pivot", "all_turns"))  # 
 START_THREADS, RUN_THREADS = 2, 1
 COMMITTED = ROOT / "docs" / "figures" / "pivot_learning_full.json"  # the committed figures (their start digests)
 SELECT_DEV_OFFSET = 10_000  # --select scores on dev tasks from DEV_START + this (the curves use DEV_START ...)
-# --select's grid, declared before it ran: dotted GRPO overrides, the recipe's own settings first (ties go to it)
-SELECT_GRID: tuple[dict[str, Any], ...] = (
-    {"trainer.lr": 3e-4, "reward.reminder_cost": 0.1},
-    {"trainer.lr": 3e-4, "reward.reminder_cost": 0.0},
-    {"trainer.lr": 1e-4, "reward.reminder_cost": 0.1},
-    {"trainer.lr": 1e-4, "reward.reminder_cost": 0.0},
-)
+# --select's grid, declared before it ran (issue 39 item 7): dotted GRPO overrides, every advantage preset of
+# memrl.rewards.advantage (the paper's group-std formula first) x the reminder cost (the recipe's 0.1, or none) x the
+# learning rate (the recipe's 3e-4, or a third of it); the recipe's own settings first, so a tie keeps them
+SELECT_ADVANTAGES = ("grpo_std", "dr_grpo", "dr_grpo_gated", "std_floor", "informative_only", "batch_outcome_std")
+SELECT_GRID: tuple[dict[str, Any], ...] = tuple(
+    {"reward.advantage": advantage, "reward.reminder_cost": cost, "trainer.lr": lr}
+    for advantage in SELECT_ADVANTAGES for cost in (0.1, 0.0) for lr in (3e-4, 1e-4))
 DEV_START, TEST_START = 50_000, 100_000
 STARTS: dict[str, dict[str, Any]] = {  # candidate starting students (teacher noise, teacher task F mix, SFT size)
     "issue": {"miss": 0.4, "false_alarm": 0.1, "fatal_mix": [3], "train_tasks": 48, "sft_steps": 60},  # m ~ 0.8-1
@@ -430,7 +430,7 @@ def select(args: argparse.Namespace, base: Any, final: Path, work: Path, chosen:
             path = folder / "no_rl" / f"F{f}-seed{seed}.dev.json"
             items.append((f"select-no_rl-F{f}", seed, path, lambda f=f, seed=seed, path=path: score_item(
                 args, base, final, folder / "no_rl", f, seed, "no_rl", [], dev[f], DEV_START + 1000 * seed, path)))
-            for i, entry in enumerate(SELECT_GRID):
+            for i, entry in grid(args):
                 root = folder / f"c{i}" / f"F{f}" / f"seed{seed}"
                 overrides = [*(f"{k}={v}" for k, v in entry.items()), *args.overrides]
                 items.append((f"select-c{i}-F{f}", seed, root / "pivot.dev.json",
@@ -447,10 +447,10 @@ def select(args: argparse.Namespace, base: Any, final: Path, work: Path, chosen:
     start = statistics.fmean(dev_rate(folder / "no_rl" / f"F{f}-seed{s}.dev.json")
                              for f in args.fatal for s in args.select_seeds)
     candidates = []
-    for i, entry in enumerate(SELECT_GRID):
+    for i, entry in grid(args):
         by_f = {str(f): statistics.fmean(dev_rate(folder / f"c{i}" / f"F{f}" / f"seed{s}" / "pivot.dev.json")
                                          for s in args.select_seeds) for f in args.fatal}
-        candidates.append({"overrides": entry, "dev_pass_rate": round(statistics.fmean(by_f.values()), 4),
+        candidates.append({"entry": i, "overrides": entry, "dev_pass_rate": round(statistics.fmean(by_f.values()), 4),
                            "dev_pass_rate_by_fatal": by_f})
         emit({"stage": "select", **candidates[-1], "no_rl_dev_pass_rate": round(start, 4)})
     best = max(range(len(candidates)), key=lambda i: (candidates[i]["dev_pass_rate"], -i))
@@ -458,9 +458,19 @@ def select(args: argparse.Namespace, base: Any, final: Path, work: Path, chosen:
                     "entry listed first (the recipe's own settings)", "split": "dev",
             "dev_tasks_per_fatal": args.test_tasks, "samples": args.samples, "fatal": args.fatal,
             "seeds": args.select_seeds, "start": chosen,
+            "grid_entries": "all" if args.select_entries is None else [i for i, _ in grid(args)],
             "start_weights": json.loads((work / "starts" / chosen / "start.json").read_text()).get("weights"),
             "command_line_overrides": args.overrides, "no_rl_dev_pass_rate": round(start, 4),
             "candidates": candidates, "chosen": candidates[best]}
+
+
+def grid(args: argparse.Namespace) -> list[tuple[int, dict[str, Any]]]:
+    """The entries of :data:`SELECT_GRID` that ``--select`` runs, with their indices (``--select-entries``)."""
+    chosen = range(len(SELECT_GRID)) if args.select_entries is None else args.select_entries
+    bad = [i for i in chosen if not 0 <= i < len(SELECT_GRID)]
+    if bad:
+        raise SystemExit(f"[pivot_learning] --select-entries {bad}: SELECT_GRID has entries 0-{len(SELECT_GRID) - 1}")
+    return [(i, SELECT_GRID[i]) for i in chosen]
 
 
 def start_mismatch(chosen: str, weights: str | None, committed: Path = COMMITTED) -> str | None:
@@ -492,6 +502,8 @@ def main() -> None:
                              "for the chosen start and write <work>/<start>/selected_on_dev.json, which later runs "
                              "read")
     parser.add_argument("--select-seeds", type=int, nargs="+", default=[0], help="GRPO seeds of every --select entry")
+    parser.add_argument("--select-entries", type=int, nargs="+", default=None,
+                        help="run only these entries of SELECT_GRID (indices; default: all); the record names them")
     parser.add_argument("--jobs", type=int, default=1,
                         help="processes sharing the (F, seed, variant) runs (needs --work; implies --reuse); every "
                              "run computes with one torch thread, so its figures do not depend on --jobs")

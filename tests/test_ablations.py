@@ -87,34 +87,46 @@ def test_diagnostics_average_iterations_and_keep_the_last_probe_kl() -> None:
     assert "clip_fraction" not in out
 
 
-def test_select_picks_the_best_dev_success_and_breaks_ties_towards_the_defaults() -> None:
-    from benchmarks.ablations import SELECT_GRID, pick_setting
+def test_select_picks_the_best_dev_success_and_breaks_ties_towards_the_paper_s_formula() -> None:
+    from benchmarks.ablations import SELECT_ADVANTAGES, SELECT_GRID, pick_setting
+    from memrl.rewards.advantage import ADVANTAGE_PRESETS
 
     assert pick_setting([0.40, 0.45, 0.42]) == 1
     assert pick_setting([0.45, 0.40, 0.45]) == 0  # a tie: the entry listed first
     first = SELECT_GRID[0]
-    assert first.kl_coef == 0.0 and first.lr == min(s.lr for s in SELECT_GRID)  # closest to memrl's defaults
+    assert first.advantage == "grpo_std" and first.lr == min(s.lr for s in SELECT_GRID)  # the paper's formula
+    assert set(SELECT_ADVANTAGES) == set(ADVANTAGE_PRESETS)  # every preset is compared on dev
+    assert {s.advantage for s in SELECT_GRID} == set(SELECT_ADVANTAGES)
+    assert [(s.update_epochs, s.steps_per_epoch) for s in SELECT_GRID].count((1, 1)) == 1  # the old default, once
 
 
 def test_settings_chosen_on_dev_list_what_the_grid_varied_and_what_it_held_fixed() -> None:
     from benchmarks.ablations import settings_chosen_on_dev
 
-    def candidate(lr: float, kl: float, epochs: int, dev: float) -> dict:
-        return {"lr": lr, "kl_coef": kl, "update_epochs": epochs, "dev_success": dev}
+    def candidate(lr: float, kl: float, epochs: int, dev: float, **more: object) -> dict:
+        return {"lr": lr, "kl_coef": kl, "update_epochs": epochs, "dev_success": dev, **more}
 
+    # a record from before issue 39 (no advantage or steps per epoch): lr and kl varied
     grid = [candidate(1e-4, 0.0, 2, 0.50), candidate(2e-4, 0.05, 2, 0.53)]
     selection = {"chosen": grid[1], "candidates": grid, "rule": "the highest", "sft_dev_success": 0.47}
     rl, listed = settings_chosen_on_dev(selection, "selected_on_dev.json")
-    assert (rl.lr, rl.kl_coef, rl.update_epochs) == (2e-4, 0.05, 2)
+    assert (rl.lr, rl.kl_coef, rl.update_epochs, rl.advantage, rl.steps_per_epoch) == (2e-4, 0.05, 2, "grpo_std", 2)
     assert "chosen on dev" in listed["trainer.lr=0.0002, trainer.kl_coef=0.05"]
     assert "53.0%" in listed["trainer.lr=0.0002, trainer.kl_coef=0.05"]
     assert "held fixed" in listed["trainer.update_epochs=2"]
+    assert "held fixed" in listed["credit.advantage=grpo_std"]
     assert not any(k.startswith("trainer.lr=1e-4") or k.startswith("trainer.kl_coef=0.05") for k in listed)
 
-    varied = [candidate(1e-4, 0.0, 1, 0.50), candidate(1e-4, 0.0, 2, 0.55)]
-    _, listed = settings_chosen_on_dev({**selection, "chosen": varied[1], "candidates": varied}, "s.json")
-    assert "chosen on dev" in listed["trainer.lr=0.0001, trainer.kl_coef=0, trainer.update_epochs=2"]
-    assert "trainer.update_epochs=2" not in listed
+    # issue 39's grid: the advantage and the learning rate varied, and one entry of one optimizer step per batch
+    varied = [candidate(1e-4, 0.05, 2, 0.50, advantage="grpo_std", steps_per_epoch=2),
+              candidate(1e-4, 0.05, 2, 0.56, advantage="dr_grpo_gated", steps_per_epoch=2),
+              candidate(2e-4, 0.05, 1, 0.40, advantage="grpo_std", steps_per_epoch=1)]
+    rl, listed = settings_chosen_on_dev({**selection, "chosen": varied[1], "candidates": varied}, "s.json")
+    assert (rl.advantage, rl.lr, rl.steps_per_epoch) == ("dr_grpo_gated", 1e-4, 2)
+    key = ("trainer.lr=0.0001, trainer.update_epochs=2, credit.advantage=dr_grpo_gated, "
+           "trainer.optimizer_steps_per_epoch=2")
+    assert "chosen on dev" in listed[key] and "0.0001/2/dr_grpo_gated/2: 56.0%" in listed[key]
+    assert "held fixed" in listed["trainer.kl_coef=0.05"]
 
 
 def test_progress_reuses_finished_runs_only_under_the_same_key(tmp_path) -> None:
@@ -137,7 +149,8 @@ def test_run_key_changes_with_the_rl_settings_and_the_start() -> None:
     args = argparse.Namespace(setting="multihop", split="test")
     start = {"base_weights": "b", "sft_weights": "s"}
     assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) == run_key(args, QUICK, ANALYSIS_SETTINGS, dict(start))
-    assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(args, QUICK, SELECT_GRID[0], start)
+    assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(args, QUICK, SELECT_GRID[1], start)
+    assert run_key(args, QUICK, SELECT_GRID[0], start) != run_key(args, QUICK, SELECT_GRID[2], start)  # advantage
     # a rebuilt SFT checkpoint with other weights: the finished runs started elsewhere and are not reused
     assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(args, QUICK, ANALYSIS_SETTINGS,
                                                                      {**start, "sft_weights": "t"})

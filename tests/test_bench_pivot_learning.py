@@ -34,14 +34,28 @@ def _run(*args: str) -> list[dict]:
 def test_select_chooses_on_dev_with_two_jobs(tmp_path: Path, tiny_model_dir: Path) -> None:
     from benchmarks.pivot_learning import SELECT_GRID
 
-    selection = _run("--work", str(tmp_path / "w"), "--select", "--jobs", "2")[-1]
+    selection = _run("--work", str(tmp_path / "w"), "--select", "--select-entries", "0", "3", "--jobs", "2")[-1]
     assert selection["benchmark"] == "pivot_learning-select" and selection["split"] == "dev"
-    assert [c["overrides"] for c in selection["candidates"]] == list(SELECT_GRID)
+    assert [c["overrides"] for c in selection["candidates"]] == [SELECT_GRID[0], SELECT_GRID[3]]
+    assert selection["grid_entries"] == [0, 3]
     best = max(c["dev_pass_rate"] for c in selection["candidates"])
     assert selection["chosen"] == next(c for c in selection["candidates"] if c["dev_pass_rate"] == best)  # ties: first
     saved = json.loads((tmp_path / "w" / "clean_long" / "selected_on_dev.json").read_text())
     assert saved["chosen"] == selection["chosen"] and saved["start_weights"] == selection["start_weights"]
-    assert len(list((tmp_path / "w" / "clean_long" / "select").glob("c*/F1/seed0/pivot.dev.json"))) == len(SELECT_GRID)
+    assert sorted(p.parts[-4] for p in (tmp_path / "w" / "clean_long" / "select").glob("c*/F1/seed0/pivot.dev.json")
+                  ) == ["c0", "c3"]
+
+
+def test_the_select_grid_crosses_every_advantage_preset_with_the_costs_and_learning_rates() -> None:
+    from benchmarks.pivot_learning import SELECT_GRID
+    from memrl.rewards.advantage import ADVANTAGE_PRESETS
+    from memrl.rewards.pivot import PivotRewardConfig
+
+    assert SELECT_GRID[0] == {"reward.advantage": "grpo_std", "reward.reminder_cost": 0.1, "trainer.lr": 3e-4}
+    assert len(SELECT_GRID) == len({json.dumps(e, sort_keys=True) for e in SELECT_GRID}) == len(ADVANTAGE_PRESETS) * 4
+    assert {e["reward.advantage"] for e in SELECT_GRID} == set(ADVANTAGE_PRESETS)
+    for entry in SELECT_GRID:  # every entry is a valid reward config
+        PivotRewardConfig(advantage=entry["reward.advantage"], reminder_cost=entry["reward.reminder_cost"])
 
 
 @pytest.mark.slow
