@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
 
 
 def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -23,6 +22,7 @@ def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=1800)
 
 
+@pytest.mark.slow
 def test_smoke_run_keeps_the_records_recomputes_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
     common = ["--smoke", "--variants", "oat,sft_more", "--work", str(tmp_path / "w"),
               "--model-cache", str(tiny_model_dir.parent)]
@@ -53,3 +53,62 @@ def test_smoke_run_keeps_the_records_recomputes_and_resumes(tmp_path: Path, tiny
     second = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert sorted(second["reused_runs"]) == sorted(f"{v}-s{s}" for v in ("sft", "oat", "sft_more") for s in (0, 1))
     assert second["records"] == records and second["sft_weights"] == record["sft_weights"]
+
+
+BUILD = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+import torch
+from benchmarks.ablations import Bench, build_sft_start, weights_digest
+from memrl.data.tasks.sam import SAM_SETTINGS
+from memrl.rollout.memory.base import RoleSampling
+from memrl.rollout.memory.sam import SamConfig
+memory = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
+                   sampling={{"consolidate": RoleSampling(temperature=0.0, max_tokens=48),
+                              "recall": RoleSampling(temperature=1.0, max_tokens=64)}})
+out = Path({out!r})
+build_sft_start(out, SAM_SETTINGS["multihop"], Path({base!r}), memory, steps=6, distill_tasks=8, batch_size=16)
+print(torch.get_num_threads(), weights_digest(out / "sft" / "final"))
+"""
+
+
+@pytest.mark.slow
+def test_the_sft_start_has_one_digest_with_1_and_2_threads(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The shared SFT start built by processes that start with 1 and with 2 torch threads (OMP_NUM_THREADS): the
+    same weights, because the build pins its own thread count (START_THREADS) and gives the caller's back."""
+    digests = {}
+    for threads in (1, 2):
+        script = BUILD.format(root=str(ROOT), out=str(tmp_path / f"t{threads}"), base=str(tiny_model_dir))
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+        done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=1800)
+        assert done.returncode == 0, done.stderr[-3000:]
+        after, digest = done.stdout.split()[-2:]
+        assert int(after) == threads  # the caller's thread count is restored after the build
+        digests[threads] = digest
+    assert digests[1] == digests[2]
+
+
+def test_the_sft_start_is_built_with_the_pinned_thread_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    import torch
+
+    import benchmarks.ablations as ablations
+    from memrl.data.tasks.sam import SAM_SETTINGS
+    from memrl.rollout.engines.base import set_torch_threads
+    from memrl.rollout.memory.sam import SamConfig
+
+    seen = []
+    monkeypatch.setattr("memrl.rollout.expert_traces.distill", lambda *a, **k: seen.append(torch.get_num_threads())
+                        or {})
+    monkeypatch.setattr(ablations, "run_sft_stage", lambda *a, **k: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    set_torch_threads(1)
+    try:
+        ablations.build_sft_start(tmp_path, SAM_SETTINGS["multihop"], tmp_path, SamConfig(), steps=1, distill_tasks=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        set_torch_threads(before)
+    assert seen == [ablations.START_THREADS, ablations.START_THREADS] and ablations.START_THREADS == 2
