@@ -38,15 +38,16 @@ test-split run reads and lists with its dev figures.
 
 Unattended and resumable: every finished (variant, seed) is a line of ``progress.jsonl`` with the key of the settings
 it ran under; rerunning the same command skips those and restarts only the unfinished one. ``--jobs N`` runs N
-processes that share the (variant, seed) runs through claim files. Every run computes with one torch thread and the
-shared SFT start is built with two whatever the machine has, so a run's figures depend neither on ``--jobs``, nor on
-which process computed it, nor on the machine's core count; a rebuilt start whose digest differs from the one the
-committed figures (``docs/figures``) report is named in one line. Evaluations are cached by
+processes that share the (variant, seed) runs through claim files. Everything is computed under one CPU profile
+(:data:`CPU_PROFILE`: one torch thread, AVX2 kernels; the process re-executes itself under it, ``--native-cpu``
+opts out), so a run's figures depend neither on ``--jobs``, nor on which process computed it, nor on the machine's
+core count or instruction set; a rebuilt start whose digest differs from the one the committed figures
+(``docs/figures``) report is named in one line. Evaluations are cached by
 (weights, seed, tasks); the SFT start's dev-curve figures are computed once per seed. The JSON reports each phase's
 wall and CPU seconds with the load average (``phases``) and, for ``--quick``, the full setting's time extrapolated
 from the measured rates (``full_estimate``).
 
-    python benchmarks/ablations.py --quick --select   # choose the RL settings on dev (6 settings, seed 0)
+    python benchmarks/ablations.py --quick --select   # choose the RL settings on dev (13 settings, seed 0)
     python benchmarks/ablations.py --quick            # 48 test tasks x 2 samples, 2 seeds
     python benchmarks/ablations.py --select --jobs 2  # the same choice at the full scale (300 dev tasks)
     python benchmarks/ablations.py --jobs 2           # 300 test tasks x 4 samples, 5 seeds, >= 100 optimizer steps
@@ -100,9 +101,18 @@ NON_DEFAULT_SETTINGS = {
 
 
 SFT_STEPS = 300  # the shared SFT checkpoint: the same for --quick and the full setting, so both can reuse it
-# torch threads of the shared SFT start's build, whatever the machine has (2: the committed starts were built so);
-# every later run computes with one thread (RUN_THREADS), so no figure depends on the machine's core count or --jobs
-START_THREADS, RUN_THREADS = 2, 1
+# torch threads of the shared SFT start's build and of every later run, whatever the machine has: no figure depends on
+# the machine's core count or on --jobs (one thread is also the fastest on a shared 2-core machine, where OpenMP
+# threads spin on a busy core)
+START_THREADS, RUN_THREADS = 1, 1
+# Pinned CPU numerics (issue 39 item 5). Measured on this project's machines (docs/results/evidence.md): the shared
+# SFT start's weights do not depend on the thread count but do depend on the host CPU's instruction set (this start
+# built with AVX-512 kernels and with AVX2 kernels on one machine: two digests), and the machines a session is given
+# differ. So the benchmark computes everything under one profile: one thread, and AVX2 kernels in ATen, MKL (with its
+# conditional numerical reproducibility) and oneDNN, which every x86-64 machine of the last decade runs. The
+# variables act only when the libraries load, so the process re-executes itself under them (pin_cpu_numerics).
+CPU_PROFILE = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"  # the committed figures
 
 
@@ -272,6 +282,25 @@ def run_sft_stage(data_dir: Path, base: Path, out: Path, name: str, steps: int, 
     return out / name / "final"
 
 
+def pin_cpu_numerics(native: bool = False) -> str:
+    """Make this process compute under :data:`CPU_PROFILE`: replace it (``execve``, same arguments) by one started
+    with those variables unless they are set already (they act only when torch, MKL and oneDNN load), or, with
+    ``native``, leave the machine's own kernels and thread count (faster on a large machine; figures then depend on the
+    machine). Returns the profile's name."""
+    if native:
+        return "native"
+    if any(os.environ.get(k) != v for k, v in CPU_PROFILE.items()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **CPU_PROFILE})
+    return "avx2-1thread"
+
+
+def cpu_profile() -> str:
+    """The CPU profile this process computes under: ``avx2-1thread`` (:data:`CPU_PROFILE`) or ``native``."""
+    return "avx2-1thread" if all(os.environ.get(k) == v for k, v in CPU_PROFILE.items()) else "native"
+
+
 def committed_starts(setting: str, figures: Path = FIGURES) -> dict[str, str]:
     """The SFT-start digests the committed figures of ``setting`` report: ``{file name: sft_weights}`` over the
     JSON files in ``figures`` whose ``setting`` is it and that record one."""
@@ -357,7 +386,7 @@ class Bench:
         if mismatch and self.scale.shares_start:
             say(mismatch)
         return {"distill_traces": stats.get("traces"), "distill_rows": stats.get("rows"), **self.start,
-                "built": built, "start_threads": START_THREADS, "seconds": round(time.perf_counter() - t0, 1)}
+                "built": built, "cpu": cpu_profile(), "seconds": round(time.perf_counter() - t0, 1)}
 
     def reasoner_config(self, seed: int) -> Any:
         from memrl.train.oat_grpo import default_reasoner
@@ -374,7 +403,7 @@ class Bench:
         from memrl.train.oat_grpo import summarize_eval
 
         scored = f"{self.args.split}{self.scale.test_tasks}x{self.scale.eval_samples}"
-        key = f"{weights_digest(model_dir)[:24]}-s{seed}-{scored}"
+        key = f"{weights_digest(model_dir)[:24]}-s{seed}-{scored}-{cpu_profile()}"
         cached = self.eval_cache / f"{key}.json"
         if cached.exists():  # the same weights, seed and tasks: the evaluation is deterministic
             return json.loads(cached.read_text())
@@ -755,7 +784,8 @@ def run_key(args: argparse.Namespace, scale: Scale, rl: RLSettings, start: dict[
     """What a finished (variant, seed) row of progress.jsonl was computed under: a row is reused on a rerun only
     when every one of these is unchanged, the weights it started from (``start``: Bench.start's digests) included."""
     inputs = {"scale": asdict(scale), "rl": asdict(rl), "setting": args.setting, "split": args.split,
-              "sft_steps": SFT_STEPS, "non_default": sorted(NON_DEFAULT_SETTINGS), "start": start}
+              "sft_steps": SFT_STEPS, "non_default": sorted(NON_DEFAULT_SETTINGS), "start": start,
+              "cpu": cpu_profile()}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -1014,6 +1044,10 @@ def main() -> None:
     parser.add_argument("--recompute", metavar="JSON", default=None,
                         help="print the paired table recomputed from a committed ablations JSON's per-task, per-seed "
                              "records (nothing is run)")
+    parser.add_argument("--native-cpu", action="store_true",
+                        help="compute with this machine's own kernels and thread count instead of the pinned profile "
+                             "(one thread, AVX2 kernels: CPU_PROFILE); faster on a large machine, but the figures then "
+                             "depend on the machine")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1026,6 +1060,7 @@ def main() -> None:
         return
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    pin_cpu_numerics(args.native_cpu)  # re-executes this process under CPU_PROFILE (before torch loads)
     if args.worker:
         WORKER_TAG = f" w{args.worker_index}"
         die_with_parent()
@@ -1075,7 +1110,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
         wait_for(workers)
         record = {"benchmark": "ablations-select", "setting": args.setting, "quick": args.quick,
                   "scale": bench.scale.name, "jobs": args.jobs,
-                  **bench.start, **selection, "phases": bench.clock.summary(),
+                  **bench.start, "cpu": cpu_profile(), **selection, "phases": bench.clock.summary(),
                   "wall_seconds": round(time.perf_counter() - t_start, 1), "cpu_seconds": round(PhaseClock._cpu(), 1)}
         chosen_file.write_text(json.dumps(record, indent=1) + "\n")
         print(json.dumps(record), flush=True)
@@ -1151,6 +1186,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
         "test_tasks": bench.scale.test_tasks,
         "eval_samples_per_task": bench.scale.eval_samples,
         **bench.start,
+        "cpu": cpu_profile(),
         "budget_reasoner_tokens": budget,
         "oat_optimizer_steps": steps,
         "rl_settings": asdict(bench.rl),

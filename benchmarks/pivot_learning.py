@@ -42,9 +42,10 @@ With ``--reuse`` an interrupted run is completed: SFT models, dev measurements a
 are read back from ``--work``, and a GRPO run that was interrupted continues from its last iteration (every iteration
 is checkpointed). The runs live under a folder keyed by their settings, so a rerun under other settings never reads
 them back. ``--jobs N`` (with ``--work``; implies ``--reuse``) runs N processes that share the runs through claim
-files. The starts are built with two torch threads and every run computes with one, whatever the machine or
-``--jobs`` is, so figures do not move with the machine's core count; the start's digest is recorded, and a rebuilt
-start whose digest differs from the committed figures' is named in one line. The last line also gives the wall time,
+files. Everything is computed under one CPU profile (``benchmarks.ablations.CPU_PROFILE``: one torch thread, AVX2
+kernels; ``--native-cpu`` opts out), so figures move neither with ``--jobs`` nor with the machine's core count or
+instruction set; the starts' digests are recorded, and a rebuilt start whose digest differs from the committed
+figures' is named in one line. The last line also gives the wall time,
 the CPU time (user + sys, every core) and the load average, and the wall seconds per stage.
 """
 
@@ -65,7 +66,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.ablations when run as a script
 
-from benchmarks.ablations import Claims, die_with_parent, start_workers, weights_digest
+from benchmarks.ablations import Claims, cpu_profile, die_with_parent, pin_cpu_numerics, start_workers, weights_digest
 from memrl.data.config import load_config
 from memrl.data.distill import RejectionConfig, distill_traces
 from memrl.data.experts import ProactiveOracle
@@ -84,7 +85,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("pivot", "all_turns")
 PAIRS = (("pivot", "no_rl"), ("all_turns", "no_rl"), ("pivot", "all_turns"))  # the paired differences a - b
 # torch threads: the starts' builds (whatever the machine has: the same weights on any machine), then every run
-START_THREADS, RUN_THREADS = 2, 1
+START_THREADS, RUN_THREADS = 1, 1
 COMMITTED = ROOT / "docs" / "figures" / "pivot_learning_full.json"  # the committed figures (their start digests)
 SELECT_DEV_OFFSET = 10_000  # --select scores on dev tasks from DEV_START + this (the curves use DEV_START ...)
 # --select's grid, declared before it ran (issue 39 item 7): dotted GRPO overrides, every advantage preset of
@@ -365,7 +366,7 @@ def selection_file(work: Path, start: str) -> Path:
 def runs_folder(work: Path, chosen: str, overrides: list[str], args: argparse.Namespace) -> Path:
     """The folder of the (F, seed, variant) runs: keyed by everything they depend on (the settings, the sizes), so
     ``--reuse`` never reads back a run made under other settings."""
-    inputs = {"overrides": overrides, "config": Path(args.config).name,
+    inputs = {"overrides": overrides, "config": Path(args.config).name, "cpu": cpu_profile(),
               **{k: getattr(args, k) for k in SETTINGS["full"] if k not in ("starts", "seeds")}}
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:10]
     return work / chosen / f"runs-{key}"
@@ -507,6 +508,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1,
                         help="processes sharing the (F, seed, variant) runs (needs --work; implies --reuse); every "
                              "run computes with one torch thread, so its figures do not depend on --jobs")
+    parser.add_argument("--native-cpu", action="store_true",
+                        help="compute with this machine's own kernels and thread count instead of the pinned profile "
+                             "(benchmarks.ablations.CPU_PROFILE: one thread, AVX2 kernels); the figures then depend on "
+                             "the machine")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     for name, value in SETTINGS["full"].items():
@@ -524,6 +529,7 @@ def main() -> None:
         parser.error("--jobs needs --work: the processes share its files")
     if args.jobs > 1 or args.worker:
         args.reuse = True  # the processes read back each other's finished runs
+    pin_cpu_numerics(args.native_cpu)  # re-executes this process under CPU_PROFILE (before torch loads)
     if args.worker:
         die_with_parent()
 
@@ -623,7 +629,7 @@ def report(args: argparse.Namespace, setting: str, work: Path, folder: Path, cho
         "seeds": args.seeds,
         "start_chosen_on_dev": chosen,
         "start_weights": {n: starts[n].get("weights") for n in starts},  # digests: a rebuilt start is compared
-        "start_threads": START_THREADS, "run_threads": RUN_THREADS,
+        "start_threads": START_THREADS, "run_threads": RUN_THREADS, "cpu": cpu_profile(),
         "grpo_overrides": overrides,
         "grpo_settings": settings_report,
         "starting_miss_rate_m_dev": {f: starts[chosen]["dev"][str(f)]["m"] for f in args.fatal},

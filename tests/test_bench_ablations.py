@@ -105,10 +105,32 @@ def test_the_sft_start_is_built_with_the_pinned_thread_count(tmp_path: Path, mon
                         or {})
     monkeypatch.setattr(ablations, "run_sft_stage", lambda *a, **k: seen.append(torch.get_num_threads()))
     before = torch.get_num_threads()
-    set_torch_threads(1)
+    set_torch_threads(2)  # the caller's count differs from the pinned one
     try:
         ablations.build_sft_start(tmp_path, SAM_SETTINGS["multihop"], tmp_path, SamConfig(), steps=1, distill_tasks=1)
-        assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2  # given back
     finally:
         set_torch_threads(before)
-    assert seen == [ablations.START_THREADS, ablations.START_THREADS] and ablations.START_THREADS == 2
+    assert seen == [1, 1] and ablations.START_THREADS == 1
+
+
+def test_the_benchmark_process_computes_under_the_pinned_cpu_profile(tmp_path: Path) -> None:
+    """pin_cpu_numerics re-executes the process with CPU_PROFILE's variables: torch then runs its AVX2 kernels on one
+    thread whatever the machine has (this machine's own capability may be AVX512); ``native`` leaves it alone."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import torch\n"  # loaded before the pin: the re-executed process starts clean anyway
+        "from benchmarks.ablations import cpu_profile, pin_cpu_numerics\n"
+        "name = pin_cpu_numerics(native=len(sys.argv) > 1)\n"
+        "print(name, cpu_profile(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OMP_NUM_THREADS")}
+    env["OMP_NUM_THREADS"] = "2"
+    pinned = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert pinned.returncode == 0, pinned.stderr[-2000:]
+    assert pinned.stdout.split() == ["avx2-1thread", "avx2-1thread", "AVX2", "1"]
+    native = subprocess.run([sys.executable, str(script), "native"], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert native.returncode == 0, native.stderr[-2000:]
+    assert native.stdout.split()[:2] == ["native", "native"] and native.stdout.split()[3] == "2"
