@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import ONE_STEP
 
 from memrl.data.config import ConfigError, load_config
 from memrl.data.formats import parse_intervention
@@ -229,7 +230,7 @@ def test_a_resumed_pivot_run_measures_kl_to_its_initial_policy(tiny_model_dir: P
     def trainer() -> GroupTrainer:
         torch.manual_seed(0)  # the same LoRA initialisation each time
         return GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
-                            GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3))
+                            GroupTrainerConfig(**ONE_STEP, lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3))
 
     whole = trainer()
     groups = groups_for(whole.tokenizer, "the red key is in drawer 5", "nothing relevant")
