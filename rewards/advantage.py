@@ -34,14 +34,23 @@ A group whose rewards do not vary (or has one member) carries no signal: every A
 Named settings (:data:`ADVANTAGE_PRESETS`; a config may give the name instead of the fields, e.g.
 ``credit.advantage=dr_grpo``):
 
-- ``grpo_std``: the paper's formula (SAM, arXiv 2605.24468; GRPO) and the default: group std, no floor, shaping in
-  tied groups, every batch updates;
+- ``informative_only`` (**the default**): group std, shaping only inside outcome-informative groups (so a batch
+  without outcome signal trains nothing);
+- ``grpo_std``: the paper's formula (SAM, arXiv 2605.24468; GRPO), the default before issue 39: group std, no floor,
+  shaping in tied groups, every batch updates;
 - ``dr_grpo``: no std division, otherwise as ``grpo_std``;
 - ``dr_grpo_gated``: no std division, and no update from a batch without outcome signal;
 - ``std_floor``: group std with a floor of 0.25 (about half the std of a group of binary outcomes that split), and no
   update from a batch without outcome signal;
-- ``informative_only``: group std, shaping only inside outcome-informative groups;
 - ``batch_outcome_std``: one scale per batch, the pooled std of the outcomes (no update without outcome signal).
+
+**Why ``informative_only`` is the default.** It is the one setting under which a shaping term can never move the policy
+on its own, whatever the batch: an outcome-tied group trains nothing, a batch without outcome signal makes no optimizer
+step (AdamW included), and tied rows leave the token-mean loss of the informative ones alone; inside an informative
+group the committee (or a cost) still ranks the members. On the same batch of trees it takes the share of the update's
+|A| that comes from committee-only groups from 19-28% to 0, and on pivot-turn groups at every memory step the share
+from cost-only groups from 84% to 0 (``benchmarks/advantage_shares.py``, docs/results/shaping.md). ``grpo_std`` stays
+selectable for replicating the paper.
 """
 
 from __future__ import annotations
@@ -69,25 +78,25 @@ AdvantageScale = Literal["std", "none"]
 
 class AdvantageConfig(ConfigModel):
     """How a group's outcomes and shaping become advantages (:mod:`memrl.rewards.advantage`). A preset name may stand
-    for the whole section: ``grpo_std`` (the paper's formula, the default), ``dr_grpo``, ``dr_grpo_gated``,
-    ``std_floor``, ``informative_only``, ``batch_outcome_std``."""
+    for the whole section: ``informative_only`` (the default), ``grpo_std`` (the paper's formula), ``dr_grpo``,
+    ``dr_grpo_gated``, ``std_floor``, ``batch_outcome_std``."""
 
     scale: Literal["group_std", "none", "batch_std", "batch_outcome_std"] = "group_std"  # divisor of r - mean(r)
     std_floor: float = Field(0.0, ge=0, le=1e6)  # the std divided by is at least this (group_std and the batch scales)
     eps: float = Field(1e-6, ge=0, le=1)  # added to the std when dividing by it
-    tied_groups: Literal["shaping", "zero"] = "shaping"  # a group whose outcomes tie: ranked by shaping, or A = 0
+    tied_groups: Literal["shaping", "zero"] = "zero"  # a group whose outcomes tie: A = 0, or ranked by shaping
     outcome_free_batch: Literal["update", "skip"] = "update"  # a batch with no outcome variance: train, or A = 0
 
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
         if isinstance(data, str):
-            if data not in _PRESET_FIELDS:
+            if data not in cls.presets:
                 hint = {"std": "grpo_std", "none": "dr_grpo"}.get(data)
-                known = ", ".join(_PRESET_FIELDS)
+                known = ", ".join(cls.presets)
                 raise ValueError(f"unknown advantage preset {data!r}"
                                  + (f" (the former {data!r} is now {hint!r})" if hint else "") + f"; presets: {known}")
-            return dict(_PRESET_FIELDS[data])
+            return dict(cls.presets[data])
         return data
 
     @property
@@ -100,16 +109,22 @@ class AdvantageConfig(ConfigModel):
         return None
 
 
+def _spec(scale: str = "group_std", floor: float = 0.0, tied: str = "shaping", batch: str = "update") -> dict[str, Any]:
+    return {"scale": scale, "std_floor": floor, "tied_groups": tied, "outcome_free_batch": batch}
+
+
 _PRESET_FIELDS: dict[str, dict[str, Any]] = {
-    "grpo_std": {},
-    "dr_grpo": {"scale": "none"},
-    "dr_grpo_gated": {"scale": "none", "outcome_free_batch": "skip"},
-    "std_floor": {"std_floor": 0.25, "outcome_free_batch": "skip"},
-    "informative_only": {"tied_groups": "zero"},
-    "batch_outcome_std": {"scale": "batch_outcome_std"},
+    "informative_only": _spec(tied="zero"),
+    "grpo_std": _spec(),
+    "dr_grpo": _spec("none"),
+    "dr_grpo_gated": _spec("none", batch="skip"),
+    "std_floor": _spec(floor=0.25, batch="skip"),
+    "batch_outcome_std": _spec("batch_outcome_std"),
 }
+AdvantageConfig.presets = _PRESET_FIELDS
 ADVANTAGE_PRESETS: dict[str, AdvantageConfig] = {name: AdvantageConfig(**f) for name, f in _PRESET_FIELDS.items()}
-"""The named advantage settings (module docstring); ``grpo_std`` is the paper's formula."""
+"""The named advantage settings (module docstring): ``informative_only`` is the default, ``grpo_std`` the paper's
+formula."""
 
 
 def is_zero_variance(rewards: Sequence[float], tol: float = 1e-9) -> bool:

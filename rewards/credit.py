@@ -38,6 +38,10 @@ trajectory tends to make more calls, so copying A_i to each would push the polic
 ``flat_weighting: per_trajectory`` (the default) each call gets A_i / m_i (m_i: the trajectory's trained calls), so
 every trajectory counts once and the advantages over trained rows sum to zero, as GRPO's do over trajectories.
 
+One action, one credit (``shared_prefix: branch``): siblings that agree on their first calls share them as one node
+and branch where they first differ (:func:`memrl.rollout.tree.branch_at_first_difference`), so a call is never
+trained twice against itself with opposite advantages.
+
 Diagnostics (:class:`CreditStats`): a sibling group is *outcome-informative* when its members' V(n) differ; an
 *outcome tie* is one whose V(n) are all equal, whatever the committee term then adds to r(n).
 """
@@ -60,6 +64,7 @@ from memrl.rewards.advantage import (
     shaped_batch_advantages,
     shaped_group_advantages,
 )
+from memrl.rollout.tree import branch_at_first_difference
 
 __all__ = [
     "CreditConfig",
@@ -89,6 +94,9 @@ class CreditConfig(ConfigModel):
     shuffle_outcomes: bool = False  # no-signal control: permute leaf outcomes and committee scores across the batch
     # per_trajectory: m_i is the trajectory's trained calls, so each trajectory counts once (module docstring)
     flat_weighting: Literal["per_trajectory", "per_call"] = "per_trajectory"  # flat GRPO: A_i / m_i per call, or A_i
+    # siblings agreeing on their first calls: one node for the shared calls, branching at the first differing call
+    # (rollout/tree.py); separate: each sibling trains its own copy of the shared calls
+    shared_prefix: Literal["branch", "separate"] = "branch"  # one action, one credit: share agreeing calls
 
 
 @dataclass
@@ -160,7 +168,10 @@ def _shaping(members: Sequence[TreeNode], cfg: CreditConfig, stats: CreditStats)
 
 
 def _tree_groups(tree: MemoryCallTree, cfg: CreditConfig) -> tuple[CreditStats, list[_SiblingGroup]]:
-    """Fill ``value`` of every node and ``reward`` of every memory node; the tree's sibling groups and counts."""
+    """Fill ``value`` of every node and ``reward`` of every memory node; the tree's sibling groups and counts. Under
+    ``shared_prefix: branch`` the tree first branches at its siblings' first differing call."""
+    if cfg.shared_prefix == "branch":
+        branch_at_first_difference(tree)
     values = node_values(tree)
     for node in tree.nodes:
         node.value = values.get(node.node_id)
@@ -176,6 +187,8 @@ def _tree_groups(tree: MemoryCallTree, cfg: CreditConfig) -> tuple[CreditStats, 
             outcome_tie = is_zero_variance(outcomes)
             stats.outcome_tie_groups += outcome_tie
             stats.informative_groups += not outcome_tie
+            for m in members:  # the trainer's rows carry it: the share of the update that ties on the outcome
+                m.metadata = {**m.metadata, "outcome_tied": outcome_tie}
         stats.zero_variance_groups += is_zero_variance(rewards)
         for m, r in zip(members, rewards, strict=True):
             m.reward = r

@@ -3,6 +3,7 @@ keep a shaping term from outvoting the outcome, on hand-computed groups; presets
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -30,7 +31,7 @@ def pstd(values: list[float]) -> float:
 
 def test_the_papers_formula_turns_any_shaping_gap_in_a_tied_group_into_unit_advantages() -> None:
     cfg = ADVANTAGE_PRESETS["grpo_std"]
-    assert cfg == AdvantageConfig() and cfg.preset == "grpo_std"
+    assert cfg != AdvantageConfig() and cfg.preset == "grpo_std" and AdvantageConfig().preset == "informative_only"
     assert shaped_group_advantages(*TIED, cfg) == pytest.approx([1.0, -1.0], abs=1e-3)
     rewards = [o + s for o, s in zip(*SPLIT, strict=True)]
     mean, std = sum(rewards) / 4, pstd(rewards)
@@ -71,12 +72,12 @@ def test_batch_options_see_the_whole_batch() -> None:
     assert abs(scaled[0][0]) < 0.02 < 1.0 < abs(scaled[1][0])  # the committee gap stays small beside the outcome
     # batch_std: the pooled std of r over the same members
     s_r = math.sqrt((2 * 0.005**2 + sum(c * c for c in centred)) / 6)
-    assert shaped_batch_advantages(batch, AdvantageConfig(scale="batch_std"))[0][0] == pytest.approx(0.005 / s_r,
-                                                                                                    rel=1e-4)
+    batch_std = AdvantageConfig(scale="batch_std", tied_groups="shaping")
+    assert shaped_batch_advantages(batch, batch_std)[0][0] == pytest.approx(0.005 / s_r, rel=1e-4)
 
 
 def test_std_floor_bounds_the_divisor() -> None:
-    cfg = AdvantageConfig(std_floor=0.25)
+    cfg = AdvantageConfig(std_floor=0.25, tied_groups="shaping")
     assert shaped_group_advantages(*TIED, cfg) == pytest.approx([0.02, -0.02], rel=1e-3)
     # above the floor the group std is used as before
     assert shaped_group_advantages([1.0, 0.0], [0.0, 0.0], cfg) == pytest.approx([1.0, -1.0], rel=1e-5)
@@ -93,7 +94,7 @@ def test_zero_variance_and_single_member_groups_carry_nothing() -> None:
 def test_presets_by_name_in_configs_and_clear_errors_for_old_keys(tmp_path) -> None:
     assert CreditConfig(advantage="dr_grpo").advantage == ADVANTAGE_PRESETS["dr_grpo"]
     assert PivotRewardConfig(advantage="informative_only").advantage.tied_groups == "zero"
-    assert PivotRewardConfig().advantage.preset == "grpo_std"  # the default is still the paper's formula
+    assert PivotRewardConfig().advantage.preset == CreditConfig().advantage.preset == "informative_only"
     with pytest.raises(ValidationError, match="the former 'none' is now 'dr_grpo'"):
         PivotRewardConfig(advantage="none")
     with pytest.raises(ValidationError, match=r"renamed: set 'advantage\.scale'"):
@@ -102,10 +103,41 @@ def test_presets_by_name_in_configs_and_clear_errors_for_old_keys(tmp_path) -> N
 
     cfg = load_config(OATGRPOConfig, None, ["credit.advantage=std_floor", "credit.advantage.std_floor=0.5"],
                       defaults={"policy": {"base": "x"}})
-    assert cfg.credit.advantage.std_floor == 0.5 and cfg.credit.advantage.outcome_free_batch == "update"
+    assert cfg.credit.advantage.std_floor == 0.5 and cfg.credit.advantage.outcome_free_batch == "skip"
     with pytest.raises(ConfigError, match=r"credit\.advantage_scale' was renamed: set 'advantage\.scale'"):
         load_config(OATGRPOConfig, None, ["credit.advantage_scale=none"], defaults={"policy": {"base": "x"}})
+    named = tmp_path / "named.yaml"
+    named.write_text("policy: {base: x}\ncredit:\n  advantage: dr_grpo_gated\n")
+    cfg = load_config(OATGRPOConfig, named, ["credit.advantage.eps=0.01"])  # a key on top of the named setting
+    assert cfg.credit.advantage == ADVANTAGE_PRESETS["dr_grpo_gated"].model_copy(update={"eps": 0.01})
     path = tmp_path / "old.yaml"
     path.write_text("policy: {base: x}\ncredit:\n  eps: 0.0\n")
     with pytest.raises(ConfigError, match=r"old.yaml:3: key 'credit.eps': this key was renamed: set 'advantage.eps'"):
         load_config(OATGRPOConfig, path)
+
+
+@pytest.mark.parametrize("preset", list(ADVANTAGE_PRESETS))
+def test_oat_credit_gives_a_committee_only_tied_group_the_advantage_its_option_defines(preset: str) -> None:
+    """Acceptance 3: in a tree whose sibling group ties on the outcome (both leaves succeed) and whose committee
+    scores differ a little (0.61 vs 0.60), each node's advantage is what the option defines for (V, lambda (c - c_bar));
+    only the paper's formula makes it +-1; under the default it is 0."""
+    from memrl.data.schemas import MemoryCall, MemoryCallTree, TreeNode
+    from memrl.rewards.credit import assign_batch_credit
+
+    nodes = [TreeNode(node_id="root", kind="root", children=["a", "b"])]
+    for nid, score in (("a", 0.61), ("b", 0.60)):
+        nodes += [TreeNode(node_id=nid, parent_id="root", depth=1, kind="memory", group_id="g", children=[f"{nid}l"],
+                           committee_score=score, call=MemoryCall(call_id=nid, role="recall", response_ids=[ord(nid)])),
+                  TreeNode(node_id=f"{nid}l", parent_id=nid, depth=2, kind="leaf", outcome=1.0)]
+    tree = MemoryCallTree(tree_id="t", task_id="t", root_id="root", nodes=nodes)
+    cfg = CreditConfig(committee_weight=0.5, advantage=preset)
+    assign_batch_credit([tree], cfg)
+    got = [n.advantage for n in tree.nodes if n.kind == "memory"]
+    assert got == pytest.approx(shaped_group_advantages([1.0, 1.0], [0.0025, -0.0025], cfg.advantage), abs=1e-9)
+    if preset == "grpo_std":
+        assert got == pytest.approx([1.0, -1.0], abs=1e-3)
+    else:
+        assert max(abs(a) for a in got) <= 0.01
+    default = copy.deepcopy(tree)
+    assign_batch_credit([default], CreditConfig(committee_weight=0.5))
+    assert [n.advantage for n in default.nodes if n.kind == "memory"] == [0.0, 0.0]
