@@ -177,15 +177,16 @@ RL_KEYS = {"lr": "trainer.lr", "kl_coef": "trainer.kl_coef", "update_epochs": "t
 # from issue 26's analysis, used when no --select choice exists: 4 optimizer steps per batch, so FULL's 25
 # iterations make 100 optimizer steps
 ANALYSIS_SETTINGS = RLSettings(lr=1e-4, kl_coef=0.05, update_epochs=2)
-# the advantage presets --select compares (issue 39: the paper's group-std formula first, so a tie keeps it)
-SELECT_ADVANTAGES = ("grpo_std", "dr_grpo", "dr_grpo_gated", "std_floor", "informative_only", "batch_outcome_std")
+# the advantage presets --select compares (every one of memrl.rewards.advantage.ADVANTAGE_PRESETS): memrl's default
+# first, then the paper's formula, so a tie keeps the default
+SELECT_ADVANTAGES = ("informative_only", "grpo_std", "dr_grpo", "dr_grpo_gated", "std_floor", "batch_outcome_std")
 # --select's grid, declared before it ran (issue 39): every advantage preset at the two learning rates the previous
 # --select found best (docs/figures/ablations_select_full.json: 1e-4 and 2e-4, both with kl_coef 0.05, which beat 0
 # at each), 2 epochs x 2 optimizer steps per batch; then one entry at the old trainer default of one optimizer step
 # per batch. The rule: the highest mean dev success (sampled runs, paired with the SFT start on the same dev tasks);
-# a tie goes to the earlier entry (the paper's formula, the smaller learning rate).
+# a tie goes to the earlier entry (memrl's default advantage, the smaller learning rate).
 SELECT_GRID = (*(RLSettings(lr, 0.05, 2, advantage) for advantage in SELECT_ADVANTAGES for lr in (1e-4, 2e-4)),
-               RLSettings(2e-4, 0.05, 1, "grpo_std", steps_per_epoch=1))
+               RLSettings(2e-4, 0.05, 1, SELECT_ADVANTAGES[0], steps_per_epoch=1))
 
 
 def pick_setting(scores: list[float]) -> int:
@@ -629,7 +630,10 @@ class Bench:
 # ----------------------------------------------------------------------------------------------------------------
 DIAGNOSTIC_KEYS = ("rows", "trained_tokens", "informative_groups", "outcome_tie_fraction", "identical_sibling_fraction",
                    "advantage_mean", "approx_kl", "approx_kl_max", "clip_fraction", "ratio_min", "ratio_max",
-                   "kl_initial_probe", "extra_trees", "informative_groups_short", "optimizer_step_count")
+                   "kl_initial_probe", "extra_trees", "informative_groups_short", "optimizer_step_count",
+                   # issue 39: how much of an update the outcome-tied groups and identical rows make up
+                   "outcome_tied_row_fraction", "outcome_tied_advantage_fraction", "identical_row_fraction",
+                   "identical_row_cancelled_advantage_fraction", "prefix_shared_sibling_fraction", "kl_probe_s")
 
 
 def diagnostics(history: list[dict[str, Any]]) -> dict[str, float]:

@@ -89,9 +89,10 @@ START_THREADS, RUN_THREADS = 1, 1
 COMMITTED = ROOT / "docs" / "figures" / "pivot_learning_full.json"  # the committed figures (their start digests)
 SELECT_DEV_OFFSET = 10_000  # --select scores on dev tasks from DEV_START + this (the curves use DEV_START ...)
 # --select's grid, declared before it ran (issue 39 item 7): dotted GRPO overrides, every advantage preset of
-# memrl.rewards.advantage (the paper's group-std formula first) x the reminder cost (the recipe's 0.1, or none) x the
-# learning rate (the recipe's 3e-4, or a third of it); the recipe's own settings first, so a tie keeps them
-SELECT_ADVANTAGES = ("grpo_std", "dr_grpo", "dr_grpo_gated", "std_floor", "informative_only", "batch_outcome_std")
+# memrl.rewards.advantage (memrl's default first, then the paper's group-std formula) x the reminder cost (the
+# recipe's 0.1, or none) x the learning rate (the recipe's 3e-4, or a third of it); the recipe's own settings first,
+# so a tie keeps them
+SELECT_ADVANTAGES = ("informative_only", "grpo_std", "dr_grpo", "dr_grpo_gated", "std_floor", "batch_outcome_std")
 SELECT_GRID: tuple[dict[str, Any], ...] = tuple(
     {"reward.advantage": advantage, "reward.reminder_cost": cost, "trainer.lr": lr}
     for advantage in SELECT_ADVANTAGES for cost in (0.1, 0.0) for lr in (3e-4, 1e-4))
@@ -315,6 +316,8 @@ def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: in
         "bank_entries_tried": sum(h.get("refresh_bank_tried", 0.0) for h in history),
         "bank_entries_over_budget": sum(h.get("refresh_bank_over_budget", 0.0) for h in history),
         "zero_variance_groups": [h.get("zero_variance_group_fraction") for h in history],
+        # per iteration: the share of the update's |A| from outcome-tied groups (cost-only signal; issue 39)
+        "outcome_tied_advantage_fraction": [h.get("outcome_tied_advantage_fraction") for h in history],
         "dev_curve": [round(e["pass_rate"], 4) for e in summary_evals(summary)],
         "action_tokens_training": summary["training_action_tokens"],
         "seconds": float(json.loads((run_root / variant / "metrics.jsonl").read_text().splitlines()[-1])["time_s"]),

@@ -87,14 +87,17 @@ def test_diagnostics_average_iterations_and_keep_the_last_probe_kl() -> None:
     assert "clip_fraction" not in out
 
 
-def test_select_picks_the_best_dev_success_and_breaks_ties_towards_the_paper_s_formula() -> None:
+def test_select_picks_the_best_dev_success_and_breaks_ties_towards_the_defaults() -> None:
     from benchmarks.ablations import SELECT_ADVANTAGES, SELECT_GRID, pick_setting
     from memrl.rewards.advantage import ADVANTAGE_PRESETS
 
     assert pick_setting([0.40, 0.45, 0.42]) == 1
     assert pick_setting([0.45, 0.40, 0.45]) == 0  # a tie: the entry listed first
+    from memrl.rewards.advantage import AdvantageConfig
+
     first = SELECT_GRID[0]
-    assert first.advantage == "grpo_std" and first.lr == min(s.lr for s in SELECT_GRID)  # the paper's formula
+    assert first.advantage == AdvantageConfig().preset and first.lr == min(s.lr for s in SELECT_GRID)  # defaults
+    assert SELECT_ADVANTAGES[1] == "grpo_std"  # then the paper's formula
     assert set(SELECT_ADVANTAGES) == set(ADVANTAGE_PRESETS)  # every preset is compared on dev
     assert {s.advantage for s in SELECT_GRID} == set(SELECT_ADVANTAGES)
     assert [(s.update_epochs, s.steps_per_epoch) for s in SELECT_GRID].count((1, 1)) == 1  # the old default, once

@@ -48,10 +48,12 @@ def test_select_chooses_on_dev_with_two_jobs(tmp_path: Path, tiny_model_dir: Pat
 
 def test_the_select_grid_crosses_every_advantage_preset_with_the_costs_and_learning_rates() -> None:
     from benchmarks.pivot_learning import SELECT_GRID
-    from memrl.rewards.advantage import ADVANTAGE_PRESETS
+    from memrl.rewards.advantage import ADVANTAGE_PRESETS, AdvantageConfig
     from memrl.rewards.pivot import PivotRewardConfig
 
-    assert SELECT_GRID[0] == {"reward.advantage": "grpo_std", "reward.reminder_cost": 0.1, "trainer.lr": 3e-4}
+    # the recipe's own settings first (configs/pivot_grpo_tiny.yaml leaves the advantage at memrl's default)
+    assert SELECT_GRID[0] == {"reward.advantage": AdvantageConfig().preset, "reward.reminder_cost": 0.1,
+                              "trainer.lr": 3e-4}
     assert len(SELECT_GRID) == len({json.dumps(e, sort_keys=True) for e in SELECT_GRID}) == len(ADVANTAGE_PRESETS) * 4
     assert {e["reward.advantage"] for e in SELECT_GRID} == set(ADVANTAGE_PRESETS)
     for entry in SELECT_GRID:  # every entry is a valid reward config
