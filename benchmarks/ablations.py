@@ -15,32 +15,44 @@ SFT tasks), then, per seed and at equal reasoner-token budgets (training rollout
 - ``lr0``: OAT-GRPO at learning rate 0 (a control: everything runs, nothing moves);
 - ``trl_grpo`` (not run unless named): TRL ``GRPOTrainer`` as the external peer, in its own loop.
 
+Two named settings (``--setting``, :data:`memrl.data.tasks.sam.SAM_SETTINGS`), each with its own SFT start and runs
+under ``<work>/<setting>``: ``multihop`` (the student's own noisy-imitation gap, which more expert data also closes)
+and ``deferring_expert`` (the expert's systematic bias, which more expert data cannot remove: the setting where RL
+must win).
+
 Every run's final policy is scored on the same ``test_tasks`` test tasks, ``eval_samples`` sampled runs each (recall
-at temperature 1, as trained) plus one greedy run, so differences are *paired* by task. Per pair of variants (RL vs
-SFT, RL vs ``sft_more``, oat vs flat, oat vs lambda 0, each vs ``no_signal``) the benchmark reports the mean
-difference of per-task success (averaged over samples, then over seeds) with a 95% interval over tasks (normal
-approximation, tasks as the unit: the seeds' spread is inside each task's mean). Learning curves: success on
+at temperature 1, as trained) plus one greedy run, so differences are *paired* by task and seed. Per pair of
+variants (RL vs SFT, RL vs ``sft_more``, oat vs flat, oat vs lambda 0, each vs ``no_signal``) the benchmark reports
+the mean difference of per-task success with a two-level 95% interval over training seeds and test tasks (the wider
+of a bootstrap resampling both and the seed-level t; :func:`paired_difference`), beside the task-level interval
+reported before. The JSON keeps every variant's success per seed and task (``records``), so
+``--recompute FILE`` recomputes the table from a committed file alone. Learning curves: success on
 ``dev_curve_tasks`` dev tasks every ``eval_every`` iterations against training reasoner tokens (mean over seeds), as
 a PNG. ``--split dev`` scores the final policies on dev tasks instead (for choosing settings; report test).
 
 Settings of the RL variants that differ from memrl's defaults are listed in the JSON (``non_default_settings``) with
 the reason for each. ``--select`` chooses the learning rate and KL weight on the dev split only: ``oat``
 under each entry of the pre-declared :data:`SELECT_GRID`, scored on dev tasks paired with the SFT start, picked by
-:func:`pick_setting`; the choice goes to ``<work>/<quick|full>/selected_on_dev.json``, which a later test-split run
-reads and lists with its dev figures.
+:func:`pick_setting`; the choice goes to ``<work>/<setting>/<quick|full>/selected_on_dev.json``, which a later
+test-split run reads and lists with its dev figures.
 
 Unattended and resumable: every finished (variant, seed) is a line of ``progress.jsonl`` with the key of the settings
 it ran under; rerunning the same command skips those and restarts only the unfinished one. ``--jobs N`` runs N
-processes (one torch thread each) that share the (variant, seed) runs through claim files; a run's figures do not
-depend on which process computed it. Evaluations are cached by
+processes that share the (variant, seed) runs through claim files. Everything is computed under one CPU profile
+(:data:`CPU_PROFILE`: one torch thread, AVX2 kernels; the process re-executes itself under it, ``--native-cpu``
+opts out), so a run's figures depend neither on ``--jobs``, nor on which process computed it, nor on the machine's
+core count or instruction set; a rebuilt start whose digest differs from the one the committed figures
+(``docs/figures``) report is named in one line. Evaluations are cached by
 (weights, seed, tasks); the SFT start's dev-curve figures are computed once per seed. The JSON reports each phase's
 wall and CPU seconds with the load average (``phases``) and, for ``--quick``, the full setting's time extrapolated
 from the measured rates (``full_estimate``).
 
-    python benchmarks/ablations.py --quick --select   # choose the RL settings on dev (6 settings, seed 0)
+    python benchmarks/ablations.py --quick --select   # choose the RL settings on dev (13 settings, seed 0)
     python benchmarks/ablations.py --quick            # 48 test tasks x 2 samples, 2 seeds
     python benchmarks/ablations.py --select --jobs 2  # the same choice at the full scale (300 dev tasks)
     python benchmarks/ablations.py --jobs 2           # 300 test tasks x 4 samples, 5 seeds, >= 100 optimizer steps
+    python benchmarks/ablations.py --setting deferring_expert --select --jobs 2   # the other setting, the same way
+    python benchmarks/ablations.py --recompute docs/figures/ablations_full.json  # the intervals from the records
 
 One JSON line last, with ``variants`` (per variant and seed) and ``paired`` (the differences).
 """
@@ -89,6 +101,19 @@ NON_DEFAULT_SETTINGS = {
 
 
 SFT_STEPS = 300  # the shared SFT checkpoint: the same for --quick and the full setting, so both can reuse it
+# torch threads of the shared SFT start's build and of every later run, whatever the machine has: no figure depends on
+# the machine's core count or on --jobs (one thread is also the fastest on a shared 2-core machine, where OpenMP
+# threads spin on a busy core)
+START_THREADS, RUN_THREADS = 1, 1
+# Pinned CPU numerics (issue 39 item 5). Measured on this project's machines (docs/results/evidence.md): the shared
+# SFT start's weights do not depend on the thread count but do depend on the host CPU's instruction set (this start
+# built with AVX-512 kernels and with AVX2 kernels on one machine: two digests), and the machines a session is given
+# differ. So the benchmark computes everything under one profile: one thread, and AVX2 kernels in ATen, MKL (with its
+# conditional numerical reproducibility) and oneDNN, which every x86-64 machine of the last decade runs. The
+# variables act only when the libraries load, so the process re-executes itself under them (pin_cpu_numerics).
+CPU_PROFILE = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"  # the committed figures
 
 
 @dataclass(frozen=True)
@@ -108,14 +133,26 @@ class Scale:
     eval_samples: int  # sampled test runs per task (plus one greedy)
     dev_curve_tasks: int  # dev tasks of the learning curve
     seeds: int
+    name: str = "full"  # the folder of its runs
+    sft_steps: int = SFT_STEPS  # of the shared SFT start
+    distill_tasks: int | None = None  # expert tasks of the SFT data (None: the setting's)
+
+    @property
+    def shares_start(self) -> bool:
+        """Whether the scale uses the setting's shared SFT start (quick and full do; smoke builds its own)."""
+        return self.sft_steps == SFT_STEPS and self.distill_tasks is None
 
 
-QUICK = Scale(test_tasks=48, train_tasks=128, tasks_per_iteration=4, iterations=4, max_iterations=6,
+QUICK = Scale(name="quick", test_tasks=48, train_tasks=128, tasks_per_iteration=4, iterations=4, max_iterations=6,
               eval_every=2, branch_factor=4, max_leaves=16, flat_group_size=4, trl_prompts_per_step=4,
               eval_samples=2, dev_curve_tasks=16, seeds=2)
 FULL = Scale(test_tasks=300, train_tasks=1024, tasks_per_iteration=8, iterations=25, max_iterations=32,
              eval_every=5, branch_factor=4, max_leaves=16, flat_group_size=4, trl_prompts_per_step=8,
              eval_samples=4, dev_curve_tasks=48, seeds=5)
+# the smallest setting (its own tiny SFT start): runs every stage to check the machinery, measures nothing
+SMOKE = Scale(name="smoke", test_tasks=3, train_tasks=8, tasks_per_iteration=2, iterations=1, max_iterations=2,
+              eval_every=1, branch_factor=2, max_leaves=4, flat_group_size=2, trl_prompts_per_step=2,
+              eval_samples=1, dev_curve_tasks=2, seeds=2, sft_steps=2, distill_tasks=6)
 STEPS_PER_EPOCH = 2  # optimizer steps per pass over a collected batch
 
 
@@ -125,20 +162,31 @@ class RLSettings:
 
     lr: float
     kl_coef: float  # the k3 KL to the initial (SFT) policy
-    update_epochs: int  # passes over each collected batch, STEPS_PER_EPOCH optimizer steps each
+    update_epochs: int  # passes over each collected batch, steps_per_epoch optimizer steps each
+    advantage: str = "grpo_std"  # credit.advantage: a preset of memrl.rewards.advantage.ADVANTAGE_PRESETS
+    steps_per_epoch: int = STEPS_PER_EPOCH  # optimizer steps per pass
 
     @property
     def name(self) -> str:
-        return f"lr{self.lr:g}-kl{self.kl_coef:g}-ep{self.update_epochs}"
+        return (f"lr{self.lr:g}-kl{self.kl_coef:g}-ep{self.update_epochs}x{self.steps_per_epoch}-{self.advantage}")
 
 
+# The fields of RLSettings as the config keys they set (the JSON lists the settings by these keys).
+RL_KEYS = {"lr": "trainer.lr", "kl_coef": "trainer.kl_coef", "update_epochs": "trainer.update_epochs",
+           "advantage": "credit.advantage", "steps_per_epoch": "trainer.optimizer_steps_per_epoch"}
 # from issue 26's analysis, used when no --select choice exists: 4 optimizer steps per batch, so FULL's 25
 # iterations make 100 optimizer steps
 ANALYSIS_SETTINGS = RLSettings(lr=1e-4, kl_coef=0.05, update_epochs=2)
-# --select's grid, declared before it ran, in order of closeness to memrl's defaults (kl_coef 0, lr 1e-5,
-# update_epochs 1): the KL-free settings first, then the smaller learning rate. The rule: the highest mean dev
-# success (sampled runs, paired with the SFT start on the same dev tasks); a tie goes to the earlier entry.
-SELECT_GRID = tuple(RLSettings(lr, kl, 2) for kl in (0.0, 0.05) for lr in (5e-5, 1e-4, 2e-4))
+# the advantage presets --select compares (every one of memrl.rewards.advantage.ADVANTAGE_PRESETS): memrl's default
+# first, then the paper's formula, so a tie keeps the default
+SELECT_ADVANTAGES = ("informative_only", "grpo_std", "dr_grpo", "dr_grpo_gated", "std_floor", "batch_outcome_std")
+# --select's grid, declared before it ran (issue 39): every advantage preset at the two learning rates the previous
+# --select found best (docs/figures/ablations_select_full.json: 1e-4 and 2e-4, both with kl_coef 0.05, which beat 0
+# at each), 2 epochs x 2 optimizer steps per batch; then one entry at the old trainer default of one optimizer step
+# per batch. The rule: the highest mean dev success (sampled runs, paired with the SFT start on the same dev tasks);
+# a tie goes to the earlier entry (memrl's default advantage, the smaller learning rate).
+SELECT_GRID = (*(RLSettings(lr, 0.05, 2, advantage) for advantage in SELECT_ADVANTAGES for lr in (1e-4, 2e-4)),
+               RLSettings(2e-4, 0.05, 1, SELECT_ADVANTAGES[0], steps_per_epoch=1))
 
 
 def pick_setting(scores: list[float]) -> int:
@@ -191,6 +239,92 @@ def weights_digest(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
+def build_sft_start(work: Path, setting: Any, base: Path, memory: Any, steps: int = SFT_STEPS,
+                    distill_tasks: int | None = None, batch_size: int = 32) -> dict[str, Any]:
+    """The shared SFT start of a SAM ``setting``: its expert distilled on ``distill_tasks`` (default: the
+    setting's) SFT tasks into ``work/distill``, then ``steps`` SFT steps into ``work/sft/final``. Built with
+    :data:`START_THREADS` torch threads whatever the machine or ``OMP_NUM_THREADS`` says: a float sum split over
+    another number of threads rounds differently, and the weights (and every figure downstream) would differ."""
+    from memrl.data.config import RunConfig
+    from memrl.data.experts.sam import SamOracleConfig
+    from memrl.data.tasks import TaskSetConfig
+    from memrl.rollout.engines.base import torch_threads
+    from memrl.rollout.expert_traces import DistillRunConfig, distill
+
+    tasks = TaskSetConfig(count=distill_tasks or setting.distill_tasks, seed=0, sam=setting.sft)
+    distill_cfg = DistillRunConfig(
+        run=RunConfig(output_dir=str(work), name="distill", seed=0), tasks=tasks,
+        sam_oracle=SamOracleConfig(**setting.expert), sam_memory=memory, reasoner_max_pages=2, tokenizer=str(base),
+    )
+    with torch_threads(START_THREADS):
+        stats = distill(distill_cfg, work / "distill")
+        run_sft_stage(work / "distill", base, work, "sft", steps, seed=0, batch_size=batch_size)
+    return stats
+
+
+def run_sft_stage(data_dir: Path, base: Path, out: Path, name: str, steps: int, seed: int, lr: float = 2e-3,
+                  batch_size: int = 32) -> Path:
+    """``steps`` full-weight SFT steps of ``batch_size`` rows from ``base`` on the distilled rows in ``data_dir``
+    (cue writing 0.4, recall 0.6) into ``out/name/final``."""
+    from memrl.data.config import RunConfig
+    from memrl.train.policy import LoraSettings, PolicySpec
+    from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
+    from memrl.train.sft_data import SFTDataConfig
+
+    cfg = SFTRunConfig(
+        run=RunConfig(output_dir=str(out), name=name, seed=seed), model=PolicySpec(base=str(base)),
+        lora=LoraSettings(enabled=False),
+        data=SFTDataConfig(dir=str(data_dir), roles={"consolidate": 0.4, "recall": 0.6},
+                           mixture_rows=steps * batch_size),
+        train=SFTTrainConfig(max_steps=steps, batch_size=batch_size, lr=lr, warmup=0.05, max_length=512,
+                             save_steps=0, logging_steps=50),
+    )
+    run_sft(cfg)
+    return out / name / "final"
+
+
+def pin_cpu_numerics(native: bool = False) -> str:
+    """Make this process compute under :data:`CPU_PROFILE`: replace it (``execve``, same arguments) by one started
+    with those variables unless they are set already (they act only when torch, MKL and oneDNN load), or, with
+    ``native``, leave the machine's own kernels and thread count (faster on a large machine; figures then depend on the
+    machine). Returns the profile's name."""
+    if native:
+        return "native"
+    if any(os.environ.get(k) != v for k, v in CPU_PROFILE.items()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **CPU_PROFILE})
+    return "avx2-1thread"
+
+
+def cpu_profile() -> str:
+    """The CPU profile this process computes under: ``avx2-1thread`` (:data:`CPU_PROFILE`) or ``native``."""
+    return "avx2-1thread" if all(os.environ.get(k) == v for k, v in CPU_PROFILE.items()) else "native"
+
+
+def committed_starts(setting: str, figures: Path = FIGURES) -> dict[str, str]:
+    """The SFT-start digests the committed figures of ``setting`` report: ``{file name: sft_weights}`` over the
+    JSON files in ``figures`` whose ``setting`` is it and that record one."""
+    out = {}
+    for path in sorted(figures.glob("*.json")):
+        with contextlib.suppress(ValueError, OSError):
+            record = json.loads(path.read_text())
+            if isinstance(record, dict) and record.get("setting") == setting and record.get("sft_weights"):
+                out[path.name] = record["sft_weights"]
+    return out
+
+
+def start_mismatch(setting: str, digest: str, figures: Path = FIGURES) -> str | None:
+    """One line when the SFT start here (``digest``) is not the one the committed figures of ``setting`` started
+    from (their figures will not reproduce from it), else None."""
+    other = {name: d for name, d in committed_starts(setting, figures).items() if d != digest}
+    if not other:
+        return None
+    listed = ", ".join(f"{name} ({d})" for name, d in other.items())
+    return (f"WARNING: this SFT start has weights {digest}, not the start of the committed figures {listed} "
+            f"in {figures}: figures from it will not match them")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 def check_bench_inputs(work: Path, progress_files: list[Path]) -> None:
     """Before anything is built: ``--work`` must be a folder that can be written, and the progress files it holds
@@ -218,11 +352,13 @@ class Bench:
         from memrl.rollout.memory.sam import SamConfig
 
         self.args = args
-        self.scale = QUICK if args.quick else FULL
+        self.scale = SMOKE if getattr(args, "smoke", False) else QUICK if args.quick else FULL
         self.setting = SAM_SETTINGS[args.setting]
-        self.work = Path(args.work)  # the shared SFT checkpoint lives here; the runs under quick/ or full/
-        self.runs = self.work / ("quick" if args.quick else "full") / args.split
-        check_bench_inputs(self.work, [self.runs / "progress.jsonl", self.runs / "select_progress.jsonl"])
+        # one folder per setting: its shared SFT checkpoint, and the runs under quick/ or full/
+        self.work = Path(args.work) / args.setting
+        self.start_dir = self.work if self.scale.shares_start else self.work / f"start-{self.scale.name}"
+        self.runs = self.work / self.scale.name / args.split
+        check_bench_inputs(Path(args.work), [self.runs / "progress.jsonl", self.runs / "select_progress.jsonl"])
         self.runs.mkdir(parents=True, exist_ok=True)
         self.memory = SamConfig(
             page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
@@ -249,48 +385,26 @@ class Bench:
 
     # ------------------------------------------------------------------------------------------------ shared SFT
     def prepare(self) -> dict[str, Any]:
-        """Tiny model, distillation of the setting's expert, SFT: the shared checkpoint (reused when present)."""
-        from memrl.data.config import RunConfig
-        from memrl.data.experts.sam import SamOracleConfig
-        from memrl.data.tasks import TaskSetConfig
-        from memrl.rollout.expert_traces import DistillRunConfig, distill
+        """Tiny model, distillation of the setting's expert, SFT: the shared checkpoint (reused when present), built
+        with :data:`START_THREADS` torch threads whatever the machine's count (:func:`build_sft_start`); one line
+        when its weights differ from the start the committed figures of this setting report."""
         from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
         t0 = time.perf_counter()
         self.base = ensure_tiny_model(self.args.model_cache, TinyModelSpec())
-        self.sft_dir = self.work / "sft" / "final"
+        self.sft_dir = self.start_dir / "sft" / "final"
         stats: dict[str, Any] = {}
-        if not (self.sft_dir / "config.json").exists():
-            tasks = TaskSetConfig(count=self.setting.distill_tasks, seed=0, sam=self.setting.sft)
-            distill_cfg = DistillRunConfig(
-                run=RunConfig(output_dir=str(self.work), name="distill", seed=0), tasks=tasks,
-                sam_oracle=SamOracleConfig(**self.setting.expert), sam_memory=self.memory, reasoner_max_pages=2,
-                tokenizer=str(self.base),
-            )
+        built = not (self.sft_dir / "config.json").exists()
+        if built:
             with self.clock("sft_checkpoint"):
-                stats = distill(distill_cfg, self.work / "distill")
-                self._sft(self.work / "distill", self.base, self.work, "sft", SFT_STEPS, seed=0)
+                stats = build_sft_start(self.start_dir, self.setting, self.base, self.memory,
+                                        steps=self.scale.sft_steps, distill_tasks=self.scale.distill_tasks)
         self.start = {"base_weights": weights_digest(self.base)[:16], "sft_weights": weights_digest(self.sft_dir)[:16]}
+        mismatch = start_mismatch(self.args.setting, self.start["sft_weights"])
+        if mismatch and self.scale.shares_start:
+            say(mismatch)
         return {"distill_traces": stats.get("traces"), "distill_rows": stats.get("rows"), **self.start,
-                "seconds": round(time.perf_counter() - t0, 1)}
-
-    def _sft(self, data_dir: Path, base: Path, out: Path, name: str, steps: int, seed: int, lr: float = 2e-3,
-             batch_size: int = 32) -> Path:
-        from memrl.data.config import RunConfig
-        from memrl.train.policy import LoraSettings, PolicySpec
-        from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
-        from memrl.train.sft_data import SFTDataConfig
-
-        cfg = SFTRunConfig(
-            run=RunConfig(output_dir=str(out), name=name, seed=seed), model=PolicySpec(base=str(base)),
-            lora=LoraSettings(enabled=False),
-            data=SFTDataConfig(dir=str(data_dir), roles={"consolidate": 0.4, "recall": 0.6},
-                               mixture_rows=steps * batch_size),
-            train=SFTTrainConfig(max_steps=steps, batch_size=batch_size, lr=lr, warmup=0.05, max_length=512,
-                                 save_steps=0, logging_steps=50),
-        )
-        run_sft(cfg)
-        return out / name / "final"
+                "built": built, "cpu": cpu_profile(), "seconds": round(time.perf_counter() - t0, 1)}
 
     def reasoner_config(self, seed: int) -> Any:
         from memrl.train.oat_grpo import default_reasoner
@@ -307,7 +421,7 @@ class Bench:
         from memrl.train.oat_grpo import summarize_eval
 
         scored = f"{self.args.split}{self.scale.test_tasks}x{self.scale.eval_samples}"
-        key = f"{weights_digest(model_dir)[:24]}-s{seed}-{scored}"
+        key = f"{weights_digest(model_dir)[:24]}-s{seed}-{scored}-{cpu_profile()}"
         cached = self.eval_cache / f"{key}.json"
         if cached.exists():  # the same weights, seed and tasks: the evaluation is deterministic
             return json.loads(cached.read_text())
@@ -363,15 +477,16 @@ class Bench:
                           branch_factor=s.branch_factor, max_leaves=s.max_leaves, flat_group_size=s.flat_group_size,
                           informative_groups=0 if variant == "flat" else s.tasks_per_iteration,
                           max_extra_trees=0 if variant == "flat" else s.tasks_per_iteration)
+        rl = self.rl
         committee = 0.0 if variant in ("tree_lambda0", "flat") else 0.5
         credit = CreditConfig(terms=[{"name": "committee", "weight": committee}] if committee else [],
-                              shuffle_outcomes=variant == "no_signal")
+                              shuffle_outcomes=variant == "no_signal", advantage=rl.advantage)
         iterations = s.iterations if budget is None else s.max_iterations
-        rl = self.rl
         trainer = GroupTrainerConfig(lr=0.0 if variant == "lr0" else rl.lr, lora=LoraSettings(enabled=False),
-                                     update_epochs=rl.update_epochs, optimizer_steps_per_epoch=STEPS_PER_EPOCH,
+                                     update_epochs=rl.update_epochs, optimizer_steps_per_epoch=rl.steps_per_epoch,
                                      kl_coef=rl.kl_coef, kl_reference="initial", lr_schedule="cosine",
-                                     min_lr_ratio=0.1, lr_decay_steps=iterations * rl.update_epochs * STEPS_PER_EPOCH)
+                                     min_lr_ratio=0.1,
+                                     lr_decay_steps=iterations * rl.update_epochs * rl.steps_per_epoch)
         cfg = OATGRPOConfig(
             run=RunConfig(output_dir=str(self.runs), name=name or f"{variant}-s{seed}", seed=seed),
             policy=PolicySpec(base=str(self.sft_dir)),
@@ -436,8 +551,8 @@ class Bench:
                 tokenizer=str(self.base),
             ), out / "distill")
             # continued at the RL variants' learning rate: a fresh 2e-3 warm restart undoes the shared checkpoint
-            model = self._sft(out / "distill", self.sft_dir, out, "sft", steps, seed=seed,  # type: ignore[arg-type]
-                              lr=self.rl.lr, batch_size=rows_per_step)
+            model = run_sft_stage(out / "distill", self.sft_dir, out, "sft", steps, seed=seed,  # type: ignore[arg-type]
+                                  lr=self.rl.lr, batch_size=rows_per_step)
         result = self.evaluate(model, seed)
         return {**result, "reasoner_tokens": round(extra * per_task), "extra_expert_tasks": extra,
                 "sft_steps": steps, "sft_rows_per_step": rows_per_step, "wall_s": round(time.perf_counter() - t0, 1)}
@@ -533,7 +648,10 @@ class Bench:
 # ----------------------------------------------------------------------------------------------------------------
 DIAGNOSTIC_KEYS = ("rows", "trained_tokens", "informative_groups", "outcome_tie_fraction", "identical_sibling_fraction",
                    "advantage_mean", "approx_kl", "approx_kl_max", "clip_fraction", "ratio_min", "ratio_max",
-                   "kl_initial_probe", "extra_trees", "informative_groups_short", "optimizer_step_count")
+                   "kl_initial_probe", "extra_trees", "informative_groups_short", "optimizer_step_count",
+                   # issue 39: how much of an update the outcome-tied groups and identical rows make up
+                   "outcome_tied_row_fraction", "outcome_tied_advantage_fraction", "identical_row_fraction",
+                   "identical_row_cancelled_advantage_fraction", "prefix_shared_sibling_fraction", "kl_probe_s")
 
 
 def diagnostics(history: list[dict[str, Any]]) -> dict[str, float]:
@@ -565,43 +683,90 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def paired_difference(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str = "per_task") -> dict[str, Any]:
-    """Mean over tasks of (a's success - b's success) on the same task, each side averaged over its seeds, in points,
-    with a 95% normal interval over tasks; seeds are matched where both sides have them."""
+    """Mean over seeds and tasks of (a's success - b's success) on the same task under the same seed, in points,
+    with a two-level 95% interval over training seeds and test tasks
+    (:func:`~memrl.rollout.evaluation.stats.two_level_interval`: the wider of the two-level bootstrap and the
+    seed-level t); the task-level interval reported before (seeds averaged first, tasks as the only unit) is kept
+    beside it as ``ci95_tasks_only``. Seeds are matched where both sides have them, tasks where every matched seed
+    of both sides has them."""
+    from memrl.rollout.evaluation.stats import two_level_interval
+
     seeds = sorted({r["seed"] for r in a} & {r["seed"] for r in b})
     if not seeds:
         return {}
     a_by, b_by = {r["seed"]: r[key] for r in a}, {r["seed"]: r[key] for r in b}
     tasks = sorted(set.intersection(*(set(a_by[s]) & set(b_by[s]) for s in seeds)))
-    diffs = [100 * statistics.fmean(a_by[s][t] - b_by[s][t] for s in seeds) for t in tasks]
-    mean = statistics.fmean(diffs)
-    half = 1.96 * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    return {"difference": mean, "ci95": [mean - half, mean + half], "half_width": half, "tasks": len(tasks),
-            "seeds": seeds}
+    rows = [[100 * (a_by[s][t] - b_by[s][t]) for t in tasks] for s in seeds]
+    iv = two_level_interval(rows)
+    return {"difference": iv["mean"], "ci95": iv["interval"], "half_width": iv["half_width"],
+            "ci95_two_level_bootstrap": iv["two_level_bootstrap"], "ci95_seed_t": iv["seed_level_t"],
+            "ci95_tasks_only": iv["task_level"], "per_seed": iv["per_seed_mean"], "tasks": len(tasks),
+            "seeds": seeds, "interval": iv["rule"]}
+
+
+RECORD_KEYS = {"sampled": "per_task", "greedy": "per_task_greedy"}
+
+
+def task_records(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Every variant's success per seed and test task, the unit the intervals resample, for the committed JSON:
+    ``tasks`` (one order for every list), then per mode (``sampled``: the mean over the task's sampled runs;
+    ``greedy``: its greedy run) ``{variant: {seed: [success per task, None where not scored]}}``."""
+    tasks = sorted({t for rows in runs.values() for r in rows for t in r.get("per_task", {})})
+    out: dict[str, Any] = {"tasks": tasks}
+    for mode, key in RECORD_KEYS.items():
+        out[mode] = {v: {str(r["seed"]): [r.get(key, {}).get(t) for t in tasks] for r in rows}
+                     for v, rows in runs.items() if rows}
+    return out
+
+
+def paired_from_records(records: dict[str, Any], pairs: tuple[tuple[str, str], ...] = PAIRS) -> dict[str, Any]:
+    """The ``paired`` table recomputed from :func:`task_records`' output alone (what ``--recompute FILE`` prints)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for mode, key in RECORD_KEYS.items():
+        for variant, by_seed in records[mode].items():
+            rows = runs.setdefault(variant, [])
+            for seed, values in by_seed.items():
+                row = next((r for r in rows if r["seed"] == int(seed)), None)
+                if row is None:
+                    row = {"seed": int(seed)}
+                    rows.append(row)
+                row[key] = {t: v for t, v in zip(records["tasks"], values, strict=True) if v is not None}
+    return {f"{a} - {b}": {"sampled": paired_difference(runs[a], runs[b]),
+                           "greedy": paired_difference(runs[a], runs[b], "per_task_greedy")}
+            for a, b in pairs if runs.get(a) and runs.get(b)}
 
 
 def settings_chosen_on_dev(selection: dict[str, Any], file_name: str) -> tuple[RLSettings, dict[str, str]]:
     """The RL settings a ``--select`` record chose, and the non-default settings with their reasons: what the grid
     varied is listed as chosen on dev with every candidate's dev figure; what it held fixed is listed as such."""
-    c = selection["chosen"]
-    rl = RLSettings(c["lr"], c["kl_coef"], c["update_epochs"])
+    def settings(row: dict[str, Any]) -> dict[str, Any]:  # records before issue 39 lack advantage, steps_per_epoch
+        return {k: row.get(k, getattr(ANALYSIS_SETTINGS, k)) for k in RL_KEYS}
+
+    candidates = [settings(r) for r in selection["candidates"]]
+    rl = RLSettings(**settings(selection["chosen"]))
+    varied = [k for k in RL_KEYS if len({c[k] for c in candidates}) > 1]
     non_default = {k: v for k, v in NON_DEFAULT_SETTINGS.items()
                    if not k.startswith(("trainer.kl_coef", "trainer.lr", "trainer.update"))}
-    figures = ", ".join(f"{r['lr']:g}/{r['kl_coef']:g}/{r['update_epochs']}: {100 * r['dev_success']:.1f}%"
-                        for r in selection["candidates"])
-    chosen = f"trainer.lr={rl.lr:g}, trainer.kl_coef={rl.kl_coef:g}"
-    if len({r["update_epochs"] for r in selection["candidates"]}) > 1:
-        chosen += f", trainer.update_epochs={rl.update_epochs}"
-    else:
-        non_default[f"trainer.update_epochs={rl.update_epochs}"] = (
-            "from issue 26's analysis, held fixed on the --select grid (not chosen on dev)")
-    non_default[chosen] = (f"chosen on dev ({file_name}; {selection['rule']}): dev success lr/kl_coef/update_epochs: "
-                           f"{figures}; SFT {100 * selection['sft_dev_success']:.1f}%")
-    non_default[f"trainer.optimizer_steps_per_epoch={STEPS_PER_EPOCH}, lr_schedule=cosine to 0.1 over the run"] = (
-        "from issue 26's analysis, not chosen on dev: several clipped steps per batch, late steps refine")
+
+    def value(v: Any) -> str:
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    figures = ", ".join("/".join(value(c[k]) for k in varied) + f": {100 * r['dev_success']:.1f}%"
+                        for c, r in zip(candidates, selection["candidates"], strict=True))
+    chosen = ", ".join(f"{RL_KEYS[k]}={value(getattr(rl, k))}" for k in varied)
+    for k in RL_KEYS:
+        if k not in varied:
+            non_default[f"{RL_KEYS[k]}={value(getattr(rl, k))}"] = "held fixed on the --select grid (not chosen on dev)"
+    if varied:
+        non_default[chosen] = (f"chosen on dev ({file_name}; {selection['rule']}): dev success by "
+                               f"{'/'.join(RL_KEYS[k] for k in varied)}: {figures}; SFT "
+                               f"{100 * selection['sft_dev_success']:.1f}%")
+    non_default["trainer.lr_schedule=cosine to 0.1 over the run"] = (
+        "from issue 26's analysis, not chosen on dev: late steps refine")
     return rl, non_default
 
 
-def plot_curves(runs: dict[str, list[dict[str, Any]]], sft: float, path: Path) -> None:
+def plot_curves(runs: dict[str, list[dict[str, Any]]], sft: float, path: Path, setting: str = "multihop") -> None:
     """Dev success (sampled) against training reasoner tokens, mean over seeds, one line per variant. A variant
     without a dev curve (``sft_more``) is not drawn on the dev axis: a note under the plot gives its test success
     against the SFT start's (``sft``, test), so the two splits never share an axis."""
@@ -627,7 +792,7 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], sft: float, path: Path) -
                          f"(SFT start on test: {100 * sft:.1f}%)")
     ax.set_xlabel("training reasoner tokens")
     ax.set_ylabel("held-out dev success (sampled)")
-    ax.set_title("SAM multihop: learning curves on dev (mean over seeds)")
+    ax.set_title(f"SAM {setting}: learning curves on dev (mean over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if notes:
@@ -641,7 +806,8 @@ def run_key(args: argparse.Namespace, scale: Scale, rl: RLSettings, start: dict[
     """What a finished (variant, seed) row of progress.jsonl was computed under: a row is reused on a rerun only
     when every one of these is unchanged, the weights it started from (``start``: Bench.start's digests) included."""
     inputs = {"scale": asdict(scale), "rl": asdict(rl), "setting": args.setting, "split": args.split,
-              "sft_steps": SFT_STEPS, "non_default": sorted(NON_DEFAULT_SETTINGS), "start": start}
+              "sft_steps": SFT_STEPS, "non_default": sorted(NON_DEFAULT_SETTINGS), "start": start,
+              "cpu": cpu_profile()}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -776,9 +942,9 @@ def run_all(items: list[tuple[str, int, Any]], progress: Progress, claims: Claim
         pending = waiting
 
 
-def selection_file(work: Path, quick: bool) -> Path:
+def selection_file(work: Path, scale: str) -> Path:
     """Where ``--select`` writes its choice and the test-split run reads it."""
-    return work / ("quick" if quick else "full") / "selected_on_dev.json"
+    return work / scale / "selected_on_dev.json"
 
 
 def select(bench: Bench, progress: Progress, claims: Claims, seed: int = 0) -> dict[str, Any] | None:
@@ -879,6 +1045,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the small setting")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest setting, with its own tiny SFT start: every stage runs, nothing is measured "
+                             "(the test suite's)")
     parser.add_argument("--seeds", type=int, default=None, help="default: 2 (--quick) or 5")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated subset of {', '.join(VARIANTS)}")
@@ -886,18 +1055,34 @@ def main() -> None:
     parser.add_argument("--split", choices=["dev", "test"], default="test")
     parser.add_argument("--select", action="store_true",
                         help="choose lr / kl_coef for 'oat' on the dev split (SELECT_GRID) and write "
-                             "<work>/<quick|full>/selected_on_dev.json, which later test-split runs read")
+                             "<work>/<setting>/<quick|full>/selected_on_dev.json, which later test-split runs read")
     parser.add_argument("--work", default="runs/ablations", help="output directory (the SFT checkpoint is reused)")
     parser.add_argument("--model-cache", default=".cache/models")
     parser.add_argument("--prepare-only", action="store_true", help="build the shared SFT checkpoint and stop")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="processes sharing the (variant, seed) runs, one torch thread each (2 on this 2-core "
-                             "machine); a run's figures do not depend on which process computed it")
+                        help="processes sharing the (variant, seed) runs (2 on this 2-core machine); every run "
+                             "computes with one torch thread, so its figures do not depend on --jobs or on which "
+                             "process computed it")
+    parser.add_argument("--recompute", metavar="JSON", default=None,
+                        help="print the paired table recomputed from a committed ablations JSON's per-task, per-seed "
+                             "records (nothing is run)")
+    parser.add_argument("--native-cpu", action="store_true",
+                        help="compute with this machine's own kernels and thread count instead of the pinned profile "
+                             "(one thread, AVX2 kernels: CPU_PROFILE); faster on a large machine, but the figures then "
+                             "depend on the machine")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.recompute:
+        record = json.loads(Path(args.recompute).read_text())
+        if "records" not in record:
+            raise SystemExit(f"[ablations] {args.recompute} has no per-task records (written by versions before "
+                             "two-level intervals): nothing to recompute from")
+        print(json.dumps(paired_from_records(record["records"]), indent=1), flush=True)
+        return
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    pin_cpu_numerics(args.native_cpu)  # re-executes this process under CPU_PROFILE (before torch loads)
     if args.worker:
         WORKER_TAG = f" w{args.worker_index}"
         die_with_parent()
@@ -916,10 +1101,11 @@ def main() -> None:
     say(f"shared SFT checkpoint {bench.sft_dir} ({prep})")
     if args.prepare_only:
         return
-    if args.jobs > 1 or args.worker:
-        from memrl.rollout.engines.base import set_torch_threads
+    from memrl.rollout.engines.base import set_torch_threads
 
-        set_torch_threads(1)  # one core per process: OpenMP threads spinning on a shared core cost 4-12x
+    # one thread per process whatever --jobs says, so a run's figures are the same with --jobs 1 and 2 (and on any
+    # machine); OpenMP threads spinning on a shared core also cost 4-12x
+    set_torch_threads(RUN_THREADS)
     workers = start_workers(args.jobs) if args.jobs > 1 and not args.worker else []
     try:
         run_benchmark(args, bench, t_start, workers)
@@ -934,7 +1120,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
     """The selection or the ablation proper, on the prepared checkpoint (a ``--worker`` only computes runs)."""
     variants = [v for v in args.variants.split(",") if v]
     seeds = args.seeds or bench.scale.seeds
-    chosen_file = selection_file(bench.work, args.quick)
+    chosen_file = selection_file(bench.work, bench.scale.name)
     non_default = dict(NON_DEFAULT_SETTINGS)
     claims = Claims(bench.runs / "claims")
     if args.select:
@@ -944,8 +1130,9 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
         if selection is None:  # a worker
             return
         wait_for(workers)
-        record = {"benchmark": "ablations-select", "setting": args.setting, "quick": args.quick, "jobs": args.jobs,
-                  **bench.start, **selection, "phases": bench.clock.summary(),
+        record = {"benchmark": "ablations-select", "setting": args.setting, "quick": args.quick,
+                  "scale": bench.scale.name, "jobs": args.jobs,
+                  **bench.start, "cpu": cpu_profile(), **selection, "phases": bench.clock.summary(),
                   "wall_seconds": round(time.perf_counter() - t_start, 1), "cpu_seconds": round(PhaseClock._cpu(), 1)}
         chosen_file.write_text(json.dumps(record, indent=1) + "\n")
         print(json.dumps(record), flush=True)
@@ -958,7 +1145,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
         bench.rl, non_default = settings_chosen_on_dev(selection, chosen_file.name)
         say(f"RL settings chosen on dev: {bench.rl}")
     else:
-        non_default["trainer.lr, trainer.kl_coef, trainer.update_epochs"] = (
+        non_default[", ".join(RL_KEYS.values())] = (
             f"from issue 26's analysis, NOT chosen on dev: no {chosen_file} (run --select first)")
     progress = Progress(bench.runs / "progress.jsonl", run_key(args, bench.scale, bench.rl, bench.start))
     finished_before = set(progress.done)
@@ -978,7 +1165,8 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
     assert first is not None
     budget = first["reasoner_tokens"]
     # sft_more: as many optimizer steps as oat seed 0, each on as many rows as one of its optimizer steps
-    steps, rows_per_step = max(first["updates"], 1), max(round(first["rows_per_update"] / STEPS_PER_EPOCH), 1)
+    steps = max(first["updates"], 1)
+    rows_per_step = max(round(first["rows_per_update"] / bench.rl.steps_per_epoch), 1)
     if not args.worker:
         say(f"budget: {budget} reasoner tokens, {steps} optimizer steps (oat seed 0)")
 
@@ -1004,22 +1192,23 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
             for v in variants}
     png = bench.runs / "ablations_curves.png"
     sft_sampled = statistics.fmean(r["success"] for r in sft_runs)
-    plot_curves(runs, sft_sampled, png)
+    plot_curves(runs, sft_sampled, png, args.setting)
     everything = {"sft": sft_runs, **runs}
-    paired = {f"{a} - {b}": {"sampled": paired_difference(everything[a], everything[b]),
-                             "greedy": paired_difference(everything[a], everything[b], "per_task_greedy")}
-              for a, b in PAIRS if everything.get(a) and everything.get(b)}
+    records = task_records(everything)
+    paired = paired_from_records(records)  # from the committed records alone: anyone can recompute it
     phases = bench.clock.summary()
     record = {
         "benchmark": "ablations",
         "setting": args.setting,
         "split": args.split,
         "quick": args.quick,
+        "scale": bench.scale.name,
         "jobs": args.jobs,  # phases count this process's time; wall and cpu seconds include the workers'
         "seeds": seeds,
         "test_tasks": bench.scale.test_tasks,
         "eval_samples_per_task": bench.scale.eval_samples,
         **bench.start,
+        "cpu": cpu_profile(),
         "budget_reasoner_tokens": budget,
         "oat_optimizer_steps": steps,
         "rl_settings": asdict(bench.rl),
@@ -1032,6 +1221,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
         "phases": phases,
         "full_estimate": full_estimate(runs, phases, bench.scale) if args.quick else {},
         "variants": summarize(everything),
+        "records": records,
     }
     (bench.runs / "ablations.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record), flush=True)

@@ -20,50 +20,82 @@ splits: training (seeds 0 ...), dev (50,000 ...), test (100,000 ...); a task pla
    detected per iteration and the detection budget are logged; the run evaluates on the dev split after every
    iteration (the learning curves).
 3. **Test.** The final policy of every (F, seed, variant), and ``no_rl`` (the chosen SFT model), on the same test tasks,
-   ``--samples`` rollouts each (the seed's sampling seeds). Per F and variant the mean pass rate over seeds with a 95%
-   t-interval, and paired differences (pivot - no_rl, all_turns - no_rl, pivot - all_turns) per seed with t-intervals.
-   One JSON line last.
+   ``--samples`` rollouts each (the seed's sampling seeds). Per F and variant the mean pass rate, and the paired
+   differences (pivot - no_rl, all_turns - no_rl, pivot - all_turns) on the same task under the same seed, with
+   two-level 95% intervals over seeds and test tasks (the wider of a bootstrap resampling both and the seed-level t;
+   :func:`~memrl.rollout.evaluation.stats.two_level_interval`); the per-task, per-seed pass rates are kept in the
+   JSON (``records``) so anyone can recompute them. One JSON line last.
+
+**Settings chosen on dev** (``--select``): the ``pivot`` variant under every entry of :data:`SELECT_GRID` (learning
+rate, reminder cost, advantage) from the chosen start, at every F, scored on dev tasks; the highest mean dev pass rate
+wins (ties: the entry listed first, the recipe's own). The choice goes to ``<work>/<start>/selected_on_dev.json``,
+which a later run applies to both RL variants before the command line's overrides (a file chosen from other start
+weights is refused); without it the JSON says the settings were NOT chosen on dev.
 
 ``--quick`` is sized to finish within 15 minutes on the 2 shared cores (one start, fewer seeds, tasks and
-iterations); the default (full) setting runs 5 seeds. Settings are fixed in advance, not tuned until a variant wins.
+iterations); the default (full) setting runs 5 seeds.
 
     .venv/bin/python benchmarks/pivot_learning.py [--quick] [--work DIR] [--seeds 0 1 2 3 4] [--fatal 1 2 3]
-                                                  [dotted GRPO overrides]
+                                                  [--select] [--jobs 2] [dotted GRPO overrides]
 
 With ``--reuse`` an interrupted run is completed: SFT models, dev measurements and finished (F, seed, variant) runs
 are read back from ``--work``, and a GRPO run that was interrupted continues from its last iteration (every iteration
-is checkpointed). The last line also gives the wall time, the CPU time (user + sys, every core) and the load average,
-and the wall seconds per stage.
+is checkpointed). The runs live under a folder keyed by their settings, so a rerun under other settings never reads
+them back. ``--jobs N`` (with ``--work``; implies ``--reuse``) runs N processes that share the runs through claim
+files. Everything is computed under one CPU profile (``benchmarks.ablations.CPU_PROFILE``: one torch thread, AVX2
+kernels; ``--native-cpu`` opts out), so figures move neither with ``--jobs`` nor with the machine's core count or
+instruction set; the starts' digests are recorded, and a rebuilt start whose digest differs from the committed
+figures' is named in one line. The last line also gives the wall time,
+the CPU time (user + sys, every core) and the load average, and the wall seconds per stage.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import os
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.ablations when run as a script
+
+from benchmarks.ablations import Claims, cpu_profile, die_with_parent, pin_cpu_numerics, start_workers, weights_digest
 from memrl.data.config import load_config
 from memrl.data.distill import RejectionConfig, distill_traces
 from memrl.data.experts import ProactiveOracle
 from memrl.data.tasks import ProactiveTask
 from memrl.data.tasks.proactive import BankWriter
 from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.engines.base import set_torch_threads, torch_threads
 from memrl.rollout.engines.factory import build_engine
 from memrl.rollout.engines.scripted import ScriptedEngine
-from memrl.rollout.evaluation.stats import t_interval
+from memrl.rollout.evaluation.stats import t_interval, two_level_interval
 from memrl.rollout.loop import EngineSet, run_rollouts
 from memrl.rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
 from memrl.rollout.pivots import fatal_misses
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("pivot", "all_turns")
+PAIRS = (("pivot", "no_rl"), ("all_turns", "no_rl"), ("pivot", "all_turns"))  # the paired differences a - b
+# torch threads: the starts' builds (whatever the machine has: the same weights on any machine), then every run
+START_THREADS, RUN_THREADS = 1, 1
+COMMITTED = ROOT / "docs" / "figures" / "pivot_learning_full.json"  # the committed figures (their start digests)
+SELECT_DEV_OFFSET = 10_000  # --select scores on dev tasks from DEV_START + this (the curves use DEV_START ...)
+# --select's grid, declared before it ran (issue 39 item 7): dotted GRPO overrides, every advantage preset of
+# memrl.rewards.advantage (memrl's default first, then the paper's group-std formula) x the reminder cost (the
+# recipe's 0.1, or none) x the learning rate (the recipe's 3e-4, or a third of it); the recipe's own settings first,
+# so a tie keeps them
+SELECT_ADVANTAGES = ("informative_only", "grpo_std", "dr_grpo", "dr_grpo_gated", "std_floor", "batch_outcome_std")
+SELECT_GRID: tuple[dict[str, Any], ...] = tuple(
+    {"reward.advantage": advantage, "reward.reminder_cost": cost, "trainer.lr": lr}
+    for advantage in SELECT_ADVANTAGES for cost in (0.1, 0.0) for lr in (3e-4, 1e-4))
 DEV_START, TEST_START = 50_000, 100_000
 STARTS: dict[str, dict[str, Any]] = {  # candidate starting students (teacher noise, teacher task F mix, SFT size)
     "issue": {"miss": 0.4, "false_alarm": 0.1, "fatal_mix": [3], "train_tasks": 48, "sft_steps": 60},  # m ~ 0.8-1
@@ -132,8 +164,53 @@ def measure(cfg: Any, engines: EngineSet, tasks: list[ProactiveTask], seed: int,
                                           / len(mine), 4),
                        "exactly_one_miss": round(sum(sum(ms) == 1 for ms in misses) / len(mine), 4),
                        "reminders_per_episode": round(sum(r.memory.stats.get("reminders_injected", 0) for r in mine)
-                                                      / len(mine), 3), "episodes": len(mine)}
+                                                      / len(mine), 3), "episodes": len(mine),
+                       "per_task": per_task_pass(mine)}
     return out
+
+
+def per_task_pass(rollouts: list[Any]) -> dict[str, float]:
+    """Each task's pass rate over its sampled rollouts: the unit the two-level intervals resample with the seeds."""
+    by_task: dict[str, list[float]] = {}
+    for r in rollouts:
+        by_task.setdefault(r.env.task_id, []).append(float(r.outcome or 0.0))
+    return {task: statistics.fmean(values) for task, values in sorted(by_task.items())}
+
+
+def two_level(by_seed: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """Mean and 95% two-level interval over seeds and test tasks
+    (:func:`~memrl.rollout.evaluation.stats.two_level_interval`: the wider of the bootstrap over both and the
+    seed-level t) of per-(seed, task) values, on the tasks every seed has; the seed-level t and the task-level
+    interval beside it."""
+    seeds = sorted(by_seed)
+    tasks = sorted(set.intersection(*(set(by_seed[s]) for s in seeds)))
+    iv = two_level_interval([[by_seed[s][t] for t in tasks] for s in seeds])
+
+    def rounded(x: list[float] | None) -> list[float] | None:
+        return x and [round(v, 4) for v in x]
+
+    return {"mean": round(iv["mean"], 4), "ci95": rounded(iv["interval"]),
+            "ci95_seed_t": rounded(iv["seed_level_t"]), "ci95_two_level_bootstrap": rounded(iv["two_level_bootstrap"]),
+            "ci95_tasks_only": rounded(iv["task_level"]), "n": len(seeds), "tasks": len(tasks)}
+
+
+def paired_deltas(rows: dict[tuple[int, str], dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+    """Per pair of :data:`PAIRS`: the pass-rate difference a - b on the same test task under the same seed, with
+    its two-level interval."""
+    out = {}
+    for a, b in PAIRS:
+        diffs = {s: {t: rows[(s, a)]["per_task"][t] - p for t, p in rows[(s, b)]["per_task"].items()
+                     if t in rows[(s, a)]["per_task"]} for s in seeds}
+        out[f"{a}-{b}"] = two_level(diffs)
+    return out
+
+
+def pass_records(rows: dict[tuple[int, str], dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+    """Every variant's pass rate per seed and test task (``tasks``: one order for every list; None where a task was
+    not scored), kept in the JSON so the intervals can be recomputed from it alone."""
+    tasks = sorted({t for row in rows.values() for t in row["per_task"]})
+    return {"tasks": tasks, "pass_rate": {v: {str(s): [rows[(s, v)]["per_task"].get(t) for t in tasks] for s in seeds}
+                                          for v in ("no_rl", *VARIANTS)}}
 
 
 def flippable(outcome: float | None, misses: list[bool]) -> bool:
@@ -146,7 +223,9 @@ def flippable(outcome: float | None, misses: list[bool]) -> bool:
 
 
 def train_start(name: str, cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path) -> dict[str, Any]:
-    """Teacher traces of start ``name`` -> SFT rows -> the SFT model at ``work/starts/NAME/sft/final``."""
+    """Teacher traces of start ``name`` -> SFT rows -> the SFT model at ``work/starts/NAME/sft/final``, built with
+    :data:`START_THREADS` torch threads whatever the machine has (other thread counts round float sums differently
+    and give other weights); the digest of its weights is recorded."""
     from memrl.train.sft import SFTRunConfig, run_sft
 
     folder = work / "starts" / name
@@ -157,9 +236,6 @@ def train_start(name: str, cfg: Any, args: argparse.Namespace, model_dir: Path, 
     teacher = ProactiveOracle({"miss_rate": start["miss"], "false_alarm_rate": start["false_alarm"],
                                "cite_ids": True}, truths=truths)
     engines = engines_for(cfg, ScriptedEngine(teacher, tokenizer=load_tokenizer(model_dir)))
-    traces = run_rollouts([build_proactive_rollout(t, cfg.memory, seed=0) for t in tasks], engines)
-    distilled = distill_traces(traces, folder / "distill", RejectionConfig(min_outcome=0.0, roles=["intervene"]),
-                               progress=False)
     sft = SFTRunConfig.model_validate({
         "run": {"output_dir": str(folder), "name": "sft", "seed": 0},
         "model": {"base": str(model_dir)},
@@ -168,9 +244,14 @@ def train_start(name: str, cfg: Any, args: argparse.Namespace, model_dir: Path, 
         "train": {"max_steps": start["sft_steps"], "batch_size": args.sft_batch, "lr": args.sft_lr, "warmup": 0.05,
                   "bf16": True, "save_steps": 0, "logging_steps": 20, "max_length": 384, "progress": False},
     })
-    run_sft(sft)
+    with torch_threads(START_THREADS):
+        traces = run_rollouts([build_proactive_rollout(t, cfg.memory, seed=0) for t in tasks], engines)
+        distilled = distill_traces(traces, folder / "distill", RejectionConfig(min_outcome=0.0, roles=["intervene"]),
+                                   progress=False)
+        run_sft(sft)
     return {"start": name, **start, "teacher_pass_rate": round(sum(t.outcome or 0.0 for t in traces) / len(traces), 4),
-            "intervene_rows": distilled["roles"]["intervene"]["kept"], "seconds": round(time.perf_counter() - t0, 1)}
+            "intervene_rows": distilled["roles"]["intervene"]["kept"], "start_threads": START_THREADS,
+            "weights": weights_digest(folder / "sft" / "final")[:16], "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def choose_start(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path, dev: list[ProactiveTask]
@@ -203,10 +284,11 @@ def choose_start(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path
     return chosen, report
 
 
-def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: int, seed: int, variant: str
-                ) -> dict[str, Any]:
-    """Pivot-turn GRPO from the SFT model ``final`` on F = ``fatal`` tasks, evaluated on dev after every iteration and
-    checkpointed after every iteration, so ``--reuse`` continues an interrupted run from its last iteration."""
+def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: int, seed: int, variant: str,
+                overrides: list[str]) -> dict[str, Any]:
+    """Pivot-turn GRPO from the SFT model ``final`` on F = ``fatal`` tasks under the dotted ``overrides`` (the
+    settings chosen on dev, then the command line's), evaluated on dev after every iteration and checkpointed after
+    every iteration, so ``--reuse`` continues an interrupted run from its last iteration."""
     from memrl.train.pivot_grpo import PivotGRPOConfig, run_pivot_grpo
 
     done = run_root / variant / "summary.json"
@@ -218,7 +300,7 @@ def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: in
         f"train_tasks.params.fatal_pivots={fatal}", f"eval_tasks.params.fatal_pivots={fatal}",
         f"eval_tasks.seed_start={DEV_START}", "loop.eval_every=1", "loop.checkpoint_every=1", f"run.resume={resume}",
         "eval.greedy=false", "eval.no_memory_baseline=false",
-        f"groups.at={'pivots' if variant == 'pivot' else 'all_turns'}", *args.overrides,
+        f"groups.at={'pivots' if variant == 'pivot' else 'all_turns'}", *overrides,
     ])
     if not (args.reuse and done.is_file()):
         if resume:
@@ -234,6 +316,8 @@ def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: in
         "bank_entries_tried": sum(h.get("refresh_bank_tried", 0.0) for h in history),
         "bank_entries_over_budget": sum(h.get("refresh_bank_over_budget", 0.0) for h in history),
         "zero_variance_groups": [h.get("zero_variance_group_fraction") for h in history],
+        # per iteration: the share of the update's |A| from outcome-tied groups (cost-only signal; issue 39)
+        "outcome_tied_advantage_fraction": [h.get("outcome_tied_advantage_fraction") for h in history],
         "dev_curve": [round(e["pass_rate"], 4) for e in summary_evals(summary)],
         "action_tokens_training": summary["training_action_tokens"],
         "seconds": float(json.loads((run_root / variant / "metrics.jsonl").read_text().splitlines()[-1])["time_s"]),
@@ -255,6 +339,155 @@ def summary_evals(summary: dict[str, Any]) -> list[dict[str, Any]]:
         {k[len("eval/"):]: v for k, v in h.items() if k.startswith("eval/")} for h in summary["history"]) if h_eval]
 
 
+def grpo_overrides(args: argparse.Namespace, work: Path, chosen: str) -> tuple[list[str], dict[str, Any]]:
+    """The GRPO runs' dotted overrides: the settings ``--select`` chose on dev for this start (when its file exists
+    and was chosen from the same start weights), then the command line's, which win; and what to report about them."""
+    path = selection_file(work, chosen)
+    if not path.is_file():
+        return list(args.overrides), {"chosen_on_dev": None, "note": f"NOT chosen on dev: no {path} (run --select "
+                                      f"first); the runs use {args.config} with the command line's overrides"}
+    selection = json.loads(path.read_text())
+    weights = json.loads((work / "starts" / chosen / "start.json").read_text()).get("weights")
+    if selection.get("start_weights") != weights:
+        raise SystemExit(f"[pivot_learning] {path} was chosen from the start weights {selection.get('start_weights')}, "
+                         f"but {work / 'starts' / chosen} holds {weights}: run --select again")
+    chosen_overrides = [f"{k}={v}" for k, v in selection["chosen"]["overrides"].items()]
+    mine = {o.split("=", 1)[0] for o in args.overrides}
+    overruled = [o for o in chosen_overrides if o.split("=", 1)[0] in mine]
+    return [*chosen_overrides, *args.overrides], {
+        "chosen_on_dev": selection["chosen"]["overrides"], "file": str(path), "rule": selection["rule"],
+        "candidates": [{"overrides": c["overrides"], "dev_pass_rate": c["dev_pass_rate"]}
+                       for c in selection["candidates"]],
+        "overruled_by_the_command_line": overruled}
+
+
+def selection_file(work: Path, start: str) -> Path:
+    """Where ``--select`` writes the GRPO settings it chose for ``start`` and the test run reads them."""
+    return work / start / "selected_on_dev.json"
+
+
+def runs_folder(work: Path, chosen: str, overrides: list[str], args: argparse.Namespace) -> Path:
+    """The folder of the (F, seed, variant) runs: keyed by everything they depend on (the settings, the sizes), so
+    ``--reuse`` never reads back a run made under other settings."""
+    inputs = {"overrides": overrides, "config": Path(args.config).name, "cpu": cpu_profile(),
+              **{k: getattr(args, k) for k in SETTINGS["full"] if k not in ("starts", "seeds")}}
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:10]
+    return work / chosen / f"runs-{key}"
+
+
+def run_items(items: list[tuple[str, int, Path, Any]], claims: Claims, poll_s: float = 5.0) -> None:
+    """Compute every (name, seed, done file, compute) whose done file is missing, sharing the work with the other
+    ``--jobs`` processes through ``claims``: one claimed by a live process is waited for, not repeated. Returns when
+    every done file exists. ``compute`` writes its done file last (whole, by a rename)."""
+    pending = list(items)
+    while pending:
+        waiting = []
+        for name, seed, done, compute in pending:
+            if done.is_file():
+                continue
+            if not claims.take(name, seed):
+                waiting.append((name, seed, done, compute))
+                continue
+            try:
+                if not done.is_file():
+                    compute()
+            finally:
+                claims.release(name, seed)
+        if waiting and len(waiting) == len(pending):
+            time.sleep(poll_s)
+        pending = waiting
+
+
+def write_json(path: Path, record: dict[str, Any]) -> None:
+    """``record`` to ``path`` whole or not at all (another process may be waiting for it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(record, indent=1) + "\n")
+    partial.replace(path)
+
+
+def score_item(args: argparse.Namespace, base: Any, final: Path, root: Path, fatal: int, seed: int, variant: str,
+               overrides: list[str], tasks: list[ProactiveTask], sample_seed: int, path: Path) -> None:
+    """Train ``variant`` (``no_rl``: nothing) and score its final policy on ``tasks``; the row goes to ``path``."""
+    trained = run_variant(args, final, root, fatal, seed, variant, overrides) if variant != "no_rl" else {}
+    t0 = time.perf_counter()
+    policy = hf_policy(base, trained.get("policy_dir", final))
+    try:
+        score = measure(base, engines_for(base, policy), tasks, sample_seed, args.samples)
+    finally:
+        policy.close()
+    write_json(path, {"fatal": fatal, "seed": seed, "variant": variant, **score[str(fatal)], **trained,
+                      "test_seconds": round(time.perf_counter() - t0, 1)})
+
+
+def select(args: argparse.Namespace, base: Any, final: Path, work: Path, chosen: str, claims: Claims
+           ) -> dict[str, Any] | None:
+    """``--select``: the ``pivot`` variant under every entry of :data:`SELECT_GRID` (then the command line's
+    overrides) at every F and ``--select-seeds`` seed, each final policy scored on dev tasks beside the start's
+    (``no_rl``) on the same tasks; the entry with the highest mean dev pass rate over F and seeds (ties: the entry
+    listed first). The test split is not read. A ``--worker`` computes its share and returns None."""
+    folder = work / chosen / "select"
+    dev = {f: split(base, DEV_START + SELECT_DEV_OFFSET, args.test_tasks, [f]) for f in args.fatal}
+    items = []
+    for f in args.fatal:
+        for seed in args.select_seeds:
+            path = folder / "no_rl" / f"F{f}-seed{seed}.dev.json"
+            items.append((f"select-no_rl-F{f}", seed, path, lambda f=f, seed=seed, path=path: score_item(
+                args, base, final, folder / "no_rl", f, seed, "no_rl", [], dev[f], DEV_START + 1000 * seed, path)))
+            for i, entry in grid(args):
+                root = folder / f"c{i}" / f"F{f}" / f"seed{seed}"
+                overrides = [*(f"{k}={v}" for k, v in entry.items()), *args.overrides]
+                items.append((f"select-c{i}-F{f}", seed, root / "pivot.dev.json",
+                              lambda f=f, seed=seed, root=root, overrides=overrides: score_item(
+                                  args, base, final, root, f, seed, "pivot", overrides, dev[f],
+                                  DEV_START + 1000 * seed, root / "pivot.dev.json")))
+    run_items(items, claims)
+    if args.worker:
+        return None
+
+    def dev_rate(path: Path) -> float:
+        return float(json.loads(path.read_text())["pass_rate"])
+
+    start = statistics.fmean(dev_rate(folder / "no_rl" / f"F{f}-seed{s}.dev.json")
+                             for f in args.fatal for s in args.select_seeds)
+    candidates = []
+    for i, entry in grid(args):
+        by_f = {str(f): statistics.fmean(dev_rate(folder / f"c{i}" / f"F{f}" / f"seed{s}" / "pivot.dev.json")
+                                         for s in args.select_seeds) for f in args.fatal}
+        candidates.append({"entry": i, "overrides": entry, "dev_pass_rate": round(statistics.fmean(by_f.values()), 4),
+                           "dev_pass_rate_by_fatal": by_f})
+        emit({"stage": "select", **candidates[-1], "no_rl_dev_pass_rate": round(start, 4)})
+    best = max(range(len(candidates)), key=lambda i: (candidates[i]["dev_pass_rate"], -i))
+    return {"rule": "the highest mean dev pass rate of the pivot variant over F and the selection seeds; ties to the "
+                    "entry listed first (the recipe's own settings)", "split": "dev",
+            "dev_tasks_per_fatal": args.test_tasks, "samples": args.samples, "fatal": args.fatal,
+            "seeds": args.select_seeds, "start": chosen,
+            "grid_entries": "all" if args.select_entries is None else [i for i, _ in grid(args)],
+            "start_weights": json.loads((work / "starts" / chosen / "start.json").read_text()).get("weights"),
+            "command_line_overrides": args.overrides, "no_rl_dev_pass_rate": round(start, 4),
+            "candidates": candidates, "chosen": candidates[best]}
+
+
+def grid(args: argparse.Namespace) -> list[tuple[int, dict[str, Any]]]:
+    """The entries of :data:`SELECT_GRID` that ``--select`` runs, with their indices (``--select-entries``)."""
+    chosen = range(len(SELECT_GRID)) if args.select_entries is None else args.select_entries
+    bad = [i for i in chosen if not 0 <= i < len(SELECT_GRID)]
+    if bad:
+        raise SystemExit(f"[pivot_learning] --select-entries {bad}: SELECT_GRID has entries 0-{len(SELECT_GRID) - 1}")
+    return [(i, SELECT_GRID[i]) for i in chosen]
+
+
+def start_mismatch(chosen: str, weights: str | None, committed: Path = COMMITTED) -> str | None:
+    """One line when the chosen start's weights differ from the ones the committed figures (``committed``) report."""
+    if not committed.is_file() or weights is None:
+        return None
+    reported = (json.loads(committed.read_text()).get("start_weights") or {}).get(chosen)
+    if reported is None or reported == weights:
+        return None
+    return (f"WARNING: the start {chosen} has weights {weights}, not {reported} as in {committed}: figures from it "
+            f"will not match the committed ones")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "pivot_grpo_tiny.yaml"))
@@ -268,6 +501,22 @@ def main() -> None:
     parser.add_argument("--sft-batch", type=int, default=32)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
     parser.add_argument("--reuse", action="store_true", help="read back what an earlier run left in --work")
+    parser.add_argument("--select", action="store_true",
+                        help="choose the GRPO settings (SELECT_GRID: learning rate, reminder cost, advantage) on dev "
+                             "for the chosen start and write <work>/<start>/selected_on_dev.json, which later runs "
+                             "read")
+    parser.add_argument("--select-seeds", type=int, nargs="+", default=[0], help="GRPO seeds of every --select entry")
+    parser.add_argument("--select-entries", type=int, nargs="+", default=None,
+                        help="run only these entries of SELECT_GRID (indices; default: all); the record names them")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="processes sharing the (F, seed, variant) runs (needs --work; implies --reuse); every "
+                             "run computes with one torch thread, so its figures do not depend on --jobs")
+    parser.add_argument("--native-cpu", action="store_true",
+                        help="compute with this machine's own kernels and thread count instead of the pinned profile "
+                             "(benchmarks.ablations.CPU_PROFILE: one thread, AVX2 kernels); the figures then depend on "
+                             "the machine")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     for name, value in SETTINGS["full"].items():
         if isinstance(value, int):
             parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="override the setting's")
@@ -277,6 +526,15 @@ def main() -> None:
     for name, value in SETTINGS[setting].items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1 and not args.work:
+        parser.error("--jobs needs --work: the processes share its files")
+    if args.jobs > 1 or args.worker:
+        args.reuse = True  # the processes read back each other's finished runs
+    pin_cpu_numerics(args.native_cpu)  # re-executes this process under CPU_PROFILE (before torch loads)
+    if args.worker:
+        die_with_parent()
 
     from memrl.train.pivot_grpo import PivotGRPOConfig
 
@@ -284,42 +542,78 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     clock, cpu_clock, load_before = time.perf_counter(), cpu_seconds(), os.getloadavg()
     model_dir = ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec())
-    emit({"stage": "setting", "setting": setting, **{k: getattr(args, k) for k in SETTINGS[setting]},
-          "fatal": args.fatal, "overrides": args.overrides})
+    if not args.worker:
+        emit({"stage": "setting", "setting": setting, **{k: getattr(args, k) for k in SETTINGS[setting]},
+              "fatal": args.fatal, "overrides": args.overrides, "select": args.select, "jobs": args.jobs})
     base = load_config(PivotGRPOConfig, args.config, [
         f"run.output_dir={work}", f"policy.base={model_dir}", f"engine.model={model_dir}",
         f"reasoner.tokenizer={model_dir}", f"phase1.tokenizer={model_dir}", *args.overrides])
     dev = split(base, DEV_START, args.dev_tasks * len(args.fatal), args.fatal)
-    chosen, starts = choose_start(base, args, model_dir, work, dev)
+    chosen, starts = choose_start(base, args, model_dir, work, dev)  # before any worker starts: they reuse it
     final = work / "starts" / chosen / "sft" / "final"
-    emit({"stage": "chosen", "start": chosen, "dev_m": starts[chosen]["dev_m"],
-          "dev_flippable": starts[chosen]["dev_flippable"]})
+    if not args.worker:
+        emit({"stage": "chosen", "start": chosen, "dev_m": starts[chosen]["dev_m"],
+              "dev_flippable": starts[chosen]["dev_flippable"], "weights": starts[chosen].get("weights")})
+        mismatch = start_mismatch(chosen, starts[chosen].get("weights"))
+        if mismatch:
+            print(f"[pivot_learning] {mismatch}", flush=True)
+    set_torch_threads(RUN_THREADS)  # every run on one thread, whatever --jobs and the machine say
+    workers = start_workers(args.jobs) if args.jobs > 1 and not args.worker else []
+    claims = Claims(work / chosen / "claims")
+    try:
+        if args.select:
+            selection = select(args, base, final, work, chosen, claims)
+            if selection is not None:
+                wait_for(workers)
+                write_json(selection_file(work, chosen), {**selection, "wall_seconds": round(
+                    time.perf_counter() - clock, 1), "cpu_seconds": round(cpu_seconds() - cpu_clock, 1)})
+                emit({"benchmark": "pivot_learning-select", "setting": setting, **selection,
+                      "file": str(selection_file(work, chosen)), "total_seconds": round(time.perf_counter() - clock, 1),
+                      "cpu_seconds": round(cpu_seconds() - cpu_clock, 1)})
+            return
+        overrides, settings_report = grpo_overrides(args, work, chosen)
+        folder = runs_folder(work, chosen, overrides, args)
+        tests = {f: split(base, TEST_START, args.test_tasks, [f]) for f in args.fatal}
+        items = []
+        for fatal in args.fatal:
+            for seed in args.seeds:
+                root = folder / f"F{fatal}" / f"seed{seed}"
+                for variant in ("no_rl", *VARIANTS):
+                    path = root / f"{variant}.test.json"
+                    if not args.reuse:
+                        path.unlink(missing_ok=True)
+                    items.append((f"F{fatal}-{variant}", seed, path, lambda fatal=fatal, seed=seed, root=root,
+                                  variant=variant, path=path: score_item(
+                                      args, base, final, root, fatal, seed, variant, overrides, tests[fatal],
+                                      TEST_START + 1000 * seed, path)))
+        run_items(items, claims)
+        if args.worker:
+            return
+        wait_for(workers)
+        report(args, setting, work, folder, chosen, starts, overrides, settings_report, clock, cpu_clock, load_before)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.terminate()
+            w.wait()
 
+
+def report(args: argparse.Namespace, setting: str, work: Path, folder: Path, chosen: str, starts: dict[str, Any],
+           overrides: list[str], settings_report: dict[str, Any], clock: float, cpu_clock: float,
+           load_before: tuple[float, float, float]) -> None:
+    """Per F: every (seed, variant) row, the pass rates and paired differences with two-level intervals, the
+    per-task records; one JSON line last."""
     results: dict[str, Any] = {}
     all_rows: list[dict[str, Any]] = []
     for fatal in args.fatal:
-        test = split(base, TEST_START, args.test_tasks, [fatal])
         rows: dict[tuple[int, str], dict[str, Any]] = {}
         for seed in args.seeds:
-            root = work / chosen / f"F{fatal}" / f"seed{seed}"  # under the start: --reuse never mixes starts
             for variant in ("no_rl", *VARIANTS):
-                path = root / f"{variant}.test.json"
-                if args.reuse and path.is_file():
-                    row = json.loads(path.read_text())
-                else:
-                    trained = run_variant(args, final, root, fatal, seed, variant) if variant != "no_rl" else {}
-                    t0 = time.perf_counter()
-                    policy = hf_policy(base, trained.get("policy_dir", final))
-                    score = measure(base, engines_for(base, policy), test, TEST_START + 1000 * seed, args.samples)
-                    policy.close()
-                    row = {"fatal": fatal, "seed": seed, "variant": variant, **score[str(fatal)], **trained,
-                           "test_seconds": round(time.perf_counter() - t0, 1)}
-                    root.mkdir(parents=True, exist_ok=True)
-                    path.write_text(json.dumps(row, indent=1) + "\n")
+                row = json.loads((folder / f"F{fatal}" / f"seed{seed}" / f"{variant}.test.json").read_text())
                 rows[(seed, variant)] = row
                 all_rows.append(row)
-                emit({"stage": "result", **{k: v for k, v in row.items() if k != "policy_dir"}})
-        per = {v: {"pass_rate": mean_ci([rows[(s, v)]["pass_rate"] for s in args.seeds]),
+                emit({"stage": "result", **{k: v for k, v in row.items() if k not in ("policy_dir", "per_task")}})
+        per = {v: {"pass_rate": two_level({s: rows[(s, v)]["per_task"] for s in args.seeds}),
                    "m": mean_ci([rows[(s, v)]["m"] for s in args.seeds if rows[(s, v)]["m"] is not None]),
                    "reminders_per_episode": mean_ci([rows[(s, v)]["reminders_per_episode"] for s in args.seeds])}
                for v in ("no_rl", *VARIANTS)}
@@ -327,10 +621,9 @@ def main() -> None:
             per[v]["pivots_detected_per_iteration"] = [rows[(s, v)]["pivots_detected"] for s in args.seeds]
             per[v]["dev_curve_mean"] = [round(statistics.fmean(c), 4) for c in
                                         zip(*(rows[(s, v)]["dev_curve"] for s in args.seeds), strict=True)]
-        deltas = {f"{a}-{b}": mean_ci([rows[(s, a)]["pass_rate"] - rows[(s, b)]["pass_rate"] for s in args.seeds])
-                  for a, b in (("pivot", "no_rl"), ("all_turns", "no_rl"), ("pivot", "all_turns"))}
         results[str(fatal)] = {"test_tasks": args.test_tasks, "samples": args.samples, "variants": per,
-                               "paired_deltas_pass_rate": deltas}
+                               "paired_deltas_pass_rate": paired_deltas(rows, args.seeds),
+                               "records": pass_records(rows, args.seeds)}
     emit({
         "benchmark": "pivot_learning",
         "setting": setting,
@@ -338,19 +631,33 @@ def main() -> None:
         "phase1": "bank-writer (observed facts and failures; no plan, no risk note)",
         "seeds": args.seeds,
         "start_chosen_on_dev": chosen,
+        "start_weights": {n: starts[n].get("weights") for n in starts},  # digests: a rebuilt start is compared
+        "start_threads": START_THREADS, "run_threads": RUN_THREADS, "cpu": cpu_profile(),
+        "grpo_overrides": overrides,
+        "grpo_settings": settings_report,
         "starting_miss_rate_m_dev": {f: starts[chosen]["dev"][str(f)]["m"] for f in args.fatal},
         "starting_flippable_dev": {f: starts[chosen]["dev"][str(f)]["flippable"] for f in args.fatal},
         "starts": {n: {k: starts[n][k] for k in ("dev_m", "dev_flippable", "teacher_pass_rate", "miss", "fatal_mix",
                                                  "train_tasks", "sft_steps", "dev_pass_rate")}
                    for n in starts},
         "by_fatal_pivots": results,
-        "total_seconds": round(time.perf_counter() - clock, 1),
+        "jobs": args.jobs,
+        "total_seconds": round(time.perf_counter() - clock, 1),  # this invocation's (a --reuse run: the rest)
         "cpu_seconds": round(cpu_seconds() - cpu_clock, 1),  # user + sys over every core; beside the wall time
         "load_average_1_5_15": {"start": [round(x, 2) for x in load_before],
                                 "end": [round(x, 2) for x in os.getloadavg()]},
         "seconds_by_stage": seconds_by_stage(starts, all_rows),
         "work": str(work),
+        "runs": str(folder),
     })
+
+
+def wait_for(workers: list[Any]) -> None:
+    """Every run is finished when this is called: let the workers exit, and fail loudly if one crashed."""
+    for w in workers:
+        if w.wait() != 0:
+            raise SystemExit(f"[pivot_learning] worker {w.pid} exited with {w.returncode}; its runs were finished by "
+                             "another process, but check its output above")
 
 
 if __name__ == "__main__":

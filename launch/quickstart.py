@@ -104,7 +104,9 @@ class QuickstartConfig(ConfigModel):
     tasks_per_iteration: int = Field(16, ge=1, le=10**5)  # tasks rolled out per RL iteration
     tree: TreeConfig = TreeConfig(branch_factor=4, max_branch_depth=2, max_leaves=16)
     credit: CreditConfig = CreditConfig(terms=[{"name": "committee", "weight": 0.5}])
-    trainer: GroupTrainerConfig = GroupTrainerConfig(lr=2e-4, lora=LoraSettings(enabled=False))
+    # lr and the KL weight: what benchmarks/ablations.py --select chose on dev; 2 x 2 optimizer steps per batch (the
+    # trainer's default); trainer.update_epochs=1 trainer.optimizer_steps_per_epoch=1 trainer.kl_coef=0 is the old one
+    trainer: GroupTrainerConfig = GroupTrainerConfig(lr=2e-4, kl_coef=0.05, lora=LoraSettings(enabled=False))
     loop: LoopConfig = LoopConfig(iterations=24, checkpoint_every=12)
     eval_samples: int = Field(2, ge=0, le=1000)  # sampled eval runs per task (plus one greedy)
     evaluate_untrained: bool = True  # also evaluate the untrained model (greedy) as a baseline

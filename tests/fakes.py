@@ -16,6 +16,10 @@ from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, Ge
 from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
 
+# GroupTrainerConfig fields of one optimizer step per batch: the trainer's default before issue 39 (now 2 x 2), for the
+# tests of one step's update mechanics
+ONE_STEP = {"update_epochs": 1, "optimizer_steps_per_epoch": 1}
+
 
 class CountEnv:
     """Say `act(tick)` until the counter reaches 3, then answer with the number of recalls seen."""

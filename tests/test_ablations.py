@@ -19,6 +19,67 @@ def test_paired_difference_is_per_task_and_matches_seeds() -> None:
     assert paired_difference(a, [{"seed": 5, "per_task": {}}]) == {}
 
 
+def test_paired_difference_over_several_seeds_has_a_two_level_interval() -> None:
+    """Three seeds, two tasks, differences (points) per seed [20, 0], [20, 20], [40, 20]: seed means 10, 20, 30 (the
+    seed-level t: 20 +- t(0.975, 2) 10 / sqrt(3)); task means over seeds 26.7 and 13.3 (the task-level interval the
+    benchmark reported before: 20 +- 1.96 x 9.43 / sqrt(2)). Treating the six (seed, task) differences as
+    independent samples would give 20 +- 2.57 x 12.6 / sqrt(6) = +- 13.3, narrower than the seed-level t."""
+    import math
+
+    a = [{"seed": s, "per_task": {"t1": x, "t2": y}} for s, (x, y) in enumerate([(0.2, 0.0), (0.5, 0.4), (0.4, 0.2)])]
+    b = [{"seed": s, "per_task": {"t1": x, "t2": y}} for s, (x, y) in enumerate([(0.0, 0.0), (0.3, 0.2), (0.0, 0.0)])]
+    out = paired_difference(a, b)
+    assert out["seeds"] == [0, 1, 2] and out["tasks"] == 2
+    assert out["difference"] == pytest.approx(20.0)
+    assert out["per_seed"] == pytest.approx([10.0, 20.0, 30.0])
+    half_t = 4.302652729749464 * 10 / math.sqrt(3)
+    assert out["ci95_seed_t"] == pytest.approx([20 - half_t, 20 + half_t])
+    half_task = 1.959963984540054 * math.sqrt(2 * (20 / 3) ** 2) / math.sqrt(2)
+    assert out["ci95_tasks_only"] == pytest.approx([20 - half_task, 20 + half_task])
+    low, high = out["ci95"]  # the wider of the bootstrap and the seed-level t
+    assert low <= min(out["ci95_seed_t"][0], out["ci95_two_level_bootstrap"][0]) + 1e-9
+    assert high >= max(out["ci95_seed_t"][1], out["ci95_two_level_bootstrap"][1]) - 1e-9
+    assert out["half_width"] >= half_t - 1e-9 and half_t > half_task
+
+
+def test_records_keep_every_seed_and_task_and_recompute_the_paired_table() -> None:
+    from benchmarks.ablations import paired_from_records, task_records
+
+    def run(seed: int, sampled: dict, greedy: dict) -> dict:
+        return {"seed": seed, "success": 0.0, "per_task": sampled, "per_task_greedy": greedy}
+
+    runs = {"sft": [run(0, {"a": 0.5, "b": 0.0}, {"a": 1.0, "b": 0.0}),
+                    run(1, {"a": 0.0, "b": 0.5}, {"a": 0.0, "b": 1.0})],
+            "oat": [run(0, {"a": 1.0, "b": 0.5}, {"a": 1.0, "b": 1.0}), run(1, {"a": 1.0}, {"a": 1.0})]}
+    records = task_records(runs)
+    assert records["tasks"] == ["a", "b"]
+    assert records["sampled"]["oat"] == {"0": [1.0, 0.5], "1": [1.0, None]}  # a task not scored stays None
+    assert records["greedy"]["sft"]["1"] == [0.0, 1.0]
+    paired = paired_from_records(records)
+    assert set(paired) == {"oat - sft"}
+    direct = paired_difference(runs["oat"], runs["sft"])
+    assert paired["oat - sft"]["sampled"] == direct  # only task "a" is scored under every seed of both
+    assert direct["tasks"] == 1 and direct["difference"] == pytest.approx(75.0)
+    assert paired["oat - sft"]["greedy"]["difference"] == pytest.approx(50.0)
+
+
+def test_a_rebuilt_start_with_other_weights_is_named_in_one_line(tmp_path) -> None:
+    import json
+
+    from benchmarks.ablations import committed_starts, start_mismatch
+
+    (tmp_path / "ablations_full.json").write_text(json.dumps({"setting": "multihop", "sft_weights": "41336ca2"}))
+    (tmp_path / "other.json").write_text(json.dumps({"setting": "deferring_expert", "sft_weights": "aaaa"}))
+    (tmp_path / "old.json").write_text(json.dumps({"setting": "multihop"}))  # no digest recorded: not compared
+    (tmp_path / "broken.json").write_text("{")
+    assert committed_starts("multihop", tmp_path) == {"ablations_full.json": "41336ca2"}
+    assert start_mismatch("multihop", "41336ca2", tmp_path) is None
+    line = start_mismatch("multihop", "8647402f", tmp_path)
+    assert line is not None and "\n" not in line
+    assert "8647402f" in line and "ablations_full.json (41336ca2)" in line
+    assert start_mismatch("textworld", "8647402f", tmp_path) is None  # no committed figures for it
+
+
 def test_diagnostics_average_iterations_and_keep_the_last_probe_kl() -> None:
     history = [{"rows": 4, "kl_initial_probe": 0.01, "approx_kl": 0.0}, {"rows": 8, "kl_initial_probe": 0.03}]
     out = diagnostics(history)
@@ -27,33 +88,48 @@ def test_diagnostics_average_iterations_and_keep_the_last_probe_kl() -> None:
 
 
 def test_select_picks_the_best_dev_success_and_breaks_ties_towards_the_defaults() -> None:
-    from benchmarks.ablations import SELECT_GRID, pick_setting
+    from benchmarks.ablations import SELECT_ADVANTAGES, SELECT_GRID, pick_setting
+    from memrl.rewards.advantage import ADVANTAGE_PRESETS
 
     assert pick_setting([0.40, 0.45, 0.42]) == 1
     assert pick_setting([0.45, 0.40, 0.45]) == 0  # a tie: the entry listed first
+    from memrl.rewards.advantage import AdvantageConfig
+
     first = SELECT_GRID[0]
-    assert first.kl_coef == 0.0 and first.lr == min(s.lr for s in SELECT_GRID)  # closest to memrl's defaults
+    assert first.advantage == AdvantageConfig().preset and first.lr == min(s.lr for s in SELECT_GRID)  # defaults
+    assert SELECT_ADVANTAGES[1] == "grpo_std"  # then the paper's formula
+    assert set(SELECT_ADVANTAGES) == set(ADVANTAGE_PRESETS)  # every preset is compared on dev
+    assert {s.advantage for s in SELECT_GRID} == set(SELECT_ADVANTAGES)
+    assert [(s.update_epochs, s.steps_per_epoch) for s in SELECT_GRID].count((1, 1)) == 1  # the old default, once
 
 
 def test_settings_chosen_on_dev_list_what_the_grid_varied_and_what_it_held_fixed() -> None:
     from benchmarks.ablations import settings_chosen_on_dev
 
-    def candidate(lr: float, kl: float, epochs: int, dev: float) -> dict:
-        return {"lr": lr, "kl_coef": kl, "update_epochs": epochs, "dev_success": dev}
+    def candidate(lr: float, kl: float, epochs: int, dev: float, **more: object) -> dict:
+        return {"lr": lr, "kl_coef": kl, "update_epochs": epochs, "dev_success": dev, **more}
 
+    # a record from before issue 39 (no advantage or steps per epoch): lr and kl varied
     grid = [candidate(1e-4, 0.0, 2, 0.50), candidate(2e-4, 0.05, 2, 0.53)]
     selection = {"chosen": grid[1], "candidates": grid, "rule": "the highest", "sft_dev_success": 0.47}
     rl, listed = settings_chosen_on_dev(selection, "selected_on_dev.json")
-    assert (rl.lr, rl.kl_coef, rl.update_epochs) == (2e-4, 0.05, 2)
+    assert (rl.lr, rl.kl_coef, rl.update_epochs, rl.advantage, rl.steps_per_epoch) == (2e-4, 0.05, 2, "grpo_std", 2)
     assert "chosen on dev" in listed["trainer.lr=0.0002, trainer.kl_coef=0.05"]
     assert "53.0%" in listed["trainer.lr=0.0002, trainer.kl_coef=0.05"]
     assert "held fixed" in listed["trainer.update_epochs=2"]
+    assert "held fixed" in listed["credit.advantage=grpo_std"]
     assert not any(k.startswith("trainer.lr=1e-4") or k.startswith("trainer.kl_coef=0.05") for k in listed)
 
-    varied = [candidate(1e-4, 0.0, 1, 0.50), candidate(1e-4, 0.0, 2, 0.55)]
-    _, listed = settings_chosen_on_dev({**selection, "chosen": varied[1], "candidates": varied}, "s.json")
-    assert "chosen on dev" in listed["trainer.lr=0.0001, trainer.kl_coef=0, trainer.update_epochs=2"]
-    assert "trainer.update_epochs=2" not in listed
+    # issue 39's grid: the advantage and the learning rate varied, and one entry of one optimizer step per batch
+    varied = [candidate(1e-4, 0.05, 2, 0.50, advantage="grpo_std", steps_per_epoch=2),
+              candidate(1e-4, 0.05, 2, 0.56, advantage="dr_grpo_gated", steps_per_epoch=2),
+              candidate(2e-4, 0.05, 1, 0.40, advantage="grpo_std", steps_per_epoch=1)]
+    rl, listed = settings_chosen_on_dev({**selection, "chosen": varied[1], "candidates": varied}, "s.json")
+    assert (rl.advantage, rl.lr, rl.steps_per_epoch) == ("dr_grpo_gated", 1e-4, 2)
+    key = ("trainer.lr=0.0001, trainer.update_epochs=2, credit.advantage=dr_grpo_gated, "
+           "trainer.optimizer_steps_per_epoch=2")
+    assert "chosen on dev" in listed[key] and "0.0001/2/dr_grpo_gated/2: 56.0%" in listed[key]
+    assert "held fixed" in listed["trainer.kl_coef=0.05"]
 
 
 def test_progress_reuses_finished_runs_only_under_the_same_key(tmp_path) -> None:
@@ -76,7 +152,8 @@ def test_run_key_changes_with_the_rl_settings_and_the_start() -> None:
     args = argparse.Namespace(setting="multihop", split="test")
     start = {"base_weights": "b", "sft_weights": "s"}
     assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) == run_key(args, QUICK, ANALYSIS_SETTINGS, dict(start))
-    assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(args, QUICK, SELECT_GRID[0], start)
+    assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(args, QUICK, SELECT_GRID[1], start)
+    assert run_key(args, QUICK, SELECT_GRID[0], start) != run_key(args, QUICK, SELECT_GRID[2], start)  # advantage
     # a rebuilt SFT checkpoint with other weights: the finished runs started elsewhere and are not reused
     assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(args, QUICK, ANALYSIS_SETTINGS,
                                                                      {**start, "sft_weights": "t"})

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import ONE_STEP
 from test_group_trainer import groups_for
 
 from memrl.data.errors import UserError
@@ -22,7 +23,7 @@ def trainable(trainer: GroupTrainer) -> dict[str, torch.Tensor]:
 
 
 def test_save_load_round_trip_and_pruning(tiny_model_dir: Path, tmp_path: Path) -> None:
-    cfg = GroupTrainerConfig(lr=1e-2, lora=LoraSettings(r=4, alpha=8))
+    cfg = GroupTrainerConfig(**ONE_STEP, lr=1e-2, lora=LoraSettings(r=4, alpha=8))
     trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
     groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
     manager = CheckpointManager(tmp_path / "ckpt", keep=2)
@@ -67,7 +68,7 @@ def test_incomplete_checkpoint_is_ignored(tmp_path: Path) -> None:
 
 
 def _saved_three(tiny_model_dir: Path, root: Path) -> tuple[CheckpointManager, GroupTrainer]:
-    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4)))
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(**ONE_STEP, lora=LoraSettings(r=4)))
     manager = CheckpointManager(root, keep=3)
     for it in range(3):
         manager.save(it, trainer.accelerator, trainer.model, {"iteration": it})
@@ -116,7 +117,7 @@ def test_all_checkpoints_gone_is_an_error_not_a_fresh_start(tiny_model_dir: Path
 def test_reward_cache_is_snapshotted_and_restored(tiny_model_dir: Path, tmp_path: Path) -> None:
     from memrl.rewards.cache import JsonCache, content_key
 
-    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4)))
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(**ONE_STEP, lora=LoraSettings(r=4)))
     cache_dir = tmp_path / "run" / "committee_cache"
     cache = JsonCache(cache_dir)
     cache.put(content_key("reference", "a"), "drawer 5")

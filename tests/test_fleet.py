@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from fakes import ONE_STEP
 
 from memrl.data.config import PolicyPlacement
 from memrl.data.tasks import TaskSetConfig, load_tasks
@@ -178,7 +179,8 @@ def test_two_workers_match_one_and_the_trainer_agrees(ray_cluster: Any, tasks: l
         reference: dict[int, list[dict[str, Any]]] = {}
         for name, fleet in [("local", local), ("1", fleets[1]), ("2", fleets[2])]:
             torch.manual_seed(0)  # the same trainer start for every run: only the groups may differ
-            trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lr=1e-3, seed=0))
+            trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
+                                   GroupTrainerConfig(**ONE_STEP, lr=1e-3, seed=0))
             metrics[name] = []
             for iteration in range(2):
                 result = fleet.submit(iteration, tasks, 7919 + iteration, make).result()

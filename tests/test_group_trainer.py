@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import ONE_STEP
 
 from memrl.data.schemas import Group, GroupSample
 from memrl.rewards.advantage import group_advantages
@@ -44,6 +45,25 @@ def sequence_logprob(trainer: GroupTrainer, group: Group, sample: int) -> float:
     return float(lp[0, len(group.prompt_ids) - 1 :].sum())
 
 
+def test_the_default_update_takes_several_steps_so_its_diagnostics_move(tiny_model_dir: Path) -> None:
+    """Issue 39 item 8: the default is 2 epochs x 2 optimizer steps per batch. With one step per batch the ratio
+    against pi_old is 1 at every step, so approx_kl read ~1e-14 and clip_fraction 0 whatever happened; the old default
+    stays selectable (``ONE_STEP``) and there nothing moves."""
+    cfg = GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16))
+    assert (cfg.update_epochs, cfg.optimizer_steps_per_epoch) == (2, 2)
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
+    groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant", n_groups=4)
+    steps = trainer.step(groups)["optimizer_steps"]
+    assert len(steps) == 4
+    assert abs(steps[0]["approx_kl"]) < 1e-9  # the first step is taken at pi_old
+    assert max(abs(s["approx_kl"]) for s in steps[1:]) > 1e-6  # the later ones see the policy move
+
+    old = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
+                       GroupTrainerConfig(**ONE_STEP, lr=5e-3, lora=LoraSettings(r=8, alpha=16)))
+    one = old.step(groups)["optimizer_steps"]
+    assert len(one) == 1 and abs(one[0]["approx_kl"]) < 1e-9 and one[0]["clip_fraction"] == 0.0
+
+
 def test_updates_raise_the_better_response(tiny_model_dir: Path) -> None:
     cfg = GroupTrainerConfig(lr=5e-3, update_epochs=2, lora=LoraSettings(r=8, alpha=16))
     trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
@@ -58,7 +78,7 @@ def test_updates_raise_the_better_response(tiny_model_dir: Path) -> None:
 
 
 def test_zero_variance_groups_are_skipped(tiny_model_dir: Path) -> None:
-    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4)))
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(**ONE_STEP, lora=LoraSettings(r=4)))
     groups = groups_for(trainer.tokenizer, "a", "b")
     for g in groups:
         for s in g.samples:
@@ -72,6 +92,7 @@ def test_micro_batch_accumulation_equals_one_batch(tiny_model_dir: Path) -> None
 
     def one_step(micro: int, aggregation: str) -> dict[str, float]:
         cfg = GroupTrainerConfig(
+            **ONE_STEP,
             lr=1e-3, micro_batches=micro, lora=LoraSettings(enabled=False), max_grad_norm=1e9, aggregation=aggregation
         )
         trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
@@ -85,7 +106,7 @@ def test_micro_batch_accumulation_equals_one_batch(tiny_model_dir: Path) -> None
 
 
 def test_single_sample_groups_do_not_count_as_zero_variance(tiny_model_dir: Path) -> None:
-    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4)))
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(**ONE_STEP, lora=LoraSettings(r=4)))
     siblings = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant", n_groups=1)
     flat = [  # flat mode: one sample per group, its advantage computed from the trajectory
         Group(group_id=f"flat{k}", prompt_ids=siblings[0].prompt_ids, samples=[s])
@@ -99,7 +120,7 @@ def test_single_sample_groups_do_not_count_as_zero_variance(tiny_model_dir: Path
 
 
 def test_kl_to_a_frozen_copy_of_full_weights(tiny_model_dir: Path) -> None:
-    cfg = GroupTrainerConfig(lr=1e-3, kl_coef=0.1, lora=LoraSettings(enabled=False))
+    cfg = GroupTrainerConfig(**ONE_STEP, lr=1e-3, kl_coef=0.1, lora=LoraSettings(enabled=False))
     trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
     reference = trainer._frozen_reference
     assert reference is not None and not reference.training
@@ -112,7 +133,7 @@ def test_kl_to_a_frozen_copy_of_full_weights(tiny_model_dir: Path) -> None:
 
 
 def test_old_logprobs_are_scored_without_dropout(tiny_model_dir: Path) -> None:
-    cfg = GroupTrainerConfig(kl_coef=0.1, lora=LoraSettings(r=4, dropout=0.5))
+    cfg = GroupTrainerConfig(**ONE_STEP, kl_coef=0.1, lora=LoraSettings(r=4, dropout=0.5))
     trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
     modes: list[bool] = []
     score = trainer._score
@@ -133,7 +154,7 @@ def test_the_loss_that_runs_is_surrogate_loss(tiny_model_dir: Path, monkeypatch:
     from memrl.train import surrogate
 
     def moved(flip: bool) -> float:
-        cfg = GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16))
+        cfg = GroupTrainerConfig(**ONE_STEP, lr=5e-3, lora=LoraSettings(r=8, alpha=16))
         trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
         before = sequence_logprob(trainer, groups[0], 0)
@@ -174,7 +195,7 @@ def test_kl_to_the_initial_policy_on_the_probe_grows_from_zero(tiny_model_dir: P
     it is positive; with lr = 0 (the control) it stays 0 and the weights do not move."""
 
     def probe_kls(lr: float) -> list[float]:
-        cfg = GroupTrainerConfig(lr=lr, lora=LoraSettings(r=8, alpha=16), probe_rows=3, probe_every=1)
+        cfg = GroupTrainerConfig(**ONE_STEP, lr=lr, lora=LoraSettings(r=8, alpha=16), probe_rows=3, probe_every=1)
         trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
         return [trainer.step(groups)["kl_initial_probe"] for _ in range(2)]
@@ -221,7 +242,7 @@ def test_kl_to_the_initial_policy_after_a_resume_is_to_the_run_s_start(tiny_mode
         run_dir.mkdir(exist_ok=True)
         torch.manual_seed(0)  # the same LoRA initialisation in every run
         trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
-                               GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3,
+                               GroupTrainerConfig(**ONE_STEP, lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3,
                                                   probe_every=1))
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
         logger = MetricsLogger(run_dir, None, {}, name=name, console=False)

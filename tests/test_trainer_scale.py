@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import ONE_STEP
 from reference_surrogate import clipped_surrogate
 
 from memrl.rollout.models import load_causal_lm
@@ -174,7 +175,7 @@ def test_token_budget_update_equals_one_micro_batch(tiny_model_dir: Path) -> Non
     from test_group_trainer import groups_for
 
     def one_step(**overrides) -> dict[str, float]:
-        cfg = GroupTrainerConfig(lr=1e-3, lora=LoraSettings(enabled=False), max_grad_norm=1e9, **overrides)
+        cfg = GroupTrainerConfig(**ONE_STEP, lr=1e-3, lora=LoraSettings(enabled=False), max_grad_norm=1e9, **overrides)
         trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "no", n_groups=3)
         return trainer.step(groups)
@@ -213,7 +214,7 @@ def test_kl_reference_of_a_lora_run_from_an_sft_adapter(tiny_model_dir: Path, tm
     spec = PolicySpec(base=str(tiny_model_dir), adapter=str(adapter))
     kl = {}
     for reference in ("initial", "initial-adapter", "base"):
-        cfg = GroupTrainerConfig(lr=1e-3, kl_coef=0.1, kl_reference=reference, lora=LoraSettings(r=4))
+        cfg = GroupTrainerConfig(**ONE_STEP, lr=1e-3, kl_coef=0.1, kl_reference=reference, lora=LoraSettings(r=4))
         trainer = GroupTrainer(spec, cfg)
         kl[reference] = trainer.step(groups_for(trainer.tokenizer, "the red key is in drawer 5", "no"))["kl_ref"]
         if reference == "initial-adapter":  # the frozen second adapter stays out of the synced policy
