@@ -105,7 +105,7 @@ _CUT_DONE = {"slice": "sliced", "dice": "diced", "chop": "chopped"}
 _COOK_DONE = {"fry": "fried", "roast": "roasted", "grill": "grilled"}
 _EXAMINE_VERBS = ("check", "read", "examine", "consult", "look at")
 _EAT_VERBS = ("eat", "enjoy")
-_TAKE_VERBS = ("take", "pick up", "pick-up", "retrieve", "recover", "grab", "get", "collect", "fetch")
+_TAKE_VERBS = ("take", "pick up", "pick-up", "retrieve", "recover", "lift", "grab", "get", "got", "picked up")
 _SAFE_VERBS = ("go", "open", "examine", "look", "inventory")
 
 
@@ -589,7 +589,11 @@ class TwReasoner:
                 return any(_mentions(x, obj) and any(re.search(rf"\b{v}\b", x) for v in verbs) for x in sentences)
 
             for obj, c in by_verb.get("take", []):
-                if obj != "meal" and said(_TAKE_VERBS, obj) and (know.recipe is None or obj in know.recipe.ingredients):
+                # a thing the goal names is part of the quest (TextWorld never names the thing that loses the game);
+                # one it says to read or check is examined instead
+                wanted = said(_TAKE_VERBS, obj) or (any(_mentions(x, obj) for x in sentences)
+                                                    and not said(_EXAMINE_VERBS, obj))
+                if obj != "meal" and wanted and (know.recipe is None or obj in know.recipe.ingredients):
                     return c
             for obj, c in by_verb.get("eat", []):
                 if said(_EAT_VERBS, obj) and (know.recipe is None or obj == "meal"):
@@ -659,7 +663,8 @@ class TwReasoner:
                 [c for c in admissible if c.split(" ", 1)[0] in _SAFE_VERBS] or admissible)
         room = know.room
         if self.explore == "dfs" and room is not None:
-            wanted = self._wanted(know, goal_text)
+            held = {command_object(c)[1] for c in admissible if c.startswith("drop ")}  # what can be dropped is held
+            wanted = [w for w in self._wanted(know, goal_text) if w not in held]
             target_rooms = {r for r, things in know.seen.items() if any(w in things for w in wanted)}
             target_rooms |= {r for r, texts in know.texts.items()
                              if any(_mentions(t, w) for t in texts for w in wanted)}
