@@ -20,15 +20,25 @@ Each method's advantage for the same K siblings, from its own independent sample
   the embedded default), then the same normalisation;
 - ``flat``: flat GRPO's copied trajectory advantage: the outcome of one trajectory through the sibling, normalised by
   the mean and std of K trajectories of the same task from its start (the baseline flat GRPO uses);
-- ``committee``: c(n) - c_bar alone (checks the committee against outcomes before it is mixed into the reward).
+- ``committee``: c(n) - c_bar alone (checks the committee against outcomes before it is mixed into the reward);
+- ``oat_recoverability`` and ``committee_recoverability``: the same with the committee's recoverability judge
+  (``committee.criterion: recoverability``, rewards/committee.py) instead of the lexical rubric.
+
+**Tied groups.** Where a method's own leaves tie (the tree's V(n) equal across the K siblings), OAT's advantage is the
+committee's alone: under the paper's GRPO formula it is about +-1 whatever the committee gap (issue 39). Scoring only
+actions with a non-zero true advantage over all groups hides whether those committee-only advantages are right, so
+every method is also scored on the tied groups alone (``tied_groups``): a sign agreement above 1/2 there means the
+committee's preference between outcome-tied siblings points the way replay does; 1/2 is what a method that gives them
+no advantage scores (the tree, or OAT with ``advantage: informative_only``).
 
 Reasoner tokens per group: the tree's 8 continuations from the state (16 are run: the most any K needs), flat's K
 trajectories from the task's start (the shared prefix up to the state is not counted for the tree).
 
 Reported per method and K: sign agreement with the true advantage over actions whose true advantage is not 0 (a
 method's 0 counts one half), and the Spearman rank correlation of the two over all the K-groups' actions, each with a
-95% interval from a bootstrap over states (the actions of one state are not independent); the reasoner tokens each
-method spends per group; the committee's rank correlation with Q, and the expert's value gap.
+95% interval from a bootstrap over states (the actions of one state are not independent), over all groups and over
+the tied groups alone; the reasoner tokens each method spends per group; each committee's rank correlation with Q, and
+the expert's value gap.
 
     python benchmarks/credit_accuracy.py --quick      # under 15 min on 2 CPU cores
     python benchmarks/credit_accuracy.py              # >= 500 recall actions
@@ -52,8 +62,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.ablations when run as a script
 
 KS = (2, 4, 8)
+NOISY_ORACLE = {"error_rate": 0.3, "verbatim": 1.0, "omission": 0.5}  # --policy noisy-oracle (as tree_vs_flat's)
 MAX_LEAVES = 8  # the tree's leaf budget, split evenly among the K siblings
-METHODS = ("tree", "oat", "flat", "committee")
+METHODS = ("tree", "oat", "flat", "committee", "oat_recoverability", "committee_recoverability")
+CRITERIA = {"": "rubric", "_recoverability": "recoverability"}  # method suffix -> committee criterion
 
 
 def ranks(values: Sequence[float]) -> list[float]:
@@ -72,7 +84,9 @@ def ranks(values: Sequence[float]) -> list[float]:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Spearman's rank correlation (None when either side is constant)."""
+    """Spearman's rank correlation (None when either side is constant or there are fewer than two pairs)."""
+    if len(x) < 2:
+        return None
     rx, ry = ranks(x), ranks(y)
     mx, my = statistics.fmean(rx), statistics.fmean(ry)
     sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
@@ -119,8 +133,13 @@ class Replayer:
         from memrl.train.oat_grpo import default_oracle
 
         self.bench = bench
-        self.policy = build_engine(EngineConfig(backend="hf", name="policy", model=str(bench.sft_dir),
-                                                dtype="float32", batch_size=64))
+        if bench.sft_dir is None:  # --policy noisy-oracle: the scripted expert with recall noise, no checkpoint
+            self.policy = build_engine(EngineConfig(
+                backend="scripted", name="policy", scripted_policy="memrl.data.experts.sam:SamOracle",
+                scripted_kwargs={"config": NOISY_ORACLE}, tokenizer=str(bench.base), seed=seed))
+        else:
+            self.policy = build_engine(EngineConfig(backend="hf", name="policy", model=str(bench.sft_dir),
+                                                    dtype="float32", batch_size=64))
         self.engines = EngineSet(reasoner=build_engine(bench.reasoner_config(seed)), memory=self.policy)
         self.expert = build_engine(default_oracle(str(bench.base), seed))
         self.reasoner_tokens = 0
@@ -174,8 +193,10 @@ def collect_states(rep: Replayer, tasks: list[Any], per_task: int, memory: Any, 
     return states, outcomes
 
 
-def committee_scores(requests: list[Any], results: list[Any], seed: int, tokenizer: str) -> list[list[float | None]]:
-    """c(n) of every sampled action at every state (the oracle committee with the offline judge)."""
+def committee_scores(requests: list[Any], results: list[Any], seed: int, tokenizer: str,
+                     criterion: str = "rubric") -> list[list[float | None]]:
+    """c(n) of every sampled action at every state (the oracle committee with the offline judge, asking the
+    ``criterion``'s question)."""
     from memrl.data.schemas import MemoryCallTree, TreeNode
     from memrl.rewards.committee import Committee, CommitteeConfig
     from memrl.rollout.engines.base import to_memory_call
@@ -190,21 +211,25 @@ def committee_scores(requests: list[Any], results: list[Any], seed: int, tokeniz
             nodes.append(TreeNode(node_id=f"a{k}", parent_id="root", depth=1, kind="memory", call=call, group_id="g"))
         task_id = str(request.metadata.get("task_id", i))
         trees.append(MemoryCallTree(tree_id=f"s{i}", task_id=task_id, root_id="root", nodes=nodes))
-    committee = Committee(CommitteeConfig(), [build_engine(default_oracle(tokenizer, seed))], None)
+    committee = Committee(CommitteeConfig(criterion=criterion), [build_engine(default_oracle(tokenizer, seed))], None)
     committee.score(trees)
     return [[n.committee_score for n in t.nodes if n.kind == "memory"] for t in trees]
 
 
 def group_advantages_by_method(q_tree: list[float], committee: list[float | None], flat_outcomes: list[float],
-                               root_outcomes: list[float]) -> dict[str, list[float]]:
-    """The K siblings' advantages under each method (module docstring)."""
-    from memrl.rewards.advantage import group_advantages
+                               root_outcomes: list[float],
+                               recoverability: list[float | None] | None = None) -> dict[str, list[float]]:
+    """The K siblings' advantages under each method (module docstring): OAT's are the paper's formula
+    (:data:`memrl.rewards.advantage.ADVANTAGE_PRESETS` ``grpo_std``) over V(n) and lambda (c - c_bar)."""
+    from memrl.rewards.advantage import ADVANTAGE_PRESETS, group_advantages, shaped_group_advantages
 
     out = {"tree": group_advantages(q_tree, "std")}
-    if all(c is not None for c in committee):
-        c = [float(x) for x in committee]  # type: ignore[arg-type]
-        out["oat"] = group_advantages([v + 0.5 * d for v, d in zip(q_tree, centred(c), strict=True)], "std")
-        out["committee"] = centred(c)
+    for suffix, scores in (("", committee), ("_recoverability", recoverability)):
+        if scores is not None and all(c is not None for c in scores):
+            c = [float(x) for x in scores]  # type: ignore[arg-type]
+            out[f"oat{suffix}"] = shaped_group_advantages(q_tree, [0.5 * d for d in centred(c)],
+                                                          ADVANTAGE_PRESETS["grpo_std"])
+            out[f"committee{suffix}"] = centred(c)
     mean = statistics.fmean(root_outcomes)
     std = statistics.pstdev(root_outcomes)
     out["flat"] = [0.0 if std <= 1e-9 else (o - mean) / (std + 1e-6) for o in flat_outcomes]
@@ -221,7 +246,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default="runs/ablations", help="where the shared SFT checkpoint lives")
     parser.add_argument("--model-cache", default=".cache/models")
-    parser.add_argument("--policy", default=None, help="a model directory to use instead of the shared SFT checkpoint")
+    parser.add_argument("--policy", default=None, help="a model directory to use instead of the shared SFT checkpoint, "
+                        "or 'noisy-oracle': the scripted SAM expert with recall noise (no checkpoint: a smoke run)")
     args = parser.parse_args()
     n_tasks = args.tasks or (8 if args.quick else 24)
     replays = args.replays or (8 if args.quick else 16)
@@ -234,6 +260,11 @@ def main() -> None:
                                      model_cache=args.model_cache))
     if args.policy is None:
         bench.prepare()
+    elif args.policy == "noisy-oracle":
+        from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
+
+        bench.base, bench.sft_dir = ensure_tiny_model(args.model_cache, TinyModelSpec()), None
+        bench.start = {"base_weights": weights_digest(bench.base)[:16], "policy": f"noisy-oracle {NOISY_ORACLE}"}
     else:
         from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
@@ -247,6 +278,9 @@ def main() -> None:
         states, root_outcomes = collect_states(rep, tasks, args.states_per_task, bench.memory, args.seed, max_k)
         print(f"[credit_accuracy] {len(states)} recall states from {n_tasks} tasks "
               f"({time.perf_counter() - t_start:.0f} s)", flush=True)
+        if not states:
+            raise SystemExit(f"credit_accuracy: the policy made no recall in the episodes of {n_tasks} dev tasks: "
+                             "there is no state to score (more --tasks, or a policy that recalls)")
         root_tokens = rep.reasoner_tokens
         # the K = 8 samples of each state (K = 2, 4 use the first ones) and the expert's recall
         requests = []
@@ -257,6 +291,8 @@ def main() -> None:
         samples = rep.policy.generate(requests)
         expert = rep.expert.generate([s["request"] for s in states])
         scores = committee_scores([s["request"] for s in states], samples, args.seed, str(bench.base))
+        recoverable = committee_scores([s["request"] for s in states], samples, args.seed, str(bench.base),
+                                       "recoverability")
         # ground truth: replays of every distinct action and of the expert's; the tree's own leaves: independent
         gt_forks, tree_forks, expert_forks = [], [], []
         for s, result, exp in zip(states, samples, expert, strict=True):
@@ -285,13 +321,15 @@ def main() -> None:
 
     results: dict[str, Any] = {}
     per_state: dict[tuple[str, int], list[list[tuple[float, float]]]] = {(m, k): [] for m in METHODS for k in KS}
-    committee_vs_q: list[tuple[float, float]] = []
+    tied: dict[tuple[str, int], list[list[tuple[float, float]]]] = {(m, k): [] for m in METHODS for k in KS}
+    committee_vs_q: dict[str, list[tuple[float, float]]] = {suffix: [] for suffix in CRITERIA}
     expert_gap = []
     true_ties = {k: 0 for k in KS}
-    for s, c_scores in zip(states, scores, strict=True):
+    for s, c_scores, r_scores in zip(states, scores, recoverable, strict=True):
         q = [mean_outcome(s["gt"][key]) for key in s["keys"]]
         expert_gap.append(mean_outcome(s["expert"]) - statistics.fmean(q))
-        committee_vs_q += [(float(c), v) for c, v in zip(c_scores, q, strict=True) if c is not None]
+        for suffix, cs in (("", c_scores), ("_recoverability", r_scores)):
+            committee_vs_q[suffix] += [(float(c), v) for c, v in zip(cs, q, strict=True) if c is not None]
         for k in KS:
             truth = centred(q[:k])
             true_ties[k] += max(q[:k]) - min(q[:k]) <= 1e-9
@@ -301,18 +339,25 @@ def main() -> None:
                 pooled.setdefault(s["keys"][i], []).extend(s["tree"][i][:per_leaf])
             v_tree = [mean_outcome(pooled[s["keys"][i]]) for i in range(k)]
             flat = [float(s["tree"][i][0].outcome or 0.0) for i in range(k)]
-            advs = group_advantages_by_method(v_tree, c_scores[:k], flat, root_outcomes[s["task_id"]][:k])
+            advs = group_advantages_by_method(v_tree, c_scores[:k], flat, root_outcomes[s["task_id"]][:k],
+                                              r_scores[:k])
+            outcome_tied = max(v_tree) - min(v_tree) <= 1e-9
             for method, adv in advs.items():
                 per_state[(method, k)].append(list(zip(adv, truth, strict=True)))
+                if outcome_tied:
+                    tied[(method, k)].append(list(zip(adv, truth, strict=True)))
+    def scored(groups: list[list[tuple[float, float]]]) -> dict[str, Any]:
+        return {"sign_agreement": bootstrap(groups, sign_agreement),
+                "rank_correlation": bootstrap(groups, lambda p: spearman([a for a, _ in p], [t for _, t in p])
+                                              if len(p) > 2 else None)}
+
     for k in KS:
         results[f"K={k}"] = {
             "groups": len(states), "actions": len(states) * k, "true_value_tie_groups": true_ties[k],
-            **{method: {
-                "sign_agreement": bootstrap(per_state[(method, k)], sign_agreement),
-                "rank_correlation": bootstrap(per_state[(method, k)], lambda p: spearman([a for a, _ in p],
-                                                                                           [t for _, t in p])
-                                              if len(p) > 2 else None),
-            } for method in METHODS if per_state[(method, k)]},
+            **{method: scored(per_state[(method, k)]) for method in METHODS if per_state[(method, k)]},
+            # the groups whose own leaves tied: OAT's advantage there is the committee's alone
+            "tied_groups": {"groups": len(tied[("tree", k)]),
+                            **{method: scored(tied[(method, k)]) for method in METHODS if tied[(method, k)]}},
             # continuations from the state (tree: its 8 leaves) or trajectories from the task's start (flat: K)
             "reasoner_tokens_per_group": {
                 "tree": round(tree_tokens / max(len(states), 1) * MAX_LEAVES / 16),
@@ -328,9 +373,10 @@ def main() -> None:
         "states": len(states),
         "replays_per_action": replays,
         "recall_actions": sum(len(states) * k for k in KS),
-        "committee_vs_true_value": {"rank_correlation": spearman([c for c, _ in committee_vs_q],
-                                                                 [v for _, v in committee_vs_q]),
-                                    "pairs": len(committee_vs_q)},
+        **{f"committee{suffix}_vs_true_value": {"rank_correlation": spearman([c for c, _ in pairs],
+                                                                              [v for _, v in pairs]),
+                                                "pairs": len(pairs)}
+           for suffix, pairs in committee_vs_q.items()},
         "expert_value_gap_mean": statistics.fmean(expert_gap) if expert_gap else None,
         "wall_seconds": round(time.perf_counter() - t_start, 1),
         "by_k": results,

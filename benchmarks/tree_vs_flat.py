@@ -17,12 +17,24 @@ The memory model is the SAM oracle expert: a noise-free one writes the cues (det
 would, so the flat trajectories of a task agree until their first recall) and a noisy one recalls (errors and
 omissions, so sibling recalls differ and outcomes vary). Committee rewards are off: they cost no reasoner tokens.
 
-    .venv/bin/python benchmarks/tree_vs_flat.py [--tasks 16 --horizon 12 --ks 2 4 8]
+    .venv/bin/python benchmarks/tree_vs_flat.py [--tasks 16 --horizon 12 --ks 2 4 8 --replays 8]
 
 Prints a table, then one JSON object last: for every K, tokens per credit-bearing action in each mode and their
 ratio ``flat_over_tree`` (> 1: trees spend fewer reasoner tokens per trained action); beside it the same ratio per
 action whose advantage came out nonzero (``flat_over_tree_informative``: sibling recalls that lead to the same outcome
 carry no signal in a tree) and without prefix caching (``flat_over_tree_uncached``: prompt + generated tokens).
+
+**Per correctly-signed credited action** (``flat_over_tree_correctly_signed``). Every action of a flat trajectory is
+"credit-bearing", although all of a trajectory's actions share one outcome, so the ratio above flatters flat GRPO.
+Replay gives each credited action a ground truth, as ``benchmarks/credit_accuracy.py`` does: the rollout is forked at
+the action's state (the environment and memory copy make the continuation exact) and ``--replays`` continuations are
+played from there (the memory model making every later call). A tree sibling's true advantage is Q(s, a) - the mean
+of Q(s, a_k) over the K sampled siblings, Q the mean outcome of the continuations after its first page read; a flat
+action's is Q(s, a) - V(s), V(s) the mean outcome of ``--replays`` continuations that sample the action afresh. An
+action is correctly signed when its advantage and its true advantage have the same non-zero sign; the tree's
+sibling-level units are scored (a unit sharing its first read with others: their pooled truth), the groups nested
+inside a shared read are counted apart (``credited_actions_unscored``). The replays are a measurement, not spent by
+either method: the ratio divides each mode's own reasoner tokens by its correctly-signed actions.
 """
 
 from __future__ import annotations
@@ -68,12 +80,21 @@ def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse
     def make(task: Any, rollout_id: str) -> Any:
         return sam_rollout(task, memory, seed=args.seed, rollout_id=rollout_id)
 
+    states: list[dict[str, Any]] = []
+
+    def on_action(state: Any, call: Any, result: Any, ids: list[str]) -> None:
+        if args.replays and (mode == "flat" or len(ids) > 1):
+            states.append({"state": state.fork(f"{state.rollout_id}~s"), "call": call, "result": result, "ids": ids,
+                           "group": f"g:{state.rollout_id}:{ids[0].rsplit(':', 1)[1]}",
+                           "task_id": state.env.task_id})
+
     start = time.perf_counter()
-    trees, stats = build_trees(tasks, make, engines, cfg)
+    trees, stats = build_trees(tasks, make, engines, cfg, on_action=on_action)
     seconds = time.perf_counter() - start
     credit = CreditConfig(committee_weight=0.0)
     for tree in trees:
         (assign_credit if mode == "tree" else assign_flat_credit)(tree, credit)
+    signed = correctly_signed(trees, states, engines, mode, args) if args.replays else {}
     actions = informative = 0
     for tree in trees:
         siblings: dict[str, int] = {}
@@ -104,7 +125,99 @@ def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse
         "success": sum(leaf.outcome or 0.0 for leaf in leaves) / max(len(leaves), 1),
         "engine_calls": sum(stats.engine_calls.values()),
         "seconds": round(seconds, 2),
+        **signed,
+        **({"reasoner_tokens_per_correctly_signed_action": spent / max(signed["correctly_signed_actions"], 1)}
+           if signed else {}),
     }
+
+
+def _outcomes(forks: list[Any], engines: Any) -> list[float]:
+    from memrl.rollout.loop import run_rollouts
+
+    run_rollouts(forks, engines)
+    return [float(f.outcome or 0.0) for f in forks]
+
+
+def _covered(node: Any, nodes: dict[str, Any]) -> list[str]:
+    """The sampled sibling nodes a credited unit stands for: itself, the identical copies merged into it, and, for a
+    node of shared first calls, the siblings that share them (and their copies)."""
+    members = node.metadata.get("shared_by") or [node.node_id]
+    out = []
+    for m in members:
+        out += [m, *(nodes[m].metadata.get("merged", []) if m in nodes else [])]
+    return out
+
+
+def correctly_signed(trees: list[Any], states: list[dict[str, Any]], engines: Any, mode: str,
+                     args: argparse.Namespace) -> dict[str, Any]:
+    """Replay every credited action's state (module docstring): how many credited actions carry an advantage whose
+    sign is that of their true advantage."""
+    import copy
+    import statistics
+
+    t0 = time.perf_counter()
+    r = args.replays
+    per_tree = {t.task_id: {n.node_id: n for n in t.nodes} for t in trees}
+    scored = correct = nonzero_truth = 0
+    forks: list[Any] = []
+    plans = []  # per state: what its forks estimate
+    for i, st in enumerate(states):
+        result, state = st["result"], st["state"]
+        if mode == "tree":
+            keys = [tuple(c.response_ids) or c.text for c in result.completions]
+            first = {key: keys.index(key) for key in keys}
+            q_forks = {}
+            for key, k in first.items():
+                q_forks[key] = [state.fork(f"{state.rollout_id}~{i}q{k}.{j}") for j in range(r)]
+                for f in q_forks[key]:
+                    f.advance(result, sample=k)
+                forks += q_forks[key]
+            plans.append((st, keys, q_forks, None))
+        else:
+            q = [state.fork(f"{state.rollout_id}~{i}q.{j}") for j in range(r)]
+            for f in q:
+                f.advance(result, sample=0)
+            request = copy.deepcopy(st["call"].request)
+            request.sampling.n = r
+            request.sampling.seed = (request.sampling.seed or 0) + 7_919
+            fresh = engines.for_call(st["call"]).generate([request])[0]
+            v = [state.fork(f"{state.rollout_id}~{i}v.{j}") for j in range(r)]
+            for j, f in enumerate(v):
+                f.advance(fresh, sample=j)
+            forks += q + v
+            plans.append((st, None, {"q": q}, v))
+    _outcomes(forks, engines)
+
+    def mean(fs: list[Any]) -> float:
+        return statistics.fmean(float(f.outcome or 0.0) for f in fs)
+
+    unscored = 0
+    for st, keys, q_forks, v in plans:
+        nodes = per_tree[st["task_id"]]
+        if mode == "tree":
+            q = {key: mean(fs) for key, fs in q_forks.items()}
+            baseline = statistics.fmean(q[key] for key in keys)
+            sample_key = dict(zip(st["ids"], keys, strict=True))
+            units = [n for n in nodes.values() if n.group_id == st["group"] and n.kind == "memory"]
+            if len(units) < 2:  # every sibling the same action: nothing credited here
+                continue
+            nested = [n for n in nodes.values() if (n.group_id or "").startswith(st["group"] + ">")]
+            unscored += len(nested)
+            pairs = []
+            for unit in units:
+                covered = [sample_key[c] for c in _covered(unit, nodes) if c in sample_key]
+                if covered:
+                    pairs.append((unit.advantage or 0.0, q[covered[0]] - baseline))
+        else:
+            node = nodes.get(st["ids"][0])
+            pairs = [] if node is None else [(node.advantage or 0.0, mean(q_forks["q"]) - mean(v))]
+        for advantage, truth in pairs:
+            scored += 1
+            nonzero_truth += abs(truth) > 1e-9
+            correct += abs(truth) > 1e-9 and advantage * truth > 0
+    return {"credited_actions_scored": scored, "credited_actions_unscored": unscored,
+            "actions_with_nonzero_true_advantage": nonzero_truth, "correctly_signed_actions": correct,
+            "replays_per_action": r, "replay_seconds": round(time.perf_counter() - t0, 1)}
 
 
 def main() -> None:
@@ -115,6 +228,8 @@ def main() -> None:
     parser.add_argument("--error-rate", type=float, default=0.3, help="recall noise of the memory model")
     parser.add_argument("--omission", type=float, default=0.5, help="weight of omissions among recall errors")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--replays", type=int, default=8,
+                        help="continuations per credited action for the replay ground truth (0: skip it)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -140,7 +255,10 @@ def main() -> None:
                   f"{r['success']:>8.3f}", flush=True)
         row["flat_over_tree"] = row["flat"]["reasoner_tokens_per_action"] / max(
             row["tree"]["reasoner_tokens_per_action"], 1e-9)
-        for suffix, key in (("informative", "per_informative_action"), ("uncached", "uncached_per_action")):
+        suffixes = [("informative", "per_informative_action"), ("uncached", "uncached_per_action")]
+        if args.replays:
+            suffixes.append(("correctly_signed", "per_correctly_signed_action"))
+        for suffix, key in suffixes:
             row[f"flat_over_tree_{suffix}"] = row["flat"][f"reasoner_tokens_{key}"] / max(
                 row["tree"][f"reasoner_tokens_{key}"], 1e-9)
         results[str(k)] = row
@@ -149,6 +267,7 @@ def main() -> None:
         "tasks": args.tasks,
         "horizon": args.horizon,
         "recall_error_rate": args.error_rate,
+        "replays_per_action": args.replays,
         "flat_over_tree": {k: round(v["flat_over_tree"], 3) for k, v in results.items()},
         "per_k": {
             k: {
@@ -157,6 +276,11 @@ def main() -> None:
                 "flat_over_tree": round(v["flat_over_tree"], 3),
                 "flat_over_tree_informative": round(v["flat_over_tree_informative"], 3),
                 "flat_over_tree_uncached": round(v["flat_over_tree_uncached"], 3),
+                **({"flat_over_tree_correctly_signed": round(v["flat_over_tree_correctly_signed"], 3),
+                    "tree_reasoner_tokens_per_correctly_signed_action": round(
+                        v["tree"]["reasoner_tokens_per_correctly_signed_action"], 1),
+                    "flat_reasoner_tokens_per_correctly_signed_action": round(
+                        v["flat"]["reasoner_tokens_per_correctly_signed_action"], 1)} if args.replays else {}),
                 "tree": v["tree"],
                 "flat": v["flat"],
             }

@@ -15,7 +15,7 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, get_args, get_origin
+from typing import Annotated, Any, ClassVar, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -26,6 +26,7 @@ __all__ = [
     "ConfigError",
     "ConfigModel",
     "EndpointURL",
+    "LoggingConfig",
     "PlacementConfig",
     "PolicyPlacement",
     "RunConfig",
@@ -61,6 +62,20 @@ class ConfigModel(BaseModel):
     are declared on the fields themselves (``Field(gt=0, le=...)``)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
+    # keys this section no longer has -> where their setting lives now (the error names it, never a silent default)
+    renamed_keys: ClassVar[dict[str, str]] = {}
+    # named settings a section may be given as a string instead of its keys (the section's own validator expands
+    # them; overrides of single keys apply on top of the named setting)
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, value in data.items():
+                if isinstance(name, str) and name in cls.renamed_keys:
+                    raise _FieldError(name, value, f"this key was renamed: {cls.renamed_keys[name]}")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -112,11 +127,21 @@ RegexPattern = Annotated[str, AfterValidator(check_regex)]
 class WandbConfig(ConfigModel):
     """Weights & Biases logging. ``mode: offline`` works without a network; keys come from the environment only."""
 
-    enabled: bool = False  # log metrics to wandb (metrics.jsonl is always written)
+    enabled: bool = False  # log metrics to wandb (the same as listing wandb in run.logging.backends)
     project: str = "memrl"  # wandb project
     entity: str | None = None  # wandb team or user; None: your default
     mode: typing.Literal["online", "offline", "disabled"] = "offline"  # wandb mode; disabled logs nothing to wandb
     tags: list[str] = []  # wandb run tags
+
+
+class LoggingConfig(ConfigModel):
+    """Where a run's metrics go besides the console: ``metrics.jsonl`` always, and every backend listed
+    (tensorboard and mlflow need the ``tracking`` extra: ``pip install 'memrl[tracking]'``)."""
+
+    backends: list[typing.Literal["jsonl", "wandb", "tensorboard", "mlflow"]] = ["jsonl"]  # jsonl is always on
+    tensorboard_dir: str | None = None  # TensorBoard event files; None: <run dir>/tensorboard
+    mlflow_tracking_uri: str | None = None  # MLflow tracking store; None: a local file store, <run dir>/mlruns
+    mlflow_experiment: str = Field("memrl", min_length=1)  # MLflow experiment the run is logged under
 
 
 class RunConfig(ConfigModel):
@@ -127,7 +152,8 @@ class RunConfig(ConfigModel):
     seed: int = Field(0, ge=0, lt=2**32)  # global RNG seed of the run (numpy takes seeds below 2^32)
     resume: bool = False  # reuse an existing run directory and continue from its latest checkpoint
     allow_config_change: list[str] = []  # keys (or sections) a --resume may change; other changes are errors
-    wandb: WandbConfig = WandbConfig()
+    wandb: WandbConfig = WandbConfig()  # wandb settings; wandb logs when enabled or listed in logging.backends
+    logging: LoggingConfig = LoggingConfig()  # metric backends: jsonl (always), wandb, tensorboard, mlflow
 
     @field_validator("name")
     @classmethod
@@ -361,11 +387,17 @@ def _model_at(cls: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel]
     return None if in_container else current
 
 
-def _suggest(prefix: str, key: str, candidates: Sequence[str]) -> str:
-    """'; did you mean 'prefix.close_key'?' or the list of valid keys at that level."""
+def _suggest(prefix: str, key: str, candidates: Sequence[str], model: type[BaseModel] | None = None) -> str:
+    """'; did you mean 'prefix.close_key'?' (or 'prefix.section.key' when ``key`` is a key of one of ``model``'s
+    sections, e.g. ``logging`` -> ``run.logging``), else the list of valid keys at that level."""
+    lead = prefix + "." if prefix else ""
     match = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
     if match:
-        return f"; did you mean '{prefix + '.' if prefix else ''}{match[0]}'?"
+        return f"; did you mean '{lead}{match[0]}'?"
+    for name in candidates if model is not None else ():
+        section = _model_at(model, [name])
+        if section is not None and key in section.model_fields:
+            return f"; did you mean '{lead}{name}.{key}'?"
     return f"; valid keys here: {', '.join(sorted(candidates))}"
 
 
@@ -397,17 +429,23 @@ def apply_overrides(cls: type[BaseModel], data: dict[str, Any], overrides: Seque
         model: type[BaseModel] | None = cls
         node = data
         for depth, part in enumerate(parts):
+            if model is not None and part not in model.model_fields and issubclass(model, ConfigModel) and (
+                    part in model.renamed_keys):
+                raise ConfigError(f"override '{item}': key '{key}' was renamed: {model.renamed_keys[part]}")
             if model is not None and part not in model.model_fields:
-                hint = _suggest(".".join(parts[:depth]), part, list(model.model_fields))
+                hint = _suggest(".".join(parts[:depth]), part, list(model.model_fields), model)
                 raise ConfigError(f"override '{item}': unknown key '{key}'{hint}")
             if depth == len(parts) - 1:
                 node[part] = _parse_override_value(raw)
             else:
                 child = node.get(part)
+                sub = _model_at(model, [part]) if model is not None else None
+                if isinstance(child, str) and sub is not None and issubclass(sub, ConfigModel) and child in sub.presets:
+                    child = sub.presets[child]  # a named setting, then the override's key on top of it
                 child = dict(child) if isinstance(child, dict) else {}
                 node[part] = child
                 node = child
-                model = _model_at(model, [part]) if model is not None else None
+                model = sub
     return data
 
 
@@ -434,7 +472,7 @@ def _format_validation_error(
             parent = _model_at(cls, loc[:-1])
             fields = list(parent.model_fields) if parent is not None else []
             prefix = ".".join(str(p) for p in loc[:-1])
-            hint = _suggest(prefix, str(loc[-1]), fields) if fields else ""
+            hint = _suggest(prefix, str(loc[-1]), fields, parent) if fields else ""
             messages.append(f"{where}: unknown key '{dotted}'{hint}")
         elif err["type"] == "missing":
             messages.append(f"{where}: missing required value '{dotted}'")

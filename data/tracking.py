@@ -1,8 +1,14 @@
 """Run metrics and memrl's log handlers.
 
-Metrics: one line per step on the console, one JSON object per step in ``metrics.jsonl``, wandb when enabled. wandb
-runs in the mode the config names (``offline`` needs no network); its API key, if any, comes from the environment
-(``WANDB_API_KEY``) and is never written anywhere by memrl.
+Metrics: one line per step on the console, one JSON object per step in ``metrics.jsonl`` (always), and every backend
+``run.logging.backends`` lists (verl's, NeMo-RL's and SkyRL's list of loggers): ``wandb`` (also when
+``run.wandb.enabled``), ``tensorboard`` (torch's ``SummaryWriter``: event files under ``<run dir>/tensorboard``) and
+``mlflow`` (an ``MlflowClient`` run, by default in a local file store ``<run dir>/mlruns``, which MLflow 3 keeps in
+maintenance mode and opens with ``MLFLOW_ALLOW_FILE_STORE=true``, set here; ``mlflow ui --backend-store-uri
+<run dir>/mlruns`` shows it; ``run.logging.mlflow_tracking_uri`` names a server or a database instead). The numbers
+of each step go to every backend; a resumed run continues the same wandb/MLflow run, and TensorBoard drops the
+events after the resumed step. wandb runs in the mode the config names (``offline`` needs no network); its API key,
+if any, comes from the environment (``WANDB_API_KEY``) and is never written anywhere by memrl.
 
 Logging: every memrl module logs through ``logging.getLogger(__name__)``. The CLI (launch/console.py) installs the two
 handlers defined here: a :class:`ConsoleHandler` on the ``memrl`` logger (the console shows memrl's banners, results
@@ -15,21 +21,24 @@ temporary file until the run directory exists; :func:`bind_run_log` moves it int
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import math
 import os
+import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
-from memrl.data.config import WandbConfig
+from memrl.data.config import ConfigError, LoggingConfig, WandbConfig
 from memrl.data.io import append_jsonl, atomic_write_text
 
-__all__ = ["ConsoleHandler", "MetricsLogger", "RunLog", "bind_run_log", "format_metrics", "progress_bar",
-           "run_log_path"]
+__all__ = ["BACKENDS", "ConsoleHandler", "MetricsBackend", "MetricsLogger", "RunLog", "bind_run_log",
+           "format_metrics", "progress_bar", "run_log_path"]
 
 log = logging.getLogger(__name__)
 
@@ -43,29 +52,139 @@ def format_metrics(step: int, metrics: dict[str, Any], keys: tuple[str, ...] = _
     return f"[step {step}] " + " ".join(shown)
 
 
+class MetricsBackend(Protocol):
+    """Where a step's numbers go besides ``metrics.jsonl`` (one of :data:`BACKENDS`)."""
+
+    def log(self, step: int, numbers: dict[str, float]) -> None:
+        """Record one step's numeric metrics."""
+
+    def close(self) -> None:
+        """Finish the run (flush and close files)."""
+
+
+class _Wandb:
+    def __init__(self, cfg: WandbConfig, run_dir: Path, name: str | None, config: dict[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(project=cfg.project, entity=cfg.entity, mode=cfg.mode, tags=list(cfg.tags),
+                              dir=str(run_dir), name=name, config=config, reinit="finish_previous")
+
+    def log(self, step: int, numbers: dict[str, float]) -> None:
+        self.run.log(numbers, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _TensorBoard:
+    """torch's ``SummaryWriter``; after a resume the events past the resumed step are purged."""
+
+    def __init__(self, directory: Path, purge_after: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(directory), purge_step=None if purge_after is None else purge_after + 1)
+
+    def log(self, step: int, numbers: dict[str, float]) -> None:
+        for key, value in numbers.items():
+            self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()  # readable while the run goes on, and after a kill
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+_MLFLOW_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")  # the characters MLflow allows in a metric name
+
+
+class _MLflow:
+    """One MLflow run per memrl run (its id kept in ``<run dir>/mlflow_run_id``, so a resume continues it)."""
+
+    def __init__(self, cfg: LoggingConfig, run_dir: Path, name: str | None, config: dict[str, Any]) -> None:
+        from mlflow import MlflowClient
+
+        uri = cfg.mlflow_tracking_uri or (run_dir / "mlruns").absolute().as_uri()
+        if uri.startswith("file:"):  # MLflow 3 keeps its file store in maintenance mode, behind this switch
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
+        id_file = run_dir / "mlflow_run_id"
+        if id_file.exists():
+            self.run_id = id_file.read_text().strip()
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            experiment = self.client.get_experiment_by_name(cfg.mlflow_experiment)
+            experiment_id = (experiment.experiment_id if experiment is not None
+                             else self.client.create_experiment(cfg.mlflow_experiment))
+            self.run_id = self.client.create_run(experiment_id, run_name=name or run_dir.name).info.run_id
+            atomic_write_text(id_file, self.run_id + "\n")
+            if config:
+                self.client.log_dict(self.run_id, config, "config.json")
+
+    def log(self, step: int, numbers: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(_MLFLOW_KEY.sub("_", k), v, now, step) for k, v in numbers.items()]
+        for start in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics per batch
+            self.client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+BACKENDS: dict[str, str | None] = {"jsonl": None, "wandb": "wandb", "tensorboard": "tensorboard",
+                                   "mlflow": "mlflow"}
+"""Every ``run.logging.backends`` name and the package it needs (jsonl: none, it is always on)."""
+
+
 class MetricsLogger:
-    """Writes metrics to ``<run_dir>/metrics.jsonl`` (append, durable), the console, and wandb."""
+    """Writes metrics to ``<run_dir>/metrics.jsonl`` (append, durable), the console, and the configured backends
+    (wandb when ``wandb_cfg`` enables it; ``logging``: ``run.logging``, whose list adds wandb, tensorboard, mlflow).
+    """
 
     def __init__(
         self, run_dir: str | Path, wandb_cfg: WandbConfig | None = None, config: dict[str, Any] | None = None,
         *, name: str | None = None, console: bool = True, resume_from_step: int | None = None,
+        logging: LoggingConfig | None = None,
     ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.console = console
         self._start = time.time()
-        self._wandb = None
+        self._purge_after: int | None = None  # TensorBoard drops its events after this step (a resume)
         if resume_from_step is not None and self.path.exists():
             self.truncate_after(resume_from_step)
-        if wandb_cfg is not None and wandb_cfg.enabled and wandb_cfg.mode != "disabled":
-            import wandb
+        run_dir = Path(run_dir)
+        listed = set(logging.backends) if logging is not None else set()
+        wandb_cfg = wandb_cfg or WandbConfig()
+        if wandb_cfg.enabled:
+            listed.add("wandb")
+        if wandb_cfg.mode == "disabled":
+            listed.discard("wandb")
+        wanted = [b for b in ("wandb", "tensorboard", "mlflow") if b in listed]
+        for backend in wanted:
+            package = BACKENDS[backend]
+            if package is not None and importlib.util.find_spec(package) is None:
+                raise ConfigError(f"run.logging.backends lists {backend}, but the {package} package is not "
+                                  f"installed: pip install 'memrl[tracking]' (or remove {backend} from the list)")
+        cfg = logging or LoggingConfig()
+        openers: dict[str, Callable[[], MetricsBackend]] = {
+            "wandb": lambda: _Wandb(wandb_cfg, run_dir, name, config or {}),
+            "tensorboard": lambda: _TensorBoard(Path(cfg.tensorboard_dir or run_dir / "tensorboard"),
+                                                self._purge_after),
+            "mlflow": lambda: _MLflow(cfg, run_dir, name, config or {}),
+        }
+        self._openers = {b: openers[b] for b in wanted}
+        self._backends: dict[str, MetricsBackend] = {}
+        if "wandb" in self._openers:  # wandb starts at once, as before (its run shows up before the first step)
+            self._backends["wandb"] = self._openers.pop("wandb")()
 
-            self._wandb = wandb.init(
-                project=wandb_cfg.project, entity=wandb_cfg.entity, mode=wandb_cfg.mode, tags=list(wandb_cfg.tags),
-                dir=str(Path(run_dir)), name=name, config=config or {}, reinit="finish_previous",
-            )
+    @property
+    def backends(self) -> list[str]:
+        """The backends this logger writes to besides ``metrics.jsonl``."""
+        return [*self._backends, *self._openers]
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after ``step`` (work redone after a resume is logged again, not twice)."""
+        self._purge_after = step if step >= 0 else None
         if not self.path.exists():
             return
         kept = []
@@ -86,14 +205,19 @@ class MetricsLogger:
         line = format_metrics(step, metrics)
         if self.console and line.rstrip() != f"[step {step}]":  # nothing worth a console line
             log.info(line)
-        if self._wandb is not None:
-            self._wandb.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=step)
+        for backend in list(self._openers):  # opened at the first step: a resume has truncated by then
+            self._backends[backend] = self._openers.pop(backend)()
+        if self._backends:
+            numbers = {k: float(v) for k, v in clean.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None}
+            for backend in self._backends.values():
+                backend.log(step, numbers)
 
     def close(self) -> None:
-        """Finish the wandb run."""
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
+        """Finish every backend's run."""
+        backends, self._backends, self._openers = self._backends, {}, {}
+        for backend in backends.values():
+            backend.close()
 
 
 # ----------------------------------------------------------------------------------------------------------------

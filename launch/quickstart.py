@@ -119,11 +119,23 @@ def _peak_rss_gib() -> float:
 
 
 class _Stages:
-    """Times every stage and prints a banner per stage."""
+    """Times every stage and prints a banner per stage; :meth:`figures` writes a stage's figures to
+    ``stage_figures.json`` (and the console) as soon as the stage has them, so an interrupted run keeps them."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_dir: Path | None = None) -> None:
         self.times: dict[str, float] = {}
         self.start = time.perf_counter()
+        self.run_dir = run_dir
+        self.figures_so_far: dict[str, Any] = {}
+
+    def figures(self, stage: str, figures: dict[str, Any], line: str) -> None:
+        """Record ``stage``'s figures now (atomically, beside the earlier stages') and print ``line``."""
+        from memrl.data.io import atomic_write_text
+
+        self.figures_so_far[stage] = figures
+        if self.run_dir is not None:
+            atomic_write_text(self.run_dir / "stage_figures.json", json.dumps(self.figures_so_far, indent=2) + "\n")
+        log.info(f"[quickstart] {stage}: {line}")
 
     def run(self, name: str, title: str, fn: Any) -> Any:
         log.info(f"\n[quickstart] === {name}: {title}")
@@ -150,7 +162,7 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     from memrl.train.sft_data import SFTDataConfig
 
     run_dir = prepare_run_dir(cfg, cfg.run, "quickstart")
-    stages = _Stages()
+    stages = _Stages(run_dir)
     log.info(f"[quickstart] run directory: {run_dir}")
 
     if cfg.base_model == "smollm2":
@@ -166,6 +178,9 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     )
     distill_stats = stages.run("distill", "the privileged oracle inside SAM -> SFT datasets per role",
                                lambda: distill(distill_cfg, run_dir / "distill"))
+    traces, rows = distill_stats["traces"], distill_stats["rows"]
+    stages.figures("distill", {"traces": traces, "rows": rows},
+                   f"{traces['kept']} of {traces['total']} expert trajectories kept, {rows['kept']} SFT rows")
 
     sft_cfg = SFTRunConfig(
         run=RunConfig(output_dir=str(run_dir), name="sft", seed=cfg.run.seed),
@@ -173,10 +188,13 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         data=SFTDataConfig(dir=str(run_dir / "distill"), roles=dict(cfg.sft.role_weights),
                            mixture_rows=cfg.sft.max_steps * cfg.sft.batch_size),
         train=SFTTrainConfig(max_steps=cfg.sft.max_steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
-                             warmup=0.05, max_length=cfg.sft.max_length, save_steps=0, logging_steps=25,
-                             bf16=cfg.sft.bf16),
+                             warmup=0.05, max_length=cfg.sft.max_length, save_steps=0, bf16=cfg.sft.bf16),
     )
     stages.run("sft", "TRL SFTTrainer on cue writing + recall", lambda: run_sft(sft_cfg))
+    sft_summary = json.loads((run_dir / "sft" / "summary.json").read_text())
+    stages.figures("sft", {k: sft_summary.get(k) for k in ("global_step", "first_logged_loss", "last_logged_loss")},
+                   f"{sft_summary.get('global_step')} steps, loss {sft_summary.get('first_logged_loss') or 0:.3f} -> "
+                   f"{sft_summary.get('last_logged_loss') or 0:.3f}")
     sft_dir = run_dir / "sft" / "final"
     # A LoRA SFT stage leaves an adapter: RL and evaluation run it on its base.
     sft_policy = PolicySpec(base=str(base), adapter=str(sft_dir)) if cfg.sft.lora.enabled else PolicySpec(
@@ -210,14 +228,24 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         return summarize_eval(result)
 
     baselines: dict[str, dict[str, Any]] = {}
+
+    def heldout_line(figures: dict[str, Any]) -> str:
+        sampled = figures.get("success") if cfg.eval_samples else None
+        return (f"held-out success {'n/a' if sampled is None else f'{sampled:.1%}'} sampled, "
+                f"{figures['success_greedy']:.1%} greedy")
+
     baselines["oracle expert (upper bound)"] = stages.run("eval-oracle", "the oracle expert as memory model",
                                                           lambda: evaluate_with(None, cfg.eval_samples))
+    stages.figures("eval-oracle", baselines["oracle expert (upper bound)"],
+                   heldout_line(baselines["oracle expert (upper bound)"]))
     if cfg.evaluate_untrained:
         # Greedy only: the untrained model writes max-length noise on every call, and one run per task shows it.
         label = "untrained tiny model" if cfg.base_model == "tiny" else "untrained SmolLM2-135M-Instruct"
         baselines[label] = stages.run(
             "eval-untrained", "the untrained model as memory model (greedy)",
             lambda: evaluate_with(Path(base), 0, keep_as="untrained"))
+        stages.figures("eval-untrained", baselines[label], f"held-out success {baselines[label]['success_greedy']:.1%}"
+                       " greedy")
 
     oat_cfg = OATGRPOConfig(
         run=RunConfig(output_dir=str(run_dir), name="rl", seed=cfg.run.seed, wandb=cfg.run.wandb),
@@ -229,13 +257,17 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         tree=cfg.tree,
         credit=cfg.credit, trainer=cfg.trainer, loop=cfg.loop, eval_samples=cfg.eval_samples,
     )
-    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name, console=True)
+    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name, console=True,
+                           logging=cfg.run.logging)
     rl = stages.run("rl", "OAT-GRPO with vLLM rollouts (held-out eval before and after)",
                     lambda: train_oat_grpo(oat_cfg, prepare_run_dir(oat_cfg, oat_cfg.run, "rl"), logger=logger,
                                            eval_tasks=eval_tasks))
     logger.close()
     evals = rl["evals"]
     before, after = evals[0], evals[-1]
+    stages.figures("rl", {"before": before, "after": after, "iterations": rl["iterations_run"],
+                          "updates": rl["updates"]},
+                   f"SFT {heldout_line(before)}; after OAT-GRPO {heldout_line(after)}")
 
     # The held-out figures go into the exported model card, so they are written before the export.
     results = heldout_results(cfg, before, after, baselines)
@@ -250,6 +282,8 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         )
         export_checks = stages.run("export", "Hugging Face checkpoint + model card, verified in transformers and vLLM",
                                    lambda: export_model(export_cfg, run_dir / "export" / "model"))
+        stages.figures("export", {k: export_checks.get(k) for k in ("path", "ok", "failures", "differs_from_base")},
+                       f"{export_checks['path']} {'verified' if export_checks['ok'] else 'FAILED'}")
     paired: dict[str, Any] | None = None
     if cfg.paired_eval:
         if not cfg.export:
@@ -275,12 +309,14 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         "export": export_checks,
         "paired": paired,
         "stage_s": stages.times,
+        "base_model_dir": str(base),
+        "sft_model_dir": sft_policy.base if sft_policy.adapter is None else sft_policy.adapter,
         "wall_s": round(time.perf_counter() - stages.start, 1),
         "peak_rss_gib": _peak_rss_gib(),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_report(run_dir, cfg, summary, rl["history"])
-    _print_table(summary)
+    _print_table(summary, _sampled_roles(cfg))
     log.info(f"\n[quickstart] report: {run_dir / 'report.md'}")
     return 0
 
@@ -317,8 +353,9 @@ def heldout_results(cfg: QuickstartConfig, before: dict[str, Any], after: dict[s
     overall and per horizon, beside the baselines: what the exported model card records."""
     horizons = [k.split("/", 1)[1] for k in before if k.startswith("success/")]
     return {
-        "eval": (f"held-out SAM tasks: horizons {cfg.eval_horizons} x {cfg.eval_tasks_per_horizon} tasks; sampled = "
-                 f"recall at temperature 1, mean of {cfg.eval_samples} run(s) per task; greedy = every call greedy"),
+        "eval": (f"held-out SAM tasks: horizons {cfg.eval_horizons} x {cfg.eval_tasks_per_horizon} tasks; "
+                 + (f"sampled = {_sampled_roles(cfg)}, mean of {cfg.eval_samples} run(s) per task" if cfg.eval_samples
+                    else "sampled = not run (eval_samples 0)") + "; greedy = every call greedy"),
         "success_sft": before["success"],
         "success_rl": after["success"],
         "success_sft_greedy": before["success_greedy"],
@@ -331,11 +368,16 @@ def heldout_results(cfg: QuickstartConfig, before: dict[str, Any], after: dict[s
     }
 
 
-def _print_table(summary: dict[str, Any]) -> None:
+def _sampled_roles(cfg: QuickstartConfig) -> str:
+    return ", ".join(f"{role} {'greedy' if s.temperature == 0 else f'at temperature {s.temperature:g}'}"
+                     for role, s in cfg.memory.sampling.items())
+
+
+def _print_table(summary: dict[str, Any], sampled: str) -> None:
     rows = [(name, v["success"], v["success_greedy"]) for name, v in summary["baselines"].items()]
     rows += [("SFT", summary["success_sft"], summary["success_sft_greedy"]),
              ("SFT + OAT-GRPO", summary["success_rl"], summary["success_rl_greedy"])]
-    log.info("\n[quickstart] held-out success inside SAM (recall sampled at T=1 | greedy)")
+    log.info(f"\n[quickstart] held-out success inside SAM (sampled: {sampled} | greedy)")
     def pct(x: float | None) -> str:
         return "   n/a" if x is None else f"{x:>6.1%}"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_report"]
+__all__ = ["expert_sentence", "export_sentence", "rl_sentence", "sampled_sentence", "write_report"]
 
 
 def _plots(run_dir: Path, summary: dict[str, Any], history: list[dict[str, Any]]) -> list[str]:
@@ -72,6 +72,61 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
+def _role_decoding(cfg: Any) -> str:
+    """How the memory model decodes each role in the sampled evaluation, from ``cfg.memory.sampling``."""
+    names = {"consolidate": "cues", "recall": "recall"}
+    parts = []
+    for role, sampling in cfg.memory.sampling.items():
+        how = "greedy" if sampling.temperature == 0 else f"sampled at temperature {sampling.temperature:g}"
+        parts.append(f"{names.get(role, role)} {how}")
+    return ", ".join(parts)
+
+
+def sampled_sentence(cfg: Any) -> str:
+    """What the *sampled* column is, from the run's config (``eval_samples`` runs per task, or not run)."""
+    if cfg.eval_samples == 0:
+        return "*Sampled*: not run (`eval_samples: 0`), so that column reads n/a."
+    runs = "one run" if cfg.eval_samples == 1 else f"the mean of {cfg.eval_samples} runs"
+    return f"*Sampled*: the memory model as it is trained ({_role_decoding(cfg)}; {runs} per task)."
+
+
+def expert_sentence(cfg: Any) -> str:
+    """What the privileged expert does with a fact a later page restates, from ``cfg.expert.defer_to_later``."""
+    defer = cfg.expert.defer_to_later
+    if not defer:
+        return (" The oracle sees the true state and writes every fact into its cues (`expert.defer_to_later: 0`),"
+                " so the SFT data holds no habit the student cannot imitate.")
+    return (" The oracle sees the true state and, when it knows a later page restates a fact, leaves the fact out"
+            f" ({defer:.0%} of the time, `expert.defer_to_later`). That never costs the expert its answer, so these"
+            " traces survive rejection sampling; the student cannot see the later page and learns to drop facts"
+            " blindly.")
+
+
+def export_sentence(export: dict[str, Any], base: str | None, sft: str | None) -> str:
+    """The export line: where, verified or not, and what the weights were compared with (as the check did)."""
+    verified = "verified" if export["ok"] else "FAILED: " + ", ".join(export["failures"])
+    diff = export.get("differs_from_base")
+    if diff is None:
+        compared = "weights not compared with another model"
+    else:
+        against = {str(base): "the untrained base", str(sft): "the SFT model RL started from"}.get(
+            str(diff["base"]), f"`{diff['base']}`")
+        compared = (f"weights differ from {against}" if diff["differs"] else f"weights do NOT differ from {against}")
+        compared += f" ({diff['tensors_changed']}/{diff['tensors_compared']} tensors changed)"
+    return f"- Export: `{export['path']}` ({verified} in transformers and vLLM; {compared})."
+
+
+def rl_sentence(cfg: Any, summary: dict[str, Any]) -> str:
+    """The OAT-GRPO line: iterations, updates, where the trees branch, the reward as configured, tokens spent."""
+    roles = " and ".join({"consolidate": "cue", "recall": "recall"}.get(r, r) for r in cfg.tree.branch_roles)
+    weight = cfg.credit.committee_weight
+    reward = (f"r = V(n) + {weight:g} (c(n) - c_bar) with the oracle as committee and the offline judge" if weight
+              else "r = V(n) (committee off)")
+    return (f"- OAT-GRPO: {summary['rl_iterations']} iterations, {summary['rl_updates']} optimizer updates, trees"
+            f" with K={cfg.tree.branch_factor} siblings per {roles} (depth {cfg.tree.max_branch_depth}), reward"
+            f" {reward}; {summary['reasoner_tokens_rl']:,} reasoner tokens spent.")
+
+
 def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list[dict[str, Any]]) -> Path:
     """Write ``report.md`` and the plots into ``run_dir``; returns the report path."""
     plots = _plots(run_dir, summary, history)
@@ -86,14 +141,14 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         ("SmolLM2-135M-Instruct" if getattr(cfg, "base_model", "tiny") == "smollm2" else
          "A tiny random-initialised Qwen3 memory model")
         + " learns SAM's two memory roles (cue writing, intent-driven recall)"
-        " from a privileged oracle expert, then OAT-GRPO trains its recall inside SAM with a frozen scripted reasoner"
-        f" (tasks: {getattr(cfg, 'task_family', 'sam')}).",
+        f" from {'a privileged' if cfg.expert.defer_to_later else 'an'} oracle expert, then OAT-GRPO trains its"
+        f" {' and '.join({'consolidate': 'cue writing'}.get(r, r) for r in cfg.tree.branch_roles)} inside SAM with a"
+        f" frozen scripted reasoner (tasks: {getattr(cfg, 'task_family', 'sam')}).",
         "",
         "## Held-out success inside SAM",
         "",
-        f"{len(cfg.eval_horizons)} horizons x {cfg.eval_tasks_per_horizon} held-out tasks. *Sampled*: the memory model"
-        " as it is trained (cues greedy, recall sampled at temperature 1; mean of"
-        f" {cfg.eval_samples} runs per task). *Greedy*: every memory call decoded greedily.",
+        f"{len(cfg.eval_horizons)} horizons x {cfg.eval_tasks_per_horizon} held-out tasks. {sampled_sentence(cfg)}"
+        " *Greedy*: every memory call decoded greedily.",
         "",
         "| memory model | success (sampled) | success (greedy) |",
         "|---|---|---|",
@@ -118,22 +173,14 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         "## What happened",
         "",
         f"- Distillation: {d['traces']['kept']} of {d['traces']['total']} expert trajectories kept by rejection"
-        f" sampling ({d['rows']['kept']} SFT rows). The oracle sees the true state and, when it knows a later"
-        f" page restates a fact, leaves the fact out ({cfg.expert.defer_to_later:.0%} of the time). That never"
-        " costs the expert its answer, so these traces survive rejection sampling; the student cannot see the"
-        " later page and learns to drop facts blindly.",
-        f"- OAT-GRPO: {summary['rl_iterations']} iterations, {summary['rl_updates']} optimizer updates, trees with"
-        f" K={cfg.tree.branch_factor} siblings per recall (depth {cfg.tree.max_branch_depth}), reward"
-        f" r = V(n) + {cfg.credit.committee_weight} (c(n) - c_bar) with the oracle as committee and the offline judge;"
-        f" {summary['reasoner_tokens_rl']:,} reasoner tokens spent.",
+        f" sampling ({d['rows']['kept']} SFT rows).{expert_sentence(cfg)}",
+        rl_sentence(cfg, summary),
         f"- Reasoner tokens per task (prompt + generated): SFT {before['reasoner_tokens_per_task']:.0f}, after RL"
         f" {after['reasoner_tokens_per_task']:.0f}; memory-model tokens per task:"
         f" {before['memory_tokens_per_task']:.0f} -> {after['memory_tokens_per_task']:.0f}.",
     ]
     if summary.get("export"):
-        e = summary["export"]
-        lines.append(f"- Export: `{e['path']}` ({'verified' if e['ok'] else 'FAILED: ' + ', '.join(e['failures'])}"
-                     " in transformers and vLLM; weights differ from the untrained base).")
+        lines.append(export_sentence(summary["export"], summary.get("base_model_dir"), summary.get("sft_model_dir")))
     lines += [
         f"- Wall time {summary['wall_s']:.0f} s (stages: "
         + ", ".join(f"{k} {v:.0f} s" for k, v in summary["stage_s"].items())
@@ -143,10 +190,11 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         "",
         *[f"![{p}]({p})" for p in plots],
         "",
-        "Files: `summary.json`, `heldout_results.json` (the held-out figures the model card records),"
-        " `metrics.jsonl` (one line per RL iteration and eval), `config.yaml` (the resolved config), `distill/` (SFT"
-        " datasets + stats), `sft/` and `rl/` (stage runs, checkpoints, policy versions),"
-        " `export/model` (the Hugging Face checkpoint and its model card).",
+        "Files: `summary.json`, `stage_figures.json` (each stage's figures, written as the stage ended),"
+        " `heldout_results.json` (the held-out figures" + (" the model card records" if summary.get("export") else "")
+        + "), `metrics.jsonl` (one line per RL iteration and eval), `config.yaml` (the resolved config), `distill/`"
+        " (SFT datasets + stats), `sft/` and `rl/` (stage runs, checkpoints, policy versions)"
+        + (", `export/model` (the Hugging Face checkpoint and its model card)." if summary.get("export") else "."),
     ]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")

@@ -24,6 +24,18 @@ precision of the candidate's tokens against the union, coverage = 10 x recall of
 them. With the oracle
 expert of a synthetic task as the committee (it answers from the environment's ground truth) and the offline judge,
 no endpoint is needed: that is the embedded default.
+
+**Recoverability** (``criterion: recoverability``, an option beside the rubric). The paper's target is a recall the
+reasoner can use: "concise yet faithful to the evidence the downstream reasoner will need". Lexical overlap with the
+references rewards copying their wording, not that. Under this criterion the judge is asked one question per candidate:
+can the reasoner recover from it alone what its request needs, as the references give it (0-10, rescaled to [0, 1]).
+The offline judge answers it by reading: a *reader* registered for the request's intent
+(:func:`register_recoverability_reader`; SAM's recall intents, ``where is the X`` and ``which key opens Y``, read
+the facts the way SAM's scripted reasoner reads them) takes what the references say the intent needs (their
+majority answer) and what the candidate says: c(n) = 1 when the reasoner would read the same answer from the
+candidate, 0 when it would read another one or none (and, when the references hold no answer, 1 for a candidate
+that claims none). A request no reader knows (a consolidation cue, another task family) is scored by the lexical
+rubric and counted (``recoverability_fallbacks``).
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -51,9 +63,11 @@ __all__ = [
     "CommitteeStats",
     "node_output",
     "offline_judge",
+    "offline_recoverability",
     "offline_rubric",
     "parse_judge_scores",
     "reference_messages",
+    "register_recoverability_reader",
     "rubric_score",
 ]
 
@@ -66,10 +80,20 @@ JUDGE_SYSTEM = (
 )
 
 
+JUDGE_RECOVERABILITY_SYSTEM = (
+    "You grade memory recalls by recoverability. A reasoner asked its memory for what the request below needs and "
+    "will see only one candidate. For every candidate, score from 0 to 10 whether the reasoner can recover from it "
+    "alone what the request needs, as the references give it (10: it can, unambiguously; 0: it cannot, or it would "
+    'be misled). Extra or reworded text does not matter. Reply with JSON only: [{"candidate": 1, "recoverable": 8}, '
+    "...]."
+)
+
+
 class CommitteeConfig(ConfigModel):
     """How c(n) is computed."""
 
     enabled: bool = True  # compute c(n); false: no committee term
+    criterion: Literal["rubric", "recoverability"] = "rubric"  # the judge's question (module docstring)
     reference_max_tokens: int = Field(256, ge=1)  # max tokens of each committee member's answer
     judge_max_tokens: int = Field(512, ge=1)  # max tokens of the judge's reply
     fallback: Literal["offline", "skip"] = "offline"  # failed call: offline judge scores the group, or skip its c(n)
@@ -88,6 +112,7 @@ class CommitteeStats:
     reference_failures: int = 0  # reference requests that failed or came back empty
     judge_failures: int = 0  # judge requests that failed or could not be parsed
     fallbacks: int = 0  # groups scored by the fallback (offline judge) or left without c(n)
+    recoverability_fallbacks: int = 0  # groups no recoverability reader knew, scored by the lexical rubric
     scored_groups: int = 0  # groups whose members got c(n) (committee judge, offline judge or fallback)
     scores: list[float] = field(default_factory=list)
     # HTTP attempts of endpoint engines (answered / failed: errors, timeouts), references and judge; retries included
@@ -105,6 +130,7 @@ class CommitteeStats:
             "judge_requests": self.judge_requests, "committee_cache_hits": self.cache_hits,
             "committee_failures": self.reference_failures, "judge_failures": self.judge_failures,
             "committee_fallbacks": self.fallbacks, "committee_scored_groups": self.scored_groups,
+            "committee_recoverability_fallbacks": self.recoverability_fallbacks,
         }
         out.update(self.http)
         return out
@@ -141,9 +167,46 @@ def offline_judge(candidate: str, references: Sequence[str]) -> float:
     return rubric_score(**offline_rubric(candidate, references))
 
 
-def parse_judge_scores(text: str, n: int) -> list[float] | None:
-    """Per-candidate c(n) in [0, 1] from the judge's reply (a JSON list of 0-10 rubric scores, one object per
-    candidate, in candidate order), or None when it cannot be read for all ``n``."""
+Reader = Callable[[str], "str | None"]  # recalled text -> what the reasoner reads for one intent (None: nothing)
+_READERS: list[Callable[[str], Reader | None]] = []
+
+
+def register_recoverability_reader(factory: Callable[[str], Reader | None]) -> Callable[[str], Reader | None]:
+    """Register ``factory(intent) -> reader or None`` for the offline recoverability judge (the first factory that
+    knows an intent reads it). Usable as a decorator."""
+    _READERS.append(factory)
+    return factory
+
+
+@register_recoverability_reader
+def _sam_reader(intent: str) -> Reader | None:
+    """SAM's recall intents, read as its scripted reasoner reads recalled facts (memrl.data.tasks.sam)."""
+    from memrl.data.tasks.sam import parse_facts
+
+    if m := re.fullmatch(r"which key opens (.+)", intent.strip()):
+        container = m.group(1)
+        return lambda text: parse_facts(text).opener.get(container)
+    if m := re.fullmatch(r"where is the (.+)", intent.strip()):
+        item = m.group(1)
+        return lambda text: parse_facts(text).location.get(item)
+    return None
+
+
+def offline_recoverability(candidate: str, references: Sequence[str], intent: str) -> float | None:
+    """c(n) of the offline judge under ``criterion: recoverability`` (module docstring), or None when no registered
+    reader knows ``intent``."""
+    read = next((r for factory in _READERS if (r := factory(intent)) is not None), None)
+    if read is None:
+        return None
+    answers = [a for a in (read(r) for r in references) if a is not None]
+    target = max(answers, key=answers.count) if answers else None  # the majority (the first of equals)
+    return 1.0 if read(candidate) == target else 0.0
+
+
+def parse_judge_scores(text: str, n: int, criterion: str = "rubric") -> list[float] | None:
+    """Per-candidate c(n) in [0, 1] from the judge's reply (a JSON list of 0-10 scores, one object per candidate, in
+    candidate order: the rubric's three, or ``recoverable`` under ``criterion: recoverability``), or None when it
+    cannot be read for all ``n``."""
     match = re.search(r"\[.*\]", text, re.DOTALL)
     if not match:
         return None
@@ -157,13 +220,17 @@ def parse_judge_scores(text: str, n: int) -> list[float] | None:
     for item in items:
         if not isinstance(item, dict):
             return None
+        keys = RUBRIC if criterion == "rubric" else ("recoverable",)
         try:
-            parts = {k: float(item[k]) for k in RUBRIC}
+            parts = {k: float(item[k]) for k in keys}
         except (KeyError, TypeError, ValueError):
             return None
         if not all(math.isfinite(p) for p in parts.values()):
             return None
-        scores.append(rubric_score(**parts))
+        if criterion == "rubric":
+            scores.append(rubric_score(**parts))
+        else:
+            scores.append(min(max(parts["recoverable"] / RUBRIC_MAX, 0.0), 1.0))
     return scores
 
 
@@ -188,13 +255,27 @@ def reference_messages(node: TreeNode) -> list[Message]:
     return as_messages(render_sam_recall_prompt(intent, first_page, pages, ""))
 
 
-def _judge_messages(references: list[str], candidates: list[str]) -> list[Message]:
+def _judge_messages(references: list[str], candidates: list[str], request: str | None = None) -> list[Message]:
+    """The judge's request: the rubric's, or with ``request`` (the memory request's text) the recoverability one."""
     refs = "\n".join(f"[{i + 1}] {r}" for i, r in enumerate(references))
     cands = "\n".join(f"({i + 1}) {c}" for i, c in enumerate(candidates))
-    return [
-        Message(role="system", content=JUDGE_SYSTEM),
-        Message(role="user", content=f"references:\n{refs}\ncandidates:\n{cands}"),
-    ]
+    if request is None:
+        return [Message(role="system", content=JUDGE_SYSTEM),
+                Message(role="user", content=f"references:\n{refs}\ncandidates:\n{cands}")]
+    return [Message(role="system", content=JUDGE_RECOVERABILITY_SYSTEM),
+            Message(role="user", content=f"request:\n{request}\nreferences:\n{refs}\ncandidates:\n{cands}")]
+
+
+def _intent(node: TreeNode) -> str | None:
+    """The recall intent of ``node``'s request (None for a request that is not a SAM recall)."""
+    parsed = parse_sam_recall_prompt(reference_messages(node))
+    return parsed[0] if parsed is not None else None
+
+
+def _request_text(node: TreeNode) -> str:
+    """The memory request as the judge sees it: the last user message of the committee's request."""
+    messages = reference_messages(node)
+    return next((m.content for m in reversed(messages) if m.role == "user"), "")
 
 
 class Committee:
@@ -307,15 +388,18 @@ class Committee:
                 self._fallback(members, None, stats)
                 continue
             if self.judge is None:
-                self._assign(members, [offline_judge(cand, references) for cand in candidates], stats)
+                self._assign(members, self._offline(members, references, stats), stats)
                 continue
-            key = content_key("judge", self.judge.name, self.cfg.judge_max_tokens, references, candidates)
+            recoverability = self.cfg.criterion == "recoverability"
+            request_text = _request_text(members[0]) if recoverability else None
+            key = content_key("judge", self.judge.name, self.cfg.judge_max_tokens, references, candidates,
+                              *(["recoverability", request_text] if recoverability else []))
             cached = self.cache.get(key)
             if cached is not None:
                 stats.cache_hits += 1
                 self._assign(members, cached, stats)
                 continue
-            messages = _judge_messages(references, candidates)
+            messages = _judge_messages(references, candidates, request_text)
             request = GenerationRequest(
                 messages=messages,
                 sampling=SamplingParams(temperature=0.0, max_tokens=self.cfg.judge_max_tokens, logprobs=False),
@@ -327,7 +411,7 @@ class Committee:
             results = _each(self.judge, [r for *_, r in judge_todo])
             for (i, references, key, _), result in zip(judge_todo, results, strict=True):
                 members = items[i][1]
-                scores = parse_judge_scores(_text(result), len(members))
+                scores = parse_judge_scores(_text(result), len(members), self.cfg.criterion)
                 if scores is None:  # a failed request or an unreadable reply: this group alone falls back
                     stats.judge_failures += 1
                     self._fallback(members, references, stats)
@@ -335,6 +419,18 @@ class Committee:
                 self.cache.put(key, scores)
                 self._assign(members, scores, stats)
         return stats
+
+    def _offline(self, members: list[TreeNode], references: list[str], stats: CommitteeStats) -> list[float]:
+        """The offline judge's c(n) of a group under the configured criterion (the lexical rubric for a request no
+        recoverability reader knows, counted)."""
+        candidates = [node_output(m) for m in members]
+        if self.cfg.criterion == "recoverability":
+            intent = _intent(members[0])
+            scores = [offline_recoverability(c, references, intent) for c in candidates] if intent is not None else []
+            if scores and all(x is not None for x in scores):
+                return [float(x) for x in scores]  # type: ignore[arg-type]
+            stats.recoverability_fallbacks += 1
+        return [offline_judge(c, references) for c in candidates]
 
     def _assign(self, members: list[TreeNode], scores: list[float], stats: CommitteeStats) -> None:
         stats.scored_groups += 1
@@ -345,7 +441,7 @@ class Committee:
     def _fallback(self, members: list[TreeNode], references: list[str] | None, stats: CommitteeStats) -> None:
         stats.fallbacks += 1
         if self.cfg.fallback == "offline" and references:
-            self._assign(members, [offline_judge(node_output(node), references) for node in members], stats)
+            self._assign(members, self._offline(members, references, stats), stats)
         else:
             for node in members:
                 node.committee_score = None

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from memrl.data.schemas import Group, GroupSample, MemoryCall, MemoryCallTree, TreeNode
-from memrl.rewards.advantage import group_advantages
+from memrl.rewards.advantage import is_zero_variance, shaped_batch_advantages
 from memrl.rewards.credit import CreditConfig, assign_batch_credit
-from memrl.rewards.pivot import PivotRewardConfig, pivot_reward
+from memrl.rewards.pivot import PivotRewardConfig, pivot_terms
 from memrl.rollout.pivots import PivotGroupResult, PivotSample
 
 __all__ = ["credit_and_groups", "pivot_groups", "trees_to_groups"]
@@ -24,7 +24,9 @@ def credit_and_groups(trees: list[MemoryCallTree], credit: CreditConfig, mode: L
     """OAT credit over one iteration's trees, all workers' together (the batch-level options, ``baseline: global``
     and ``shuffle_outcomes``, see the whole batch), then the trainer groups in task order, and the credit metrics:
     outcome-informative sibling groups, the outcome-tie fraction among sibling groups, and the identical-sibling
-    fraction (sampled sibling actions merged into an earlier identical one, of all sampled siblings)."""
+    fraction (sampled sibling actions merged into an earlier identical one, of all sampled siblings) beside the
+    prefix-shared fraction (sampled siblings that share their first calls with another and branch later, of all
+    sampled siblings: ``credit.shared_prefix: branch`` trains those calls once)."""
     stats = assign_batch_credit(trees, credit, mode=mode, seed=seed)
     groups = trees_to_groups(trees, source="oat" if mode == "tree" else "flat")
     ties, informative = sum(c.outcome_tie_groups for c in stats), sum(c.informative_groups for c in stats)
@@ -39,6 +41,8 @@ def credit_and_groups(trees: list[MemoryCallTree], credit: CreditConfig, mode: L
         metrics["outcome_tie_fraction"] = ties / (ties + informative)
     if branched:
         metrics["identical_sibling_fraction"] = sum(int(t.metadata.get("merged_siblings", 0)) for t in trees) / branched
+        metrics["prefix_shared_sibling_fraction"] = sum(
+            int(t.metadata.get("prefix_shared_siblings", 0)) for t in trees) / branched
     return groups, metrics
 
 
@@ -49,29 +53,35 @@ def trees_to_groups(trees: Sequence[MemoryCallTree], *, source: Literal["oat", "
     action is a one-sample group carrying its trajectory's advantage. Either way the later calls of an action
     (``follow_up_calls``) are one-sample groups carrying their node's advantage: they are part of the same action and
     share its credit, but their prompts differ between siblings (the running extraction), so they cannot join its
-    group (the trainer needs no shared prompt for a one-sample group).
+    group (the trainer needs no shared prompt for a one-sample group). Each group's ``metadata["outcome_tied"]`` says
+    whether its sibling group's values V(n) tie (what the trainer's tied-share diagnostics count).
     """
     groups: list[Group] = []
     for tree in trees:
-        members: dict[str, list[TreeNode]] = {}
+        members: dict[tuple[str, tuple[int, ...]], list[TreeNode]] = {}
         for node in tree.nodes:
             if node.kind == "memory" and node.call is not None and node.advantage is not None:
-                key = node.group_id if source == "oat" else node.node_id
-                members.setdefault(key or node.node_id, []).append(node)
-        for key, nodes in members.items():
+                key = (node.group_id if source == "oat" else node.node_id) or node.node_id
+                # a trainer group shares one prompt: siblings always do, by construction; keyed by it all the same
+                members.setdefault((key, tuple(node.call.prompt_ids)), []).append(node)
+        seen: dict[str, int] = {}
+        for (key, _), nodes in members.items():
             first = nodes[0].call
             assert first is not None
+            gid = f"{tree.tree_id}/{key}"
+            seen[gid] = seen.get(gid, 0) + 1
+            meta = {"outcome_tied": bool(nodes[0].metadata.get("outcome_tied", False))}
             groups.append(Group(
-                group_id=f"{tree.tree_id}/{key}", task_id=tree.task_id, role=first.role,
+                group_id=gid if seen[gid] == 1 else f"{gid}#{seen[gid]}", task_id=tree.task_id, role=first.role,
                 prompt_ids=list(first.prompt_ids), messages=list(first.messages), source=source,
-                samples=[_tree_sample(n.call, n) for n in nodes if n.call is not None],
+                samples=[_tree_sample(n.call, n) for n in nodes if n.call is not None], metadata=meta,
             ))
             for n in nodes:
                 for i, follow in enumerate(n.follow_up_calls):
                     groups.append(Group(
                         group_id=f"{tree.tree_id}/{key}/{n.node_id}/f{i + 1}", task_id=tree.task_id, role=follow.role,
                         prompt_ids=list(follow.prompt_ids), messages=list(follow.messages), source=source,
-                        samples=[_tree_sample(follow, n)],
+                        samples=[_tree_sample(follow, n)], metadata=meta,
                     ))
     return groups
 
@@ -97,13 +107,16 @@ def _pivot_sample(call: MemoryCall, reward: float, advantage: float, node_id: st
 
 
 def pivot_groups(results: list[PivotGroupResult], cfg: PivotRewardConfig | None = None) -> list[Group]:
-    """Score every sample, compute group advantages, and build the trainer's :class:`Group` s."""
+    """Score every sample (outcome and shaping), compute the advantages of all the iteration's groups together (the
+    batch of ``cfg.advantage``'s batch-level options), and build the trainer's :class:`Group` s."""
     cfg = cfg or PivotRewardConfig()
     groups: list[Group] = []
-    for result in results:
-        rewards = [pivot_reward(s, cfg) for s in result.samples]
-        advantages = group_advantages(rewards, cfg.advantage)
-        meta = {**result.metadata, "pivot_id": result.pivot_id, "state": result.state}
+    terms = [[pivot_terms(s, cfg) for s in result.samples] for result in results]
+    batch = shaped_batch_advantages([([o for o, _ in t], [s for _, s in t]) for t in terms], cfg.advantage)
+    for result, group_terms, advantages in zip(results, terms, batch, strict=True):
+        rewards = [o + s for o, s in group_terms]
+        meta = {**result.metadata, "pivot_id": result.pivot_id, "state": result.state,
+                "outcome_tied": is_zero_variance([o for o, _ in group_terms])}
         groups.append(Group(
             group_id=result.pivot_id, task_id=result.task_id, role=result.role, prompt_ids=list(result.prompt_ids),
             messages=list(result.messages),

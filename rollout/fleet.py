@@ -18,8 +18,9 @@ fleet replays the last weight sync into it before it works again; a worker that 
 Weight sync is fanned out to every worker: :meth:`RolloutFleet.load_adapter` / :meth:`RolloutFleet.update_weights`
 (directories: LoRA adapters, and full weights on CPU or as the fallback) and
 :meth:`RolloutFleet.weight_sync_client`, vLLM's weight-sync client protocol over the fleet for the in-memory NCCL
-broadcast on GPUs (train/weight_sync.py drives it). Actor calls run one at a time per worker, so a sync queued
-behind a job lands after that job's trees.
+broadcast on GPUs (train/weight_sync.py drives it). After a sync, :meth:`RolloutFleet.probe_logprobs` asks every
+worker for its log-probs on a fixed probe, which the trainer checks against its own (train/weight_sync.py). Actor
+calls run one at a time per worker, so a sync queued behind a job lands after that job's trees.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pydantic import Field
 
 from memrl.data.config import ConfigError, ConfigModel, PolicyPlacement
 from memrl.data.schemas import MemoryCallTree
+from memrl.rollout.engines.base import EngineProbe
 from memrl.rollout.loop import Rollout
 from memrl.rollout.reaper import start_reaper
 from memrl.rollout.worker import RolloutWorker, TreeBatch, TreeJob, WorkerSpec
@@ -358,6 +360,10 @@ class RolloutFleet:
         """Greedy tokens of every live worker for one prompt."""
         return self._fan_out("probe", list(prompt_ids), max_tokens)
 
+    def probe_logprobs(self, prompts: list[list[int]], max_tokens: int) -> list[EngineProbe]:
+        """Every live worker's greedy tokens and log-probs on the weight-sync probe (memrl.train.weight_sync)."""
+        return self._fan_out("probe_logprobs", [list(p) for p in prompts], max_tokens)
+
     def weight_sync_client(self) -> Any:
         """vLLM's ``RayVLLMWeightSyncClient`` over the live workers (the in-memory NCCL path), except that every
         worker joins the trainer's NCCL group at its own ranks: the trainer is rank 0 and worker ``j``'s TP ranks
@@ -423,6 +429,10 @@ class LocalFleet:
     def sleep(self) -> None:
         """The engine sleeps (colocated on GPUs; nothing on CPU)."""
         self.worker.sleep()
+
+    def probe_logprobs(self, prompts: list[list[int]], max_tokens: int) -> list[EngineProbe]:
+        """The engine's greedy tokens and log-probs on the weight-sync probe (memrl.train.weight_sync)."""
+        return [self.worker.probe_logprobs(prompts, max_tokens)]
 
     def call_one(self, fn: Callable[[Any, Any], Any]) -> Any:
         """Run ``fn(policy engine, reasoner)`` here."""

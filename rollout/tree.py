@@ -29,6 +29,14 @@ moves under it, and V(n) pools both copies' leaves (``metadata["copies"]``). So 
 copies of one text is never trained as a preference; the tree's metadata counts ``branched_nodes`` and
 ``merged_siblings``. Dynamic sampling (``informative_groups``) is done by the recipe (:mod:`memrl.train.oat_grpo`).
 
+**One action, one credit: branch at the first differing call** (:func:`branch_at_first_difference`, applied by credit
+assignment after the committee has scored the whole actions: ``credit.shared_prefix: branch``, the default). Every
+call of a multi-call action is trained with its node's advantage. Siblings that make the same first page read and
+differ only in later ones would otherwise train that first read, the same prompt and the same response, once per
+sibling with opposite advantages (the copies cancel in the gradient but still count in the token-mean loss). So the
+tree branches where the siblings' calls first differ: the shared calls become one node among the siblings (its V(n)
+pools their leaves), and under it the differing continuations form their own sibling group, on one shared prompt.
+
 Flat mode (vanilla GRPO over trajectories): G independent rollouts per task; every trainable action of a trajectory
 is a node of that trajectory's chain and shares its outcome.
 
@@ -57,12 +65,19 @@ from typing import Any, Literal
 from pydantic import Field
 
 from memrl.data.config import ConfigModel
-from memrl.data.schemas import MemoryCallTree, TokenUsage, TreeNode
+from memrl.data.schemas import MemoryCall, MemoryCallTree, TokenUsage, TreeNode
 from memrl.data.tracking import progress_bar
 from memrl.rollout.engines.base import Engine, GenerationResult
 from memrl.rollout.loop import EngineSet, PendingCall, Rollout
 
-__all__ = ["TreeConfig", "TreeRolloutStats", "build_trees", "check_trained_sampling", "merge_identical_siblings"]
+__all__ = [
+    "TreeConfig",
+    "TreeRolloutStats",
+    "branch_at_first_difference",
+    "build_trees",
+    "check_trained_sampling",
+    "merge_identical_siblings",
+]
 
 
 class TreeConfig(ConfigModel):
@@ -129,6 +144,8 @@ class _Branch:
 
 
 _Call = tuple[_Branch, PendingCall, int]  # a branch, its pending call, and how many samples the call draws
+# a trainable action about to be taken: the rollout at its state, the pending call, the samples, their node ids
+OnAction = Callable[[Rollout, PendingCall, GenerationResult, list[str]], None]
 
 
 def build_trees(
@@ -139,8 +156,13 @@ def build_trees(
     *,
     config_hash: str = "",
     progress: str | None = None,
+    on_action: OnAction | None = None,
 ) -> tuple[list[MemoryCallTree], TreeRolloutStats]:
-    """Roll every task out as a memory-call tree (or G flat trajectories) and return the trees, in task order."""
+    """Roll every task out as a memory-call tree (or G flat trajectories) and return the trees, in task order.
+
+    ``on_action(state, call, result, node_ids)`` sees every trainable action before it is taken: the rollout at its
+    state (to :meth:`~memrl.rollout.loop.Rollout.fork`, never to advance), the pending call, the engine's n samples
+    and the node ids they become (a benchmark replays continuations from there for a ground truth)."""
     stats = TreeRolloutStats()
     trees: list[_TreeState] = []
     branches: list[_Branch] = []
@@ -159,7 +181,7 @@ def build_trees(
 
     def advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int) -> list[_Branch]:
         running = []
-        for b in _advance(branch, call, result, n, cfg):
+        for b in _advance(branch, call, result, n, cfg, on_action):
             if not b.rollout.done:
                 running.append(b)
                 continue
@@ -223,6 +245,83 @@ def merge_identical_siblings(nodes: dict[str, TreeNode]) -> int:
             del nodes[node.node_id]
             merged += 1
     return merged
+
+
+def _call_key(call: MemoryCall) -> tuple[Any, ...]:
+    """What makes two model calls the same trained row: role, prompt and response (token ids, else the text)."""
+    return (call.role, tuple(call.prompt_ids) or tuple(m.content for m in call.messages),
+            tuple(call.response_ids) or call.text)
+
+
+def _calls(node: TreeNode) -> list[MemoryCall]:
+    return [c for c in (node.call, *node.follow_up_calls) if c is not None]
+
+
+def branch_at_first_difference(tree: MemoryCallTree) -> int:
+    """One action, one credit: siblings whose actions agree on their first calls share those calls, in place.
+
+    Siblings that make the same first call(s) (same prompt, same response) and differ later become one node holding
+    the shared calls (id ``<first sibling>^<calls>``, in the siblings' group, V(n) pooling their leaves, c(n) the mean
+    of theirs); under it, each sibling keeps only its calls from the first one that differs, and they form a sibling
+    group of their own (``<group>><shared node>``), whose calls share a prompt. Nested agreements branch again, so
+    every distinct row is one node's call and no identical row is trained against itself with opposite advantages.
+    Actions equal in every call are left to :func:`merge_identical_siblings`; a sibling whose action ends inside the
+    shared calls keeps the siblings apart. Returns the number of shared nodes made (``metadata["shared_prefixes"]``;
+    ``metadata["prefix_shared_siblings"]`` counts the siblings moved under one)."""
+    nodes = {n.node_id: n for n in tree.nodes}
+    groups: dict[str, list[TreeNode]] = {}
+    for node in tree.nodes:
+        if node.kind == "memory" and node.call is not None and node.group_id is not None:
+            groups.setdefault(node.group_id, []).append(node)
+    made: list[TreeNode] = []
+    for group_id, members in groups.items():
+        if len(members) > 1:
+            _share_prefixes(nodes, members, 0, members[0].parent_id, group_id, made)
+    if not made:
+        return 0
+    for node in nodes.values():
+        node.children = []
+    for node in nodes.values():
+        if node.parent_id is not None:
+            nodes[node.parent_id].children.append(node.node_id)
+    made_ids = {n.node_id for n in made}
+    moved = sum(n.parent_id in made_ids and n.node_id not in made_ids for n in nodes.values())
+    tree.nodes = _in_path_order(nodes)
+    tree.metadata = {**tree.metadata, "shared_prefixes": len(made), "prefix_shared_siblings": moved}
+    return len(made)
+
+
+def _share_prefixes(nodes: dict[str, TreeNode], members: list[TreeNode], start: int, parent_id: str | None,
+                    group_id: str, made: list[TreeNode]) -> None:
+    """Place ``members`` (which agree on their calls before ``start``) as siblings under ``parent_id`` in
+    ``group_id``: each keeps its calls from ``start`` on, and members agreeing further share a node."""
+    parts: dict[tuple[Any, ...], list[TreeNode]] = {}
+    calls = {m.node_id: _calls(m) for m in members}
+    for m in members:
+        parts.setdefault(_call_key(calls[m.node_id][start]), []).append(m)
+    for part in parts.values():
+        shared = start + 1
+        longest = min(len(calls[m.node_id]) for m in part)
+        while shared < longest and len({_call_key(calls[m.node_id][shared]) for m in part}) == 1:
+            shared += 1
+        if len(part) == 1 or any(len(calls[m.node_id]) <= shared for m in part):
+            for m in part:  # alone, or equal to another up to its end (merging is not this function's job)
+                own = calls[m.node_id][start:]
+                m.call, m.follow_up_calls, m.parent_id, m.group_id = own[0], own[1:], parent_id, group_id
+            continue
+        first = min(part, key=lambda n: _path_key(n.node_id))
+        scores = [m.committee_score for m in part]
+        node = TreeNode(
+            node_id=f"{first.node_id}^{shared}", parent_id=parent_id, depth=first.depth, kind="memory",
+            call=calls[first.node_id][start], follow_up_calls=calls[first.node_id][start + 1 : shared],
+            group_id=group_id,
+            committee_score=None if any(c is None for c in scores) else sum(scores) / len(scores),  # type: ignore[misc]
+            metadata={"shared_by": sorted((m.node_id for m in part), key=_path_key), "calls": [start, shared],
+                      "copies": sum(m.metadata.get("copies", 1) for m in part)},
+        )
+        nodes[node.node_id] = node
+        made.append(node)
+        _share_prefixes(nodes, part, shared, node.node_id, f"{group_id}>{node.node_id}", made)
 
 
 Advance = Callable[[_Branch, PendingCall, GenerationResult, int], list[_Branch]]
@@ -335,7 +434,8 @@ def _samples_for(call: PendingCall, branch: _Branch, cfg: TreeConfig) -> int:
     return cfg.branch_factor
 
 
-def _advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int, cfg: TreeConfig) -> list[_Branch]:
+def _advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int, cfg: TreeConfig,
+             on_action: OnAction | None = None) -> list[_Branch]:
     """Consume the engine's answer to the branch's call: the branch moves on, or forks into n siblings."""
     if call.kind == "reasoner":
         spent = TokenUsage(
@@ -358,6 +458,10 @@ def _advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: in
             node.follow_up_calls.append(record)
         return [branch]
     if call.role in cfg.branch_roles:
+        if on_action is not None:
+            rid, depth = branch.rollout.rollout_id, branch.tree.nodes[branch.node_id].depth + 1
+            ids = [f"{rid}.{k}:{depth}" if n > 1 else f"{rid}:{depth}" for k in range(n)]
+            on_action(branch.rollout, call, result, ids)
         return _branch_out(branch, result, n)
     record = branch.rollout.advance(result)
     if record is not None:

@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from memrl.data.schemas import MemoryCallTree
-from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, set_torch_threads
+from memrl.rollout.engines.base import (
+    Engine,
+    EngineProbe,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    set_torch_threads,
+)
 from memrl.rollout.engines.config import EngineConfig
 from memrl.rollout.engines.factory import build_engine, build_sticky_engine
 from memrl.rollout.loop import EngineSet, Rollout
@@ -148,6 +155,13 @@ class RolloutWorker:
         request = GenerationRequest(prompt_ids=list(prompt_ids),
                                     sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0))
         return list(self.engine.generate([request])[0].completions[0].response_ids)
+
+    def probe_logprobs(self, prompts: list[list[int]], max_tokens: int) -> EngineProbe:
+        """The engine's greedy tokens and log-probs on the weight-sync probe (memrl.train.weight_sync), named after
+        this worker."""
+        (answer,) = self.engine.probe_logprobs(prompts, max_tokens)
+        answer.engine = f"worker {self.index} ({answer.engine})"
+        return answer
 
     # ------------------------------------------------------------------------------------------------------------
     # vLLM's weight-transfer protocol (in-memory NCCL sync on GPUs), forwarded to the engine's ``vllm.LLM``; these

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from fakes import CountEnv, FakeEngine, RecallAwareMemory, RecordingEngine
 
+from memrl.data.schemas import MemoryCallTree
 from memrl.rewards.committee import Committee, CommitteeConfig, offline_judge, parse_judge_scores
 from memrl.rollout.engines.base import Engine
 from memrl.rollout.loop import EngineSet, Rollout
@@ -124,3 +125,61 @@ def test_offline_judge_and_parser() -> None:
     assert parse_judge_scores('ok: [{"relevance": 10, "coverage": 0, "consistency": 10}]', 1) == [pytest.approx(2 / 3)]
     assert parse_judge_scores('[{"relevance": 10}]', 1) is None
     assert parse_judge_scores("[1, 2]", 3) is None
+
+
+# ------------------------------------------------------------------------------------------- recoverability judge
+def recall_group(intent: str, candidates: list[str], page: str = "the brass key opens chest 7") -> MemoryCallTree:
+    """root -> one sibling group of SAM recalls under ``intent`` whose final extractions are ``candidates``."""
+    from memrl.data.formats import render_sam_recall_prompt
+    from memrl.data.schemas import MemoryCall, Message, TreeNode
+
+    messages = [Message(**m) for m in render_sam_recall_prompt(intent, 3, page, "")]
+    nodes = [TreeNode(node_id="root", kind="root", children=[f"a{k}" for k in range(len(candidates))])]
+    nodes += [TreeNode(node_id=f"a{k}", parent_id="root", depth=1, kind="memory", group_id="g",
+                       call=MemoryCall(call_id=f"a{k}", role="recall", messages=messages, text=text))
+              for k, text in enumerate(candidates)]
+    return MemoryCallTree(tree_id="t", task_id="t", root_id="root", nodes=nodes)
+
+
+def test_recoverability_reads_what_the_reasoner_needs_where_lexical_overlap_prefers_a_wrong_answer() -> None:
+    from memrl.rewards.committee import offline_recoverability
+
+    refs = ["the brass key opens chest 7"]
+    right = "chest 7 opens with the brass key\nthe red key is in drawer 5"  # paraphrased, with a distractor
+    wrong = "the iron key opens chest 7"  # the reference's wording, the wrong key
+    assert offline_judge(wrong, refs) > offline_judge(right, refs)  # the lexical rubric is fooled
+    assert offline_recoverability(right, refs, "which key opens chest 7") == 1.0
+    assert offline_recoverability(wrong, refs, "which key opens chest 7") == 0.0
+    assert offline_recoverability("nothing relevant", refs, "which key opens chest 7") == 0.0
+    # the references hold no answer: a candidate claiming none is right, one claiming an answer is not
+    assert offline_recoverability("nothing relevant", refs, "where is the red key") == 1.0
+    assert offline_recoverability(right, refs, "where is the red key") == 0.0
+    # the majority of the references sets the target; an intent no reader knows has no recoverability score
+    assert offline_recoverability(wrong, [wrong, wrong, refs[0]], "which key opens chest 7") == 1.0
+    assert offline_recoverability(right, refs, "summarise the page") is None
+
+
+def test_committee_scores_recoverability_offline_and_falls_back_to_the_rubric_for_unknown_requests() -> None:
+    tree = recall_group("which key opens chest 7", ["chest 7 opens with the brass key", "the iron key opens chest 7"])
+    stats = Committee(CommitteeConfig(criterion="recoverability"), [RecordingEngine("the brass key opens chest 7")],
+                      None).score([tree])
+    assert [n.committee_score for n in tree.nodes if n.kind == "memory"] == [1.0, 0.0]
+    assert stats.recoverability_fallbacks == 0
+    unknown = recall_group("summarise the page", ["a", "the brass key opens chest 7"])
+    stats = Committee(CommitteeConfig(criterion="recoverability"), [RecordingEngine("the brass key opens chest 7")],
+                      None).score([unknown])
+    scores = [n.committee_score for n in unknown.nodes if n.kind == "memory"]
+    assert stats.recoverability_fallbacks == 1 and scores[1] == pytest.approx(1.0) and scores[0] < 0.5
+
+
+def test_an_endpoint_judge_is_asked_the_recoverability_question(tmp_path: Path) -> None:
+    tree = recall_group("which key opens chest 7", ["x", "y"])
+    judge = RecordingEngine('[{"candidate": 1, "recoverable": 8}, {"candidate": 2, "recoverable": 0}]', "judge")
+    cfg = CommitteeConfig(criterion="recoverability", cache_dir=str(tmp_path / "cache"))
+    Committee(cfg, [RecordingEngine("the brass key opens chest 7")], judge).score([tree])
+    assert [n.committee_score for n in tree.nodes if n.kind == "memory"] == [pytest.approx(0.8), 0.0]
+    (request,) = judge.requests
+    assert "recoverability" in request.messages[0].content
+    assert "request:\nintent: which key opens chest 7" in request.messages[-1].content
+    assert parse_judge_scores('[{"recoverable": 12}]', 1, "recoverability") == [1.0]
+    assert parse_judge_scores('[{"relevance": 10, "coverage": 0, "consistency": 10}]', 1, "recoverability") is None

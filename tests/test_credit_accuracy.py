@@ -44,3 +44,14 @@ def test_methods_disagree_where_they_should() -> None:
     assert advs["committee"] == pytest.approx([-0.35, 0.35])
     assert advs["oat"][0] > 0 > advs["oat"][1]  # the outcome gap (1) outweighs 0.5 x the committee gap (0.7)
     assert "oat" not in group_advantages_by_method([1.0, 0.0], [0.2, None], [1.0, 0.0], [0.0, 1.0])
+
+
+def test_recoverability_methods_and_committee_only_advantages_in_tied_groups() -> None:
+    """Where the tree's own leaves tie, OAT's advantage is the committee's alone and unit-sized (the paper's formula);
+    the recoverability committee gets methods of its own."""
+    advs = group_advantages_by_method([1.0, 1.0], [0.61, 0.60], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0])
+    assert advs["tree"] == [0.0, 0.0]
+    assert advs["oat"] == pytest.approx([1.0, -1.0], abs=1e-3)  # a 0.01 committee gap becomes +-1
+    assert advs["committee_recoverability"] == pytest.approx([-0.5, 0.5])
+    assert advs["oat_recoverability"][1] > 0 > advs["oat_recoverability"][0]
+    assert "oat_recoverability" not in group_advantages_by_method([1.0, 0.0], [0.2, 0.9], [1.0, 0.0], [0.0, 1.0])

@@ -122,7 +122,7 @@ def test_old_logprobs_are_scored_without_dropout(tiny_model_dir: Path) -> None:
         return score(rows, reference=reference)
 
     trainer._score = recording  # type: ignore[method-assign]
-    trainer.step(groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant"))
+    trainer.step(groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant"), probe=True)
     assert modes == [False, False, False]  # pi_old, pi_ref and the KL-to-initial probe in eval mode (dropout off)
     assert trainer.model.training  # the update passes ran in train mode
 
@@ -174,7 +174,7 @@ def test_kl_to_the_initial_policy_on_the_probe_grows_from_zero(tiny_model_dir: P
     it is positive; with lr = 0 (the control) it stays 0 and the weights do not move."""
 
     def probe_kls(lr: float) -> list[float]:
-        cfg = GroupTrainerConfig(lr=lr, lora=LoraSettings(r=8, alpha=16), probe_rows=3)
+        cfg = GroupTrainerConfig(lr=lr, lora=LoraSettings(r=8, alpha=16), probe_rows=3, probe_every=1)
         trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
         return [trainer.step(groups)["kl_initial_probe"] for _ in range(2)]
@@ -182,6 +182,20 @@ def test_kl_to_the_initial_policy_on_the_probe_grows_from_zero(tiny_model_dir: P
     assert probe_kls(0.0) == pytest.approx([0.0, 0.0], abs=1e-9)
     moved = probe_kls(5e-3)
     assert moved[0] > 1e-4 and moved[1] > moved[0]
+
+
+def test_the_kl_probe_runs_every_n_updates_and_logs_its_cost(tiny_model_dir: Path) -> None:
+    """Re-scoring the probe costs a forward over its rows, so by default it runs after every probe_every-th update
+    only (or when the caller asks, as an online loop does at its last iteration), and says what it cost."""
+    cfg = GroupTrainerConfig(lr=1e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3, probe_every=2)
+    assert GroupTrainerConfig().probe_every == 10
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
+    groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
+    runs = [trainer.step(groups) for _ in range(3)] + [trainer.step(groups, probe=True)]
+    assert ["kl_initial_probe" in m for m in runs] == [False, True, False, True]
+    assert all(m["kl_probe_s"] > 0 for m in runs if "kl_initial_probe" in m)
+    assert not any("kl_probe_s" in m for m in runs if "kl_initial_probe" not in m)
+    assert "kl_initial_probe" not in trainer.step(groups, probe=False) and trainer.probe_state() is not None
 
 
 def test_lr_schedule_warms_up_then_decays_to_its_floor() -> None:
@@ -207,7 +221,8 @@ def test_kl_to_the_initial_policy_after_a_resume_is_to_the_run_s_start(tiny_mode
         run_dir.mkdir(exist_ok=True)
         torch.manual_seed(0)  # the same LoRA initialisation in every run
         trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
-                               GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3))
+                               GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3,
+                                                  probe_every=1))
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
         logger = MetricsLogger(run_dir, None, {}, name=name, console=False)
         loop = OnlineLoop(trainer=trainer, engine=None, cfg=LoopConfig(iterations=2, checkpoint_every=1),
@@ -224,4 +239,14 @@ def test_kl_to_the_initial_policy_after_a_resume_is_to_the_run_s_start(tiny_mode
     uninterrupted = run("whole", None)
     assert uninterrupted[1] > uninterrupted[0] > 1e-4
     assert run("stopped", 0) == pytest.approx(uninterrupted[:1], rel=1e-5)
+    # by default the probe runs every probe_every updates, and always at the loop's last iteration
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
+                           GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3))
+    groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
+    logger = MetricsLogger(tmp_path / "cadence", None, {}, name="cadence", console=False)
+    loop = OnlineLoop(trainer=trainer, engine=None, cfg=LoopConfig(iterations=3, checkpoint_every=0),
+                      run_dir=tmp_path / "cadence", resume=False, logger=logger)
+    probed = ["kl_initial_probe" in loop.update(groups, iteration) for iteration in loop.start(lambda i: None, None)]
+    logger.close()
+    assert probed == [False, False, True]
     assert run("stopped", None, resume=True) == pytest.approx(uninterrupted[1:], rel=1e-4)

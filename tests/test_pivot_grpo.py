@@ -85,7 +85,7 @@ def test_phase1_and_2_groups_add_the_followups_with_the_same_advantage() -> None
     follow = call("<context_for_action>requirement: use python3.9</context_for_action>")
     samples = [sample(0, "edits", 1.0, followup=follow, role="bank_edit"),
                sample(1, "edits", 0.0, followup=call(SILENCE), role="bank_edit")]
-    groups = pivot_groups([result(samples, role="bank_edit")], PivotRewardConfig(advantage="none"))
+    groups = pivot_groups([result(samples, role="bank_edit")], PivotRewardConfig(advantage="dr_grpo"))
     assert [g.role for g in groups] == ["bank_edit", "intervene", "intervene"]
     assert groups[0].samples[0].advantage == groups[1].samples[0].advantage == 0.5
     assert groups[2].samples[0].advantage == -0.5 and groups[2].prompt_ids == [7, 8]
@@ -213,34 +213,83 @@ def test_all_turns_groups_skip_detection_and_reuse_the_start_evaluation(tmp_path
     assert row["action_tokens"] > 0
 
 
-def test_a_resumed_pivot_run_measures_kl_to_its_initial_policy(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The KL probe travels in pivot-GRPO's checkpoint: after a resume, kl_initial_probe is the distance to the
-    run's start, as in the uninterrupted run (a probe re-fixed at the resume would read one update's KL)."""
-    from types import SimpleNamespace
+def cli_config(tmp_path: Path, model: Path, name: str, **overrides: Any) -> Path:
+    """The tiny run's config as the YAML file ``memrl train pivot-grpo --config`` reads, made to update: the random
+    model never writes the strict format, so untagged text counts as silence, and a stop string that its samples
+    sometimes produce makes some finish (well-formed silence, reward 0) and others hit max_tokens (malformed, -0.5).
+    Full weights: a fresh LoRA adapter's initialisation is not drawn from ``run.seed``, so two fresh LoRA runs differ
+    (a resumed one reads the adapter back, so resumes are exact either way)."""
+    import yaml
 
-    import torch
-    from test_group_trainer import groups_for
+    sampling = {"bank_edit": {"max_tokens": 64}, "intervene": {"max_tokens": 12, "stop": ["q"]}}
+    cfg = tiny_run(tmp_path, model, run={"name": name}, trainer={"probe_rows": 4, "lora": {"enabled": False}},
+                   reward={"strict_format": False},
+                   memory={"window": 1, "sampling": sampling}, groups={"group_size": 4}, **overrides)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=True)))
+    return path
 
-    from memrl.train.checkpoint import CheckpointManager
-    from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
-    from memrl.train.pivot_grpo import checkpoint_state, resume_state
-    from memrl.train.policy import LoraSettings, PolicySpec
 
-    def trainer() -> GroupTrainer:
-        torch.manual_seed(0)  # the same LoRA initialisation each time
-        return GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
-                            GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3))
+def comparable(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl without the wall-clock fields and the action agent's token spend (the scripted agent's
+    simulated prefix cache starts cold in a new process, as a real server's would, so a resumed run spends more
+    uncached prompt tokens): what a resumed run must log exactly as the uninterrupted one."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not (k.endswith(("_s", "action_tokens")) or k == "time")} for r in rows]
 
-    whole = trainer()
-    groups = groups_for(whole.tokenizer, "the red key is in drawer 5", "nothing relevant")
-    uninterrupted = [whole.step(groups)["kl_initial_probe"] for _ in range(2)]
-    assert uninterrupted[1] > uninterrupted[0] > 1e-4
 
-    first = trainer()
-    assert first.step(groups)["kl_initial_probe"] == pytest.approx(uninterrupted[0], rel=1e-5)
-    ckpt = CheckpointManager(tmp_path / "checkpoints", keep=2)
-    ckpt.save(0, first.accelerator, first.model, checkpoint_state(0, first, [], []))
-    resumed = trainer()
-    start, _, _ = resume_state(SimpleNamespace(run=SimpleNamespace(resume=True)), ckpt, resumed, None)
-    assert start == 1
-    assert resumed.step(groups)["kl_initial_probe"] == pytest.approx(uninterrupted[1], rel=1e-4)
+@pytest.mark.slow
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_sigkill_in_a_checkpoint_write_then_resume_equals_the_uninterrupted_run(
+        tmp_path: Path, tiny_model_dir: Path, staleness: int) -> None:
+    """Pivot-turn GRPO resumes through the shared online loop: a SIGKILL while a checkpoint is being written (the
+    first with k = 0; the last with k = 1, whose checkpoint before it names the one-step-off collection in flight
+    and the policy version it ran under), then ``--resume``, ends with the uninterrupted run's weights, every step
+    logged once with the same figures (kl_initial_probe: the probe travels in the checkpoint; the refresh's metrics
+    and tokens: logged with the refresh's first iteration, even when a resume reloads the pool), and the pool not
+    relabelled."""
+    import sys
+
+    from benchmarks import resume_faults as bench
+
+    def command(name: str, *extra: str) -> list[str]:
+        config = cli_config(tmp_path, tiny_model_dir, name, loop={"max_staleness": staleness})
+        return [sys.executable, "-m", "memrl.launch.cli", "train", "pivot-grpo", "--config", str(config), *extra]
+
+    bench.run(command("reference"))
+    reference = tmp_path / "reference"
+    expected = comparable(reference)
+    assert [r["step"] for r in expected] == [-1, 0, 1]
+    assert expected[1]["rows"] > 0 and expected[2]["rows"] > 0  # both iterations update the weights
+    assert expected[1]["kl_initial_probe"] > 0.0 and expected[2]["kl_initial_probe"] > 0.0
+    assert expected[1]["refresh_candidates"] >= 1 and "refresh_candidates" not in expected[2]
+    logged = [json.loads(line) for line in (reference / "metrics.jsonl").read_text().splitlines()]
+    # the refresh's labelling and detection tokens count once, with the refresh's first iteration
+    assert logged[1]["action_tokens"] == logged[1]["group_action_tokens"] + logged[1]["refresh_action_tokens"]
+    assert logged[2]["action_tokens"] == logged[2]["group_action_tokens"]
+    assert expected[1]["policy_version_collected"] == 0 and expected[2]["policy_version_collected"] == 1 - staleness
+    in_write_of = 0 if staleness == 0 else 1
+    hit = bench.kill_at(command("killed"), tmp_path / "killed", None, in_write_of=in_write_of)
+    if hit["finished"]:
+        pytest.skip("the run finished before the kill landed (a very slow machine)")
+    assert hit["checkpoint_being_written"] == [f".tmp-ckpt-{in_write_of:06d}"], hit
+    killed = tmp_path / "killed"
+    stamp = (killed / "pivots" / "r0000" / "pivots.jsonl").stat().st_mtime_ns
+    bench.run(command("killed", "--resume"))
+    assert comparable(killed) == expected, hit
+    assert bench.same_weights(bench.weights(killed), bench.weights(reference)), hit
+    assert (killed / "pivots" / "r0000" / "pivots.jsonl").stat().st_mtime_ns == stamp  # reloaded, not relabelled
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["iterations_run"] == (2 if staleness == 0 else 1) and summary["training_action_tokens"] > 0
+    assert not list((killed / "checkpoints").glob(".tmp-ckpt-*"))
+
+
+def test_stale_pivot_runs_get_truncated_importance_sampling(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``loop.max_staleness`` is the online loop's: k >= 1 turns truncated importance sampling on (config.yaml shows
+    the cap), k = 0 leaves the trainer as configured."""
+    from memrl.train.online import STALE_TIS_CAP
+
+    assert tiny_run(tmp_path, tiny_model_dir, loop={"max_staleness": 1}).trainer.tis_cap == STALE_TIS_CAP
+    assert tiny_run(tmp_path, tiny_model_dir).trainer.tis_cap is None
+    with pytest.raises(ValueError, match="keep_policy_versions"):
+        tiny_run(tmp_path, tiny_model_dir, loop={"max_staleness": 2, "keep_policy_versions": 2})

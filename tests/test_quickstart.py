@@ -56,6 +56,11 @@ def test_quickstart_runs_every_stage(model_cache: Path, tmp_path: Path) -> None:
     # Six SFT steps leave the model near random, so groups may all fail alike and be skipped (no update).
     assert summary["rl_iterations"] == 2 and 0 <= summary["rl_updates"] <= 2
     assert summary["baselines"]["oracle expert (upper bound)"]["success_greedy"] == 1.0
+    # every stage's figures were written as the stage ended; the report's sentences follow this config
+    figures = json.loads((run_dir / "stage_figures.json").read_text())
+    assert set(figures) == {"distill", "sft", "eval-oracle", "eval-untrained", "rl", "export"}
+    assert figures["eval-oracle"]["success_greedy"] == 1.0 and figures["sft"]["global_step"] == 6
+    assert "one run per task" in (run_dir / "report.md").read_text()
     for key in ("success_sft", "success_rl", "success_sft_greedy", "success_rl_greedy"):
         assert 0.0 <= summary[key] <= 1.0
     assert summary["export"] is not None and summary["reasoner_tokens_rl"] > 0

@@ -140,3 +140,84 @@ def test_progress_estimate_reaches_the_console_only_for_a_long_job(monkeypatch, 
             bar.update(1)
     records = {r.getMessage().split(":")[0]: r.levelno for r in caplog.records if "to go" in r.getMessage()}
     assert records == {"job3": logging.DEBUG, f"job{10**12}": logging.INFO}
+
+
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the event files under ``directory``, read back with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_backend_list_writes_tensorboard_events_and_an_mlflow_run(tmp_path: Path) -> None:
+    """Acceptance 8: ``run.logging.backends: [jsonl, tensorboard, mlflow]`` writes an event file TensorBoard reads
+    back and an MLflow run (local file store) MLflow reads back, with the same numbers as metrics.jsonl; a resume
+    continues the MLflow run and TensorBoard's events past the resumed step are dropped."""
+    import pytest
+
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    from mlflow import MlflowClient
+
+    from memrl.data.config import LoggingConfig
+
+    cfg = LoggingConfig(backends=["jsonl", "tensorboard", "mlflow"], mlflow_experiment="memrl-test")
+    logger = MetricsLogger(tmp_path, None, {"trainer": {"lr": 0.001}}, name="run-a", console=False, logging=cfg)
+    assert logger.backends == ["tensorboard", "mlflow"]
+    for step in range(4):
+        logger.log(step, {"loss": 1.0 / (step + 1), "eval/success": 0.25 * step, "note": "text", "flag": True,
+                          "nan": float("nan")})
+    logger.close()
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")
+    assert sorted(scalars) == ["eval/success", "loss"]
+    assert scalars["loss"] == [(s, pytest.approx(1.0 / (s + 1))) for s in range(4)]
+
+    run_id = (tmp_path / "mlflow_run_id").read_text().strip()
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    run = client.get_run(run_id)
+    assert run.info.run_name == "run-a" and run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == "memrl-test"
+    history = client.get_metric_history(run_id, "eval/success")
+    assert [(m.step, m.value) for m in history] == [(s, 0.25 * s) for s in range(4)]
+    assert set(run.data.metrics) == {"loss", "eval/success"}
+    assert json.loads((Path(client.download_artifacts(run_id, "config.json", str(tmp_path / "dl")))).read_text()) \
+        == {"trainer": {"lr": 0.001}}
+
+    # a resume from step 1: metrics.jsonl and TensorBoard keep steps 0-1, MLflow continues the same run
+    resumed = MetricsLogger(tmp_path, None, {}, name="run-a", console=False, logging=cfg, resume_from_step=1)
+    resumed.log(2, {"loss": 9.0})
+    resumed.close()
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert tensorboard_scalars(tmp_path / "tensorboard")["loss"] == [(0, 1.0), (1, 0.5), (2, 9.0)]
+    assert (tmp_path / "mlflow_run_id").read_text().strip() == run_id
+    assert [m.value for m in client.get_metric_history(run_id, "loss") if m.step == 2][-1] == 9.0
+
+
+def test_a_backend_without_its_package_is_a_config_error(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    import pytest
+
+    from memrl.data.config import ConfigError, LoggingConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"run.logging.backends lists mlflow, but the mlflow package is not "
+                                          r"installed: pip install 'memrl\[tracking\]'"):
+        MetricsLogger(tmp_path, logging=LoggingConfig(backends=["mlflow"]))
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_a_top_level_logging_key_points_to_run_logging() -> None:
+    """The issue's own spelling, ``logging.backends``, lives under ``run``: the error says where."""
+    import pytest
+
+    from memrl.data.config import ConfigError, apply_overrides
+    from memrl.launch.evaluation.config import EvalConfig
+
+    with pytest.raises(ConfigError, match=r"unknown key 'logging.backends'; did you mean 'run.logging'\?"):
+        apply_overrides(EvalConfig, {}, ["logging.backends=[jsonl, tensorboard]"])
+    assert apply_overrides(EvalConfig, {}, ["run.logging.backends=[jsonl, mlflow]"]) == {
+        "run": {"logging": {"backends": ["jsonl", "mlflow"]}}}

@@ -43,7 +43,7 @@ from memrl.train.logprobs import (
     token_loss_and_logprobs,
 )
 from memrl.train.policy import LoraSettings, PolicySpec, load_policy, save_policy
-from memrl.train.rows import Row, rows_from_groups, split_across_ranks, token_budget_bins
+from memrl.train.rows import Row, advantage_shares, rows_from_groups, split_across_ranks, token_budget_bins
 
 __all__ = [
     "GroupTrainer",
@@ -69,6 +69,9 @@ class GroupTrainerConfig(ConfigModel):
     # the first update's rows are a fixed probe; their tokens were sampled by the initial policy, so the k3 estimate
     # of KL(pi_initial || pi_theta) on them is unbiased
     probe_rows: int = Field(32, ge=0, le=10**5)  # rows of the KL-to-initial probe logged as kl_initial_probe (0: off)
+    # re-scoring the probe is a forward over its rows: after every this many updates (and at an online loop's last
+    # iteration) only, its cost logged as kl_probe_s
+    probe_every: int = Field(10, ge=1, le=10**6)  # updates between two KL-to-initial probes
     update_epochs: int = Field(1, ge=1, le=1000)  # passes over each update's rows
     optimizer_steps_per_epoch: int = Field(1, ge=1, le=10**4)  # optimizer steps each pass is split into
     # per process and optimizer step (gradient accumulation) when max_tokens_per_micro_batch is None; with a token
@@ -119,7 +122,8 @@ def batch_metrics(groups: list[Group], rows: list[Row]) -> dict[str, Any]:
     ``zero_variance_group_fraction`` counts sibling groups whose rewards r tie (the outcome ties, a stricter count,
     come from credit assignment); a one-sample group (flat mode, Phase 2 follow-ups) carries an advantage computed
     elsewhere, so the fraction is over groups of two or more and zero advantages are counted apart.
-    ``advantage_mean`` is over trained rows: non-zero when the batch pushes the policy down more than up."""
+    ``advantage_mean`` is over trained rows: non-zero when the batch pushes the policy down more than up. Where the
+    advantage comes from (outcome-tied groups, identical rows): :func:`memrl.train.rows.advantage_shares`."""
     siblings = [g for g in groups if len(g.samples) > 1]
     samples = [s for g in groups for s in g.samples]
     metrics: dict[str, Any] = {
@@ -135,6 +139,7 @@ def batch_metrics(groups: list[Group], rows: list[Row]) -> dict[str, Any]:
         mean = sum(rewards) / len(rewards)
         metrics["reward_mean"] = mean
         metrics["reward_std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    metrics.update(advantage_shares(rows))
     if advs := [r.advantage for r in rows]:
         metrics.update(
             advantage_mean=sum(advs) / len(advs),
@@ -361,10 +366,12 @@ class GroupTrainer:
             divisor = n_micro
         return float(divisor * self.accelerator.num_processes)
 
-    def step(self, groups: list[Group]) -> dict[str, Any]:
+    def step(self, groups: list[Group], *, probe: bool | None = None) -> dict[str, Any]:
         """One policy update on ``groups``: score pi_old (and pi_ref), then ``update_epochs`` passes of
         ``optimizer_steps_per_epoch`` optimizer steps over shuffled rows. Returns the update's metrics (identical on
-        every process); ``optimizer_steps`` lists each step's diagnostics against the batch's pi_old."""
+        every process); ``optimizer_steps`` lists each step's diagnostics against the batch's pi_old. The KL probe
+        (``kl_initial_probe``, with its cost ``kl_probe_s``) runs after every ``probe_every``-th update, or as
+        ``probe`` says."""
         cfg = self.cfg
         start = time.perf_counter()
         rows = rows_from_groups(groups, skip_zero_advantage=cfg.skip_zero_advantage)
@@ -392,8 +399,10 @@ class GroupTrainer:
         self.version += 1
         if cfg.probe_rows and not self._probe:
             self._probe, self._probe_initial = rows[: cfg.probe_rows], old[: cfg.probe_rows]
-        if self._probe:
+        if self._probe and (probe if probe is not None else self.version % cfg.probe_every == 0):
+            t_probe = time.perf_counter()
             metrics["kl_initial_probe"] = self.probe_kl()
+            metrics["kl_probe_s"] = time.perf_counter() - t_probe
         metrics.update(summarize_steps(per_step, log_entropy=cfg.log_entropy))
         metrics["optimizer_steps"] = per_step
         metrics["response_length"] = sum(len(r.response_ids) for r in rows) / len(rows)
@@ -414,6 +423,17 @@ class GroupTrainer:
         self.scored_rows = scored_rows
         r = torch.cat(now) - torch.cat(self._probe_initial)
         return float((torch.exp(r) - r - 1.0).mean())
+
+    def logprobs_of(self, pairs: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+        """The current policy's log-probs of each ``(prompt ids, response ids)`` pair's response tokens, without
+        dropout, as an update scores them (the weight-sync check, memrl.train.weight_sync; every process calls it)."""
+        scored_rows, training = self.scored_rows, self.model.training
+        self.model.eval()
+        try:
+            return self._score([Row(list(p), list(r), 0.0, []) for p, r in pairs], reference=False)
+        finally:
+            self.model.train(training)
+            self.scored_rows = scored_rows
 
     def _score_old_and_ref(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """pi_old (and pi_ref when the KL term is on) of every row, without dropout: with it, the ratio would

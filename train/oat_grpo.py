@@ -420,7 +420,7 @@ def setup_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger |
     fleet = build_fleet(spec, cfg.fleet, cfg.placement.policy) if main else None
     own_logger = logger is None
     logger = logger or MetricsLogger(run_dir, cfg.run.wandb if main else None, cfg.model_dump(mode="json"),
-                                     name=run_dir.name, console=main)
+                                     name=run_dir.name, console=main, logging=cfg.run.logging if main else None)
     loop = OnlineLoop(trainer=trainer, engine=fleet, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
                       logger=logger, desc="oat-grpo", attach={"reward_cache": Path(str(settings.cache_dir))},
                       in_memory=InMemoryWeightSync(trainer, fleet) if in_memory else None)

@@ -22,7 +22,9 @@ tree is built under one policy version (a worker runs a weight sync only between
 is on (the recipe configs resolve ``trainer.tis_cap`` with :func:`stale_sampling_tis`; the loop refuses a stale run
 without it); the staleness of each update is logged. k = 0 is the synchronous loop. The weights reach the engines
 through ``policy/vNNNNN`` (LoRA adapters; full weights on CPU), or in memory by NCCL broadcast on GPUs
-(train/weight_sync.py); only the newest ``keep_policy_versions`` version directories are kept, and those a resume
+(train/weight_sync.py), and after a sync every engine's log-probs on a fixed probe are checked against the
+trainer's (``loop.sync_check``, :class:`memrl.train.weight_sync.SyncVerifier`: a mismatch stops the run); only the
+newest ``keep_policy_versions`` version directories are kept, and those a resume
 from the newest complete checkpoint would relaunch collections under (until a newer checkpoint is complete).
 
 Resume: ``--resume`` restores the newest complete checkpoint (policy, optimizer, scheduler, RNG states, iteration) and
@@ -52,6 +54,7 @@ from memrl.data.schemas import Group
 from memrl.data.tracking import MetricsLogger, progress_bar
 from memrl.train.checkpoint import CheckpointManager
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+from memrl.train.weight_sync import SyncCheckConfig, SyncVerifier
 
 __all__ = ["LoopConfig", "LoopResult", "OnlineLoop", "PolicyEngine", "WeightSender", "broadcast_groups",
            "prune_policy_versions", "shared_run_dir", "stale_sampling_tis", "sync_policy"]
@@ -68,6 +71,9 @@ class PolicyEngine(Protocol):
 
     def sleep(self) -> None:
         """Release accelerator memory until the next weight load (a no-op where nothing is held)."""
+
+    def probe_logprobs(self, prompts: list[list[int]], max_tokens: int) -> list[Any]:
+        """Greedy tokens and their log-probs for each prompt, one ``EngineProbe`` per engine (the sync check)."""
 
 
 class WeightSender(Protocol):
@@ -89,6 +95,7 @@ class LoopConfig(ConfigModel):
     max_staleness: int = Field(0, ge=0)  # k: collect iteration i + k under the policy of iteration i; 0: synchronous
     keep_policy_versions: int = Field(2, ge=1)  # newest policy/vNNNNN directories kept (checkpoints are separate)
     weight_sync: Literal["auto", "disk", "nccl"] = "auto"  # full weights: auto = nccl on GPUs with a fleet, else disk
+    sync_check: SyncCheckConfig = SyncCheckConfig()  # after a sync: engines' log-probs on a probe vs the trainer's
 
     @model_validator(mode="after")
     def _versions_for_staleness(self) -> LoopConfig:
@@ -230,8 +237,10 @@ class OnlineLoop:
         # stay until a newer checkpoint is complete (a kill in between resumes from this one)
         self.checkpoint_needs: set[int] = set()
         self.policy_dir = ""
+        self.verifier = SyncVerifier(trainer, cfg.sync_check)  # stops the run when an engine missed a sync
         self._t0 = 0.0
         self._bar: Any = None
+        self._iteration: int | None = None  # the iteration being collected and updated
 
     def start(self, launch: Launch, evaluate: Evaluate | None) -> Any:
         """Resume (or start afresh), give the engines the starting policy, evaluate it; the iterations to run."""
@@ -260,6 +269,7 @@ class OnlineLoop:
             self.logger.truncate_after(-2)
         self.policy_dir = sync_policy(trainer, self.engine, self.policy_root, self.in_memory,
                                       save=self.cfg.max_staleness > 0)
+        self.verifier.check(self.engine)
         if self.first == 0 and evaluate is not None and self.main:
             self.evals.append({"iteration": -1, **evaluate(-1)})
             self.logger.log(-1, {f"eval/{k}": v for k, v in self.evals[-1].items() if k != "iteration"})
@@ -277,14 +287,16 @@ class OnlineLoop:
                 if self.main:
                     self.in_flight[ahead] = launch(ahead)
                 self.launched[ahead] = self.trainer.version
+        self._iteration = iteration  # the update after it probes the KL to the start at the last iteration
         payload, metrics = _result(self.in_flight.pop(iteration)) if self.main else (None, {})
         collected_under = self.launched.pop(iteration)
         return payload, {**metrics, "policy_version_collected": collected_under,
                          "rollout_s": time.perf_counter() - self._t0}
 
-    def update(self, groups: list[Group] | None) -> dict[str, Any]:
+    def update(self, groups: list[Group] | None, iteration: int | None = None) -> dict[str, Any]:
         """Every process gets the main process's groups; the engine sleeps (colocated on GPU, synchronous loop);
-        the trainer takes one update. Returns its metrics with the staleness of the samples."""
+        the trainer takes one update, with the KL probe at the last iteration (``iteration``, else the one
+        :meth:`collected` last returned). Returns its metrics with the staleness of the samples."""
         trainer = self.trainer
         groups = broadcast_groups(groups, trainer.accelerator)
         versions = [s.policy_version for g in groups for s in g.samples]
@@ -293,7 +305,8 @@ class OnlineLoop:
                      "mixed_version_groups": sum(len({s.policy_version for s in g.samples}) > 1 for g in groups)}
         if self.engine is not None and not self.cfg.max_staleness:  # free the engine's GPU memory for the update
             self.engine.sleep()  # (the sync wakes it); with k >= 1 the engines keep generating during the update
-        return {**trainer.step(groups), **staleness}
+        last = (self._iteration if iteration is None else iteration) == self.cfg.iterations - 1
+        return {**trainer.step(groups, probe=True if last else None), **staleness}
 
     def sync(self, iteration: int) -> dict[str, Any]:
         """The updated policy into the engines (written to disk with k >= 1 and at the last iteration); old
@@ -305,7 +318,7 @@ class OnlineLoop:
                                       save=self.cfg.max_staleness > 0 or last)
         sync_s = time.perf_counter() - t_sync
         self._prune()
-        return {"sync_s": sync_s}
+        return {"sync_s": sync_s, **self.verifier.check(self.engine)}
 
     def _prune(self) -> None:
         if self.main:

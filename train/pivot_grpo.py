@@ -3,7 +3,8 @@ Proactive Memory Agent for Long-Horizon Agents", section 4.5).
 
 The policy is the memory agent (typically the SFT model); the action agent stays frozen (scripted on CPU, or
 ``placement.reasoner``'s OpenAI-compatible endpoints: the paper's Qwen3.5-122B-A10B). :func:`run_pivot_grpo` is the
-whole recipe: setup, then per iteration, top to bottom,
+whole recipe, written over the online loop OAT-GRPO runs on (:class:`~memrl.train.online.OnlineLoop`: resume,
+checkpoints, bounded staleness, the one weight-sync path): setup, then per iteration, top to bottom,
 
 1. **collect**: every ``pivots.every`` iterations the pivot pool is refreshed (:func:`refresh_pool`): offline
    labelled rollouts of ``pivots.tasks`` training tasks with the current policy, pre-filtered candidate steps,
@@ -18,6 +19,13 @@ whole recipe: setup, then per iteration, top to bottom,
    group-relative advantages;
 3. **update** (:class:`~memrl.train.group_trainer.GroupTrainer`), 4. **sync** (the new version into the rollout
    engine: LoRA hot-swap or in-place full weights), 5. **log** (and evaluate when due), 6. **checkpoint**.
+
+``--resume`` continues from the newest complete checkpoint as OAT-GRPO does; the pivot pool needs nothing in the
+checkpoint: a refresh is a pure function of (seed, refresh, the policy that labels it), and a completed one is
+reloaded from its folder. With ``loop.max_staleness: k`` the collection of iteration ``i + k`` (its refresh included)
+runs under the policy of iteration ``i``, before that iteration's update, and the trainer weights it by truncated
+importance sampling; the collection runs in this process, so k buys no overlap here, only the same semantics as an
+OAT-GRPO run.
 
 **Evaluation** (:func:`evaluate_policy`): held-out pass rate at the rollout temperature (and greedy), reminders per
 episode and the action agent's tokens, beside the no-memory baseline and the SFT agent (the policy before the first
@@ -35,18 +43,18 @@ from __future__ import annotations
 import json
 import logging
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from pydantic import Field, model_validator
 
 from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig
 from memrl.data.io import atomic_write_text, read_jsonl, write_jsonl
 from memrl.data.schemas import Episode, TokenUsage
 from memrl.data.tasks import ProactiveTask, task_from_episode
-from memrl.data.tracking import MetricsLogger, progress_bar
+from memrl.data.tracking import MetricsLogger
 from memrl.rewards.groups import pivot_groups
 from memrl.rewards.pivot import PivotRewardConfig
 from memrl.rollout.agents import build_proactive_rollout
@@ -69,15 +77,8 @@ from memrl.rollout.pivots import (
     label_rollouts,
     sample_pivot_groups,
 )
-from memrl.train.checkpoint import CheckpointManager
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
-from memrl.train.online import (
-    LoopConfig,
-    broadcast_groups,
-    prune_policy_versions,
-    shared_run_dir,
-    sync_policy,
-)
+from memrl.train.online import LoopConfig, OnlineLoop, shared_run_dir, stale_sampling_tis
 from memrl.train.policy import PolicySpec
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ __all__ = [
     "PivotGRPOConfig",
     "PivotPool",
     "PivotRefreshConfig",
+    "PivotRun",
     "ProactiveTaskSetConfig",
     "draw_sites",
     "evaluate_memory",
@@ -94,6 +96,7 @@ __all__ = [
     "group_metrics",
     "refresh_pool",
     "run_pivot_grpo",
+    "setup_pivot_grpo",
 ]
 
 
@@ -171,9 +174,8 @@ class PivotGRPOConfig(ConfigModel):
             raise ValueError("groups.phases 'phase1+2' trains Phase 1: it must be served by the policy (phase1: null)")
         if self.memory.variant != "full":
             raise ValueError("pivot-turn GRPO trains the full two-phase agent: memory.variant must be 'full'")
-        if self.loop.max_staleness:
-            raise ValueError("loop.max_staleness: pivot-turn GRPO collects synchronously (groups restore labelled "
-                             "states of the current policy); it must be 0")
+        if (trainer := stale_sampling_tis(self.trainer, self.loop)) is not self.trainer:
+            self.trainer = trainer  # k >= 1: truncated IS on, and config.yaml shows it
         return self
 
 
@@ -265,20 +267,19 @@ class PivotPool:
     records: dict[str, LabelledRollout]
     pivots: list[PivotRecord]
     negatives: list[PivotRecord]
-    stats: dict[str, float] = field(default_factory=dict)  # the refresh's metrics (empty when reloaded)
+    stats: dict[str, float] = field(default_factory=dict)  # the refresh's metrics (stats.json when reloaded)
 
 
 def refresh_pool(cfg: PivotGRPOConfig, run_dir: Path, engines: EngineSet, tasks: list[ProactiveTask],
                  r: int) -> PivotPool:
-    """The pool of refresh ``r``: reloaded when a previous process completed it (its metrics were logged with the
-    iteration that built it), else labelled and detected now with the current policy and written under
-    ``<run_dir>/pivots/r<NNNN>/`` (``COMPLETE`` last)."""
+    """The pool of refresh ``r``: reloaded (with its metrics) when a previous process completed it, else labelled and
+    detected now with the current policy and written under ``<run_dir>/pivots/r<NNNN>/`` (``COMPLETE`` last)."""
     folder = run_dir / "pivots" / f"r{r:04d}"
     if (folder / "COMPLETE").exists():
         records, labels = read_jsonl(folder / "rollouts.jsonl", LabelledRollout), read_jsonl(folder / "pivots.jsonl",
                                                                                                PivotRecord)
         return PivotPool(r, {x.record_id: x for x in records}, [p for p in labels if p.is_pivot],
-                         [p for p in labels if not p.is_pivot])
+                         [p for p in labels if not p.is_pivot], json.loads((folder / "stats.json").read_text()))
     rng = random.Random(f"{cfg.run.seed}/refresh/{r}")
     order = rng.sample(range(len(tasks)), len(tasks))
     chosen = [tasks[order[i % len(order)]] for i in range(cfg.pivots.tasks)]
@@ -316,8 +317,10 @@ def draw_sites(pool: PivotPool, cfg: PivotGroupConfig, seed: int, iteration: int
     return chosen + rng.sample(pool.negatives, min(cfg.non_pivots_per_iteration, len(pool.negatives)))
 
 
-def group_metrics(pool: PivotPool, results: list[PivotGroupResult]) -> dict[str, float]:
-    """What the sampled groups did: pool size, success and reminder rates at pivots and elsewhere, tokens spent."""
+def group_metrics(pool: PivotPool, results: list[PivotGroupResult], *, refresh: bool = True) -> dict[str, float]:
+    """What the sampled groups did: pool size, success and reminder rates at pivots and elsewhere, the action agent's
+    tokens spent (``action_tokens`` adds the pool's labelling and detection with ``refresh``: in the refresh's first
+    iteration only, so a sum over iterations counts them once)."""
     at_pivots = [s for g in results if g.metadata["is_pivot"] for s in g.samples]
     others = [s for g in results if not g.metadata["is_pivot"] for s in g.samples]
     spent = float(sum((s.usage for g in results for s in g.samples), TokenUsage()).spent)
@@ -329,7 +332,7 @@ def group_metrics(pool: PivotPool, results: list[PivotGroupResult]) -> dict[str,
         "pivot_success": sum(s.outcome for s in at_pivots) / len(at_pivots) if at_pivots else 0.0,
         "pivot_reminder_rate": sum(s.reminder is not None for s in at_pivots) / len(at_pivots) if at_pivots else 0.0,
         "group_action_tokens": spent,
-        "action_tokens": spent + pool.stats.get("refresh_action_tokens", 0.0),
+        "action_tokens": spent + (pool.stats.get("refresh_action_tokens", 0.0) if refresh else 0.0),
     }
 
 
@@ -364,105 +367,100 @@ def evaluate_policy(cfg: PivotGRPOConfig, engines: EngineSet, tasks: list[Proact
     return out
 
 
-def resume_state(cfg: PivotGRPOConfig, ckpt: CheckpointManager, trainer: GroupTrainer, logger: MetricsLogger | None
-                 ) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
-    """(first iteration, history, evals): from the latest checkpoint with ``run.resume``, else a fresh start (which
-    drops what an earlier process logged, the start's evaluation included)."""
-    latest = ckpt.latest() if cfg.run.resume else None
-    if latest is None:
-        if logger is not None:
-            logger.truncate_after(-2)
-        return 0, [], []
-    state = ckpt.load(latest, trainer.accelerator)
-    trainer.version, trainer.updates = state["policy_version"], state["updates"]
-    trainer.set_rng_state(state["trainer_rng"])
-    trainer.set_probe_state(state.get("trainer_probe"))  # KL to the run's initial policy, not the resumed one
-    if logger is not None:
-        logger.truncate_after(state["iteration"])
-        log.info("resumed from %s: continuing at iteration %d", latest.name, state["iteration"] + 1)
-    return state["iteration"] + 1, state["history"], state["evals"]
-
-
-def checkpoint_state(iteration: int, trainer: GroupTrainer, history: list[dict[str, Any]],
-                     evals: list[dict[str, Any]]) -> dict[str, Any]:
-    """The loop's state saved beside the weights after ``iteration``; :func:`resume_state` reads it back."""
-    return {"iteration": iteration, "policy_version": trainer.version, "updates": trainer.updates,
-            "trainer_rng": trainer.rng_state(), "trainer_probe": trainer.probe_state(), "history": history,
-            "evals": evals}
-
-
-def due(every: int, iteration: int, last: bool) -> bool:
-    """Whether a periodic step (every ``every`` iterations; 0: the last only) runs after ``iteration``."""
-    return last or (every > 0 and (iteration + 1) % every == 0)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The recipe
 
 
-def run_pivot_grpo(cfg: PivotGRPOConfig) -> int:
-    """Run pivot-turn GRPO (see the module docstring); writes ``summary.json`` into the run directory.
+@dataclass
+class PivotRun:
+    """What a pivot-turn GRPO run holds across iterations, built by :func:`setup_pivot_grpo`: the trainer, the engines
+    (main process only), the task sets, the logger, the loop's bookkeeping and the current pivot pool."""
 
-    Each iteration: collect (refresh the pivot pool when due, G samples at this iteration's sites, every one continued
-    to the end) -> credit (pivot rewards, group advantages) -> groups -> update -> sync -> log -> checkpoint."""
-    accelerator = make_accelerator(cfg.trainer)  # setup
-    run_dir = shared_run_dir(cfg, cfg.run, cfg.command, accelerator)
-    main = accelerator.is_main_process
-    trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
-    train_tasks, eval_tasks = cfg.train_tasks.load(), cfg.eval_tasks.load()
-    engines, policy_engine = build_engines(cfg, train_tasks + eval_tasks) if main else (None, None)
-    ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.loop.keep_checkpoints)
-    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name) if main else None
-    start, history, evals = resume_state(cfg, ckpt, trainer, logger)
-    policy_root, pool = run_dir / "policy", None
-    policy_dir = sync_policy(trainer, policy_engine, policy_root)
-    if main and start == 0:
-        evals.append({"iteration": -1, **evaluate_policy(cfg, engines, eval_tasks, run_dir, -1)})
-        logger.log(-1, {f"eval/{k}": v for k, v in evals[-1].items() if k != "iteration"})
-    try:
-        for iteration in progress_bar(range(start, cfg.loop.iterations), desc="pivot-grpo", disable=not main,
-                                      initial=start, total=cfg.loop.iterations,
-                                      work=f"{cfg.loop.iterations - start:,} iterations to run"):
-            t0, last, metrics, groups = time.perf_counter(), iteration == cfg.loop.iterations - 1, {}, None
-            if main:
-                # collect: the pool of this refresh, then G samples at each of this iteration's sites
-                if pool is None or pool.refresh != iteration // cfg.pivots.every:
-                    pool = refresh_pool(cfg, run_dir, engines, train_tasks, iteration // cfg.pivots.every)
-                    metrics.update(pool.stats)
-                sites = draw_sites(pool, cfg.groups, cfg.run.seed, iteration)
-                results = sample_pivot_groups(sites, pool.records, engines, cfg.groups, salt=iteration)
-                # credit and groups: r = outcome - reminder cost - format penalty, group-relative advantages
-                groups = pivot_groups(results, cfg.reward)
-                metrics.update(group_metrics(pool, results) | {"rollout_s": time.perf_counter() - t0})
-                policy_engine.sleep()  # colocated on GPU: free the engine's memory for the update (the sync wakes it)
-            # update
-            metrics.update(trainer.step(broadcast_groups(groups, accelerator)))
-            # sync: the new policy version into the rollout engine
-            policy_dir = sync_policy(trainer, policy_engine, policy_root)
-            if main:
-                prune_policy_versions(policy_root, cfg.loop.keep_policy_versions, {trainer.version})
-            # log (and evaluate when due)
-            if main and due(cfg.loop.eval_every, iteration, last):
-                evals.append({"iteration": iteration,
-                              **evaluate_policy(cfg, engines, eval_tasks, run_dir, iteration)})
-                metrics.update({f"eval/{k}": v for k, v in evals[-1].items() if k != "iteration"})
-            metrics.update({"iteration_s": time.perf_counter() - t0, "updates": trainer.updates})
-            history.append({"iteration": iteration,
-                            **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}})
-            if main:
-                logger.log(iteration, metrics)
-            # checkpoint
-            if due(cfg.loop.checkpoint_every, iteration, last):
-                ckpt.save(iteration, accelerator, trainer.model, checkpoint_state(iteration, trainer, history, evals))
-    finally:  # cleanup
-        if main:
-            logger.close()
+    cfg: PivotGRPOConfig
+    run_dir: Path
+    trainer: GroupTrainer
+    engines: EngineSet | None
+    loop: OnlineLoop
+    train_tasks: list[ProactiveTask]
+    eval_tasks: list[ProactiveTask]
+    logger: MetricsLogger | None
+    pool: PivotPool | None = None
+
+    def launch(self, iteration: int) -> tuple[list[PivotGroupResult], dict[str, Any]]:
+        """Collect iteration ``iteration`` with the policy the engine holds now: the pool of its refresh (built, or
+        reloaded from disk), then G samples at each of its sites, every one continued to the end. The refresh's
+        metrics (and its action-agent tokens) go with the refresh's first iteration only, so a run resumed anywhere
+        logs them once, as an uninterrupted run does."""
+        cfg, engines = self.cfg, self.engines
+        assert engines is not None, "launch runs on the main process"
+        refresh = iteration // cfg.pivots.every
+        if self.pool is None or self.pool.refresh != refresh:
+            self.pool = refresh_pool(cfg, self.run_dir, engines, self.train_tasks, refresh)
+        first = iteration == refresh * cfg.pivots.every
+        sites = draw_sites(self.pool, cfg.groups, cfg.run.seed, iteration)
+        results = sample_pivot_groups(sites, self.pool.records, engines, cfg.groups, salt=iteration)
+        return results, {**(self.pool.stats if first else {}), **group_metrics(self.pool, results, refresh=first)}
+
+    def evaluate(self, iteration: int) -> dict[str, Any]:
+        """The policy on the held-out tasks beside the baselines (:func:`evaluate_policy`)."""
+        assert self.engines is not None, "evaluation runs on the main process"
+        return evaluate_policy(self.cfg, self.engines, self.eval_tasks, self.run_dir, iteration)
+
+    def close(self) -> None:
+        """Finish the logger and close every engine once."""
+        if self.logger is not None:
+            self.logger.close()
+        if self.engines is not None:
+            engines = self.engines
             for engine in {id(e): e for e in (engines.reasoner, engines.memory, *engines.by_role.values())}.values():
                 engine.close()
+
+
+def setup_pivot_grpo(cfg: PivotGRPOConfig, run_dir: Path, accelerator: Any = None) -> PivotRun:
+    """The trainer, the engines (the policy's rollout engine, the frozen action agent, Phase 1's engine), the task
+    sets and the loop of a pivot-turn GRPO run."""
+    trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
+    main = trainer.accelerator.is_main_process
+    if cfg.loop.max_staleness and torch.cuda.is_available() and cfg.placement.policy.mode == "colocate":
+        raise ConfigError("loop.max_staleness > 0 keeps the policy engine awake during the update: "
+                          "placement.policy.mode must be 'separate' on GPUs")
+    train_tasks, eval_tasks = cfg.train_tasks.load(), cfg.eval_tasks.load()
+    engines, policy_engine = build_engines(cfg, train_tasks + eval_tasks) if main else (None, None)
+    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name,
+                           logging=cfg.run.logging) if main else None
+    loop = OnlineLoop(trainer=trainer, engine=policy_engine, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
+                      logger=logger, desc="pivot-grpo")
+    return PivotRun(cfg, run_dir, trainer, engines, loop, train_tasks, eval_tasks, logger)
+
+
+def run_pivot_grpo(cfg: PivotGRPOConfig) -> int:
+    """Run pivot-turn GRPO (see the module docstring) on the shared online loop; writes ``summary.json`` into the run
+    directory. One iteration: collect (refresh the pivot pool when due, G samples at this iteration's sites, every one
+    continued to the end) -> credit and groups (pivot rewards, group advantages) -> update -> sync -> log ->
+    checkpoint."""
+    accelerator = make_accelerator(cfg.trainer)
+    run_dir = shared_run_dir(cfg, cfg.run, cfg.command, accelerator)
+    run = setup_pivot_grpo(cfg, run_dir, accelerator)
+    loop, main = run.loop, accelerator.is_main_process
+    try:
+        for iteration in loop.start(run.launch, run.evaluate):
+            # collect: the pool of this refresh, then G samples at each of this iteration's sites (k ahead with
+            # max_staleness)
+            results, metrics = loop.collected(iteration, run.launch)
+            # credit and groups: r = outcome - reminder cost - format penalty, group-relative advantages
+            groups = pivot_groups(results, cfg.reward) if main else None
+            update = loop.update(groups)  # every process: pi_old / pi_ref scoring, optimizer steps
+            sync = loop.sync(iteration)  # the new policy version into the rollout engine
+            loop.log(iteration, {**metrics, **update, **sync}, run.evaluate)  # held-out evaluation when due
+            loop.checkpoint(iteration)
+    finally:
+        run.close()
     if main:
+        result = loop.result()
+        evals, history = result.evals, result.history
         atomic_write_text(run_dir / "summary.json", json.dumps({
-            "iterations_run": cfg.loop.iterations - start, "updates": trainer.updates,
-            "policy_version": trainer.version, "policy_dir": policy_dir,
+            "iterations_run": result.iterations_run, "updates": result.updates,
+            "policy_version": result.policy_version, "policy_dir": result.policy_dir,
             "before": evals[0] if evals and evals[0]["iteration"] == -1 else None,
             "after": evals[-1] if evals else None,
             "training_action_tokens": sum(h.get("action_tokens", 0.0) for h in history), "history": history,

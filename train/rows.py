@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from memrl.data.schemas import Group
 
-__all__ = ["Row", "rows_from_groups", "split_across_ranks", "token_budget_bins"]
+__all__ = ["Row", "advantage_shares", "rows_from_groups", "split_across_ranks", "token_budget_bins"]
 
 
 @dataclass
@@ -22,6 +22,8 @@ class Row:
     rollout_logprobs: list[float]
     reward: float = 0.0
     policy_version: int = 0
+    outcome_tied: bool = False  # from a group whose outcomes tie: only shaping set its advantage
+
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
@@ -44,9 +46,35 @@ def rows_from_groups(groups: list[Group], *, skip_zero_advantage: bool = True) -
                     list(s.rollout_logprobs),
                     s.reward,
                     s.policy_version,
+                    bool(group.metadata.get("outcome_tied", False)),
                 )
             )
     return rows
+
+
+def advantage_shares(rows: list[Row]) -> dict[str, float]:
+    """Where an update's advantage comes from (issue 39's diagnostics), over the rows it trains:
+
+    - ``outcome_tied_row_fraction`` / ``outcome_tied_advantage_fraction``: the share of rows, and of the total |A|,
+      from groups whose outcomes tie (their advantage is set by shaping alone);
+    - ``identical_row_fraction``: rows whose prompt and response equal another row's;
+    - ``identical_row_cancelled_advantage_fraction``: the share of the total |A| that cancels on identical rows,
+      1 - sum over distinct rows of |sum of their A| / sum of |A| (their gradients add up; their tokens still count
+      in a token-mean loss)."""
+    if not rows:
+        return {}
+    total = sum(abs(r.advantage) for r in rows)
+    by_text: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
+    for r in rows:
+        by_text.setdefault((tuple(r.prompt_ids), tuple(r.response_ids)), []).append(r.advantage)
+    out = {
+        "outcome_tied_row_fraction": sum(r.outcome_tied for r in rows) / len(rows),
+        "identical_row_fraction": sum(len(a) for a in by_text.values() if len(a) > 1) / len(rows),
+    }
+    if total > 0:
+        out["outcome_tied_advantage_fraction"] = sum(abs(r.advantage) for r in rows if r.outcome_tied) / total
+        out["identical_row_cancelled_advantage_fraction"] = 1.0 - sum(abs(sum(a)) for a in by_text.values()) / total
+    return out
 
 
 def split_across_ranks(ids: list[int], lengths: list[int], world: int) -> list[list[int]]:

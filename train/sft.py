@@ -35,7 +35,15 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from memrl.data.config import ConfigError, ConfigModel, RunConfig, WandbConfig, config_hash, resolve_deepspeed_config
+from memrl.data.config import (
+    ConfigError,
+    ConfigModel,
+    LoggingConfig,
+    RunConfig,
+    WandbConfig,
+    config_hash,
+    resolve_deepspeed_config,
+)
 from memrl.data.io import atomic_write_text
 from memrl.data.run_dir import prepare_run_dir
 from memrl.data.schemas import SFTExample
@@ -75,13 +83,17 @@ class SFTTrainConfig(ConfigModel):
     lr: float = Field(2e-5, gt=0, le=1)  # peak learning rate
     lr_scheduler: str = "linear"  # transformers LR scheduler type (linear, cosine, constant, ...)
     warmup: float = Field(0.03, ge=0, description="warmup steps, or a fraction of the steps when < 1")
+    # first_step: the warm-up's first optimizer step trains at lr / warmup steps; zero: transformers' own warm-up,
+    # whose first step runs at lr 0 (a wasted step: the whole warm-up of a short run)
+    warmup_start: Literal["first_step", "zero"] = "first_step"
     weight_decay: float = Field(0.0, ge=0, le=1)  # AdamW weight decay
     max_grad_norm: float = Field(1.0, gt=0, le=1e6)  # gradient-norm clipping threshold
     max_length: int | None = Field(1024, ge=8, description="tokens per row (longer rows are cut at the end)")
     bf16: bool = Field(False, description="bf16 mixed precision (GPUs, and much faster on recent CPUs)")
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, slower)
     deepspeed: str | None = Field(None, description="DeepSpeed JSON: a name under configs/deepspeed/ or a path")
-    logging_steps: int = Field(10, ge=1)  # log metrics every N steps
+    # log metrics every N steps; None: about 20 points over the run (1 to 25 steps); at least 4 points in any case
+    logging_steps: int | None = Field(None, ge=1)
     save_steps: int = Field(100, ge=0, description="checkpoint every N steps (0: only the final model)")
     save_total_limit: int | None = Field(2, ge=1)  # checkpoints kept on disk; None: all
     eval_steps: int | None = Field(None, ge=1, description="eval loss every N steps (needs data.eval_fraction)")
@@ -181,6 +193,34 @@ def _batch_layout(cfg: SFTTrainConfig, world: int) -> tuple[int, int]:
     return per_device, accumulation
 
 
+def logging_interval(t: SFTTrainConfig) -> int:
+    """Steps between loss logs: ``train.logging_steps``, or about 20 points over the run (1 to 25 steps), and never
+    fewer than 4 points (the first step's included) over a run of known length: an 8-step run logs every 2 steps,
+    not only its first."""
+    if t.max_steps is None:
+        return t.logging_steps or 10
+    steps = t.logging_steps or min(max(t.max_steps // 20, 1), 25)
+    return min(steps, max(t.max_steps // 3, 1))
+
+
+def no_step_at_lr_zero(scheduler: Any, warmup_steps: int) -> None:
+    """Make the linear warm-up of a transformers LR schedule start at ``lr / warmup`` instead of 0: transformers'
+    warm-up gives optimizer step 1 the factor 0/warmup, a step spent at lr 0 (the whole first step of a short run).
+    The warm-up steps take the factors of steps 1..warmup instead (the last of them the full lr); the schedule after
+    the warm-up is unchanged. Schedulers other than ``LambdaLR`` are left as they are."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    if warmup_steps <= 0 or not isinstance(scheduler, LambdaLR):
+        return
+    scheduler.lr_lambdas = [
+        (lambda step, f=f: f(step + 1) if step < warmup_steps else f(step)) for f in scheduler.lr_lambdas
+    ]
+    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,
+                                   strict=True):
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
 def sft_args(cfg: SFTRunConfig, output_dir: Path, has_eval: bool) -> Any:
     """The ``trl.SFTConfig`` of ``cfg`` (creating it initialises the distributed state of a launched run)."""
     import torch
@@ -188,7 +228,7 @@ def sft_args(cfg: SFTRunConfig, output_dir: Path, has_eval: bool) -> Any:
 
     t = cfg.train
     per_device, accumulation = _batch_layout(t, _world_size())
-    wandb_on = cfg.run.wandb.enabled and cfg.run.wandb.mode != "disabled"
+    wandb_on = (cfg.run.wandb.enabled or "wandb" in cfg.run.logging.backends) and cfg.run.wandb.mode != "disabled"
     kwargs: dict[str, Any] = {
         "output_dir": str(output_dir),
         "max_steps": t.max_steps if t.max_steps is not None else -1,
@@ -207,7 +247,7 @@ def sft_args(cfg: SFTRunConfig, output_dir: Path, has_eval: bool) -> Any:
         "gradient_checkpointing": t.gradient_checkpointing,
         "deepspeed": str(resolve_deepspeed_config(t.deepspeed)) if t.deepspeed else None,
         "assistant_only_loss": True,
-        "logging_steps": t.logging_steps,
+        "logging_steps": logging_interval(t),
         "logging_first_step": True,
         "save_strategy": "steps" if t.save_steps else "no",
         "save_steps": max(t.save_steps, 1),
@@ -282,6 +322,15 @@ def build_sft_trainer(
     )
     from transformers import PrinterCallback, ProgressCallback
 
+    create_scheduler = trainer.create_scheduler
+
+    def scheduler_without_a_step_at_lr_zero(num_training_steps: int, optimizer: Any = None) -> Any:
+        scheduler = create_scheduler(num_training_steps, optimizer)
+        if cfg.train.warmup_start == "first_step":
+            no_step_at_lr_zero(scheduler, args.get_warmup_steps(num_training_steps))
+        return scheduler
+
+    trainer.create_scheduler = scheduler_without_a_step_at_lr_zero
     # the Trainer's own progress callbacks write to stdout/stderr, which the CLI sends to run.log
     for own in (ProgressCallback, PrinterCallback):
         trainer.remove_callback(own)
@@ -337,16 +386,19 @@ def _console_progress(show_bar: bool) -> Any:
     return ConsoleProgress()
 
 
-def _metrics_callback(run_dir: Path, resume_step: int, main: bool) -> Any:
-    """A ``TrainerCallback`` that appends every log to ``metrics.jsonl`` (main process; records after
-    ``resume_step`` are dropped first, they are redone) and keeps the losses for the summary."""
+def _metrics_callback(run_dir: Path, resume_step: int, main: bool, tracking: LoggingConfig) -> Any:
+    """A ``TrainerCallback`` that appends every log to ``metrics.jsonl`` and the TensorBoard / MLflow backends of
+    ``run.logging`` (main process; records after ``resume_step`` are dropped first, they are redone; wandb is the
+    Trainer's own callback) and keeps the losses for the summary."""
     from transformers import TrainerCallback
 
     from memrl.data.tracking import MetricsLogger
 
     class MetricsToJsonl(TrainerCallback):
         def __init__(self) -> None:
-            self.logger = MetricsLogger(run_dir, None, console=False, resume_from_step=resume_step) if main else None
+            others = tracking.model_copy(update={"backends": [b for b in tracking.backends if b != "wandb"]})
+            self.logger = MetricsLogger(run_dir, None, console=False, resume_from_step=resume_step,
+                                        logging=others) if main else None
             self.losses: dict[str, list[float]] = {"loss": [], "eval_loss": []}
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
@@ -356,7 +408,6 @@ def _metrics_callback(run_dir: Path, resume_step: int, main: bool) -> Any:
                     seen.append(float(logs[key]))
             if self.logger is not None:
                 self.logger.log(state.global_step, logs)
-
     return MetricsToJsonl()
 
 
@@ -451,7 +502,7 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
 
     resume_step = _step_of(resume_from) if resume_from else 0
     # A run restarted from scratch (no complete checkpoint) drops every earlier record.
-    metrics = _metrics_callback(run_dir, resume_step if resume_from else -1, main)
+    metrics = _metrics_callback(run_dir, resume_step if resume_from else -1, main, cfg.run.logging)
     # The eval loss before training comes from inside train(): DeepSpeed engines exist only there.
     args.eval_on_start = bool(eval_rows) and resume_from is None
     trainer = build_sft_trainer(cfg, args, train_rows, eval_rows,
@@ -461,6 +512,8 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
     elapsed = time.perf_counter() - start
     if eval_rows:
         trainer.evaluate()
+    if metrics.logger is not None:
+        metrics.logger.close()  # the TensorBoard / MLflow runs end after the last evaluation
     final = run_dir / "final"
     _save_final(trainer, cfg, final, cfg.data.role_names)
 

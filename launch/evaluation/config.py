@@ -100,6 +100,9 @@ class EvalConfig(ConfigModel):
     model_cache: str = ".cache/models"  # where the tiny model (tokenizer "tiny") is built and reused
     episodes_per_batch: int = Field(4, ge=1)  # QA episodes run and scored together
     slack_steps: int = Field(4, ge=1, description="reasoner calls allowed per question")
+    # the reasoner must answer with a tool call, e.g. <tool_call>{"name": "answer", "arguments": {"answer": "..."}}
+    # </tool_call>; true: a question it never answered so takes its first plain-text reply as the answer
+    free_text_answers: bool = False
 
     @model_validator(mode="after")
     def _unique(self) -> EvalConfig:

@@ -7,8 +7,9 @@ from typing import Any
 
 from memrl.data.io import atomic_write_text
 from memrl.launch.evaluation.config import QA_KINDS, TASK_SYSTEMS, EvalConfig
-from memrl.launch.evaluation.summary import NEEDS_MODEL_NOTE, OFFICIAL
+from memrl.launch.evaluation.summary import NEEDS_MODEL_NOTE, OFFICIAL, RESTS_ON_SHARE
 from memrl.rewards.scorers import LOCOMO_CATEGORY_NAMES
+from memrl.rollout.evaluation.reader import NOT_IN_CONTEXT
 
 __all__ = ["READER_NOTE", "write_per_question", "write_report"]
 
@@ -18,6 +19,10 @@ READER_NOTE = (
     "(the needle turns' evidence strings, else the needle observations, else a gold answer) is in its context, and "
     "otherwise says the answer is not mentioned. Its scores measure what each memory system surfaced to the reasoner, "
     "not language ability."
+)
+TOKENS_NOT_COUNTED = (
+    "Token columns are left out: no tokenizer counted the scripted engines' tokens (`tokenizer: null`); set "
+    "`tokenizer: tiny` or use model engines to count them."
 )
 
 
@@ -93,10 +98,76 @@ def _pivot(rows: list[dict[str, Any]], column: str, metric: str, order: list[str
     return head, body
 
 
+def _health_lines(cfg: EvalConfig, entry: dict[str, Any]) -> list[str]:
+    """What the scores stand on, per system x model: unanswered items, malformed replies, failed requests and
+    unparsed judge / memory-model outputs, and a flag on a score that rests on them."""
+    rows = entry.get("health") or []
+    if not rows:
+        return []
+    header = ["system", "model", "items", "no answer", "malformed reasoner replies (items)"]
+    header += ["free-text answers"] if cfg.free_text_answers else []
+    header += ["failed requests (items)", "judge unparsed", "memory-model unparsed", "score rests on them"]
+    body = []
+    for h in rows:
+        row = [h["system"], h["model"], h["items"], h["no_answer"],
+               f"{h['malformed_replies']} ({h['malformed_items']})"]
+        row += [h["free_text_answers"]] if cfg.free_text_answers else []
+        row += [f"{h['failed_requests']} ({h['failed_items']})", h["judge_unparsed"], h["memory_unparsed"],
+                "**yes**" if h["rests_on_failures"] else "no"]
+        body.append(row)
+    lines = ["", "What the scores stand on (an unanswered item scores as a wrong answer; a judge request that failed "
+             "or a judge reply that did not parse is scored by token F1):", "", *_table(header, body)]
+    for h in rows:
+        if h["rests_on_failures"]:
+            why = [f"{h['no_answer']} of {h['items']} items got no answer"]
+            if h["malformed_items"]:
+                why.append(f"{h['malformed_items']} had reasoner replies without the `answer` tool call")
+            if h["failed_items"]:
+                why.append(f"{h['failed_items']} met a request that failed after its retries")
+            lines += ["", f"**{h['system']} x {h['model']}: the score rests on failures** ({'; '.join(why)}; at "
+                      f"least {RESTS_ON_SHARE:.0%} of the items): it says more about the reply format or the "
+                      "endpoints than about the memory system."]
+    return lines
+
+
+def _adversarial_note(cfg: EvalConfig, entry: dict[str, Any]) -> list[str]:
+    """LoCoMo's adversarial category rewards 'not mentioned': say how many of its answers said so, and that the
+    programmatic reader says so for every adversarial question."""
+    rows = [r for r in entry.get("adversarial_fallback") or [] if r["n"]]
+    if not any(r["fallback"] for r in rows):
+        return []
+    shares = "; ".join(f"{r['system']} x {r['model']} {r['fallback']} of {r['n']}" for r in rows)
+    if cfg.reasoner is None:
+        why = ("The programmatic reader says so for every adversarial question whatever the memory kept: with the "
+               "evidence in its context it answers the gold, 'Not mentioned in the conversation', and without it "
+               f"its fallback '{NOT_IN_CONTEXT}'. The adversarial column measures that fallback, not memory.")
+    else:
+        why = ("A reasoner that says so whenever it lacks the evidence earns these points without any memory: read "
+               "the adversarial column beside the other categories, not alone.")
+    return ["", "**Note: adversarial is scored by a fallback.** LoCoMo scores an adversarial question 1 when the "
+            f"answer says the information is not mentioned (or not available). Answers that say so: {shares}. {why}"]
+
+
+def _drop_tokens(header: list[str], rows: list[list[Any]], counted: bool) -> tuple[list[str], list[list[Any]]]:
+    """The table without its two token columns (the last two) when no tokens were counted."""
+    if counted:
+        return header, rows
+    return header[:-2], [row[:-2] for row in rows]
+
+
 def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> Path:
     """The markdown report: per dataset the benchmark's official metric, the side-by-side table with tokens per
     item, then the breakdowns; every mean carries its 95% bootstrap interval ``[low, high]``."""
     lines = [f"# memrl eval: {cfg.run.name or 'run'}", ""]
+    probe = summary.get("reasoner_format") or {}
+    if probe.get("follows") is False:
+        lines += [f"**Warning: the reasoner does not answer in the harness's format.** Asked one easy question "
+                  f"before the run, it replied `{probe['reply']}` instead of the `answer` tool call "
+                  "(`<tool_call>{\"name\": \"answer\", \"arguments\": {\"answer\": ...}}</tool_call>`). "
+                  + ("Its plain-text replies are taken as answers (`free_text_answers: true`)."
+                     if cfg.free_text_answers else
+                     "Replies without the tool call count as malformed and their questions as unanswered; "
+                     "`free_text_answers: true` takes plain-text replies as answers."), ""]
     if cfg.reasoner is None and any(s.kind in QA_KINDS for s in cfg.datasets):
         lines += [f"**Reader.** {READER_NOTE}", ""]
     lines += [f"Judge: {summary['judge']}. Memory models: "
@@ -112,10 +183,15 @@ def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> 
             rows = [[r["system"], r["model"], r["n"], _ci(r, "success"),
                      _ci(sampled.get((r["system"], r["model"]), {}), "success"), _tokens(r["reasoner_tokens"]),
                      _tokens(r["memory_tokens"])] for r in entry["greedy"]]
-            lines += _table(["system", "model", "tasks", "success (greedy)", "success (sampled)", "reasoner tok/task",
-                             "memory tok/task"], rows)
+            header, rows = _drop_tokens(["system", "model", "tasks", "success (greedy)", "success (sampled)",
+                                         "reasoner tok/task", "memory tok/task"], rows,
+                                        entry.get("tokens_counted", True))
+            lines += _table(header, rows)
+            if not entry.get("tokens_counted", True):
+                lines += ["", TOKENS_NOT_COUNTED]
             values, pivot = _pivot(entry["by_horizon"], "horizon", "success")
-            lines += ["", "Success (greedy) by horizon:", "", *_table(["system", "model", *values], pivot), ""]
+            lines += ["", "Success (greedy) by horizon:", "", *_table(["system", "model", *values], pivot)]
+            lines += [*_health_lines(cfg, entry), ""]
             continue
         metric, column, what = OFFICIAL[entry["kind"]]
         lines += [f"**Official metric: {what}.**", ""]
@@ -143,7 +219,10 @@ def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> 
             row += [_ci(r, "locomo"), _ci(r, "locomo_judge")] if has_locomo else []
             row += [_ci(r, "evidence_in_context"), _tokens(r["reasoner_tokens"]), _tokens(r["memory_tokens"])]
             rows.append(row)
+        header, rows = _drop_tokens(header, rows, entry.get("tokens_counted", True))
         lines += ["All metrics:", "", *_table(header, rows)]
+        if not entry.get("tokens_counted", True):
+            lines += ["", TOKENS_NOT_COUNTED]
         if column != "qa_type":
             values, pivot = _pivot(entry["by_qa_type"], "qa_type", "judge_acc")
             lines += ["", "Judge accuracy by QA type:", "", *_table(["system", "model", *values], pivot)]
@@ -151,6 +230,8 @@ def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> 
         label = "LoCoMo F1" if metric == "locomo" else "Judge accuracy"
         lines += ["", f"{label} by horizon (conversation length in tokens, or the generator's target length):", "",
                   *_table(["system", "model", *values], pivot)]
+        lines += _adversarial_note(cfg, entry)
+        lines += _health_lines(cfg, entry)
         if "loader_defaults" in entry:
             d = entry["loader_defaults"]
             lines += ["", f"Loader defaults (as the benchmark's own loader takes them): {d['questions']} questions, "

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from memrl.data.config import config_hash
+from memrl.data.formats import parse_tool_calls
 from memrl.data.io import append_jsonl, atomic_write_text, iter_jsonl
 from memrl.data.run_dir import prepare_run_dir
+from memrl.data.schemas import Message
 from memrl.data.tracking import progress_bar
 from memrl.launch.evaluation.config import QA_KINDS, TASK_SYSTEMS, EvalConfig
 from memrl.launch.evaluation.datasets import items_of, load_dataset
@@ -19,14 +21,15 @@ from memrl.launch.evaluation.engines import EvalEngines, make_scorer, task_engin
 from memrl.launch.evaluation.report import write_per_question, write_report
 from memrl.launch.evaluation.summary import summarize
 from memrl.rewards.scorers import JudgeScorer, LexicalJudge
+from memrl.rollout.engines.base import Engine, EngineError, GenerationRequest, SamplingParams
 from memrl.rollout.evaluation.extractive import ExtractiveMemoryModel
-from memrl.rollout.evaluation.qa import run_qa
+from memrl.rollout.evaluation.qa import QA_REASONER_SYSTEM, run_qa
 from memrl.rollout.evaluation.reader import EvidenceReader
 from memrl.rollout.evaluation.tasks import run_tasks
 from memrl.rollout.loop import EngineSet
 from memrl.rollout.memory.sam import make_token_counter
 
-__all__ = ["evaluate", "load_results", "run_eval"]
+__all__ = ["FORMAT_PROBE", "REPLY_FORMAT", "evaluate", "load_results", "probe_reasoner_format", "run_eval"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,38 @@ def run_eval(cfg: EvalConfig) -> int:
 
 
 
+REPLY_FORMAT = ('<tool_call>{"name": "answer", "arguments": {"answer": "..."}}</tool_call> (or the '
+                '<tool_call><function=answer><parameter=answer>...</parameter></function></tool_call> form, or a bare '
+                'JSON object with "name" and "arguments")')
+"""The reply the harness reads as an answer (memrl.data.formats.parse_tool_calls); anything else is malformed."""
+FORMAT_PROBE = ("context: the red key is in the kitchen drawer. The blue key is in the garage.\n"
+                "question: where is the red key?")
+"""The probe question sent to a model reasoner before an evaluation (with the QA reasoner's system prompt)."""
+
+
+def probe_reasoner_format(reasoner: Engine, free_text: bool) -> dict[str, Any]:
+    """Ask the reasoner one easy question as the harness asks (QA system prompt, greedy) and check that it answers
+    with the ``answer`` tool call the harness parses; a clear warning when it does not. Returns what it saw."""
+    request = GenerationRequest(messages=[Message(role="system", content=QA_REASONER_SYSTEM),
+                                          Message(role="user", content=FORMAT_PROBE)],
+                                sampling=SamplingParams(temperature=0.0, max_tokens=128, seed=0))
+    try:
+        reply = reasoner.generate([request])[0].completions[0].text
+    except EngineError as exc:
+        log.warning(f"[eval] the reasoner format probe failed ({exc}); the run goes on unchecked")
+        return {"follows": None, "reply": "", "error": str(exc)}
+    calls = parse_tool_calls(reply).calls
+    follows = any(c.name == "answer" and "answer" in c.arguments for c in calls)
+    excerpt = " ".join(reply.split())[:200]
+    if not follows:
+        then = ("its plain-text replies are taken as answers (free_text_answers: true)" if free_text else
+                "every answer it gives so is dropped as malformed and scores as unanswered; set free_text_answers: "
+                "true to take plain-text replies as answers")
+        log.warning(f"[eval] the reasoner {reasoner.name} did not answer the format probe with the tool call the "
+                    f"harness reads, {REPLY_FORMAT}; it replied {excerpt!r}: {then}")
+    return {"follows": follows, "reply": excerpt}
+
+
 def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
     """Evaluate into ``run_dir`` (resuming from its ``results.jsonl``), write ``report.md`` and ``summary.json``, and
     return the summary (in-process entry point)."""
@@ -52,6 +87,7 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
     done = {r["key"] for r in existing}
     engines = EvalEngines(cfg)
     skipped: list[str] = []
+    reasoner_format: dict[str, Any] | None = None
     written = 0
     try:
         judge_engine = engines.build(cfg.judge) if cfg.judge is not None else engines.scripted(LexicalJudge(), "judge")
@@ -60,6 +96,8 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
         scorer = make_scorer(ama_judge, locomo_judge)
         reader = EvidenceReader(cfg.reader) if cfg.reasoner is None else None
         qa_reasoner = engines.build(cfg.reasoner) if cfg.reasoner is not None else None
+        if qa_reasoner is not None and any(spec.kind in QA_KINDS for spec in cfg.datasets):
+            reasoner_format = probe_reasoner_format(qa_reasoner, cfg.free_text_answers)
         tokenizer = engines.get_tokenizer()
         count_tokens = make_token_counter(tokenizer) if tokenizer is not None else None
         for spec in cfg.datasets:
@@ -80,7 +118,7 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
                             system=system.name, model=model.name, reader=reader, skip=done, scorer=scorer,
                             count_tokens=count_tokens, episodes_per_batch=cfg.episodes_per_batch,
                             slack_steps=cfg.slack_steps, seed=cfg.run.seed, max_questions=spec.max_questions,
-                            on_progress=bar.update,
+                            on_progress=bar.update, free_text_answers=cfg.free_text_answers,
                         )
                     else:
                         engine_set = task_engines(spec.kind, data, engines, engines.memory_model(model))
@@ -100,6 +138,7 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
         engines.close()
     records = load_results(results)
     summary = summarize(cfg, records, skipped)
+    summary["reasoner_format"] = reasoner_format
     summary.update(items=len(records), written_this_run=written, resumed_items=len(existing),
                    wall_s=round(time.perf_counter() - start, 2), config_hash=config_hash(cfg))
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")

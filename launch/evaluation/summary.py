@@ -7,9 +7,15 @@ from typing import Any
 
 from memrl.launch.evaluation.config import TASK_SYSTEMS, EvalConfig
 from memrl.rewards.scorers import LOCOMO_CATEGORY_NAMES, locomo_category
+from memrl.rollout.evaluation.reader import NOT_IN_CONTEXT
 from memrl.rollout.evaluation.stats import aggregate
 
-__all__ = ["NEEDS_MODEL_NOTE", "OFFICIAL", "summarize"]
+__all__ = ["MALFORMED_STATS", "NEEDS_MODEL_NOTE", "OFFICIAL", "RESTS_ON_SHARE", "health", "summarize"]
+
+MALFORMED_STATS = ("reasoner_malformed", "reasoner_unknown_tool")
+"""Record stats that count reasoner replies the harness could not use (no parseable tool call, an unknown tool)."""
+RESTS_ON_SHARE = 0.25
+"""A score rests on failures when at least this share of its items got no answer or met a failed request."""
 
 
 OFFICIAL = {
@@ -27,6 +33,56 @@ NEEDS_MODEL_NOTE = (
     "the scripted memory model surfaced none of the questions' evidence to the reasoner on this dataset; this "
     "system needs a real memory model here (`models[].engine`), and its score says nothing about the system"
 )
+
+
+def health(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (system, model): what the score stands on. ``no_answer``: items the reasoner never answered (they score
+    as a wrong or empty answer); ``malformed_replies``: reasoner replies without a usable tool call, and
+    ``malformed_items`` the items with at least one; ``free_text_answers``: answers taken from such a reply by the
+    free-text fallback; ``failed_requests``: requests that failed after their retries (a judge's: the item is scored
+    by token F1 instead); ``judge_unparsed``: judge replies that did not parse (token-F1 fallback too);
+    ``memory_unparsed``: memory-model outputs a system could not parse (its ``*_unparsed`` / ``*_malformed`` stats);
+    ``rests_on_failures``: at least :data:`RESTS_ON_SHARE` of the items got no answer or met a failed request."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["system"], r["model"]), []).append(r)
+    out = []
+    for (system, model), items in groups.items():
+        stats = [r.get("stats") or {} for r in items]
+        scores = [r.get("scores") or {} for r in items]
+        malformed = [sum(int(s.get(k, 0)) for k in MALFORMED_STATS) for s in stats]
+        memory_unparsed = sum(int(v) for s in stats for k, v in s.items()
+                              if k not in MALFORMED_STATS and k.endswith(("_unparsed", "_malformed")))
+        failed = [sum(int(v) for k, v in {**st, **sc}.items()
+                      if (k.endswith("_failed") or k.endswith("failed_requests")) and isinstance(v, (int, float)))
+                  for st, sc in zip(stats, scores, strict=True)]
+        no_answer = sum(1 for r in items if not str(r.get("answer") or "").strip())
+        row = {"system": system, "model": model, "items": len(items), "no_answer": no_answer,
+               "malformed_replies": sum(malformed), "malformed_items": sum(1 for m in malformed if m),
+               "free_text_answers": sum(1 for r in items if r.get("answer_source") == "free_text"),
+               "failed_requests": sum(failed), "failed_items": sum(1 for f in failed if f),
+               "judge_unparsed": sum(1 for s in scores if s.get("judge_parsed") == 0.0),
+               "memory_unparsed": memory_unparsed}
+        row["rests_on_failures"] = (no_answer + row["failed_items"]) >= RESTS_ON_SHARE * len(items)
+        out.append(row)
+    return out
+
+
+def _fallback_phrase(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """LoCoMo's adversarial category scores 1 for an answer saying the information is not mentioned: per (system,
+    model) the adversarial questions, how many answers say so (``fallback``) and how many of those are the
+    programmatic reader's own fallback phrase (``reader_phrase``)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        if locomo_category(r.get("category")) != 5:
+            continue
+        row = out.setdefault((r["system"], r["model"]), {"system": r["system"], "model": r["model"], "n": 0,
+                                                          "fallback": 0, "reader_phrase": 0})
+        answer = str(r.get("answer") or "").lower()
+        row["n"] += 1
+        row["fallback"] += int("not mentioned" in answer or "no information available" in answer)
+        row["reader_phrase"] += int(NOT_IN_CONTEXT in answer)
+    return list(out.values())
 
 
 def _task_rows(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
@@ -64,6 +120,7 @@ def summarize(cfg: EvalConfig, records: list[dict[str, Any]], skipped: list[str]
                 entry["by_category"] = aggregate(
                     [dict(r, category=LOCOMO_CATEGORY_NAMES[locomo_category(r.get("category")) or 0])
                      for r in rows if locomo_category(r.get("category")) is not None], ("system", "model", "category"))
+                entry["adversarial_fallback"] = _fallback_phrase(rows)
             if spec.kind == "memoryarena":
                 entry["tasks"] = aggregate(_task_rows(rows, OFFICIAL["memoryarena"][0]))
             defaults = [r for r in rows if r.get("loader_defaults")]
@@ -75,6 +132,9 @@ def summarize(cfg: EvalConfig, records: list[dict[str, Any]], skipped: list[str]
                 [r["system"], r["model"]] for r in entry["overall"]
                 if r.get("evidence_in_context") == 0.0 and _scripted(cfg, r["model"]) and r["memory_tokens"]
             ]
+        entry["health"] = health(rows)
+        entry["tokens_counted"] = any(r.get("reasoner_tokens", {}).get("spent") or r.get("memory_tokens_answer", {})
+                                      .get("prompt") for r in rows)
         datasets[spec.name] = entry
     return {"datasets": datasets, "skipped": skipped,
             "reader": "programmatic" if cfg.reasoner is None else cfg.reasoner.engine_name,

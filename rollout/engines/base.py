@@ -33,6 +33,7 @@ __all__ = [
     "Completion",
     "Engine",
     "EngineError",
+    "EngineProbe",
     "GenerationRequest",
     "GenerationResult",
     "SamplingParams",
@@ -112,6 +113,18 @@ class Usage:
 
 
 @dataclass
+class EngineProbe:
+    """An engine's greedy answer to the weight-sync probe (:meth:`Engine.probe_logprobs`): per prompt, the response
+    ids and their log-probs (empty where the engine has no distribution, e.g. a scripted agent), the policy version
+    it serves and which engine it is (a fleet names the worker)."""
+
+    engine: str
+    version: int
+    response_ids: list[list[int]]
+    logprobs: list[list[float]]
+
+
+@dataclass
 class GenerationResult:
     """The answer to one :class:`GenerationRequest`."""
 
@@ -176,6 +189,15 @@ class Engine(abc.ABC):
     def update_weights(self, weights: Any, version: int) -> None:
         """Replace the full weights (a state dict or a directory of safetensors) and serve them as ``version``."""
         raise EngineError(f"{self.name}: this backend cannot update weights")
+
+    def probe_logprobs(self, prompts: list[list[int]], max_tokens: int) -> list[EngineProbe]:
+        """Greedy ``max_tokens`` tokens (end-of-sequence ignored) for each prompt, with their log-probs: what the
+        weight-sync check compares with the trainer's log-probs of the same tokens (memrl.train.weight_sync). One
+        answer; a fleet returns one per worker."""
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0, ignore_eos=True)
+        results = self.generate([GenerationRequest(prompt_ids=list(p), sampling=sampling) for p in prompts])
+        return [EngineProbe(self.name, self.policy_version, [list(r.completions[0].response_ids) for r in results],
+                            [list(r.completions[0].logprobs) for r in results])]
 
     def sleep(self) -> None:  # noqa: B027 - optional hook, only engines that hold GPU memory sleep
         """Free accelerator memory between rollouts (the trainer updates meanwhile); the next use wakes the engine."""

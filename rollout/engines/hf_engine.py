@@ -192,7 +192,8 @@ class HFEngine(Engine):
             do_sample=False,
             num_beams=1,
             max_new_tokens=max(limits),
-            eos_token_id=None if sp.ignore_eos else self.stop_ids,
+            # [] (not None, which generate fills in from the model's generation config): no end-of-sequence stop
+            eos_token_id=[] if sp.ignore_eos else self.stop_ids,
             pad_token_id=self.pad_id,
             stop_strings=list(sp.stop) or None,
         )

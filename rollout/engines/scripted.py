@@ -21,6 +21,7 @@ from memrl.rollout.engines.base import (
     Completion,
     Engine,
     EngineError,
+    EngineProbe,
     GenerationRequest,
     GenerationResult,
     Usage,
@@ -114,6 +115,10 @@ class ScriptedEngine(Engine):
         for prompt_ids, response_ids in finished:
             self.cache.insert(prompt_ids, response_ids)
         return results
+
+    def probe_logprobs(self, prompts: list[list[int]], max_tokens: int) -> list[EngineProbe]:
+        """A scripted agent has no distribution: an answer without log-probs (the weight-sync check skips it)."""
+        return [EngineProbe(self.name, self.policy_version, [[] for _ in prompts], [[] for _ in prompts])]
 
     def load_adapter(self, path: str, version: int) -> None:
         """A scripted agent has no weights: it only takes the version (so a fleet of scripted workers syncs)."""

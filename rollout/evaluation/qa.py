@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from memrl.data.schemas import Episode, QAPair, turn_steps
+from memrl.data.formats import parse_tool_calls
+from memrl.data.schemas import Episode, EpisodeTrace, QAPair, turn_steps
 from memrl.rollout.engines.base import Engine, GenerationResult
 from memrl.rollout.evaluation.reader import Evidence, EvidenceReader, ReaderQuestion, golds_of, question_evidence
 from memrl.rollout.evaluation.records import (
@@ -38,7 +39,7 @@ from memrl.rollout.memory.registry import MemoryConfig, build_memory
 from memrl.rollout.memory.sam import TokenCounter
 from memrl.rollout.memory.workflow import JobQueueMemory
 
-__all__ = ["QA_REASONER_SYSTEM", "ReplayEnv", "drive_memory", "run_qa"]
+__all__ = ["QA_REASONER_SYSTEM", "ReplayEnv", "drive_memory", "free_text_answer", "run_qa"]
 
 
 QA_REASONER_SYSTEM = (
@@ -118,13 +119,16 @@ def run_qa(
     seed: int = 0,
     max_questions: int | None = None,
     on_progress: Callable[[int], None] | None = None,
+    free_text_answers: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Answer every question of ``episodes`` through the memory system ``memory`` (see the module docstring) and
     yield one record per question not in ``skip``, scored by ``scorer`` one batch of episodes at a time.
 
     ``reader`` must be the policy behind ``engines.reasoner`` when that is the programmatic reader (the harness
     registers each question with it); leave it None for a model reasoner. ``on_progress(n)`` is told how many
-    questions each batch finished."""
+    questions each batch finished. ``free_text_answers``: a question the reasoner never answered with
+    ``answer(answer)`` takes its first reply that held no tool call as the answer (``answer_source: free_text``), for
+    a reasoner that answers in prose (instruction models that ignore the tool-call format)."""
     done = set(skip)
     for chunk in chunks(list(episodes), episodes_per_batch):
         work: list[tuple[Episode, list[tuple[int, QAPair]]]] = []
@@ -170,11 +174,15 @@ def run_qa(
             ingest = usage_dict(base.memory_usage)
             share = {k: v / shares[id(base)] for k, v in ingest.items()}
             context = last_prompt.get(id(fork), "").replace(asked_as(qa), " ")
+            answer, source = trace.answer, "tool_call" if trace.answer is not None else None
+            if answer is None and free_text_answers:
+                answer = free_text_answer(trace)
+                source = "free_text" if answer is not None else None
             records.append({
                 "key": item_key(dataset, episode.episode_id, _qa_id(qa, index), system, model),
                 "dataset": dataset, "mode": "qa", "episode_id": episode.episode_id, "item_id": _qa_id(qa, index),
                 "system": system, "model": model, "question": qa.question, "gold": qa.answer,
-                "golds": golds_of(qa), "answer": trace.answer, "qa_type": qa.type,
+                "golds": golds_of(qa), "answer": answer, "answer_source": source, "qa_type": qa.type,
                 "category": qa.metadata.get("category"), "options": qa.metadata.get("options"),
                 "horizon": horizons[id(episode)], "horizon_tokens": episode.horizon_tokens or lengths[id(episode)],
                 "task": episode.task, "task_type": episode.task_type,
@@ -190,6 +198,15 @@ def run_qa(
                 "stats": dict(trace.stats),
             })
         yield from scored(records, scorer, on_progress)
+
+
+def free_text_answer(trace: EpisodeTrace) -> str | None:
+    """The reasoner's first reply that held no tool call, as a free-text answer (None when there is none)."""
+    for event in trace.events:
+        if event.kind == "error" and event.reply.strip() and not parse_tool_calls(event.reply).calls \
+                and not parse_tool_calls(event.reply).errors:
+            return " ".join(event.reply.split())
+    return None
 
 
 def _prompt_recorder(store: dict[int, str]) -> Callable[[Rollout, PendingCall, GenerationResult], None]:

@@ -1,0 +1,53 @@
+"""benchmarks/advantage_shares.py at its smallest setting (the noisy scripted expert as the policy): every advantage
+option on the same trees, with the trainer's diagnostics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_advantage_shares_compares_every_option_on_one_batch(tmp_path: Path) -> None:
+    from memrl.rewards.advantage import ADVANTAGE_PRESETS
+
+    cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "advantage_shares.py"), "--policy",
+                          "noisy-oracle", "--tasks", "4", "--work", str(tmp_path), "--model-cache", cache],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    options = record["options"]
+    assert set(options) == {f"{p}/{s}" for p in ADVANTAGE_PRESETS for s in ("separate", "branch")}
+    for layout in ("separate", "branch"):
+        paper, only = options[f"grpo_std/{layout}"], options[f"informative_only/{layout}"]
+        assert only.get("outcome_tied_row_fraction", 0.0) == 0.0 and only["rows"] <= paper["rows"]
+        if paper["abs_advantage_tied_mean"] is not None:  # the paper's formula: unit-size committee-only advantages
+            assert paper["abs_advantage_tied_mean"] == pytest.approx(1.0, abs=0.05)
+            assert options[f"dr_grpo/{layout}"]["abs_advantage_tied_mean"] < 0.5
+    # branching at the first differing call never leaves more identical rows to cancel than the separate layout
+    assert options["grpo_std/branch"].get("identical_row_cancelled_advantage_fraction", 0.0) <= \
+        options["grpo_std/separate"].get("identical_row_cancelled_advantage_fraction", 0.0) + 1e-9
+
+
+@pytest.mark.slow
+def test_advantage_shares_of_pivot_groups_show_the_cost_only_push_toward_silence() -> None:
+    cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "advantage_shares.py"), "--family", "proactive",
+                          "--tasks", "2", "--model-cache", cache], capture_output=True, text=True, timeout=900,
+                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    options = json.loads(out.stdout.strip().splitlines()[-1])["options"]
+    paper, only = options["all_turns/grpo_std"], options["all_turns/informative_only"]
+    assert paper["outcome_tied_groups"] > 0 and paper["tied_mixed_groups_advantage_remind"] < -0.5
+    assert paper["tied_mixed_groups_advantage_silent"] > 0 and paper["outcome_tied_advantage_fraction"] > 0.3
+    assert only["tied_mixed_groups_advantage_remind"] == 0.0 and only.get("outcome_tied_advantage_fraction", 0) == 0
+    assert only["rows"] < paper["rows"]

@@ -1,0 +1,36 @@
+"""benchmarks/credit_accuracy.py at its smallest setting (the noisy scripted expert as the policy, no checkpoint):
+every method, the recoverability committee, and the scores on outcome-tied groups are in its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_credit_accuracy_scores_every_method_on_all_and_on_tied_groups(tmp_path: Path) -> None:
+    cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "credit_accuracy.py"), "--quick", "--policy",
+                          "noisy-oracle", "--tasks", "2", "--states-per-task", "1", "--replays", "2", "--work",
+                          str(tmp_path), "--model-cache", cache], capture_output=True, text=True, timeout=900,
+                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    assert record == json.loads((tmp_path / "credit_accuracy_quick.json").read_text())
+    assert record["states"] >= 1 and record["policy"].startswith("noisy-oracle")
+    for criterion in ("committee", "committee_recoverability"):
+        assert record[f"{criterion}_vs_true_value"]["pairs"] == record["states"] * 8
+    for k in ("K=2", "K=4", "K=8"):
+        row = record["by_k"][k]
+        assert {"tree", "oat", "flat", "committee", "oat_recoverability", "committee_recoverability"} <= set(row)
+        tied = row["tied_groups"]
+        assert 0 <= tied["groups"] <= row["groups"]
+        if tied["groups"]:
+            assert tied["oat"]["sign_agreement"]["actions"] == tied["groups"] * int(k[2:])
