@@ -23,7 +23,7 @@ whose map admits no quest of the asked length (TextWorld raises ``QuestGeneratio
 deterministically, and the folder records which one made the game.
 
 **Playing.** :class:`MsTextWorldEnv` is the Gym shape of the "bring your own agent" environment API (``reset(seed)
--> observation``, ``step(action) -> (observation, reward, done, info)``) over ``textworld.gym``: ``info`` carries
+-> (observation, info)``, ``step(action) -> (observation, reward, done, info)``) over ``textworld.gym``: ``info`` carries
 ``admissible_actions`` (TextWorld's admissible commands, for the reasoner's transient context), ``won`` / ``lost``,
 the score, and on the step that ends the episode ``outcome`` (1.0 won, else 0.0). Observations are TextWorld's text
 with the ASCII-art banner, the input prompt and the status line taken off. TextWorld games are deterministic given the
@@ -42,13 +42,14 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from memrl.data.config import ConfigError, ConfigModel, _FieldError
+from memrl.data.config import ConfigError, ConfigModel
 from memrl.data.errors import UserError
 from memrl.data.io import atomic_write_text
 
@@ -124,33 +125,43 @@ class MsTextWorldParams(ConfigModel):
     max_steps: int = Field(100, ge=1, le=100_000, description="game commands before the episode ends unwon")
     cache_dir: str = Field(DEFAULT_CACHE, description="where generated games are kept (keyed; reused across runs)")
 
-    @model_validator(mode="after")
-    def _possible(self) -> MsTextWorldParams:
-        cooking_knobs = ("recipe", "take", "go", *_COOKING_FLAGS)
-        if self.challenge in _LEVELS:
-            for knob in cooking_knobs:
-                if getattr(self, knob) is not None:
-                    raise _FieldError(knob, getattr(self, knob), f"'{knob}' sizes the cooking challenge, not "
-                                      f"{self.challenge} (which takes 'level')")
-            lo, hi = _LEVELS[self.challenge]
-            level = self.level if self.level is not None else 10
-            if not lo <= level <= hi:
-                raise _FieldError("level", level, f"{self.challenge} levels run from {lo} to {hi}")
-            if self.challenge == "coin_collector" and ((level - 1) // 100 + 1) * ((level - 1) % 100 + 1) > 100:
-                raise _FieldError("level", level, "coin_collector level L makes ((L-1)//100 + 1) x ((L-1)%100 + 1) "
-                                  "rooms, and TextWorld 1.7 compiles at most 100 rooms")
-            return self
-        if self.level is not None:
-            raise _FieldError("level", self.level, "'level' sizes treasure_hunter and coin_collector; cooking takes "
-                              "recipe, take, go, open, cook, cut and drop")
-        recipe, take, go = self.recipe or 1, self.take or 0, self.go or 1
-        if not 1 <= recipe <= 5:
-            raise _FieldError("recipe", recipe, "cooking recipes have 1 to 5 ingredients")
-        if not 0 <= take <= recipe:
-            raise _FieldError("take", take, f"cooking takes at most 'recipe' ({recipe}) ingredients from elsewhere")
-        if go not in _COOKING_ROOMS:
-            raise _FieldError("go", go, f"cooking games have {', '.join(map(str, _COOKING_ROOMS))} rooms")
-        return self
+    # Field validators, so an impossible value is reported at its own key (fields are validated in order: the
+    # challenge, then level, recipe, take, go, then the flags).
+    @field_validator("level")
+    @classmethod
+    def _level(cls, level: int | None, info: ValidationInfo) -> int | None:
+        challenge = info.data.get("challenge")
+        if level is None:
+            return level
+        if challenge not in _LEVELS:
+            raise ValueError("'level' sizes treasure_hunter and coin_collector; cooking takes recipe, take, go, "
+                             "open, cook, cut and drop")
+        lo, hi = _LEVELS[challenge]
+        if not lo <= level <= hi:
+            raise ValueError(f"{challenge} levels run from {lo} to {hi}")
+        if challenge == "coin_collector" and ((level - 1) // 100 + 1) * ((level - 1) % 100 + 1) > 100:
+            raise ValueError("coin_collector level L makes ((L-1)//100 + 1) x ((L-1)%100 + 1) rooms, and TextWorld "
+                             "1.7 compiles at most 100")
+        return level
+
+    @field_validator("recipe", "take", "go", *_COOKING_FLAGS)
+    @classmethod
+    def _cooking(cls, value: Any, info: ValidationInfo) -> Any:
+        knob = info.field_name
+        if value is None:
+            return value
+        if info.data.get("challenge") in _LEVELS:
+            raise ValueError(f"'{knob}' sizes the cooking challenge, not {info.data['challenge']} (which takes "
+                             f"'level')")
+        if knob == "recipe" and not 1 <= value <= 5:
+            raise ValueError("cooking recipes have 1 to 5 ingredients")
+        if knob == "take":
+            recipe = info.data.get("recipe") or 1
+            if not 0 <= value <= recipe:
+                raise ValueError(f"cooking finds at most 'recipe' ({recipe}) ingredients elsewhere")
+        if knob == "go" and value not in _COOKING_ROOMS:
+            raise ValueError(f"cooking games have {', '.join(map(str, _COOKING_ROOMS))} rooms")
+        return value
 
     def settings(self) -> dict[str, Any]:
         """The challenge's settings as TextWorld's generator takes them (defaults filled in)."""
@@ -359,21 +370,26 @@ class MsTextWorldEnv:
         if env_id is None:
             env_id = textworld.gym.register_game(gamefile, request_infos=_request_infos(), max_episode_steps=None)
             _GYM_IDS[gamefile] = env_id
-        self._env = textworld.gym.make(env_id)
+        with warnings.catch_warnings():  # Jericho's "not fully supported": TextWorld tracks score and state itself
+            warnings.simplefilter("ignore")
+            self._env = textworld.gym.make(env_id)
         self._gamefile = gamefile
         return self._env
 
-    def reset(self, seed: int) -> str:
-        """Start the game of ``(params, seed)``: its opening text (the objective, then the first room)."""
+    def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
+        """Start the game of ``(params, seed)``: (its opening text: the objective, then the first room; ``info`` with
+        the first state's ``admissible_actions``), the Gymnasium form the environment API accepts."""
         folder = self.cache.ensure(self.params, int(seed))
         self.seed = int(seed)
         self.record = GameRecord.model_validate_json((folder / "game.meta.json").read_text())
         env = self._game_env(str(folder / "game.z8"))
-        obs, infos = env.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obs, infos = env.reset()
         self._infos = dict(infos)
         self._score, self._moves, self._done = float(infos.get("score") or 0), 0, False
         self.admissible = list(infos.get("admissible_commands") or [])
-        return clean_observation(obs)
+        return clean_observation(obs), {"admissible_actions": list(self.admissible)}
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         """Send one command; (observation, score gained, done, info). The episode ends when the game is won or

@@ -132,9 +132,8 @@ class MsTextWorldTaskParams(MsTextWorldParams):
                 data = dict(data)
                 for knob, value in presets[data["size"]].items():
                     if data.get(knob) is not None and data[knob] != value:
-                        from memrl.data.config import _FieldError
-
-                        raise _FieldError(knob, data[knob], f"size {data['size']!r} sets {knob}={value}; drop one")
+                        raise ValueError(f"size {data['size']!r} sets {knob}={value}, and {knob}={data[knob]!r} is "
+                                         f"given too: drop one of them")
                     data[knob] = value
         return data
 

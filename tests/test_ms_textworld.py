@@ -1,0 +1,141 @@
+"""Microsoft TextWorld (the ``textworld`` extra): games generated at test time into a keyed cache, the Gym-shaped
+environment, replay determinism, bad inputs, and the reasoner + expert winning a generated game through SAM. One
+small game (treasure_hunter level 3: five rooms, a three-step quest) is generated per session, in seconds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memrl.data.config import ConfigError, ConfigModel, load_config
+
+pytest.importorskip("textworld", reason="the textworld extra is not installed")
+
+from memrl.data.envs.ms_textworld import (  # noqa: E402
+    GameCache,
+    MsTextWorldEnv,
+    MsTextWorldParams,
+    clean_observation,
+)
+from memrl.data.tasks.ms_textworld import MsTextWorldTaskParams, parse_recipe, parse_tw_cue  # noqa: E402
+
+SMALL = {"challenge": "treasure_hunter", "level": 3}
+
+
+@pytest.fixture(scope="session")
+def tw_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A game cache holding the small game of seed 0 (generated once per session)."""
+    root = tmp_path_factory.mktemp("tw-cache")
+    GameCache(root).ensure(MsTextWorldParams(**SMALL, cache_dir=str(root)), 0)
+    return root
+
+
+def test_cache_holds_complete_games_keyed_and_generates_each_once(tw_cache: Path) -> None:
+    params = MsTextWorldParams(**SMALL, cache_dir=str(tw_cache))
+    cache = GameCache(tw_cache)
+    folder = cache.folder(params, 0)
+    assert sorted(p.name for p in folder.iterdir()) == ["game.json", "game.meta.json", "game.z8"]
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    record = cache.record(params, 0)
+    assert record.walkthrough and record.command == "tw-make tw-treasure_hunter --level 3 --seed 0"
+    stamp = (folder / "game.z8").stat().st_mtime_ns
+    assert cache.ensure(params, 0) == folder and (folder / "game.z8").stat().st_mtime_ns == stamp  # reused
+    other = cache.folder(MsTextWorldParams(challenge="treasure_hunter", level=4), 0)
+    assert other.name != folder.name and cache.folder(params, 1) != folder  # settings and seed are in the key
+
+
+def test_a_failed_generation_leaves_nothing_in_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import textworld.generator
+
+    def broken(game, options):  # the compiler dies half-way: a game.json is already written
+        Path(options.path).with_suffix(".json").write_text("{}")
+        raise RuntimeError("inform7 crashed")
+
+    monkeypatch.setattr(textworld.generator, "compile_game", broken)
+    params = MsTextWorldParams(**SMALL, cache_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="inform7 crashed"):
+        GameCache(tmp_path).ensure(params, 5)
+    assert [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")] == ["treasure_hunter"]
+
+
+def test_env_plays_the_walkthrough_to_a_win_and_replays_identically(tw_cache: Path) -> None:
+    env = MsTextWorldEnv(**SMALL, cache_dir=str(tw_cache))
+    first, info = env.reset(0)
+    assert "-= " in first and "$$" not in first and info["admissible_actions"]  # banner stripped, commands shown
+    walkthrough = env.privileged()["walkthrough"]
+    log = [first]
+    for i, command in enumerate(walkthrough):
+        obs, reward, done, info = env.step(command)
+        log.append(obs)
+        assert done == (i == len(walkthrough) - 1)
+    assert info["won"] and info["outcome"] == 1.0 and reward == 1.0 and "The End" in obs
+    twin = MsTextWorldEnv(**SMALL, cache_dir=str(tw_cache))  # a new instance: reset + the same commands
+    assert [twin.reset(0)[0]] + [twin.step(c)[0] for c in walkthrough] == log
+    env.close()
+    twin.close()
+
+
+def test_env_ends_unwon_at_max_steps(tw_cache: Path) -> None:
+    env = MsTextWorldEnv(**SMALL, cache_dir=str(tw_cache), max_steps=2)
+    env.reset(0)
+    assert env.step("look")[2] is False
+    obs, _, done, info = env.step("look")
+    assert done and info["outcome"] == 0.0 and info["steps_limit"]
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step("look")
+
+
+def test_clean_observation_strips_banner_prompt_status_and_menu() -> None:
+    raw = ("\n\n   ____  __\n  |    \\|  $$\n\nWelcome! Take the key.\n\n-= Hall =-\nA hall.\n\n\n\n>       "
+           "                 -= Hall =-0/1")
+    assert clean_observation(raw) == "Welcome! Take the key.\n\n-= Hall =-\nA hall."
+    end = "You take it.\n\n   *** The End ***\n\nYou scored 1.\n\n\nWould you like to RESTART, RESTORE or QUIT?\n> "
+    assert clean_observation(end) == "You take it.\n\n*** The End ***\n\nYou scored 1."
+
+
+class _Holder(ConfigModel):
+    params: MsTextWorldTaskParams
+
+
+@pytest.mark.parametrize(("overrides", "key", "says"), [
+    (["params.challenge=zork"], "params.challenge", "treasure_hunter"),
+    (["params.challenge=cooking", "params.recipe=2", "params.take=3"], "params.take", "at most 'recipe' (2)"),
+    (["params.challenge=cooking", "params.go=5"], "params.go", "1, 6, 9, 12 rooms"),
+    (["params.level=31"], "params.level", "levels run from 1 to 30"),
+    (["params.challenge=coin_collector", "params.level=160"], "params.level", "at most 100"),
+    (["params.challenge=cooking", "params.level=3"], "params.level", "cooking takes recipe"),
+    (["params.recipe=2"], "params.recipe", "sizes the cooking challenge"),
+])
+def test_impossible_settings_name_the_key(overrides: list[str], key: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(_Holder, overrides=overrides)
+    assert f"key '{key}'" in str(err.value) and says in str(err.value)
+
+
+def test_missing_textworld_is_one_paragraph_naming_the_extra(tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['textworld'] = None\n"
+            "from memrl.data.envs.ms_textworld import MsTextWorldEnv, TextWorldMissing\n"
+            "try:\n    MsTextWorldEnv(cache_dir=sys.argv[1]).reset(0)\n"
+            "except TextWorldMissing as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    message = out.stdout.strip()
+    assert out.returncode == 0 and "\n" not in message, out.stderr
+    assert "'textworld' extra" in message and "pip install -e '.[textworld]'" in message
+    assert "MEMRL_EXTRAS=textworld" in message and not list(tmp_path.iterdir())  # nothing generated
+
+
+def test_recipe_and_cue_grammar_round_trip() -> None:
+    text = ("Recipe #1\n---------\nIngredients:\nred potato\n  carrot\n\nDirections:\nslice the red potato\n"
+            "  fry the carrot\n  prepare meal")
+    recipe = parse_recipe(text)
+    assert recipe is not None and recipe.ingredients == ["red potato", "carrot"]
+    assert recipe.steps() == [("slice", "red potato"), ("fry", "carrot")]
+    one_line = parse_recipe("Ingredients: red potato, carrot Directions: slice red potato, fry carrot, prepare meal")
+    assert one_line is not None and one_line.steps() == recipe.steps()
+    cue = parse_tw_cue("go east -> bar; exits north south; goal; seen worm, brass key")
+    assert (cue.action, cue.room, cue.exits, cue.goal, cue.seen) == ("go east", "bar", ["north", "south"], True,
+                                                                     ["worm", "brass key"])
+    assert parse_tw_cue("memory: goal: take the worm").content == "take the worm"
