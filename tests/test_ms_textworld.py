@@ -14,13 +14,13 @@ from memrl.data.config import ConfigError, ConfigModel, load_config
 
 pytest.importorskip("textworld", reason="the textworld extra is not installed")
 
-from memrl.data.envs.ms_textworld import (  # noqa: E402
+from memrl.data.envs.ms_textworld import (
     GameCache,
     MsTextWorldEnv,
     MsTextWorldParams,
     clean_observation,
 )
-from memrl.data.tasks.ms_textworld import MsTextWorldTaskParams, parse_recipe, parse_tw_cue  # noqa: E402
+from memrl.data.tasks.ms_textworld import MsTextWorldTaskParams, parse_recipe, parse_tw_cue
 
 SMALL = {"challenge": "treasure_hunter", "level": 3}
 
@@ -82,7 +82,7 @@ def test_env_ends_unwon_at_max_steps(tw_cache: Path) -> None:
     env = MsTextWorldEnv(**SMALL, cache_dir=str(tw_cache), max_steps=2)
     env.reset(0)
     assert env.step("look")[2] is False
-    obs, _, done, info = env.step("look")
+    _, _, done, info = env.step("look")
     assert done and info["outcome"] == 0.0 and info["steps_limit"]
     with pytest.raises(RuntimeError, match="after the episode ended"):
         env.step("look")

@@ -22,8 +22,9 @@ and two processes generating the same game at once both end with one complete co
 whose map admits no quest of the asked length (TextWorld raises ``QuestGenerationError``) moves to derived seeds,
 deterministically, and the folder records which one made the game.
 
-**Playing.** :class:`MsTextWorldEnv` is the Gym shape of the "bring your own agent" environment API (``reset(seed)
--> (observation, info)``, ``step(action) -> (observation, reward, done, info)``) over ``textworld.gym``: ``info`` carries
+**Playing.** :class:`MsTextWorldEnv` is the Gym shape of the "bring your own agent" environment API
+(``reset(seed) -> (observation, info)``, ``step(action) -> (observation, reward, done, info)``) over
+``textworld.gym``: ``info`` carries
 ``admissible_actions`` (TextWorld's admissible commands, for the reasoner's transient context), ``won`` / ``lost``,
 the score, and on the step that ends the episode ``outcome`` (1.0 won, else 0.0). Observations are TextWorld's text
 with the ASCII-art banner, the input prompt and the status line taken off. TextWorld games are deterministic given the

@@ -5,10 +5,11 @@ It answers SAM's two memory-model prompts (:func:`~memrl.data.formats.render_sam
 model cannot: the walkthrough (TextWorld's ``policy_commands`` from the start) and so which things of the game matter
 (request metadata ``gold_entities``, from :func:`~memrl.data.tasks.ms_textworld.gold_entities`: the target first).
 
-- **consolidation**: one cue per page in the family's cue grammar (:func:`~memrl.data.tasks.ms_textworld.render_tw_cue`):
-  the command and the room it led to, the room's exits, whether the page states the goal or the recipe, and the
-  things on the page that the walkthrough uses (``seen ...``; the privileged part: a cue names only those, so it stays
-  short in a kitchen of twenty things); a recall page is ``memory: goal`` / ``memory: recipe``;
+- **consolidation**: one cue per page in the family's cue grammar
+  (:func:`~memrl.data.tasks.ms_textworld.render_tw_cue`): the command and the room it led to, the room's exits,
+  whether the page states the goal or the recipe, and the things on the page that the walkthrough uses (``seen ...``;
+  the privileged part: a cue names only those, so it stays short in a kitchen of twenty things); a recall's page keeps
+  what the recall established (``memory: goal: ...`` / ``memory: recipe: ...``), so one recall serves the episode;
 - **recall**: under a goal intent the opening text's sentences that name a thing the walkthrough uses (all of them if
   none does); under a recipe intent the cookbook's ingredients and directions; under any other intent the page's
   sentences that name what the intent asks about; else :data:`~memrl.data.formats.NOTHING_RELEVANT`.
@@ -141,7 +142,8 @@ class TwOracle:
         return " | ".join(render_tw_cue(self._unit_cue(a, o, rng, gold or [])) for a, o in units)
 
     # ------------------------------------------------------------------------------------------------ recall
-    def recall(self, intent: str, page_text: str, so_far: str, rng: random.Random, gold: list[str] | None = None) -> str:
+    def recall(self, intent: str, page_text: str, so_far: str, rng: random.Random,
+               gold: list[str] | None = None) -> str:
         """``so_far`` plus what the page says that serves ``intent`` (module docstring)."""
         lines = [line for line in so_far.split("\n") if line.strip()] if so_far else []
         if not (self.config.error_rate and rng.random() < self.config.error_rate):

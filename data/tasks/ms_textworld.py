@@ -46,7 +46,6 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memrl.data.config import ConfigModel
 from memrl.data.envs.ms_textworld import MsTextWorldParams
 from memrl.data.formats import parse_sam_memory_block, parse_sam_recalled, parse_tool_calls, render_tool_call
 from memrl.data.tasks.common import content_of, role_of
@@ -143,7 +142,7 @@ class MsTextWorldTaskParams(MsTextWorldParams):
 
     def reasoner_steps(self) -> int:
         """Reasoner calls an episode may make: game commands plus the memory-tool slack."""
-        return self.max_steps + int(round(self.max_steps * self.recall_slack))
+        return self.max_steps + round(self.max_steps * self.recall_slack)
 
 
 # ----------------------------------------------------------------------------------------------------------------
