@@ -92,7 +92,11 @@ class TwOracle:
 
     name = "ms-textworld-oracle"
 
-    def __init__(self, config: TwOracleConfig | dict[str, Any] | None = None) -> None:
+    def __init__(self, config: TwOracleConfig | dict[str, Any] | Any = None) -> None:
+        if config is not None and not isinstance(config, (TwOracleConfig, dict)):
+            # another expert's noise settings (``memrl data distill`` hands every SAM-style oracle its sam_oracle
+            # section): the knob they share is the error rate
+            config = {"error_rate": getattr(config, "error_rate", 0.0)}
         self.config = config if isinstance(config, TwOracleConfig) else TwOracleConfig.model_validate(config or {})
 
     def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:

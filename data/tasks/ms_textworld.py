@@ -46,8 +46,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memrl.data.envs.ms_textworld import MsTextWorldParams
+from memrl.data.envs.gym import GymFactory, GymTask
+from memrl.data.envs.ms_textworld import GameCache, GameRecord, MsTextWorldEnv, MsTextWorldParams
 from memrl.data.formats import parse_sam_memory_block, parse_sam_recalled, parse_tool_calls, render_tool_call
+from memrl.data.registry import register_reasoner, register_task
 from memrl.data.tasks.common import content_of, role_of
 
 __all__ = [
@@ -57,6 +59,8 @@ __all__ = [
     "MS_TEXTWORLD_SPLITS",
     "MS_TEXTWORLD_TASK",
     "RECIPE_INTENT",
+    "MsTextWorldTask",
+    "MsTextWorldTaskParams",
     "Recipe",
     "TwCue",
     "TwReasoner",
@@ -372,6 +376,7 @@ def _admissible(text: str) -> list[str] | None:
     return [line.strip() for line in text[len(ADMISSIBLE_PREFIX):].split("\n") if line.strip()]
 
 
+@register_reasoner("ms_textworld")
 class TwReasoner:
     """The frozen programmatic reasoner of the ``ms_textworld`` family (module docstring); a
     :class:`~memrl.data.schemas.ScriptedPolicy`. ``explore``: ``dfs`` walks the map it can rebuild, ``random`` ignores
@@ -715,3 +720,52 @@ class TwReasoner:
                     seen.add(nxt)
                     queue.append((nxt, first or d))
         return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the task family
+
+
+@register_task("ms_textworld", params=MsTextWorldTaskParams, reasoner="ms_textworld", memory="sam",
+               oracle="memrl.data.experts.ms_textworld:TwOracle")
+class MsTextWorldTask(GymTask):
+    """One TextWorld game as a memrl task: the Gym adapter (:class:`~memrl.data.envs.gym.GymTask`) over
+    :class:`~memrl.data.envs.ms_textworld.MsTextWorldEnv`, re-entered by replay (TextWorld has no snapshot here), with
+    the family's hooks: the instruction, SAM's settings for TextWorld pages, and the expert's privileged metadata."""
+
+    family = "ms_textworld"
+
+    def __init__(self, params: MsTextWorldTaskParams | dict[str, Any] | None = None, seed: int = 0,
+                 task_id: str = "") -> None:
+        self.settings = params if isinstance(params, MsTextWorldTaskParams) else \
+            MsTextWorldTaskParams.model_validate(params or {})
+        game = self.settings.game_params()
+        super().__init__(GymFactory(MsTextWorldEnv, game.model_dump(mode="json")), seed=seed,
+                         task_id=task_id or f"tw-{seed}", family=self.family,
+                         max_steps=self.settings.reasoner_steps(), reentry="replay")
+        self.horizon_label = f"{game.challenge}/{self.settings.size or game.size_label()}"
+
+    @property
+    def task(self) -> str:
+        """The instruction heading the reasoner's context (the game's objective is in its first observation)."""
+        return MS_TEXTWORLD_TASK
+
+    def record(self) -> GameRecord:
+        """The game's cache record (generated first when the cache does not hold it)."""
+        return GameCache(self.settings.cache_dir).record(self.settings.game_params(), self.seed)
+
+    def memory_defaults(self, config: Any) -> dict[str, Any]:
+        """One-turn pages with three turns live (the reasoner's own short context) and cues long enough for a
+        recalled recipe; only keys the memory system's config has, and only where the recipe set none."""
+        wanted = {"page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3, "max_cue_tokens": 64,
+                  "expert_metadata": ["gold_entities"]}
+        fields = getattr(type(config), "model_fields", {})
+        return {k: v for k, v in wanted.items() if k in fields}
+
+    def rollout_metadata(self, system: Any, config: Any) -> dict[str, Any]:
+        """The episode metadata: what the privileged expert reads (``gold_entities``: what the walkthrough acts on,
+        the target first); a model engine never sees it."""
+        record = self.record()
+        return {"family": self.family, "memory": getattr(system, "name", "memory"),
+                "gold_entities": gold_entities(record.walkthrough), "walkthrough_steps": len(record.walkthrough),
+                "challenge": record.challenge}
