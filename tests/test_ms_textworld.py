@@ -139,3 +139,96 @@ def test_recipe_and_cue_grammar_round_trip() -> None:
     assert (cue.action, cue.room, cue.exits, cue.goal, cue.seen) == ("go east", "bar", ["north", "south"], True,
                                                                      ["worm", "brass key"])
     assert parse_tw_cue("memory: goal: take the worm").content == "take the worm"
+
+
+def test_reasoner_and_expert_win_through_sam_and_a_fork_replays(tw_cache: Path) -> None:
+    """The family end to end with the privileged expert as SAM's memory model: the game is won; a fork mid-episode
+    re-enters the state by replay (a new game, reset, the logged commands, digests compared) and goes on with
+    the same observations."""
+    import copy
+
+    from memrl.data.experts.ms_textworld import TwOracle
+    from memrl.data.tasks import TaskSetConfig, load_tasks
+    from memrl.data.tasks.ms_textworld import TwReasoner
+    from memrl.rollout.agents import task_rollout
+    from memrl.rollout.engines.scripted import ScriptedEngine
+    from memrl.rollout.loop import EngineSet, run_rollouts
+
+    params = {**SMALL, "max_steps": 30, "cache_dir": str(tw_cache)}
+    (task,) = load_tasks(TaskSetConfig(family="ms_textworld", params=params, count=1, seed=0), "t")
+    engines = EngineSet(reasoner=ScriptedEngine(TwReasoner()), memory=ScriptedEngine(TwOracle()))
+    (trace,) = run_rollouts([task_rollout(task, {"name": "sam"})], engines)
+    assert trace.outcome == 1.0 and trace.stats["env_won"] == 1
+    rollout = task_rollout(task, {"name": "sam"})
+    while len(rollout.env.log) < 1:
+        call = rollout.pending()
+        rollout.advance(engines.for_call(call).generate([call.request])[0])
+    twin = rollout.fork("twin")
+    assert twin.env.reentries["replay"] == 1 and twin.env.log == rollout.env.log
+    assert twin.env.step("look") == rollout.env.step("look")
+    rollout.env.log.append(("look", "a planted observation the game never gives"))
+    from memrl.data.envs.gym import ReplayMismatchError
+
+    with pytest.raises(ReplayMismatchError, match="diverged at step 3"):
+        copy.deepcopy(rollout.env)
+
+
+@pytest.mark.slow
+def test_acceptance_generated_game_played_replayed_and_one_oat_grpo_iteration(tmp_path: Path,
+                                                                              tiny_model_dir: Path) -> None:
+    """Issue 38, acceptance 1: a game generated now (seconds), played through the adapter, a state re-entered by
+    replay with the same observations, and one OAT-GRPO iteration of the tiny model on it (trees branching at the
+    cue of the first page, every sibling a replayed copy of the game)."""
+    import json
+    import time
+
+    from memrl.data.config import RunConfig
+    from memrl.data.run_dir import prepare_run_dir
+    from memrl.data.tasks import TaskSetConfig, load_tasks
+    from memrl.rollout.engines.config import EngineConfig
+    from memrl.rollout.memory.sam import SamConfig
+    from memrl.rollout.tree import TreeConfig
+    from memrl.train.oat_grpo import OATGRPOConfig, train_oat_grpo
+    from memrl.train.online import LoopConfig
+    from memrl.train.policy import PolicySpec
+
+    params = {"challenge": "treasure_hunter", "level": 4, "max_steps": 6, "cache_dir": str(tmp_path / "games")}
+    tasks = TaskSetConfig(family="ms_textworld", params=params, count=1, seed=11)
+    t0 = time.perf_counter()
+    (task,) = load_tasks(tasks, "a1")
+    record = task.record()  # generated now, into the test's own cache
+    assert time.perf_counter() - t0 < 120 and record.walkthrough
+    first = task.reset()
+    observations = [first] + [task.step(c)[0] for c in record.walkthrough]
+    assert task.finish(None) == 1.0
+    twin = load_tasks(tasks, "a1")[0]
+    twin.reset()
+    twin.log = list(task.log)  # the logged episode, re-entered by a replayed copy
+    replayed = __import__("copy").deepcopy(twin)
+    assert replayed.reentries["replay"] == 1 and [o for _, o in replayed.log] == observations[1:]
+
+    memory = SamConfig(page_turns=1, live_capacity_turns=2, keep_recent_turns=1,  # a page (and its cue) every step
+                       sampling={"consolidate": {"temperature": 1.0, "max_tokens": 16},
+                                 "recall": {"temperature": 1.0, "max_tokens": 16}})
+    cfg = OATGRPOConfig(
+        run=RunConfig(output_dir=str(tmp_path / "runs"), name="oat", seed=0),
+        policy=PolicySpec(base=str(tiny_model_dir)),
+        engine=EngineConfig(backend="hf", name="policy", model=str(tiny_model_dir), dtype="float32", batch_size=8),
+        memory=memory, train_tasks=tasks, eval_tasks=TaskSetConfig(family="ms_textworld", params=params, count=0),
+        tasks_per_iteration=1, tree=TreeConfig(branch_roles=["consolidate"], branch_factor=2, max_branch_depth=1,
+                                               max_leaves=2),
+        loop=LoopConfig(iterations=1, eval_every=0, checkpoint_every=1), eval_samples=0,
+    )
+    run_dir = prepare_run_dir(cfg, cfg.run, "train-oat-grpo")
+    result = train_oat_grpo(cfg, run_dir)
+    assert result["iterations_run"] == 1
+    trees = [json.loads(line) for line in (run_dir / "trees_last.jsonl").read_text().splitlines()]
+    assert len(trees) == 1
+    nodes = trees[0]["nodes"]
+    leaves = [n for n in (nodes.values() if isinstance(nodes, dict) else nodes) if n.get("outcome") is not None]
+    assert len(leaves) == 2  # K = 2 siblings at the first cue, each played to the end on its own copy of the game
+    replays = [leaf["metadata"]["stats"].get("env_reentry_replay", 0) for leaf in leaves]
+    assert sorted(replays) == [0, 1]  # the branch's copy of the game was re-entered by replay, and ran to its end
+    assert all(leaf["metadata"]["stats"]["env_steps"] >= 1 for leaf in leaves)
+    history = result["history"][0]
+    assert history["committee_scored_groups"] == 1 and history["memory_calls_trained"] >= 2
