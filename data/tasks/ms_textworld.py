@@ -44,7 +44,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from memrl.data.envs.gym import GymFactory, GymTask
 from memrl.data.envs.ms_textworld import GameCache, GameRecord, MsTextWorldEnv, MsTextWorldParams
@@ -120,10 +120,32 @@ def size_params(challenge: str, size: str) -> dict[str, Any]:
 class MsTextWorldTaskParams(MsTextWorldParams):
     """A TextWorld task set's game settings: :class:`~memrl.data.envs.ms_textworld.MsTextWorldParams` plus a named
     ``size`` (which fills the challenge's knobs; setting both is an error naming the knob) and the reasoner calls
-    allowed beyond ``max_steps`` for its memory tool."""
+    allowed beyond ``max_steps`` for its memory tool. ``mix`` (``["treasure_hunter/small", "cooking/medium"]``)
+    makes a task set of several challenges and sizes: game ``seed`` is of cell ``mix[seed % len(mix)]``."""
 
     size: Literal["small", "medium", "large"] | None = None  # a preset of MS_TEXTWORLD_SIZES[challenge]
     recall_slack: float = Field(0.5, ge=0, le=10, description="memory-tool calls allowed: this share of max_steps")
+    mix: list[str] | None = Field(None, min_length=1, description="challenge/size cells the seeds cycle through")
+
+    @field_validator("mix")
+    @classmethod
+    def _cells(cls, mix: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        for cell in mix or []:
+            challenge, _, size = cell.partition("/")
+            if size not in MS_TEXTWORLD_SIZES.get(challenge, {}):
+                raise ValueError(f"mix entry {cell!r}: expected challenge/size with challenge one of "
+                                 f"{', '.join(MS_TEXTWORLD_SIZES)} and size small, medium or large")
+        if mix and any(info.data.get(k) is not None for k in ("level", "recipe", "take", "go", "size")):
+            raise ValueError("mix names each cell's challenge and size: set no level, recipe, take, go or size")
+        return mix
+
+    def cell(self, seed: int) -> MsTextWorldTaskParams:
+        """The settings of game ``seed``: these, or its cell of ``mix``."""
+        if not self.mix:
+            return self
+        challenge, _, size = self.mix[seed % len(self.mix)].partition("/")
+        data = self.model_dump(exclude={"mix"}, exclude_none=True)
+        return MsTextWorldTaskParams.model_validate({**data, "challenge": challenge, "size": size})
 
     @model_validator(mode="before")
     @classmethod
@@ -142,7 +164,9 @@ class MsTextWorldTaskParams(MsTextWorldParams):
 
     def game_params(self) -> MsTextWorldParams:
         """The environment's parameters (without the task-level keys)."""
-        return MsTextWorldParams.model_validate(self.model_dump(exclude={"size", "recall_slack"}))
+        if self.mix:
+            raise ValueError("a mixed task set has no single game: take its cell(seed) first")
+        return MsTextWorldParams.model_validate(self.model_dump(exclude={"size", "recall_slack", "mix"}))
 
     def reasoner_steps(self) -> int:
         """Reasoner calls an episode may make: game commands plus the memory-tool slack."""
@@ -737,8 +761,9 @@ class MsTextWorldTask(GymTask):
 
     def __init__(self, params: MsTextWorldTaskParams | dict[str, Any] | None = None, seed: int = 0,
                  task_id: str = "") -> None:
-        self.settings = params if isinstance(params, MsTextWorldTaskParams) else \
+        given = params if isinstance(params, MsTextWorldTaskParams) else \
             MsTextWorldTaskParams.model_validate(params or {})
+        self.settings = given.cell(seed)
         game = self.settings.game_params()
         super().__init__(GymFactory(MsTextWorldEnv, game.model_dump(mode="json")), seed=seed,
                          task_id=task_id or f"tw-{seed}", family=self.family,
