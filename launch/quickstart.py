@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from memrl.data.config import ConfigError, ConfigModel, RunConfig
 from memrl.data.experts.sam import SamOracleConfig
@@ -89,9 +89,7 @@ class QuickstartConfig(ConfigModel):
     base_model: Literal["tiny", "smollm2"] = "tiny"  # tiny: random-init Qwen3 (model); smollm2: SmolLM2-135M-Instruct
     model: TinyModelSpec = TinyModelSpec()
     model_cache: str = ".cache/models"  # directory the base model is built (or converted) into and reused from
-    # sam: text-world tours; dialogue: the same as English dialogue; or a registered family of memrl's task interface
-    # with an oracle expert, configured by task_params (ms_textworld: Microsoft TextWorld games, the textworld extra)
-    task_family: str = "sam"
+    task_family: str = "sam"  # sam, dialogue, or a registered family with an oracle (ms_textworld: TextWorld games)
     task_params: dict[str, Any] = {}  # the family's parameters (families other than sam and dialogue)
     max_model_len: int | None = Field(None, ge=16, le=10**7)  # vLLM context length (rollouts, evals); None: the model's
     horizon: int = Field(12, ge=1, le=10**5)  # tour steps before the question, for distillation and RL
@@ -119,19 +117,37 @@ class QuickstartConfig(ConfigModel):
     evaluate_untrained: bool = True  # also evaluate the untrained model (greedy) as a baseline
     export: bool = True  # export the RL model as a HF checkpoint + model card at the end
 
-    @model_validator(mode="after")
-    def _family(self) -> QuickstartConfig:
-        if self.task_family in _SAM_STYLE:
-            if self.task_params:
-                raise ValueError(f"task_params: the {self.task_family} family is sized by horizon and eval_horizons")
-            return self
-        from memrl.data.tasks import family_of
+    @field_validator("task_family")
+    @classmethod
+    def _family(cls, family: str) -> str:
+        if family in _SAM_STYLE:
+            return family
+        from memrl.data.registry import TASK_FAMILIES
 
-        reg = family_of(TaskSetConfig(family=self.task_family, params=dict(self.task_params), count=0))
+        reg = TASK_FAMILIES.get(family)
         if reg.extra.get("kind", "env") != "env" or not reg.extra.get("oracle"):
-            raise ValueError(f"task_family: {self.task_family!r} has no oracle expert to distil (the quickstart runs "
-                             f"sam, dialogue or a registered family of memrl's task interface with an oracle)")
-        return self
+            raise ValueError(f"{family!r} has no oracle expert to distil (the quickstart runs sam, dialogue or a "
+                             f"registered family of memrl's task interface with an oracle)")
+        return family
+
+    @field_validator("task_params")
+    @classmethod
+    def _params(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        family = info.data.get("task_family")
+        if family in _SAM_STYLE:
+            if params:
+                raise ValueError(f"the {family} family is sized by horizon and eval_horizons, not task_params")
+            return params
+        from memrl.data.registry import TASK_FAMILIES
+
+        config = TASK_FAMILIES.get(family).config if family else None
+        if config is not None:
+            try:
+                config.model_validate(params)
+            except ValidationError as exc:  # name the key inside task_params
+                raise ValueError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                                           for e in exc.errors(include_url=False))) from None
+        return params
 
 
 def _peak_rss_gib() -> float:
