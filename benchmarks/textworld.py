@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, this file's folder heads sys.path and this file would shadow the textworld package it benchmarks.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 SCRIPTED = ("no_memory", "long_context", "bm25", "sam_expert")
 MODELS = ("sam_untrained", "sam_sft", "sam_oat", "sam_flat")
 PAIRS = (("sam_oat", "sam_sft"), ("sam_flat", "sam_sft"), ("sam_oat", "sam_flat"), ("sam_sft", "sam_untrained"),
@@ -139,8 +141,8 @@ class Bench:
         t0 = time.perf_counter()
         counts = {}
         s = self.scale
-        for split, n in (("test", s.test_games), ("dev", s.dev_games)):
-            tasks = self.games(split, n)
+        for split, n in (("test", s.test_games), ("dev", s.dev_games if self.args.select else 0)):
+            tasks = self.games(split, n) if n else []
             for task in progress_bar(tasks, desc=f"games {split}", leave=False):
                 task.record()
             counts[split] = len(tasks)
