@@ -192,6 +192,22 @@ def weights_digest(model_dir: Path) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+def check_bench_inputs(work: Path, progress_files: list[Path]) -> None:
+    """Before anything is built: ``--work`` must be a folder that can be written, and the progress files it holds
+    must be JSONL objects; otherwise one line naming the path and exit 2 (not a traceback after the SFT start)."""
+    from memrl.data.checks import check_output_dir
+    from memrl.data.errors import UserError
+    from memrl.data.io import check_jsonl_file
+
+    try:
+        check_output_dir(str(work), "--work")
+        for path in progress_files:
+            check_jsonl_file(path, "--work")
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 class Bench:
     """Shared state of one benchmark run: the setting, the SFT checkpoint, the test tasks, the engines' configs."""
 
@@ -206,6 +222,7 @@ class Bench:
         self.setting = SAM_SETTINGS[args.setting]
         self.work = Path(args.work)  # the shared SFT checkpoint lives here; the runs under quick/ or full/
         self.runs = self.work / ("quick" if args.quick else "full") / args.split
+        check_bench_inputs(self.work, [self.runs / "progress.jsonl", self.runs / "select_progress.jsonl"])
         self.runs.mkdir(parents=True, exist_ok=True)
         self.memory = SamConfig(
             page_turns=1, live_capacity_turns=4, keep_recent_turns=3,

@@ -105,7 +105,7 @@ class TimedTrainer:
         self.is_peft = True  # the sync hands the workers a directory; scripted engines only take the version
         self.model = None
 
-    def step(self, groups: list[Any]) -> dict[str, float]:
+    def step(self, groups: list[Any], probe: bool | None = None) -> dict[str, float]:
         time.sleep(self.update_s)
         self.version += 1
         self.updates += 1
@@ -119,6 +119,12 @@ class TimedTrainer:
         return {}
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def probe_state(self) -> dict[str, Any] | None:
+        return None  # no model: no KL-to-initial probe
+
+    def set_probe_state(self, state: dict[str, Any] | None) -> None:
         pass
 
 

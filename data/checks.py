@@ -223,9 +223,35 @@ def _nearest_existing(path: Path) -> Path:
     return probe
 
 
+NAME_MAX_BYTES = 255  # longest file name (one path component) of Linux file systems
+PATH_MAX_BYTES = 4096
+
+
 def check_output_dir(ref: str, key: str) -> None:
-    """An output folder must be creatable and writable (checked without creating it)."""
+    """An output folder must be creatable and writable (checked without creating it): no component longer than a
+    file system takes, no symbolic link on the way that points nowhere or at a file."""
     path = Path(ref).expanduser()
+    try:
+        absolute = path.absolute()
+    except OSError as exc:  # the working folder was deleted
+        raise UserError(f"{key}: {ref} is relative to the working folder, which no longer exists ({exc.strerror}); "
+                        "cd into an existing folder, or give an absolute path") from None
+    too_long = [part for part in absolute.parts if len(os.fsencode(part)) > NAME_MAX_BYTES]
+    if too_long:
+        raise UserError(f"{key}: {ref} has a name of {len(os.fsencode(too_long[0]))} bytes ({too_long[0][:40]}...); "
+                        f"file systems take at most {NAME_MAX_BYTES}: choose a shorter name")
+    if len(os.fsencode(str(absolute))) > PATH_MAX_BYTES - NAME_MAX_BYTES:
+        raise UserError(f"{key}: {ref} is {len(os.fsencode(str(absolute)))} bytes long, too long for the files "
+                        "written under it: choose a shorter path")
+    for probe in (absolute, *absolute.parents):
+        if probe.is_symlink():
+            target = os.readlink(probe)
+            if not probe.exists():
+                raise UserError(f"{key}: {probe} is a symbolic link to {target}, which does not exist: create "
+                                f"{target}, or remove the link")
+            if not probe.is_dir():
+                raise UserError(f"{key}: {probe} is a symbolic link to the file {target}, not a folder: remove the "
+                                "link, or choose another path")
     anchor = _nearest_existing(path)
     if not anchor.is_dir():
         raise UserError(f"{key}: cannot create {ref}: {anchor} is a file, not a folder")

@@ -144,6 +144,9 @@ class LoggingConfig(ConfigModel):
     mlflow_experiment: str = Field("memrl", min_length=1)  # MLflow experiment the run is logged under
 
 
+MAX_RUN_NAME_BYTES = 200  # a file name takes 255 bytes; the rest is room for the names memrl derives from it
+
+
 class RunConfig(ConfigModel):
     """Where a run writes its outputs, and its global seed."""
 
@@ -161,6 +164,12 @@ class RunConfig(ConfigModel):
         if name is not None and (name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name):
             raise ValueError("run.name must be a single folder name (no '/', '..' or '.'): the run folder is "
                              "run.output_dir/run.name")
+        if name is not None and any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise ValueError("run.name must not hold control characters (a newline, a tab): it names a folder that "
+                             "logs and shells print")
+        if name is not None and len(name.encode("utf-8", "surrogateescape")) > MAX_RUN_NAME_BYTES:
+            raise ValueError(f"run.name is {len(name.encode('utf-8', 'surrogateescape'))} bytes long; a folder name "
+                             f"takes at most {MAX_RUN_NAME_BYTES}")
         return name
 
 
@@ -217,6 +226,8 @@ class PlacementConfig(ConfigModel):
 
 MAX_YAML_ALIASES = 100  # a config needs a few anchors at most
 MAX_YAML_NODES = 200_000  # values once aliases are expanded: an "alias bomb" of a few lines expands to billions
+MAX_CONFIG_BYTES = 1 << 20  # a config file (the shipped recipes are a few KB); data belongs in data files
+MAX_LIST_ITEMS = 10_000  # items of one list (or keys of one mapping) in a resolved config
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -299,6 +310,11 @@ def read_config_yaml(file: Path) -> tuple[Any, dict[str, int]]:
     """A config file's YAML (a path, or a shipped recipe's name) and the line of every key; a missing file, non-UTF-8
     text or invalid YAML is a :class:`ConfigError` naming the file (and the line)."""
     file = config_file(file)
+    size = file.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{file}: a config file of {size:,} bytes (at most {MAX_CONFIG_BYTES:,}): refused before "
+                          "reading it; is this the file you meant? Data (episodes, tasks) belongs in data files that "
+                          "the config names")
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -503,10 +519,31 @@ def load_config(
         data = _deep_merge(data, loaded)
     data = apply_overrides(cls, data, overrides)
     override_keys = {o.split("=", 1)[0].strip() for o in overrides}
+    _check_sizes(data, "", source, lines, override_keys)
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(cls, exc, source, lines, override_keys)) from None
+
+
+def _check_sizes(node: Any, key: str, source: str, lines: dict[str, int], override_keys: set[str]) -> int:
+    """Refuse a list (or mapping) of more than :data:`MAX_LIST_ITEMS` items, and a config of more than
+    :data:`MAX_YAML_NODES` values in all, naming the key, before validation walks it; returns the values counted."""
+    if not isinstance(node, (list, dict)):
+        return 1
+    if len(node) > MAX_LIST_ITEMS:
+        where = ("command-line override" if key in override_keys
+                 else f"{source}:{lines[key]}" if key in lines else source)
+        kind = "list" if isinstance(node, list) else "mapping"
+        raise ConfigError(f"{where}: key '{key or '<top level>'}' is a {kind} of {len(node):,} items (at most "
+                          f"{MAX_LIST_ITEMS:,}): refused; is it the value you meant?")
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    total = 1
+    for name, value in items:
+        total += _check_sizes(value, f"{key}.{name}" if key else str(name), source, lines, override_keys)
+        if total > MAX_YAML_NODES:
+            raise ConfigError(f"{source}: the config holds more than {MAX_YAML_NODES:,} values: refused")
+    return total
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

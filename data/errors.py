@@ -4,8 +4,14 @@ exits with code 2; anything else is a bug and gets a traceback (in the run's log
 
 from __future__ import annotations
 
-__all__ = ["UserError"]
+__all__ = ["RunFault", "UserError"]
 
 
 class UserError(Exception):
     """A problem with the user's input; the message names the file/line/key/path and the fix."""
+
+
+class RunFault(UserError):
+    """A fault of what the run stands on, met while it runs (a full disk, an endpoint that keeps failing after its
+    retries, a working folder deleted under it): one message and exit 2 as for bad input, but what the run already
+    saved is kept (a failed start's folder is removed; a run that met a fault later is continued with --resume)."""

@@ -4,9 +4,12 @@ Every job command takes ``--config FILE.yaml`` plus dotted overrides (``train.lr
 the config is validated and so is everything it names (data records, model and adapter paths, output folders:
 launch/preflight.py plus the command's own checks); the run directory is created only when the run starts, and a
 start that fails on bad input removes what it created. Expected failures (:class:`~memrl.data.errors.UserError`) print
-one message with the fix and exit 2; a traceback means a bug and comes with the log file's path (exit 1). Third-party
-output goes to the run's ``run.log`` unless ``--verbose``. Heavy imports happen only inside the command that needs
-them, so ``memrl --help`` answers at once.
+one message with the fix and exit 2; so do faults of what a run stands on, met while it runs (a write the disk or the
+file-size limit refuses, an endpoint that keeps failing after its retries: :class:`~memrl.data.errors.RunFault`), and
+those keep what the run saved for ``--resume``. A traceback means a bug and comes with the log file's path (exit 1).
+A closed stdin/stdout/stderr gets ``/dev/null`` and a deleted working folder is refused before anything loads.
+Third-party output goes to the run's ``run.log`` unless ``--verbose``. Heavy imports happen only inside the command
+that needs them, so ``memrl --help`` answers at once.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.data.config import ConfigError
-from memrl.data.errors import UserError
+from memrl.data.errors import RunFault, UserError
 from memrl.launch.jobs import JOBS, Job
 from memrl.launch.model_commands import add_model_commands
 
@@ -89,10 +92,28 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
                 except (UserError, KeyboardInterrupt):
                     raise
                 except Exception as exc:
+                    fault = _runtime_fault(exc, Path(run.output_dir) if run is not None else Path("."))
+                    if fault is not None:
+                        raise fault from exc
                     raise _Bug(exc, _save_traceback()) from exc
     finally:
         release_run_dirs()
     return int(code or 0)
+
+
+def _runtime_fault(exc: Exception, output_dir: Path) -> UserError | None:
+    """The one-line error for an exception that is a fault of the run's surroundings, not a bug: a write the storage
+    refused (the file it names, else the output folder), an OpenAI-compatible endpoint that kept failing after its
+    retries. None for anything else."""
+    from memrl.data.io import storage_error
+
+    target = output_dir
+    for cause in (exc, exc.__cause__, exc.__context__):
+        name = getattr(cause, "filename", None)
+        if isinstance(cause, OSError) and isinstance(name, str) and name:
+            target = Path(name)
+            break
+    return storage_error(exc, target, "the run stopped")
 
 
 class _Bug(Exception):
@@ -109,11 +130,18 @@ def _save_traceback() -> Path:
 
     text = traceback.format_exc()
     path = run_log_path()
+    fallback = Path(tempfile.gettempdir()) / f"memrl-crash-{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
     if path is None or not path.parent.is_dir() or path.parent == Path(tempfile.gettempdir()):
-        path = Path(tempfile.gettempdir()) / f"memrl-crash-{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(text)
-    return path
+        path = fallback
+    for candidate in dict.fromkeys((path, fallback)):
+        try:
+            with open(candidate, "a", encoding="utf-8") as fh:
+                fh.write(text)
+            return candidate
+        except OSError:  # the run's disk is full or gone: try the next place
+            continue
+    sys.__stderr__.write(text)
+    return Path("<stderr>")
 
 
 def _has_complete_checkpoint(folder: Path) -> bool:
@@ -135,6 +163,8 @@ def _created_only_on_success(output_dir: Path | None) -> Iterator[None]:
     missing = [p for p in missing if p == top or top in p.parents]
     try:
         yield
+    except RunFault:
+        raise  # the run had started: what it saved stays for --resume
     except UserError:
         from memrl.data.run_dir import created_run_dirs, release_run_dirs
 
@@ -254,8 +284,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _standard_streams() -> None:
+    """Give a closed stdin, stdout or stderr (``memrl ... >&-``) ``/dev/null``: otherwise the next file opened takes
+    its descriptor, and what the command prints (or the run log's redirection of descriptors 1 and 2) lands in it."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDONLY if mode == "r" else os.O_WRONLY)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8"))  # noqa: SIM115 - the process's stream
+
+
+def _own_words(exc: BaseException) -> str:
+    """An expected error's message; one raised in a Ray worker (a rollout worker's endpoint that kept failing) comes
+    back as Ray's ``RayTaskError(<the error>)``, whose text is the worker's traceback: its cause's message instead."""
+    cause = getattr(exc, "cause", None)
+    if type(exc).__name__.startswith("RayTaskError") and isinstance(cause, UserError):
+        return str(cause)
+    return str(exc)
+
+
+def _say(text: str) -> None:
+    """The command's last word on stderr, on a line of its own: progress bars a failure left open are closed first
+    (nothing when stderr has gone: a closed pipe)."""
+    tqdm = getattr(sys.modules.get("tqdm"), "tqdm", None)
+    for bar in list(getattr(tqdm, "_instances", None) or ()):
+        with contextlib.suppress(Exception):
+            bar.close()
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memrl`` console script."""
+    _standard_streams()
+    try:
+        os.getcwd()
+    except OSError as exc:  # torch and its libraries cannot even load then (oneMKL: "Cannot load libtorch_cpu.so")
+        _say(f"memrl: error: the working folder no longer exists ({exc.strerror}): cd into an existing folder and run "
+             "the command again")
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
@@ -265,14 +338,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         with handle_signals():  # SIGTERM ends every command as Ctrl-C does (launch/shutdown.py)
             code = handler(args)
     except ConfigError as exc:
-        print(f"memrl: config error: {exc}", file=sys.stderr)
+        _say(f"memrl: config error: {_own_words(exc)}")
+        return 2
+    except RunFault as exc:
+        resumable = getattr(args, "resume", None) is not None
+        _say(f"memrl: error: {_own_words(exc)}" + ("; what the run saved is kept: continue it with --resume"
+                                                     if resumable else ""))
         return 2
     except UserError as exc:
-        print(f"memrl: error: {exc}", file=sys.stderr)
+        _say(f"memrl: error: {_own_words(exc)}")
         return 2
     except _Bug as bug:
-        print(f"memrl: unexpected error (a bug, please report it): {type(bug.error).__name__}: {bug.error}\n"
-              f"the traceback is in {bug.log}", file=sys.stderr)
+        _say(f"memrl: unexpected error (a bug, please report it): {type(bug.error).__name__}: {bug.error}\n"
+              f"the traceback is in {bug.log}")
         return 1
     except KeyboardInterrupt as interrupt:
         from memrl.launch.shutdown import exit_code, stop_children
@@ -281,8 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = exit_code(interrupt)
         what = "terminated (SIGTERM)" if code == 143 else "interrupted (SIGINT)"
         resumable = getattr(args, "resume", None) is not None
-        print(f"memrl: {what}: stopped" + ("; what it saved is kept (checkpoints are written whole): continue "
-                                            "with --resume" if resumable else ""), file=sys.stderr)
+        _say(f"memrl: {what}: stopped" + ("; what it saved is kept (checkpoints are written whole): continue "
+                                            "with --resume" if resumable else ""))
         return code
     _leave_process_group()
     return code

@@ -33,6 +33,7 @@ class _ConsoleStream(io.TextIOBase):
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.own: TextIO | None = None
+        self.gone = False
         try:
             fd = stream.fileno()
         except (AttributeError, OSError, io.UnsupportedOperation):  # an in-memory stream (pytest's capsys)
@@ -46,16 +47,38 @@ class _ConsoleStream(io.TextIOBase):
         return self.own if self.own is not None else self.stream
 
     def write(self, text: str) -> int:
-        """Write to the console."""
-        return self.target.write(text)
+        """Write to the console; a console that went away (a closed pipe: ``memrl ... | head``, a terminal that
+        closed) is dropped, not an error: the run goes on, its ``run.log`` has every line."""
+        if self.gone:
+            return len(text)
+        try:
+            return self.target.write(text)
+        except (OSError, ValueError, AttributeError):  # EPIPE, EBADF, a closed file, no stream at all
+            self._drop()
+            return len(text)
 
     def flush(self) -> None:
         """Flush the console."""
-        self.target.flush()
+        if self.gone:
+            return
+        try:
+            self.target.flush()
+        except (OSError, ValueError, AttributeError):
+            self._drop()
+
+    def _drop(self) -> None:
+        self.gone = True
+        own, self.own = self.own, None
+        if own is not None:
+            with contextlib.suppress(OSError, ValueError):
+                os.close(own.fileno())  # close without flushing what can no longer be written
 
     def isatty(self) -> bool:
         """Whether the console is a terminal (tqdm draws in place only there)."""
-        return self.stream.isatty()
+        try:
+            return not self.gone and self.stream.isatty()
+        except (OSError, ValueError, AttributeError):
+            return False
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
@@ -68,7 +91,8 @@ class _ConsoleStream(io.TextIOBase):
         if own is not None:
             with contextlib.suppress(OSError, ValueError):
                 own.flush()
-            own.close()
+            with contextlib.suppress(OSError, ValueError):
+                own.close()
 
 
 class _ThirdParty(logging.Filter):

@@ -11,6 +11,7 @@ A command adds its own checks (``Job.checks``) for what only it knows. Everythin
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from memrl.train.checkpoint import check_checkpoints_remain
 
 __all__ = ["OUTPUT_KEYS", "check_config"]
 
+logger = logging.getLogger(__name__)
+
 # Folders a command writes into besides its run directory (checked writable without being created).
 OUTPUT_KEYS = frozenset({"out", "output", "model_cache", "cache_dir"})
 
@@ -50,6 +53,7 @@ def _check_run(cfg: BaseModel, run: RunConfig) -> None:
         assert run.name is not None
         _check_resumable(cfg, run, Path(run.output_dir) / run.name)
     elif run.name is not None:
+        check_output_dir(str(Path(run.output_dir) / run.name), "run.name")
         check_no_run_in(Path(run.output_dir) / run.name)
 
 
@@ -78,6 +82,28 @@ def _walk(node: Any, prefix: str) -> None:
                 _walk(item, f"{prefix}.{key}")
 
 
+MAX_WORKERS_PER_CORE = 16  # a local fleet of more rollout workers than this per core is refused
+
+
+def _check_fleet_size(fleet: Any, prefix: str) -> None:
+    """A local Ray fleet (no ``fleet.address``, no ``RAY_ADDRESS``) asking for more CPUs than the machine has gets a
+    warning with the numbers (its workers would share cores and start one after another), and one of more than
+    :data:`MAX_WORKERS_PER_CORE` workers per core is refused: minutes of silence otherwise."""
+    workers = fleet.workers
+    if not workers or fleet.address or os.environ.get("RAY_ADDRESS"):
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    key = _key(prefix, "workers")
+    if workers > MAX_WORKERS_PER_CORE * cores:
+        raise UserError(f"{key}={workers}: a local fleet of {workers} rollout workers on {cores} cores (at most "
+                        f"{MAX_WORKERS_PER_CORE} per core); choose fewer, or join a cluster with fleet.address")
+    wanted = workers * fleet.cpus_per_worker
+    if wanted > cores:
+        logger.warning(f"{key}={workers} x {_key(prefix, 'cpus_per_worker')}={fleet.cpus_per_worker:g} asks for "
+                       f"{wanted:g} CPUs on a machine with {cores} cores: the workers will share cores (slower than "
+                       f"{max(1, int(cores // fleet.cpus_per_worker))} workers would be)")
+
+
 def _key(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
@@ -93,6 +119,8 @@ def _check_section(section: BaseModel, prefix: str) -> None:
         raise UserError(f"{_key(prefix, 'api_key_env')}: environment variable {key_env} is not set (it should hold "
                         "the endpoint's API key); export it, or set api_key_env to null for servers without a key")
     kind = type(section).__name__
+    if kind == "FleetConfig":
+        _check_fleet_size(section, prefix)
     if kind == "EngineConfig":
         _check_engine(section, prefix)
     elif kind == "PolicySpec":

@@ -5,7 +5,8 @@ in the main thread wherever it is: the current step is abandoned, and since chec
 temporary folder and renamed into place, the run folder keeps its newest complete checkpoint (``--resume`` continues
 from it). :func:`stop_children` then stops the Ray fleet this process started (``ray.shutdown``) and every child
 process left (vLLM engine processes, accelerate helpers), walking the process tree; the CLI prints one line and exits
-130 (SIGINT) or 143 (SIGTERM). A second signal during the shutdown skips what is left of it.
+130 (SIGINT) or 143 (SIGTERM), decided by the signal received (Ray's ``ray.get`` re-raises the interrupt as a plain
+``KeyboardInterrupt``). A second signal during the shutdown skips what is left of it.
 """
 
 from __future__ import annotations
@@ -29,8 +30,17 @@ class Terminated(KeyboardInterrupt):
     signum = signal.SIGTERM
 
 
+_received: list[int] = []  # the signals :func:`handle_signals` received in its latest block
+
+
 def exit_code(interrupt: KeyboardInterrupt) -> int:
-    """128 + the signal number: 130 for SIGINT (Ctrl-C), 143 for SIGTERM."""
+    """128 + the signal number: 130 for SIGINT (Ctrl-C), 143 for SIGTERM. The signal received decides, not the
+    exception's type: a library that catches the interrupt and raises its own ``KeyboardInterrupt`` (Ray's
+    ``ray.get`` does, on the fleet path) must not turn a SIGTERM into 130."""
+    if _received:  # the signal that started the shutdown; read once
+        signum = _received[0]
+        _received.clear()
+        return 128 + signum
     return 128 + int(getattr(interrupt, "signum", signal.SIGINT))
 
 
@@ -41,12 +51,13 @@ def handle_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: list[int] = []
+    received = _received
+    received.clear()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if received:  # impatient: skip the rest of the shutdown
             stop_children(grace_s=0.5)
-            os._exit(128 + signum)
+            os._exit(128 + received[0])
         received.append(signum)
         raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 

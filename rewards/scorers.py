@@ -30,6 +30,7 @@ yes/no LLM judge, LoCoMo per-category scoring and its CORRECT/WRONG JSON judge, 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import re
@@ -43,7 +44,9 @@ import regex
 
 from memrl.data.schemas import Message
 from memrl.data.tasks.common import normalize_answer
-from memrl.rollout.engines.base import Engine, GenerationRequest, SamplingParams
+from memrl.rollout.engines.base import Engine, EngineError, GenerationRequest, SamplingParams
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AMA_JUDGE_MAX_TOKENS",
@@ -346,11 +349,13 @@ def parse_locomo_judge(text: str) -> bool | None:
 
 @dataclass
 class JudgeVerdict:
-    """One judged answer: the score (1/0, or the F1 fallback), whether the reply parsed, and the raw reply."""
+    """One judged answer: the score (1/0, or the F1 fallback), whether the reply parsed, the raw reply, and whether
+    the judge's request failed after its retries (then the score is the F1 fallback too)."""
 
     score: float
     parsed: bool
     reply: str
+    failed: bool = False
 
 
 @dataclass
@@ -381,7 +386,8 @@ class JudgeScorer:
                                 item.episode_id)
 
     def score(self, items: Sequence[JudgeItem]) -> list[JudgeVerdict]:
-        """A verdict per item (greedy decoding; the judge is never sampled)."""
+        """A verdict per item (greedy decoding; the judge is never sampled). A judge request that fails after its
+        retries costs its own item only: that verdict is the token-F1 fallback marked ``failed``."""
         if not items:
             return []
         requests = [
@@ -391,7 +397,13 @@ class JudgeScorer:
             for item in items
         ]
         out = []
-        for item, result in zip(items, self.engine.generate(requests), strict=True):
+        for item, result in zip(items, self.engine.generate_each(requests), strict=True):
+            if isinstance(result, EngineError):
+                log.warning("judge request failed, scored by token F1 instead: %s", result)
+                out.append(JudgeVerdict(token_f1(item.predicted, item.reference), False, "", failed=True))
+                continue
+            if isinstance(result, Exception):
+                raise result
             reply = result.completions[0].text if result.completions else ""
             if self.protocol == "locomo":
                 verdict = parse_locomo_judge(reply)

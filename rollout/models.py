@@ -31,6 +31,7 @@ __all__ = [
     "TinyModelSpec",
     "build_tiny_model",
     "build_tokenizer",
+    "check_gguf_file",
     "convert_gguf",
     "ensure_smollm2",
     "ensure_tiny_model",
@@ -286,6 +287,50 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+GGUF_VERSIONS = (1, 2, 3)
+MAX_GGUF_ENTRIES = 1 << 20  # tensors or metadata keys a GGUF header may declare (a model has hundreds)
+
+
+def check_gguf_file(gguf_file: str | Path) -> None:
+    """Refuse a file that is not a whole GGUF model with one :class:`UserError` naming it and what is wrong: empty,
+    another kind of file (no ``GGUF`` magic), a header that does not parse (an unknown version, absurd counts,
+    garbage), or a file cut short (a tensor ends past its last byte). Nothing is loaded into memory."""
+    import struct
+
+    path = Path(gguf_file)
+    size = path.stat().st_size
+    if size == 0:
+        raise UserError(f"{path}: an empty file (0 bytes), not a GGUF model: copy or download it again")
+    with open(path, "rb") as fh:
+        head = fh.read(24)
+    if head[:4] != b"GGUF":
+        raise UserError(f"{path}: not a GGUF file (it starts with {head[:8]!r}; a GGUF file starts with b'GGUF')")
+    if len(head) < 24:
+        raise UserError(f"{path}: a GGUF file cut short ({size} bytes: not even its header)")
+    version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
+    damaged = f"{path}: a damaged GGUF file"
+    if version not in GGUF_VERSIONS:
+        raise UserError(f"{damaged}: its header says version {version} (known: {', '.join(map(str, GGUF_VERSIONS))})")
+    if max(n_tensors, n_kv) > MAX_GGUF_ENTRIES or n_tensors + n_kv > size:
+        raise UserError(f"{damaged}: its header declares {n_tensors:,} tensors and {n_kv:,} metadata keys in "
+                        f"{size:,} bytes")
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+        tensors = [(t.name, int(t.data_offset) + int(t.n_bytes)) for t in reader.tensors]
+    except (ValueError, IndexError, KeyError, UnicodeDecodeError, struct.error, OverflowError, MemoryError) as exc:
+        raise UserError(f"{damaged} ({size:,} bytes, cut short or overwritten): it does not parse "
+                        f"({type(exc).__name__}: {exc}); copy or download it again") from None
+    if len(tensors) != n_tensors:
+        raise UserError(f"{damaged}: its header declares {n_tensors} tensors, {len(tensors)} could be read")
+    beyond = [(name, end) for name, end in tensors if end > size]
+    if beyond:
+        name, end = beyond[0]
+        raise UserError(f"{path}: a GGUF file cut short: tensor {name} ends at byte {end:,}, the file has {size:,}; "
+                        "copy or download it again")
+
+
 def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, chat_template: str | None = None) -> Path:
     """Write ``gguf_file`` as a plain Hugging Face checkpoint in ``out_dir``: de-quantised fp32 safetensors, a config
     without ``quantization_config``, the tokenizer, ``chat_template`` (default: the GGUF's own), a generation config.
@@ -304,6 +349,7 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, chat_template: s
         raise UserError(f"GGUF file not found: {gguf_file}")
     if importlib.util.find_spec("gguf") is None:
         raise UserError(f"reading {gguf_file} needs the package 'gguf': `pip install gguf`")
+    check_gguf_file(gguf_file)
     folder, name = str(gguf_file.parent), gguf_file.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

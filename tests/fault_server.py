@@ -1,17 +1,24 @@
 """A local OpenAI-compatible chat endpoint that misbehaves on purpose, and keeps its own log.
 
-Each request (attempt) draws from a seeded RNG: ``fail`` of them get HTTP 500, ``hang`` of them are held past the
-client's timeout (then answered; the client has gone), the rest get a 200 answer. Reference requests (model ``ref``)
-are answered with a fixed recall text; judge requests (model ``judge``) with a score list for every candidate. The
-server stops answering after ``max_requests`` and the whole thing is bounded by ``max_seconds``.
+Each request (attempt) draws from a seeded RNG: ``fail`` of them get HTTP 500, ``hang`` of them are never answered
+(held until the client gives up and closes the connection, at most ``hang_s``: a condition, not a race between the
+server's sleep and the client's timeout on a loaded machine), the rest get a 200 answer at once. Reference requests
+(model ``ref``) are answered with a fixed recall text; judge requests (model ``judge``) with a score list for every
+candidate. The server stops answering after ``max_requests`` and the whole thing is bounded by ``max_seconds``.
+
+:class:`PlanServer` is the other kind: each fault planned per request (redirects, a redirect loop, 429 with an absurd
+``Retry-After``, a gzip bomb, an HTML page with 200, a wrong JSON schema, ``NaN`` usage, a drip-fed body), for the
+runtime-fault tests (tests/test_runtime_faults.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
 import re
+import select
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,7 +39,7 @@ class Attempt:
 class FaultServer:
     fail: float = 0.3
     hang: float = 0.1
-    hang_s: float = 1.0
+    hang_s: float = 120.0
     seed: int = 0
     max_requests: int = 2000
     max_seconds: float = 600.0
@@ -61,8 +68,11 @@ class FaultServer:
                 if outcome in ("error", "refused"):
                     self._reply(500, {"error": "injected failure"})
                     return
-                if outcome == "hang":
-                    time.sleep(server.hang_s)
+                if outcome == "hang":  # never answered: wait for the client to leave (EOF), at most hang_s
+                    with contextlib.suppress(OSError, ValueError):
+                        select.select([self.connection], [], [], server.hang_s)
+                    self.close_connection = True
+                    return
                 self._reply(200, server.answer(body))
 
             def _reply(self, status: int, payload: dict[str, Any]) -> None:
@@ -115,3 +125,145 @@ class FaultServer:
             "answered": sum("ok" in v for v in by_key.values()),
             "unanswered": sum("ok" not in v for v in by_key.values()),
         }
+
+
+CHAT_OK = {"choices": [{"message": {"role": "assistant", "content": "answer(drawer 5)"}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+COMPLETION_OK = {"choices": [{"text": "ok", "token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0, -2.0]},
+                              "finish_reason": "stop"}],
+                 "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+BOMB_BYTES = 80 << 20  # decompressed size of the gzip bomb (over the engine's 64 MiB answer limit)
+_bomb: list[bytes] = []
+
+
+def gzip_bomb() -> bytes:
+    """80 MiB of zeros, gzip-compressed to about 80 KB (built once)."""
+    if not _bomb:
+        import zlib
+
+        packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+        block = bytes(1 << 20)
+        _bomb.append(b"".join(packer.compress(block) for _ in range(BOMB_BYTES >> 20)) + packer.flush())
+    return _bomb[0]
+
+
+class PlanServer:
+    """An OpenAI-compatible endpoint whose every fault is planned: ``url(tag, plan)`` answers attempt k of ``tag``
+    with item k of the comma-separated ``plan`` (the last item repeats). Items: ``ok``; an HTTP status (``500``,
+    ``503``, ``400``); ``retry-huge`` (429 with ``Retry-After: 1000000000``); ``retry-date`` (429 with an HTTP-date
+    a year ahead); ``redirect`` / ``redirect307`` (302 / 307 to the same API path under tag ``<tag>-moved`` answering
+    ``ok``); ``loop`` (302 to itself); ``hops`` (302 to a new address every time: an endless chain); ``html`` (200 with
+    an HTML page); ``schema`` (200 with JSON that has no ``choices``); ``nan`` (200 whose ``usage`` is ``NaN``);
+    ``bomb`` (200 with a gzip bomb: :data:`BOMB_BYTES` once decompressed); ``drip`` (200 headers, then a byte every
+    0.2 s). ``attempts[tag]`` counts requests, ``auth[tag]`` the Authorization headers they carried."""
+
+    def __init__(self) -> None:
+        from collections import defaultdict
+
+        self.attempts: dict[str, int] = defaultdict(int)
+        self.auth: dict[str, list[str | None]] = defaultdict(list)
+        self.methods: dict[str, list[str]] = defaultdict(list)
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def _handle(self, method: str) -> None:
+                _, tag, plan, *rest = self.path.split("/")
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                with server._lock:
+                    k = server.attempts[tag]
+                    server.attempts[tag] += 1
+                    server.auth[tag].append(self.headers.get("Authorization"))
+                    server.methods[tag].append(method)
+                steps = plan.split(",")
+                action = steps[min(k, len(steps) - 1)]
+                tail = "/".join(rest)
+                ok = CHAT_OK if tail.endswith("chat/completions") else COMPLETION_OK
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up and left
+                    self._act(action, tag, plan, tail, k, ok)
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None,
+                      content_type: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _act(self, action: str, tag: str, plan: str, tail: str, k: int, ok: dict[str, Any]) -> None:
+                if action == "ok":
+                    self._send(200, json.dumps(ok).encode())
+                elif action.isdigit():
+                    self._send(int(action), json.dumps({"error": {"message": f"injected {action}"}}).encode())
+                elif action == "retry-huge":
+                    self._send(429, b'{"error": "slow down"}', {"Retry-After": "1000000000"})
+                elif action == "retry-date":
+                    self._send(429, b'{"error": "slow down"}', {"Retry-After": "Fri, 01 Jan 2100 00:00:00 GMT"})
+                elif action in ("redirect", "redirect307"):
+                    status = 302 if action == "redirect" else 307
+                    where = f"http://localhost:{server.port}/{tag}-moved/ok/{tail}"  # another origin: localhost
+                    self._send(status, b"", {"Location": where})
+                elif action == "loop":
+                    self._send(302, b"", {"Location": self.path})
+                elif action == "hops":
+                    self._send(302, b"", {"Location": f"/{tag}-{k}/{plan}/{tail}"})
+                elif action == "html":
+                    self._send(200, b"<html><body><h1>Welcome to nginx!</h1></body></html>", content_type="text/html")
+                elif action == "schema":
+                    self._send(200, json.dumps({"object": "list", "data": [{"text": "ok"}]}).encode())
+                elif action == "nan":
+                    body = json.dumps({**ok, "usage": {"prompt_tokens": float("nan"),
+                                                       "completion_tokens": float("nan")}})
+                    self._send(200, body.encode())
+                elif action == "bomb":
+                    self._send(200, gzip_bomb(), {"Content-Encoding": "gzip"})
+                elif action == "drip":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    for _ in range(200):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                else:
+                    raise ValueError(f"unknown plan item {action!r}")
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 128
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                """A client that gave up mid-request (its timeout, a redirect loop it cut short) is expected here."""
+                import sys
+
+                if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+                    super().handle_error(request, client_address)
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def url(self, tag: str, plan: str) -> str:
+        """The API base whose attempts follow ``plan``."""
+        return f"http://127.0.0.1:{self.port}/{tag}/{plan}/v1"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -36,6 +36,7 @@ from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
 from memrl.train.oat_grpo import SamTreeRollout, TreeScorer
 from memrl.train.online import prune_policy_versions
 from memrl.train.policy import PolicySpec
+from tests.timing import scaled
 
 ray = pytest.importorskip("ray")
 
@@ -221,8 +222,11 @@ def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[An
     local.update_weights("/nonexistent/v00003", 3)
     reference = dumped(groups_of(local.submit(0, tasks, 7, make).result().trees, 7))
     local.close()
+    # a restart is a new worker process importing memrl and building its engines: 10-20 s on a quiet machine, over
+    # 140 s measured at load 18 on 2 cores; the fleet waits for the worker to be back, as long as the load needs
     fleet = RolloutFleet(spec(tiny_model_dir, latency_s=0.05),
-                         FleetConfig(workers=2, cpus_per_worker=0.5, max_restarts=1, restart_timeout_s=120))
+                         FleetConfig(workers=2, cpus_per_worker=0.5, max_restarts=1,
+                                     restart_timeout_s=scaled(120.0, cap=900.0)))
     try:
         fleet.update_weights("/nonexistent/v00003", 3)
         victim = ray.get(fleet.handles[0].call.remote(lambda engine, reasoner: os.getpid()))

@@ -28,7 +28,7 @@ from typing import Any
 
 from memrl.data.checks import safetensors_problem
 from memrl.data.errors import UserError
-from memrl.data.io import atomic_write_text
+from memrl.data.io import atomic_write_text, storage_guard
 
 __all__ = [
     "CheckpointManager",
@@ -194,25 +194,29 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         accelerator.wait_for_everyone()
-        hook = accelerator.register_save_state_pre_hook(_adapter_only_hook)
-        try:
-            accelerator.save_state(str(tmp), safe_serialization=True)
-        finally:
-            hook.remove()
-        # Every rank writes its own files (RNG states, DeepSpeed optimizer shards): all must be done before the main
-        # process renames the directory, or a slower rank writes into a path that no longer exists.
-        accelerator.wait_for_everyone()
+        # A failed write (a full disk, the file-size limit) removes the temporary folder and is one clear error.
+        with storage_guard(self.root, f"checkpoint {final.name}", cleanup=[tmp] if accelerator.is_main_process else []):
+            hook = accelerator.register_save_state_pre_hook(_adapter_only_hook)
+            try:
+                accelerator.save_state(str(tmp), safe_serialization=True)
+            finally:
+                hook.remove()
+            # Every rank writes its own files (RNG states, DeepSpeed optimizer shards): all must be done before the
+            # main process renames the directory, or a slower rank writes into a path that no longer exists.
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                (tmp / "loop_state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
+                for name, source in (attach or {}).items():
+                    _link_tree(Path(source), tmp / name)
+                _write_manifest(tmp)
+                (tmp / _MARKER).write_text("ok\n")
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
         if accelerator.is_main_process:
-            (tmp / "loop_state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
-            for name, source in (attach or {}).items():
-                _link_tree(Path(source), tmp / name)
-            _write_manifest(tmp)
-            (tmp / _MARKER).write_text("ok\n")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            atomic_write_text(self.root / "latest", final.name + "\n")
-            record_saved(self.root, final.name)
+            with storage_guard(self.root, f"checkpoint {final.name}"):
+                atomic_write_text(self.root / "latest", final.name + "\n")
+                record_saved(self.root, final.name)
             self._prune()
         accelerator.wait_for_everyone()
         return final

@@ -27,7 +27,7 @@ import yaml
 from pydantic import Field
 
 from memrl.data.config import ConfigError, ConfigModel, RunConfig
-from memrl.data.io import atomic_write_text
+from memrl.data.io import atomic_write_text, storage_guard
 from memrl.data.run_dir import prepare_run_dir
 from memrl.train.policy import PolicySpec
 
@@ -277,14 +277,11 @@ def export_model(cfg: ExportConfig, out_dir: str | Path) -> dict[str, Any]:
     tmp = final.parent / f".{final.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    try:
+    with storage_guard(final.parent, f"export {final.name}", cleanup=[tmp]):  # a full disk: one clear line
         checks = _export_into(cfg, tmp, final)
         if final.exists():
             final.rmdir()
         os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return checks
 
 

@@ -6,6 +6,7 @@ optional adapter directory.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 from pydantic import Field
 
 from memrl.data.config import ConfigModel
+from memrl.data.io import replace_folder, storage_guard
 from memrl.rollout.models import load_causal_lm, load_tokenizer
 
 __all__ = ["LoraSettings", "PolicySpec", "load_policy", "response_logprobs", "save_policy"]
@@ -66,15 +68,22 @@ def load_policy(spec: PolicySpec, lora: LoraSettings, *, trainable: bool = True)
 
 
 def save_policy(model: Any, out_dir: str | Path, tokenizer: Any | None = None, state_dict: Any = None) -> Path:
-    """Save an adapter (PEFT) or full weights as safetensors into ``out_dir``."""
+    """Save an adapter (PEFT) or full weights as safetensors into ``out_dir``, atomically: the files are written into
+    a temporary sibling folder that replaces ``out_dir`` once complete, so a policy folder (a rollout engine's
+    ``policy/vNNNNN``, SFT's ``final``) is whole or absent. A write the storage refuses is a
+    :class:`~memrl.data.io.StorageError` naming the folder, with the temporary folder removed."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     extra = {}
     if len(getattr(model, "peft_config", {})) > 1:  # a frozen reference adapter rides along: save the trained one
         extra["selected_adapters"] = [model.active_adapter]
-    model.save_pretrained(out, safe_serialization=True, state_dict=state_dict, **extra)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
+    with storage_guard(out.parent, f"policy weights {out.name}", cleanup=[tmp]):
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict, **extra)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp's 0700 would keep a served engine running as another user out
+        replace_folder(tmp, out)
     return out
 
 

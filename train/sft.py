@@ -23,6 +23,7 @@ the base the adapter belongs to.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,7 +46,7 @@ from memrl.data.config import (
     config_hash,
     resolve_deepspeed_config,
 )
-from memrl.data.io import atomic_write_text
+from memrl.data.io import atomic_write_text, storage_error
 from memrl.data.run_dir import prepare_run_dir
 from memrl.data.schemas import SFTExample
 from memrl.data.tracking import progress_bar
@@ -158,6 +160,23 @@ def latest_checkpoint(folder: str | Path) -> Path | None:
     (:func:`~memrl.train.checkpoint.resume_point`, as for the online loops)."""
     complete = [p for p in _checkpoints(Path(folder)) if _complete(p)]
     return resume_point(Path(folder), complete, verify_trainer_checkpoint)
+
+
+@contextlib.contextmanager
+def _torn_checkpoints_removed(ckpt_dir: Path, main: bool) -> Iterator[None]:
+    """The Trainer writes ``checkpoint-N`` in place: when training stops mid-save (a full disk, the file-size limit,
+    a signal), the main process removes the torn folder (no ``trainer_state.json``), and a write the storage refused
+    is one :class:`~memrl.data.io.StorageError` naming the folder."""
+    try:
+        yield
+    except BaseException as exc:
+        if main:
+            for torn in _checkpoints(ckpt_dir):
+                if not _complete(torn):
+                    shutil.rmtree(torn, ignore_errors=True)
+        if isinstance(exc, Exception) and (error := storage_error(exc, ckpt_dir, "sft checkpoint")) is not None:
+            raise error from exc
+        raise
 
 
 def _journal_callback(ckpt_dir: Path) -> Any:
@@ -455,9 +474,7 @@ def _save_final(trainer: Any, cfg: SFTRunConfig, final: Path, roles: list[str]) 
         # as an unsharded save does.
         named = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
         state_dict = {k: v for k, v in state_dict.items() if k in named}
-        if final.exists():
-            shutil.rmtree(final)
-        save_policy(model, final, trainer.processing_class, state_dict=state_dict)
+        save_policy(model, final, trainer.processing_class, state_dict=state_dict)  # whole or absent
         info = {
             "kind": "lora" if isinstance(model, PeftModel) else "full",
             "base": cfg.model.base,
@@ -508,7 +525,8 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
     trainer = build_sft_trainer(cfg, args, train_rows, eval_rows,
                                 [metrics, _journal_callback(ckpt_dir), *(callbacks or [])])
     start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    with _torn_checkpoints_removed(ckpt_dir, main):
+        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     elapsed = time.perf_counter() - start
     if eval_rows:
         trainer.evaluate()

@@ -10,10 +10,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memrl.data.io import RecordError, describe_validation_error, write_jsonl
+from memrl.data.io import RecordError, describe_validation_error, iter_json_lines, write_jsonl
 from memrl.data.schemas import Episode
 
-__all__ = ["Where", "convert", "read_records"]
+__all__ = ["MAX_TURN_CHARS", "Where", "convert", "read_records", "unique_episodes"]
 
 
 class Where:
@@ -71,14 +71,47 @@ class Where:
         return list(values)
 
     def episode(self, data: dict[str, Any]) -> Episode:
-        """Validate an :class:`Episode`, reporting the first problem against this location."""
+        """Validate an :class:`Episode`, reporting the first problem against this location: a turn longer than
+        :data:`MAX_TURN_CHARS` and a question id used twice are errors too."""
         try:
             episode = Episode.model_validate(data)
         except ValidationError as exc:
             raise RecordError(f"{self.path}:{self.line}: {describe_validation_error(exc)}") from None
         if not episode.trajectory:
             raise self.error("trajectory", "empty trajectory")
+        for i, turn in enumerate(episode.trajectory):
+            size = len(turn.action) + len(turn.observation)
+            if size > MAX_TURN_CHARS:
+                raise self.error(f"trajectory[{i}]", f"a turn of {size:,} characters (more than {MAX_TURN_CHARS:,}, "
+                                 "far beyond any context window): split it into several turns, or leave it out")
+        seen: dict[str, int] = {}
+        for i, qa in enumerate(episode.qa_pairs):
+            if qa.qa_id is not None:
+                if qa.qa_id in seen:
+                    raise self.error(f"qa_pairs[{i}].qa_id", f"{qa.qa_id!r} again (first at qa_pairs[{seen[qa.qa_id]}])"
+                                     ": every question needs its own id, or its results overwrite each other")
+                seen[qa.qa_id] = i
         return episode
+
+    @property
+    def label(self) -> str:
+        """``file:line`` (or ``file: row N``)."""
+        return f"{self.path}:{self.line}" if self.unit == "line" else f"{self.path}: row {self.line}"
+
+
+MAX_TURN_CHARS = 1_000_000  # one trajectory turn at most (about 250K tokens): a longer one is refused, not crawled
+
+
+def unique_episodes(episodes: list[tuple[Where, Episode]]) -> list[Episode]:
+    """The episodes of one file, checked to have distinct ids: two records with one id would be scored twice under
+    one key; a :class:`RecordError` names both places."""
+    first: dict[str, Where] = {}
+    for where, episode in episodes:
+        if episode.episode_id in first:
+            raise RecordError(f"{where.label}: episode id {episode.episode_id!r} again (first at "
+                              f"{first[episode.episode_id].label}): every record needs its own id")
+        first[episode.episode_id] = where
+    return [episode for _, episode in episodes]
 
 
 def _names(kinds: tuple[type, ...]) -> str:
@@ -118,6 +151,10 @@ def read_records(path: str | Path) -> Iterator[tuple[Where, dict[str, Any]]]:
         for row, obj in enumerate(pq.read_table(path).to_pylist()):
             yield Where(path, row, "row"), obj
         return
+    if path.suffix != ".json":  # JSONL, read a line at a time (a huge line is refused before it is read whole)
+        for lineno, obj in iter_json_lines(path):
+            yield _object(Where(path, lineno), obj)
+        return
     text = _decode(path)
     if path.suffix == ".json":
         decoder = json.JSONDecoder()
@@ -143,14 +180,6 @@ def read_records(path: str | Path) -> Iterator[tuple[Where, dict[str, Any]]]:
                 raise _json_error(path, text, exc) from None
             yield _object(Where(path, text.count("\n", 0, pos) + 1), obj)
             pos = end
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-        yield _object(Where(path, lineno), obj)
 
 
 def _object(where: Where, obj: Any) -> tuple[Where, dict[str, Any]]:

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memrl.data.loaders.common import Where, read_records
+from memrl.data.loaders.common import Where, read_records, unique_episodes
 from memrl.data.schemas import Episode
 
 __all__ = ["LOADERS", "load_amabench", "load_generic", "load_locomo", "load_memoryarena"]
@@ -51,7 +51,7 @@ def load_amabench(path: str | Path) -> list[Episode]:
     official prompt prints it (``['a', 'b']``; the list stays in ``metadata.answer_list``). Each default taken is
     listed in ``metadata.loader_defaults`` (the episode's for its own fields and turns, the QA pair's for its fields)
     so results can show it."""
-    out = []
+    out: list[tuple[Where, Episode]] = []
     for where, obj in read_records(path):
         defaults: list[str] = []
         turns = []
@@ -109,8 +109,8 @@ def load_amabench(path: str | Path) -> list[Episode]:
             "metadata": {"source": "amabench", **{k: v for k, v in obj.items() if k not in _AMA_FIELDS},
                          **({"loader_defaults": defaults} if defaults else {})},
         }
-        out.append(where.episode(data))
-    return out
+        out.append((where, where.episode(data)))
+    return unique_episodes(out)
 
 
 LOCOMO_CATEGORIES = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
@@ -147,7 +147,7 @@ def load_locomo(path: str | Path) -> list[Episode]:
     ids with ``;`` or spaces (``"D9:1 D4:4 D4:6"``); the ids become needle turns, unknown ids stay in
     ``metadata.unresolved_evidence``.
     """
-    out = []
+    out: list[tuple[Where, Episode]] = []
     for where, obj in read_records(path):
         sample_id = where.text(obj, "sample_id")
         conv = where.get(obj, "conversation", dict)
@@ -234,8 +234,8 @@ def load_locomo(path: str | Path) -> list[Episode]:
             "metadata": {"source": "locomo", "speakers": speakers, "session_dates": dates, "turns": dia_meta,
                          **{k: v for k, v in obj.items() if k not in ("sample_id", "conversation", "qa")}},
         }
-        out.append(where.episode(data))
-    return out
+        out.append((where, where.episode(data)))
+    return unique_episodes(out)
 
 
 def _coin(key: str) -> bool:
@@ -253,7 +253,7 @@ def load_memoryarena(path: str | Path) -> list[Episode]:
     (formal reasoning): each background is a turn, in subtask order. A task without backgrounds has nothing
     recorded to remember offline (its subtasks are solved in their environment): its turns are the subtask prompts
     in order, and ``metadata.loader_defaults`` says so."""
-    out = []
+    out: list[tuple[Where, Episode]] = []
     for where, obj in read_records(path):
         rid = where.text(obj, "id")
         questions = where.get(obj, "questions", list)
@@ -307,18 +307,18 @@ def load_memoryarena(path: str | Path) -> list[Episode]:
             "qa_pairs": qas,
             "metadata": {"source": "memoryarena", **extras, **({"loader_defaults": defaults} if defaults else {})},
         }
-        out.append(where.episode(data))
-    return out
+        out.append((where, where.episode(data)))
+    return unique_episodes(out)
 
 
 def load_generic(path: str | Path, fields: dict[str, str] | None = None) -> list[Episode]:
     """Episodes already in our schema, from JSONL, JSON or parquet; ``fields`` renames source columns to
     :class:`Episode` fields (``{"id": "episode_id", "turns": "trajectory"}``)."""
-    out = []
+    out: list[tuple[Where, Episode]] = []
     for where, obj in read_records(path):
         data = {(fields or {}).get(k, k): v for k, v in obj.items()}
-        out.append(where.episode(data))
-    return out
+        out.append((where, where.episode(data)))
+    return unique_episodes(out)
 
 
 LOADERS = {

@@ -106,12 +106,12 @@ def make_scorer(ama_judge: JudgeScorer, locomo_judge: JudgeScorer | None) -> Sco
                            str(records[i].get("episode_id", ""))) for i in qa]
         for i, verdict in zip(qa, ama_judge.score(items), strict=True):
             out[i].update(judge=verdict.score, judge_acc=float(verdict.score == 1.0),
-                          judge_parsed=float(verdict.parsed))
+                          judge_parsed=float(verdict.parsed), judge_failed=float(verdict.failed))
         locomo = [i for i in qa if locomo_category(records[i].get("category")) is not None]
         if locomo_judge is not None and locomo:
             items = [JudgeItem(records[i]["question"], records[i]["gold"], records[i]["answer"] or "") for i in locomo]
             for i, verdict in zip(locomo, locomo_judge.score(items), strict=True):
-                out[i]["locomo_judge"] = verdict.score
+                out[i].update(locomo_judge=verdict.score, locomo_judge_failed=float(verdict.failed))
         return out
 
     return score

@@ -54,7 +54,7 @@ class EngineConfig(ConfigModel):
     trust_remote_code: bool = False  # allow the checkpoint's custom code
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # weight dtype (vllm, hf); auto: the checkpoint's
     max_model_len: int | None = Field(None, ge=16)  # context length in tokens (prompt + output); None: the model's
-    seed: int = 0  # seed of the per-sample seeds of unseeded requests
+    seed: int = Field(0, ge=0, lt=2**32)  # seed of the per-sample seeds of unseeded requests
     chat_template_kwargs: dict[str, Any] = {}  # extra chat-template arguments (e.g. enable_thinking)
 
     # vllm

@@ -15,28 +15,40 @@ independently. Requests run on a private asyncio loop (one background thread per
 from synchronous and asynchronous callers alike) with, per endpoint, bounded concurrency and request/token rate
 limits (token buckets that refill continuously and hold one second of budget, so a rolling per-minute window is never
 exceeded). A sample goes to the endpoint with the most free capacity, and a retry prefers another endpoint.
-429, 408, 5xx, timeouts, dropped connections and unparseable answers are retried with exponential backoff and jitter
-(honouring ``Retry-After``); other 4xx fail at once. Every attempt has a timeout and the whole call a deadline, so a
-call never hangs. A failure raises one :class:`~memrl.rollout.engines.base.EngineError` naming the endpoint and its last
-status. API keys are read from the environment variables the endpoints name, sent only as a bearer header, and never
-logged, stored in results or written anywhere.
+429, 408, 5xx, timeouts, dropped connections and unparseable answers (not JSON, an HTML page with 200, a body without
+``choices``, an answer larger than :data:`MAX_BODY_BYTES` once decompressed: a gzip bomb) are retried with exponential
+backoff and jitter, honouring ``Retry-After`` up to ``backoff_max_s`` (a server asking for an hour waits that long at
+most); other 4xx fail at once. Redirects (301/302/303/307/308) are followed, the POST kept, at most
+:data:`MAX_REDIRECTS` of them (a loop fails at once); the API key is not sent to another host. Every attempt has a
+timeout over the whole exchange (a drip-fed body included) and the whole call a deadline, so a call never hangs.
+Usage counts that are not finite non-negative numbers (``NaN``) are ignored, the answer kept. A request that fails
+after its retries raises one :class:`EndpointError` naming the endpoint, its last status and what to check; callers
+that can go on without one answer use :meth:`OpenAIEngine.generate_each`, where it costs that request only. API keys
+are read from the environment variables the endpoints name, sent only as a bearer header, and never logged, stored in
+results or written anywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
+import json
 import logging
+import math
 import os
 import random
 import threading
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
+from memrl.data.errors import RunFault
 from memrl.rollout.engines.base import (
     Completion,
     Engine,
@@ -50,11 +62,24 @@ from memrl.rollout.engines.base import (
 )
 from memrl.rollout.engines.config import EndpointConfig, EngineConfig
 
-__all__ = ["EndpointStats", "OpenAIEngine", "TokenBucket"]
+__all__ = ["EndpointError", "EndpointStats", "OpenAIEngine", "TokenBucket"]
 
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529})
+REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 5  # redirects followed per attempt
+MAX_BODY_BYTES = 64 << 20  # an answer larger than this once decompressed is refused (a gzip bomb)
+
+
+class EndpointError(EngineError, RunFault):
+    """An OpenAI-compatible endpoint that kept failing after its retries (or answered with a status that retrying
+    cannot fix): the message names the engine, the endpoint and the last thing that went wrong. A command that
+    cannot go on without the answer stops with it as one line (exit 2); one that can counts the request as failed."""
+
+
+_CHECK = ("check that the server is up and answers the OpenAI API at that URL (or raise the engine's max_retries, "
+          "request_timeout_s or deadline_s)")
 
 
 class TokenBucket:
@@ -123,6 +148,7 @@ class _Endpoint:
     tokens: TokenBucket | None
     assigned: int = 0
     stats: EndpointStats = field(default_factory=EndpointStats)
+    warned_usage: bool = False
 
     @property
     def label(self) -> str:
@@ -215,6 +241,7 @@ class OpenAIEngine(Engine):
             client = httpx.AsyncClient(
                 timeout=httpx.Timeout(request_timeout_s),
                 limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+                follow_redirects=False,  # followed in _exchange, the POST and its body kept
             )
             return client, eps
 
@@ -394,15 +421,17 @@ class OpenAIEngine(Engine):
                 break
             cap = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
             delay = min(self.backoff_max_s, max(wait, cap / 2 + self._rng.uniform(0, cap / 2)))
+            if wait > self.backoff_max_s:
+                last += f" (Retry-After {wait:.0f} s, waited backoff_max_s {self.backoff_max_s:g} s)"
             if time.monotonic() + delay >= deadline:
                 last += f"; the {self.deadline_s:.0f} s deadline left no time to retry"
                 break
             log.warning("%s: %s failed (%s); retry %d in %.2f s", self.name, endpoint.label, last, attempt + 1, delay)
             await asyncio.sleep(delay)
         assert endpoint is not None
-        raise EngineError(
+        raise EndpointError(
             f"{self.name}: request failed after {attempt + 1} attempt(s); last endpoint {endpoint.label} -> {last}"
-            + (f" (endpoints tried: {', '.join(tried)})" if len(tried) > 1 else "")
+            + (f" (endpoints tried: {', '.join(tried)})" if len(tried) > 1 else "") + f"; {_CHECK}"
         )
 
     async def _attempt(self, ep: _Endpoint, payload: dict[str, Any], estimate: int, deadline: float) -> dict[str, Any]:
@@ -423,8 +452,8 @@ class OpenAIEngine(Engine):
             timeout = min(self.request_timeout_s, deadline - time.monotonic())
             try:
                 # An outer bound on the whole exchange: per-read timeouts never fire on a server that drip-feeds bytes.
-                response = await asyncio.wait_for(
-                    self._client.post(url, json={**payload, "model": ep.model}, headers=ep.headers), max(0.0, timeout)
+                status, headers, body = await asyncio.wait_for(
+                    self._exchange(ep, url, {**payload, "model": ep.model}), max(0.0, timeout)
                 )
             except asyncio.TimeoutError:
                 raise _Retry(f"timeout after {max(0.0, timeout):.1f} s") from None
@@ -432,18 +461,53 @@ class OpenAIEngine(Engine):
                 raise _Retry(f"timeout ({type(exc).__name__})") from None
             except httpx.TransportError as exc:
                 raise _Retry(f"connection error ({type(exc).__name__})") from None
+            except httpx.DecodingError as exc:
+                raise _Retry(f"an answer that does not decode ({exc})") from None
         finally:
             ep.semaphore.release()
-        status = response.status_code
         if status == 200:
             try:
-                return response.json()
-            except ValueError:
-                raise _Retry("HTTP 200 with a body that is not JSON") from None
-        snippet = response.text[:300].replace("\n", " ")
+                return json.loads(body)
+            except (ValueError, UnicodeDecodeError):
+                kind = headers.get("content-type", "no content type")
+                snippet = body[:120].decode("utf-8", "replace").replace("\n", " ")
+                raise _Retry(f"HTTP 200 with a body that is not JSON ({kind}: {snippet!r})") from None
+        snippet = body[:300].decode("utf-8", "replace").replace("\n", " ")
         if status in RETRYABLE_STATUS:
-            raise _Retry(f"HTTP {status}: {snippet}", _retry_after(response))
-        raise EngineError(f"{self.name}: {ep.label} -> HTTP {status} (not retryable): {snippet}")
+            raise _Retry(f"HTTP {status}: {snippet}", _retry_after(headers.get("retry-after")))
+        check = (f"check the API key{f' in ${ep.cfg.api_key_env}' if ep.cfg.api_key_env else ''} and the model "
+                 "name" if status in (401, 403) else _CHECK)
+        raise EndpointError(f"{self.name}: {ep.label} -> HTTP {status} (not retryable): {snippet}; {check}")
+
+    async def _exchange(self, ep: _Endpoint, url: str, payload: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
+        """POST ``payload`` to ``url``, following redirects with the POST kept (at most :data:`MAX_REDIRECTS`; the
+        API key stays with its own host), and read the answer up to :data:`MAX_BODY_BYTES` once decompressed."""
+        headers = {**ep.headers, "Accept-Encoding": "gzip, deflate"}  # encodings decoded in bounded steps here
+        seen = [url]
+        origin = urlsplit(url)[:2]
+        while True:
+            request = self._client.build_request("POST", url, json=payload, headers=headers)
+            response = await self._client.send(request, stream=True)
+            try:
+                if response.status_code in REDIRECT_STATUS and "location" in response.headers:
+                    target = str(response.url.join(response.headers["location"]))
+                    if target in seen or len(seen) > MAX_REDIRECTS:
+                        hops = [*seen, target]
+                        chain = " -> ".join(hops if len(hops) <= 3 else [hops[0], "...", hops[-1]])
+                        what = "a redirect loop" if target in seen else f"more than {MAX_REDIRECTS} redirects"
+                        raise EndpointError(f"{self.name}: {ep.label} -> {what} ({chain}); set the endpoint's url to "
+                                            "the address that answers")
+                    if urlsplit(target)[:2] != origin:
+                        headers.pop("Authorization", None)  # the key is for the configured host only
+                    if len(seen) == 1:
+                        log.warning("%s: %s redirects (HTTP %d) to %s; set the endpoint's url to it to save a round "
+                                    "trip", self.name, ep.label, response.status_code, target)
+                    seen.append(target)
+                    url = target
+                    continue
+                return response.status_code, response.headers, await _bounded_body(response)
+            finally:
+                await response.aclose()
 
     def _payload(self, req: GenerationRequest, prompt_ids: list[int], seed: int) -> dict[str, Any]:
         sp = req.sampling
@@ -469,6 +533,19 @@ class OpenAIEngine(Engine):
             payload["ignore_eos"] = True
         return payload
 
+    def _count(self, ep: _Endpoint, value: Any, fallback: int) -> int:
+        """A usage count, or ``fallback`` when the server sent something that is not a finite non-negative number
+        (``NaN``, a string): the answer is kept, its usage estimated (warned once per endpoint)."""
+        if value is None:
+            return fallback
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+            return int(value)
+        if not ep.warned_usage:
+            ep.warned_usage = True
+            log.warning("%s: %s reports usage %r, not a token count: usage of its answers is estimated from their "
+                        "token ids", self.name, ep.label, value)
+        return fallback
+
     def _parse(
         self, ep: _Endpoint, body: dict[str, Any], prompt_ids: list[int], sp: SamplingParams, estimate: int
     ) -> _Sample:
@@ -484,10 +561,17 @@ class OpenAIEngine(Engine):
                 ids = [int(t) for t in choice.get("token_ids") or []]
                 raw = ((choice.get("logprobs") or {}).get("token_logprobs")) or []
                 logprobs = [float(x) for x in raw] if sp.logprobs and len(raw) == len(ids) else []
+            if not isinstance(text, str):
+                raise TypeError(f"the answer's text is a {type(text).__name__}, not a string")
             finish = choice.get("finish_reason") or "stop"
-            prompt_tokens = int(usage.get("prompt_tokens") or len(prompt_ids))
-            completion_tokens = int(usage.get("completion_tokens") or len(ids))
-            cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+            if not isinstance(finish, str):
+                raise TypeError(f"finish_reason is a {type(finish).__name__}, not a string")
+            if not isinstance(usage, dict):
+                usage = {}
+            details = usage.get("prompt_tokens_details")
+            prompt_tokens = self._count(ep, usage.get("prompt_tokens"), len(prompt_ids))
+            completion_tokens = self._count(ep, usage.get("completion_tokens"), len(ids))
+            cached = self._count(ep, details.get("cached_tokens") if isinstance(details, dict) else None, 0)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise _Retry(f"HTTP 200 with an unexpected body ({type(exc).__name__}: {exc})") from None
         cost = ep.cost(prompt_tokens, cached, completion_tokens)
@@ -503,11 +587,49 @@ class OpenAIEngine(Engine):
         return _Sample(completion, prompt_tokens, cached, completion_tokens, cost)
 
 
-def _retry_after(response: httpx.Response) -> float:
-    value = response.headers.get("retry-after")
+async def _bounded_body(response: httpx.Response) -> bytes:
+    """The answer's body, decompressed here in steps of at most what is left of :data:`MAX_BODY_BYTES`: a gzip
+    bomb (80 KB that inflate to gigabytes) is refused after inflating the limit, never held whole."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+        raise _Retry(f"HTTP {response.status_code} with an answer in content encoding {encoding!r} (asked for gzip "
+                     "or deflate)")
+    inflate = zlib.decompressobj(47) if encoding not in ("", "identity") else None  # 32 + 15: zlib or gzip header
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for raw in response.aiter_raw():
+            pending = raw
+            while pending:
+                if inflate is None:
+                    data, pending = pending, b""
+                else:
+                    data = inflate.decompress(pending, min(1 << 20, MAX_BODY_BYTES + 1 - size))  # 1 MiB at a time
+                    pending = inflate.unconsumed_tail
+                size += len(data)
+                if size > MAX_BODY_BYTES:
+                    chunks.clear()  # the exception's traceback keeps this frame alive until a garbage collection
+                    raise _Retry(f"HTTP {response.status_code} with an answer larger than {MAX_BODY_BYTES >> 20} MiB "
+                                 "once decompressed: refused")
+                chunks.append(data)
+    except zlib.error as exc:
+        raise _Retry(f"HTTP {response.status_code} with a {encoding} answer that does not decompress ({exc})") from None
+    return b"".join(chunks)
+
+
+def _retry_after(value: str | None) -> float:
+    """The seconds a ``Retry-After`` header asks for (a number or an HTTP date); 0 when absent or unreadable. The
+    caller caps it at its ``backoff_max_s``."""
     if value is None:
         return 0.0
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        return 0.0
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return 0.0
+        if when is None:
+            return 0.0
+        seconds = when.timestamp() - time.time()
+    return seconds if math.isfinite(seconds) and seconds > 0 else (math.inf if seconds == math.inf else 0.0)
