@@ -115,6 +115,36 @@ def test_impossible_settings_name_the_key(overrides: list[str], key: str, says: 
     assert f"key '{key}'" in str(err.value) and says in str(err.value)
 
 
+def _memrl(*args: str, hide_textworld: bool = False, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    hide = "import sys; sys.modules['textworld'] = None\n" if hide_textworld else "import sys\n"
+    code = hide + "from memrl.launch.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd or Path(__file__).resolve().parents[1])
+
+
+@pytest.mark.parametrize(("override", "says"), [
+    ("task_params.challenge=zork", ["key 'task_params'", "challenge: Input should be 'treasure_hunter'"]),
+    ("task_params={challenge: cooking, recipe: 2, take: 3}", ["key 'task_params'", "take:", "at most 'recipe' (2)"]),
+    ("task_params={challenge: cooking, go: 5}", ["key 'task_params'", "go:", "1, 6, 9, 12 rooms"]),
+    ("task_family=zork", ["key 'task_family'", "unknown task family 'zork'"]),
+])
+def test_the_recipe_refuses_bad_settings_with_exit_2_naming_the_key(tmp_path: Path, override: str,
+                                                                    says: list[str]) -> None:
+    out = _memrl("quickstart", "--config", "configs/textworld_tiny.yaml", override, f"run.output_dir={tmp_path}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert all(s in out.stderr for s in says), out.stderr[-2000:]
+    assert not list(tmp_path.iterdir())  # no run folder
+
+
+def test_the_recipe_without_textworld_is_one_paragraph_naming_the_extra(tmp_path: Path) -> None:
+    out = _memrl("quickstart", "--config", "configs/textworld_tiny.yaml", f"run.output_dir={tmp_path}",
+                 hide_textworld=True)
+    assert out.returncode == 2, out.stderr[-2000:]
+    message = [line for line in out.stderr.splitlines() if "textworld" in line]
+    assert len(message) == 1 and "'textworld' extra" in message[0] and "MEMRL_EXTRAS=textworld" in message[0]
+    assert not list(tmp_path.iterdir())
+
+
 def test_missing_textworld_is_one_paragraph_naming_the_extra(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['textworld'] = None\n"
             "from memrl.data.envs.ms_textworld import MsTextWorldEnv, TextWorldMissing\n"

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from memrl.data.config import ConfigError, ConfigModel
 from memrl.data.errors import UserError
@@ -163,6 +163,11 @@ class MsTextWorldParams(ConfigModel):
         if knob == "go" and value not in _COOKING_ROOMS:
             raise ValueError(f"cooking games have {', '.join(map(str, _COOKING_ROOMS))} rooms")
         return value
+
+    @model_validator(mode="after")
+    def _installed(self) -> MsTextWorldParams:
+        require_textworld()  # before any run folder: a missing extra is one paragraph naming it
+        return self
 
     def settings(self) -> dict[str, Any]:
         """The challenge's settings as TextWorld's generator takes them (defaults filled in)."""
