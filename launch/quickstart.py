@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from memrl.data.config import ConfigError, ConfigModel, RunConfig
 from memrl.data.experts.sam import SamOracleConfig
@@ -52,12 +52,18 @@ __all__ = ["QuickstartConfig", "heldout_results", "run_quickstart"]
 log = logging.getLogger(__name__)
 
 
+_SAM_STYLE = ("sam", "dialogue")
+
+
 def _task_params(horizon: int) -> SamTaskParams:
     return SamTaskParams(horizon_steps=horizon, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5)
 
 
 def _task_set(cfg: QuickstartConfig, count: int, seed: int, horizon: int) -> TaskSetConfig:
-    """``count`` tasks of the configured family at ``horizon`` (the dialogue family tells the same SAM episodes)."""
+    """``count`` tasks of the configured family at ``horizon`` (the dialogue family tells the same SAM episodes); a
+    registered family of its own (e.g. ``ms_textworld``) gets ``task_params`` and no horizon."""
+    if cfg.task_family not in _SAM_STYLE:
+        return TaskSetConfig(family=cfg.task_family, params=dict(cfg.task_params), count=count, seed=seed)
     params = _task_params(horizon)
     return TaskSetConfig(family=cfg.task_family, count=count, seed=seed, sam=params,
                          dialogue=DialogueParams(**params.model_dump()))
@@ -83,7 +89,8 @@ class QuickstartConfig(ConfigModel):
     base_model: Literal["tiny", "smollm2"] = "tiny"  # tiny: random-init Qwen3 (model); smollm2: SmolLM2-135M-Instruct
     model: TinyModelSpec = TinyModelSpec()
     model_cache: str = ".cache/models"  # directory the base model is built (or converted) into and reused from
-    task_family: Literal["sam", "dialogue"] = "sam"  # sam: text-world tours; dialogue: the same as English dialogue
+    task_family: str = "sam"  # sam, dialogue, or a registered family with an oracle (ms_textworld: TextWorld games)
+    task_params: dict[str, Any] = {}  # the family's parameters (families other than sam and dialogue)
     max_model_len: int | None = Field(None, ge=16, le=10**7)  # vLLM context length (rollouts, evals); None: the model's
     horizon: int = Field(12, ge=1, le=10**5)  # tour steps before the question, for distillation and RL
     eval_horizons: list[int] = [12, 24]  # horizons (tour steps) of the held-out eval task sets
@@ -111,6 +118,38 @@ class QuickstartConfig(ConfigModel):
     eval_samples: int = Field(2, ge=0, le=1000)  # sampled eval runs per task (plus one greedy)
     evaluate_untrained: bool = True  # also evaluate the untrained model (greedy) as a baseline
     export: bool = True  # export the RL model as a HF checkpoint + model card at the end
+
+    @field_validator("task_family")
+    @classmethod
+    def _family(cls, family: str) -> str:
+        if family in _SAM_STYLE:
+            return family
+        from memrl.data.registry import TASK_FAMILIES
+
+        reg = TASK_FAMILIES.get(family)
+        if reg.extra.get("kind", "env") != "env" or not reg.extra.get("oracle"):
+            raise ValueError(f"{family!r} has no oracle expert to distil (the quickstart runs sam, dialogue or a "
+                             f"registered family of memrl's task interface with an oracle)")
+        return family
+
+    @field_validator("task_params")
+    @classmethod
+    def _params(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        family = info.data.get("task_family")
+        if family in _SAM_STYLE:
+            if params:
+                raise ValueError(f"the {family} family is sized by horizon and eval_horizons, not task_params")
+            return params
+        from memrl.data.registry import TASK_FAMILIES
+
+        config = TASK_FAMILIES.get(family).config if family else None
+        if config is not None:
+            try:
+                config.model_validate(params)
+            except ValidationError as exc:  # name the key inside task_params
+                raise ValueError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                                           for e in exc.errors(include_url=False))) from None
+        return params
 
 
 def _peak_rss_gib() -> float:
@@ -150,16 +189,19 @@ class _Stages:
 
 def run_quickstart(cfg: QuickstartConfig) -> int:
     """Run every stage (see the module docstring) and write the report; returns 0."""
-    from memrl.data.tasks import load_tasks
+    from memrl.data.registry import import_entry
+    from memrl.data.tasks import family_of, load_tasks
     from memrl.data.tracking import MetricsLogger
     from memrl.launch.report import write_report
     from memrl.rollout.engines.config import EngineConfig
     from memrl.rollout.engines.factory import build_engine
-    from memrl.rollout.evaluation.tasks import evaluate_sam_memory
+    from memrl.rollout.engines.scripted import ScriptedEngine
+    from memrl.rollout.evaluation.tasks import evaluate_memory, evaluate_sam_memory
     from memrl.rollout.expert_traces import DistillRunConfig, distill
+    from memrl.rollout.loop import EngineSet
     from memrl.rollout.models import ensure_smollm2, ensure_tiny_model
     from memrl.train.export import ExportConfig, export_model
-    from memrl.train.oat_grpo import OATGRPOConfig, default_reasoner, summarize_eval, train_oat_grpo
+    from memrl.train.oat_grpo import OATGRPOConfig, default_reasoner, family_reasoner, summarize_eval, train_oat_grpo
     from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
     from memrl.train.sft_data import SFTDataConfig
 
@@ -202,10 +244,15 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     sft_policy = PolicySpec(base=str(base), adapter=str(sft_dir)) if cfg.sft.lora.enabled else PolicySpec(
         base=str(sft_dir))
 
-    eval_tasks = [t for h in cfg.eval_horizons for t in load_tasks(
-        _task_set(cfg, cfg.eval_tasks_per_horizon, cfg.eval_seed + 1000 * h, h), f"eval{h}")]
-    reasoner_cfg = default_reasoner(str(base), cfg.run.seed).model_copy(
-        update={"scripted_kwargs": {"max_pages": cfg.reasoner_max_pages, "recall_budget": 2}})
+    sam_style = cfg.task_family in _SAM_STYLE
+    if sam_style:
+        eval_tasks = [t for h in cfg.eval_horizons for t in load_tasks(
+            _task_set(cfg, cfg.eval_tasks_per_horizon, cfg.eval_seed + 1000 * h, h), f"eval{h}")]
+        reasoner_cfg = default_reasoner(str(base), cfg.run.seed).model_copy(
+            update={"scripted_kwargs": {"max_pages": cfg.reasoner_max_pages, "recall_budget": 2}})
+    else:
+        eval_tasks = load_tasks(_task_set(cfg, cfg.eval_tasks_per_horizon, cfg.eval_seed, 0), "eval")
+        reasoner_cfg = family_reasoner(train_set, str(base), cfg.run.seed)
 
     greedy_outcomes: dict[str, dict[str, float]] = {}  # model -> task id -> greedy outcome (paired_eval)
 
@@ -219,8 +266,14 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         try:
             if adapter is not None and engine is not None:
                 engine.load_adapter(adapter, version=1)
-            result = evaluate_sam_memory(eval_tasks, engine, cfg.memory, samples=samples, reasoner=reasoner,
-                                         seed=cfg.run.seed)
+            if sam_style:
+                result = evaluate_sam_memory(eval_tasks, engine, cfg.memory, samples=samples, reasoner=reasoner,
+                                             seed=cfg.run.seed)
+            else:  # the family's oracle expert when no model is given
+                memory = engine or ScriptedEngine(import_entry(str(family_of(train_set).extra["oracle"]))(cfg.expert),
+                                                  name="oracle")
+                result = evaluate_memory(eval_tasks, EngineSet(reasoner=reasoner, memory=memory), cfg.memory,
+                                         samples=samples, seed=cfg.run.seed)
         finally:
             if engine is not None:
                 engine.close()

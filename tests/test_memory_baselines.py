@@ -238,3 +238,24 @@ def test_every_registered_system_survives_deepcopy_in_a_rollout() -> None:
         twin = rollout.fork("r.1")
         assert run_rollouts([twin], sam_engines())[0].outcome == 1.0
         assert rollout.step == 0 and not rollout.done  # the original did not move
+
+
+def test_repeated_retrievals_do_not_nest_pages_into_pages() -> None:
+    """A retrieval result leaves the live context as a page that names its intent and pages, not their text: a
+    reasoner that asks again and again (a TextWorld agent does) must not see the store grow with each answer."""
+    from memrl.data.formats import ToolCall
+
+    memory = BM25Memory(BM25Config(page_turns=1, live_capacity_turns=2, keep_recent_turns=1, top_k=3))
+    memory.reset("find the key", {})
+    memory.on_turn(Turn(step=0, action_text="", observation="the brass key is in the attic " * 20, role="user"))
+    memory.on_turn(Turn(step=1, action_text="look", observation="a bare hall", role="tool"))
+    sizes = []
+    for step in range(2, 10):
+        memory.on_tool_call(ToolCall(name="memory", arguments={"intent": "where is the brass key"}), step)
+        result = memory.tool_result()
+        assert result is not None and "attic" in result.content
+        memory.on_turn(Turn(step=step, action_text='{"name": "memory"}', observation=result.content, role="user"))
+        sizes.append(sum(len(p.text) for p in memory.pages))
+    growth = [b - a for a, b in itertools.pairwise(sizes)]
+    assert max(growth) < 200 and len(set(growth)) == 1  # each retrieval adds one short reference page
+    assert all("the brass key is in the attic" not in p.text for p in memory.pages[1:])

@@ -26,6 +26,7 @@ from memrl.data.tasks.ama import make_ama_episode
 from memrl.data.tasks.check import check_episode_qa
 from memrl.data.tasks.dialogue import DialogueParams, DialogueTask
 from memrl.data.tasks.external import ExternalTask, HttpAgentParams, HttpAgentTask, TaskInfo
+from memrl.data.tasks.ms_textworld import MsTextWorldTask  # registers ms_textworld (Microsoft TextWorld)
 from memrl.data.tasks.proactive import ActionAgent, ProactiveParams, ProactiveTask, simulate_proactive
 from memrl.data.tasks.sam import SamReasoner, SamTask, SamTaskParams
 from memrl.data.tasks.sam_reference import simulate_sam
@@ -39,6 +40,7 @@ __all__ = [
     "ExternalTask",
     "HttpAgentParams",
     "HttpAgentTask",
+    "MsTextWorldTask",
     "ProactiveParams",
     "ProactiveTask",
     "SamReasoner",
