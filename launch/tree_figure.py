@@ -74,26 +74,44 @@ def layout(tree: MemoryCallTree) -> dict[str, tuple[float, float]]:
     return pos
 
 
+def _intent(node: TreeNode) -> str | None:
+    """The intent a recall was made under (the ``intent:`` line of its prompt), if any."""
+    if node.call is None:
+        return None
+    for message in reversed(node.call.messages):
+        for line in message.content.splitlines():
+            if line.startswith("intent:"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
 def _label(node: TreeNode, width: int) -> str:
-    """The text of a node's box: what the memory model wrote, then its numbers."""
+    """The text of a node's box: the action (its role, the intent, how many model calls), what the memory model
+    returned to the reasoner (a recall's last extraction), then its numbers."""
     if node.kind == "root":
         return "task"
     if node.kind == "leaf":
         return f"outcome {node.outcome if node.outcome is not None else 0:.0f}"
-    text = (node.call.text if node.call is not None else "").strip() or "(empty)"
-    text = " ".join(text.split())
-    copies = node.metadata.get("copies", 1)
-    lines = textwrap.wrap(text, width=width)[:2]
-    if len(textwrap.wrap(text, width=width)) > 2:
+    calls = [c for c in (node.call, *node.follow_up_calls) if c is not None]
+    text = " ".join((calls[-1].text if calls else "").split()) or "(empty)"
+    wrapped = textwrap.wrap(text, width=width)
+    lines = wrapped[:2]
+    if len(wrapped) > 2:
         lines[-1] = lines[-1][: width - 3] + "..."
-    role = node.call.role if node.call is not None else "memory"
-    head = f"{role}" + (f" (x{copies})" if copies > 1 else "")
+    role = calls[0].role if calls else "memory"
+    head = role + (f", {len(calls)} calls" if len(calls) > 1 else "")
+    copies = node.metadata.get("copies", 1)
+    if copies > 1:
+        head += f" (x{copies})"
+    intent = _intent(node)
+    if intent:
+        head += f": {textwrap.shorten(intent, width=max(width - len(head) - 2, 12), placeholder='...')}"
     numbers = [f"V={node.value:.2f}" if node.value is not None else "V=-"]
     if node.committee_score is not None:
         numbers.append(f"c={node.committee_score:.2f}")
     if node.advantage is not None:
         numbers.append(f"A={node.advantage:+.2f}")
-    return "\n".join([head, *lines, "  ".join(numbers)])
+    return "\n".join([head, *(f"> {line}" for line in lines), "  ".join(numbers)])
 
 
 def draw_tree(tree: MemoryCallTree, out: Path, *, width: int = 44, title: str | None = None) -> Path:
