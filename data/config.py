@@ -15,7 +15,7 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, get_args, get_origin
+from typing import Annotated, Any, ClassVar, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -61,6 +61,17 @@ class ConfigModel(BaseModel):
     are declared on the fields themselves (``Field(gt=0, le=...)``)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
+    # keys this section no longer has -> where their setting lives now (the error names it, never a silent default)
+    renamed_keys: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, value in data.items():
+                if isinstance(name, str) and name in cls.renamed_keys:
+                    raise _FieldError(name, value, f"this key was renamed: {cls.renamed_keys[name]}")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -397,6 +408,9 @@ def apply_overrides(cls: type[BaseModel], data: dict[str, Any], overrides: Seque
         model: type[BaseModel] | None = cls
         node = data
         for depth, part in enumerate(parts):
+            if model is not None and part not in model.model_fields and issubclass(model, ConfigModel) and (
+                    part in model.renamed_keys):
+                raise ConfigError(f"override '{item}': key '{key}' was renamed: {model.renamed_keys[part]}")
             if model is not None and part not in model.model_fields:
                 hint = _suggest(".".join(parts[:depth]), part, list(model.model_fields))
                 raise ConfigError(f"override '{item}': unknown key '{key}'{hint}")

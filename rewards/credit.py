@@ -15,14 +15,19 @@ is missing drops the committee term for the whole group, so siblings are always 
 **What c_bar does and does not change.** With the sibling baseline (GRPO), A(n) depends on r(n) - mean_siblings(r)
 = (V(n) - mean V) + lambda (c(n) - mean c): any c_bar that is one number per group (the sibling mean, a constant)
 cancels, so ``centre`` changes the logged reward, never a sibling advantage. What the committee term changes is the
-ranking inside a group (through lambda), and with ``advantage_scale: std`` it is also rescaled by the group's std.
-Variants that make c_bar (and lambda's absolute size) matter:
+ranking inside a group (through lambda), and with the group std (``advantage.scale: group_std``) it is also rescaled
+by the group's std. Variants that make c_bar (and lambda's absolute size) matter:
 
-- ``advantage_scale: none`` (Dr. GRPO): A(n) = r(n) - mean(r), so lambda weighs the committee term against the
+- ``advantage.scale: none`` (Dr. GRPO): A(n) = r(n) - mean(r), so lambda weighs the committee term against the
   outcome in absolute units instead of being normalised away by the group's std;
 - ``baseline: global``: A(n) = r(n) - b with one baseline b over every memory action of the batch (divided by the
-  batch std under ``advantage_scale: std``); a group whose actions are all more recoverable than c_bar (a constant
-  ``centre``) is pushed up as a whole, and values V(n) are compared across groups.
+  batch std under ``advantage.scale: group_std``); a group whose actions are all more recoverable than c_bar (a
+  constant ``centre``) is pushed up as a whole, and values V(n) are compared across groups.
+
+**Outcome and shaping.** Credit hands :func:`memrl.rewards.advantage.shaped_batch_advantages` each sibling group's
+outcomes V(n) and its shaping lambda (c(n) - c_bar) - format penalty, for the whole batch at once; ``advantage``
+(:class:`~memrl.rewards.advantage.AdvantageConfig`) says whether shaping may set an advantage on its own inside an
+outcome-tied group (the paper's ``grpo_std`` lets it, at unit size) and whether a batch without outcome signal updates.
 
 ``shuffle_outcomes`` is the no-signal control: the leaf outcomes are permuted across the batch before credit, and so
 are the committee scores of its memory actions (otherwise the oracle-anchored committee term would still carry the
@@ -43,13 +48,18 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from memrl.data.config import ConfigModel
 from memrl.data.schemas import MemoryCallTree, TreeNode
-from memrl.rewards.advantage import AdvantageScale, group_advantages, is_zero_variance
+from memrl.rewards.advantage import (
+    AdvantageConfig,
+    is_zero_variance,
+    shaped_batch_advantages,
+    shaped_group_advantages,
+)
 
 __all__ = [
     "CreditConfig",
@@ -65,10 +75,15 @@ __all__ = [
 class CreditConfig(ConfigModel):
     """Weights of the OAT reward and the advantage scaling."""
 
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "advantage_scale": "set 'advantage.scale' in the same section ('std' is now 'group_std'; the preset "
+                           "'advantage: grpo_std' is the paper's formula, 'advantage: dr_grpo' the former 'none')",
+        "eps": "set 'advantage.eps' in the same section",
+    }
+
     committee_weight: float = Field(0.5, ge=0, le=1)  # lambda
     centre: Literal["siblings"] | float = "siblings"  # c_bar: "siblings" (the sibling mean of c) or a constant
-    advantage_scale: AdvantageScale = "std"  # A(n): divide the centred reward by the group std, or none
-    eps: float = Field(1e-6, ge=0, le=1)  # added to the std when dividing by it
+    advantage: AdvantageConfig = AdvantageConfig()  # A(n) from V(n) and the shaping (a preset name or the fields)
     format_penalty: float = Field(0.0, ge=0, le=1e3)  # subtracted from r(n) when the memory call's output was malformed
     baseline: Literal["siblings", "global"] = "siblings"  # A(n): r minus the sibling mean, or minus the batch mean
     shuffle_outcomes: bool = False  # no-signal control: permute leaf outcomes and committee scores across the batch
@@ -116,85 +131,151 @@ def informative_groups(trees: Sequence[MemoryCallTree]) -> int:
     return count
 
 
-def assign_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
-    """Fill ``value``, ``reward`` and ``advantage`` of every memory node of ``tree`` in place."""
+@dataclass
+class _SiblingGroup:
+    """One sibling group's members with the two inputs of its advantages."""
+
+    members: list[TreeNode]
+    outcomes: list[float]  # V(n)
+    shaping: list[float]  # lambda (c(n) - c_bar) - format penalty
+
+
+def _shaping(members: Sequence[TreeNode], cfg: CreditConfig, stats: CreditStats) -> list[float]:
+    """Each member's shaping: lambda (c(n) - c_bar) (dropped for the whole group when a score is missing) minus the
+    format penalty of a malformed memory call."""
+    scores = [m.committee_score for m in members]
+    use_committee = cfg.committee_weight != 0 and all(s is not None for s in scores)
+    if cfg.committee_weight != 0 and not use_committee:
+        stats.committee_dropped_groups += 1
+    centre = 0.0
+    if use_committee:
+        centre = sum(scores) / len(scores) if cfg.centre == "siblings" else float(cfg.centre)  # type: ignore[arg-type]
+    out = []
+    for m in members:
+        s = cfg.committee_weight * (m.committee_score - centre) if use_committee else 0.0  # type: ignore[operator]
+        if m.call is not None and m.call.error and cfg.format_penalty:
+            s -= cfg.format_penalty
+        out.append(s)
+    return out
+
+
+def _tree_groups(tree: MemoryCallTree, cfg: CreditConfig) -> tuple[CreditStats, list[_SiblingGroup]]:
+    """Fill ``value`` of every node and ``reward`` of every memory node; the tree's sibling groups and counts."""
     values = node_values(tree)
     for node in tree.nodes:
         node.value = values.get(node.node_id)
     stats = CreditStats()
+    groups = []
     for members in _sibling_groups(tree).values():
         stats.groups += 1
-        scores = [m.committee_score for m in members]
-        use_committee = cfg.committee_weight != 0 and all(s is not None for s in scores)
-        if cfg.committee_weight != 0 and not use_committee:
-            stats.committee_dropped_groups += 1
-        if use_committee:
-            centre = sum(scores) / len(scores) if cfg.centre == "siblings" else float(cfg.centre)
-        rewards = []
-        for m in members:
-            r = m.value or 0.0
-            if use_committee:
-                r += cfg.committee_weight * (m.committee_score - centre)
-            if m.call is not None and m.call.error and cfg.format_penalty:
-                r -= cfg.format_penalty
-            rewards.append(r)
+        outcomes = [m.value or 0.0 for m in members]
+        shaping = _shaping(members, cfg, stats)
+        rewards = [o + s for o, s in zip(outcomes, shaping, strict=True)]
         stats.single_member_groups += len(members) == 1
         if len(members) > 1:
-            outcome_tie = is_zero_variance([m.value or 0.0 for m in members])
+            outcome_tie = is_zero_variance(outcomes)
             stats.outcome_tie_groups += outcome_tie
             stats.informative_groups += not outcome_tie
         stats.zero_variance_groups += is_zero_variance(rewards)
-        for m, r, a in zip(members, rewards, group_advantages(rewards, cfg.advantage_scale, cfg.eps), strict=True):
-            m.reward, m.advantage = r, a
+        for m, r in zip(members, rewards, strict=True):
+            m.reward = r
         stats.rewards.extend(rewards)
+        groups.append(_SiblingGroup(members, outcomes, shaping))
+    return stats, groups
+
+
+def _set_advantages(groups: Sequence[_SiblingGroup], cfg: CreditConfig) -> None:
+    """One batch's advantages (:func:`memrl.rewards.advantage.shaped_batch_advantages`), written to the nodes."""
+    advantages = shaped_batch_advantages([(g.outcomes, g.shaping) for g in groups], cfg.advantage)
+    for g, advs in zip(groups, advantages, strict=True):
+        for m, a in zip(g.members, advs, strict=True):
+            m.advantage = a
+
+
+def assign_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
+    """Fill ``value``, ``reward`` and ``advantage`` of every memory node of ``tree`` in place (the tree is the batch
+    of the advantage's batch-level options)."""
+    stats, groups = _tree_groups(tree, cfg)
+    _set_advantages(groups, cfg)
     return stats
+
+
+def _flat_group(tree: MemoryCallTree) -> tuple[list[TreeNode], list[float], list[list[TreeNode]]]:
+    """Flat mode: the trajectories' leaves, their outcomes, and each one's chain of memory nodes."""
+    by_id = {n.node_id: n for n in tree.nodes}
+    leaves = [n for n in tree.nodes if n.kind == "leaf"]
+    chains = []
+    for leaf in leaves:
+        chain = []
+        node = by_id.get(leaf.parent_id or "")
+        while node is not None and node.kind == "memory":
+            chain.append(node)
+            node = by_id.get(node.parent_id or "")
+        chains.append(chain)
+    return leaves, [leaf.outcome or 0.0 for leaf in leaves], chains
+
+
+def _set_flat_advantages(tree: MemoryCallTree, advantages: Sequence[float], cfg: CreditConfig) -> None:
+    _, outcomes, chains = _flat_group(tree)
+    for chain, outcome, advantage in zip(chains, outcomes, advantages, strict=True):
+        calls = sum((n.call is not None) + len(n.follow_up_calls) for n in chain)
+        share = advantage / max(calls, 1) if cfg.flat_weighting == "per_trajectory" else advantage
+        for node in chain:
+            node.value, node.reward, node.advantage = outcome, outcome, share
 
 
 def assign_flat_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
     """Vanilla GRPO over trajectories (the flat baseline): the G trajectories of a task form one group on their
     outcomes, and every memory call of trajectory i takes r = outcome_i and its advantage A_i, divided by the
     trajectory's trained calls m_i under ``flat_weighting: per_trajectory`` (module docstring)."""
-    by_id = {n.node_id: n for n in tree.nodes}
-    leaves = [n for n in tree.nodes if n.kind == "leaf"]
-    outcomes = [leaf.outcome or 0.0 for leaf in leaves]
-    advantages = group_advantages(outcomes, cfg.advantage_scale, cfg.eps)
-    for leaf, outcome, advantage in zip(leaves, outcomes, advantages, strict=True):
-        chain = []
-        node = by_id.get(leaf.parent_id or "")
-        while node is not None and node.kind == "memory":
-            chain.append(node)
-            node = by_id.get(node.parent_id or "")
-        calls = sum((n.call is not None) + len(n.follow_up_calls) for n in chain)
-        share = advantage / max(calls, 1) if cfg.flat_weighting == "per_trajectory" else advantage
-        for node in chain:
-            node.value, node.reward, node.advantage = outcome, outcome, share
+    _, outcomes, _ = _flat_group(tree)
+    _set_flat_advantages(tree, shaped_group_advantages(outcomes, [0.0] * len(outcomes), cfg.advantage), cfg)
     return CreditStats(groups=1, zero_variance_groups=int(is_zero_variance(outcomes)), rewards=outcomes)
+
+
+def _shuffle_outcomes(trees: Sequence[MemoryCallTree], seed: int) -> None:
+    """The no-signal control: leaf outcomes and committee scores permuted across the batch."""
+    rng = random.Random(seed)
+    leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
+    outcomes = [leaf.outcome for leaf in leaves]
+    rng.shuffle(outcomes)
+    for leaf, outcome in zip(leaves, outcomes, strict=True):
+        leaf.metadata = {**leaf.metadata, "true_outcome": leaf.outcome}
+        leaf.outcome = outcome
+    scored = [n for t in trees for n in t.nodes if n.kind == "memory" and n.committee_score is not None]
+    scores = [n.committee_score for n in scored]
+    rng.shuffle(scores)
+    for node, score in zip(scored, scores, strict=True):
+        node.committee_score = score
 
 
 def assign_batch_credit(
     trees: Sequence[MemoryCallTree], cfg: CreditConfig, *, mode: Literal["tree", "flat"] = "tree", seed: int = 0
 ) -> list[CreditStats]:
-    """Credit for one iteration's trees: per tree (:func:`assign_credit`, or :func:`assign_flat_credit` in flat
-    mode), after the ``shuffle_outcomes`` control (outcomes and committee scores permuted) and before the
-    ``baseline: global`` advantages (module docstring). A shuffled leaf keeps its true outcome in
+    """Credit for one iteration's trees, the whole batch at once: after the ``shuffle_outcomes`` control (outcomes and
+    committee scores permuted), every tree's sibling groups (or, in flat mode, every task's trajectories) go to the
+    advantage computation together, so its batch-level options see the batch; ``baseline: global`` compares every
+    memory action of the batch with one baseline (module docstring). A shuffled leaf keeps its true outcome in
     ``metadata["true_outcome"]``."""
     if cfg.shuffle_outcomes:
-        rng = random.Random(seed)
-        leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
-        outcomes = [leaf.outcome for leaf in leaves]
-        rng.shuffle(outcomes)
-        for leaf, outcome in zip(leaves, outcomes, strict=True):
-            leaf.metadata = {**leaf.metadata, "true_outcome": leaf.outcome}
-            leaf.outcome = outcome
-        scored = [n for t in trees for n in t.nodes if n.kind == "memory" and n.committee_score is not None]
-        scores = [n.committee_score for n in scored]
-        rng.shuffle(scores)
-        for node, score in zip(scored, scores, strict=True):
-            node.committee_score = score
-    stats = [assign_credit(t, cfg) if mode == "tree" else assign_flat_credit(t, cfg) for t in trees]
+        _shuffle_outcomes(trees, seed)
+    if mode == "flat":
+        flat = [_flat_group(t)[1] for t in trees]
+        advantages = shaped_batch_advantages([(o, [0.0] * len(o)) for o in flat], cfg.advantage)
+        stats = []
+        for tree, outcomes, advs in zip(trees, flat, advantages, strict=True):
+            _set_flat_advantages(tree, advs, cfg)
+            stats.append(CreditStats(groups=1, zero_variance_groups=int(is_zero_variance(outcomes)),
+                                     rewards=outcomes))
+    else:
+        per_tree = [_tree_groups(t, cfg) for t in trees]
+        stats = [s for s, _ in per_tree]
+        _set_advantages([g for _, groups in per_tree for g in groups], cfg)
     if cfg.baseline == "global":
         nodes = [n for t in trees for n in t.nodes if n.kind == "memory" and n.reward is not None]
-        advantages = group_advantages([n.reward for n in nodes], cfg.advantage_scale, cfg.eps) if nodes else []
-        for n, advantage in zip(nodes, advantages, strict=True):
-            n.advantage = advantage
+        if nodes:
+            outcomes = [n.value or 0.0 for n in nodes]
+            shaping = [(n.reward or 0.0) - o for n, o in zip(nodes, outcomes, strict=True)]
+            for n, a in zip(nodes, shaped_group_advantages(outcomes, shaping, cfg.advantage), strict=True):
+                n.advantage = a
     return stats

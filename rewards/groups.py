@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from memrl.data.schemas import Group, GroupSample, MemoryCall, MemoryCallTree, TreeNode
-from memrl.rewards.advantage import group_advantages
+from memrl.rewards.advantage import shaped_batch_advantages
 from memrl.rewards.credit import CreditConfig, assign_batch_credit
-from memrl.rewards.pivot import PivotRewardConfig, pivot_reward
+from memrl.rewards.pivot import PivotRewardConfig, pivot_terms
 from memrl.rollout.pivots import PivotGroupResult, PivotSample
 
 __all__ = ["credit_and_groups", "pivot_groups", "trees_to_groups"]
@@ -97,12 +97,14 @@ def _pivot_sample(call: MemoryCall, reward: float, advantage: float, node_id: st
 
 
 def pivot_groups(results: list[PivotGroupResult], cfg: PivotRewardConfig | None = None) -> list[Group]:
-    """Score every sample, compute group advantages, and build the trainer's :class:`Group` s."""
+    """Score every sample (outcome and shaping), compute the advantages of all the iteration's groups together (the
+    batch of ``cfg.advantage``'s batch-level options), and build the trainer's :class:`Group` s."""
     cfg = cfg or PivotRewardConfig()
     groups: list[Group] = []
-    for result in results:
-        rewards = [pivot_reward(s, cfg) for s in result.samples]
-        advantages = group_advantages(rewards, cfg.advantage)
+    terms = [[pivot_terms(s, cfg) for s in result.samples] for result in results]
+    batch = shaped_batch_advantages([([o for o, _ in t], [s for _, s in t]) for t in terms], cfg.advantage)
+    for result, group_terms, advantages in zip(results, terms, batch, strict=True):
+        rewards = [o + s for o, s in group_terms]
         meta = {**result.metadata, "pivot_id": result.pivot_id, "state": result.state}
         groups.append(Group(
             group_id=result.pivot_id, task_id=result.task_id, role=result.role, prompt_ids=list(result.prompt_ids),

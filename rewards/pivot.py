@@ -14,9 +14,13 @@ sample's branch spent). A Phase 2 output is well formed when it is exactly ``<no
 reports (an unclosed or empty tag) counts. A Phase 1 output is malformed when any tool call in it failed to parse or
 apply. Malformed outputs are scored, never raised.
 
-Advantages are group-relative (:func:`memrl.rewards.advantage.group_advantages`). In ``phase1+2`` groups the sampled
-Phase 1 outputs form the group; each sample's own Phase 2 call becomes a one-sample group carrying the same advantage
-(as trajectories do in flat mode), so both phases learn from the branch's outcome.
+The outcome is the term the costs and penalties shape: :func:`pivot_terms` splits r into (outcome, shaping), and the
+iteration's groups get their advantages together from
+:func:`memrl.rewards.advantage.shaped_batch_advantages` under ``advantage`` (the paper's GRPO formula ``grpo_std`` by
+default; other settings keep a cost from setting a unit-size advantage in a group whose continuations all pass or all
+fail). In ``phase1+2`` groups the sampled Phase 1 outputs form the group; each sample's own Phase 2 call becomes a
+one-sample group carrying the same advantage (as trajectories do in flat mode), so both phases learn from the
+branch's outcome.
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ from pydantic import Field
 from memrl.data.config import ConfigModel
 from memrl.data.formats import parse_intervention
 from memrl.data.schemas import MemoryCall
-from memrl.rewards.advantage import AdvantageScale
+from memrl.rewards.advantage import AdvantageConfig
 from memrl.rollout.pivots import PivotSample
 
-__all__ = ["PivotRewardConfig", "is_malformed", "pivot_reward"]
+__all__ = ["PivotRewardConfig", "is_malformed", "pivot_reward", "pivot_terms"]
 
 _STRICT = re.compile(r"\A\s*(?:<no_intervention/>|<context_for_action>(.*)</context_for_action>)\s*\Z", re.DOTALL)
 
@@ -44,7 +48,7 @@ class PivotRewardConfig(ConfigModel):
     cost_scope: Literal["decision", "continuation"] = "decision"  # charge the decision's reminder, or all to the end
     format_penalty: float = Field(0.5, ge=0, description="subtracted for a malformed output")
     strict_format: bool = True  # exact Phase 2 format; false: only what parse_intervention rejects
-    advantage: AdvantageScale = "std"  # group advantage: centred and divided by the std, or centred only
+    advantage: AdvantageConfig = AdvantageConfig()  # advantages from outcome and shaping: a preset or fields
 
 
 def is_malformed(call: MemoryCall, strict: bool = True) -> bool:
@@ -63,12 +67,18 @@ def is_malformed(call: MemoryCall, strict: bool = True) -> bool:
     return body is not None and (not body.strip() or "context_for_action>" in body)
 
 
-def pivot_reward(sample: PivotSample, cfg: PivotRewardConfig) -> float:
-    """The reward of one sample (see the module docstring)."""
+def pivot_terms(sample: PivotSample, cfg: PivotRewardConfig) -> tuple[float, float]:
+    """(outcome, shaping) of one sample: the verifier outcome, and minus its reminder cost and format penalty."""
     if cfg.cost_scope == "decision":
         reminders = int(sample.reminder is not None)
     else:
         reminders = sample.reminders_after
     calls = [sample.call] + ([sample.followup] if sample.followup is not None else [])
     malformed = any(is_malformed(c, cfg.strict_format) for c in calls)
-    return sample.outcome - cfg.reminder_cost * reminders - (cfg.format_penalty if malformed else 0.0)
+    return sample.outcome, -(cfg.reminder_cost * reminders + (cfg.format_penalty if malformed else 0.0))
+
+
+def pivot_reward(sample: PivotSample, cfg: PivotRewardConfig) -> float:
+    """The reward of one sample, r = outcome + shaping (see the module docstring)."""
+    outcome, shaping = pivot_terms(sample, cfg)
+    return outcome + shaping

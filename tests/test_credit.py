@@ -63,7 +63,7 @@ def test_node_values_are_mean_leaf_outcomes_with_uneven_subtrees() -> None:
 
 def test_rewards_and_advantages_with_sibling_centred_committee() -> None:
     t = tree({"a1": 0.8, "a2": 0.6, "a3": 0.1, "b1": 0.9, "b2": None})
-    stats = assign_credit(t, CreditConfig(committee_weight=0.5, centre="siblings", advantage_scale="std", eps=0.0))
+    stats = assign_credit(t, CreditConfig(committee_weight=0.5, centre="siblings", advantage={"eps": 0.0}))
     n = by_id(t)
     # g0: centre = (0.8 + 0.6 + 0.1) / 3 = 0.5
     assert n["a1"].reward == pytest.approx(0.5 + 0.5 * 0.3)
@@ -84,7 +84,7 @@ def test_rewards_and_advantages_with_sibling_centred_committee() -> None:
 
 def test_constant_centre_and_unscaled_advantages() -> None:
     t = tree({"a1": 0.8, "a2": 0.6, "a3": 0.1})
-    assign_credit(t, CreditConfig(committee_weight=1.0, centre=0.2, advantage_scale="none"))
+    assign_credit(t, CreditConfig(committee_weight=1.0, centre=0.2, advantage="dr_grpo"))
     n = by_id(t)
     rewards = {"a1": 0.5 + 0.6, "a2": 1.0 + 0.4, "a3": 0.0 - 0.1}
     mean = sum(rewards.values()) / 3

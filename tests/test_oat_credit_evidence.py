@@ -79,7 +79,8 @@ def test_hand_built_tree_values_rewards_and_advantages(tmp_path: Path, scale: st
         assert nodes[name].committee_score == pytest.approx(c)
 
     lam = 0.5
-    assign_credit(tree, CreditConfig(committee_weight=lam, advantage_scale=scale))
+    advantage = "dr_grpo" if scale == "none" else "grpo_std"
+    assign_credit(tree, CreditConfig(committee_weight=lam, advantage=advantage))
     values = {"n1": 0.5, "n2": 0.0, "n3": 1.0, "n4": 0.0, "n5": 0.0, "n6": 0.0}
     groups = [("n1", "n2"), ("n3", "n4"), ("n5", "n6")]
     for group in groups:
@@ -110,11 +111,11 @@ def test_sibling_centring_cancels_but_a_global_baseline_does_not(tmp_path: Path)
         assign_batch_credit([tree], cfg)
         return {n.node_id: n.advantage for n in tree.nodes if n.kind == "memory"}
 
-    siblings = advantages(CreditConfig(advantage_scale="none"))
-    constant = advantages(CreditConfig(advantage_scale="none", centre=0.3))
+    siblings = advantages(CreditConfig(advantage="dr_grpo"))
+    constant = advantages(CreditConfig(advantage="dr_grpo", centre=0.3))
     assert siblings == pytest.approx(constant)  # c_bar cancels inside a sibling group
-    global_sib = advantages(CreditConfig(advantage_scale="none", baseline="global"))
-    global_const = advantages(CreditConfig(advantage_scale="none", baseline="global", centre=0.3))
+    global_sib = advantages(CreditConfig(advantage="dr_grpo", baseline="global"))
+    global_const = advantages(CreditConfig(advantage="dr_grpo", baseline="global", centre=0.3))
     assert global_sib != pytest.approx(siblings)
     assert global_sib != pytest.approx(global_const)  # with one batch baseline c_bar moves whole groups
     rewards = [0.65, -0.15, 1.125, -0.125, -0.05, 0.05]

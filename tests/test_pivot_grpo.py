@@ -85,7 +85,7 @@ def test_phase1_and_2_groups_add_the_followups_with_the_same_advantage() -> None
     follow = call("<context_for_action>requirement: use python3.9</context_for_action>")
     samples = [sample(0, "edits", 1.0, followup=follow, role="bank_edit"),
                sample(1, "edits", 0.0, followup=call(SILENCE), role="bank_edit")]
-    groups = pivot_groups([result(samples, role="bank_edit")], PivotRewardConfig(advantage="none"))
+    groups = pivot_groups([result(samples, role="bank_edit")], PivotRewardConfig(advantage="dr_grpo"))
     assert [g.role for g in groups] == ["bank_edit", "intervene", "intervene"]
     assert groups[0].samples[0].advantage == groups[1].samples[0].advantage == 0.5
     assert groups[2].samples[0].advantage == -0.5 and groups[2].prompt_ids == [7, 8]

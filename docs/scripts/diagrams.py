@@ -126,7 +126,7 @@ def pipeline() -> str:
 def iteration() -> str:
     """One OAT-GRPO iteration through the modules: a snake of boxes, the top row left to right, the bottom right to
     left, and the sync back to the loop."""
-    w, h, gap = 186, 78, 26
+    w, h, gap = 196, 78, 22
     top = [
         ("recipe", ["train/oat_grpo.py", "train_oat_grpo"]),
         ("loop", ["train/online.py", "OnlineLoop.collected"]),
@@ -137,7 +137,7 @@ def iteration() -> str:
     ]
     bottom = [
         ("credit", ["rewards/credit.py", "assign_batch_credit"]),
-        ("advantage", ["rewards/advantage.py", "group_advantages"]),
+        ("advantage", ["rewards/advantage.py", "shaped_batch_advantages"]),
         ("groups", ["rewards/groups.py", "trees_to_groups"]),
         ("trainer", ["train/group_trainer.py", "GroupTrainer.step"]),
         ("surrogate", ["train/surrogate.py", "surrogate_loss"]),
