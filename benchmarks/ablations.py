@@ -346,7 +346,8 @@ class Bench:
                           branch_factor=s.branch_factor, max_leaves=s.max_leaves, flat_group_size=s.flat_group_size,
                           informative_groups=0 if variant == "flat" else s.tasks_per_iteration,
                           max_extra_trees=0 if variant == "flat" else s.tasks_per_iteration)
-        credit = CreditConfig(committee_weight=0.0 if variant in ("tree_lambda0", "flat") else 0.5,
+        committee = 0.0 if variant in ("tree_lambda0", "flat") else 0.5
+        credit = CreditConfig(terms=[{"name": "committee", "weight": committee}] if committee else [],
                               shuffle_outcomes=variant == "no_signal")
         iterations = s.iterations if budget is None else s.max_iterations
         rl = self.rl

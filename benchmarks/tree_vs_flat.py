@@ -71,7 +71,7 @@ def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse
     start = time.perf_counter()
     trees, stats = build_trees(tasks, make, engines, cfg)
     seconds = time.perf_counter() - start
-    credit = CreditConfig(committee_weight=0.0)
+    credit = CreditConfig(terms=[])
     for tree in trees:
         (assign_credit if mode == "tree" else assign_flat_credit)(tree, credit)
     actions = informative = 0

@@ -50,6 +50,10 @@ def _add_job_arguments(parser: argparse.ArgumentParser, job: Job) -> None:
 
 def _run_job(job: Job, args: argparse.Namespace) -> int:
     from memrl.data.config import load_config
+    from memrl.data.registry import add_search_path
+
+    # a component named by import path (task: {entry: "mypkg.env:MyGame"}) resolves beside the config or here
+    add_search_path(*([Path(args.config).parent] if args.config else []), Path.cwd())
 
     overrides = list(args.overrides)
     if getattr(args, "resume", False):

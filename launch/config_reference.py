@@ -61,10 +61,20 @@ def _own_line_comments(cls: type) -> dict[str, str]:
     return out
 
 
+def _registered(annotation: Any) -> Any:
+    """The registry marker (``RegisteredConfig``) of an open, registry-backed field type, or None."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return next((m for m in typing.get_args(annotation)[1:] if callable(getattr(m, "sections", None))), None)
+    return None
+
+
 def _sections(annotation: Any) -> list[type[BaseModel]]:
-    """The config sections (pydantic models) an annotation refers to, e.g. ``list[ServedModel] | None``."""
+    """The config sections (pydantic models) an annotation refers to, e.g. ``list[ServedModel] | None``; an open
+    registry-backed type (``MemoryConfig``) refers to every registered built-in's section."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
+    if (marker := _registered(annotation)) is not None:
+        return [s for s in marker.sections() if s.__module__.startswith("memrl.")]
     found: list[type[BaseModel]] = []
     for arg in typing.get_args(annotation):
         found.extend(s for s in _sections(arg) if s not in found)
@@ -78,6 +88,8 @@ def _type_name(annotation: Any) -> str:
         return annotation.__name__
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if (marker := _registered(annotation)) is not None:  # an open type: the config of a registered component
+        return f"{marker.registry.what} config (by name or entry)"
     if origin is typing.Annotated:  # a checked type (EndpointURL): its base type
         return _type_name(args[0])
     if origin is typing.Literal:

@@ -47,8 +47,10 @@ JOBS: list[Job] = [
     Job(("data", "synth"), "synthetic long-horizon episodes -> train/eval JSONL + Arrow",
         "memrl.data.synth:SynthConfig",
         "memrl.data.synth:run_synth"),
-    Job(("data", "distill"), "run an expert memory model inside SAM / the proactive agent -> SFT datasets per role",
-        "memrl.rollout.expert_traces:DistillRunConfig", "memrl.rollout.expert_traces:run_distill", resumable=True),
+    Job(("data", "distill"), "run an expert memory model inside a memory system (SAM, the proactive agent, yours) -> "
+        "SFT datasets per role",
+        "memrl.rollout.expert_traces:DistillRunConfig", "memrl.rollout.expert_traces:run_distill", resumable=True,
+        checks="memrl.rollout.expert_traces:check_inputs"),
     Job(("train", "oat-grpo"), "OAT-GRPO: memory-call trees, committee rewards, group policy updates, weight sync",
         "memrl.train.oat_grpo:OATGRPOConfig", "memrl.train.oat_grpo:run_oat_grpo", resumable=True, distributed=True,
         policy_engine=True, checks="memrl.train.oat_grpo:check_inputs"),

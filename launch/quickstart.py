@@ -103,7 +103,7 @@ class QuickstartConfig(ConfigModel):
     rl_tasks: int = Field(512, ge=1, le=10**6)  # SAM tasks in the RL training set
     tasks_per_iteration: int = Field(16, ge=1, le=10**5)  # tasks rolled out per RL iteration
     tree: TreeConfig = TreeConfig(branch_factor=4, max_branch_depth=2, max_leaves=16)
-    credit: CreditConfig = CreditConfig(committee_weight=0.5)
+    credit: CreditConfig = CreditConfig(terms=[{"name": "committee", "weight": 0.5}])
     trainer: GroupTrainerConfig = GroupTrainerConfig(lr=2e-4, lora=LoraSettings(enabled=False))
     loop: LoopConfig = LoopConfig(iterations=24, checkpoint_every=12)
     eval_samples: int = Field(2, ge=0, le=1000)  # sampled eval runs per task (plus one greedy)

@@ -124,7 +124,8 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         " later page and learns to drop facts blindly.",
         f"- OAT-GRPO: {summary['rl_iterations']} iterations, {summary['rl_updates']} optimizer updates, trees with"
         f" K={cfg.tree.branch_factor} siblings per recall (depth {cfg.tree.max_branch_depth}), reward"
-        f" r = V(n) + {cfg.credit.committee_weight} (c(n) - c_bar) with the oracle as committee and the offline judge;"
+        f" r = V(n) + {cfg.credit.weight_of('committee')} (c(n) - c_bar) with the oracle as committee and the offline"
+        " judge;"
         f" {summary['reasoner_tokens_rl']:,} reasoner tokens spent.",
         f"- Reasoner tokens per task (prompt + generated): SFT {before['reasoner_tokens_per_task']:.0f}, after RL"
         f" {after['reasoner_tokens_per_task']:.0f}; memory-model tokens per task:"

@@ -5,12 +5,16 @@ Symbols (paper -> code):
     L(n)   leaves in the subtree rooted at memory action n       -> tree.leaves_below(n)
     V(n)   = mean_{l in L(n)} outcome(l)   Monte-Carlo node value -> node.value
     c(n)   committee recoverability score in [0, 1]               -> node.committee_score (memrl.rewards.committee)
-    c_bar  centre: the sibling mean of c (default) or a constant  -> centre
+    c_bar  centre: the sibling mean of c (default) or a constant  -> the term's ``centre``
     r(n)   = V(n) + lambda * (c(n) - c_bar) [- format penalty]    -> node.reward
     A(n)   group-relative advantage within the siblings of n     -> node.advantage (memrl.rewards.advantage)
 
-Siblings are the memory nodes that share a parent context (same ``group_id``). A group where any committee score
-is missing drops the committee term for the whole group, so siblings are always compared on the same terms.
+**Reward terms.** The shaping part is a weighted list of registered terms (:mod:`memrl.rewards.terms`),
+``credit.terms: [{name: committee, weight: 0.5}, {entry: "mypkg.rewards:brevity", weight: 0.1}]``:
+r(n) = V(n) + sum_t w_t (term_t(n) - centre_t) - format penalty. The committee (lambda = its weight, c(n) its
+score) is the first entry of the default list, not a special case. Siblings are the memory nodes that share a parent
+context (same ``group_id``). A group where any member lacks a term's score (a committee call that failed, a user term
+returning None) drops that term for the whole group, so siblings are always compared on the same terms.
 
 **What c_bar does and does not change.** With the sibling baseline (GRPO), A(n) depends on r(n) - mean_siblings(r)
 = (V(n) - mean V) + lambda (c(n) - mean c): any c_bar that is one number per group (the sibling mean, a constant)
@@ -48,7 +52,7 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -60,6 +64,7 @@ from memrl.rewards.advantage import (
     shaped_batch_advantages,
     shaped_group_advantages,
 )
+from memrl.rewards.terms import RewardTermConfig, build_term
 
 __all__ = [
     "CreditConfig",
@@ -67,6 +72,7 @@ __all__ = [
     "assign_batch_credit",
     "assign_credit",
     "assign_flat_credit",
+    "build_terms",
     "informative_groups",
     "node_values",
 ]
@@ -79,16 +85,25 @@ class CreditConfig(ConfigModel):
         "advantage_scale": "set 'advantage.scale' in the same section ('std' is now 'group_std'; the preset "
                            "'advantage: grpo_std' is the paper's formula, 'advantage: dr_grpo' the former 'none')",
         "eps": "set 'advantage.eps' in the same section",
+        "committee_weight": "the committee is a weighted reward term now: set 'terms' in the same section, e.g. "
+                            "terms: [{name: committee, weight: 0.5}] (weight 0, or no committee entry, turns it off)",
+        "centre": "each reward term has its own centre: set it on the term, e.g. terms: [{name: committee, "
+                  "weight: 0.5, centre: 0.2}]",
     }
 
-    committee_weight: float = Field(0.5, ge=0, le=1)  # lambda
-    centre: Literal["siblings"] | float = "siblings"  # c_bar: "siblings" (the sibling mean of c) or a constant
+    # the shaping terms: r(n) = V(n) + sum_t w_t (term_t(n) - centre_t); the committee first (lambda = its weight)
+    terms: list[RewardTermConfig] = Field(default_factory=lambda: [RewardTermConfig(name="committee", weight=0.5)])
     advantage: AdvantageConfig = AdvantageConfig()  # A(n) from V(n) and the shaping (a preset name or the fields)
     format_penalty: float = Field(0.0, ge=0, le=1e3)  # subtracted from r(n) when the memory call's output was malformed
     baseline: Literal["siblings", "global"] = "siblings"  # A(n): r minus the sibling mean, or minus the batch mean
     shuffle_outcomes: bool = False  # no-signal control: permute leaf outcomes and committee scores across the batch
     # per_trajectory: m_i is the trajectory's trained calls, so each trajectory counts once (module docstring)
     flat_weighting: Literal["per_trajectory", "per_call"] = "per_trajectory"  # flat GRPO: A_i / m_i per call, or A_i
+
+    def weight_of(self, name: str) -> float:
+        """The summed weight of the terms named ``name`` (0 when none is listed): ``weight_of("committee")`` is
+        lambda, and whether the committee must score at all."""
+        return sum(t.weight for t in self.terms if t.label == name)
 
 
 @dataclass
@@ -98,7 +113,8 @@ class CreditStats:
     groups: int = 0
     zero_variance_groups: int = 0
     single_member_groups: int = 0
-    committee_dropped_groups: int = 0
+    committee_dropped_groups: int = 0  # groups whose committee term was dropped (a score missing)
+    term_dropped_groups: dict[str, int] = field(default_factory=dict)  # the same, per reward term
     outcome_tie_groups: int = 0  # groups of two or more whose V(n) are all equal
     informative_groups: int = 0  # groups of two or more whose V(n) differ
     rewards: list[float] = field(default_factory=list)
@@ -137,30 +153,35 @@ class _SiblingGroup:
 
     members: list[TreeNode]
     outcomes: list[float]  # V(n)
-    shaping: list[float]  # lambda (c(n) - c_bar) - format penalty
+    shaping: list[float]  # sum_t w_t (term_t(n) - centre_t) - format penalty
 
 
-def _shaping(members: Sequence[TreeNode], cfg: CreditConfig, stats: CreditStats) -> list[float]:
-    """Each member's shaping: lambda (c(n) - c_bar) (dropped for the whole group when a score is missing) minus the
-    format penalty of a malformed memory call."""
-    scores = [m.committee_score for m in members]
-    use_committee = cfg.committee_weight != 0 and all(s is not None for s in scores)
-    if cfg.committee_weight != 0 and not use_committee:
-        stats.committee_dropped_groups += 1
-    centre = 0.0
-    if use_committee:
-        centre = sum(scores) / len(scores) if cfg.centre == "siblings" else float(cfg.centre)  # type: ignore[arg-type]
-    out = []
-    for m in members:
-        s = cfg.committee_weight * (m.committee_score - centre) if use_committee else 0.0  # type: ignore[operator]
+def _shaping(members: Sequence[TreeNode], tree: MemoryCallTree, cfg: CreditConfig, stats: CreditStats,
+             terms: Sequence[tuple[RewardTermConfig, Any]]) -> list[float]:
+    """Each member's shaping: sum_t w_t (term_t(n) - centre_t) over the reward terms (a term dropped for the whole
+    group when any member has no score for it) minus the format penalty of a malformed memory call."""
+    out = [0.0] * len(members)
+    for term, score in terms:
+        if term.weight == 0:
+            continue
+        scores = [score(m, tree) for m in members]
+        if any(s is None for s in scores):
+            stats.term_dropped_groups[term.label] = stats.term_dropped_groups.get(term.label, 0) + 1
+            stats.committee_dropped_groups += term.label == "committee"
+            continue
+        values = [float(s) for s in scores]  # type: ignore[arg-type]
+        centre = sum(values) / len(values) if term.centre == "siblings" else float(term.centre)
+        out = [o + term.weight * (v - centre) for o, v in zip(out, values, strict=True)]
+    for i, m in enumerate(members):
         if m.call is not None and m.call.error and cfg.format_penalty:
-            s -= cfg.format_penalty
-        out.append(s)
+            out[i] -= cfg.format_penalty
     return out
 
 
-def _tree_groups(tree: MemoryCallTree, cfg: CreditConfig) -> tuple[CreditStats, list[_SiblingGroup]]:
+def _tree_groups(tree: MemoryCallTree, cfg: CreditConfig, terms: Sequence[tuple[RewardTermConfig, Any]] | None = None,
+                 ) -> tuple[CreditStats, list[_SiblingGroup]]:
     """Fill ``value`` of every node and ``reward`` of every memory node; the tree's sibling groups and counts."""
+    terms = build_terms(cfg) if terms is None else terms
     values = node_values(tree)
     for node in tree.nodes:
         node.value = values.get(node.node_id)
@@ -169,7 +190,7 @@ def _tree_groups(tree: MemoryCallTree, cfg: CreditConfig) -> tuple[CreditStats, 
     for members in _sibling_groups(tree).values():
         stats.groups += 1
         outcomes = [m.value or 0.0 for m in members]
-        shaping = _shaping(members, cfg, stats)
+        shaping = _shaping(members, tree, cfg, stats, terms)
         rewards = [o + s for o, s in zip(outcomes, shaping, strict=True)]
         stats.single_member_groups += len(members) == 1
         if len(members) > 1:
@@ -182,6 +203,11 @@ def _tree_groups(tree: MemoryCallTree, cfg: CreditConfig) -> tuple[CreditStats, 
         stats.rewards.extend(rewards)
         groups.append(_SiblingGroup(members, outcomes, shaping))
     return stats, groups
+
+
+def build_terms(cfg: CreditConfig) -> list[tuple[RewardTermConfig, Any]]:
+    """Each reward term of ``cfg`` with its callable (a term class constructed once per batch)."""
+    return [(t, build_term(t)) for t in cfg.terms]
 
 
 def _set_advantages(groups: Sequence[_SiblingGroup], cfg: CreditConfig) -> None:
@@ -268,7 +294,8 @@ def assign_batch_credit(
             stats.append(CreditStats(groups=1, zero_variance_groups=int(is_zero_variance(outcomes)),
                                      rewards=outcomes))
     else:
-        per_tree = [_tree_groups(t, cfg) for t in trees]
+        terms = build_terms(cfg)
+        per_tree = [_tree_groups(t, cfg, terms) for t in trees]
         stats = [s for s, _ in per_tree]
         _set_advantages([g for _, groups in per_tree for g in groups], cfg)
     if cfg.baseline == "global":

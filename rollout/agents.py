@@ -1,7 +1,14 @@
 """How a rollout is built, in one place: the harness, the tree builder, distillation and the trainers call
-:func:`sam_rollout` (a SAM task or episode + a memory config + seeds -> :class:`~memrl.rollout.loop.Rollout`),
-:func:`build_proactive_rollout` (the same for a proactive task) and, for SAM's scripted reasoner and oracle expert,
+:func:`task_rollout` (any task of a registered family + a memory config + seeds -> a rollout: memrl's
+:class:`~memrl.rollout.loop.Rollout` for a task of memrl's interface or a Gym-style environment, an
+:class:`~memrl.rollout.episodes.EpisodeRollout` for an episode function or an HTTP agent), with the family-shaped
+wrappers :func:`sam_rollout` and :func:`build_proactive_rollout`, and, for SAM's scripted reasoner and oracle expert,
 :func:`sam_engines`.
+
+A task shapes its rollout through optional hooks: ``memory_defaults(config) -> dict`` (settings the memory config
+takes from the task unless it sets them), ``reasoner_system`` (the frozen agent's system prompt; default the memory
+system's own) and ``rollout_metadata(system, config) -> dict`` (the episode metadata: ground truth for oracles,
+never shown to a model).
 
 Example (the oracle as memory model; any engine can replace it, e.g. the vLLM engine of the trained model)::
 
@@ -17,20 +24,71 @@ import copy
 from typing import Any
 
 from memrl.data.experts.sam import SamOracle, SamOracleConfig
-from memrl.data.formats import ACTION_AGENT_SYSTEM
 from memrl.data.schemas import Episode
-from memrl.data.tasks import ProactiveTask, task_from_episode
+from memrl.data.tasks import TASK_FAMILIES, ProactiveTask, task_from_episode
 from memrl.data.tasks.sam import SamReasoner, SamTask
 from memrl.rollout.engines.base import Engine
 from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.loop import EngineSet, Rollout
 from memrl.rollout.memory.base import MemorySystem, RoleSampling
 from memrl.rollout.memory.embedders import Embedder
-from memrl.rollout.memory.proactive import ProactiveConfig, ProactiveMemory
-from memrl.rollout.memory.registry import MemoryConfig, build_memory
+from memrl.rollout.memory.proactive import ProactiveConfig
+from memrl.rollout.memory.registry import MemoryConfig, build_memory, parse_memory_config
 from memrl.rollout.memory.sam import TokenCounter
 
-__all__ = ["build_proactive_rollout", "sam_engines", "sam_rollout"]
+__all__ = ["build_proactive_rollout", "sam_engines", "sam_rollout", "task_rollout"]
+
+
+def task_rollout(
+    task: Any,
+    memory: MemoryConfig | dict[str, Any] | MemorySystem | None = None,
+    *,
+    seed: int = 0,
+    rollout_id: str = "r",
+    count_tokens: TokenCounter | None = None,
+    embedder: Embedder | None = None,
+    reasoner_sampling: RoleSampling | None = None,
+    metadata: dict[str, Any] | None = None,
+    copy_task: bool = True,
+) -> Any:
+    """A rollout of the frozen reasoner on ``task`` (a task or its :class:`Episode`) through the memory system
+    ``memory`` (a config, a mapping with ``name`` / ``entry``, or a built system; None: the family's default).
+
+    The task is copied (rollouts of one task never share state; ``copy_task=False`` runs the object given).
+    ``seed`` seeds every model call of the rollout (with ``rollout_id``, so forks of one rollout draw
+    independently). An episode-function or HTTP-agent task returns an
+    :class:`~memrl.rollout.episodes.EpisodeRollout` (its memory system is the user's own code; ``memory`` gives the
+    sampling of its roles)."""
+    if isinstance(task, Episode):
+        task = task_from_episode(task)
+    if getattr(task, "kind", "env") in ("episode", "http"):
+        from memrl.rollout.episodes import external_rollout
+
+        return external_rollout(task, memory, seed=seed, rollout_id=rollout_id, metadata=metadata)
+    if memory is None:
+        memory = {"name": TASK_FAMILIES.get(task.family).extra.get("memory") or "long_context"}
+    if isinstance(memory, MemorySystem):
+        system, config = memory, None
+    else:
+        config = parse_memory_config(memory)
+        defaults = getattr(task, "memory_defaults", None)
+        if callable(defaults):
+            update = {k: v for k, v in defaults(config).items()
+                      if k in type(config).model_fields and k not in config.model_fields_set}
+            config = config.model_copy(update=update)
+        system = build_memory(config, count_tokens=count_tokens, embedder=embedder)
+    env = copy.deepcopy(task) if copy_task else task
+    hook = getattr(env, "rollout_metadata", None)
+    meta = hook(system, config) if callable(hook) else {"family": env.family, "memory": system.name}
+    return Rollout(
+        env,
+        system,
+        reasoner_system=getattr(env, "reasoner_system", None) or getattr(system, "reasoner_system", ""),
+        reasoner_sampling=reasoner_sampling,
+        seed=seed,
+        rollout_id=rollout_id,
+        metadata={**meta, **(metadata or {})},
+    )
 
 
 def sam_rollout(
@@ -44,31 +102,15 @@ def sam_rollout(
     reasoner_sampling: RoleSampling | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> Rollout:
-    """A rollout of the frozen reasoner on a SAM task through the memory system ``memory`` (a config, a mapping with
-    ``name``, or a built system).
-
-    The task is copied (rollouts of one task never share state); the reasoner's system prompt is the memory system's
-    own (SAM's ``memory(intent, page_ids)``, intent-only retrieval, or no memory tool); the episode metadata carries
-    ``gold_entities`` (the oracle expert's view of the true state; other engines ignore it). ``seed`` seeds every
-    model call of the rollout (with ``rollout_id``, so forks of one rollout draw independently).
-    """
-    env = task_from_episode(task) if isinstance(task, Episode) else copy.deepcopy(task)
+    """A rollout of the frozen reasoner on a SAM task through the memory system ``memory`` (:func:`task_rollout` for
+    a task of the SAM families: the reasoner's system prompt is the memory system's own (SAM's ``memory(intent,
+    page_ids)``, intent-only retrieval, or no memory tool); the episode metadata carries ``gold_entities`` (the oracle
+    expert's view of the true state; other engines ignore it))."""
+    env = task_from_episode(task) if isinstance(task, Episode) else task
     if not isinstance(env, SamTask):
         raise TypeError(f"sam_rollout needs a SAM task, got {type(env).__name__}")
-    system = memory if isinstance(memory, MemorySystem) else build_memory(
-        memory, count_tokens=count_tokens, embedder=embedder
-    )
-    meta = {"family": "sam", "memory": system.name, "gold_entities": list(env.gold_entities),
-            "evidence_steps": list(env.evidence_turns), **(metadata or {})}
-    return Rollout(
-        env,
-        system,
-        reasoner_system=getattr(system, "reasoner_system", ""),
-        reasoner_sampling=reasoner_sampling,
-        seed=seed,
-        rollout_id=rollout_id,
-        metadata=meta,
-    )
+    return task_rollout(env, memory, seed=seed, rollout_id=rollout_id, count_tokens=count_tokens, embedder=embedder,
+                        reasoner_sampling=reasoner_sampling, metadata=metadata)
 
 
 def sam_engines(
@@ -116,9 +158,5 @@ def build_proactive_rollout(
     task = source if isinstance(source, ProactiveTask) else task_from_episode(source)
     if not isinstance(task, ProactiveTask):
         raise ValueError(f"episode {task.task_id!r} is not a proactive task")
-    cfg = config or ProactiveConfig()
-    defaults = {key: task.params.window for key in ("window", "action_window") if key not in cfg.model_fields_set}
-    cfg = cfg.model_copy(update=defaults)
-    metadata = {"family": "proactive", "variant": cfg.variant, "pivots": list(task.pivots), "budget": task.max_steps}
-    return Rollout(task, ProactiveMemory(cfg), reasoner_system=ACTION_AGENT_SYSTEM,
-                   reasoner_sampling=reasoner_sampling, seed=seed, rollout_id=rollout_id, metadata=metadata)
+    return task_rollout(task, config or ProactiveConfig(), seed=seed, rollout_id=rollout_id,
+                        reasoner_sampling=reasoner_sampling, copy_task=False)

@@ -1,10 +1,12 @@
 """``memrl data distill``: run an expert memory model inside a memory system over a task set and distil its traces.
 
 The expert is the task family's programmatic oracle (with noise knobs, so rejection sampling has something to reject)
-or any engine, e.g. a frontier model behind an OpenAI-compatible endpoint. It runs inside SAM or the proactive agent
-with the family's frozen scripted reasoner / action agent; every trace goes through
-:class:`memrl.data.distill.DistillWriter`
-(rejection sampling, one chat-format dataset per memory role, resumable: finished traces are skipped on a rerun).
+or any engine, e.g. a frontier model behind an OpenAI-compatible endpoint. It runs inside a memory system (the
+family's default: SAM or the proactive agent; ``memory`` names any registered one, a user's by import path) with a
+frozen reasoner (the family's registered scripted reasoner, or ``reasoner``: any engine); every trace goes through
+:class:`memrl.data.distill.DistillWriter` (rejection sampling, one chat-format dataset per memory role, resumable:
+finished traces are skipped on a rerun). An episode-function or HTTP-agent family runs its own loop: the expert
+answers its memory calls.
 """
 
 from __future__ import annotations
@@ -13,27 +15,28 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from memrl.data.config import ConfigModel, RunConfig
+from memrl.data.config import ConfigError, ConfigModel, RunConfig
 from memrl.data.distill import DistillWriter, RejectionConfig
 from memrl.data.experts.proactive import ProactiveOracle, ProactiveOracleConfig
-from memrl.data.experts.sam import SamOracle, SamOracleConfig
+from memrl.data.experts.sam import SamOracleConfig
+from memrl.data.registry import Registration, import_entry
 from memrl.data.run_dir import prepare_run_dir
-from memrl.data.tasks import SAM_FAMILIES, TaskSetConfig, load_tasks
-from memrl.data.tasks.proactive import ActionAgent, ProactiveTask
-from memrl.data.tasks.sam import SamReasoner, SamTask
+from memrl.data.tasks import TaskSetConfig, family_of, load_tasks
+from memrl.data.tasks.proactive import ProactiveTask
 from memrl.data.tracking import progress_bar
-from memrl.rollout.agents import build_proactive_rollout, sam_rollout
-from memrl.rollout.engines.config import EngineConfig
+from memrl.rollout.agents import build_proactive_rollout, task_rollout
+from memrl.rollout.engines.config import EngineConfig, load_scripted_policy
 from memrl.rollout.engines.factory import build_engine
 from memrl.rollout.engines.scripted import ScriptedEngine
-from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.loop import EngineSet, run_rollouts
 from memrl.rollout.memory.proactive import ProactiveConfig
+from memrl.rollout.memory.registry import MemoryConfig
 from memrl.rollout.memory.sam import SamConfig
 from memrl.rollout.models import load_tokenizer
 
-__all__ = ["DistillRunConfig", "distill", "run_distill"]
+__all__ = ["DistillRunConfig", "check_inputs", "distill", "run_distill"]
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +48,12 @@ class DistillRunConfig(ConfigModel):
     run: RunConfig = RunConfig()
     tasks: TaskSetConfig = TaskSetConfig()
     expert: EngineConfig | None = None  # None: the family's oracle with the noise knobs below
+    reasoner: EngineConfig | None = None  # the frozen reasoner; None: the family's registered scripted reasoner
+    memory: MemoryConfig | None = None  # any registered memory system; None: the family's (sam_memory / ...)
     sam_oracle: SamOracleConfig = SamOracleConfig()
     proactive_oracle: ProactiveOracleConfig = ProactiveOracleConfig()
-    sam_memory: SamConfig = SamConfig()
-    proactive_memory: ProactiveConfig = ProactiveConfig()
+    sam_memory: SamConfig = SamConfig()  # the SAM families' default memory system
+    proactive_memory: ProactiveConfig = ProactiveConfig()  # the proactive family's default memory system
     reasoner_max_pages: int = 1  # page ids the scripted SAM reasoner asks for per recall
     reasoner_recall_budget: int = Field(2, ge=0, le=1000)  # recall calls per intent of the scripted SAM reasoner
     tokenizer: str | None = None  # token accounting of the scripted agents (a model dir or hub id)
@@ -56,41 +61,64 @@ class DistillRunConfig(ConfigModel):
     batch_size: int = Field(32, ge=1, le=2**16)  # tasks rolled out together per batch
     out: str | None = None  # default: <run dir>/sft
 
+    @model_validator(mode="after")
+    def _one_memory(self) -> DistillRunConfig:
+        if self.memory is not None and {"sam_memory", "proactive_memory"} & self.model_fields_set:
+            raise ValueError("set either memory (any memory system) or sam_memory / proactive_memory (the built-in "
+                             "families' defaults), not both")
+        return self
+
+
+def check_inputs(cfg: DistillRunConfig) -> None:
+    """Before any run folder exists: the family, the memory system and the reasoner resolve, and an expert exists
+    for a family without an oracle."""
+    reg = family_of(cfg.tasks)
+    if cfg.expert is None and not reg.extra.get("oracle"):
+        raise ConfigError(f"tasks: family {cfg.tasks.family!r} has no oracle expert: set expert (an engine, e.g. a "
+                          f"frontier model behind an OpenAI-compatible endpoint)")
+    if reg.extra.get("kind", "env") in ("env", "gym") and cfg.reasoner is None and not reg.extra.get("reasoner"):
+        raise ConfigError(f"tasks: family {cfg.tasks.family!r} has no registered reasoner: set reasoner (an engine; "
+                          f"a scripted one names its policy by import path)")
+
+
+def _family_memory(cfg: DistillRunConfig, reg: Registration[Any]) -> Any:
+    if cfg.memory is not None:
+        return cfg.memory
+    default = reg.extra.get("memory")
+    if default == "sam":
+        return cfg.sam_memory
+    if default == "proactive":
+        return cfg.proactive_memory
+    return {"name": default} if default else None
+
 
 def _engines(cfg: DistillRunConfig, tasks: list[Any]) -> EngineSet:
     tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
-    if cfg.tasks.family in SAM_FAMILIES:
-        reasoner = ScriptedEngine(
-            SamReasoner(max_pages=cfg.reasoner_max_pages, recall_budget=cfg.reasoner_recall_budget),
-            tokenizer=tokenizer,
-            seed=cfg.run.seed,
-            name="reasoner",
-        )
-        expert = (
-            build_engine(cfg.expert)
-            if cfg.expert
-            else ScriptedEngine(SamOracle(cfg.sam_oracle), tokenizer=tokenizer, seed=cfg.run.seed, name="sam-oracle")
-        )
+    reg = family_of(cfg.tasks)
+    if cfg.reasoner is not None:
+        reasoner = build_engine(cfg.reasoner)
     else:
-        reasoner = ScriptedEngine(ActionAgent(), tokenizer=tokenizer, seed=cfg.run.seed, name="action-agent")
+        name = reg.extra.get("reasoner") or "sam"
+        kwargs = {"max_pages": cfg.reasoner_max_pages, "recall_budget": cfg.reasoner_recall_budget} \
+            if name == "sam" else {}
+        reasoner = ScriptedEngine(load_scripted_policy(name, kwargs), tokenizer=tokenizer, seed=cfg.run.seed,
+                                  name="reasoner" if name == "sam" else name.replace("_", "-"))
+    if cfg.expert is not None:
+        return EngineSet(reasoner=reasoner, memory=build_engine(cfg.expert))
+    oracle = import_entry(str(reg.extra.get("oracle")), "oracle expert")
+    if oracle is ProactiveOracle:
         truths = {t.task_id: t.truth() for t in tasks}
-        expert = (
-            build_engine(cfg.expert)
-            if cfg.expert
-            else ScriptedEngine(
-                ProactiveOracle(cfg.proactive_oracle, truths=truths),
-                tokenizer=tokenizer,
-                seed=cfg.run.seed,
-                name="proactive-oracle",
-            )
-        )
+        expert = ScriptedEngine(ProactiveOracle(cfg.proactive_oracle, truths=truths), tokenizer=tokenizer,
+                                seed=cfg.run.seed, name="proactive-oracle")
+    else:
+        expert = ScriptedEngine(oracle(cfg.sam_oracle), tokenizer=tokenizer, seed=cfg.run.seed, name="sam-oracle")
     return EngineSet(reasoner=reasoner, memory=expert)
 
 
-def _rollout(cfg: DistillRunConfig, task: SamTask | ProactiveTask, seed: int) -> Rollout:
-    if isinstance(task, SamTask):
-        return sam_rollout(task, cfg.sam_memory, seed=seed, rollout_id="expert")
-    return build_proactive_rollout(task, cfg.proactive_memory, seed=seed, rollout_id="expert")
+def _rollout(cfg: DistillRunConfig, task: Any, seed: int) -> Any:
+    if isinstance(task, ProactiveTask) and cfg.memory is None:
+        return build_proactive_rollout(task, cfg.proactive_memory, seed=seed, rollout_id="expert")
+    return task_rollout(task, _family_memory(cfg, family_of(cfg.tasks)), seed=seed, rollout_id="expert")
 
 
 def distill(cfg: DistillRunConfig, out_dir: str | Path) -> dict[str, Any]:

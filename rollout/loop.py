@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from memrl.data.formats import parse_tool_calls
-from memrl.data.schemas import EpisodeTrace, MemoryCall, TokenUsage, TraceEvent
+from memrl.data.schemas import EpisodeTrace, MemoryCall, Message, TokenUsage, TraceEvent
 from memrl.data.tracking import progress_bar
 from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, to_memory_call
 from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn
 
-__all__ = ["EngineSet", "PendingCall", "Rollout", "TaskEnv", "run_rollouts"]
+__all__ = ["EngineSet", "PendingCall", "Rollout", "TaskEnv", "as_messages", "call_seed", "run_rollouts"]
 
 
 class TaskEnv(Protocol):
@@ -72,7 +72,13 @@ class EngineSet:
         return self.by_role.get(call.role, self.memory)
 
 
-def _seed(*parts: Any) -> int:
+def as_messages(items: Sequence[Any]) -> list[Message]:
+    """Chat messages as :class:`Message` s (a user's memory system may build ``{"role", "content"}`` dicts)."""
+    return [m if isinstance(m, Message) else Message.model_validate(m) for m in items]
+
+
+def call_seed(*parts: Any) -> int:
+    """The sampling seed of one model call, a pure function of its parts (rollout seed, task, rollout path, call)."""
     digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
@@ -137,18 +143,21 @@ class Rollout:
             s = request.sampling
             params = SamplingParams(
                 temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=list(s.stop),
-                seed=_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
+                seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
             )
-            gen = GenerationRequest(messages=list(request.messages), sampling=params,
+            gen = GenerationRequest(messages=as_messages(request.messages), sampling=params,
                                     metadata={**self._request_metadata(request.role), **request.metadata})
             return PendingCall(kind="memory", role=request.role, request=gen, memory_request=request)
         if self._tool_started_at is not None:
             raise RuntimeError(f"{self.memory.name}: a memory tool is running but no memory call or result is ready")
-        messages = self.memory.reasoner_messages(self.reasoner_system)
+        messages = as_messages(self.memory.reasoner_messages(self.reasoner_system))
+        transient = getattr(self.env, "transient_context", None)
+        if callable(transient) and (extra := transient()):  # e.g. a Gym env's admissible actions: this call only,
+            messages = [*messages, Message(role="user", content=str(extra))]  # never a turn the memory keeps
         s = self.reasoner_sampling
         params = SamplingParams(
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=list(s.stop),
-            seed=_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made), logprobs=False,
+            seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made), logprobs=False,
         )
         gen = GenerationRequest(messages=messages, sampling=params, metadata=self._request_metadata("reasoner"))
         return PendingCall(kind="reasoner", role="reasoner", request=gen)
@@ -280,6 +289,10 @@ class Rollout:
         self.answer = answer
         self.outcome = float(self.env.finish(answer))
         self.done = True
+        env_stats = getattr(self.env, "stats", None)
+        if isinstance(env_stats, dict):  # an adapter's counts (env steps, env errors, ...): into the leaf's stats
+            for key, value in env_stats.items():
+                self.stats[key] = self.stats.get(key, 0) + int(value)
 
     def _count(self, key: str) -> None:
         self.stats[key] = self.stats.get(key, 0) + 1

@@ -63,7 +63,8 @@ def test_node_values_are_mean_leaf_outcomes_with_uneven_subtrees() -> None:
 
 def test_rewards_and_advantages_with_sibling_centred_committee() -> None:
     t = tree({"a1": 0.8, "a2": 0.6, "a3": 0.1, "b1": 0.9, "b2": None})
-    stats = assign_credit(t, CreditConfig(committee_weight=0.5, centre="siblings", advantage={"eps": 0.0}))
+    stats = assign_credit(t, CreditConfig(terms=[{"name": "committee", "weight": 0.5, "centre": "siblings"}],
+                                        advantage={"eps": 0.0}))
     n = by_id(t)
     # g0: centre = (0.8 + 0.6 + 0.1) / 3 = 0.5
     assert n["a1"].reward == pytest.approx(0.5 + 0.5 * 0.3)
@@ -84,7 +85,7 @@ def test_rewards_and_advantages_with_sibling_centred_committee() -> None:
 
 def test_constant_centre_and_unscaled_advantages() -> None:
     t = tree({"a1": 0.8, "a2": 0.6, "a3": 0.1})
-    assign_credit(t, CreditConfig(committee_weight=1.0, centre=0.2, advantage="dr_grpo"))
+    assign_credit(t, CreditConfig(terms=[{"name": "committee", "weight": 1.0, "centre": 0.2}], advantage="dr_grpo"))
     n = by_id(t)
     rewards = {"a1": 0.5 + 0.6, "a2": 1.0 + 0.4, "a3": 0.0 - 0.1}
     mean = sum(rewards.values()) / 3
@@ -98,14 +99,14 @@ def test_zero_variance_group_contributes_nothing() -> None:
     for node in t.nodes:  # make every leaf succeed: all values 1 -> every group is flat
         if node.kind == "leaf":
             node.outcome = 1.0
-    stats = assign_credit(t, CreditConfig(committee_weight=0.0))
+    stats = assign_credit(t, CreditConfig(terms=[]))
     assert all(n.advantage == 0.0 for n in t.nodes if n.kind == "memory")
     assert stats.zero_variance_groups == stats.groups == 3 and stats.committee_dropped_groups == 0
 
 
 def test_format_penalty_applies_to_malformed_calls() -> None:
     t = tree({}, errors=("a2",))
-    assign_credit(t, CreditConfig(committee_weight=0.0, format_penalty=0.25))
+    assign_credit(t, CreditConfig(terms=[], format_penalty=0.25))
     n = by_id(t)
     assert n["a2"].reward == pytest.approx(0.75) and n["a1"].reward == pytest.approx(0.5)
 

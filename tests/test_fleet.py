@@ -73,7 +73,7 @@ def dumped(groups: list[Any]) -> list[dict[str, Any]]:
 
 def groups_of(trees: list[Any], seed: int) -> list[Any]:
     """The trainer groups of a job's trees, as the driver makes them (OAT credit over all the trees)."""
-    return credit_and_groups(trees, CreditConfig(committee_weight=0.5), "tree", seed)[0]
+    return credit_and_groups(trees, CreditConfig(terms=[{"name": "committee", "weight": 0.5}]), "tree", seed)[0]
 
 
 @pytest.fixture(scope="module")

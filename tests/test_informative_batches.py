@@ -46,16 +46,16 @@ def test_identical_recall_siblings_are_one_node_whose_value_pools_their_leaves()
     assert sorted(merged.children) == ["r.0.0:leaf", "r.1.0:leaf", "r.1.1:leaf"]
     assert all(tree.node(c).parent_id == "r.0:1" for c in merged.children)
     assert node_values(tree)["r.0:1"] == pytest.approx(2 / 3)
-    assign_credit(tree, CreditConfig(committee_weight=0.0))
+    assign_credit(tree, CreditConfig(terms=[]))
     (group,) = trees_to_groups([tree])
     assert len(group.samples) == 2 and group.samples[0].advantage > 0 > group.samples[1].advantage
 
 
 def test_all_identical_siblings_leave_a_single_node_with_no_preference() -> None:
     tree = sibling_tree("t", [([3], [1.0]), ([3], [0.0])])
-    assign_credit(tree, CreditConfig(committee_weight=0.0))
+    assign_credit(tree, CreditConfig(terms=[]))
     assert sum(n.kind == "memory" for n in tree.nodes) == 1
-    groups, metrics = credit_and_groups([tree], CreditConfig(committee_weight=0.0), "tree", 0)
+    groups, metrics = credit_and_groups([tree], CreditConfig(terms=[]), "tree", 0)
     assert [s.advantage for g in groups for s in g.samples] == [0.0]
     assert metrics["identical_sibling_fraction"] == 0.5 and metrics["informative_groups"] == 0
 
@@ -64,7 +64,8 @@ def test_credit_metrics_count_outcome_ties_not_reward_ties() -> None:
     tied = sibling_tree("a", [([1], [1.0]), ([2], [1.0])])
     tied.nodes[1].committee_score, tied.nodes[3].committee_score = 0.9, 0.1  # r differs, the outcome does not
     informative = sibling_tree("b", [([1], [1.0]), ([2], [0.0])])
-    _, metrics = credit_and_groups([tied, informative], CreditConfig(committee_weight=0.5), "tree", 0)
+    _, metrics = credit_and_groups([tied, informative], CreditConfig(
+        terms=[{"name": "committee", "weight": 0.5}]), "tree", 0)
     assert metrics["outcome_tie_fraction"] == 0.5 and metrics["informative_groups"] == 1
     assert metrics["credit_zero_variance_groups"] == 0  # both groups' rewards r vary
 

@@ -23,6 +23,7 @@ from memrl.data.formats import (
     parse_tool_calls,
     render_tool_call,
 )
+from memrl.data.registry import ComponentError
 from memrl.data.tasks.common import content_of
 from memrl.data.tasks.sam import SamTask
 from memrl.rollout.agents import sam_engines, sam_rollout
@@ -39,10 +40,11 @@ from memrl.rollout.memory.baselines import (
     bm25_rank,
 )
 from memrl.rollout.memory.embedders import HashingEmbedder
+from memrl.rollout.memory.external import ExternalMemory
 from memrl.rollout.memory.mage import MageMemory
 from memrl.rollout.memory.memma import MemMAMemory
 from memrl.rollout.memory.proactive import ProactiveMemory
-from memrl.rollout.memory.registry import MEMORY_NAMES, build_memory, parse_memory_config
+from memrl.rollout.memory.registry import build_memory, memory_names, parse_memory_config
 from memrl.rollout.memory.sam import SamConfig, SamMemory, make_token_counter
 from memrl.rollout.models import load_tokenizer
 
@@ -212,9 +214,10 @@ QA_CASES = {
 
 # ---------------------------------------------------------------------------------------------------- registry
 def test_registry_builds_every_system_by_name() -> None:
-    built = {name: build_memory({"name": name}, embedder=HashingEmbedder()) for name in MEMORY_NAMES}
+    built = {name: build_memory({"name": name}, embedder=HashingEmbedder()) for name in memory_names()}
     expected = {"sam": SamMemory, "long_context": LongContextMemory, "bm25": BM25Memory, "embedding": EmbeddingMemory,
-                "mage": MageMemory, "memma": MemMAMemory, "ama_agent": AMAMemory, "proactive": ProactiveMemory}
+                "mage": MageMemory, "memma": MemMAMemory, "ama_agent": AMAMemory, "proactive": ProactiveMemory,
+                "external": ExternalMemory}
     assert {n: type(m) for n, m in built.items()} == expected
     assert built["sam"].reasoner_system == SAM_REASONER_SYSTEM
     cfg = parse_memory_config({"name": "sam", "page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3})
@@ -223,7 +226,7 @@ def test_registry_builds_every_system_by_name() -> None:
     assert parse_memory_config({"name": "mage", "max_raw_turns": 3}).max_raw_turns == 3
     with pytest.raises(ValidationError, match="page_size"):
         parse_memory_config({"name": "sam", "page_size": 3})
-    with pytest.raises(ValidationError, match="does not match any of the expected tags"):
+    with pytest.raises(ComponentError, match=r"unknown memory system 'memgpt'; registered: ama_agent, .*sam"):
         parse_memory_config({"name": "memgpt"})
 
 

@@ -80,7 +80,7 @@ def test_hand_built_tree_values_rewards_and_advantages(tmp_path: Path, scale: st
 
     lam = 0.5
     advantage = "dr_grpo" if scale == "none" else "grpo_std"
-    assign_credit(tree, CreditConfig(committee_weight=lam, advantage=advantage))
+    assign_credit(tree, CreditConfig(terms=[{"name": "committee", "weight": lam}], advantage=advantage))
     values = {"n1": 0.5, "n2": 0.0, "n3": 1.0, "n4": 0.0, "n5": 0.0, "n6": 0.0}
     groups = [("n1", "n2"), ("n3", "n4"), ("n5", "n6")]
     for group in groups:
@@ -112,10 +112,12 @@ def test_sibling_centring_cancels_but_a_global_baseline_does_not(tmp_path: Path)
         return {n.node_id: n.advantage for n in tree.nodes if n.kind == "memory"}
 
     siblings = advantages(CreditConfig(advantage="dr_grpo"))
-    constant = advantages(CreditConfig(advantage="dr_grpo", centre=0.3))
+    constant = advantages(CreditConfig(advantage="dr_grpo",
+                                       terms=[{"name": "committee", "weight": 0.5, "centre": 0.3}]))
     assert siblings == pytest.approx(constant)  # c_bar cancels inside a sibling group
     global_sib = advantages(CreditConfig(advantage="dr_grpo", baseline="global"))
-    global_const = advantages(CreditConfig(advantage="dr_grpo", baseline="global", centre=0.3))
+    global_const = advantages(CreditConfig(advantage="dr_grpo", baseline="global",
+                                               terms=[{"name": "committee", "weight": 0.5, "centre": 0.3}]))
     assert global_sib != pytest.approx(siblings)
     assert global_sib != pytest.approx(global_const)  # with one batch baseline c_bar moves whole groups
     rewards = [0.65, -0.15, 1.125, -0.125, -0.05, 0.05]
@@ -124,7 +126,7 @@ def test_sibling_centring_cancels_but_a_global_baseline_does_not(tmp_path: Path)
 
 def test_shuffled_outcomes_keep_the_true_outcome() -> None:
     trees = [hand_built_tree() for _ in range(4)]
-    assign_batch_credit(trees, CreditConfig(committee_weight=0.0, shuffle_outcomes=True), seed=3)
+    assign_batch_credit(trees, CreditConfig(terms=[], shuffle_outcomes=True), seed=3)
     leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
     assert sorted(n.outcome for n in leaves) == sorted(n.metadata["true_outcome"] for n in leaves)
     assert [n.outcome for n in leaves] != [n.metadata["true_outcome"] for n in leaves]
@@ -150,7 +152,7 @@ def test_cue_siblings_differ_and_get_advantages_from_downstream_outcomes() -> No
                            TreeConfig(branch_roles=["consolidate", "recall"], branch_factor=2, max_leaves=64))
     informative = 0
     for tree in trees:
-        assign_credit(tree, CreditConfig(committee_weight=0.0))
+        assign_credit(tree, CreditConfig(terms=[]))
         groups: dict[str, list[TreeNode]] = {}
         for n in tree.nodes:
             if n.kind == "memory" and n.call.role == "consolidate" and n.group_id:

@@ -67,7 +67,7 @@ def uninterrupted(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.mark.parametrize("path", [TINY, PAPER], ids=["tiny", "qwen3.5-9b"])
 def test_shipped_configs_load(path: Path) -> None:
     cfg = load_config(OATGRPOConfig, path)
-    assert cfg.command == "train oat-grpo" and cfg.credit.committee_weight > 0
+    assert cfg.command == "train oat-grpo" and cfg.credit.weight_of("committee") > 0
     assert cfg.tree.mode == "tree" and cfg.tree.branch_roles == ["recall"]
 
 

@@ -214,7 +214,7 @@ def test_token_integrity_over_multi_turn_memory_calls(engine, smollm2_dir) -> No
     calls = [n.call for t in trees for n in t.nodes if n.kind == "memory" and n.call is not None]
     calls += [f for t in trees for n in t.nodes for f in n.follow_up_calls]
     assert len(calls) >= 50, f"only {len(calls)} memory calls"
-    groups, _ = credit_and_groups(trees, CreditConfig(committee_weight=0.0), "flat", seed=0)
+    groups, _ = credit_and_groups(trees, CreditConfig(terms=[]), "flat", seed=0)
     rows = rows_from_groups(groups, skip_zero_advantage=False)
     assert len(rows) >= 50
     tok = engine.tokenizer

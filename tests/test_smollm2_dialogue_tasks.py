@@ -6,7 +6,7 @@ import itertools
 import re
 
 from memrl.data.experts.sam import SamOracle
-from memrl.data.tasks import SAM_FAMILIES, TASKS, DialogueParams, DialogueTask, TaskSetConfig, load_tasks, make_task
+from memrl.data.tasks import TASK_FAMILIES, DialogueParams, DialogueTask, TaskSetConfig, load_tasks, make_task
 from memrl.data.tasks.dialogue import DIALOGUE_SPLITS
 from memrl.data.tasks.sam import SamReasoner, SamTask, SamTaskParams, parse_facts
 from memrl.data.tasks.sam_reference import simulate_sam
@@ -23,7 +23,8 @@ def _texts(task: DialogueTask) -> list[str]:
 
 
 def test_registered_and_rebuilt_from_its_spec() -> None:
-    assert TASKS["dialogue"] is DialogueTask and "dialogue" in SAM_FAMILIES
+    reg = TASK_FAMILIES.get("dialogue")
+    assert reg.obj is DialogueTask and reg.extra["reasoner"] == "sam" and reg.extra["memory"] == "sam"
     task = DialogueTask(DialogueParams(**PARAMS), seed=7, task_id="d7")
     again = make_task(task.spec, "d7")
     assert isinstance(again, DialogueTask) and again.family == "dialogue"

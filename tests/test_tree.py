@@ -57,7 +57,7 @@ def test_batch_of_tasks_shares_wavefronts() -> None:
 def test_credit_and_groups_from_a_tree() -> None:
     _, _, eng = engines()
     (tree,), _ = build_trees(["t0"], make, eng, TreeConfig(branch_factor=2, max_branch_depth=2, max_leaves=8))
-    stats = assign_credit(tree, CreditConfig(committee_weight=0.0))
+    stats = assign_credit(tree, CreditConfig(terms=[]))
     groups = trees_to_groups([tree])
     assert stats.groups == 3 and len(groups) == 3
     first = next(g for g in groups if len(g.samples) == 2 and all(s.reward == 0.5 for s in g.samples))
@@ -106,7 +106,7 @@ def test_a_sam_recall_is_one_node_and_the_tree_expands_at_every_recall() -> None
             parent = nodes[node.parent_id]
             assert node.depth == parent.depth + 1
         deepest = max([deepest, *(n.depth for n in recalls)])
-        assign_credit(tree, CreditConfig(committee_weight=0.0))
+        assign_credit(tree, CreditConfig(terms=[]))
         groups = trees_to_groups([tree])
         follow_ups = [g for g in groups if g.group_id.rsplit("/", 1)[-1].startswith("f")]
         assert len(follow_ups) == sum(len(n.follow_up_calls) for n in recalls)

@@ -1,5 +1,7 @@
-"""``memrl train oat-grpo``: OAT-GRPO for the SAM memory model ("SAM: State-Adaptive Memory for Long-Horizon
-Reasoning Agent", arXiv 2605.24468, section 2.3).
+"""``memrl train oat-grpo``: OAT-GRPO for a memory model ("SAM: State-Adaptive Memory for Long-Horizon Reasoning
+Agent", arXiv 2605.24468, section 2.3), over any registered (task family, memory system, reasoner, reward terms):
+SAM on the SAM tasks by default, a user's Gym environment, episode function or HTTP agent named by import path
+(``train_tasks: {entry: "mypkg.env:MyTextGame"}``, docs/own_agent.md).
 
 Each iteration builds memory-call trees with the current policy in the rollout engines (the frozen reasoner continues
 every sibling), scores sibling groups with the committee (shared per parent context, cached), assigns OAT credit
@@ -7,6 +9,11 @@ r(n) = V(n) + lambda (c(n) - c_bar) and sibling-group advantages, updates the po
 the new weights into the engines (train/online.py). Trees, committee scoring and credit run inside the rollout
 workers (rollout/worker.py): one in this process, or with ``fleet.workers`` a Ray fleet on every node
 (rollout/fleet.py). Held-out success is measured with the same rollout code.
+
+The task family supplies the defaults: its memory system (``memory`` unset), its registered scripted reasoner
+(``reasoner`` unset) and its oracle expert as the committee's reference (``committee.references`` empty); a family
+without one of them needs it configured (checked before the run folder exists). ``eval_tasks`` takes the training
+family when it names none.
 
 The embedded default (tiny model, scripted reasoner, the oracle expert as committee, offline judge) needs no network;
 the paper's setup swaps in endpoints for the reasoner, the committee and the judge, listed under ``placement``
@@ -31,21 +38,22 @@ from pydantic import Field, model_validator
 
 from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
 from memrl.data.io import atomic_write_text, write_jsonl
+from memrl.data.registry import ComponentError
 from memrl.data.schemas import MemoryCallTree
-from memrl.data.tasks import SAM_FAMILIES, TaskSetConfig, load_tasks
-from memrl.data.tasks.sam import SamTask
+from memrl.data.tasks import TaskSetConfig, family_of, load_tasks
 from memrl.data.tracking import MetricsLogger
 from memrl.rewards.committee import Committee, CommitteeConfig
 from memrl.rewards.credit import CreditConfig, informative_groups
 from memrl.rewards.groups import credit_and_groups
-from memrl.rollout.agents import sam_rollout
+from memrl.rollout.agents import task_rollout
 from memrl.rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
 from memrl.rollout.engines.factory import build_sticky_engine
-from memrl.rollout.evaluation.tasks import evaluate_sam_memory
+from memrl.rollout.episodes import close_drivers
+from memrl.rollout.evaluation.tasks import FAILURE_STATS, evaluate_memory
 from memrl.rollout.fleet import FleetConfig, FleetResult, build_fleet
-from memrl.rollout.loop import Rollout
+from memrl.rollout.loop import EngineSet, Rollout
 from memrl.rollout.memory.base import RoleSampling
-from memrl.rollout.memory.sam import SamConfig
+from memrl.rollout.memory.registry import MemoryConfig, parse_memory_config
 from memrl.rollout.tree import TreeConfig, check_trained_sampling
 from memrl.rollout.worker import Scorer, WorkerSpec
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
@@ -54,6 +62,8 @@ from memrl.train.policy import PolicySpec
 from memrl.train.weight_sync import InMemoryWeightSync
 
 __all__ = ["OATGRPOConfig", "check_inputs", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
+
+NO_REASONER = "memrl.rollout.episodes:NoReasoner"  # an episode/HTTP family's reasoner when none is configured
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +84,9 @@ class OATGRPOConfig(ConfigModel):
     placement: PlacementConfig = PlacementConfig()
     policy: PolicySpec
     engine: EngineConfig | None = None  # the policy's rollout engine; default: vLLM on policy.base
-    reasoner: EngineConfig | None = None  # the frozen reasoner; default: the scripted SAM reasoner
+    reasoner: EngineConfig | None = None  # the frozen reasoner; default: the task family's registered scripted one
     committee: CommitteeSetup = CommitteeSetup()
-    memory: SamConfig = SamConfig()
+    memory: MemoryConfig | None = None  # any registered memory system; None: the task family's (sam: SAM)
     train_tasks: TaskSetConfig = TaskSetConfig()
     eval_tasks: TaskSetConfig = TaskSetConfig(seed=10_000)
     tasks_per_iteration: int = Field(16, ge=1, le=10**5)  # training tasks rolled out (as trees) per iteration
@@ -89,10 +99,31 @@ class OATGRPOConfig(ConfigModel):
     reasoner_token_budget: int | None = Field(None, ge=1)  # stop rolling out once training spent this many
     #   reasoner tokens (with max_staleness k the check sees the last k iterations' spending late)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _memory_of_the_family(cls, data: Any) -> Any:
+        """``memory`` without ``name``/``entry`` configures the task family's default system (SAM's for SAM)."""
+        if isinstance(data, dict) and isinstance(memory := data.get("memory"), dict) \
+                and "name" not in memory and "entry" not in memory:
+            tasks = data.get("train_tasks", {})
+            tasks = tasks if isinstance(tasks, TaskSetConfig) else TaskSetConfig.model_validate(tasks or {})
+            data = {**data, "memory": {"name": default_memory(tasks), **memory}}
+        return data
+
+    @model_validator(mode="after")
+    def _family_defaults(self) -> OATGRPOConfig:
+        if not {"family", "entry"} & self.eval_tasks.model_fields_set and (
+                self.eval_tasks.family, self.eval_tasks.entry) != (self.train_tasks.family, self.train_tasks.entry):
+            keys = ("family", "entry", "params", "max_steps", "reentry", "episode_timeout_s")
+            self.eval_tasks = self.eval_tasks.model_copy(update={k: getattr(self.train_tasks, k) for k in keys})
+        if self.memory is None:
+            self.memory = parse_memory_config({"name": default_memory(self.train_tasks)})
+        return self
+
     @model_validator(mode="after")
     def _trained_roles_sampled_as_scored(self) -> OATGRPOConfig:
         for role in self.tree.branch_roles:
-            sampling = self.memory.sampling.get(role, RoleSampling())
+            sampling = getattr(self.memory, "sampling", {}).get(role, RoleSampling())
             check_trained_sampling(role, sampling.temperature, sampling.top_p)
         if (trainer := stale_sampling_tis(self.trainer, self.loop)) is not self.trainer:
             self.trainer = trainer  # k >= 1: truncated IS on, and config.yaml shows it
@@ -103,20 +134,44 @@ class OATGRPOConfig(ConfigModel):
 # tasks and engines
 
 
-def load_sam_tasks(cfg: TaskSetConfig, prefix: str) -> list[SamTask]:
-    """The SAM tasks of a task set (see :func:`memrl.data.tasks.load_tasks`)."""
-    if cfg.family not in SAM_FAMILIES:
-        raise ConfigError(f"OAT-GRPO trains the SAM memory model: task family must be one of {SAM_FAMILIES}, "
-                          f"got {cfg.family!r}")
-    return [t for t in load_tasks(cfg, prefix) if isinstance(t, SamTask)]
+def default_memory(tasks: TaskSetConfig) -> str:
+    """The memory system a task family runs by default (an episode function or an HTTP agent owns its memory:
+    ``external`` only carries the sampling of its roles)."""
+    reg = family_of(tasks)
+    if reg.extra.get("kind") in ("episode", "http"):
+        return "external"
+    return reg.extra.get("memory") or "long_context"
+
+
+def load_sam_tasks(cfg: TaskSetConfig, prefix: str) -> list[Any]:
+    """The tasks of a task set (kept under its old name: any registered family, see
+    :func:`memrl.data.tasks.load_tasks`)."""
+    return load_tasks(cfg, prefix)
 
 
 def check_inputs(cfg: OATGRPOConfig) -> None:
-    """Checks only this command knows (the generic ones are in launch/preflight.py): both task sets are SAM tasks."""
+    """Checks only this command knows (the generic ones are in launch/preflight.py), before any run folder exists:
+    both task sets resolve to a family, the family has a reasoner (or one is configured), and the committee term has
+    references (the family's oracle, or ``committee.references``)."""
     for key, tasks in (("train_tasks", cfg.train_tasks), ("eval_tasks", cfg.eval_tasks)):
-        if tasks.family not in SAM_FAMILIES:
-            raise ConfigError(f"{key}.family={tasks.family!r}: OAT-GRPO trains the SAM memory model; use one of "
-                              f"{SAM_FAMILIES}")
+        try:
+            family_of(tasks)
+        except ComponentError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+    reg = family_of(cfg.train_tasks)
+    kind = reg.extra.get("kind", "env")
+    if kind in ("env", "gym") and cfg.reasoner is None and cfg.placement.reasoner is None \
+            and not reg.extra.get("reasoner"):
+        raise ConfigError(f"train_tasks: family {cfg.train_tasks.family!r} has no registered reasoner: set reasoner "
+                          f"(an engine; a scripted one names its policy by registered name or import path)")
+    if kind in ("env", "gym") and getattr(cfg.memory, "name", "") == "external":
+        raise ConfigError("memory: external is the memory of an episode function or an HTTP agent; a "
+                          f"{kind} family runs a memory system (e.g. memory: {{name: sam}} or your own by entry)")
+    committee_used = bool(cfg.credit.weight_of("committee"))
+    if committee_used and not cfg.committee.references and not cfg.placement.committee and not reg.extra.get("oracle"):
+        raise ConfigError(f"credit: the committee term needs reference engines, and task family "
+                          f"{cfg.train_tasks.family!r} has no oracle: set committee.references, or drop the committee "
+                          f"term (its weight 0)")
 
 
 def default_reasoner(tokenizer: str, seed: int) -> EngineConfig:
@@ -127,10 +182,20 @@ def default_reasoner(tokenizer: str, seed: int) -> EngineConfig:
     )
 
 
-def default_oracle(tokenizer: str, seed: int) -> EngineConfig:
-    """The SAM oracle expert without noise: the offline committee's reference."""
-    return EngineConfig(backend="scripted", name="sam-oracle", scripted_policy="memrl.data.experts.sam:SamOracle",
+def family_reasoner(tasks: TaskSetConfig, tokenizer: str, seed: int) -> EngineConfig:
+    """The task family's registered scripted reasoner (SAM's: :func:`default_reasoner`) with the policy's tokenizer;
+    an episode/HTTP family without one gets a reasoner that refuses calls (its agent brings its own)."""
+    name = family_of(tasks).extra.get("reasoner")
+    if name == "sam":
+        return default_reasoner(tokenizer, seed)
+    return EngineConfig(backend="scripted", name="reasoner", scripted_policy=name or NO_REASONER,
                         tokenizer=tokenizer, seed=seed)
+
+
+def default_oracle(tokenizer: str, seed: int, oracle: str = "memrl.data.experts.sam:SamOracle") -> EngineConfig:
+    """The task family's oracle expert without noise (SAM's by default): the offline committee's reference."""
+    name = "sam-oracle" if oracle.endswith(":SamOracle") else "oracle"
+    return EngineConfig(backend="scripted", name=name, scripted_policy=oracle, tokenizer=tokenizer, seed=seed)
 
 
 def served_engine(served: ServedModel, client: EngineConfig | None, name: str) -> EngineConfig:
@@ -151,14 +216,15 @@ def resolve_engines(cfg: OATGRPOConfig) -> tuple[EngineConfig, list[EngineConfig
     """(reasoner, committee references, judge): ``placement``'s served models where set (the Slurm script fills them
     with the endpoints it starts), else the recipe's own engines; no references means the SAM oracle expert."""
     place = cfg.placement
-    reasoner = cfg.reasoner or default_reasoner(cfg.policy.base, cfg.run.seed)
+    reasoner = cfg.reasoner or family_reasoner(cfg.train_tasks, cfg.policy.base, cfg.run.seed)
     if place.reasoner is not None:
         reasoner = served_engine(place.reasoner, cfg.reasoner, "reasoner")
     own = cfg.committee.references
     references = [served_engine(s, own[min(i, len(own) - 1)] if own else None, f"committee:{s.model}")
                   for i, s in enumerate(place.committee)] or list(own)
-    if not references:
-        references = [default_oracle(cfg.policy.base, cfg.run.seed)]
+    oracle = family_of(cfg.train_tasks).extra.get("oracle")
+    if not references and oracle:
+        references = [default_oracle(cfg.policy.base, cfg.run.seed, oracle)]
     judge = cfg.committee.judge
     if place.judge is not None:
         judge = served_engine(place.judge, cfg.committee.judge, "judge")
@@ -178,21 +244,23 @@ def policy_engine_config(cfg: OATGRPOConfig) -> EngineConfig:
 
 
 def summarize_eval(result: dict[str, Any]) -> dict[str, Any]:
-    """Flat metrics of :func:`memrl.rollout.evaluation.tasks.evaluate_sam_memory`: success sampled (the policy as
-    trained) and greedy, overall and per horizon, and tokens per task."""
+    """Flat metrics of :func:`memrl.rollout.evaluation.tasks.evaluate_memory`: success sampled (the policy as
+    trained) and greedy, overall and per horizon, tokens per task, and failed episodes when any failed."""
     out: dict[str, Any] = {
         "success": result["success_sampled"],
         "success_greedy": result["success_greedy"],
         "reasoner_tokens_per_task": result["reasoner_tokens_per_task"],
         "memory_tokens_per_task": result["memory_tokens_per_task"],
     }
+    if result.get("failed_episodes"):
+        out["failed_episodes"] = result["failed_episodes"]
     for horizon, values in result["by_horizon"].items():
         out[f"success/{horizon}"] = values["success_sampled"]
         out[f"success_greedy/{horizon}"] = values["success_greedy"]
     return out
 
 
-def iteration_batch(tasks: list[SamTask], size: int, seed: int, iteration: int) -> list[SamTask]:
+def iteration_batch(tasks: list[Any], size: int, seed: int, iteration: int) -> list[Any]:
     """The tasks of an iteration: a pure function of (seed, iteration), reshuffled every pass over the set."""
     per_epoch = max(len(tasks) // size, 1)
     epoch, index = divmod(iteration, per_epoch)
@@ -213,12 +281,12 @@ class TreeScorer:
     enabled: bool = True
 
     def __call__(self) -> Scorer:
+        if not self.enabled:
+            return lambda trees: {}
         committee = Committee(self.settings, [build_sticky_engine(c) for c in self.references],
                               build_sticky_engine(self.judge) if self.judge is not None else None)
 
         def score(trees: list[MemoryCallTree]) -> dict[str, Any]:
-            if not self.enabled:
-                return {}
             cstats = committee.score(trees)
             # counts add up over workers; the mean score is rebuilt from its sum and count by the driver
             return {**cstats.metrics(), "committee_score_sum": sum(cstats.scores),
@@ -228,16 +296,17 @@ class TreeScorer:
 
 
 @dataclass
-class SamTreeRollout:
-    """Starts a worker's rollouts: ``(task, rollout id, seed) -> Rollout`` under the recipe's memory config."""
+class TaskTreeRollout:
+    """Starts a worker's rollouts: ``(task, rollout id, seed) -> rollout`` of any task family under the recipe's
+    memory config (:func:`memrl.rollout.agents.task_rollout`)."""
 
-    memory: SamConfig
+    memory: Any
 
-    def __call__(self, task: SamTask, rollout_id: str, seed: int) -> Rollout:
-        return sam_rollout(task, self.memory, seed=seed, rollout_id=rollout_id)
+    def __call__(self, task: Any, rollout_id: str, seed: int) -> Rollout:
+        return task_rollout(task, self.memory, seed=seed, rollout_id=rollout_id)
 
 
-def collection_metrics(batch: list[SamTask], results: list[FleetResult]) -> dict[str, Any]:
+def collection_metrics(batch: list[Any], results: list[FleetResult]) -> dict[str, Any]:
     """An iteration's metrics from the trees the fleet built (summed over workers and dynamic-sampling rounds)."""
     trees = [t for r in results for t in r.trees]
     leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
@@ -248,6 +317,9 @@ def collection_metrics(batch: list[SamTask], results: list[FleetResult]) -> dict
         "reasoner_tokens": sum(t.reasoner_usage.spent for t in trees),
         "rerun_tasks": sum(r.reruns for r in results),
     }
+    for key in FAILURE_STATS:  # episodes whose environment or agent raised or timed out (each a failed leaf)
+        if count := sum(int(n.metadata.get("stats", {}).get(key, 0)) for n in leaves):
+            metrics[key] = count
     for r in results:
         for key, value in r.metrics.items():
             metrics[key] = metrics.get(key, 0) + value if isinstance(value, (int, float)) else value
@@ -258,8 +330,8 @@ def collection_metrics(batch: list[SamTask], results: list[FleetResult]) -> dict
     return metrics
 
 
-def extra_tasks(tasks: list[SamTask], taken: set[str], size: int, seed: int, iteration: int,
-                round_: int) -> list[SamTask]:
+def extra_tasks(tasks: list[Any], taken: set[str], size: int, seed: int, iteration: int,
+                round_: int) -> list[Any]:
     """Dynamic sampling's next tasks: ``size`` training tasks not yet in the iteration, a pure function of (seed,
     iteration, round) so a resumed run draws the same."""
     free = [t for t in tasks if t.task_id not in taken]
@@ -274,9 +346,9 @@ class _Collected:
     groups or ``tree.max_extra_trees`` extra trees were built (what it stopped at is logged)."""
 
     pending: Any
-    batch: list[SamTask]
-    more: Callable[[int, list[SamTask]], Any]  # (round, tasks) -> trees in flight
-    pool: list[SamTask]
+    batch: list[Any]
+    more: Callable[[int, list[Any]], Any]  # (round, tasks) -> trees in flight
+    pool: list[Any]
     tree: TreeConfig
     seed: int
     iteration: int
@@ -346,8 +418,8 @@ class OATRun:
     trainer: GroupTrainer
     fleet: Any
     loop: OnlineLoop
-    train_tasks: list[SamTask]
-    eval_tasks: list[SamTask]
+    train_tasks: list[Any]
+    eval_tasks: list[Any]
     logger: MetricsLogger
     own_logger: bool
     last_eval: dict[str, Any]
@@ -358,9 +430,9 @@ class OATRun:
         if cfg.reasoner_token_budget is not None and self.spent_before(iteration) >= cfg.reasoner_token_budget:
             return [], {"budget_exhausted": 1}  # no rollouts, no update: the equal-budget comparisons stop here
         batch = iteration_batch(self.train_tasks, cfg.tasks_per_iteration, cfg.run.seed, iteration)
-        rollout, seed = SamTreeRollout(cfg.memory), job_seed(cfg, iteration)
+        rollout, seed = TaskTreeRollout(cfg.memory), job_seed(cfg, iteration)
 
-        def more(round_: int, tasks: list[SamTask]) -> Any:
+        def more(round_: int, tasks: list[Any]) -> Any:
             return self.fleet.submit(iteration, tasks, seed + 104_729 * round_, rollout)
 
         return _Collected(self.fleet.submit(iteration, batch, seed, rollout), batch, more, self.train_tasks,
@@ -378,8 +450,9 @@ class OATRun:
         if self.last_eval.get("version") == self.trainer.version:  # no update since (budget spent): the same policy
             return dict(self.last_eval["result"])
         cfg, tasks = self.cfg, self.eval_tasks
-        result = self.fleet.call_one(lambda engine, reasoner: summarize_eval(evaluate_sam_memory(
-            tasks, engine, cfg.memory, samples=cfg.eval_samples, reasoner=reasoner, seed=cfg.run.seed)))
+        result = self.fleet.call_one(lambda engine, reasoner: summarize_eval(evaluate_memory(
+            tasks, EngineSet(reasoner=reasoner, memory=engine), cfg.memory, samples=cfg.eval_samples,
+            seed=cfg.run.seed)))
         self.last_eval.update(version=self.trainer.version, result=result)
         return result
 
@@ -389,6 +462,7 @@ class OATRun:
             self.logger.close()
         if self.fleet is not None:
             self.fleet.close()
+        close_drivers()  # HTTP agents this process started, and its model endpoint
 
 
 def job_seed(cfg: OATGRPOConfig, iteration: int) -> int:
@@ -397,7 +471,7 @@ def job_seed(cfg: OATGRPOConfig, iteration: int) -> int:
 
 
 def setup_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None,
-                   eval_tasks: list[SamTask] | None = None, accelerator: Any = None,
+                   eval_tasks: list[Any] | None = None, accelerator: Any = None,
                    initial_eval: dict[str, Any] | None = None) -> OATRun:
     """The trainer, the engines (a fleet of rollout workers, each building trees and scoring them with the
     committee), the task sets and the loop of an OAT-GRPO run."""
@@ -414,7 +488,7 @@ def setup_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger |
         settings = settings.model_copy(update={"cache_dir": str(run_dir / "committee_cache")})
     spec = WorkerSpec(
         policy=policy_engine_config(cfg), reasoner=reasoner_cfg, tree=cfg.tree, config_hash=config_hash(cfg),
-        make_scorer=TreeScorer(reference_cfgs, judge_cfg, settings, enabled=bool(cfg.credit.committee_weight)),
+        make_scorer=TreeScorer(reference_cfgs, judge_cfg, settings, enabled=bool(cfg.credit.weight_of("committee"))),
         weight_transfer="nccl" if in_memory else None,
     )
     fleet = build_fleet(spec, cfg.fleet, cfg.placement.policy) if main else None
@@ -431,7 +505,7 @@ def setup_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger |
 
 
 def train_oat_grpo(
-    cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None, eval_tasks: list[SamTask] | None = None,
+    cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None, eval_tasks: list[Any] | None = None,
     accelerator: Any = None, initial_eval: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The loop behind ``memrl train oat-grpo`` (also called by the quickstart, which passes its own logger and a

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import Field
 
+from memrl.data.registry import register_task
 from memrl.data.tasks.sam import SamTask, SamTaskParams
 
 __all__ = ["DIALOGUE_SPLITS", "DIALOGUE_TASK", "DialogueParams", "DialogueTask", "narrate"]
@@ -122,6 +123,8 @@ class DialogueParams(SamTaskParams):
     small_talk: float = Field(0.7, ge=0, le=1, description="chance that a session adds an exchange of small talk")
 
 
+@register_task("dialogue", params=DialogueParams, section="dialogue", reasoner="sam", memory="sam",
+               oracle="memrl.data.experts.sam:SamOracle")
 class DialogueTask(SamTask):
     """A SAM episode as an English conversation (module docstring); the agent loop's SAM interface unchanged."""
 

@@ -37,6 +37,7 @@ from memrl.data.formats import (
     parse_tool_calls,
     render_tool_call,
 )
+from memrl.data.registry import register_reasoner, register_task
 from memrl.data.schemas import Episode, QAPair, Turn
 from memrl.data.tasks.common import SpecTask, content_of, normalize_answer, role_of
 
@@ -165,6 +166,8 @@ SAM_SETTINGS: dict[str, SamSetting] = {
 }
 
 
+@register_task("sam", params=SamTaskParams, section="sam", reasoner="sam", memory="sam",
+               oracle="memrl.data.experts.sam:SamOracle")
 class SamTask(SpecTask):
     """One SAM episode (see the module docstring). Deterministic for (params, seed); survives ``copy.deepcopy``."""
 
@@ -363,6 +366,17 @@ class SamTask(SpecTask):
         """Normalised exact match of ``answer`` against the gold answer."""
         return float(normalize_answer(answer) == normalize_answer(self.answer))
 
+    @property
+    def horizon_label(self) -> str:
+        """The horizon in per-horizon breakdowns (``12 steps``, ``4096 tok``)."""
+        p = self.params
+        return f"{p.horizon_steps} steps" if p.horizon_steps is not None else f"{p.target_tokens} tok"
+
+    def rollout_metadata(self, system: Any, config: Any) -> dict[str, Any]:
+        """The episode metadata of a rollout (the oracle expert's view of the true state; never shown to a model)."""
+        return {"family": "sam", "memory": system.name, "gold_entities": list(self.gold_entities),
+                "evidence_steps": list(self.evidence_turns)}
+
     def snapshot(self) -> Any:
         """The episode's state (world + tour position)."""
         return copy.deepcopy((self.env.snapshot(), self.pos))
@@ -459,6 +473,7 @@ def _term_set(text: str) -> set[str]:
     return set(re.findall(r"[a-z]+|\d+", text.lower())) - {"the", "a", "an", "is", "in", "where", "which", "that"}
 
 
+@register_reasoner("sam")
 class SamReasoner:
     """The scripted frozen reasoner of SAM tasks (a :class:`~memrl.data.schemas.ScriptedPolicy`).
 

@@ -16,16 +16,17 @@ __all__ = ["QA_KINDS", "TASK_SYSTEMS", "DatasetSpec", "EvalConfig", "ModelSpec",
 
 
 QA_KINDS = ("ama_synthetic", "amabench", "locomo", "memoryarena", "generic")
-TASK_SYSTEMS = {"sam": ("sam", "long_context", "bm25", "embedding"), "proactive": ("proactive",)}
+TASK_SYSTEMS = {"sam": ("sam", "long_context", "bm25", "embedding"), "proactive": ("proactive",), "tasks": ()}
+"""Task dataset kinds and the memory systems they run (``tasks``: whatever its family runs, see ``incompatible``)."""
 
 
 class DatasetSpec(ConfigModel):
     """One dataset: synthetic AMA-format episodes, a file in a public format, or a family of interactive tasks."""
 
     name: str = Field(min_length=1)  # label of the dataset in results
-    kind: Literal["ama_synthetic", "amabench", "locomo", "memoryarena", "generic", "sam", "proactive"] = Field(
-        description="synthetic AMA episodes, a file in a public format (path), or a task family (tasks)"
-    )
+    kind: Literal["ama_synthetic", "amabench", "locomo", "memoryarena", "generic", "sam", "proactive", "tasks"] = \
+        Field(description="synthetic AMA episodes, a file in a public format (path), a built-in task family (sam, "
+                          "proactive), or tasks of any registered family (tasks, e.g. a Gym env by entry)")
     path: str | None = None  # the file of amabench / locomo / memoryarena / generic
     envs: list[str] = ["textworld"]  # ama_synthetic: environments
     target_tokens: list[int] = [1000]  # ama_synthetic: trajectory lengths (the horizon breakdown)
@@ -34,7 +35,8 @@ class DatasetSpec(ConfigModel):
     noise: float = Field(0.1, ge=0, le=1)  # ama_synthetic: action noise of the trajectory policy
     env_params: dict[str, Any] = {}  # ama_synthetic: environment parameters
     seed: int = 0  # seed of the first synthetic episode (or default task set)
-    tasks: TaskSetConfig | None = None  # sam / proactive: the task set (default: the family's defaults)
+    tasks: TaskSetConfig | None = None  # sam / proactive / tasks: the task set (sam, proactive: default the family's)
+    reasoner: EngineConfig | None = None  # tasks: the frozen reasoner (default: the family's registered scripted one)
     samples: int = Field(0, ge=0, description="tasks: sampled runs per task beside the greedy one")
     temperature: float | None = Field(None, ge=0, description="tasks: sampling temperature (None: the config's)")
     max_episodes: int | None = Field(None, ge=1)  # episodes (or tasks) used at most; None: all
@@ -46,6 +48,10 @@ class DatasetSpec(ConfigModel):
             raise ValueError(f"dataset kind {self.kind!r} needs 'path'")
         if self.tasks is not None and self.kind in ("sam", "proactive") and self.tasks.family != self.kind:
             raise ValueError(f"tasks.family must be {self.kind!r} for a {self.kind} dataset")
+        if self.kind == "tasks" and self.tasks is None:
+            raise ValueError("dataset kind 'tasks' needs 'tasks' (the task set: family or entry, count, seed)")
+        if self.reasoner is not None and self.kind != "tasks":
+            raise ValueError("'reasoner' applies to a dataset of kind 'tasks' (the built-in families use their own)")
         return self
 
 

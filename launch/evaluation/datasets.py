@@ -23,7 +23,7 @@ def check_inputs(cfg: EvalConfig) -> None:
             raise ConfigError(f"{key}: the list is empty, so there is nothing to evaluate; name at least one")
     for i, spec in enumerate(cfg.datasets):
         key = f"datasets.{i}.path"
-        if spec.kind in ("ama_synthetic", "sam", "proactive"):
+        if spec.kind in ("ama_synthetic", "sam", "proactive", "tasks"):
             continue  # generated (counts are bounded) or a task set the generic checks read
         path = dataset_path(spec, cfg.data_dir)
         if path is None:
@@ -50,7 +50,7 @@ def dataset_path(spec: DatasetSpec, data_dir: str | None = None) -> Path | None:
 
 def load_dataset(spec: DatasetSpec, data_dir: str | None = None) -> list[Any]:
     """The episodes (QA kinds) or tasks (``sam`` / ``proactive``) of a dataset."""
-    if spec.kind in ("sam", "proactive"):
+    if spec.kind in ("sam", "proactive", "tasks"):
         tasks_cfg = spec.tasks or TaskSetConfig(family=spec.kind, count=8, seed=spec.seed)
         tasks = load_tasks(tasks_cfg, prefix=spec.name)
         return tasks[: spec.max_episodes] if spec.max_episodes else tasks
@@ -73,7 +73,7 @@ def load_dataset(spec: DatasetSpec, data_dir: str | None = None) -> list[Any]:
 
 def items_of(spec: DatasetSpec, data: list[Any]) -> int:
     """How many records a dataset yields per system and model (questions, or task runs): a progress bar's total."""
-    if spec.kind in ("sam", "proactive"):
+    if spec.kind in ("sam", "proactive", "tasks"):
         return len(data) * (1 + spec.samples)
     per = spec.max_questions
     return sum(min(len(e.qa_pairs), per) if per else len(e.qa_pairs) for e in data)

@@ -119,9 +119,27 @@ def make_scorer(ama_judge: JudgeScorer, locomo_judge: JudgeScorer | None) -> Sco
 
 
 
-def task_engines(kind: str, tasks: list[Any], engines: EvalEngines, memory: Engine | None) -> EngineSet:
-    """The engines of a task dataset: its family's scripted reasoner (action agent) and the memory model, by default
-    the family's oracle expert."""
+def task_engines(spec: Any, tasks: list[Any], engines: EvalEngines, memory: Engine | None) -> EngineSet:
+    """The engines of a task dataset: its family's scripted reasoner (action agent; ``spec.reasoner`` for a ``tasks``
+    dataset when set) and the memory model, by default the family's oracle expert."""
+    kind = spec.kind
+    if kind == "tasks":
+        from memrl.data.registry import ComponentError, import_entry
+        from memrl.data.tasks import family_of
+        from memrl.rollout.engines.config import load_scripted_policy
+
+        reg = family_of(spec.tasks)
+        if spec.reasoner is not None:
+            reasoner = engines.build(spec.reasoner)
+        else:
+            reasoner = engines.scripted(load_scripted_policy(reg.extra.get("reasoner") or
+                                                             "memrl.rollout.episodes:NoReasoner"), "reasoner")
+        if memory is None:
+            if not reg.extra.get("oracle") or reg.extra.get("memory") == "proactive":
+                raise ComponentError(f"dataset {spec.name!r}: family {spec.tasks.family!r} has no oracle expert to "
+                                     f"stand in for 'engine: null': give the model an engine")
+            memory = engines.scripted(import_entry(reg.extra["oracle"], "oracle expert")(), "oracle")
+        return EngineSet(reasoner=reasoner, memory=memory)
     if kind == "sam":
         from memrl.data.experts.sam import SamOracle
         from memrl.data.tasks.sam import SamReasoner

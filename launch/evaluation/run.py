@@ -31,6 +31,20 @@ __all__ = ["evaluate", "load_results", "run_eval"]
 log = logging.getLogger(__name__)
 
 
+
+def incompatible(spec: Any, memory: str) -> str | None:
+    """Why a dataset cannot run a memory system (None: it can)."""
+    if spec.kind in ("sam", "proactive") and memory not in TASK_SYSTEMS[spec.kind]:
+        return f"{spec.kind} tasks run {', '.join(TASK_SYSTEMS[spec.kind])} only"
+    if spec.kind == "tasks":
+        from memrl.data.tasks import family_of
+
+        own_loop = family_of(spec.tasks).extra.get("kind") in ("episode", "http")
+        if own_loop != (memory == "external"):
+            return ("an episode function or an HTTP agent runs its own memory (memory: external)" if own_loop else
+                    "memory: external is for episode functions and HTTP agents")
+    return None
+
 def run_eval(cfg: EvalConfig) -> int:
     """``memrl eval``: run (or resume) the evaluation into the run directory and print the report's main tables."""
     run_dir = prepare_run_dir(cfg, cfg.run, "eval")
@@ -65,9 +79,8 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
         for spec in cfg.datasets:
             data = load_dataset(spec, cfg.data_dir)
             for system in cfg.systems:
-                if spec.kind in TASK_SYSTEMS and system.memory.name not in TASK_SYSTEMS[spec.kind]:
-                    skipped.append(f"{spec.name} x {system.name}: {spec.kind} tasks run "
-                                   f"{', '.join(TASK_SYSTEMS[spec.kind])} only")
+                if (why := incompatible(spec, system.memory.name)) is not None:
+                    skipped.append(f"{spec.name} x {system.name}: {why}")
                     continue
                 for model in cfg.models:
                     bar = progress_bar(total=items_of(spec, data), desc=f"{spec.name} {system.name} {model.name}",
@@ -83,7 +96,7 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
                             on_progress=bar.update,
                         )
                     else:
-                        engine_set = task_engines(spec.kind, data, engines, engines.memory_model(model))
+                        engine_set = task_engines(spec, data, engines, engines.memory_model(model))
                         records = run_tasks(
                             data, system.memory, engine_set, dataset=spec.name, system=system.name,
                             model=model.name, samples=spec.samples, temperature=spec.temperature, skip=done,

@@ -7,7 +7,6 @@ finds. API keys never appear in a config: an endpoint names the environment vari
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any, Literal
 
@@ -166,14 +165,14 @@ def place_policy_engine(engine: EngineConfig, placement: PolicyPlacement, *, gpu
 
 
 def load_scripted_policy(path: str, kwargs: dict[str, Any] | None = None) -> ScriptedPolicy:
-    """Instantiate a scripted policy from an import path ``"package.module:Class"`` with keyword arguments."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"scripted_policy must look like 'package.module:Class', got {path!r}")
-    target: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        target = getattr(target, part)
-    policy = target(**(kwargs or {}))
-    if not callable(getattr(policy, "respond", None)):
-        raise TypeError(f"{path} does not implement ScriptedPolicy (no respond method)")
-    return policy
+    """Instantiate a scripted policy (a reasoner registered with ``@register_reasoner``, by name: ``sam``,
+    ``action_agent``, ...; or any class by import path ``"package.module:Class"``) with keyword arguments."""
+    import memrl.data.tasks  # noqa: F401 - registers the built-in reasoners
+    from memrl.data.registry import REASONERS, check_protocol, is_entry
+
+    target = REASONERS.get(path).obj if is_entry(path) or path in REASONERS else None
+    if target is None:
+        raise ConfigError(f"scripted_policy {path!r}: not a registered reasoner ({', '.join(REASONERS.names())}) "
+                          f"nor an import path 'package.module:Class'")
+    check_protocol(target, "reasoner", methods=("respond",))
+    return target(**(kwargs or {}))

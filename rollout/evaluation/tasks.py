@@ -1,29 +1,32 @@
-"""Task evaluation (the SAM and proactive task families): the agent loop runs each task with the family's scripted
-frozen agent; the item's outcome is the task's verifier (success / pass). With ``samples`` > 0 each task also runs
-that many times with the memory model sampled (temperature from its config, or ``temperature``), beside one greedy
-run. :func:`evaluate_sam_memory` is the in-process entry point the trainers and the quickstart use.
+"""Task evaluation (any registered task family: SAM, proactive, a user's Gym environment, episode function or HTTP
+agent): the agent loop runs each task with a frozen reasoner (the family's scripted one, or any engine); the item's
+outcome is the task's verifier (success / pass). With ``samples`` > 0 each task also runs that many times with the
+memory model sampled (temperature from its config, or ``temperature``), beside one greedy run.
+:func:`evaluate_memory` is the in-process entry point the trainers use (:func:`evaluate_sam_memory` the same with
+SAM's scripted reasoner and oracle; the quickstart's).
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from memrl.data.config import ConfigModel
 from memrl.data.tasks.proactive import ProactiveTask
 from memrl.data.tasks.sam import SamTask
-from memrl.rollout.agents import build_proactive_rollout
+from memrl.rollout.agents import task_rollout
 from memrl.rollout.engines.base import Engine
 from memrl.rollout.evaluation.records import Scorer, chunks, item_key, scored, usage_dict
 from memrl.rollout.evaluation.stats import mean_or_none
-from memrl.rollout.loop import EngineSet, Rollout, run_rollouts
+from memrl.rollout.loop import EngineSet, run_rollouts
 from memrl.rollout.memory.embedders import Embedder
 from memrl.rollout.memory.proactive import ProactiveConfig
 from memrl.rollout.memory.registry import MemoryConfig
 from memrl.rollout.memory.sam import TokenCounter
 
-__all__ = ["evaluate_sam_memory", "run_tasks"]
+__all__ = ["FAILURE_STATS", "evaluate_memory", "evaluate_sam_memory", "run_tasks"]
+
+FAILURE_STATS = ("env_errors", "episode_errors", "episode_timeouts")
+"""Run statistics that mark an episode as failed (its environment or agent raised or timed out)."""
 
 
 def _with_temperature(memory: MemoryConfig, temperature: float | None) -> MemoryConfig:
@@ -34,15 +37,14 @@ def _with_temperature(memory: MemoryConfig, temperature: float | None) -> Memory
     return memory.model_copy(update={"sampling": roles})
 
 
-def _task_horizon(task: SamTask | ProactiveTask) -> str:
-    if isinstance(task, SamTask):
-        p = task.params
-        return f"{p.horizon_steps} steps" if p.horizon_steps is not None else f"{p.target_tokens} tok"
-    return f"{task.params.n_subtasks} subtasks"
+def _task_horizon(task: Any) -> str:
+    """A task's horizon label for per-horizon breakdowns (its ``horizon_label``, else its family)."""
+    label = getattr(task, "horizon_label", None)
+    return str(label) if label else str(getattr(task, "family", "task"))
 
 
 def run_tasks(
-    tasks: Sequence[SamTask | ProactiveTask],
+    tasks: Sequence[Any],
     memory: MemoryConfig,
     engines: EngineSet,
     *,
@@ -62,8 +64,9 @@ def run_tasks(
 ) -> Iterator[dict[str, Any]]:
     """Run each task once greedily (memory roles at temperature 0; ``greedy=False`` skips it) and ``samples`` times
     sampled (at ``temperature``, default the config's) with the family's scripted agent; yield one record per run
-    not in ``skip``. The outcome is the task's verifier; SAM tasks take SAM or a baseline, proactive tasks the
-    proactive agent."""
+    not in ``skip``. The outcome is the task's verifier (:func:`memrl.rollout.agents.task_rollout` builds every run).
+    An episode that failed (its environment or agent raised or timed out) is an outcome of 0 with its counts in
+    ``stats``."""
     runs = (["greedy"] if greedy else []) + [f"sample{k}" for k in range(samples)]
     configs = {"greedy": _with_temperature(memory, 0.0)}
     configs.update({r: _with_temperature(memory, temperature) for r in runs if r != "greedy"})
@@ -88,15 +91,58 @@ def run_tasks(
         yield from scored(records, scorer, on_progress)
 
 
-def _task_rollout(task: SamTask | ProactiveTask, memory: MemoryConfig, run: str, seed: int,
-                  count_tokens: TokenCounter | None, embedder: Embedder | None) -> Rollout:
-    if isinstance(task, ProactiveTask):
-        if not isinstance(memory, ProactiveConfig):
-            raise ValueError(f"proactive tasks run the proactive agent, not {memory.name!r}")
-        return build_proactive_rollout(copy.deepcopy(task), memory, seed=seed, rollout_id=run)
-    from memrl.rollout.agents import sam_rollout
+def _task_rollout(task: Any, memory: MemoryConfig, run: str, seed: int, count_tokens: TokenCounter | None,
+                  embedder: Embedder | None) -> Any:
+    if isinstance(task, ProactiveTask) and not isinstance(memory, ProactiveConfig):
+        raise ValueError(f"proactive tasks run the proactive agent, not {memory.name!r}")
+    return task_rollout(task, memory, seed=seed, rollout_id=run, count_tokens=count_tokens, embedder=embedder)
 
-    return sam_rollout(task, memory, seed=seed, rollout_id=run, count_tokens=count_tokens, embedder=embedder)
+
+def evaluate_memory(
+    tasks: Sequence[Any],
+    engines: EngineSet,
+    memory: MemoryConfig | dict[str, Any],
+    *,
+    samples: int = 1,
+    temperature: float | None = None,
+    seed: int = 0,
+    count_tokens: TokenCounter | None = None,
+    tasks_per_batch: int = 256,
+    progress: str | None = "eval",
+    dataset: str = "tasks",
+) -> dict[str, Any]:
+    """Evaluate a memory model (``engines.memory``) inside the memory system ``memory`` on tasks of any family, in
+    process: one greedy run and ``samples`` sampled runs per task, ``tasks_per_batch`` runs in flight at once (one
+    batched engine call per wavefront). Returns ``success_greedy``, ``success_sampled`` (None without samples),
+    reasoner and memory tokens per task (``spent`` and prompt + completion), per-horizon success, the failed
+    episodes (``failed_episodes``) and the records."""
+    from memrl.data.tracking import progress_bar
+    from memrl.rollout.memory.registry import parse_memory_config
+
+    cfg = parse_memory_config(memory)
+    with progress_bar(total=len(tasks) * (1 + samples), desc=progress, disable=progress is None, leave=False) as bar:
+        records = list(run_tasks(tasks, cfg, engines, dataset=dataset, system=cfg.name, model="model",
+                                 samples=samples, temperature=temperature, seed=seed, count_tokens=count_tokens,
+                                 tasks_per_batch=tasks_per_batch, on_progress=bar.update))
+    greedy = [r for r in records if not r["sampled"]]
+    sampled = [r for r in records if r["sampled"]]
+
+    def success(rows: list[dict[str, Any]]) -> float | None:
+        return mean_or_none([float(r["outcome"] or 0.0) for r in rows])
+
+    horizons = sorted({r["horizon"] for r in records})
+    failed = sum(1 for r in records if any(r["stats"].get(k) for k in FAILURE_STATS))
+    return {
+        "success_greedy": success(greedy),
+        "success_sampled": success(sampled),
+        "reasoner_tokens_per_task": mean_or_none([r["reasoner_tokens"]["spent"] for r in greedy]),
+        "memory_tokens_per_task": mean_or_none([r["memory_tokens_answer"]["prompt"]
+                                                + r["memory_tokens_answer"]["completion"] for r in greedy]),
+        "by_horizon": {h: {"success_greedy": success([r for r in greedy if r["horizon"] == h]),
+                           "success_sampled": success([r for r in sampled if r["horizon"] == h])} for h in horizons},
+        "failed_episodes": failed,
+        "records": records,
+    }
 
 
 def evaluate_sam_memory(
@@ -117,32 +163,13 @@ def evaluate_sam_memory(
     task, ``tasks_per_batch`` runs in flight at once (one batched engine call per wavefront). ``memory_engine`` None
     uses the SAM oracle expert. Returns ``success_greedy``, ``success_sampled`` (None without samples), reasoner and
     memory tokens per task (``spent`` and prompt + completion), per-horizon success and the records."""
-    from memrl.data.tracking import progress_bar
     from memrl.rollout.agents import sam_engines
-    from memrl.rollout.memory.registry import parse_memory_config
 
-    cfg = parse_memory_config(memory or {"name": "sam"}) if not isinstance(memory, ConfigModel) else memory
     engines = sam_engines(memory_engine, tokenizer=tokenizer, seed=seed)
     if reasoner is not None:
         engines = EngineSet(reasoner=reasoner, memory=engines.memory)
-    with progress_bar(total=len(tasks) * (1 + samples), desc=progress, disable=progress is None, leave=False) as bar:
-        records = list(run_tasks(tasks, cfg, engines, dataset="sam", system=cfg.name, model="model", samples=samples,
-                                 temperature=temperature, seed=seed, count_tokens=count_tokens,
-                                 tasks_per_batch=tasks_per_batch, on_progress=bar.update))
-    greedy = [r for r in records if not r["sampled"]]
-    sampled = [r for r in records if r["sampled"]]
-
-    def success(rows: list[dict[str, Any]]) -> float | None:
-        return mean_or_none([float(r["outcome"] or 0.0) for r in rows])
-
-    horizons = sorted({r["horizon"] for r in records})
-    return {
-        "success_greedy": success(greedy),
-        "success_sampled": success(sampled),
-        "reasoner_tokens_per_task": mean_or_none([r["reasoner_tokens"]["spent"] for r in greedy]),
-        "memory_tokens_per_task": mean_or_none([r["memory_tokens_answer"]["prompt"]
-                                                + r["memory_tokens_answer"]["completion"] for r in greedy]),
-        "by_horizon": {h: {"success_greedy": success([r for r in greedy if r["horizon"] == h]),
-                           "success_sampled": success([r for r in sampled if r["horizon"] == h])} for h in horizons},
-        "records": records,
-    }
+    result = evaluate_memory(tasks, engines, memory or {"name": "sam"}, samples=samples, temperature=temperature,
+                             seed=seed, count_tokens=count_tokens, tasks_per_batch=tasks_per_batch, progress=progress,
+                             dataset="sam")
+    result.pop("failed_episodes")
+    return result

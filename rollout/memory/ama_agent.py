@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
-from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, register_memory
 from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
 from memrl.rollout.memory.prompts_ama import (
     AMA_REASONER_SYSTEM,
@@ -54,7 +54,7 @@ from memrl.rollout.memory.prompts_ama import (
 from memrl.rollout.memory.sandbox import SandboxConfig, run_script
 from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
 
-__all__ = ["AMAConfig", "AMAMemory", "StateNode"]
+__all__ = ["AMAConfig", "AMAMemory", "AMAMemoryConfig", "StateNode"]
 
 
 class AMAConfig(ConfigModel):
@@ -96,6 +96,13 @@ class StateNode:
     associations: list[int] = field(default_factory=list)  # undirected edges
 
 
+class AMAMemoryConfig(AMAConfig):
+    """:class:`AMAConfig` selectable by ``name: ama_agent``."""
+
+    name: Literal["ama_agent"] = "ama_agent"  # selects this memory system
+
+
+@register_memory("ama_agent", config=AMAMemoryConfig)
 class AMAMemory(JobQueueMemory):
     """AMA-Agent behind the memory-system interface (see the module docstring)."""
 

@@ -6,6 +6,10 @@ asks it for the reasoner's messages, hands it the reasoner's memory tool calls, 
 whether it needs the memory model first (:meth:`MemorySystem.next_memory_request`). Memory work that takes several
 model calls (page-by-page recall, Phase 1 then Phase 2) is an explicit state machine over plain data, so a rollout
 can be deep-copied at any pending memory call: that is how memory-call trees branch.
+
+Memory systems are registered components (:data:`MEMORY_SYSTEMS`, ``@register_memory(name, config=...)``): a config
+``memory: {name: sam, ...}`` selects a registered system, ``memory: {entry: "mypkg.memory:Notes", ...}`` a user's
+(:mod:`memrl.rollout.memory.registry` parses and builds them).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from pydantic import Field
 
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
+from memrl.data.registry import ComponentError, Registry, check_protocol
 from memrl.data.schemas import MemoryCall, Message
 
-__all__ = ["MemoryRequest", "MemorySystem", "RoleSampling", "ToolResult", "Turn"]
+__all__ = ["MEMORY_SYSTEMS", "MemoryConfigBase", "MemoryRequest", "MemorySystem", "RoleSampling", "ToolResult", "Turn",
+           "register_memory"]
 
 
 class RoleSampling(ConfigModel):
@@ -106,3 +112,36 @@ class MemorySystem(abc.ABC):
     def active_context_tokens(self, count_tokens: Any) -> int:
         """Tokens of the reasoner's active context, for the context-scaling benchmark."""
         return sum(count_tokens(m.content) for m in self.reasoner_messages(""))
+
+
+class MemoryConfigBase(ConfigModel):
+    """The base of a user's memory-system config: ``name`` (the registered name), ``entry`` (the import path it was
+    named by, kept so every process of a run imports the same module) and per-role ``sampling``. Subclass it and add
+    your own fields; the built-in systems' configs have the same ``name`` and ``sampling`` keys."""
+
+    name: str  # the registered name of the memory system
+    entry: str | None = None  # "package.module:Class" it was named by (None: a built-in name)
+    sampling: dict[str, RoleSampling] = {}  # sampling of each memory role (temperature 1 for a trained role)
+
+
+def _check_memory(obj: Any) -> None:
+    check_protocol(obj, "memory system", methods=("reset", "on_turn", "reasoner_messages"))
+    if not (isinstance(obj, type) and issubclass(obj, MemorySystem)):
+        raise ComponentError(f"memory system {getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', obj)} "
+                             f"must subclass memrl.api.MemorySystem")
+
+
+MEMORY_SYSTEMS: Registry[Any] = Registry("memory system", _check_memory)
+"""Memory systems by name: sam, long_context, bm25, embedding, mage, memma, ama_agent, proactive, and a user's."""
+
+
+def register_memory(name: str, *, config: type | None = None) -> Any:
+    """Class decorator: a :class:`MemorySystem` selectable by ``memory: {name: NAME}`` (or by its import path as
+    ``entry``), configured by ``config`` (a config model with a ``name`` field; default :class:`MemoryConfigBase`).
+    The system is constructed as ``cls(config)`` plus the shared dependencies its ``__init__`` accepts
+    (``count_tokens``, ``embedder``)."""
+    cfg = config or MemoryConfigBase
+    if "name" not in getattr(cfg, "model_fields", {}):
+        raise ComponentError(f"memory config {cfg.__qualname__} needs a 'name' field (subclass "
+                             f"memrl.api.MemoryConfigBase)")
+    return MEMORY_SYSTEMS.decorator(name, config=cfg)

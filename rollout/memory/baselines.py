@@ -44,7 +44,7 @@ from memrl.data.formats import (
     render_sam_recalled,
 )
 from memrl.data.schemas import Message
-from memrl.rollout.memory.base import MemorySystem, ToolResult, Turn
+from memrl.rollout.memory.base import MemorySystem, ToolResult, Turn, register_memory
 from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
 from memrl.rollout.memory.sam import LiveUnit, PagedMemory, PagingConfig, TokenCounter, TokenizerCounter
 
@@ -88,6 +88,7 @@ class EmbeddingConfig(PagingConfig):
     embedder: EmbedderName = "minilm"  # minilm (all-MiniLM-L6-v2) or hashing (bag of words, no model)
 
 
+@register_memory("long_context", config=LongContextConfig)
 class LongContextMemory(MemorySystem):
     """Full history, truncated to the window (see the module docstring)."""
 
@@ -206,6 +207,7 @@ def bm25_rank(documents: list[str], query: str, k: int, *, k1: float = 1.5, b: f
     return [i for i in order[:k] if scores[i] > 0]
 
 
+@register_memory("bm25", config=BM25Config)
 class BM25Memory(RetrievalMemory):
     """BM25 retrieval over raw pages (``bm25s``); the index is built per query from the page store."""
 
@@ -221,6 +223,7 @@ class BM25Memory(RetrievalMemory):
         return bm25_rank([p.text for p in self.pages], intent, k, k1=cfg.k1, b=cfg.b)
 
 
+@register_memory("embedding", config=EmbeddingConfig)
 class EmbeddingMemory(RetrievalMemory):
     """Cosine-similarity retrieval over raw pages with a sentence embedder (shared by copies, never copied)."""
 

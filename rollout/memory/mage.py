@@ -36,12 +36,12 @@ environment itself is not rolled back by Revise (as in the paper, the agent re-e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
-from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, register_memory
 from memrl.rollout.memory.prompts_mage import (
     mage_reasoner_system,
     parse_mage_summary,
@@ -53,7 +53,7 @@ from memrl.rollout.memory.prompts_mage import (
 )
 from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
 
-__all__ = ["BottomNode", "ExecutionState", "Hints", "MageConfig", "MageMemory", "TopNode"]
+__all__ = ["BottomNode", "ExecutionState", "Hints", "MageConfig", "MageMemory", "MageMemoryConfig", "TopNode"]
 
 
 class MageConfig(ConfigModel):
@@ -116,6 +116,13 @@ class ExecutionState:
     H: Hints
 
 
+class MageMemoryConfig(MageConfig):
+    """:class:`MageConfig` selectable by ``name: mage``."""
+
+    name: Literal["mage"] = "mage"  # selects this memory system
+
+
+@register_memory("mage", config=MageMemoryConfig)
 class MageMemory(JobQueueMemory):
     """Mage behind the memory-system interface (see the module docstring)."""
 

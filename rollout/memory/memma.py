@@ -42,7 +42,7 @@ import numpy as np
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
-from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, register_memory
 from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
 from memrl.rollout.memory.prompts_memma import (
     MEMMA_REASONER_SYSTEM,
@@ -67,7 +67,7 @@ from memrl.rollout.memory.prompts_memma import (
 )
 from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
 
-__all__ = ["Entry", "MemMAConfig", "MemMAMemory", "lexical_match"]
+__all__ = ["Entry", "MemMAConfig", "MemMAMemory", "MemMAMemoryConfig", "lexical_match"]
 
 
 class MemMAConfig(ConfigModel):
@@ -123,6 +123,13 @@ def lexical_match(predicted: str, gold: str, threshold: float = 0.5) -> bool:
     return 2 * precision * recall / (precision + recall) >= threshold
 
 
+class MemMAMemoryConfig(MemMAConfig):
+    """:class:`MemMAConfig` selectable by ``name: memma``."""
+
+    name: Literal["memma"] = "memma"  # selects this memory system
+
+
+@register_memory("memma", config=MemMAMemoryConfig)
 class MemMAMemory(JobQueueMemory):
     """MemMA behind the memory-system interface (see the module docstring)."""
 

@@ -79,7 +79,7 @@ from memrl.data.formats import (
 )
 from memrl.data.schemas import MemoryCall, Message
 from memrl.data.tasks.common import as_messages
-from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn
+from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn, register_memory
 from memrl.rollout.memory.workflow import action_of, truncate
 
 __all__ = [
@@ -194,6 +194,7 @@ def _as_text(value: Any) -> str | None:
     return None
 
 
+@register_memory("proactive", config=ProactiveConfig)
 class ProactiveMemory(MemorySystem):
     """The proactive memory agent behind the memory-system interface (see the module docstring)."""
 

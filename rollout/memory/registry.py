@@ -1,109 +1,123 @@
-"""Every memory system by name: one config type (:data:`MemoryConfig`, a union discriminated by ``name``) and one
-factory (:func:`build_memory`), so a YAML ``memory: {name: sam, page_tokens: 512}`` selects and configures a system.
+"""Every memory system by name: one open config type (:data:`MemoryConfig`: the config model of the system a mapping
+names) and one factory (:func:`build_memory`), so a YAML ``memory: {name: sam, page_tokens: 512}`` selects and
+configures a registered system and ``memory: {entry: "mypkg.memory:Notes", window: 4}`` a user's.
 
-Names: ``sam``, ``long_context``, ``bm25``, ``embedding``, ``mage``, ``memma``, ``ama_agent``, ``proactive``. Mage,
-MemMA and AMA-Agent keep their own config classes; the ``*MemoryConfig`` subclasses here only add the ``name``.
+Systems register with ``@register_memory(name, config=...)`` (:mod:`memrl.rollout.memory.base`); the built-ins are
+``sam``, ``long_context``, ``bm25``, ``embedding``, ``mage``, ``memma``, ``ama_agent`` and ``proactive``, plus
+``external`` (the sampling of an episode function's or an HTTP agent's own memory calls); importing this module
+registers them all.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import inspect
+from typing import Annotated, Any
 
-from pydantic import Field, TypeAdapter
+from pydantic import BeforeValidator
 
-from memrl.rollout.memory.ama_agent import AMAConfig, AMAMemory
-from memrl.rollout.memory.base import MemorySystem
-from memrl.rollout.memory.baselines import (
-    BM25Config,
-    BM25Memory,
-    EmbeddingConfig,
-    EmbeddingMemory,
-    LongContextConfig,
-    LongContextMemory,
-)
+from memrl.data.config import ConfigModel
+from memrl.data.registry import ComponentError, Registration, is_entry
+from memrl.rollout.memory import ama_agent as _ama_agent  # noqa: F401 - registers ama_agent
+from memrl.rollout.memory import baselines as _baselines  # noqa: F401 - registers long_context, bm25, embedding
+from memrl.rollout.memory import external as _external  # noqa: F401 - registers external
+from memrl.rollout.memory import mage as _mage  # noqa: F401 - registers mage
+from memrl.rollout.memory import memma as _memma  # noqa: F401 - registers memma
+from memrl.rollout.memory import proactive as _proactive  # noqa: F401 - registers proactive
+from memrl.rollout.memory import sam as _sam  # noqa: F401 - registers sam
+from memrl.rollout.memory.ama_agent import AMAMemoryConfig
+from memrl.rollout.memory.base import MEMORY_SYSTEMS, MemoryConfigBase, MemorySystem, register_memory
 from memrl.rollout.memory.embedders import Embedder
-from memrl.rollout.memory.mage import MageConfig, MageMemory
-from memrl.rollout.memory.memma import MemMAConfig, MemMAMemory
-from memrl.rollout.memory.proactive import ProactiveConfig, ProactiveMemory
-from memrl.rollout.memory.sam import SamConfig, SamMemory, TokenCounter
+from memrl.rollout.memory.mage import MageMemoryConfig
+from memrl.rollout.memory.memma import MemMAMemoryConfig
+from memrl.rollout.memory.sam import TokenCounter
 
 __all__ = [
-    "MEMORY_NAMES",
+    "MEMORY_SYSTEMS",
     "AMAMemoryConfig",
     "MageMemoryConfig",
     "MemMAMemoryConfig",
     "MemoryConfig",
+    "MemoryConfigBase",
+    "RegisteredConfig",
     "build_memory",
+    "memory_names",
+    "memory_registration",
     "parse_memory_config",
+    "register_memory",
 ]
 
 
-class MageMemoryConfig(MageConfig):
-    """:class:`~memrl.rollout.memory.mage.MageConfig` selectable by ``name: mage``."""
-
-    name: Literal["mage"] = "mage"  # selects this memory system
-
-
-class MemMAMemoryConfig(MemMAConfig):
-    """:class:`~memrl.rollout.memory.memma.MemMAConfig` selectable by ``name: memma``."""
-
-    name: Literal["memma"] = "memma"  # selects this memory system
+def memory_names() -> list[str]:
+    """The registered memory systems' names."""
+    return MEMORY_SYSTEMS.names()
 
 
-class AMAMemoryConfig(AMAConfig):
-    """:class:`~memrl.rollout.memory.ama_agent.AMAConfig` selectable by ``name: ama_agent``."""
-
-    name: Literal["ama_agent"] = "ama_agent"  # selects this memory system
-
-
-MemoryConfig = Annotated[
-    SamConfig
-    | LongContextConfig
-    | BM25Config
-    | EmbeddingConfig
-    | MageMemoryConfig
-    | MemMAMemoryConfig
-    | AMAMemoryConfig
-    | ProactiveConfig,
-    Field(discriminator="name"),
-]
-"""The config of any memory system, chosen by its ``name``."""
-
-MEMORY_NAMES = ("sam", "long_context", "bm25", "embedding", "mage", "memma", "ama_agent", "proactive")
-
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(MemoryConfig)
+def memory_registration(cfg: Any) -> Registration[Any]:
+    """The registration behind a memory config (or a mapping with ``name`` / ``entry``)."""
+    data = cfg.model_dump() if isinstance(cfg, ConfigModel) else cfg
+    if not isinstance(data, dict):
+        raise ComponentError(f"memory: expected a mapping with 'name' (or 'entry'), got {type(data).__name__}")
+    entry, name = data.get("entry"), data.get("name")
+    if entry is None and isinstance(name, str) and is_entry(name):
+        entry = name
+    if entry is not None:
+        reg = MEMORY_SYSTEMS.get(str(entry))
+        if not reg.name:
+            raise ComponentError(f"memory entry {entry!r}: register it with @register_memory(name, config=...) "
+                                 f"(memrl.api) so its settings can be validated")
+        return reg
+    if not isinstance(name, str):
+        raise ComponentError(f"memory: a 'name' (one of {', '.join(memory_names())}) or an 'entry' "
+                             f"('package.module:Class') is required")
+    return MEMORY_SYSTEMS.get(name)
 
 
-def parse_memory_config(data: Any) -> MemoryConfig:
-    """Validate a mapping (``{"name": "sam", ...}``) into the config of the system it names."""
-    return _ADAPTER.validate_python(data)
+def parse_memory_config(data: Any) -> Any:
+    """Validate a mapping (``{"name": "sam", ...}`` or ``{"entry": "pkg.mod:Class", ...}``) into the config of the
+    system it names (a config instance is returned as it is)."""
+    if isinstance(data, ConfigModel):
+        return data
+    reg = memory_registration(data)
+    values = dict(data)
+    named_by_path = values.get("entry") is not None or is_entry(str(values.get("name", "")))
+    values["name"] = reg.name
+    if named_by_path:
+        values["entry"] = reg.entry
+        if "entry" not in reg.config.model_fields:
+            raise ComponentError(f"memory config {reg.config.__qualname__} of {reg.entry} is named by import path: it "
+                                 f"needs an 'entry' field (subclass memrl.api.MemoryConfigBase)")
+    return reg.config.model_validate(values)
+
+
+class RegisteredConfig:
+    """Marks a config field whose type is "the config model of the registered component the mapping names" (the
+    config reference lists the registered built-ins' sections)."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+
+    def sections(self) -> list[type]:
+        """The registered config models, in registration order."""
+        return [r.config for r in self.registry.items() if r.config is not None]
+
+
+MemoryConfig = Annotated[Any, BeforeValidator(parse_memory_config), RegisteredConfig(MEMORY_SYSTEMS)]
+"""The config of any registered memory system, chosen by its ``name`` (or ``entry``)."""
 
 
 def build_memory(
-    cfg: MemoryConfig | dict[str, Any],
+    cfg: Any,
     *,
     count_tokens: TokenCounter | None = None,
     embedder: Embedder | None = None,
 ) -> MemorySystem:
-    """A fresh memory system for ``cfg``. ``count_tokens`` (SAM and the baselines; default the approximate counter)
-    and ``embedder`` (embedding retrieval, MemMA, AMA-Agent; default the one their config names) are shared
-    dependencies; systems that do not use one ignore it."""
-    if isinstance(cfg, dict):
-        cfg = parse_memory_config(cfg)
-    if isinstance(cfg, SamConfig):
-        return SamMemory(cfg, count_tokens=count_tokens)
-    if isinstance(cfg, LongContextConfig):
-        return LongContextMemory(cfg, count_tokens=count_tokens)
-    if isinstance(cfg, BM25Config):
-        return BM25Memory(cfg, count_tokens=count_tokens)
-    if isinstance(cfg, EmbeddingConfig):
-        return EmbeddingMemory(cfg, count_tokens=count_tokens, embedder=embedder)
-    if isinstance(cfg, MageMemoryConfig):
-        return MageMemory(cfg)
-    if isinstance(cfg, MemMAMemoryConfig):
-        return MemMAMemory(cfg, embedder=embedder)
-    if isinstance(cfg, AMAMemoryConfig):
-        return AMAMemory(cfg, embedder=embedder)
-    if isinstance(cfg, ProactiveConfig):
-        return ProactiveMemory(cfg)
-    raise TypeError(f"not a memory config: {type(cfg).__name__}")
+    """A fresh memory system for ``cfg`` (a config or a mapping). ``count_tokens`` (SAM and the baselines; default
+    the approximate counter) and ``embedder`` (embedding retrieval, MemMA, AMA-Agent; default the one their config
+    names) are shared dependencies, passed to the systems whose ``__init__`` takes them."""
+    cfg = parse_memory_config(cfg)
+    reg = memory_registration(cfg)
+    params = inspect.signature(reg.obj).parameters
+    deps = {k: v for k, v in (("count_tokens", count_tokens), ("embedder", embedder)) if k in params}
+    takes_config = any(p.name not in deps and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                       for p in params.values())
+    return reg.obj(cfg, **deps) if takes_config else reg.obj(**deps)

@@ -69,7 +69,7 @@ from memrl.data.formats import (
 from memrl.data.schemas import MemoryCall, Message
 from memrl.data.tasks.common import as_messages
 from memrl.data.tasks.sam import render_page
-from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
+from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn, register_memory
 from memrl.rollout.memory.workflow import action_of
 
 __all__ = [
@@ -365,6 +365,7 @@ class PagedMemory(MemorySystem):
         return ToolResult(content="", error=message)
 
 
+@register_memory("sam", config=SamConfig)
 class SamMemory(PagedMemory):
     """SAM behind the memory-system interface (see the module docstring)."""
 

@@ -17,12 +17,14 @@ from memrl.data.formats import (
     parse_window,
     render_tool_call,
 )
+from memrl.data.registry import register_reasoner
 from memrl.data.tasks.common import content_of, role_of
 from memrl.data.tasks.proactive.world import FACTS, fact_value, parse_next, subtask_by_name
 
 __all__ = ["ActionAgent", "BankWriter"]
 
 
+@register_reasoner("action_agent")
 class ActionAgent:
     """The scripted action agent (a :class:`~memrl.data.schemas.ScriptedPolicy`): follows the ``next:`` line, acts on
     the facts its context shows (window + reminder), else falls back to its default command.

@@ -12,6 +12,8 @@ import re
 from typing import Any
 
 from memrl.data.envs.base import turn_tokens
+from memrl.data.formats import ACTION_AGENT_SYSTEM
+from memrl.data.registry import register_task
 from memrl.data.schemas import Episode, QAPair
 from memrl.data.tasks.common import SpecTask
 from memrl.data.tasks.proactive.agents import ActionAgent
@@ -32,6 +34,8 @@ from memrl.data.tasks.proactive.world import (
 __all__ = ["ProactiveTask"]
 
 
+@register_task("proactive", params=ProactiveParams, section="proactive", reasoner="action_agent", memory="proactive",
+               oracle="memrl.data.experts.proactive:ProactiveOracle")
 class ProactiveTask(SpecTask):
     """One proactive episode (see :mod:`memrl.data.tasks.proactive`); implements the agent loop's task interface."""
 
@@ -208,6 +212,22 @@ class ProactiveTask(SpecTask):
         twin = copy.copy(self)
         twin.s = copy.deepcopy(self.s, memo)
         return twin
+
+    reasoner_system = ACTION_AGENT_SYSTEM  # the scripted action agent's prompt (not the memory system's)
+
+    @property
+    def horizon_label(self) -> str:
+        """The horizon in per-horizon breakdowns (``6 subtasks``)."""
+        return f"{self.params.n_subtasks} subtasks"
+
+    def memory_defaults(self, config: Any) -> dict[str, Any]:
+        """The memory window and the action agent's window: the task's agent window unless the config sets them."""
+        return {"window": self.params.window, "action_window": self.params.window}
+
+    def rollout_metadata(self, system: Any, config: Any) -> dict[str, Any]:
+        """The episode metadata of a rollout: the pivots and the step budget (ground truth for pivot analysis)."""
+        variant = getattr(config if config is not None else system.config, "variant", None)
+        return {"family": "proactive", "variant": variant, "pivots": list(self.pivots), "budget": self.max_steps}
 
     def snapshot(self) -> Any:
         """The terminal state."""

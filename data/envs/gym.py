@@ -1,0 +1,300 @@
+"""Gym-style environments as memrl tasks: the adapter between a user's ``reset/step`` class and the agent loop.
+
+The protocol a user implements (plain Python, no memrl import; :class:`GymEnv`)::
+
+    class MyTextGame:
+        task = "find the treasure"                  # optional: the instruction heading the reasoner's context
+        def reset(self, seed: int) -> str: ...      # the first observation (or (observation, info), as Gymnasium)
+        def step(self, action: str) -> tuple[str, float, bool, dict]: ...   # observation, reward, done, info
+        def snapshot(self) -> Any: ...              # optional: the state, restored by restore()
+        def restore(self, state: Any) -> None: ...  # optional
+
+Conventions of ``info``: ``info["admissible_actions"]: list[str]`` when the environment knows them (shown to the
+reasoner beside the current observation as transient context, never stored in the turn the memory system keeps);
+``info["outcome"]: float in [0, 1]`` on the step that ends the episode when the environment knows it (else the outcome
+is the sum of the rewards clipped to [0, 1]); ``info["won"]`` may be set too (recorded in the run's stats).
+
+**Re-entry** (a memory-call tree samples the memory model K times at one state, so every sibling needs its own copy
+of the environment in that state; :meth:`GymTask.__deepcopy__`, which :meth:`memrl.rollout.loop.Rollout.fork` calls):
+with ``snapshot``/``restore`` a new instance is constructed, ``reset(seed)`` and ``restore(snapshot())``; without
+them the new instance is ``reset(seed)`` and the logged actions are replayed, and the observation digests are compared
+step by step: a replay that diverges raises :class:`ReplayMismatchError` naming the episode, the step and both
+observations, never a silently wrong tree. ``reentry: replay`` forces replay even when the environment snapshots (the
+benchmark and the tests compare the two).
+
+**Failures.** An exception raised by ``reset`` or ``step`` ends that episode as failed (outcome 0, counted in the
+run's stats as ``env_errors``; the tree and the run go on). A return value of the wrong shape is a protocol error
+(:class:`~memrl.data.registry.ComponentError`) naming the class and the method.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import math
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from memrl.data.errors import UserError
+from memrl.data.registry import ComponentError, entry_of, import_entry
+
+__all__ = ["GymEnv", "GymFactory", "GymTask", "ReentryMode", "ReplayMismatchError", "observation_digest"]
+
+log = logging.getLogger(__name__)
+
+ReentryMode = Literal["auto", "snapshot", "replay"]
+"""How a state is re-entered: ``auto`` snapshot/restore when the environment has both, else replay."""
+
+DEFAULT_MAX_STEPS = 50
+
+
+@runtime_checkable
+class GymEnv(Protocol):
+    """The Gym-style environment protocol (module docstring); ``snapshot``/``restore`` are optional."""
+
+    def reset(self, seed: int) -> str:
+        """Start an episode; the first observation."""
+        ...
+
+    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        """Apply ``action``: (observation, reward, done, info)."""
+        ...
+
+
+class ReplayMismatchError(UserError):
+    """A replayed episode did not reproduce its logged observations: the environment is not deterministic given its
+    seed and the actions, so a state cannot be re-entered by replay."""
+
+
+def observation_digest(text: str) -> str:
+    """The digest replay compares (sha256 of the observation's UTF-8 text)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+class GymFactory:
+    """Builds the user's environment: the class an import path names (or a class), called with ``params`` as keyword
+    arguments. Picklable (it travels to rollout workers by its import path)."""
+
+    def __init__(self, entry: str | type, params: dict[str, Any] | None = None) -> None:
+        self.entry = entry if isinstance(entry, str) else entry_of(entry)
+        self.params = dict(params or {})
+        self._cls: type | None = entry if isinstance(entry, type) else None
+
+    @property
+    def cls(self) -> type:
+        """The environment class."""
+        if self._cls is None:
+            self._cls = import_entry(self.entry, "Gym-style environment")
+        return self._cls
+
+    def __call__(self) -> Any:
+        """A new environment instance."""
+        return self.cls(**self.params)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"entry": self.entry, "params": self.params, "_cls": None}
+
+
+class GymTask:
+    """memrl's task interface (``reset() -> str``, ``step(action) -> (observation, done)``, ``finish(answer) ->
+    outcome``, ``transient_context()``) over a Gym-style environment, with re-entry on ``copy.deepcopy`` (module
+    docstring). ``env_steps`` counts the environment steps this copy ran (its own and those of its re-entry),
+    ``reentries`` how it was re-entered."""
+
+    def __init__(self, make: GymFactory, *, seed: int, task_id: str, family: str = "gym",
+                 max_steps: int | None = None, reentry: ReentryMode = "auto", params: dict[str, Any] | None = None):
+        self.make = make
+        self.seed = seed
+        self.task_id = task_id
+        self.family = family
+        self.max_steps = max_steps or int(getattr(make.cls, "max_steps", 0) or DEFAULT_MAX_STEPS)
+        self.reentry: ReentryMode = reentry
+        self.params = dict(params if params is not None else make.params)
+        self.env: Any = None
+        self.started = False
+        self.first = ""  # the first observation
+        self.log: list[tuple[str, str]] = []  # (action, observation) of every step since reset
+        self.rewards: list[float] = []
+        self.info: dict[str, Any] = {}
+        self.over = False
+        self.final: float | None = None  # info["outcome"] of the last step
+        self.won: bool | None = None
+        self.failure: str | None = None
+        self.env_steps = 0
+        self.env_resets = 0
+        self.reentries = {"snapshot": 0, "replay": 0}
+
+    # ----------------------------------------------------------------------------------------------------- helpers
+    @property
+    def label(self) -> str:
+        """The environment class's import path (for errors)."""
+        return self.make.entry
+
+    def _instance(self) -> Any:
+        if self.env is None:
+            self.env = self.make()
+        return self.env
+
+    @property
+    def task(self) -> str:
+        """The instruction heading the reasoner's context: the environment's ``task`` attribute, or empty."""
+        value = getattr(self.make.cls, "task", None)
+        if not isinstance(value, str):
+            try:
+                value = getattr(self._instance(), "task", "")
+            except Exception:  # the constructor's failure is reported by reset() (the episode fails)
+                value = ""
+        return str(value or "")
+
+    def _reset(self, env: Any) -> tuple[str, dict[str, Any]]:
+        out = env.reset(self.seed)
+        self.env_resets += 1
+        info: dict[str, Any] = {}
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+            out, info = out
+        if not isinstance(out, str):
+            raise ComponentError(f"{self.label}.reset(seed) returned {type(out).__name__}; the protocol is "
+                                 f"reset(seed) -> str (the first observation) or (str, dict)")
+        return out, info
+
+    def _step(self, env: Any, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        out = env.step(action)
+        self.env_steps += 1
+        if not (isinstance(out, tuple) and len(out) == 4):
+            raise ComponentError(f"{self.label}.step(action) returned {type(out).__name__}; the protocol is "
+                                 f"step(action) -> (observation: str, reward: float, done: bool, info: dict)")
+        obs, reward, done, info = out
+        if not isinstance(obs, str) or not isinstance(info, dict) or isinstance(reward, bool) \
+                or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise ComponentError(
+                f"{self.label}.step(action) returned ({type(obs).__name__}, {reward!r}, {type(done).__name__}, "
+                f"{type(info).__name__}); expected (observation: str, reward: finite float, done: bool, info: dict)")
+        return obs, float(reward), bool(done), info
+
+    def _fail(self, where: str, exc: BaseException) -> str:
+        self.failure = f"{where}: {type(exc).__name__}: {exc}"
+        self.over = True
+        log.warning(f"episode {self.task_id!r}: the environment raised in {self.failure} (counted as failed)")
+        return f"error: the environment failed ({type(exc).__name__})"
+
+    # --------------------------------------------------------------------------------------------- task interface
+    def reset(self) -> str:
+        """Construct the environment and start the episode; the first observation."""
+        try:
+            env = self._instance()
+            self.first, self.info = self._reset(env)
+        except ComponentError:
+            raise
+        except Exception as exc:  # the environment's own failure: this episode fails, the run goes on
+            return self._fail("reset", exc)
+        self.started = True
+        return self.first
+
+    def step(self, action: str) -> tuple[str, bool]:
+        """Apply ``action``; (observation, whether the episode is over)."""
+        if self.over:
+            return "the episode is over", True
+        if not self.started:
+            raise RuntimeError(f"episode {self.task_id!r}: step() before reset()")
+        try:
+            obs, reward, done, info = self._step(self.env, action)
+        except ComponentError:
+            raise
+        except Exception as exc:
+            return self._fail(f"step {len(self.log) + 1} ({action!r})", exc), True
+        self.log.append((action, obs))
+        self.rewards.append(reward)
+        self.info = info
+        if "won" in info:
+            self.won = bool(info["won"])
+        if done:
+            self.over = True
+            if "outcome" in info:
+                outcome = info["outcome"]
+                if isinstance(outcome, bool) or not isinstance(outcome, (int, float)) or not 0 <= outcome <= 1:
+                    raise ComponentError(f"{self.label}.step: info['outcome'] must be a number in [0, 1], got "
+                                         f"{outcome!r}")
+                self.final = float(outcome)
+        return obs, done
+
+    def finish(self, answer: str | None) -> float:
+        """The episode's outcome in [0, 1]: 0 after a failure, else ``info["outcome"]`` of the last step, else the
+        sum of rewards clipped to [0, 1] (``answer`` is not used: a Gym environment ends by ``done``)."""
+        if self.failure is not None:
+            return 0.0
+        if self.final is not None:
+            return self.final
+        return min(max(sum(self.rewards), 0.0), 1.0)
+
+    def transient_context(self) -> str | None:
+        """The admissible actions of the current state (``info["admissible_actions"]``), for the reasoner's next call
+        only; None when the environment gave none."""
+        actions = self.info.get("admissible_actions")
+        if not actions or self.over:
+            return None
+        return "admissible actions:\n" + "\n".join(str(a) for a in actions)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counts for the run's metrics."""
+        out = {"env_steps": self.env_steps, "env_errors": int(self.failure is not None)}
+        out.update({f"env_reentry_{k}": v for k, v in self.reentries.items() if v})
+        if self.won is not None:
+            out["env_won"] = int(self.won)
+        return out
+
+    # -------------------------------------------------------------------------------------------------- re-entry
+    @property
+    def can_snapshot(self) -> bool:
+        """Whether the environment has both ``snapshot`` and ``restore``."""
+        cls = self.make.cls
+        return callable(getattr(cls, "snapshot", None)) and callable(getattr(cls, "restore", None))
+
+    def mode(self) -> Literal["snapshot", "replay"]:
+        """How this task re-enters a state."""
+        if self.reentry == "snapshot" and not self.can_snapshot:
+            raise ComponentError(f"reentry: snapshot, but {self.label} has no snapshot()/restore()")
+        if self.reentry == "replay" or not self.can_snapshot:
+            return "replay"
+        return "snapshot"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GymTask:
+        twin = copy.copy(self)
+        memo[id(self)] = twin
+        twin.log, twin.rewards = list(self.log), list(self.rewards)
+        twin.info, twin.reentries = copy.deepcopy(self.info, memo), dict(self.reentries)
+        twin.env = None
+        if not self.started or self.over:
+            return twin  # nothing to re-enter: a fresh task, or a finished one (its outcome is copied)
+        env = self.make()
+        mode = self.mode()
+        if mode == "snapshot":
+            state = copy.deepcopy(self.env.snapshot())
+            twin._reset(env)
+            env.restore(state)
+        else:
+            twin._replay(env)
+        twin.env = env
+        twin.reentries[mode] += 1
+        return twin
+
+    def _replay(self, env: Any) -> None:
+        """Reset ``env`` and replay the logged actions, comparing observation digests step by step."""
+        first, _ = self._reset(env)
+        self._check(0, None, self.first, first)
+        for i, (action, logged) in enumerate(self.log, start=1):
+            obs = self._step(env, action)[0]
+            self._check(i, action, logged, obs)
+
+    def _check(self, step: int, action: str | None, logged: str, replayed: str) -> None:
+        if observation_digest(logged) != observation_digest(replayed):
+            what = "reset(seed)" if action is None else f"step {step} (action {action!r})"
+            raise ReplayMismatchError(
+                f"replay of episode {self.task_id!r} (seed {self.seed}, {self.label}) diverged at {what}: the logged "
+                f"observation was {_short(logged)!r} but the replay gave {_short(replayed)!r}. Re-entering a state "
+                f"by replay needs reset(seed) and step(action) to be deterministic; make them so, or implement "
+                f"snapshot()/restore() (set reentry: snapshot)")
