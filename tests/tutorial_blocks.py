@@ -1,4 +1,5 @@
-"""The code blocks of the tutorial pages (``docs/tutorials/*.md``), as ``tests/test_tutorials.py`` runs them.
+"""The code blocks of the tutorial pages (``docs/tutorials/*.md`` and ``docs/own_agent.md``), as
+``tests/test_tutorials.py`` runs them.
 
 Every fenced ``bash`` or ``python`` block of a tutorial runs, in page order, in one scratch folder per page that looks
 like the repository root (its top-level folders linked in, ``runs/`` fresh). HTML comments just above a block, which
@@ -105,5 +106,7 @@ def parse_page(path: Path) -> list[Block]:
 
 
 def tutorial_pages() -> list[Path]:
-    """The tutorial pages (their index excluded)."""
-    return sorted(p for p in TUTORIALS.glob("*.md") if p.name != "index.md")
+    """The tutorial pages (their index excluded), and the own-agent page, a tutorial that lives beside them."""
+    pages = sorted(p for p in TUTORIALS.glob("*.md") if p.name != "index.md")
+    own = TUTORIALS.parent / "own_agent.md"
+    return [*pages, own] if own.exists() else pages
