@@ -3,9 +3,9 @@
 #
 #   bash launch/docs.sh [--dry-run] [build|serve] [MKDOCS ARGS ...]
 #
-# build (the default) is strict: any warning, broken internal link or missing anchor fails it, and it needs no
-# network (no web fonts, no CDN; the search index and assets are local), so site/index.html opens from the file system.
-# serve rebuilds on every change at http://127.0.0.1:8000. Other arguments go to mkdocs. --dry-run prints the venv,
+# build (the default) is strict: any warning, broken internal link or missing anchor fails it. It needs no network,
+# and the pages load nothing from it (no web fonts, no CDN): site/index.html opens from the file system; the search
+# box works when the site is served. serve rebuilds on every change at http://127.0.0.1:8000. Other arguments go to mkdocs. --dry-run prints the venv,
 # the extra, whether the install would run and the command, and creates, installs and runs nothing.
 set -euo pipefail
 
