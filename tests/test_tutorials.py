@@ -95,6 +95,8 @@ def run_block(block: Block, work: Path, index: int, env: dict[str, str]) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # a page is several commands (each block has its own limit); on a loaded 2-core machine the
+#                             cluster page took 11 minutes
 @pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
 def test_tutorial_page_runs(page: Path, tmp_path: Path) -> None:
     work = scratch_root(tmp_path)
