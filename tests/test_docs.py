@@ -123,3 +123,17 @@ def test_the_nav_lists_every_page_and_no_missing_one() -> None:
     on_disk = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
     assert pages <= on_disk, f"nav pages missing on disk: {sorted(pages - on_disk)}"
     assert on_disk <= pages, f"pages not in the nav: {sorted(on_disk - pages)}"
+
+
+def test_the_advantage_preset_marked_default_is_the_default() -> None:
+    from memrl.rewards.advantage import ADVANTAGE_PRESETS
+    from memrl.rewards.credit import CreditConfig
+
+    page = (DOCS / "concepts" / "oat_grpo.md").read_text()
+    marked = re.findall(r"^\| `(\w+)` \(default\) \|", page, flags=re.M)
+    actual = [name for name, cfg in ADVANTAGE_PRESETS.items() if cfg == CreditConfig().advantage]
+    assert len(marked) == 1 and marked == actual[:1], (
+        f"docs/concepts/oat_grpo.md marks {marked} as the default advantage preset; credit.advantage's default is "
+        f"{actual}")
+    rows = set(re.findall(r"^\| `(\w+)`(?: \(default\))? \|", page, flags=re.M))
+    assert set(ADVANTAGE_PRESETS) <= rows, f"presets missing from the page's table: {set(ADVANTAGE_PRESETS) - rows}"
