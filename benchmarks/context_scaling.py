@@ -1,4 +1,5 @@
-"""Active-context scaling: SAM against truncated long-context as the horizon grows (ARCHITECTURE section 10).
+"""Active-context scaling: SAM against truncated long-context as the horizon grows
+(docs/architecture.md#benchmarks-and-what-they-measure).
 
 For each horizon H (trajectory tokens of the SAM task: a tour of the text world, then a question whose evidence lies
 in the first 30% of the tour), ``--tasks`` tasks (1-hop and 2-hop questions alternating) run in the agent loop with

@@ -1,4 +1,5 @@
-"""Core data types (ARCHITECTURE section 3): episodes, memory calls, memory-call trees and training groups.
+"""Core data types (docs/architecture.md#core-data-types): episodes, memory calls, memory-call trees and training
+groups.
 
 Token-in / token-out: a :class:`MemoryCall` keeps the engine's exact prompt ids, response ids and per-token log-probs
 plus the policy version that produced them; training rows are built from these ids, never by re-tokenising text.

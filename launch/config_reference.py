@@ -1,4 +1,4 @@
-"""Write ``docs/configs.md``: every key of every command's config, with its type, default and meaning.
+"""Write ``docs/configs.md``: every key of every command's config, with its type, default, bounds and meaning.
 
 The reference is generated from the pydantic models the commands validate against (``memrl.launch.jobs.JOBS``), so it
 cannot drift from the code: a key's meaning is its ``Field(description=...)`` or the comment at the end of its line in
@@ -110,6 +110,21 @@ def _default(field: Any) -> str:
     return f"`{text}`" if len(text) <= 40 else f"`{text[:37]}...`"
 
 
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "length >="),
+           ("max_length", "length <="))
+
+
+def _bounds(field: Any) -> str:
+    """The field's numeric and length constraints (``Field(ge=..., le=...)``), e.g. ``>= 1, <= 64``."""
+    found = []
+    for item in field.metadata:
+        for attr, symbol in _BOUNDS:
+            value = getattr(item, attr, None)
+            if value is not None:
+                found.append(f"{symbol} {value:g}" if isinstance(value, float) else f"{symbol} {value}")
+    return ", ".join(found)
+
+
 def _anchor(cls: type) -> str:
     return cls.__name__.lower()
 
@@ -130,7 +145,7 @@ def reference() -> str:
             doc = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
             title = f"`{prefix}`" if prefix else "top level"
             parts.append(f'\n### <a id="{_anchor(cls)}"></a>{title} ({cls.__name__})\n\n{doc}\n')
-            parts.append("\n| key | type | default | meaning |\n|---|---|---|---|\n")
+            parts.append("\n| key | type | default | bounds | meaning |\n|---|---|---|---|---|\n")
             comments = _line_comments(cls)
             for name, field in cls.model_fields.items():
                 key = f"{prefix}.{name}" if prefix else name
@@ -141,7 +156,7 @@ def reference() -> str:
                 if links:
                     meaning = f"{meaning} (see {links})" if meaning else f"see {links}"
                 meaning = meaning.replace("|", "\\|")
-                parts.append(f"| `{key}` | {kind} | {_default(field)} | {meaning} |\n")
+                parts.append(f"| `{key}` | {kind} | {_default(field)} | {_bounds(field)} | {meaning} |\n")
                 queue.extend((key, s) for s in sections if s not in documented)
     return "".join(parts)
 

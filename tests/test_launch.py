@@ -809,7 +809,7 @@ def test_setup_scripts_dry_run_create_nothing(tmp_path: Path, script: str, args:
     assert "[memrl setup] dry run: nothing is created or installed" in out
     assert f"venv: {venv} does not exist; it would be created with:\n  python3 -m venv {venv}" in out
     assert "extra: cpu (MEMRL_EXTRA)" in out and "install: would run (a new venv)" in out
-    assert f"{venv}/bin/python -m pip --disable-pip-version-check install --quiet -e '{repo}[cpu,dev]'" in out
+    assert f"{venv}/bin/python -m pip --disable-pip-version-check install --quiet -e '{repo}[cpu,dev,docs]'" in out
     if command is not None:
         assert "  " + command.format(venv=venv) in out
 
