@@ -9,7 +9,7 @@ it is trained (``success_*``: mean of ``--eval-samples`` runs per task) and full
 One JSON line last: ``success_before``, ``success_after``, the greedy pair, the gain against the 10-point target,
 reasoner tokens spent by RL, wall times.
 
-    .venv/bin/python benchmarks/learning.py [--iterations 40] [--work runs/learning]
+    .venv/bin/python benchmarks/learning.py [--iterations 40] [--work runs/learning] [--smoke]
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--work", default=None, help="output directory (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest setting (the test suite's): 40 expert tasks, 4 SFT steps, 4 held-out tasks")
     args = parser.parse_args()
 
     work = Path(args.work or tempfile.mkdtemp(prefix="memrl-learning-"))
@@ -41,6 +43,9 @@ def main() -> None:
         loop=LoopConfig(iterations=args.iterations, checkpoint_every=args.iterations),
         eval_samples=args.eval_samples, evaluate_untrained=False, export=False,
     )
+    if args.smoke:
+        cfg = cfg.model_copy(update={"distill_tasks": 40, "eval_tasks_per_horizon": 2, "rl_tasks": 16,
+                                     "tasks_per_iteration": 2, "sft": cfg.sft.model_copy(update={"max_steps": 4})})
     t0 = time.perf_counter()
     run_quickstart(cfg)
     summary = json.loads((work / "learning" / "summary.json").read_text())

@@ -74,7 +74,8 @@ def _sections(annotation: Any) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     if (marker := _registered(annotation)) is not None:
-        return [s for s in marker.sections() if s.__module__.startswith("memrl.")]
+        # sorted: the registration order depends on which modules a process imported first
+        return sorted((s for s in marker.sections() if s.__module__.startswith("memrl.")), key=lambda s: s.__name__)
     found: list[type[BaseModel]] = []
     for arg in typing.get_args(annotation):
         found.extend(s for s in _sections(arg) if s not in found)

@@ -214,7 +214,7 @@ QA_CASES = {
 
 # ---------------------------------------------------------------------------------------------------- registry
 def test_registry_builds_every_system_by_name() -> None:
-    built = {name: build_memory({"name": name}, embedder=HashingEmbedder()) for name in memory_names()}
+    built = {name: build_memory({"name": name}, embedder=HashingEmbedder()) for name in memory_names(builtin_only=True)}
     expected = {"sam": SamMemory, "long_context": LongContextMemory, "bm25": BM25Memory, "embedding": EmbeddingMemory,
                 "mage": MageMemory, "memma": MemMAMemory, "ama_agent": AMAMemory, "proactive": ProactiveMemory,
                 "external": ExternalMemory}

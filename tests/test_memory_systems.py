@@ -32,7 +32,7 @@ CALLS_A_MEMORY_MODEL = sorted(name for name, case in QA_CASES.items() if case.ro
 
 def test_every_registered_system_has_a_case() -> None:
     # every system of memrl's agent loop (external is an episode function's or an HTTP agent's own memory)
-    assert sorted(QA_CASES) == [n for n in memory_names() if n != "external"]
+    assert sorted(QA_CASES) == [n for n in memory_names(builtin_only=True) if n != "external"]
     assert all(case.memory["name"] == name for name, case in QA_CASES.items())
 
 

@@ -33,8 +33,8 @@ def test_the_builtins_are_registered_by_their_decorators() -> None:
 
 
 def test_unknown_names_list_what_is_registered() -> None:
-    with pytest.raises(ValueError, match=r"unknown task family 'sma'; registered: dialogue, http_agent, proactive, "
-                                         r"sam"):
+    with pytest.raises(ValueError, match=r"unknown task family 'sma'; registered: dialogue, http_agent, ms_textworld, "
+                                         r"proactive, sam"):
         TaskSetConfig(family="sma")
     with pytest.raises(ConfigError, match="scripted_policy 'nobody': not a registered reasoner"):
         scripted_policy_class("nobody")

@@ -56,7 +56,8 @@ def test_the_committee_is_the_first_term_of_the_default_list() -> None:
 def test_weighted_terms_add_up_each_centred_on_its_own() -> None:
     cfg = CreditConfig(terms=[{"name": "committee", "weight": 0.5, "centre": 0.5},
                               {"name": "test_chars", "weight": 0.1},
-                              {"entry": "test_reward_terms:Scaled", "weight": 1.0, "params": {"factor": 2.0}}])
+                              {"entry": "test_reward_terms:Scaled", "weight": 1.0, "params": {"factor": 2.0}}],
+                       advantage="grpo_std")
     tree = group(["aaaa", "bb"], [0.0, 0.0], [0.9, 0.3])
     assign_credit(tree, cfg)
     first = 0.5 * (0.9 - 0.5) + 0.1 * (0.4 - 0.3) + 1.0 * (1.8 - 1.2)
@@ -64,6 +65,8 @@ def test_weighted_terms_add_up_each_centred_on_its_own() -> None:
     assert rewards(tree) == pytest.approx([first, second])
     advantages = [n.advantage for n in tree.nodes if n.kind == "memory"]
     assert advantages[0] > 0 > advantages[1]  # an outcome-tied group ranked by its shaping (grpo_std)
+    assign_credit(tree, cfg.model_copy(update={"advantage": CreditConfig().advantage}))
+    assert [n.advantage for n in tree.nodes if n.kind == "memory"] == [0.0, 0.0]  # the default: shaping alone, none
 
 
 def test_a_term_missing_a_score_is_dropped_for_the_whole_group() -> None:

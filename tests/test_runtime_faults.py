@@ -625,7 +625,7 @@ def test_benchmarks_refuse_bad_work_folders_before_the_sft_start(script: str, tm
     """Both scripts that rebuild the shared SFT start stop in seconds: exit 2, one line, no traceback, no model."""
     (tmp_path / "afile").write_text("x")
     split = "test" if script == "ablations" else "dev"
-    damaged = tmp_path / "w" / "quick" / split
+    damaged = tmp_path / "w" / "multihop" / "quick" / split  # one folder per setting (the default: multihop)
     damaged.mkdir(parents=True)
     (damaged / "progress.jsonl").write_text("[1, 2]\n")
     for work, expected in ((tmp_path / "afile", "a file, not a folder"),

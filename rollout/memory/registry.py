@@ -47,8 +47,11 @@ __all__ = [
 ]
 
 
-def memory_names() -> list[str]:
-    """The registered memory systems' names."""
+def memory_names(builtin_only: bool = False) -> list[str]:
+    """The registered memory systems' names (with ``builtin_only``, memrl's own: not those a user's module
+    registered in this process)."""
+    if builtin_only:
+        return sorted(r.name for r in MEMORY_SYSTEMS.items() if r.entry.startswith("memrl."))
     return MEMORY_SYSTEMS.names()
 
 
