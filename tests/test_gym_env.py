@@ -163,3 +163,15 @@ def test_a_wrong_step_return_names_the_protocol() -> None:
     task.reset()
     with pytest.raises(ComponentError, match=r"step\(action\) returned str; the protocol is"):
         task.step("go north")
+
+
+class PromptedVault(VaultGame):
+    reasoner_system = "You are a careful vault cracker. Answer with one tool call."
+
+
+def test_an_env_class_sets_the_reasoners_system_prompt() -> None:
+    (own,) = load_tasks(TaskSetConfig(entry="test_gym_env:PromptedVault", params={"corridor": 1}, count=1), "t")
+    (plain,) = load_tasks(TaskSetConfig(entry="vault_game:VaultGame", params={"corridor": 1}, count=1), "t")
+    assert task_rollout(own, MEMORY, seed=0).reasoner_system == PromptedVault.reasoner_system
+    default = task_rollout(plain, MEMORY, seed=0)
+    assert default.reasoner_system == default.memory.reasoner_system != PromptedVault.reasoner_system

@@ -150,6 +150,13 @@ class GymTask:
                 value = ""
         return str(value or "")
 
+    @property
+    def reasoner_system(self) -> str | None:
+        """The frozen reasoner's system prompt when the environment class sets one (``reasoner_system``, a string),
+        else None: the memory system's own (SAM's memory tool) applies."""
+        value = getattr(self.make.cls, "reasoner_system", None)
+        return value if isinstance(value, str) and value else None
+
     def _reset(self, env: Any) -> tuple[str, dict[str, Any]]:
         out = env.reset(self.seed)
         self.env_resets += 1
