@@ -67,7 +67,7 @@ def test_two_jobs_share_the_runs_and_a_rerun_reads_them_back(tmp_path: Path, tin
     record = lines[-1]
     assert record["benchmark"] == "pivot_learning"
     assert record["grpo_settings"]["chosen_on_dev"] is None and "NOT chosen on dev" in record["grpo_settings"]["note"]
-    assert record["start_weights"]["clean_long"] and record["start_threads"] == 2 and record["run_threads"] == 1
+    assert record["start_weights"]["clean_long"] and record["start_threads"] == record["run_threads"] == 1  # pinned
     f1 = record["by_fatal_pivots"]["1"]
     assert set(f1["paired_deltas_pass_rate"]) == {"pivot-no_rl", "all_turns-no_rl", "pivot-all_turns"}
     for delta in [*f1["paired_deltas_pass_rate"].values(), *(v["pass_rate"] for v in f1["variants"].values())]:

@@ -126,7 +126,7 @@ train_tasks: {{entry: "myagent.game:WordGame", params: {{gap: 2}}, max_steps: 8,
 eval_tasks: {{count: 2, seed: 1000}}
 tasks_per_iteration: 2
 tree: {{branch_roles: [diary], branch_factor: 2, max_branch_depth: 2, max_leaves: 4}}
-credit: {{terms: [{{entry: "myagent.terms:shares_letters", weight: 0.5}}]}}
+credit: {{terms: [{{entry: "myagent.terms:shares_letters", weight: 0.5}}], advantage: grpo_std}}
 trainer: {{lr: 1.0e-3, bf16: false, lora: {{enabled: false}}}}
 loop: {{iterations: 2, checkpoint_every: 1}}
 eval_samples: 0

@@ -216,14 +216,17 @@ def test_all_turns_groups_skip_detection_and_reuse_the_start_evaluation(tmp_path
 def cli_config(tmp_path: Path, model: Path, name: str, **overrides: Any) -> Path:
     """The tiny run's config as the YAML file ``memrl train pivot-grpo --config`` reads, made to update: the random
     model never writes the strict format, so untagged text counts as silence, and a stop string that its samples
-    sometimes produce makes some finish (well-formed silence, reward 0) and others hit max_tokens (malformed, -0.5).
+    sometimes produce makes some finish (well-formed silence, reward 0) and others hit max_tokens (malformed, -0.5);
+the paper's ``grpo_std`` advantage lets that penalty rank outcome-tied samples (the default trains none), and the KL
+probe runs after every update.
     Full weights: a fresh LoRA adapter's initialisation is not drawn from ``run.seed``, so two fresh LoRA runs differ
     (a resumed one reads the adapter back, so resumes are exact either way)."""
     import yaml
 
     sampling = {"bank_edit": {"max_tokens": 64}, "intervene": {"max_tokens": 12, "stop": ["q"]}}
-    cfg = tiny_run(tmp_path, model, run={"name": name}, trainer={"probe_rows": 4, "lora": {"enabled": False}},
-                   reward={"strict_format": False},
+    cfg = tiny_run(tmp_path, model, run={"name": name},
+                   trainer={"probe_rows": 4, "probe_every": 1, "lora": {"enabled": False}},
+                   reward={"strict_format": False, "advantage": "grpo_std"},
                    memory={"window": 1, "sampling": sampling}, groups={"group_size": 4}, **overrides)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=True)))

@@ -25,6 +25,8 @@ def main() -> None:
             "lora": LoraSettings(enabled=False),
             "deepspeed": deepspeed if deepspeed != "none" else None,
             "micro_batches": 2,
+            "update_epochs": 1,  # one optimizer step unless a test asks for more (the defaults are 2 x 2)
+            "optimizer_steps_per_epoch": 1,
             **overrides,
         }
     )
