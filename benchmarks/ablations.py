@@ -79,23 +79,35 @@ from typing import Any
 VARIANTS = ("oat", "tree_lambda0", "flat", "sft_more", "no_signal", "lr0", "trl_grpo")
 DEFAULT_VARIANTS = VARIANTS[:-1]
 # (a, b): the paired differences a - b the benchmark reports
-PAIRS = (("oat", "sft"), ("tree_lambda0", "sft"), ("flat", "sft"), ("oat", "sft_more"), ("oat", "flat"),
-         ("oat", "tree_lambda0"), ("oat", "no_signal"), ("tree_lambda0", "no_signal"), ("flat", "no_signal"),
-         ("sft_more", "no_signal"), ("oat", "lr0"), ("no_signal", "sft"), ("lr0", "sft"))
+PAIRS = (
+    ("oat", "sft"),
+    ("tree_lambda0", "sft"),
+    ("flat", "sft"),
+    ("oat", "sft_more"),
+    ("oat", "flat"),
+    ("oat", "tree_lambda0"),
+    ("oat", "no_signal"),
+    ("tree_lambda0", "no_signal"),
+    ("flat", "no_signal"),
+    ("sft_more", "no_signal"),
+    ("oat", "lr0"),
+    ("no_signal", "sft"),
+    ("lr0", "sft"),
+)
 # The RL variants' settings that differ from memrl's defaults, with the reason for each (issue 26's analysis of the
 # starved RL phase). The learning rate, KL weight and update epochs among them are replaced by the choice of
 # ``--select`` on the dev split when its file exists (see RLSettings).
 NON_DEFAULT_SETTINGS = {
     "tree.branch_factor=4": "K=2 left ~55% of groups as two copies of one text; 4-8 is practical (issue 26)",
     "tree.max_leaves=16": "4 leaves per sibling at K=4, so V(n) averages more than one outcome",
-    "tree.informative_groups=tasks_per_iteration, tree.max_extra_trees=tasks_per_iteration":
-        "dynamic sampling: ~74% of groups tied on outcome, leaving 2-4 informative comparisons per iteration",
-    "trainer.update_epochs=2, trainer.optimizer_steps_per_epoch=2":
-        "4 optimizer steps per batch so the clipped ratio does its work (one step per iteration never clips)",
+    "tree.informative_groups=tasks_per_iteration, tree.max_extra_trees=tasks_per_iteration": "dynamic sampling: ~74% "
+    "of groups tied on outcome, leaving 2-4 informative comparisons per iteration",
+    "trainer.update_epochs=2, trainer.optimizer_steps_per_epoch=2": "4 optimizer steps per batch so the clipped ratio "
+    "does its work (one step per iteration never clips)",
     "trainer.kl_coef=0.05 (kl_reference: initial)": "holds the policy near the SFT start: Adam at a fixed lr "
-        "otherwise random-walks every weight",
+    "otherwise random-walks every weight",
     "trainer.lr=1e-4, lr_schedule=cosine to 0.1 over the run": "half the previous 2e-4 (which drifted 1-3% of "
-        "the weights in 5 steps), decayed so late steps refine",
+    "the weights in 5 steps), decayed so late steps refine",
     "loop.eval_every": "a dev learning curve for every run",
 }
 
@@ -111,8 +123,14 @@ START_THREADS, RUN_THREADS = 1, 1
 # differ. So the benchmark computes everything under one profile: one thread, and AVX2 kernels in ATen, MKL (with its
 # conditional numerical reproducibility) and oneDNN, which every x86-64 machine of the last decade runs. The
 # variables act only when the libraries load, so the process re-executes itself under them (pin_cpu_numerics).
-CPU_PROFILE = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2",
-               "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+CPU_PROFILE = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "MKL_CBWR": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
 FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"  # the committed figures
 
 
@@ -143,16 +161,56 @@ class Scale:
         return self.sft_steps == SFT_STEPS and self.distill_tasks is None
 
 
-QUICK = Scale(name="quick", test_tasks=48, train_tasks=128, tasks_per_iteration=4, iterations=4, max_iterations=6,
-              eval_every=2, branch_factor=4, max_leaves=16, flat_group_size=4, trl_prompts_per_step=4,
-              eval_samples=2, dev_curve_tasks=16, seeds=2)
-FULL = Scale(test_tasks=300, train_tasks=1024, tasks_per_iteration=8, iterations=25, max_iterations=32,
-             eval_every=5, branch_factor=4, max_leaves=16, flat_group_size=4, trl_prompts_per_step=8,
-             eval_samples=4, dev_curve_tasks=48, seeds=5)
+QUICK = Scale(
+    name="quick",
+    test_tasks=48,
+    train_tasks=128,
+    tasks_per_iteration=4,
+    iterations=4,
+    max_iterations=6,
+    eval_every=2,
+    branch_factor=4,
+    max_leaves=16,
+    flat_group_size=4,
+    trl_prompts_per_step=4,
+    eval_samples=2,
+    dev_curve_tasks=16,
+    seeds=2,
+)
+FULL = Scale(
+    test_tasks=300,
+    train_tasks=1024,
+    tasks_per_iteration=8,
+    iterations=25,
+    max_iterations=32,
+    eval_every=5,
+    branch_factor=4,
+    max_leaves=16,
+    flat_group_size=4,
+    trl_prompts_per_step=8,
+    eval_samples=4,
+    dev_curve_tasks=48,
+    seeds=5,
+)
 # the smallest setting (its own tiny SFT start): runs every stage to check the machinery, measures nothing
-SMOKE = Scale(name="smoke", test_tasks=3, train_tasks=8, tasks_per_iteration=2, iterations=1, max_iterations=2,
-              eval_every=1, branch_factor=2, max_leaves=4, flat_group_size=2, trl_prompts_per_step=2,
-              eval_samples=1, dev_curve_tasks=2, seeds=2, sft_steps=2, distill_tasks=6)
+SMOKE = Scale(
+    name="smoke",
+    test_tasks=3,
+    train_tasks=8,
+    tasks_per_iteration=2,
+    iterations=1,
+    max_iterations=2,
+    eval_every=1,
+    branch_factor=2,
+    max_leaves=4,
+    flat_group_size=2,
+    trl_prompts_per_step=2,
+    eval_samples=1,
+    dev_curve_tasks=2,
+    seeds=2,
+    sft_steps=2,
+    distill_tasks=6,
+)
 STEPS_PER_EPOCH = 2  # optimizer steps per pass over a collected batch
 
 
@@ -168,12 +226,17 @@ class RLSettings:
 
     @property
     def name(self) -> str:
-        return (f"lr{self.lr:g}-kl{self.kl_coef:g}-ep{self.update_epochs}x{self.steps_per_epoch}-{self.advantage}")
+        return f"lr{self.lr:g}-kl{self.kl_coef:g}-ep{self.update_epochs}x{self.steps_per_epoch}-{self.advantage}"
 
 
 # The fields of RLSettings as the config keys they set (the JSON lists the settings by these keys).
-RL_KEYS = {"lr": "trainer.lr", "kl_coef": "trainer.kl_coef", "update_epochs": "trainer.update_epochs",
-           "advantage": "credit.advantage", "steps_per_epoch": "trainer.optimizer_steps_per_epoch"}
+RL_KEYS = {
+    "lr": "trainer.lr",
+    "kl_coef": "trainer.kl_coef",
+    "update_epochs": "trainer.update_epochs",
+    "advantage": "credit.advantage",
+    "steps_per_epoch": "trainer.optimizer_steps_per_epoch",
+}
 # from issue 26's analysis, used when no --select choice exists: 4 optimizer steps per batch, so FULL's 25
 # iterations make 100 optimizer steps
 ANALYSIS_SETTINGS = RLSettings(lr=1e-4, kl_coef=0.05, update_epochs=2)
@@ -185,8 +248,10 @@ SELECT_ADVANTAGES = ("informative_only", "grpo_std", "dr_grpo", "dr_grpo_gated",
 # at each), 2 epochs x 2 optimizer steps per batch; then one entry at the old trainer default of one optimizer step
 # per batch. The rule: the highest mean dev success (sampled runs, paired with the SFT start on the same dev tasks);
 # a tie goes to the earlier entry (memrl's default advantage, the smaller learning rate).
-SELECT_GRID = (*(RLSettings(lr, 0.05, 2, advantage) for advantage in SELECT_ADVANTAGES for lr in (1e-4, 2e-4)),
-               RLSettings(2e-4, 0.05, 1, SELECT_ADVANTAGES[0], steps_per_epoch=1))
+SELECT_GRID = (
+    *(RLSettings(lr, 0.05, 2, advantage) for advantage in SELECT_ADVANTAGES for lr in (1e-4, 2e-4)),
+    RLSettings(2e-4, 0.05, 1, SELECT_ADVANTAGES[0], steps_per_epoch=1),
+)
 
 
 def pick_setting(scores: list[float]) -> int:
@@ -220,8 +285,15 @@ class PhaseClock:
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per phase: wall and CPU seconds, how many times it ran, the mean load average sampled at its edges."""
-        return {name: {"wall_s": round(p["wall_s"], 1), "cpu_s": round(p["cpu_s"], 1), "count": p["count"],
-                       "load_avg": round(statistics.fmean(p["load"]), 2)} for name, p in self.phases.items()}
+        return {
+            name: {
+                "wall_s": round(p["wall_s"], 1),
+                "cpu_s": round(p["cpu_s"], 1),
+                "count": p["count"],
+                "load_avg": round(statistics.fmean(p["load"]), 2),
+            }
+            for name, p in self.phases.items()
+        }
 
 
 def weights_digest(model_dir: Path) -> str:
@@ -239,8 +311,15 @@ def weights_digest(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def build_sft_start(work: Path, setting: Any, base: Path, memory: Any, steps: int = SFT_STEPS,
-                    distill_tasks: int | None = None, batch_size: int = 32) -> dict[str, Any]:
+def build_sft_start(
+    work: Path,
+    setting: Any,
+    base: Path,
+    memory: Any,
+    steps: int = SFT_STEPS,
+    distill_tasks: int | None = None,
+    batch_size: int = 32,
+) -> dict[str, Any]:
     """The shared SFT start of a SAM ``setting``: its expert distilled on ``distill_tasks`` (default: the
     setting's) SFT tasks into ``work/distill``, then ``steps`` SFT steps into ``work/sft/final``. Built with
     :data:`START_THREADS` torch threads whatever the machine or ``OMP_NUM_THREADS`` says: a float sum split over
@@ -253,8 +332,12 @@ def build_sft_start(work: Path, setting: Any, base: Path, memory: Any, steps: in
 
     tasks = TaskSetConfig(count=distill_tasks or setting.distill_tasks, seed=0, sam=setting.sft)
     distill_cfg = DistillRunConfig(
-        run=RunConfig(output_dir=str(work), name="distill", seed=0), tasks=tasks,
-        sam_oracle=SamOracleConfig(**setting.expert), sam_memory=memory, reasoner_max_pages=2, tokenizer=str(base),
+        run=RunConfig(output_dir=str(work), name="distill", seed=0),
+        tasks=tasks,
+        sam_oracle=SamOracleConfig(**setting.expert),
+        sam_memory=memory,
+        reasoner_max_pages=2,
+        tokenizer=str(base),
     )
     with torch_threads(START_THREADS):
         stats = distill(distill_cfg, work / "distill")
@@ -262,8 +345,9 @@ def build_sft_start(work: Path, setting: Any, base: Path, memory: Any, steps: in
     return stats
 
 
-def run_sft_stage(data_dir: Path, base: Path, out: Path, name: str, steps: int, seed: int, lr: float = 2e-3,
-                  batch_size: int = 32) -> Path:
+def run_sft_stage(
+    data_dir: Path, base: Path, out: Path, name: str, steps: int, seed: int, lr: float = 2e-3, batch_size: int = 32
+) -> Path:
     """``steps`` full-weight SFT steps of ``batch_size`` rows from ``base`` on the distilled rows in ``data_dir``
     (cue writing 0.4, recall 0.6) into ``out/name/final``."""
     from memrl.data.config import RunConfig
@@ -272,12 +356,15 @@ def run_sft_stage(data_dir: Path, base: Path, out: Path, name: str, steps: int, 
     from memrl.train.sft_data import SFTDataConfig
 
     cfg = SFTRunConfig(
-        run=RunConfig(output_dir=str(out), name=name, seed=seed), model=PolicySpec(base=str(base)),
+        run=RunConfig(output_dir=str(out), name=name, seed=seed),
+        model=PolicySpec(base=str(base)),
         lora=LoraSettings(enabled=False),
-        data=SFTDataConfig(dir=str(data_dir), roles={"consolidate": 0.4, "recall": 0.6},
-                           mixture_rows=steps * batch_size),
-        train=SFTTrainConfig(max_steps=steps, batch_size=batch_size, lr=lr, warmup=0.05, max_length=512,
-                             save_steps=0, logging_steps=50),
+        data=SFTDataConfig(
+            dir=str(data_dir), roles={"consolidate": 0.4, "recall": 0.6}, mixture_rows=steps * batch_size
+        ),
+        train=SFTTrainConfig(
+            max_steps=steps, batch_size=batch_size, lr=lr, warmup=0.05, max_length=512, save_steps=0, logging_steps=50
+        ),
     )
     run_sft(cfg)
     return out / name / "final"
@@ -321,8 +408,10 @@ def start_mismatch(setting: str, digest: str, figures: Path = FIGURES) -> str | 
     if not other:
         return None
     listed = ", ".join(f"{name} ({d})" for name, d in other.items())
-    return (f"WARNING: this SFT start has weights {digest}, not the start of the committed figures {listed} "
-            f"in {figures}: figures from it will not match them")
+    return (
+        f"WARNING: this SFT start has weights {digest}, not the start of the committed figures {listed} "
+        f"in {figures}: figures from it will not match them"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -361,18 +450,26 @@ class Bench:
         check_bench_inputs(Path(args.work), [self.runs / "progress.jsonl", self.runs / "select_progress.jsonl"])
         self.runs.mkdir(parents=True, exist_ok=True)
         self.memory = SamConfig(
-            page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
-            sampling={"consolidate": RoleSampling(temperature=0.0, max_tokens=48),
-                      "recall": RoleSampling(temperature=1.0, max_tokens=64)},
+            page_turns=1,
+            live_capacity_turns=4,
+            keep_recent_turns=3,
+            sampling={
+                "consolidate": RoleSampling(temperature=0.0, max_tokens=48),
+                "recall": RoleSampling(temperature=1.0, max_tokens=64),
+            },
         )
         seed = self.setting.test_seed if args.split == "test" else self.setting.dev_seed
-        self.test_tasks = load_tasks(TaskSetConfig(count=self.scale.test_tasks, seed=seed, sam=self.setting.test),
-                                     args.split)
-        self.train_set = TaskSetConfig(count=self.scale.train_tasks, seed=self.setting.train_seed,
-                                       sam=self.setting.train)
+        self.test_tasks = load_tasks(
+            TaskSetConfig(count=self.scale.test_tasks, seed=seed, sam=self.setting.test), args.split
+        )
+        self.train_set = TaskSetConfig(
+            count=self.scale.train_tasks, seed=self.setting.train_seed, sam=self.setting.train
+        )
         # the learning curve's dev tasks (disjoint from the test tasks by seed, and from the final dev scoring)
-        self.curve_tasks = load_tasks(TaskSetConfig(count=self.scale.dev_curve_tasks, seed=self.setting.dev_seed + 1,
-                                                    sam=self.setting.test), "curve")
+        self.curve_tasks = load_tasks(
+            TaskSetConfig(count=self.scale.dev_curve_tasks, seed=self.setting.dev_seed + 1, sam=self.setting.test),
+            "curve",
+        )
         self.base: Path | None = None
         self.sft_dir: Path | None = None
         self.start: dict[str, str] = {}  # digests of the base and SFT weights: what every figure here starts from
@@ -397,20 +494,33 @@ class Bench:
         built = not (self.sft_dir / "config.json").exists()
         if built:
             with self.clock("sft_checkpoint"):
-                stats = build_sft_start(self.start_dir, self.setting, self.base, self.memory,
-                                        steps=self.scale.sft_steps, distill_tasks=self.scale.distill_tasks)
+                stats = build_sft_start(
+                    self.start_dir,
+                    self.setting,
+                    self.base,
+                    self.memory,
+                    steps=self.scale.sft_steps,
+                    distill_tasks=self.scale.distill_tasks,
+                )
         self.start = {"base_weights": weights_digest(self.base)[:16], "sft_weights": weights_digest(self.sft_dir)[:16]}
         mismatch = start_mismatch(self.args.setting, self.start["sft_weights"])
         if mismatch and self.scale.shares_start:
             say(mismatch)
-        return {"distill_traces": stats.get("traces"), "distill_rows": stats.get("rows"), **self.start,
-                "built": built, "cpu": cpu_profile(), "seconds": round(time.perf_counter() - t0, 1)}
+        return {
+            "distill_traces": stats.get("traces"),
+            "distill_rows": stats.get("rows"),
+            **self.start,
+            "built": built,
+            "cpu": cpu_profile(),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
 
     def reasoner_config(self, seed: int) -> Any:
         from memrl.train.oat_grpo import default_reasoner
 
         return default_reasoner(str(self.base), seed).model_copy(
-            update={"scripted_kwargs": {"max_pages": 2, "recall_budget": 2}})
+            update={"scripted_kwargs": {"max_pages": 2, "recall_budget": 2}}
+        )
 
     def evaluate(self, model_dir: Path, seed: int) -> dict[str, Any]:
         """Held-out success of a saved memory model on the scored tasks: ``eval_samples`` sampled runs per task (as
@@ -426,12 +536,19 @@ class Bench:
         if cached.exists():  # the same weights, seed and tasks: the evaluation is deterministic
             return json.loads(cached.read_text())
         with self.clock("test_eval"):  # only evaluations that ran: the rate per episode is measured on them
-            engine = build_engine(EngineConfig(backend="hf", name="memory", model=str(model_dir), dtype="float32",
-                                               batch_size=64))
+            engine = build_engine(
+                EngineConfig(backend="hf", name="memory", model=str(model_dir), dtype="float32", batch_size=64)
+            )
             try:
-                result = evaluate_sam_memory(self.test_tasks, engine, self.memory, samples=self.scale.eval_samples,
-                                             reasoner=build_engine(self.reasoner_config(seed)), seed=seed,
-                                             progress=None)
+                result = evaluate_sam_memory(
+                    self.test_tasks,
+                    engine,
+                    self.memory,
+                    samples=self.scale.eval_samples,
+                    reasoner=build_engine(self.reasoner_config(seed)),
+                    seed=seed,
+                    progress=None,
+                )
             finally:
                 engine.close()
         per_task: dict[str, list[float]] = {}
@@ -441,8 +558,11 @@ class Bench:
                 per_task.setdefault(r["episode_id"], []).append(float(r["outcome"] or 0.0))
             else:
                 greedy[r["episode_id"]] = float(r["outcome"] or 0.0)
-        out = {**summarize_eval(result), "per_task": {k: statistics.fmean(v) for k, v in per_task.items()},
-               "per_task_greedy": greedy}
+        out = {
+            **summarize_eval(result),
+            "per_task": {k: statistics.fmean(v) for k, v in per_task.items()},
+            "per_task_greedy": greedy,
+        }
         self.eval_cache.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(f".{os.getpid()}.tmp")  # another --jobs process may read it meanwhile
         partial.write_text(json.dumps(out))
@@ -456,8 +576,9 @@ class Bench:
         return self.sft_evals[seed]
 
     # ------------------------------------------------------------------------------------------------ memrl RL
-    def oat_family(self, variant: str, seed: int, budget: int | None, name: str | None = None,
-                   curve: bool = True) -> dict[str, Any]:
+    def oat_family(
+        self, variant: str, seed: int, budget: int | None, name: str | None = None, curve: bool = True
+    ) -> dict[str, Any]:
         """``oat``, ``tree_lambda0``, ``flat``, ``no_signal`` and ``lr0`` through ``memrl train oat-grpo`` under
         ``self.rl``: a dev learning curve during training (``curve`` False: only its ends), then the final policy
         scored on the scored tasks."""
@@ -473,37 +594,61 @@ class Bench:
         from memrl.train.policy import LoraSettings, PolicySpec
 
         s = self.scale
-        tree = TreeConfig(mode="flat" if variant == "flat" else "tree", branch_roles=["recall"],
-                          branch_factor=s.branch_factor, max_leaves=s.max_leaves, flat_group_size=s.flat_group_size,
-                          informative_groups=0 if variant == "flat" else s.tasks_per_iteration,
-                          max_extra_trees=0 if variant == "flat" else s.tasks_per_iteration)
+        tree = TreeConfig(
+            mode="flat" if variant == "flat" else "tree",
+            branch_roles=["recall"],
+            branch_factor=s.branch_factor,
+            max_leaves=s.max_leaves,
+            flat_group_size=s.flat_group_size,
+            informative_groups=0 if variant == "flat" else s.tasks_per_iteration,
+            max_extra_trees=0 if variant == "flat" else s.tasks_per_iteration,
+        )
         rl = self.rl
         committee = 0.0 if variant in ("tree_lambda0", "flat") else 0.5
-        credit = CreditConfig(terms=[{"name": "committee", "weight": committee}] if committee else [],
-                              shuffle_outcomes=variant == "no_signal", advantage=rl.advantage)
+        credit = CreditConfig(
+            terms=[{"name": "committee", "weight": committee}] if committee else [],
+            shuffle_outcomes=variant == "no_signal",
+            advantage=rl.advantage,
+        )
         iterations = s.iterations if budget is None else s.max_iterations
-        trainer = GroupTrainerConfig(lr=0.0 if variant == "lr0" else rl.lr, lora=LoraSettings(enabled=False),
-                                     update_epochs=rl.update_epochs, optimizer_steps_per_epoch=rl.steps_per_epoch,
-                                     kl_coef=rl.kl_coef, kl_reference="initial", lr_schedule="cosine",
-                                     min_lr_ratio=0.1,
-                                     lr_decay_steps=iterations * rl.update_epochs * rl.steps_per_epoch)
+        trainer = GroupTrainerConfig(
+            lr=0.0 if variant == "lr0" else rl.lr,
+            lora=LoraSettings(enabled=False),
+            update_epochs=rl.update_epochs,
+            optimizer_steps_per_epoch=rl.steps_per_epoch,
+            kl_coef=rl.kl_coef,
+            kl_reference="initial",
+            lr_schedule="cosine",
+            min_lr_ratio=0.1,
+            lr_decay_steps=iterations * rl.update_epochs * rl.steps_per_epoch,
+        )
         cfg = OATGRPOConfig(
             run=RunConfig(output_dir=str(self.runs), name=name or f"{variant}-s{seed}", seed=seed),
             policy=PolicySpec(base=str(self.sft_dir)),
             engine=EngineConfig(backend="hf", name="policy", model=str(self.sft_dir), dtype="float32", batch_size=64),
-            reasoner=self.reasoner_config(seed), memory=self.memory, train_tasks=self.train_set,
-            tasks_per_iteration=s.tasks_per_iteration, tree=tree, credit=credit,
+            reasoner=self.reasoner_config(seed),
+            memory=self.memory,
+            train_tasks=self.train_set,
+            tasks_per_iteration=s.tasks_per_iteration,
+            tree=tree,
+            credit=credit,
             trainer=trainer,
-            loop=LoopConfig(iterations=iterations, eval_every=s.eval_every if curve else 0, checkpoint_every=iterations,
-                            keep_checkpoints=1),
-            eval_samples=1, reasoner_token_budget=budget,
+            loop=LoopConfig(
+                iterations=iterations,
+                eval_every=s.eval_every if curve else 0,
+                checkpoint_every=iterations,
+                keep_checkpoints=1,
+            ),
+            eval_samples=1,
+            reasoner_token_budget=budget,
         )
         run_dir = prepare_run_dir(cfg, cfg.run, "train-oat-grpo")
         logger = MetricsLogger(run_dir, None, cfg.model_dump(mode="json"), name=run_dir.name, console=False)
         t0 = time.perf_counter()
         with self.clock("rl_train_and_dev_curve"):
-            result = train_oat_grpo(cfg, run_dir, logger=logger, eval_tasks=self.curve_tasks,
-                                    initial_eval=self.initial_curve.get(seed))
+            result = train_oat_grpo(
+                cfg, run_dir, logger=logger, eval_tasks=self.curve_tasks, initial_eval=self.initial_curve.get(seed)
+            )
         logger.close()
         if result["evals"] and result["evals"][0]["iteration"] == -1:  # the SFT start's figures, for the seed's others
             self.initial_curve.setdefault(seed, {k: v for k, v in result["evals"][0].items() if k != "iteration"})
@@ -513,16 +658,25 @@ class Bench:
         for h in result["history"]:
             spent += int(h.get("reasoner_tokens", 0))
             by_iteration[h["iteration"]] = spent
-        curve = [(0.0 if e["iteration"] < 0 else float(by_iteration[e["iteration"]]), e["success"],
-                  e["success_greedy"]) for e in result["evals"]]
+        curve = [
+            (0.0 if e["iteration"] < 0 else float(by_iteration[e["iteration"]]), e["success"], e["success_greedy"])
+            for e in result["evals"]
+        ]
         rows = [h.get("rows", 0.0) for h in result["history"] if not h.get("skipped")]
         train_s = sum(float(h.get("iteration_s", 0.0)) for h in result["history"])
         final = self.evaluate(Path(result["policy_dir"]), seed)
-        return {**final, "reasoner_tokens": spent, "updates": result["updates"],
-                "rows_per_update": statistics.fmean(rows) if rows else 0.0,
-                "wall_s": round(time.perf_counter() - t0, 1), "train_s": round(train_s, 1), "trees": trees,
-                "iterations_trained": len(trained),
-                "curve": curve, "diagnostics": diagnostics(result["history"])}
+        return {
+            **final,
+            "reasoner_tokens": spent,
+            "updates": result["updates"],
+            "rows_per_update": statistics.fmean(rows) if rows else 0.0,
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "train_s": round(train_s, 1),
+            "trees": trees,
+            "iterations_trained": len(trained),
+            "curve": curve,
+            "diagnostics": diagnostics(result["history"]),
+        }
 
     # ------------------------------------------------------------------------------------------------ SFT only
     def sft_more(self, seed: int, budget: int, steps: int, rows_per_step: int) -> dict[str, Any]:
@@ -538,24 +692,52 @@ class Bench:
 
         t0 = time.perf_counter()
         probe = load_tasks(TaskSetConfig(count=16, seed=self.setting.train_seed, sam=self.setting.sft), "probe")
-        expert = evaluate_sam_memory(probe, None, self.memory, samples=0, tokenizer=load_tokenizer(str(self.base)),
-                                     reasoner=build_engine(self.reasoner_config(seed)), seed=seed, progress=None)
+        expert = evaluate_sam_memory(
+            probe,
+            None,
+            self.memory,
+            samples=0,
+            tokenizer=load_tokenizer(str(self.base)),
+            reasoner=build_engine(self.reasoner_config(seed)),
+            seed=seed,
+            progress=None,
+        )
         per_task = max(float(expert["reasoner_tokens_per_task"]), 1.0)
         extra = max(1, math.ceil(budget / per_task))
         out = self.runs / f"sft_more-s{seed}"
         tasks = TaskSetConfig(count=extra, seed=500_000 + 10_000 * seed, sam=self.setting.sft)
         with self.clock("sft_more_data_and_train"):
-            distill(DistillRunConfig(
-                run=RunConfig(output_dir=str(out), name="distill", seed=seed), tasks=tasks,
-                sam_oracle=SamOracleConfig(**self.setting.expert), sam_memory=self.memory, reasoner_max_pages=2,
-                tokenizer=str(self.base),
-            ), out / "distill")
+            distill(
+                DistillRunConfig(
+                    run=RunConfig(output_dir=str(out), name="distill", seed=seed),
+                    tasks=tasks,
+                    sam_oracle=SamOracleConfig(**self.setting.expert),
+                    sam_memory=self.memory,
+                    reasoner_max_pages=2,
+                    tokenizer=str(self.base),
+                ),
+                out / "distill",
+            )
             # continued at the RL variants' learning rate: a fresh 2e-3 warm restart undoes the shared checkpoint
-            model = run_sft_stage(out / "distill", self.sft_dir, out, "sft", steps, seed=seed,  # type: ignore[arg-type]
-                                  lr=self.rl.lr, batch_size=rows_per_step)
+            model = run_sft_stage(
+                out / "distill",
+                self.sft_dir,
+                out,
+                "sft",
+                steps,
+                seed=seed,  # type: ignore[arg-type]
+                lr=self.rl.lr,
+                batch_size=rows_per_step,
+            )
         result = self.evaluate(model, seed)
-        return {**result, "reasoner_tokens": round(extra * per_task), "extra_expert_tasks": extra,
-                "sft_steps": steps, "sft_rows_per_step": rows_per_step, "wall_s": round(time.perf_counter() - t0, 1)}
+        return {
+            **result,
+            "reasoner_tokens": round(extra * per_task),
+            "extra_expert_tasks": extra,
+            "sft_steps": steps,
+            "sft_rows_per_step": rows_per_step,
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }
 
     # ------------------------------------------------------------------------------------------------ TRL peer
     def trl_grpo(self, seed: int, budget: int) -> dict[str, Any]:
@@ -575,8 +757,9 @@ class Bench:
 
         t0 = time.perf_counter()
         tokenizer = load_tokenizer(str(self.sft_dir))
-        memory_engine = build_engine(EngineConfig(backend="hf", name="continuation", model=str(self.sft_dir),
-                                                  dtype="float32", batch_size=64))
+        memory_engine = build_engine(
+            EngineConfig(backend="hf", name="continuation", model=str(self.sft_dir), dtype="float32", batch_size=64)
+        )
         engines = EngineSet(reasoner=build_engine(self.reasoner_config(seed)), memory=memory_engine)
         spent = [0]
 
@@ -589,27 +772,38 @@ class Bench:
         def on_result(rollout: Any, call: Any, result: Any) -> None:
             if call.kind == "memory" and call.role == "recall" and not call.request.metadata.get("continues_action"):
                 snapshot = rollout.fork(f"{rollout.rollout_id}.p{len(states)}")  # still waiting for this call
-                rows.append({"prompt": [{"role": m.role, "content": m.content} for m in call.request.messages],
-                             "state": len(states)})
+                rows.append(
+                    {
+                        "prompt": [{"role": m.role, "content": m.content} for m in call.request.messages],
+                        "state": len(states),
+                    }
+                )
                 states.append(snapshot)
 
-        collect = [sam_rollout(t, self.memory, seed=seed, rollout_id="c")
-                   for t in tasks[: 2 * self.scale.tasks_per_iteration]]
+        collect = [
+            sam_rollout(t, self.memory, seed=seed, rollout_id="c") for t in tasks[: 2 * self.scale.tasks_per_iteration]
+        ]
         run_rollouts(collect, engines, on_result=on_result)
         spent[0] += sum(r.reasoner_usage.spent for r in collect)
         if not rows:
             raise RuntimeError("trl_grpo: the SFT model's trajectories made no recall: no prompt to train on")
 
         # 2. reward: continue the episode from the snapshot with the completion as that recall's page read
-        def reward(prompts: list[Any], completions: list[Any], state: list[int], completion_ids: list[list[int]],
-                   **_: Any) -> list[float]:
+        def reward(
+            prompts: list[Any], completions: list[Any], state: list[int], completion_ids: list[list[int]], **_: Any
+        ) -> list[float]:
             forks = []
             for i, (completion, ids, key) in enumerate(zip(completions, completion_ids, state, strict=True)):
                 text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
                 rollout = states[key].fork(f"g{i}")
-                rollout.advance(GenerationResult(prompt_ids=[], completions=[Completion(ids, [0.0] * len(ids), text,
-                                                                                         "stop")],
-                                                 usage=Usage(completion_tokens=len(ids)), engine="trl"))
+                rollout.advance(
+                    GenerationResult(
+                        prompt_ids=[],
+                        completions=[Completion(ids, [0.0] * len(ids), text, "stop")],
+                        usage=Usage(completion_tokens=len(ids)),
+                        engine="trl",
+                    )
+                )
                 forks.append(rollout)
             before = [r.reasoner_usage.spent for r in forks]
             run_rollouts(forks, engines)
@@ -627,31 +821,72 @@ class Bench:
 
         k = self.scale.branch_factor * 2
         args = GRPOConfig(
-            output_dir=str(self.runs / f"trl_grpo-s{seed}"), seed=seed, learning_rate=2e-4,
-            num_generations=k, per_device_train_batch_size=k * self.scale.trl_prompts_per_step,
-            max_completion_length=64, temperature=1.0, top_p=1.0, beta=0.0, max_steps=10_000,
-            logging_steps=5, save_strategy="no", report_to=[], use_cpu=not torch.cuda.is_available(), bf16=False,
-            dataloader_num_workers=0, disable_tqdm=True,
+            output_dir=str(self.runs / f"trl_grpo-s{seed}"),
+            seed=seed,
+            learning_rate=2e-4,
+            num_generations=k,
+            per_device_train_batch_size=k * self.scale.trl_prompts_per_step,
+            max_completion_length=64,
+            temperature=1.0,
+            top_p=1.0,
+            beta=0.0,
+            max_steps=10_000,
+            logging_steps=5,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=not torch.cuda.is_available(),
+            bf16=False,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
         )
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
-                              processing_class=tokenizer, callbacks=[SyncAndBudget()])
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            callbacks=[SyncAndBudget()],
+        )
         trainer.train()
         out = self.runs / f"trl_grpo-s{seed}" / "final"
         trainer.save_model(str(out))
         tokenizer.save_pretrained(str(out))
         memory_engine.close()
         result = self.evaluate(out, seed)
-        return {**result, "reasoner_tokens": spent[0], "updates": trainer.state.global_step, "prompts": len(rows),
-                "wall_s": round(time.perf_counter() - t0, 1)}
+        return {
+            **result,
+            "reasoner_tokens": spent[0],
+            "updates": trainer.state.global_step,
+            "prompts": len(rows),
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }
 
 
 # ----------------------------------------------------------------------------------------------------------------
-DIAGNOSTIC_KEYS = ("rows", "trained_tokens", "informative_groups", "outcome_tie_fraction", "identical_sibling_fraction",
-                   "advantage_mean", "approx_kl", "approx_kl_max", "clip_fraction", "ratio_min", "ratio_max",
-                   "kl_initial_probe", "extra_trees", "informative_groups_short", "optimizer_step_count",
-                   # issue 39: how much of an update the outcome-tied groups and identical rows make up
-                   "outcome_tied_row_fraction", "outcome_tied_advantage_fraction", "identical_row_fraction",
-                   "identical_row_cancelled_advantage_fraction", "prefix_shared_sibling_fraction", "kl_probe_s")
+DIAGNOSTIC_KEYS = (
+    "rows",
+    "trained_tokens",
+    "informative_groups",
+    "outcome_tie_fraction",
+    "identical_sibling_fraction",
+    "advantage_mean",
+    "approx_kl",
+    "approx_kl_max",
+    "clip_fraction",
+    "ratio_min",
+    "ratio_max",
+    "kl_initial_probe",
+    "extra_trees",
+    "informative_groups_short",
+    "optimizer_step_count",
+    # issue 39: how much of an update the outcome-tied groups and identical rows make up
+    "outcome_tied_row_fraction",
+    "outcome_tied_advantage_fraction",
+    "identical_row_fraction",
+    "identical_row_cancelled_advantage_fraction",
+    "prefix_shared_sibling_fraction",
+    "kl_probe_s",
+)
 
 
 def diagnostics(history: list[dict[str, Any]]) -> dict[str, float]:
@@ -672,12 +907,22 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         if not rows:
             continue
         out[variant] = {
-            "mean": {"success": statistics.fmean(r["success"] for r in rows),
-                     "success_greedy": statistics.fmean(r["success_greedy"] for r in rows),
-                     "reasoner_tokens": statistics.fmean(r["reasoner_tokens"] for r in rows),
-                     "wall_s": statistics.fmean(r["wall_s"] for r in rows)},
-            "seeds": [{k: v for k, v in r.items() if k not in ("curve", "per_task", "per_task_greedy", "by_horizon")
-                       and not k.startswith("success/") and not k.startswith("success_greedy/")} for r in rows],
+            "mean": {
+                "success": statistics.fmean(r["success"] for r in rows),
+                "success_greedy": statistics.fmean(r["success_greedy"] for r in rows),
+                "reasoner_tokens": statistics.fmean(r["reasoner_tokens"] for r in rows),
+                "wall_s": statistics.fmean(r["wall_s"] for r in rows),
+            },
+            "seeds": [
+                {
+                    k: v
+                    for k, v in r.items()
+                    if k not in ("curve", "per_task", "per_task_greedy", "by_horizon")
+                    and not k.startswith("success/")
+                    and not k.startswith("success_greedy/")
+                }
+                for r in rows
+            ],
         }
     return out
 
@@ -698,10 +943,18 @@ def paired_difference(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str
     tasks = sorted(set.intersection(*(set(a_by[s]) & set(b_by[s]) for s in seeds)))
     rows = [[100 * (a_by[s][t] - b_by[s][t]) for t in tasks] for s in seeds]
     iv = two_level_interval(rows)
-    return {"difference": iv["mean"], "ci95": iv["interval"], "half_width": iv["half_width"],
-            "ci95_two_level_bootstrap": iv["two_level_bootstrap"], "ci95_seed_t": iv["seed_level_t"],
-            "ci95_tasks_only": iv["task_level"], "per_seed": iv["per_seed_mean"], "tasks": len(tasks),
-            "seeds": seeds, "interval": iv["rule"]}
+    return {
+        "difference": iv["mean"],
+        "ci95": iv["interval"],
+        "half_width": iv["half_width"],
+        "ci95_two_level_bootstrap": iv["two_level_bootstrap"],
+        "ci95_seed_t": iv["seed_level_t"],
+        "ci95_tasks_only": iv["task_level"],
+        "per_seed": iv["per_seed_mean"],
+        "tasks": len(tasks),
+        "seeds": seeds,
+        "interval": iv["rule"],
+    }
 
 
 RECORD_KEYS = {"sampled": "per_task", "greedy": "per_task_greedy"}
@@ -714,8 +967,11 @@ def task_records(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     tasks = sorted({t for rows in runs.values() for r in rows for t in r.get("per_task", {})})
     out: dict[str, Any] = {"tasks": tasks}
     for mode, key in RECORD_KEYS.items():
-        out[mode] = {v: {str(r["seed"]): [r.get(key, {}).get(t) for t in tasks] for r in rows}
-                     for v, rows in runs.items() if rows}
+        out[mode] = {
+            v: {str(r["seed"]): [r.get(key, {}).get(t) for t in tasks] for r in rows}
+            for v, rows in runs.items()
+            if rows
+        }
     return out
 
 
@@ -731,38 +987,52 @@ def paired_from_records(records: dict[str, Any], pairs: tuple[tuple[str, str], .
                     row = {"seed": int(seed)}
                     rows.append(row)
                 row[key] = {t: v for t, v in zip(records["tasks"], values, strict=True) if v is not None}
-    return {f"{a} - {b}": {"sampled": paired_difference(runs[a], runs[b]),
-                           "greedy": paired_difference(runs[a], runs[b], "per_task_greedy")}
-            for a, b in pairs if runs.get(a) and runs.get(b)}
+    return {
+        f"{a} - {b}": {
+            "sampled": paired_difference(runs[a], runs[b]),
+            "greedy": paired_difference(runs[a], runs[b], "per_task_greedy"),
+        }
+        for a, b in pairs
+        if runs.get(a) and runs.get(b)
+    }
 
 
 def settings_chosen_on_dev(selection: dict[str, Any], file_name: str) -> tuple[RLSettings, dict[str, str]]:
     """The RL settings a ``--select`` record chose, and the non-default settings with their reasons: what the grid
     varied is listed as chosen on dev with every candidate's dev figure; what it held fixed is listed as such."""
+
     def settings(row: dict[str, Any]) -> dict[str, Any]:  # records before issue 39 lack advantage, steps_per_epoch
         return {k: row.get(k, getattr(ANALYSIS_SETTINGS, k)) for k in RL_KEYS}
 
     candidates = [settings(r) for r in selection["candidates"]]
     rl = RLSettings(**settings(selection["chosen"]))
     varied = [k for k in RL_KEYS if len({c[k] for c in candidates}) > 1]
-    non_default = {k: v for k, v in NON_DEFAULT_SETTINGS.items()
-                   if not k.startswith(("trainer.kl_coef", "trainer.lr", "trainer.update"))}
+    non_default = {
+        k: v
+        for k, v in NON_DEFAULT_SETTINGS.items()
+        if not k.startswith(("trainer.kl_coef", "trainer.lr", "trainer.update"))
+    }
 
     def value(v: Any) -> str:
         return f"{v:g}" if isinstance(v, float) else str(v)
 
-    figures = ", ".join("/".join(value(c[k]) for k in varied) + f": {100 * r['dev_success']:.1f}%"
-                        for c, r in zip(candidates, selection["candidates"], strict=True))
+    figures = ", ".join(
+        "/".join(value(c[k]) for k in varied) + f": {100 * r['dev_success']:.1f}%"
+        for c, r in zip(candidates, selection["candidates"], strict=True)
+    )
     chosen = ", ".join(f"{RL_KEYS[k]}={value(getattr(rl, k))}" for k in varied)
     for k in RL_KEYS:
         if k not in varied:
             non_default[f"{RL_KEYS[k]}={value(getattr(rl, k))}"] = "held fixed on the --select grid (not chosen on dev)"
     if varied:
-        non_default[chosen] = (f"chosen on dev ({file_name}; {selection['rule']}): dev success by "
-                               f"{'/'.join(RL_KEYS[k] for k in varied)}: {figures}; SFT "
-                               f"{100 * selection['sft_dev_success']:.1f}%")
+        non_default[chosen] = (
+            f"chosen on dev ({file_name}; {selection['rule']}): dev success by "
+            f"{'/'.join(RL_KEYS[k] for k in varied)}: {figures}; SFT "
+            f"{100 * selection['sft_dev_success']:.1f}%"
+        )
     non_default["trainer.lr_schedule=cosine to 0.1 over the run"] = (
-        "from issue 26's analysis, not chosen on dev: late steps refine")
+        "from issue 26's analysis, not chosen on dev: late steps refine"
+    )
     return rl, non_default
 
 
@@ -788,8 +1058,10 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], sft: float, path: Path, s
         else:
             test = 100 * statistics.fmean(r["success"] for r in rows)
             tokens = statistics.fmean(r["reasoner_tokens"] for r in rows)
-            notes.append(f"{variant} has no dev curve: test success {test:.1f}% after {tokens:,.0f} reasoner tokens "
-                         f"(SFT start on test: {100 * sft:.1f}%)")
+            notes.append(
+                f"{variant} has no dev curve: test success {test:.1f}% after {tokens:,.0f} reasoner tokens "
+                f"(SFT start on test: {100 * sft:.1f}%)"
+            )
     ax.set_xlabel("training reasoner tokens")
     ax.set_ylabel("held-out dev success (sampled)")
     ax.set_title(f"SAM {setting}: learning curves on dev (mean over seeds)")
@@ -805,9 +1077,16 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], sft: float, path: Path, s
 def run_key(args: argparse.Namespace, scale: Scale, rl: RLSettings, start: dict[str, str]) -> str:
     """What a finished (variant, seed) row of progress.jsonl was computed under: a row is reused on a rerun only
     when every one of these is unchanged, the weights it started from (``start``: Bench.start's digests) included."""
-    inputs = {"scale": asdict(scale), "rl": asdict(rl), "setting": args.setting, "split": args.split,
-              "sft_steps": SFT_STEPS, "non_default": sorted(NON_DEFAULT_SETTINGS), "start": start,
-              "cpu": cpu_profile()}
+    inputs = {
+        "scale": asdict(scale),
+        "rl": asdict(rl),
+        "setting": args.setting,
+        "split": args.split,
+        "sft_steps": SFT_STEPS,
+        "non_default": sorted(NON_DEFAULT_SETTINGS),
+        "start": start,
+        "cpu": cpu_profile(),
+    }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -910,8 +1189,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def run_all(items: list[tuple[str, int, Any]], progress: Progress, claims: Claims, runs: Path,
-            on_finished: Any = None, poll_s: float = 5.0) -> None:
+def run_all(
+    items: list[tuple[str, int, Any]],
+    progress: Progress,
+    claims: Claims,
+    runs: Path,
+    on_finished: Any = None,
+    poll_s: float = 5.0,
+) -> None:
     """Compute every (variant, seed, compute) not yet in ``progress``, sharing the work with any other process on
     the same files: a run another live process has claimed is waited for, not repeated. Returns when every item is
     finished, by whichever process. A run's folder (``runs/<variant>-s<seed>``) left by an interrupted try is
@@ -968,25 +1253,43 @@ def select(bench: Bench, progress: Progress, claims: Claims, seed: int = 0) -> d
         row = progress.get(f"select-{candidate.name}", seed)
         assert row is not None
         diff = paired_difference([row], [sft])
-        rows.append({**asdict(candidate), "dev_success": row["success"], "dev_success_greedy": row["success_greedy"],
-                     "oat_minus_sft": diff, "updates": row["updates"], "wall_s": row["wall_s"]})
-        say(f"select {candidate.name}: dev sampled {row['success']:.3f} greedy {row['success_greedy']:.3f} "
+        rows.append(
+            {
+                **asdict(candidate),
+                "dev_success": row["success"],
+                "dev_success_greedy": row["success_greedy"],
+                "oat_minus_sft": diff,
+                "updates": row["updates"],
+                "wall_s": row["wall_s"],
+            }
+        )
+        say(
+            f"select {candidate.name}: dev sampled {row['success']:.3f} greedy {row['success_greedy']:.3f} "
             f"(SFT {sft['success']:.3f}); oat - SFT {diff['difference']:+.1f} "
-            f"[{diff['ci95'][0]:+.1f}, {diff['ci95'][1]:+.1f}]")
+            f"[{diff['ci95'][0]:+.1f}, {diff['ci95'][1]:+.1f}]"
+        )
     chosen = pick_setting([r["dev_success"] for r in rows])
-    return {"rule": "the highest mean dev success (sampled), ties to the setting listed first (closest to memrl's "
-                    "defaults: kl_coef 0 first, then the smaller lr)",
-            "split": "dev", "seed": seed, "dev_tasks": bench.scale.test_tasks,
-            "eval_samples_per_task": bench.scale.eval_samples, "sft_dev_success": sft["success"],
-            "candidates": rows, "chosen": rows[chosen]}
+    return {
+        "rule": "the highest mean dev success (sampled), ties to the setting listed first (closest to memrl's "
+        "defaults: kl_coef 0 first, then the smaller lr)",
+        "split": "dev",
+        "seed": seed,
+        "dev_tasks": bench.scale.test_tasks,
+        "eval_samples_per_task": bench.scale.eval_samples,
+        "sft_dev_success": sft["success"],
+        "candidates": rows,
+        "chosen": rows[chosen],
+    }
 
 
-def full_estimate(runs: dict[str, list[dict[str, Any]]], phases: dict[str, dict[str, float]],
-                  scale: Scale) -> dict[str, Any]:
+def full_estimate(
+    runs: dict[str, list[dict[str, Any]]], phases: dict[str, dict[str, float]], scale: Scale
+) -> dict[str, Any]:
     """The full setting's time on this machine, extrapolated from this run's measured rates: seconds per tree (or
     flat group) built and trained, and per evaluation episode (a task's sampled or greedy run)."""
-    rl = [r for variant, rows in runs.items() if variant not in ("sft_more", "trl_grpo") for r in rows
-          if r.get("trees")]
+    rl = [
+        r for variant, rows in runs.items() if variant not in ("sft_more", "trl_grpo") for r in rows if r.get("trees")
+    ]
     evals = phases.get("test_eval", {})
     episodes = evals.get("count", 0) * scale.test_tasks * (scale.eval_samples + 1)
     if not rl or not episodes:
@@ -996,14 +1299,20 @@ def full_estimate(runs: dict[str, list[dict[str, Any]]], phases: dict[str, dict[
     # dynamic sampling's extra trees, as a ratio to the iterations' own tasks
     extra_ratio = sum(r["trees"] for r in rl) / sum(r["iterations_trained"] * scale.tasks_per_iteration for r in rl)
     curve = FULL.dev_curve_tasks * 2 * (FULL.iterations // FULL.eval_every + 1)  # 1 sampled + greedy per eval
-    per_rl_run = FULL.iterations * FULL.tasks_per_iteration * extra_ratio * per_tree + (
-        FULL.test_tasks * (FULL.eval_samples + 1) + curve) * per_episode
+    per_rl_run = (
+        FULL.iterations * FULL.tasks_per_iteration * extra_ratio * per_tree
+        + (FULL.test_tasks * (FULL.eval_samples + 1) + curve) * per_episode
+    )
     runs_full = FULL.seeds * (len(DEFAULT_VARIANTS) - 1)  # RL runs; sft_more and the SFT evals are cheaper
     total = runs_full * per_rl_run + FULL.seeds * 2 * FULL.test_tasks * (FULL.eval_samples + 1) * per_episode
-    return {"seconds_per_tree": round(per_tree, 2), "seconds_per_eval_episode": round(per_episode, 3),
-            "seconds_per_rl_variant_seed": round(per_rl_run), "hours_total": round(total / 3600, 1),
-            "how": "this run's rates x the full setting's trees (25 iterations x 8 tasks, scaled by this run's "
-                   "extra-tree ratio) and evaluation episodes (300 x 5 test + 48 x 2 dev-curve x 6)"}
+    return {
+        "seconds_per_tree": round(per_tree, 2),
+        "seconds_per_eval_episode": round(per_episode, 3),
+        "seconds_per_rl_variant_seed": round(per_rl_run),
+        "hours_total": round(total / 3600, 1),
+        "how": "this run's rates x the full setting's trees (25 iterations x 8 tasks, scaled by this run's "
+        "extra-tree ratio) and evaluation episodes (300 x 5 test + 48 x 2 dev-curve x 6)",
+    }
 
 
 def say(message: str) -> None:
@@ -1025,8 +1334,10 @@ def start_workers(jobs: int) -> list[subprocess.Popen]:
             skip = True
         elif not a.startswith("--jobs="):
             argv.append(a)
-    return [subprocess.Popen([sys.executable, sys.argv[0], *argv, "--worker", f"--worker-index={i}"])
-            for i in range(1, jobs)]
+    return [
+        subprocess.Popen([sys.executable, sys.argv[0], *argv, "--worker", f"--worker-index={i}"])
+        for i in range(1, jobs)
+    ]
 
 
 def die_with_parent() -> None:
@@ -1045,39 +1356,59 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the small setting")
-    parser.add_argument("--smoke", action="store_true",
-                        help="the smallest setting, with its own tiny SFT start: every stage runs, nothing is measured "
-                             "(the test suite's)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest setting, with its own tiny SFT start: every stage runs, nothing is measured "
+        "(the test suite's)",
+    )
     parser.add_argument("--seeds", type=int, default=None, help="default: 2 (--quick) or 5")
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help=f"comma-separated subset of {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}"
+    )
     parser.add_argument("--setting", default="multihop", help="a name of memrl.data.tasks.sam.SAM_SETTINGS")
     parser.add_argument("--split", choices=["dev", "test"], default="test")
-    parser.add_argument("--select", action="store_true",
-                        help="choose lr / kl_coef for 'oat' on the dev split (SELECT_GRID) and write "
-                             "<work>/<setting>/<quick|full>/selected_on_dev.json, which later test-split runs read")
+    parser.add_argument(
+        "--select",
+        action="store_true",
+        help="choose lr / kl_coef for 'oat' on the dev split (SELECT_GRID) and write "
+        "<work>/<setting>/<quick|full>/selected_on_dev.json, which later test-split runs read",
+    )
     parser.add_argument("--work", default="runs/ablations", help="output directory (the SFT checkpoint is reused)")
     parser.add_argument("--model-cache", default=".cache/models")
     parser.add_argument("--prepare-only", action="store_true", help="build the shared SFT checkpoint and stop")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="processes sharing the (variant, seed) runs (2 on this 2-core machine); every run "
-                             "computes with one torch thread, so its figures do not depend on --jobs or on which "
-                             "process computed it")
-    parser.add_argument("--recompute", metavar="JSON", default=None,
-                        help="print the paired table recomputed from a committed ablations JSON's per-task, per-seed "
-                             "records (nothing is run)")
-    parser.add_argument("--native-cpu", action="store_true",
-                        help="compute with this machine's own kernels and thread count instead of the pinned profile "
-                             "(one thread, AVX2 kernels: CPU_PROFILE); faster on a large machine, but the figures then "
-                             "depend on the machine")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="processes sharing the (variant, seed) runs (2 on this 2-core machine); every run "
+        "computes with one torch thread, so its figures do not depend on --jobs or on which "
+        "process computed it",
+    )
+    parser.add_argument(
+        "--recompute",
+        metavar="JSON",
+        default=None,
+        help="print the paired table recomputed from a committed ablations JSON's per-task, per-seed "
+        "records (nothing is run)",
+    )
+    parser.add_argument(
+        "--native-cpu",
+        action="store_true",
+        help="compute with this machine's own kernels and thread count instead of the pinned profile "
+        "(one thread, AVX2 kernels: CPU_PROFILE); faster on a large machine, but the figures then "
+        "depend on the machine",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.recompute:
         record = json.loads(Path(args.recompute).read_text())
         if "records" not in record:
-            raise SystemExit(f"[ablations] {args.recompute} has no per-task records (written by versions before "
-                             "two-level intervals): nothing to recompute from")
+            raise SystemExit(
+                f"[ablations] {args.recompute} has no per-task records (written by versions before "
+                "two-level intervals): nothing to recompute from"
+            )
         print(json.dumps(paired_from_records(record["records"]), indent=1), flush=True)
         return
     if args.jobs < 1:
@@ -1124,43 +1455,66 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
     non_default = dict(NON_DEFAULT_SETTINGS)
     claims = Claims(bench.runs / "claims")
     if args.select:
-        progress = Progress(bench.runs / "select_progress.jsonl", run_key(args, bench.scale, ANALYSIS_SETTINGS,
-                                                                                   bench.start))
+        progress = Progress(
+            bench.runs / "select_progress.jsonl", run_key(args, bench.scale, ANALYSIS_SETTINGS, bench.start)
+        )
         selection = select(bench, progress, claims)
         if selection is None:  # a worker
             return
         wait_for(workers)
-        record = {"benchmark": "ablations-select", "setting": args.setting, "quick": args.quick,
-                  "scale": bench.scale.name, "jobs": args.jobs,
-                  **bench.start, "cpu": cpu_profile(), **selection, "phases": bench.clock.summary(),
-                  "wall_seconds": round(time.perf_counter() - t_start, 1), "cpu_seconds": round(PhaseClock._cpu(), 1)}
+        record = {
+            "benchmark": "ablations-select",
+            "setting": args.setting,
+            "quick": args.quick,
+            "scale": bench.scale.name,
+            "jobs": args.jobs,
+            **bench.start,
+            "cpu": cpu_profile(),
+            **selection,
+            "phases": bench.clock.summary(),
+            "wall_seconds": round(time.perf_counter() - t_start, 1),
+            "cpu_seconds": round(PhaseClock._cpu(), 1),
+        }
         chosen_file.write_text(json.dumps(record, indent=1) + "\n")
         print(json.dumps(record), flush=True)
         return
     if chosen_file.exists() and args.split == "test":
         selection = json.loads(chosen_file.read_text())
         if selection.get("sft_weights", bench.start["sft_weights"]) != bench.start["sft_weights"]:
-            raise SystemExit(f"[ablations] {chosen_file} was chosen from the SFT weights {selection['sft_weights']}, "
-                             f"but {bench.sft_dir} holds {bench.start['sft_weights']}: run --select again")
+            raise SystemExit(
+                f"[ablations] {chosen_file} was chosen from the SFT weights {selection['sft_weights']}, "
+                f"but {bench.sft_dir} holds {bench.start['sft_weights']}: run --select again"
+            )
         bench.rl, non_default = settings_chosen_on_dev(selection, chosen_file.name)
         say(f"RL settings chosen on dev: {bench.rl}")
     else:
         non_default[", ".join(RL_KEYS.values())] = (
-            f"from issue 26's analysis, NOT chosen on dev: no {chosen_file} (run --select first)")
+            f"from issue 26's analysis, NOT chosen on dev: no {chosen_file} (run --select first)"
+        )
     progress = Progress(bench.runs / "progress.jsonl", run_key(args, bench.scale, bench.rl, bench.start))
     finished_before = set(progress.done)
     if finished_before and not args.worker:
         say(f"{len(finished_before)} finished (variant, seed) runs reused from {progress.path}")
 
     def report(variant: str, seed: int, row: dict[str, Any], seconds: float) -> None:
-        say(f"{variant} seed {seed}: test sampled {row['success']:.3f} greedy {row['success_greedy']:.3f} tokens "
-            f"{row.get('reasoner_tokens', 0)} updates {row.get('updates', '-')} ({seconds:.0f} s)")
+        say(
+            f"{variant} seed {seed}: test sampled {row['success']:.3f} greedy {row['success_greedy']:.3f} tokens "
+            f"{row.get('reasoner_tokens', 0)} updates {row.get('updates', '-')} ({seconds:.0f} s)"
+        )
 
     # oat seed 0 fixes the budget every other run spends; the SFT evaluations need nothing, so a second worker
     # does them meanwhile
-    run_all([("oat", 0, lambda: bench.oat_family("oat", 0, None))]
-            + [("sft", seed, lambda seed=seed: {**bench.sft_eval(seed), "reasoner_tokens": 0, "wall_s": 0.0})
-               for seed in range(seeds)], progress, claims, bench.runs, report)
+    run_all(
+        [("oat", 0, lambda: bench.oat_family("oat", 0, None))]
+        + [
+            ("sft", seed, lambda seed=seed: {**bench.sft_eval(seed), "reasoner_tokens": 0, "wall_s": 0.0})
+            for seed in range(seeds)
+        ],
+        progress,
+        claims,
+        bench.runs,
+        report,
+    )
     first = progress.get("oat", 0)
     assert first is not None
     budget = first["reasoner_tokens"]
@@ -1181,15 +1535,22 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
     # progress.jsonl); the lr0 control, which only confirms that nothing moves, after all the others
     order = [(v, seed) for seed in range(seeds) for v in variants if v != "lr0"]
     order += [("lr0", seed) for seed in range(seeds) if "lr0" in variants]
-    run_all([(v, seed, compute(v, seed)) for v, seed in order if (v, seed) != ("oat", 0)], progress, claims,
-            bench.runs, report)
+    run_all(
+        [(v, seed, compute(v, seed)) for v, seed in order if (v, seed) != ("oat", 0)],
+        progress,
+        claims,
+        bench.runs,
+        report,
+    )
     if args.worker:
         return
     wait_for(workers)
     reused = [key for key in finished_before if key[0] in ("sft", *variants) and key[1] < seeds]
     sft_runs = [{**progress.get("sft", seed), "seed": seed} for seed in range(seeds)]  # type: ignore[dict-item]
-    runs = {v: [{**progress.get(v, seed), "seed": seed} for seed in range(seeds)]  # type: ignore[dict-item]
-            for v in variants}
+    runs = {
+        v: [{**progress.get(v, seed), "seed": seed} for seed in range(seeds)]  # type: ignore[dict-item]
+        for v in variants
+    }
     png = bench.runs / "ablations_curves.png"
     sft_sampled = statistics.fmean(r["success"] for r in sft_runs)
     plot_curves(runs, sft_sampled, png, args.setting)
@@ -1231,8 +1592,10 @@ def wait_for(workers: list[subprocess.Popen]) -> None:
     """Every run is finished when this is called: let the workers exit, and fail loudly if one crashed."""
     for w in workers:
         if w.wait() != 0:
-            raise SystemExit(f"[ablations] worker {w.pid} exited with {w.returncode}; its runs were finished by "
-                             "another process, but check its output above")
+            raise SystemExit(
+                f"[ablations] worker {w.pid} exited with {w.returncode}; its runs were finished by "
+                "another process, but check its output above"
+            )
 
 
 if __name__ == "__main__":

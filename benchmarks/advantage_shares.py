@@ -50,8 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.ablat
 NOISY_ORACLE = {"error_rate": 0.3, "verbatim": 1.0, "omission": 0.5}
 
 
-def option_shares(trees: list[Any], preset: str, shared_prefix: str, committee_weight: float,
-                  seed: int) -> dict[str, Any]:
+def option_shares(
+    trees: list[Any], preset: str, shared_prefix: str, committee_weight: float, seed: int
+) -> dict[str, Any]:
     """The rows one update would train on copies of ``trees`` under one option, and where their advantage comes
     from."""
     from memrl.rewards.credit import CreditConfig
@@ -65,8 +66,11 @@ def option_shares(trees: list[Any], preset: str, shared_prefix: str, committee_w
     tied = [abs(r.advantage) for r in rows if r.outcome_tied]
     informative = [abs(r.advantage) for r in rows if not r.outcome_tied]
     return {
-        "rows": len(rows), "trained_tokens": sum(len(r.response_ids) for r in rows), "updates": bool(rows),
-        "informative_groups": credit["informative_groups"], "outcome_tie_fraction": credit.get("outcome_tie_fraction"),
+        "rows": len(rows),
+        "trained_tokens": sum(len(r.response_ids) for r in rows),
+        "updates": bool(rows),
+        "informative_groups": credit["informative_groups"],
+        "outcome_tie_fraction": credit.get("outcome_tie_fraction"),
         "prefix_shared_sibling_fraction": credit.get("prefix_shared_sibling_fraction"),
         "abs_advantage_tied_mean": statistics.fmean(tied) if tied else None,
         "abs_advantage_informative_mean": statistics.fmean(informative) if informative else None,
@@ -87,38 +91,50 @@ def build_batch(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     from memrl.rollout.tree import TreeConfig, build_trees
     from memrl.train.oat_grpo import default_oracle
 
-    bench = Bench(argparse.Namespace(quick=True, setting=args.setting, work=args.work, split="dev",
-                                     model_cache=args.model_cache))
+    bench = Bench(
+        argparse.Namespace(quick=True, setting=args.setting, work=args.work, split="dev", model_cache=args.model_cache)
+    )
     if args.policy is None:
         bench.prepare()
-        policy_cfg = EngineConfig(backend="hf", name="policy", model=str(bench.sft_dir), dtype="float32",
-                                  batch_size=64)
+        policy_cfg = EngineConfig(backend="hf", name="policy", model=str(bench.sft_dir), dtype="float32", batch_size=64)
         start = dict(bench.start)
     else:
         bench.base = ensure_tiny_model(args.model_cache, TinyModelSpec())
         if args.policy == "noisy-oracle":
-            policy_cfg = EngineConfig(backend="scripted", name="policy",
-                                      scripted_policy="memrl.data.experts.sam:SamOracle",
-                                      scripted_kwargs={"config": NOISY_ORACLE}, tokenizer=str(bench.base),
-                                      seed=args.seed)
+            policy_cfg = EngineConfig(
+                backend="scripted",
+                name="policy",
+                scripted_policy="memrl.data.experts.sam:SamOracle",
+                scripted_kwargs={"config": NOISY_ORACLE},
+                tokenizer=str(bench.base),
+                seed=args.seed,
+            )
             start = {"base_weights": weights_digest(bench.base)[:16], "policy": f"noisy-oracle {NOISY_ORACLE}"}
         else:
             policy_cfg = EngineConfig(backend="hf", name="policy", model=args.policy, dtype="float32", batch_size=64)
-            start = {"base_weights": weights_digest(bench.base)[:16],
-                     "policy_weights": weights_digest(Path(args.policy))[:16]}
-    tasks = load_tasks(TaskSetConfig(count=args.tasks, seed=bench.setting.train_seed + args.seed,
-                                     sam=bench.setting.train), "train")
+            start = {
+                "base_weights": weights_digest(bench.base)[:16],
+                "policy_weights": weights_digest(Path(args.policy))[:16],
+            }
+    tasks = load_tasks(
+        TaskSetConfig(count=args.tasks, seed=bench.setting.train_seed + args.seed, sam=bench.setting.train), "train"
+    )
     policy = build_engine(policy_cfg)
     engines = EngineSet(reasoner=build_engine(bench.reasoner_config(args.seed)), memory=policy)
     tree = TreeConfig(branch_roles=["recall"], branch_factor=args.k, max_leaves=args.max_leaves)
     try:
-        trees, _ = build_trees(tasks, lambda task, rid: sam_rollout(task, bench.memory, seed=args.seed,
-                                                                    rollout_id=rid),
-                               engines, tree, progress="trees")
+        trees, _ = build_trees(
+            tasks,
+            lambda task, rid: sam_rollout(task, bench.memory, seed=args.seed, rollout_id=rid),
+            engines,
+            tree,
+            progress="trees",
+        )
     finally:
         policy.close()
-    committee = Committee(CommitteeConfig(criterion=args.criterion),
-                          [build_engine(default_oracle(str(bench.base), args.seed))], None)
+    committee = Committee(
+        CommitteeConfig(criterion=args.criterion), [build_engine(default_oracle(str(bench.base), args.seed))], None
+    )
     committee.score(trees)
     return trees, start
 
@@ -145,8 +161,10 @@ def pivot_option_shares(results: list[Any], preset: str, reminder_cost: float) -
             silent += [s.advantage for s in g.samples if not s.metadata["reminder"]]
     sibling = [g for g in groups if len(g.samples) > 1]
     return {
-        "groups": len(sibling), "outcome_tied_groups": sum(bool(g.metadata.get("outcome_tied")) for g in sibling),
-        "rows": len(rows), "updates": bool(rows),
+        "groups": len(sibling),
+        "outcome_tied_groups": sum(bool(g.metadata.get("outcome_tied")) for g in sibling),
+        "rows": len(rows),
+        "updates": bool(rows),
         "tied_mixed_groups_advantage_remind": statistics.fmean(remind) if remind else None,
         "tied_mixed_groups_advantage_silent": statistics.fmean(silent) if silent else None,
         **advantage_shares(rows),
@@ -172,12 +190,16 @@ def build_pivot_batch(args: argparse.Namespace) -> dict[str, list[Any]]:
     )
 
     tokenizer = load_tokenizer(ensure_tiny_model(args.model_cache, TinyModelSpec()))  # token ids: trainer rows
-    tasks = [ProactiveTask({"n_subtasks": 12, "fatal_pivots": args.fatal}, seed=args.seed * 1000 + s)
-             for s in range(args.tasks)]
+    tasks = [
+        ProactiveTask({"n_subtasks": 12, "fatal_pivots": args.fatal}, seed=args.seed * 1000 + s)
+        for s in range(args.tasks)
+    ]
     truths = {t.task_id: t.truth() for t in tasks}
-    student = EngineSet(reasoner=ScriptedEngine(ActionAgent(), tokenizer=tokenizer),
-                        memory=ScriptedEngine(ProactiveOracle(STUDENT, truths=truths), tokenizer=tokenizer),
-                        by_role={"bank_edit": ScriptedEngine(BankWriter(), tokenizer=tokenizer)})
+    student = EngineSet(
+        reasoner=ScriptedEngine(ActionAgent(), tokenizer=tokenizer),
+        memory=ScriptedEngine(ProactiveOracle(STUDENT, truths=truths), tokenizer=tokenizer),
+        by_role={"bank_edit": ScriptedEngine(BankWriter(), tokenizer=tokenizer)},
+    )
     records = label_rollouts(tasks, student, ProactiveConfig(), seed=args.seed, progress="labelled rollouts")
     by_id = {r.record_id: r for r in records}
     pivots, _ = detect_pivots(records, student, DetectConfig(policy_samples=0))
@@ -196,8 +218,9 @@ def pivot_main(args: argparse.Namespace) -> None:
     batches = build_pivot_batch(args)
     built_s = time.perf_counter() - t0
     out: dict[str, Any] = {}
-    print(f"{'sites/option':<30} {'groups':>6} {'tied':>5} {'rows':>5} {'tied |A|':>8} {'A(remind)':>9} "
-          f"{'A(silent)':>9}")
+    print(
+        f"{'sites/option':<30} {'groups':>6} {'tied':>5} {'rows':>5} {'tied |A|':>8} {'A(remind)':>9} {'A(silent)':>9}"
+    )
     for sites, results in batches.items():
         for preset in ADVANTAGE_PRESETS:
             o = pivot_option_shares(results, preset, args.reminder_cost)
@@ -206,33 +229,64 @@ def pivot_main(args: argparse.Namespace) -> None:
             def fmt(key: str, o: dict[str, Any] = o) -> str:
                 return "-" if o.get(key) is None else f"{o[key]:+.2f}"
 
-            print(f"{sites + '/' + preset:<30} {o['groups']:>6} {o['outcome_tied_groups']:>5} {o['rows']:>5} "
-                  f"{fmt('outcome_tied_advantage_fraction'):>8} {fmt('tied_mixed_groups_advantage_remind'):>9} "
-                  f"{fmt('tied_mixed_groups_advantage_silent'):>9}", flush=True)
-    print(json.dumps({"benchmark": "advantage_shares", "family": "proactive", "tasks": args.tasks,
-                      "fatal_pivots": args.fatal, "student": STUDENT, "reminder_cost": args.reminder_cost,
-                      "seed": args.seed, "build_seconds": round(built_s, 1), "options": out}), flush=True)
+            print(
+                f"{sites + '/' + preset:<30} {o['groups']:>6} {o['outcome_tied_groups']:>5} {o['rows']:>5} "
+                f"{fmt('outcome_tied_advantage_fraction'):>8} {fmt('tied_mixed_groups_advantage_remind'):>9} "
+                f"{fmt('tied_mixed_groups_advantage_silent'):>9}",
+                flush=True,
+            )
+    print(
+        json.dumps(
+            {
+                "benchmark": "advantage_shares",
+                "family": "proactive",
+                "tasks": args.tasks,
+                "fatal_pivots": args.fatal,
+                "student": STUDENT,
+                "reminder_cost": args.reminder_cost,
+                "seed": args.seed,
+                "build_seconds": round(built_s, 1),
+                "options": out,
+            }
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:
     from memrl.rewards.advantage import ADVANTAGE_PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=None,
-                        help="training tasks whose trees (or rollouts) make the batch (default 32; proactive: 12)")
+    parser.add_argument(
+        "--tasks",
+        type=int,
+        default=None,
+        help="training tasks whose trees (or rollouts) make the batch (default 32; proactive: 12)",
+    )
     parser.add_argument("--k", type=int, default=4, help="siblings per recall")
     parser.add_argument("--max-leaves", type=int, default=16)
     parser.add_argument("--committee-weight", type=float, default=0.5, help="lambda")
-    parser.add_argument("--criterion", choices=["rubric", "recoverability"], default="rubric",
-                        help="the committee's question (rewards/committee.py)")
+    parser.add_argument(
+        "--criterion",
+        choices=["rubric", "recoverability"],
+        default="rubric",
+        help="the committee's question (rewards/committee.py)",
+    )
     parser.add_argument("--setting", default="multihop")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--policy", default=None,
-                        help="a model directory, or 'noisy-oracle'; default: benchmarks/ablations.py's SFT start")
+    parser.add_argument(
+        "--policy",
+        default=None,
+        help="a model directory, or 'noisy-oracle'; default: benchmarks/ablations.py's SFT start",
+    )
     parser.add_argument("--work", default="runs/ablations", help="where the shared SFT checkpoint lives")
     parser.add_argument("--model-cache", default=".cache/models")
-    parser.add_argument("--family", choices=["sam", "proactive"], default="sam",
-                        help="OAT-GRPO trees (sam) or pivot-turn groups (proactive)")
+    parser.add_argument(
+        "--family",
+        choices=["sam", "proactive"],
+        default="sam",
+        help="OAT-GRPO trees (sam) or pivot-turn groups (proactive)",
+    )
     parser.add_argument("--fatal", type=int, default=3, help="--family proactive: fatal pivots per task")
     parser.add_argument("--reminder-cost", type=float, default=0.1, help="--family proactive: reward.reminder_cost")
     args = parser.parse_args()
@@ -246,8 +300,7 @@ def main() -> None:
     trees, start = build_batch(args)
     built_s = time.perf_counter() - t0
     options: dict[str, Any] = {}
-    print(f"{'option':<34} {'rows':>5} {'tied rows':>9} {'tied |A|':>8} {'cancels':>8} {'|A| tied':>8} "
-          f"{'|A| inf':>8}")
+    print(f"{'option':<34} {'rows':>5} {'tied rows':>9} {'tied |A|':>8} {'cancels':>8} {'|A| tied':>8} {'|A| inf':>8}")
     for shared_prefix in ("separate", "branch"):
         for preset in ADVANTAGE_PRESETS:
             out = option_shares(trees, preset, shared_prefix, args.committee_weight, args.seed)
@@ -257,16 +310,27 @@ def main() -> None:
             def fmt(key: str, o: dict[str, Any] = out) -> str:
                 return "-" if o.get(key) is None else f"{o[key]:.3f}"
 
-            print(f"{name:<34} {out['rows']:>5} {fmt('outcome_tied_row_fraction'):>9} "
-                  f"{fmt('outcome_tied_advantage_fraction'):>8} {fmt('identical_row_cancelled_advantage_fraction'):>8} "
-                  f"{fmt('abs_advantage_tied_mean'):>8} {fmt('abs_advantage_informative_mean'):>8}", flush=True)
+            print(
+                f"{name:<34} {out['rows']:>5} {fmt('outcome_tied_row_fraction'):>9} "
+                f"{fmt('outcome_tied_advantage_fraction'):>8} {fmt('identical_row_cancelled_advantage_fraction'):>8} "
+                f"{fmt('abs_advantage_tied_mean'):>8} {fmt('abs_advantage_informative_mean'):>8}",
+                flush=True,
+            )
     record = {
-        "benchmark": "advantage_shares", "setting": args.setting, "tasks": args.tasks, "k": args.k,
-        "max_leaves": args.max_leaves, "committee_weight": args.committee_weight, "criterion": args.criterion,
-        "seed": args.seed, **start, "trees": len(trees),
+        "benchmark": "advantage_shares",
+        "setting": args.setting,
+        "tasks": args.tasks,
+        "k": args.k,
+        "max_leaves": args.max_leaves,
+        "committee_weight": args.committee_weight,
+        "criterion": args.criterion,
+        "seed": args.seed,
+        **start,
+        "trees": len(trees),
         "leaves": sum(n.kind == "leaf" for t in trees for n in t.nodes),
         "success": statistics.fmean(n.outcome or 0.0 for t in trees for n in t.nodes if n.kind == "leaf"),
-        "build_seconds": round(built_s, 1), "options": options,
+        "build_seconds": round(built_s, 1),
+        "options": options,
     }
     print(json.dumps(record), flush=True)
 

@@ -72,15 +72,22 @@ class ApproxChatTokenizer:
         """Pieces joined by spaces (only used when a reply is cut at max_tokens)."""
         return " ".join(self.pieces[i] for i in ids if not (skip_special_tokens and i == self.eos_token_id))
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                            **_: Any) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True, **_: Any
+    ) -> list[int]:
         """ChatML ids: ``<|im_start|> role \\n content <|im_end|> \\n`` per message, then the generation prompt."""
         ids: list[int] = []
         for m in messages:
             key = (m["role"], m["content"])
             if key not in self._messages:
-                self._messages[key] = [self._id("<|im_start|>"), self._id(m["role"]), self._id("\n"),
-                                       *self.encode(m["content"]), self.eos_token_id, self._id("\n")]
+                self._messages[key] = [
+                    self._id("<|im_start|>"),
+                    self._id(m["role"]),
+                    self._id("\n"),
+                    *self.encode(m["content"]),
+                    self.eos_token_id,
+                    self._id("\n"),
+                ]
             ids += self._messages[key]
         if add_generation_prompt:
             ids += [self._id("<|im_start|>"), self._id("assistant"), self._id("\n")]
@@ -107,17 +114,23 @@ def run_method(method: str, tasks: list[SamTask], args: argparse.Namespace, toke
     counter = count_tokens if args.tokenizer == "approx" else make_token_counter(tokenizer)
     if method == "sam":
         memory: dict[str, Any] = {
-            "name": "sam", "page_tokens": args.page_tokens, "live_capacity_tokens": args.live_capacity_tokens,
-            "keep_recent_tokens": args.keep_recent_tokens, "max_cue_tokens": args.max_cue_tokens,
-            "sampling": {"consolidate": {"temperature": 0.0, "max_tokens": 128},
-                         "recall": {"temperature": 0.0, "max_tokens": 256}},
+            "name": "sam",
+            "page_tokens": args.page_tokens,
+            "live_capacity_tokens": args.live_capacity_tokens,
+            "keep_recent_tokens": args.keep_recent_tokens,
+            "max_cue_tokens": args.max_cue_tokens,
+            "sampling": {
+                "consolidate": {"temperature": 0.0, "max_tokens": 128},
+                "recall": {"temperature": 0.0, "max_tokens": 256},
+            },
         }
     else:
         memory = {"name": "long_context", "window_tokens": args.window_tokens}
     engines = EngineSet(
         reasoner=ScriptedEngine(SamReasoner(), tokenizer=tokenizer, name="reasoner", block_size=256),
-        memory=ScriptedEngine(SamOracle({"cue_max_entities": args.cue_entities}), tokenizer=tokenizer,
-                              name="sam-oracle", block_size=256),
+        memory=ScriptedEngine(
+            SamOracle({"cue_max_entities": args.cue_entities}), tokenizer=tokenizer, name="sam-oracle", block_size=256
+        ),
     )
     start = time.perf_counter()
     rollouts = [sam_rollout(task, memory, seed=args.seed + i, count_tokens=counter) for i, task in enumerate(tasks)]
@@ -169,16 +182,22 @@ def main() -> None:
     cells: dict[str, dict[str, Any]] = {}
     for horizon in horizons:
         tasks = [
-            SamTask({"horizon_steps": None, "target_tokens": horizon, "n_evidence": 1 + i % 2}, seed=args.seed + i,
-                    task_id=f"h{horizon}-{i}")
+            SamTask(
+                {"horizon_steps": None, "target_tokens": horizon, "n_evidence": 1 + i % 2},
+                seed=args.seed + i,
+                task_id=f"h{horizon}-{i}",
+            )
             for i in range(n_tasks)
         ]
         cells[str(horizon)] = {}
         for method in methods:
             cell = run_method(method, tasks[:lc_tasks] if method == "long_context" else tasks, args, tokenizer)
             cells[str(horizon)][method] = cell
-            print(f"horizon {horizon:>7} {method:>12}: peak {cell['peak_context_tokens']:>6} tokens, "
-                  f"success {cell['success']:.2f}, {cell['seconds']:.1f} s", flush=True)
+            print(
+                f"horizon {horizon:>7} {method:>12}: peak {cell['peak_context_tokens']:>6} tokens, "
+                f"success {cell['success']:.2f}, {cell['seconds']:.1f} s",
+                flush=True,
+            )
     summary: dict[str, Any] = {
         "benchmark": "context_scaling",
         "tokenizer": args.tokenizer,

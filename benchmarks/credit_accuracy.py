@@ -134,12 +134,20 @@ class Replayer:
 
         self.bench = bench
         if bench.sft_dir is None:  # --policy noisy-oracle: the scripted expert with recall noise, no checkpoint
-            self.policy = build_engine(EngineConfig(
-                backend="scripted", name="policy", scripted_policy="memrl.data.experts.sam:SamOracle",
-                scripted_kwargs={"config": NOISY_ORACLE}, tokenizer=str(bench.base), seed=seed))
+            self.policy = build_engine(
+                EngineConfig(
+                    backend="scripted",
+                    name="policy",
+                    scripted_policy="memrl.data.experts.sam:SamOracle",
+                    scripted_kwargs={"config": NOISY_ORACLE},
+                    tokenizer=str(bench.base),
+                    seed=seed,
+                )
+            )
         else:
-            self.policy = build_engine(EngineConfig(backend="hf", name="policy", model=str(bench.sft_dir),
-                                                    dtype="float32", batch_size=64))
+            self.policy = build_engine(
+                EngineConfig(backend="hf", name="policy", model=str(bench.sft_dir), dtype="float32", batch_size=64)
+            )
         self.engines = EngineSet(reasoner=build_engine(bench.reasoner_config(seed)), memory=self.policy)
         self.expert = build_engine(default_oracle(str(bench.base), seed))
         self.reasoner_tokens = 0
@@ -166,8 +174,9 @@ class Replayer:
         self.policy.close()
 
 
-def collect_states(rep: Replayer, tasks: list[Any], per_task: int, memory: Any, seed: int,
-                   roots: int) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+def collect_states(
+    rep: Replayer, tasks: list[Any], per_task: int, memory: Any, seed: int, roots: int
+) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
     """The SFT policy's episodes: every first page read of a recall in trajectory 0 of each task is a state (at most
     ``per_task``); ``roots`` trajectories per task from its start give flat GRPO's baseline."""
     from memrl.rollout.agents import sam_rollout
@@ -176,13 +185,15 @@ def collect_states(rep: Replayer, tasks: list[Any], per_task: int, memory: Any, 
     states: list[dict[str, Any]] = []
 
     def on_result(rollout: Any, call: Any, result: Any) -> None:
-        first_read = call.kind == "memory" and call.role == "recall" and not call.request.metadata.get(
-            "continues_action")
+        first_read = (
+            call.kind == "memory" and call.role == "recall" and not call.request.metadata.get("continues_action")
+        )
         if first_read and rollout.rollout_id == "root0":
             mine = [s for s in states if s["task_id"] == rollout.env.task_id]
             if len(mine) < per_task:
-                states.append({"task_id": rollout.env.task_id, "state": rollout.fork(f"s{len(states)}"),
-                               "request": call.request})
+                states.append(
+                    {"task_id": rollout.env.task_id, "state": rollout.fork(f"s{len(states)}"), "request": call.request}
+                )
 
     rollouts = [sam_rollout(t, memory, seed=seed, rollout_id=f"root{g}") for t in tasks for g in range(roots)]
     run_rollouts(rollouts, rep.engines, on_result=on_result, progress="episodes")
@@ -193,8 +204,9 @@ def collect_states(rep: Replayer, tasks: list[Any], per_task: int, memory: Any, 
     return states, outcomes
 
 
-def committee_scores(requests: list[Any], results: list[Any], seed: int, tokenizer: str,
-                     criterion: str = "rubric") -> list[list[float | None]]:
+def committee_scores(
+    requests: list[Any], results: list[Any], seed: int, tokenizer: str, criterion: str = "rubric"
+) -> list[list[float | None]]:
     """c(n) of every sampled action at every state (the oracle committee with the offline judge, asking the
     ``criterion``'s question)."""
     from memrl.data.schemas import MemoryCallTree, TreeNode
@@ -216,9 +228,13 @@ def committee_scores(requests: list[Any], results: list[Any], seed: int, tokeniz
     return [[n.committee_score for n in t.nodes if n.kind == "memory"] for t in trees]
 
 
-def group_advantages_by_method(q_tree: list[float], committee: list[float | None], flat_outcomes: list[float],
-                               root_outcomes: list[float],
-                               recoverability: list[float | None] | None = None) -> dict[str, list[float]]:
+def group_advantages_by_method(
+    q_tree: list[float],
+    committee: list[float | None],
+    flat_outcomes: list[float],
+    root_outcomes: list[float],
+    recoverability: list[float | None] | None = None,
+) -> dict[str, list[float]]:
     """The K siblings' advantages under each method (module docstring): OAT's are the paper's formula
     (:data:`memrl.rewards.advantage.ADVANTAGE_PRESETS` ``grpo_std``) over V(n) and lambda (c - c_bar)."""
     from memrl.rewards.advantage import ADVANTAGE_PRESETS, group_advantages, shaped_group_advantages
@@ -227,8 +243,9 @@ def group_advantages_by_method(q_tree: list[float], committee: list[float | None
     for suffix, scores in (("", committee), ("_recoverability", recoverability)):
         if scores is not None and all(c is not None for c in scores):
             c = [float(x) for x in scores]  # type: ignore[arg-type]
-            out[f"oat{suffix}"] = shaped_group_advantages(q_tree, [0.5 * d for d in centred(c)],
-                                                          ADVANTAGE_PRESETS["grpo_std"])
+            out[f"oat{suffix}"] = shaped_group_advantages(
+                q_tree, [0.5 * d for d in centred(c)], ADVANTAGE_PRESETS["grpo_std"]
+            )
             out[f"committee{suffix}"] = centred(c)
     mean = statistics.fmean(root_outcomes)
     std = statistics.pstdev(root_outcomes)
@@ -246,8 +263,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default="runs/ablations", help="where the shared SFT checkpoint lives")
     parser.add_argument("--model-cache", default=".cache/models")
-    parser.add_argument("--policy", default=None, help="a model directory to use instead of the shared SFT checkpoint, "
-                        "or 'noisy-oracle': the scripted SAM expert with recall noise (no checkpoint: a smoke run)")
+    parser.add_argument(
+        "--policy",
+        default=None,
+        help="a model directory to use instead of the shared SFT checkpoint, "
+        "or 'noisy-oracle': the scripted SAM expert with recall noise (no checkpoint: a smoke run)",
+    )
     args = parser.parse_args()
     n_tasks = args.tasks or (8 if args.quick else 24)
     replays = args.replays or (8 if args.quick else 16)
@@ -256,8 +277,9 @@ def main() -> None:
     from memrl.data.tasks import TaskSetConfig, load_tasks
 
     t_start = time.perf_counter()
-    bench = Bench(argparse.Namespace(quick=True, setting=args.setting, work=args.work, split="dev",
-                                     model_cache=args.model_cache))
+    bench = Bench(
+        argparse.Namespace(quick=True, setting=args.setting, work=args.work, split="dev", model_cache=args.model_cache)
+    )
     if args.policy is None:
         bench.prepare()
     elif args.policy == "noisy-oracle":
@@ -269,18 +291,25 @@ def main() -> None:
         from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
         bench.base, bench.sft_dir = ensure_tiny_model(args.model_cache, TinyModelSpec()), Path(args.policy)
-        bench.start = {"base_weights": weights_digest(bench.base)[:16],
-                       "policy_weights": weights_digest(bench.sft_dir)[:16]}
+        bench.start = {
+            "base_weights": weights_digest(bench.base)[:16],
+            "policy_weights": weights_digest(bench.sft_dir)[:16],
+        }
     tasks = load_tasks(TaskSetConfig(count=n_tasks, seed=bench.setting.dev_seed + 7, sam=bench.setting.test), "dev")
     rep = Replayer(bench, args.seed)
     max_k = max(KS)
     try:
         states, root_outcomes = collect_states(rep, tasks, args.states_per_task, bench.memory, args.seed, max_k)
-        print(f"[credit_accuracy] {len(states)} recall states from {n_tasks} tasks "
-              f"({time.perf_counter() - t_start:.0f} s)", flush=True)
+        print(
+            f"[credit_accuracy] {len(states)} recall states from {n_tasks} tasks "
+            f"({time.perf_counter() - t_start:.0f} s)",
+            flush=True,
+        )
         if not states:
-            raise SystemExit(f"credit_accuracy: the policy made no recall in the episodes of {n_tasks} dev tasks: "
-                             "there is no state to score (more --tasks, or a policy that recalls)")
+            raise SystemExit(
+                f"credit_accuracy: the policy made no recall in the episodes of {n_tasks} dev tasks: "
+                "there is no state to score (more --tasks, or a policy that recalls)"
+            )
         root_tokens = rep.reasoner_tokens
         # the K = 8 samples of each state (K = 2, 4 use the first ones) and the expert's recall
         requests = []
@@ -291,8 +320,9 @@ def main() -> None:
         samples = rep.policy.generate(requests)
         expert = rep.expert.generate([s["request"] for s in states])
         scores = committee_scores([s["request"] for s in states], samples, args.seed, str(bench.base))
-        recoverable = committee_scores([s["request"] for s in states], samples, args.seed, str(bench.base),
-                                       "recoverability")
+        recoverable = committee_scores(
+            [s["request"] for s in states], samples, args.seed, str(bench.base), "recoverability"
+        )
         # ground truth: replays of every distinct action and of the expert's; the tree's own leaves: independent
         gt_forks, tree_forks, expert_forks = [], [], []
         for s, result, exp in zip(states, samples, expert, strict=True):
@@ -311,8 +341,11 @@ def main() -> None:
         rep.run(tree_forks)
         tree_tokens = rep.reasoner_tokens
         rep.run(gt_forks + expert_forks)
-        print(f"[credit_accuracy] {len(gt_forks) + len(expert_forks) + len(tree_forks)} continuations "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"[credit_accuracy] {len(gt_forks) + len(expert_forks) + len(tree_forks)} continuations "
+            f"({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
     finally:
         rep.close()
 
@@ -339,25 +372,32 @@ def main() -> None:
                 pooled.setdefault(s["keys"][i], []).extend(s["tree"][i][:per_leaf])
             v_tree = [mean_outcome(pooled[s["keys"][i]]) for i in range(k)]
             flat = [float(s["tree"][i][0].outcome or 0.0) for i in range(k)]
-            advs = group_advantages_by_method(v_tree, c_scores[:k], flat, root_outcomes[s["task_id"]][:k],
-                                              r_scores[:k])
+            advs = group_advantages_by_method(v_tree, c_scores[:k], flat, root_outcomes[s["task_id"]][:k], r_scores[:k])
             outcome_tied = max(v_tree) - min(v_tree) <= 1e-9
             for method, adv in advs.items():
                 per_state[(method, k)].append(list(zip(adv, truth, strict=True)))
                 if outcome_tied:
                     tied[(method, k)].append(list(zip(adv, truth, strict=True)))
+
     def scored(groups: list[list[tuple[float, float]]]) -> dict[str, Any]:
-        return {"sign_agreement": bootstrap(groups, sign_agreement),
-                "rank_correlation": bootstrap(groups, lambda p: spearman([a for a, _ in p], [t for _, t in p])
-                                              if len(p) > 2 else None)}
+        return {
+            "sign_agreement": bootstrap(groups, sign_agreement),
+            "rank_correlation": bootstrap(
+                groups, lambda p: spearman([a for a, _ in p], [t for _, t in p]) if len(p) > 2 else None
+            ),
+        }
 
     for k in KS:
         results[f"K={k}"] = {
-            "groups": len(states), "actions": len(states) * k, "true_value_tie_groups": true_ties[k],
+            "groups": len(states),
+            "actions": len(states) * k,
+            "true_value_tie_groups": true_ties[k],
             **{method: scored(per_state[(method, k)]) for method in METHODS if per_state[(method, k)]},
             # the groups whose own leaves tied: OAT's advantage there is the committee's alone
-            "tied_groups": {"groups": len(tied[("tree", k)]),
-                            **{method: scored(tied[(method, k)]) for method in METHODS if tied[(method, k)]}},
+            "tied_groups": {
+                "groups": len(tied[("tree", k)]),
+                **{method: scored(tied[(method, k)]) for method in METHODS if tied[(method, k)]},
+            },
             # continuations from the state (tree: its 8 leaves) or trajectories from the task's start (flat: K)
             "reasoner_tokens_per_group": {
                 "tree": round(tree_tokens / max(len(states), 1) * MAX_LEAVES / 16),
@@ -373,10 +413,13 @@ def main() -> None:
         "states": len(states),
         "replays_per_action": replays,
         "recall_actions": sum(len(states) * k for k in KS),
-        **{f"committee{suffix}_vs_true_value": {"rank_correlation": spearman([c for c, _ in pairs],
-                                                                              [v for _, v in pairs]),
-                                                "pairs": len(pairs)}
-           for suffix, pairs in committee_vs_q.items()},
+        **{
+            f"committee{suffix}_vs_true_value": {
+                "rank_correlation": spearman([c for c, _ in pairs], [v for _, v in pairs]),
+                "pairs": len(pairs),
+            }
+            for suffix, pairs in committee_vs_q.items()
+        },
         "expert_value_gap_mean": statistics.fmean(expert_gap) if expert_gap else None,
         "wall_seconds": round(time.perf_counter() - t_start, 1),
         "by_k": results,

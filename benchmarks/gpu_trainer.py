@@ -75,12 +75,36 @@ SIBLINGS = 4  # rows of a mix group (the recipe's branch_factor)
 
 # Qwen3 (dense) configs: the 9B as memrl plan's ASSUMED_SHAPES["qwen3.5-9b"], Qwen3-4B's published shape, a tiny one.
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3.5-9b": dict(hidden_size=4096, num_hidden_layers=32, vocab_size=248_320, num_attention_heads=16,
-                       num_key_value_heads=4, head_dim=256, intermediate_size=12_288, tie_word_embeddings=False),
-    "qwen3-4b": dict(hidden_size=2560, num_hidden_layers=36, vocab_size=151_936, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, intermediate_size=9728, tie_word_embeddings=True),
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, vocab_size=8192, num_attention_heads=2, num_key_value_heads=1,
-                 head_dim=64, intermediate_size=384, tie_word_embeddings=False),
+    "qwen3.5-9b": dict(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        vocab_size=248_320,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=256,
+        intermediate_size=12_288,
+        tie_word_embeddings=False,
+    ),
+    "qwen3-4b": dict(
+        hidden_size=2560,
+        num_hidden_layers=36,
+        vocab_size=151_936,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=9728,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        hidden_size=128,
+        num_hidden_layers=2,
+        vocab_size=8192,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        intermediate_size=384,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -101,8 +125,13 @@ def equal_length_workload(context: int, budget: int, vocab: int, seed: int) -> l
     return groups
 
 
-def mix_workload(tokens: int, vocab: int, seed: int, prompt_range: tuple[int, int] = MIX_PROMPT,
-                 response_range: tuple[int, int] = MIX_RESPONSE) -> list[dict[str, Any]]:
+def mix_workload(
+    tokens: int,
+    vocab: int,
+    seed: int,
+    prompt_range: tuple[int, int] = MIX_PROMPT,
+    response_range: tuple[int, int] = MIX_RESPONSE,
+) -> list[dict[str, Any]]:
     """Memory-call groups (see the module docstring) until the rows hold ``tokens`` tokens."""
     g = random.Random(seed)
     groups, total = [], 0
@@ -124,8 +153,10 @@ def as_groups(workload: list[dict[str, Any]]) -> list[Any]:
     out = []
     for k, w in enumerate(workload):
         rewards = [float(i) for i in range(len(w["responses"]))]
-        samples = [GroupSample(response_ids=r, reward=x, advantage=a)
-                   for r, x, a in zip(w["responses"], rewards, group_advantages(rewards), strict=True)]
+        samples = [
+            GroupSample(response_ids=r, reward=x, advantage=a)
+            for r, x, a in zip(w["responses"], rewards, group_advantages(rewards), strict=True)
+        ]
         out.append(Group(group_id=f"g{k}", prompt_ids=w["prompt"], samples=samples))
     return out
 
@@ -135,8 +166,9 @@ def row_lengths(workload: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return [(len(w["prompt"]), len(r)) for w in workload for r in w["responses"]]
 
 
-def reference_micro_batches(workload: list[dict[str, Any]],
-                            budget: int) -> list[list[tuple[list[int], list[int], float]]]:
+def reference_micro_batches(
+    workload: list[dict[str, Any]], budget: int
+) -> list[list[tuple[list[int], list[int], float]]]:
     """The reference's micro-batches of (prompt, response, advantage) rows: in group order, a fixed row count each
     (TRL's ``per_device_train_batch_size``), the most rows of the workload's longest row that fit ``budget``."""
     from memrl.rewards.advantage import group_advantages
@@ -207,8 +239,13 @@ def plan_terms(cfg: Any, model_dir: Path, gpu_gib: float) -> dict[str, float]:
 
     plan = plan_recipe(cfg, nodes=1, gpus_per_node=1, gpu_gib=gpu_gib, model_config=str(model_dir / "config.json"))
     t = plan.trainer
-    terms = {"parameters": t.parameters, "gradients_and_optimizer": t.gradients_and_optimizer,
-             "activations": t.activations, "logits": t.logits, "total": t.total}
+    terms = {
+        "parameters": t.parameters,
+        "gradients_and_optimizer": t.gradients_and_optimizer,
+        "activations": t.activations,
+        "logits": t.logits,
+        "total": t.total,
+    }
     return {k: v / GIB for k, v in terms.items()}
 
 
@@ -223,8 +260,13 @@ def build_model(shape_name: str, out: str | Path, device: str) -> Path:
     if (out / "config.json").is_file():
         return out
     tokenizer = load_tokenizer(ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec()))
-    config = Qwen3Config(**SHAPES[shape_name], max_position_embeddings=65_536, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, dtype="bfloat16")
+    config = Qwen3Config(
+        **SHAPES[shape_name],
+        max_position_embeddings=65_536,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        dtype="bfloat16",
+    )
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)  # initialised in bf16: a 9B model in fp32 would need 33 GB first
     with torch.device(device):
@@ -255,18 +297,23 @@ def measure_peak_tflops(device: str, quick: bool) -> float:
 def probe_device(device: str, quick: str) -> None:
     """Child process: print the device's name, memory (GiB) and measured bf16 matrix rate as one JSON line."""
     cuda = device == "cuda"
-    print(json.dumps({
-        "name": torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)",
-        "gib": torch.cuda.get_device_properties(0).total_memory / GIB if cuda else 80.0,
-        "peak_bf16_tflops": measure_peak_tflops(device, quick == "True"),
-    }))
+    print(
+        json.dumps(
+            {
+                "name": torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)",
+                "gib": torch.cuda.get_device_properties(0).total_memory / GIB if cuda else 80.0,
+                "peak_bf16_tflops": measure_peak_tflops(device, quick == "True"),
+            }
+        )
+    )
 
 
 def in_child(function: str, arguments: list[str], env: dict[str, str]) -> str:
     """Run ``function(*arguments)`` of this module in a fresh process; its stdout (a failure raises with stderr)."""
     code = f"import sys; from benchmarks.gpu_trainer import {function}; {function}(*sys.argv[1:])"
-    proc = subprocess.run([sys.executable, "-c", code, *arguments], env=env, cwd=ROOT, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *arguments], env=env, cwd=ROOT, capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{function}{tuple(arguments)} failed:\n{proc.stderr[-3000:]}")
     return proc.stdout
@@ -302,8 +349,10 @@ class Memory:
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
             out = fn()
-            return out, {"peak_gib": torch.cuda.max_memory_allocated() / GIB,
-                         "reserved_peak_gib": torch.cuda.max_memory_reserved() / GIB}
+            return out, {
+                "peak_gib": torch.cuda.max_memory_allocated() / GIB,
+                "reserved_peak_gib": torch.cuda.max_memory_reserved() / GIB,
+            }
         from memrl.launch.plan import _PeakSampler
 
         with _PeakSampler() as sampler:
@@ -422,8 +471,14 @@ def run_child(args: argparse.Namespace) -> None:
     weights_gib = memory.allocated_gib()
     workloads = json.loads(Path(args.workloads).read_text())
     for name, workload in workloads.items():
-        record: dict[str, Any] = {"impl": args.impl, "shape": args.shape, "mode": args.mode, "workload": name,
-                                  "weights_gib": weights_gib, "load_s": load_s}
+        record: dict[str, Any] = {
+            "impl": args.impl,
+            "shape": args.shape,
+            "mode": args.mode,
+            "workload": name,
+            "weights_gib": weights_gib,
+            "load_s": load_s,
+        }
         if time.time() > args.deadline:
             record["skipped"] = "--time-budget-s spent"
             print(json.dumps(record), flush=True)
@@ -471,8 +526,13 @@ def impl_step_cleanup(impl: Any) -> None:
 
 # --------------------------------------------------------------------------------------------------------------------
 # The parent: build, plan, run the children, summarise
-def summarize(records: list[dict[str, Any]], plans: dict[tuple[str, str], dict[str, float]], peak_tflops: float,
-              device_name: str, args: argparse.Namespace) -> dict[str, Any]:
+def summarize(
+    records: list[dict[str, Any]],
+    plans: dict[tuple[str, str], dict[str, float]],
+    peak_tflops: float,
+    device_name: str,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     """Pair the implementations per case and compute the summary keys of the module docstring."""
     cases: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in records:
@@ -493,8 +553,10 @@ def summarize(records: list[dict[str, Any]], plans: dict[tuple[str, str], dict[s
             # they show in the step's transient memory, not in the states the plan lists them with.
             case["plan_terms_gib"] = {
                 "parameters": (ours["weights_gib"], plan["parameters"]),
-                "optimizer_states_between_steps": (ours["resident_gib"] - ours["weights_gib"],
-                                                   plan["gradients_and_optimizer"]),
+                "optimizer_states_between_steps": (
+                    ours["resident_gib"] - ours["weights_gib"],
+                    plan["gradients_and_optimizer"],
+                ),
                 "step_transient": (ours["peak_gib"] - ours["resident_gib"], plan["activations"] + plan["logits"]),
             }
         if "tokens_per_s" in ours and "tokens_per_s" in ref:
@@ -540,10 +602,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per workload")
     parser.add_argument("--steps", type=int, help="timed steps per workload (median; default 2, quick 1)")
     parser.add_argument("--gpu-gib", type=float, help="the plan's GPU size (default: the device's)")
-    parser.add_argument("--fit-only", action=argparse.BooleanOptionalAction, default=True,
-                        help="skip (shape, mode) pairs whose plan total exceeds the GPU (default: on)")
-    parser.add_argument("--time-budget-s", type=float, default=float("inf"),
-                        help="start no new workload after this many seconds (the rest are reported as skipped)")
+    parser.add_argument(
+        "--fit-only",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="skip (shape, mode) pairs whose plan total exceeds the GPU (default: on)",
+    )
+    parser.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=float("inf"),
+        help="start no new workload after this many seconds (the rest are reported as skipped)",
+    )
     parser.add_argument("--out", type=Path, help="folder for the built models and per-case lines (default: a temp)")
     parser.add_argument("--impl", choices=["memrl", "reference"], help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
@@ -591,8 +661,9 @@ def main() -> None:
             if not args.no_mix:
                 prompts = (MIX_PROMPT[0] // 16, MIX_PROMPT[1] // 16) if args.quick else MIX_PROMPT
                 responses = (MIX_RESPONSE[0], MIX_RESPONSE[1] // 4) if args.quick else MIX_RESPONSE
-                workloads["mix"] = mix_workload(mix_tokens, vocab, seed=1, prompt_range=prompts,
-                                                response_range=responses)
+                workloads["mix"] = mix_workload(
+                    mix_tokens, vocab, seed=1, prompt_range=prompts, response_range=responses
+                )
             for c in sorted(contexts, reverse=True):
                 workloads[f"ctx{c}"] = equal_length_workload(c, args.budget, vocab, seed=c)
             workload_file = args.out / f"workloads-{shape_name}.json"
@@ -604,19 +675,47 @@ def main() -> None:
                 plans[(shape_name, mode)] = plan
                 print(json.dumps({"shape": shape_name, "mode": mode, "plan_gib": plan}), flush=True)
                 if args.fit_only and args.device == "cuda" and plan["total"] > gpu_gib:
-                    record = {"shape": shape_name, "mode": mode, "skipped": f"the plan needs {plan['total']:.1f} GiB "
-                              f"of {gpu_gib:.0f} (--no-fit-only runs it anyway)"}
+                    record = {
+                        "shape": shape_name,
+                        "mode": mode,
+                        "skipped": f"the plan needs {plan['total']:.1f} GiB "
+                        f"of {gpu_gib:.0f} (--no-fit-only runs it anyway)",
+                    }
                     print(json.dumps(record), flush=True)
                     continue
                 for impl in ("memrl", "reference"):
                     if time.time() > deadline:
-                        print(json.dumps({"shape": shape_name, "mode": mode, "impl": impl,
-                                          "skipped": "--time-budget-s spent"}), flush=True)
+                        print(
+                            json.dumps(
+                                {"shape": shape_name, "mode": mode, "impl": impl, "skipped": "--time-budget-s spent"}
+                            ),
+                            flush=True,
+                        )
                         continue
-                    cmd = [sys.executable, __file__, "--impl", impl, "--shape", shape_name, "--mode", mode,
-                           "--model-dir", str(model_dir), "--workloads", str(workload_file), "--device", args.device,
-                           "--budget", str(args.budget), "--warmup", str(args.warmup), "--steps", str(args.steps),
-                           "--deadline", str(deadline)]
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--impl",
+                        impl,
+                        "--shape",
+                        shape_name,
+                        "--mode",
+                        mode,
+                        "--model-dir",
+                        str(model_dir),
+                        "--workloads",
+                        str(workload_file),
+                        "--device",
+                        args.device,
+                        "--budget",
+                        str(args.budget),
+                        "--warmup",
+                        str(args.warmup),
+                        "--steps",
+                        str(args.steps),
+                        "--deadline",
+                        str(deadline),
+                    ]
                     if args.quick:
                         cmd.append("--quick")
                     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -627,8 +726,13 @@ def main() -> None:
                     lines.flush()
                     records.extend(got)
                     if proc.returncode != 0:
-                        failure = {"shape": shape_name, "mode": mode, "impl": impl, "returncode": proc.returncode,
-                                   "stderr": proc.stderr[-2000:]}
+                        failure = {
+                            "shape": shape_name,
+                            "mode": mode,
+                            "impl": impl,
+                            "returncode": proc.returncode,
+                            "stderr": proc.stderr[-2000:],
+                        }
                         failures.append(failure)
                         print(json.dumps(failure), flush=True)
     finally:

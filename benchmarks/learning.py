@@ -33,19 +33,31 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--work", default=None, help="output directory (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true",
-                        help="the smallest setting (the test suite's): 40 expert tasks, 4 SFT steps, 4 held-out tasks")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest setting (the test suite's): 40 expert tasks, 4 SFT steps, 4 held-out tasks",
+    )
     args = parser.parse_args()
 
     work = Path(args.work or tempfile.mkdtemp(prefix="memrl-learning-"))
     cfg = QuickstartConfig(
         run=RunConfig(output_dir=str(work), name="learning", seed=args.seed),
         loop=LoopConfig(iterations=args.iterations, checkpoint_every=args.iterations),
-        eval_samples=args.eval_samples, evaluate_untrained=False, export=False,
+        eval_samples=args.eval_samples,
+        evaluate_untrained=False,
+        export=False,
     )
     if args.smoke:
-        cfg = cfg.model_copy(update={"distill_tasks": 40, "eval_tasks_per_horizon": 2, "rl_tasks": 16,
-                                     "tasks_per_iteration": 2, "sft": cfg.sft.model_copy(update={"max_steps": 4})})
+        cfg = cfg.model_copy(
+            update={
+                "distill_tasks": 40,
+                "eval_tasks_per_horizon": 2,
+                "rl_tasks": 16,
+                "tasks_per_iteration": 2,
+                "sft": cfg.sft.model_copy(update={"max_steps": 4}),
+            }
+        )
     t0 = time.perf_counter()
     run_quickstart(cfg)
     summary = json.loads((work / "learning" / "summary.json").read_text())

@@ -95,7 +95,10 @@ SELECT_DEV_OFFSET = 10_000  # --select scores on dev tasks from DEV_START + this
 SELECT_ADVANTAGES = ("informative_only", "grpo_std", "dr_grpo", "dr_grpo_gated", "std_floor", "batch_outcome_std")
 SELECT_GRID: tuple[dict[str, Any], ...] = tuple(
     {"reward.advantage": advantage, "reward.reminder_cost": cost, "trainer.lr": lr}
-    for advantage in SELECT_ADVANTAGES for cost in (0.1, 0.0) for lr in (3e-4, 1e-4))
+    for advantage in SELECT_ADVANTAGES
+    for cost in (0.1, 0.0)
+    for lr in (3e-4, 1e-4)
+)
 DEV_START, TEST_START = 50_000, 100_000
 STARTS: dict[str, dict[str, Any]] = {  # candidate starting students (teacher noise, teacher task F mix, SFT size)
     "issue": {"miss": 0.4, "false_alarm": 0.1, "fatal_mix": [3], "train_tasks": 48, "sft_steps": 60},  # m ~ 0.8-1
@@ -103,16 +106,39 @@ STARTS: dict[str, dict[str, Any]] = {  # candidate starting students (teacher no
     "clean_long": {"miss": 0.0, "false_alarm": 0.1, "fatal_mix": [1, 2, 3], "train_tasks": 96, "sft_steps": 240},
 }
 SETTINGS: dict[str, dict[str, Any]] = {  # sized for the wall time on 2 shared cores before any run; not tuned
-    "full": {"starts": list(STARTS), "seeds": [0, 1, 2, 3, 4], "dev_tasks": 12,
-             "test_tasks": 24, "samples": 2, "iterations": 3, "label_tasks": 6, "pivots_per_iteration": 6,
-             "non_pivots_per_iteration": 2, "group_size": 8},
-    "quick": {"starts": ["clean_long"], "seeds": [0, 1], "dev_tasks": 6,
-              "test_tasks": 12, "samples": 2, "iterations": 2, "label_tasks": 3, "pivots_per_iteration": 4,
-              "non_pivots_per_iteration": 1, "group_size": 4},
+    "full": {
+        "starts": list(STARTS),
+        "seeds": [0, 1, 2, 3, 4],
+        "dev_tasks": 12,
+        "test_tasks": 24,
+        "samples": 2,
+        "iterations": 3,
+        "label_tasks": 6,
+        "pivots_per_iteration": 6,
+        "non_pivots_per_iteration": 2,
+        "group_size": 8,
+    },
+    "quick": {
+        "starts": ["clean_long"],
+        "seeds": [0, 1],
+        "dev_tasks": 6,
+        "test_tasks": 12,
+        "samples": 2,
+        "iterations": 2,
+        "label_tasks": 3,
+        "pivots_per_iteration": 4,
+        "non_pivots_per_iteration": 1,
+        "group_size": 4,
+    },
 }
-GRPO_KEYS = {"iterations": "loop.iterations", "dev_tasks": "eval_tasks.count", "label_tasks": "pivots.tasks",
-             "pivots_per_iteration": "groups.pivots_per_iteration",
-             "non_pivots_per_iteration": "groups.non_pivots_per_iteration", "group_size": "groups.group_size"}
+GRPO_KEYS = {
+    "iterations": "loop.iterations",
+    "dev_tasks": "eval_tasks.count",
+    "label_tasks": "pivots.tasks",
+    "pivots_per_iteration": "groups.pivots_per_iteration",
+    "non_pivots_per_iteration": "groups.non_pivots_per_iteration",
+    "group_size": "groups.group_size",
+}
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -128,20 +154,26 @@ def cpu_seconds() -> float:
 def mean_ci(values: list[float]) -> dict[str, Any]:
     """Mean and 95% t-interval over ``values`` (one per seed); a single value has no interval."""
     interval = t_interval(values)
-    return {"mean": round(statistics.fmean(values), 4), "ci95": interval and [round(x, 4) for x in interval],
-            "n": len(values)}
+    return {
+        "mean": round(statistics.fmean(values), 4),
+        "ci95": interval and [round(x, 4) for x in interval],
+        "n": len(values),
+    }
 
 
 def split(cfg: Any, start: int, count: int, fatal: list[int]) -> list[ProactiveTask]:
     """``count`` tasks of the config's family from seed ``start``, F cycling through ``fatal``."""
-    return [ProactiveTask({**cfg.train_tasks.params, "fatal_pivots": fatal[i % len(fatal)]}, seed=start + i)
-            for i in range(count)]
+    return [
+        ProactiveTask({**cfg.train_tasks.params, "fatal_pivots": fatal[i % len(fatal)]}, seed=start + i)
+        for i in range(count)
+    ]
 
 
 def engines_for(cfg: Any, policy: Any) -> EngineSet:
     """The frozen action agent and bank writer around a Phase 2 ``policy`` engine."""
-    return EngineSet(reasoner=build_engine(cfg.reasoner), memory=policy,
-                     by_role={"bank_edit": ScriptedEngine(BankWriter())})
+    return EngineSet(
+        reasoner=build_engine(cfg.reasoner), memory=policy, by_role={"bank_edit": ScriptedEngine(BankWriter())}
+    )
 
 
 def hf_policy(cfg: Any, model: Path | str) -> Any:
@@ -150,22 +182,33 @@ def hf_policy(cfg: Any, model: Path | str) -> Any:
 
 def measure(cfg: Any, engines: EngineSet, tasks: list[ProactiveTask], seed: int, samples: int) -> dict[str, Any]:
     """Pass rate, miss rate m and flippable fraction of ``engines``' policy on ``tasks`` (``samples`` each), by F."""
-    rollouts = [build_proactive_rollout(copy.deepcopy(t), cfg.memory, seed=seed + r, rollout_id=f"m{r}",
-                                        reasoner_sampling=cfg.reasoner_sampling) for r in range(samples) for t in tasks]
+    rollouts = [
+        build_proactive_rollout(
+            copy.deepcopy(t), cfg.memory, seed=seed + r, rollout_id=f"m{r}", reasoner_sampling=cfg.reasoner_sampling
+        )
+        for r in range(samples)
+        for t in tasks
+    ]
     run_rollouts(rollouts, engines)
     out: dict[str, Any] = {}
     for f in sorted({t.params.fatal_pivots for t in tasks}):
         mine = [r for r in rollouts if r.env.params.fatal_pivots == f]
         misses = [fatal_misses(r) for r in mine]
         flat = [m for ms in misses for m in ms]
-        out[str(f)] = {"pass_rate": round(sum(r.outcome or 0.0 for r in mine) / len(mine), 4),
-                       "m": round(sum(flat) / len(flat), 4) if flat else None, "fatal_pivots_reached": len(flat),
-                       "flippable": round(sum(flippable(r.outcome, ms) for r, ms in zip(mine, misses, strict=True))
-                                          / len(mine), 4),
-                       "exactly_one_miss": round(sum(sum(ms) == 1 for ms in misses) / len(mine), 4),
-                       "reminders_per_episode": round(sum(r.memory.stats.get("reminders_injected", 0) for r in mine)
-                                                      / len(mine), 3), "episodes": len(mine),
-                       "per_task": per_task_pass(mine)}
+        out[str(f)] = {
+            "pass_rate": round(sum(r.outcome or 0.0 for r in mine) / len(mine), 4),
+            "m": round(sum(flat) / len(flat), 4) if flat else None,
+            "fatal_pivots_reached": len(flat),
+            "flippable": round(
+                sum(flippable(r.outcome, ms) for r, ms in zip(mine, misses, strict=True)) / len(mine), 4
+            ),
+            "exactly_one_miss": round(sum(sum(ms) == 1 for ms in misses) / len(mine), 4),
+            "reminders_per_episode": round(
+                sum(r.memory.stats.get("reminders_injected", 0) for r in mine) / len(mine), 3
+            ),
+            "episodes": len(mine),
+            "per_task": per_task_pass(mine),
+        }
     return out
 
 
@@ -189,9 +232,15 @@ def two_level(by_seed: dict[int, dict[str, float]]) -> dict[str, Any]:
     def rounded(x: list[float] | None) -> list[float] | None:
         return x and [round(v, 4) for v in x]
 
-    return {"mean": round(iv["mean"], 4), "ci95": rounded(iv["interval"]),
-            "ci95_seed_t": rounded(iv["seed_level_t"]), "ci95_two_level_bootstrap": rounded(iv["two_level_bootstrap"]),
-            "ci95_tasks_only": rounded(iv["task_level"]), "n": len(seeds), "tasks": len(tasks)}
+    return {
+        "mean": round(iv["mean"], 4),
+        "ci95": rounded(iv["interval"]),
+        "ci95_seed_t": rounded(iv["seed_level_t"]),
+        "ci95_two_level_bootstrap": rounded(iv["two_level_bootstrap"]),
+        "ci95_tasks_only": rounded(iv["task_level"]),
+        "n": len(seeds),
+        "tasks": len(tasks),
+    }
 
 
 def paired_deltas(rows: dict[tuple[int, str], dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
@@ -199,8 +248,14 @@ def paired_deltas(rows: dict[tuple[int, str], dict[str, Any]], seeds: list[int])
     its two-level interval."""
     out = {}
     for a, b in PAIRS:
-        diffs = {s: {t: rows[(s, a)]["per_task"][t] - p for t, p in rows[(s, b)]["per_task"].items()
-                     if t in rows[(s, a)]["per_task"]} for s in seeds}
+        diffs = {
+            s: {
+                t: rows[(s, a)]["per_task"][t] - p
+                for t, p in rows[(s, b)]["per_task"].items()
+                if t in rows[(s, a)]["per_task"]
+            }
+            for s in seeds
+        }
         out[f"{a}-{b}"] = two_level(diffs)
     return out
 
@@ -209,8 +264,12 @@ def pass_records(rows: dict[tuple[int, str], dict[str, Any]], seeds: list[int]) 
     """Every variant's pass rate per seed and test task (``tasks``: one order for every list; None where a task was
     not scored), kept in the JSON so the intervals can be recomputed from it alone."""
     tasks = sorted({t for row in rows.values() for t in row["per_task"]})
-    return {"tasks": tasks, "pass_rate": {v: {str(s): [rows[(s, v)]["per_task"].get(t) for t in tasks] for s in seeds}
-                                          for v in ("no_rl", *VARIANTS)}}
+    return {
+        "tasks": tasks,
+        "pass_rate": {
+            v: {str(s): [rows[(s, v)]["per_task"].get(t) for t in tasks] for s in seeds} for v in ("no_rl", *VARIANTS)
+        },
+    }
 
 
 def flippable(outcome: float | None, misses: list[bool]) -> bool:
@@ -233,29 +292,49 @@ def train_start(name: str, cfg: Any, args: argparse.Namespace, model_dir: Path, 
     t0 = time.perf_counter()
     tasks = split(cfg, 0, start["train_tasks"], start["fatal_mix"])
     truths = {t.task_id: t.truth() for t in tasks}
-    teacher = ProactiveOracle({"miss_rate": start["miss"], "false_alarm_rate": start["false_alarm"],
-                               "cite_ids": True}, truths=truths)
+    teacher = ProactiveOracle(
+        {"miss_rate": start["miss"], "false_alarm_rate": start["false_alarm"], "cite_ids": True}, truths=truths
+    )
     engines = engines_for(cfg, ScriptedEngine(teacher, tokenizer=load_tokenizer(model_dir)))
-    sft = SFTRunConfig.model_validate({
-        "run": {"output_dir": str(folder), "name": "sft", "seed": 0},
-        "model": {"base": str(model_dir)},
-        "lora": {"enabled": False},
-        "data": {"dir": str(folder / "distill"), "roles": ["intervene"]},
-        "train": {"max_steps": start["sft_steps"], "batch_size": args.sft_batch, "lr": args.sft_lr, "warmup": 0.05,
-                  "bf16": True, "save_steps": 0, "logging_steps": 20, "max_length": 384, "progress": False},
-    })
+    sft = SFTRunConfig.model_validate(
+        {
+            "run": {"output_dir": str(folder), "name": "sft", "seed": 0},
+            "model": {"base": str(model_dir)},
+            "lora": {"enabled": False},
+            "data": {"dir": str(folder / "distill"), "roles": ["intervene"]},
+            "train": {
+                "max_steps": start["sft_steps"],
+                "batch_size": args.sft_batch,
+                "lr": args.sft_lr,
+                "warmup": 0.05,
+                "bf16": True,
+                "save_steps": 0,
+                "logging_steps": 20,
+                "max_length": 384,
+                "progress": False,
+            },
+        }
+    )
     with torch_threads(START_THREADS):
         traces = run_rollouts([build_proactive_rollout(t, cfg.memory, seed=0) for t in tasks], engines)
-        distilled = distill_traces(traces, folder / "distill", RejectionConfig(min_outcome=0.0, roles=["intervene"]),
-                                   progress=False)
+        distilled = distill_traces(
+            traces, folder / "distill", RejectionConfig(min_outcome=0.0, roles=["intervene"]), progress=False
+        )
         run_sft(sft)
-    return {"start": name, **start, "teacher_pass_rate": round(sum(t.outcome or 0.0 for t in traces) / len(traces), 4),
-            "intervene_rows": distilled["roles"]["intervene"]["kept"], "start_threads": START_THREADS,
-            "weights": weights_digest(folder / "sft" / "final")[:16], "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "start": name,
+        **start,
+        "teacher_pass_rate": round(sum(t.outcome or 0.0 for t in traces) / len(traces), 4),
+        "intervene_rows": distilled["roles"]["intervene"]["kept"],
+        "start_threads": START_THREADS,
+        "weights": weights_digest(folder / "sft" / "final")[:16],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
-def choose_start(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path, dev: list[ProactiveTask]
-                 ) -> tuple[str, dict[str, Any]]:
+def choose_start(
+    cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path, dev: list[ProactiveTask]
+) -> tuple[str, dict[str, Any]]:
     """Train and measure every candidate start on dev; the one with the most flippable dev episodes (ties: the lower
     dev m, then the first listed)."""
     report: dict[str, Any] = {}
@@ -284,8 +363,9 @@ def choose_start(cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path
     return chosen, report
 
 
-def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: int, seed: int, variant: str,
-                overrides: list[str]) -> dict[str, Any]:
+def run_variant(
+    args: argparse.Namespace, final: Path, run_root: Path, fatal: int, seed: int, variant: str, overrides: list[str]
+) -> dict[str, Any]:
     """Pivot-turn GRPO from the SFT model ``final`` on F = ``fatal`` tasks under the dotted ``overrides`` (the
     settings chosen on dev, then the command line's), evaluated on dev after every iteration and checkpointed after
     every iteration, so ``--reuse`` continues an interrupted run from its last iteration."""
@@ -293,15 +373,30 @@ def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: in
 
     done = run_root / variant / "summary.json"
     resume = args.reuse and (run_root / variant / "config.yaml").is_file() and not done.is_file()
-    cfg = load_config(PivotGRPOConfig, args.config, [
-        f"run.output_dir={run_root}", f"run.name={variant}", f"run.seed={seed}", f"policy.base={final}",
-        f"engine.model={final}", f"reasoner.tokenizer={final}", f"phase1.tokenizer={final}",
-        *[f"{key}={getattr(args, name)}" for name, key in GRPO_KEYS.items()],
-        f"train_tasks.params.fatal_pivots={fatal}", f"eval_tasks.params.fatal_pivots={fatal}",
-        f"eval_tasks.seed_start={DEV_START}", "loop.eval_every=1", "loop.checkpoint_every=1", f"run.resume={resume}",
-        "eval.greedy=false", "eval.no_memory_baseline=false",
-        f"groups.at={'pivots' if variant == 'pivot' else 'all_turns'}", *overrides,
-    ])
+    cfg = load_config(
+        PivotGRPOConfig,
+        args.config,
+        [
+            f"run.output_dir={run_root}",
+            f"run.name={variant}",
+            f"run.seed={seed}",
+            f"policy.base={final}",
+            f"engine.model={final}",
+            f"reasoner.tokenizer={final}",
+            f"phase1.tokenizer={final}",
+            *[f"{key}={getattr(args, name)}" for name, key in GRPO_KEYS.items()],
+            f"train_tasks.params.fatal_pivots={fatal}",
+            f"eval_tasks.params.fatal_pivots={fatal}",
+            f"eval_tasks.seed_start={DEV_START}",
+            "loop.eval_every=1",
+            "loop.checkpoint_every=1",
+            f"run.resume={resume}",
+            "eval.greedy=false",
+            "eval.no_memory_baseline=false",
+            f"groups.at={'pivots' if variant == 'pivot' else 'all_turns'}",
+            *overrides,
+        ],
+    )
     if not (args.reuse and done.is_file()):
         if resume:
             emit({"stage": "resume", "run": str(run_root / variant)})
@@ -326,17 +421,24 @@ def run_variant(args: argparse.Namespace, final: Path, run_root: Path, fatal: in
 
 def seconds_by_stage(starts: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, float]:
     """Wall seconds per stage (rows read back with ``--reuse`` count with the time they took when they ran)."""
-    return {"starts_teacher_and_sft": round(sum(s["seconds"] for s in starts.values()), 1),
-            "starts_dev": round(sum(s.get("dev_seconds", 0.0) for s in starts.values()), 1),
-            "grpo_runs_with_dev_curves": round(sum(r.get("seconds", 0.0) for r in rows), 1),
-            "test": round(sum(r.get("test_seconds", 0.0) for r in rows), 1)}
+    return {
+        "starts_teacher_and_sft": round(sum(s["seconds"] for s in starts.values()), 1),
+        "starts_dev": round(sum(s.get("dev_seconds", 0.0) for s in starts.values()), 1),
+        "grpo_runs_with_dev_curves": round(sum(r.get("seconds", 0.0) for r in rows), 1),
+        "test": round(sum(r.get("test_seconds", 0.0) for r in rows), 1),
+    }
 
 
 def summary_evals(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The dev evaluations in order: before the first update, then after every iteration."""
     rows = [summary["before"]] if summary["before"] else []
-    return rows + [h_eval for h_eval in (
-        {k[len("eval/"):]: v for k, v in h.items() if k.startswith("eval/")} for h in summary["history"]) if h_eval]
+    return rows + [
+        h_eval
+        for h_eval in (
+            {k[len("eval/") :]: v for k, v in h.items() if k.startswith("eval/")} for h in summary["history"]
+        )
+        if h_eval
+    ]
 
 
 def grpo_overrides(args: argparse.Namespace, work: Path, chosen: str) -> tuple[list[str], dict[str, Any]]:
@@ -344,21 +446,30 @@ def grpo_overrides(args: argparse.Namespace, work: Path, chosen: str) -> tuple[l
     and was chosen from the same start weights), then the command line's, which win; and what to report about them."""
     path = selection_file(work, chosen)
     if not path.is_file():
-        return list(args.overrides), {"chosen_on_dev": None, "note": f"NOT chosen on dev: no {path} (run --select "
-                                      f"first); the runs use {args.config} with the command line's overrides"}
+        return list(args.overrides), {
+            "chosen_on_dev": None,
+            "note": f"NOT chosen on dev: no {path} (run --select "
+            f"first); the runs use {args.config} with the command line's overrides",
+        }
     selection = json.loads(path.read_text())
     weights = json.loads((work / "starts" / chosen / "start.json").read_text()).get("weights")
     if selection.get("start_weights") != weights:
-        raise SystemExit(f"[pivot_learning] {path} was chosen from the start weights {selection.get('start_weights')}, "
-                         f"but {work / 'starts' / chosen} holds {weights}: run --select again")
+        raise SystemExit(
+            f"[pivot_learning] {path} was chosen from the start weights {selection.get('start_weights')}, "
+            f"but {work / 'starts' / chosen} holds {weights}: run --select again"
+        )
     chosen_overrides = [f"{k}={v}" for k, v in selection["chosen"]["overrides"].items()]
     mine = {o.split("=", 1)[0] for o in args.overrides}
     overruled = [o for o in chosen_overrides if o.split("=", 1)[0] in mine]
     return [*chosen_overrides, *args.overrides], {
-        "chosen_on_dev": selection["chosen"]["overrides"], "file": str(path), "rule": selection["rule"],
-        "candidates": [{"overrides": c["overrides"], "dev_pass_rate": c["dev_pass_rate"]}
-                       for c in selection["candidates"]],
-        "overruled_by_the_command_line": overruled}
+        "chosen_on_dev": selection["chosen"]["overrides"],
+        "file": str(path),
+        "rule": selection["rule"],
+        "candidates": [
+            {"overrides": c["overrides"], "dev_pass_rate": c["dev_pass_rate"]} for c in selection["candidates"]
+        ],
+        "overruled_by_the_command_line": overruled,
+    }
 
 
 def selection_file(work: Path, start: str) -> Path:
@@ -369,8 +480,12 @@ def selection_file(work: Path, start: str) -> Path:
 def runs_folder(work: Path, chosen: str, overrides: list[str], args: argparse.Namespace) -> Path:
     """The folder of the (F, seed, variant) runs: keyed by everything they depend on (the settings, the sizes), so
     ``--reuse`` never reads back a run made under other settings."""
-    inputs = {"overrides": overrides, "config": Path(args.config).name, "cpu": cpu_profile(),
-              **{k: getattr(args, k) for k in SETTINGS["full"] if k not in ("starts", "seeds")}}
+    inputs = {
+        "overrides": overrides,
+        "config": Path(args.config).name,
+        "cpu": cpu_profile(),
+        **{k: getattr(args, k) for k in SETTINGS["full"] if k not in ("starts", "seeds")},
+    }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:10]
     return work / chosen / f"runs-{key}"
 
@@ -406,8 +521,19 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
     partial.replace(path)
 
 
-def score_item(args: argparse.Namespace, base: Any, final: Path, root: Path, fatal: int, seed: int, variant: str,
-               overrides: list[str], tasks: list[ProactiveTask], sample_seed: int, path: Path) -> None:
+def score_item(
+    args: argparse.Namespace,
+    base: Any,
+    final: Path,
+    root: Path,
+    fatal: int,
+    seed: int,
+    variant: str,
+    overrides: list[str],
+    tasks: list[ProactiveTask],
+    sample_seed: int,
+    path: Path,
+) -> None:
     """Train ``variant`` (``no_rl``: nothing) and score its final policy on ``tasks``; the row goes to ``path``."""
     trained = run_variant(args, final, root, fatal, seed, variant, overrides) if variant != "no_rl" else {}
     t0 = time.perf_counter()
@@ -416,12 +542,22 @@ def score_item(args: argparse.Namespace, base: Any, final: Path, root: Path, fat
         score = measure(base, engines_for(base, policy), tasks, sample_seed, args.samples)
     finally:
         policy.close()
-    write_json(path, {"fatal": fatal, "seed": seed, "variant": variant, **score[str(fatal)], **trained,
-                      "test_seconds": round(time.perf_counter() - t0, 1)})
+    write_json(
+        path,
+        {
+            "fatal": fatal,
+            "seed": seed,
+            "variant": variant,
+            **score[str(fatal)],
+            **trained,
+            "test_seconds": round(time.perf_counter() - t0, 1),
+        },
+    )
 
 
-def select(args: argparse.Namespace, base: Any, final: Path, work: Path, chosen: str, claims: Claims
-           ) -> dict[str, Any] | None:
+def select(
+    args: argparse.Namespace, base: Any, final: Path, work: Path, chosen: str, claims: Claims
+) -> dict[str, Any] | None:
     """``--select``: the ``pivot`` variant under every entry of :data:`SELECT_GRID` (then the command line's
     overrides) at every F and ``--select-seeds`` seed, each final policy scored on dev tasks beside the start's
     (``no_rl``) on the same tasks; the entry with the highest mean dev pass rate over F and seeds (ties: the entry
@@ -432,15 +568,39 @@ def select(args: argparse.Namespace, base: Any, final: Path, work: Path, chosen:
     for f in args.fatal:
         for seed in args.select_seeds:
             path = folder / "no_rl" / f"F{f}-seed{seed}.dev.json"
-            items.append((f"select-no_rl-F{f}", seed, path, lambda f=f, seed=seed, path=path: score_item(
-                args, base, final, folder / "no_rl", f, seed, "no_rl", [], dev[f], DEV_START + 1000 * seed, path)))
+            items.append(
+                (
+                    f"select-no_rl-F{f}",
+                    seed,
+                    path,
+                    lambda f=f, seed=seed, path=path: score_item(
+                        args, base, final, folder / "no_rl", f, seed, "no_rl", [], dev[f], DEV_START + 1000 * seed, path
+                    ),
+                )
+            )
             for i, entry in grid(args):
                 root = folder / f"c{i}" / f"F{f}" / f"seed{seed}"
                 overrides = [*(f"{k}={v}" for k, v in entry.items()), *args.overrides]
-                items.append((f"select-c{i}-F{f}", seed, root / "pivot.dev.json",
-                              lambda f=f, seed=seed, root=root, overrides=overrides: score_item(
-                                  args, base, final, root, f, seed, "pivot", overrides, dev[f],
-                                  DEV_START + 1000 * seed, root / "pivot.dev.json")))
+                items.append(
+                    (
+                        f"select-c{i}-F{f}",
+                        seed,
+                        root / "pivot.dev.json",
+                        lambda f=f, seed=seed, root=root, overrides=overrides: score_item(
+                            args,
+                            base,
+                            final,
+                            root,
+                            f,
+                            seed,
+                            "pivot",
+                            overrides,
+                            dev[f],
+                            DEV_START + 1000 * seed,
+                            root / "pivot.dev.json",
+                        ),
+                    )
+                )
     run_items(items, claims)
     if args.worker:
         return None
@@ -448,24 +608,43 @@ def select(args: argparse.Namespace, base: Any, final: Path, work: Path, chosen:
     def dev_rate(path: Path) -> float:
         return float(json.loads(path.read_text())["pass_rate"])
 
-    start = statistics.fmean(dev_rate(folder / "no_rl" / f"F{f}-seed{s}.dev.json")
-                             for f in args.fatal for s in args.select_seeds)
+    start = statistics.fmean(
+        dev_rate(folder / "no_rl" / f"F{f}-seed{s}.dev.json") for f in args.fatal for s in args.select_seeds
+    )
     candidates = []
     for i, entry in grid(args):
-        by_f = {str(f): statistics.fmean(dev_rate(folder / f"c{i}" / f"F{f}" / f"seed{s}" / "pivot.dev.json")
-                                         for s in args.select_seeds) for f in args.fatal}
-        candidates.append({"entry": i, "overrides": entry, "dev_pass_rate": round(statistics.fmean(by_f.values()), 4),
-                           "dev_pass_rate_by_fatal": by_f})
+        by_f = {
+            str(f): statistics.fmean(
+                dev_rate(folder / f"c{i}" / f"F{f}" / f"seed{s}" / "pivot.dev.json") for s in args.select_seeds
+            )
+            for f in args.fatal
+        }
+        candidates.append(
+            {
+                "entry": i,
+                "overrides": entry,
+                "dev_pass_rate": round(statistics.fmean(by_f.values()), 4),
+                "dev_pass_rate_by_fatal": by_f,
+            }
+        )
         emit({"stage": "select", **candidates[-1], "no_rl_dev_pass_rate": round(start, 4)})
     best = max(range(len(candidates)), key=lambda i: (candidates[i]["dev_pass_rate"], -i))
-    return {"rule": "the highest mean dev pass rate of the pivot variant over F and the selection seeds; ties to the "
-                    "entry listed first (the recipe's own settings)", "split": "dev",
-            "dev_tasks_per_fatal": args.test_tasks, "samples": args.samples, "fatal": args.fatal,
-            "seeds": args.select_seeds, "start": chosen,
-            "grid_entries": "all" if args.select_entries is None else [i for i, _ in grid(args)],
-            "start_weights": json.loads((work / "starts" / chosen / "start.json").read_text()).get("weights"),
-            "command_line_overrides": args.overrides, "no_rl_dev_pass_rate": round(start, 4),
-            "candidates": candidates, "chosen": candidates[best]}
+    return {
+        "rule": "the highest mean dev pass rate of the pivot variant over F and the selection seeds; ties to the "
+        "entry listed first (the recipe's own settings)",
+        "split": "dev",
+        "dev_tasks_per_fatal": args.test_tasks,
+        "samples": args.samples,
+        "fatal": args.fatal,
+        "seeds": args.select_seeds,
+        "start": chosen,
+        "grid_entries": "all" if args.select_entries is None else [i for i, _ in grid(args)],
+        "start_weights": json.loads((work / "starts" / chosen / "start.json").read_text()).get("weights"),
+        "command_line_overrides": args.overrides,
+        "no_rl_dev_pass_rate": round(start, 4),
+        "candidates": candidates,
+        "chosen": candidates[best],
+    }
 
 
 def grid(args: argparse.Namespace) -> list[tuple[int, dict[str, Any]]]:
@@ -484,8 +663,10 @@ def start_mismatch(chosen: str, weights: str | None, committed: Path = COMMITTED
     reported = (json.loads(committed.read_text()).get("start_weights") or {}).get(chosen)
     if reported is None or reported == weights:
         return None
-    return (f"WARNING: the start {chosen} has weights {weights}, not {reported} as in {committed}: figures from it "
-            f"will not match the committed ones")
+    return (
+        f"WARNING: the start {chosen} has weights {weights}, not {reported} as in {committed}: figures from it "
+        f"will not match the committed ones"
+    )
 
 
 def main() -> None:
@@ -501,20 +682,35 @@ def main() -> None:
     parser.add_argument("--sft-batch", type=int, default=32)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
     parser.add_argument("--reuse", action="store_true", help="read back what an earlier run left in --work")
-    parser.add_argument("--select", action="store_true",
-                        help="choose the GRPO settings (SELECT_GRID: learning rate, reminder cost, advantage) on dev "
-                             "for the chosen start and write <work>/<start>/selected_on_dev.json, which later runs "
-                             "read")
+    parser.add_argument(
+        "--select",
+        action="store_true",
+        help="choose the GRPO settings (SELECT_GRID: learning rate, reminder cost, advantage) on dev "
+        "for the chosen start and write <work>/<start>/selected_on_dev.json, which later runs "
+        "read",
+    )
     parser.add_argument("--select-seeds", type=int, nargs="+", default=[0], help="GRPO seeds of every --select entry")
-    parser.add_argument("--select-entries", type=int, nargs="+", default=None,
-                        help="run only these entries of SELECT_GRID (indices; default: all); the record names them")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="processes sharing the (F, seed, variant) runs (needs --work; implies --reuse); every "
-                             "run computes with one torch thread, so its figures do not depend on --jobs")
-    parser.add_argument("--native-cpu", action="store_true",
-                        help="compute with this machine's own kernels and thread count instead of the pinned profile "
-                             "(benchmarks.ablations.CPU_PROFILE: one thread, AVX2 kernels); the figures then depend on "
-                             "the machine")
+    parser.add_argument(
+        "--select-entries",
+        type=int,
+        nargs="+",
+        default=None,
+        help="run only these entries of SELECT_GRID (indices; default: all); the record names them",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="processes sharing the (F, seed, variant) runs (needs --work; implies --reuse); every "
+        "run computes with one torch thread, so its figures do not depend on --jobs",
+    )
+    parser.add_argument(
+        "--native-cpu",
+        action="store_true",
+        help="compute with this machine's own kernels and thread count instead of the pinned profile "
+        "(benchmarks.ablations.CPU_PROFILE: one thread, AVX2 kernels); the figures then depend on "
+        "the machine",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     for name, value in SETTINGS["full"].items():
@@ -543,17 +739,42 @@ def main() -> None:
     clock, cpu_clock, load_before = time.perf_counter(), cpu_seconds(), os.getloadavg()
     model_dir = ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec())
     if not args.worker:
-        emit({"stage": "setting", "setting": setting, **{k: getattr(args, k) for k in SETTINGS[setting]},
-              "fatal": args.fatal, "overrides": args.overrides, "select": args.select, "jobs": args.jobs})
-    base = load_config(PivotGRPOConfig, args.config, [
-        f"run.output_dir={work}", f"policy.base={model_dir}", f"engine.model={model_dir}",
-        f"reasoner.tokenizer={model_dir}", f"phase1.tokenizer={model_dir}", *args.overrides])
+        emit(
+            {
+                "stage": "setting",
+                "setting": setting,
+                **{k: getattr(args, k) for k in SETTINGS[setting]},
+                "fatal": args.fatal,
+                "overrides": args.overrides,
+                "select": args.select,
+                "jobs": args.jobs,
+            }
+        )
+    base = load_config(
+        PivotGRPOConfig,
+        args.config,
+        [
+            f"run.output_dir={work}",
+            f"policy.base={model_dir}",
+            f"engine.model={model_dir}",
+            f"reasoner.tokenizer={model_dir}",
+            f"phase1.tokenizer={model_dir}",
+            *args.overrides,
+        ],
+    )
     dev = split(base, DEV_START, args.dev_tasks * len(args.fatal), args.fatal)
     chosen, starts = choose_start(base, args, model_dir, work, dev)  # before any worker starts: they reuse it
     final = work / "starts" / chosen / "sft" / "final"
     if not args.worker:
-        emit({"stage": "chosen", "start": chosen, "dev_m": starts[chosen]["dev_m"],
-              "dev_flippable": starts[chosen]["dev_flippable"], "weights": starts[chosen].get("weights")})
+        emit(
+            {
+                "stage": "chosen",
+                "start": chosen,
+                "dev_m": starts[chosen]["dev_m"],
+                "dev_flippable": starts[chosen]["dev_flippable"],
+                "weights": starts[chosen].get("weights"),
+            }
+        )
         mismatch = start_mismatch(chosen, starts[chosen].get("weights"))
         if mismatch:
             print(f"[pivot_learning] {mismatch}", flush=True)
@@ -565,11 +786,24 @@ def main() -> None:
             selection = select(args, base, final, work, chosen, claims)
             if selection is not None:
                 wait_for(workers)
-                write_json(selection_file(work, chosen), {**selection, "wall_seconds": round(
-                    time.perf_counter() - clock, 1), "cpu_seconds": round(cpu_seconds() - cpu_clock, 1)})
-                emit({"benchmark": "pivot_learning-select", "setting": setting, **selection,
-                      "file": str(selection_file(work, chosen)), "total_seconds": round(time.perf_counter() - clock, 1),
-                      "cpu_seconds": round(cpu_seconds() - cpu_clock, 1)})
+                write_json(
+                    selection_file(work, chosen),
+                    {
+                        **selection,
+                        "wall_seconds": round(time.perf_counter() - clock, 1),
+                        "cpu_seconds": round(cpu_seconds() - cpu_clock, 1),
+                    },
+                )
+                emit(
+                    {
+                        "benchmark": "pivot_learning-select",
+                        "setting": setting,
+                        **selection,
+                        "file": str(selection_file(work, chosen)),
+                        "total_seconds": round(time.perf_counter() - clock, 1),
+                        "cpu_seconds": round(cpu_seconds() - cpu_clock, 1),
+                    }
+                )
             return
         overrides, settings_report = grpo_overrides(args, work, chosen)
         folder = runs_folder(work, chosen, overrides, args)
@@ -582,10 +816,26 @@ def main() -> None:
                     path = root / f"{variant}.test.json"
                     if not args.reuse:
                         path.unlink(missing_ok=True)
-                    items.append((f"F{fatal}-{variant}", seed, path, lambda fatal=fatal, seed=seed, root=root,
-                                  variant=variant, path=path: score_item(
-                                      args, base, final, root, fatal, seed, variant, overrides, tests[fatal],
-                                      TEST_START + 1000 * seed, path)))
+                    items.append(
+                        (
+                            f"F{fatal}-{variant}",
+                            seed,
+                            path,
+                            lambda fatal=fatal, seed=seed, root=root, variant=variant, path=path: score_item(
+                                args,
+                                base,
+                                final,
+                                root,
+                                fatal,
+                                seed,
+                                variant,
+                                overrides,
+                                tests[fatal],
+                                TEST_START + 1000 * seed,
+                                path,
+                            ),
+                        )
+                    )
         run_items(items, claims)
         if args.worker:
             return
@@ -598,9 +848,19 @@ def main() -> None:
             w.wait()
 
 
-def report(args: argparse.Namespace, setting: str, work: Path, folder: Path, chosen: str, starts: dict[str, Any],
-           overrides: list[str], settings_report: dict[str, Any], clock: float, cpu_clock: float,
-           load_before: tuple[float, float, float]) -> None:
+def report(
+    args: argparse.Namespace,
+    setting: str,
+    work: Path,
+    folder: Path,
+    chosen: str,
+    starts: dict[str, Any],
+    overrides: list[str],
+    settings_report: dict[str, Any],
+    clock: float,
+    cpu_clock: float,
+    load_before: tuple[float, float, float],
+) -> None:
     """Per F: every (seed, variant) row, the pass rates and paired differences with two-level intervals, the
     per-task records; one JSON line last."""
     results: dict[str, Any] = {}
@@ -613,51 +873,82 @@ def report(args: argparse.Namespace, setting: str, work: Path, folder: Path, cho
                 rows[(seed, variant)] = row
                 all_rows.append(row)
                 emit({"stage": "result", **{k: v for k, v in row.items() if k not in ("policy_dir", "per_task")}})
-        per = {v: {"pass_rate": two_level({s: rows[(s, v)]["per_task"] for s in args.seeds}),
-                   "m": mean_ci([rows[(s, v)]["m"] for s in args.seeds if rows[(s, v)]["m"] is not None]),
-                   "reminders_per_episode": mean_ci([rows[(s, v)]["reminders_per_episode"] for s in args.seeds])}
-               for v in ("no_rl", *VARIANTS)}
+        per = {
+            v: {
+                "pass_rate": two_level({s: rows[(s, v)]["per_task"] for s in args.seeds}),
+                "m": mean_ci([rows[(s, v)]["m"] for s in args.seeds if rows[(s, v)]["m"] is not None]),
+                "reminders_per_episode": mean_ci([rows[(s, v)]["reminders_per_episode"] for s in args.seeds]),
+            }
+            for v in ("no_rl", *VARIANTS)
+        }
         for v in VARIANTS:
             per[v]["pivots_detected_per_iteration"] = [rows[(s, v)]["pivots_detected"] for s in args.seeds]
-            per[v]["dev_curve_mean"] = [round(statistics.fmean(c), 4) for c in
-                                        zip(*(rows[(s, v)]["dev_curve"] for s in args.seeds), strict=True)]
-        results[str(fatal)] = {"test_tasks": args.test_tasks, "samples": args.samples, "variants": per,
-                               "paired_deltas_pass_rate": paired_deltas(rows, args.seeds),
-                               "records": pass_records(rows, args.seeds)}
-    emit({
-        "benchmark": "pivot_learning",
-        "setting": setting,
-        "model": "tiny 2x128",
-        "phase1": "bank-writer (observed facts and failures; no plan, no risk note)",
-        "seeds": args.seeds,
-        "start_chosen_on_dev": chosen,
-        "start_weights": {n: starts[n].get("weights") for n in starts},  # digests: a rebuilt start is compared
-        "start_threads": START_THREADS, "run_threads": RUN_THREADS, "cpu": cpu_profile(),
-        "grpo_overrides": overrides,
-        "grpo_settings": settings_report,
-        "starting_miss_rate_m_dev": {f: starts[chosen]["dev"][str(f)]["m"] for f in args.fatal},
-        "starting_flippable_dev": {f: starts[chosen]["dev"][str(f)]["flippable"] for f in args.fatal},
-        "starts": {n: {k: starts[n][k] for k in ("dev_m", "dev_flippable", "teacher_pass_rate", "miss", "fatal_mix",
-                                                 "train_tasks", "sft_steps", "dev_pass_rate")}
-                   for n in starts},
-        "by_fatal_pivots": results,
-        "jobs": args.jobs,
-        "total_seconds": round(time.perf_counter() - clock, 1),  # this invocation's (a --reuse run: the rest)
-        "cpu_seconds": round(cpu_seconds() - cpu_clock, 1),  # user + sys over every core; beside the wall time
-        "load_average_1_5_15": {"start": [round(x, 2) for x in load_before],
-                                "end": [round(x, 2) for x in os.getloadavg()]},
-        "seconds_by_stage": seconds_by_stage(starts, all_rows),
-        "work": str(work),
-        "runs": str(folder),
-    })
+            per[v]["dev_curve_mean"] = [
+                round(statistics.fmean(c), 4)
+                for c in zip(*(rows[(s, v)]["dev_curve"] for s in args.seeds), strict=True)
+            ]
+        results[str(fatal)] = {
+            "test_tasks": args.test_tasks,
+            "samples": args.samples,
+            "variants": per,
+            "paired_deltas_pass_rate": paired_deltas(rows, args.seeds),
+            "records": pass_records(rows, args.seeds),
+        }
+    emit(
+        {
+            "benchmark": "pivot_learning",
+            "setting": setting,
+            "model": "tiny 2x128",
+            "phase1": "bank-writer (observed facts and failures; no plan, no risk note)",
+            "seeds": args.seeds,
+            "start_chosen_on_dev": chosen,
+            "start_weights": {n: starts[n].get("weights") for n in starts},  # digests: a rebuilt start is compared
+            "start_threads": START_THREADS,
+            "run_threads": RUN_THREADS,
+            "cpu": cpu_profile(),
+            "grpo_overrides": overrides,
+            "grpo_settings": settings_report,
+            "starting_miss_rate_m_dev": {f: starts[chosen]["dev"][str(f)]["m"] for f in args.fatal},
+            "starting_flippable_dev": {f: starts[chosen]["dev"][str(f)]["flippable"] for f in args.fatal},
+            "starts": {
+                n: {
+                    k: starts[n][k]
+                    for k in (
+                        "dev_m",
+                        "dev_flippable",
+                        "teacher_pass_rate",
+                        "miss",
+                        "fatal_mix",
+                        "train_tasks",
+                        "sft_steps",
+                        "dev_pass_rate",
+                    )
+                }
+                for n in starts
+            },
+            "by_fatal_pivots": results,
+            "jobs": args.jobs,
+            "total_seconds": round(time.perf_counter() - clock, 1),  # this invocation's (a --reuse run: the rest)
+            "cpu_seconds": round(cpu_seconds() - cpu_clock, 1),  # user + sys over every core; beside the wall time
+            "load_average_1_5_15": {
+                "start": [round(x, 2) for x in load_before],
+                "end": [round(x, 2) for x in os.getloadavg()],
+            },
+            "seconds_by_stage": seconds_by_stage(starts, all_rows),
+            "work": str(work),
+            "runs": str(folder),
+        }
+    )
 
 
 def wait_for(workers: list[Any]) -> None:
     """Every run is finished when this is called: let the workers exit, and fail loudly if one crashed."""
     for w in workers:
         if w.wait() != 0:
-            raise SystemExit(f"[pivot_learning] worker {w.pid} exited with {w.returncode}; its runs were finished by "
-                             "another process, but check its output above")
+            raise SystemExit(
+                f"[pivot_learning] worker {w.pid} exited with {w.returncode}; its runs were finished by "
+                "another process, but check its output above"
+            )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ VARIANTS = ("no_memory", "full", "full_bank", "always_inject", "injection_only")
 
 def run_variant(tasks: list[ProactiveTask], variant: str, distraction: float) -> dict[str, float]:
     truths = {t.task_id: t.truth() for t in tasks}
-    engines = EngineSet(reasoner=ScriptedEngine(ActionAgent(distraction)),
-                        memory=ScriptedEngine(ProactiveOracle(truths=truths)))
+    engines = EngineSet(
+        reasoner=ScriptedEngine(ActionAgent(distraction)), memory=ScriptedEngine(ProactiveOracle(truths=truths))
+    )
     rollouts = [build_proactive_rollout(t, ProactiveConfig(variant=variant), rollout_id=variant) for t in tasks]
     start = time.perf_counter()
     traces = run_rollouts(rollouts, engines)
@@ -67,10 +68,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=32)
     parser.add_argument("--n-subtasks", type=int, default=16)
-    parser.add_argument("--slack", type=int, default=ProactiveParams().slack,
-                        help="the headline budget slack (default: the task family's)")
-    parser.add_argument("--distraction", type=float, default=0.3,
-                        help="probability that an irrelevant reminder costs the action agent a step")
+    parser.add_argument(
+        "--slack",
+        type=int,
+        default=ProactiveParams().slack,
+        help="the headline budget slack (default: the task family's)",
+    )
+    parser.add_argument(
+        "--distraction",
+        type=float,
+        default=0.3,
+        help="probability that an irrelevant reminder costs the action agent a step",
+    )
     parser.add_argument("--sweep", default="0,1,2,3,4,8", help="slack values for the sweep ('' to skip)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -92,17 +101,21 @@ def main() -> None:
             sweep[str(slack)][variant] = figures["pass_rate"]
         print(json.dumps({"sweep_slack": slack, **sweep[str(slack)]}), flush=True)
 
-    print(json.dumps({
-        "benchmark": "proactive_ablations",
-        "tasks": args.tasks,
-        "n_subtasks": args.n_subtasks,
-        "slack": args.slack,
-        "distraction": args.distraction,
-        "pivots": sum(len(t.pivots) for t in tasks),
-        "variants": variants,
-        "strictly_between": between,
-        "pass_rate_by_slack": sweep,
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "proactive_ablations",
+                "tasks": args.tasks,
+                "n_subtasks": args.n_subtasks,
+                "slack": args.slack,
+                "distraction": args.distraction,
+                "pivots": sum(len(t.pivots) for t in tasks),
+                "variants": variants,
+                "strictly_between": between,
+                "pass_rate_by_slack": sweep,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -84,8 +84,13 @@ def measure(mode: str, horizon: int, branches: int, repeats: int) -> dict[str, f
 
 def commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True,
-                              capture_output=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -99,15 +104,27 @@ def main() -> None:
     args = parser.parse_args()
     horizons = [4, 16] if args.quick else [int(h) for h in args.horizons.split(",")]
     branches, repeats = (2, 1) if args.quick else (args.branches, args.repeats)
-    out: dict[str, Any] = {"benchmark": "reentry", "env": "data/envs/textworld.py (built-in text world)",
-                           "params": PARAMS, "horizons": horizons, "branches": branches, "repeats": repeats}
+    out: dict[str, Any] = {
+        "benchmark": "reentry",
+        "env": "data/envs/textworld.py (built-in text world)",
+        "params": PARAMS,
+        "horizons": horizons,
+        "branches": branches,
+        "repeats": repeats,
+    }
     for mode in ("replay", "snapshot"):
         rows = [measure(mode, h, branches, repeats) for h in horizons]
         out[mode] = {k: [round(r[k], 6) for r in rows] for k in ("seconds_per_branch", "env_steps_per_branch")}
-    out["replay_over_snapshot_seconds"] = [round(r / max(s, 1e-9), 2) for r, s in zip(
-        out["replay"]["seconds_per_branch"], out["snapshot"]["seconds_per_branch"], strict=True)]
-    out.update(commit=commit(), machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
-               python=platform.python_version(), when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    out["replay_over_snapshot_seconds"] = [
+        round(r / max(s, 1e-9), 2)
+        for r, s in zip(out["replay"]["seconds_per_branch"], out["snapshot"]["seconds_per_branch"], strict=True)
+    ]
+    out.update(
+        commit=commit(),
+        machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
+        python=platform.python_version(),
+        when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
     print(json.dumps(out), flush=True)
 
 

@@ -46,24 +46,51 @@ def overrides(model: Path, out: Path, name: str, *, iterations: int = ITERATIONS
     reasoner finds no page worth recalling: the trees also branch at cue writing, sampled). The OAT-GRPO tests run
     the same recipe."""
     return [
-        f"policy.base={model}", f"engine.model={model}", f"run.output_dir={out}", f"run.name={name}",
-        "train_tasks.count=16", "train_tasks.sam.horizon_steps=6", "eval_tasks.count=2",
-        "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=4", "tree.branch_factor=2", "tree.max_leaves=4",
-        "tree.branch_roles=[consolidate, recall]", "memory.sampling.consolidate.temperature=1.0",
-        "memory.sampling.consolidate.max_tokens=16", "memory.sampling.recall.max_tokens=24",
-        f"loop.iterations={iterations}", f"loop.eval_every={eval_every}", "loop.checkpoint_every=1",
-        "loop.keep_checkpoints=2", *FLEET,
+        f"policy.base={model}",
+        f"engine.model={model}",
+        f"run.output_dir={out}",
+        f"run.name={name}",
+        "train_tasks.count=16",
+        "train_tasks.sam.horizon_steps=6",
+        "eval_tasks.count=2",
+        "eval_tasks.sam.horizon_steps=6",
+        "tasks_per_iteration=4",
+        "tree.branch_factor=2",
+        "tree.max_leaves=4",
+        "tree.branch_roles=[consolidate, recall]",
+        "memory.sampling.consolidate.temperature=1.0",
+        "memory.sampling.consolidate.max_tokens=16",
+        "memory.sampling.recall.max_tokens=24",
+        f"loop.iterations={iterations}",
+        f"loop.eval_every={eval_every}",
+        "loop.checkpoint_every=1",
+        "loop.keep_checkpoints=2",
+        *FLEET,
     ]
 
 
 def command(model: Path, out: Path, name: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "memrl.launch.cli", "train", "oat-grpo", "--config",
-            str(ROOT / "configs" / "oat_grpo_tiny.yaml"), *overrides(model, out, name), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "memrl.launch.cli",
+        "train",
+        "oat-grpo",
+        "--config",
+        str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
+        *overrides(model, out, name),
+        *extra,
+    ]
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false"}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 def run(cmd: list[str], run_dir: Path | None = None) -> tuple[float, float]:
@@ -115,15 +142,17 @@ def _alive(procs: list[Any]) -> list[Any]:
     return out
 
 
-def kill_at(cmd: list[str], run_dir: Path, moment: float | None, *, in_write_of: int = 0,
-            write_delay: float = 0.0) -> dict[str, object]:
+def kill_at(
+    cmd: list[str], run_dir: Path, moment: float | None, *, in_write_of: int = 0, write_delay: float = 0.0
+) -> dict[str, object]:
     """Start the run and SIGKILL its driver ``moment`` s after start (None: ``write_delay`` s after the temporary
     folder of checkpoint ``in_write_of`` appears); returns what the kill hit and how many processes of its tree
     outlived it by 10 s, or {"finished": True} when the run ended (or wrote its summary) first."""
     import psutil
 
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     start = time.perf_counter()
     tmp = run_dir / "checkpoints" / f".tmp-ckpt-{in_write_of:06d}"
     write_seen: float | None = None
@@ -133,24 +162,35 @@ def kill_at(cmd: list[str], run_dir: Path, moment: float | None, *, in_write_of:
             elapsed = time.perf_counter() - start
             if moment is None and write_seen is None and tmp.exists():
                 write_seen = elapsed
-            if (write_seen is not None and elapsed >= write_seen + write_delay) or \
-                    (moment is not None and elapsed >= moment):
+            if (write_seen is not None and elapsed >= write_seen + write_delay) or (
+                moment is not None and elapsed >= moment
+            ):
                 with contextlib.suppress(psutil.Error):
                     tree = psutil.Process(proc.pid).children(recursive=True)
-                writing = sorted(p.name for p in (run_dir / "checkpoints").glob(".tmp-ckpt-*")) \
-                    if (run_dir / "checkpoints").is_dir() else []
+                writing = (
+                    sorted(p.name for p in (run_dir / "checkpoints").glob(".tmp-ckpt-*"))
+                    if (run_dir / "checkpoints").is_dir()
+                    else []
+                )
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=60)
                 if (run_dir / "summary.json").exists():
                     break  # killed after the run finished its work: nothing to resume
-                complete = sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*")
-                                  if (p / "COMPLETE").exists()) if (run_dir / "checkpoints").is_dir() else []
+                complete = (
+                    sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*") if (p / "COMPLETE").exists())
+                    if (run_dir / "checkpoints").is_dir()
+                    else []
+                )
                 deadline = time.monotonic() + 10
                 while _alive(tree) and time.monotonic() < deadline:
                     time.sleep(0.2)
-                return {"killed_at_s": round(elapsed, 2), "checkpoint_being_written": writing,
-                        "complete_checkpoints": complete, "orphans_after_10s": len(_alive(tree)),
-                        "finished": False}
+                return {
+                    "killed_at_s": round(elapsed, 2),
+                    "checkpoint_being_written": writing,
+                    "complete_checkpoints": complete,
+                    "orphans_after_10s": len(_alive(tree)),
+                    "finished": False,
+                }
             time.sleep(0.002)
     finally:
         if proc.poll() is None:
@@ -169,10 +209,14 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/memrl-resume-faults")
     parser.add_argument("--fleet-workers", type=int, default=2, help="Ray rollout workers (0: rollouts in the driver)")
     parser.add_argument("--max-staleness", type=int, default=1, help="loop.max_staleness (one-step-off: 1)")
-    parser.add_argument("--in-write", type=float, default=0.0,
-                        help="share of the trials after the first aimed at a checkpoint write (of a random "
-                             "iteration, a random 0-50 ms after its temporary folder appears) instead of a uniform "
-                             "moment; whether a kill did land in a write is recorded, not assumed")
+    parser.add_argument(
+        "--in-write",
+        type=float,
+        default=0.0,
+        help="share of the trials after the first aimed at a checkpoint write (of a random "
+        "iteration, a random 0-50 ms after its temporary folder appears) instead of a uniform "
+        "moment; whether a kill did land in a write is recorded, not assumed",
+    )
     args = parser.parse_args()
     FLEET[:] = [f"fleet.workers={args.fleet_workers}", f"loop.max_staleness={args.max_staleness}"]
     if args.fleet_workers:
@@ -199,9 +243,13 @@ def main() -> None:
         aimed = trial == 0 or rng.random() < args.in_write  # drawn once: a redraw below keeps the kind of kill
         while True:
             moment = None if aimed else rng.uniform(started, wall)
-            hit = kill_at(command(model, work, name), run_dir, moment,
-                          in_write_of=rng.randrange(ITERATIONS) if trial else 0,
-                          write_delay=rng.uniform(0.0, 0.05) if trial else 0.0)
+            hit = kill_at(
+                command(model, work, name),
+                run_dir,
+                moment,
+                in_write_of=rng.randrange(ITERATIONS) if trial else 0,
+                write_delay=rng.uniform(0.0, 0.05) if trial else 0.0,
+            )
             if not hit["finished"]:
                 break
             shutil.rmtree(run_dir, ignore_errors=True)  # the run beat the kill: another moment, same kind
@@ -214,19 +262,30 @@ def main() -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
     in_write = [t for t in trials if t["checkpoint_being_written"]]
     print(f"resumes_equal: {equal}/{args.trials}", flush=True)
-    print(f"resumes_equal_after_kills_in_checkpoint_writes: {sum(t['equal'] for t in in_write)}/{len(in_write)}",
-          flush=True)
-    print(json.dumps({
-        "benchmark": "resume_faults", "iterations": ITERATIONS, "fleet_workers": args.fleet_workers,
-        "max_staleness": args.max_staleness, "in_write": args.in_write, "uninterrupted_wall_s": round(wall, 1),
-        "kills_aimed_at_a_write": sum(t["aimed_at_a_write"] for t in trials),
-        "run_started_at_s": round(started, 1),
-        "expected_steps": expected_steps, "resumes_equal": f"{equal}/{args.trials}",
-        "kills_during_checkpoint_write": len(in_write),
-        "resumes_equal_after_checkpoint_write_kills": f"{sum(t['equal'] for t in in_write)}/{len(in_write)}",
-        "kills_before_first_checkpoint": sum(not t["complete_checkpoints"] for t in trials),
-        "trials_with_orphans_after_10s": sum(bool(t["orphans_after_10s"]) for t in trials),
-    }))
+    print(
+        f"resumes_equal_after_kills_in_checkpoint_writes: {sum(t['equal'] for t in in_write)}/{len(in_write)}",
+        flush=True,
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "resume_faults",
+                "iterations": ITERATIONS,
+                "fleet_workers": args.fleet_workers,
+                "max_staleness": args.max_staleness,
+                "in_write": args.in_write,
+                "uninterrupted_wall_s": round(wall, 1),
+                "kills_aimed_at_a_write": sum(t["aimed_at_a_write"] for t in trials),
+                "run_started_at_s": round(started, 1),
+                "expected_steps": expected_steps,
+                "resumes_equal": f"{equal}/{args.trials}",
+                "kills_during_checkpoint_write": len(in_write),
+                "resumes_equal_after_checkpoint_write_kills": f"{sum(t['equal'] for t in in_write)}/{len(in_write)}",
+                "kills_before_first_checkpoint": sum(not t["complete_checkpoints"] for t in trials),
+                "trials_with_orphans_after_10s": sum(bool(t["orphans_after_10s"]) for t in trials),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

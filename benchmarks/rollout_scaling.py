@@ -38,9 +38,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-MEMORY = {"page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3,
-          "sampling": {"consolidate": {"temperature": 0.0, "max_tokens": 48},
-                       "recall": {"temperature": 1.0, "max_tokens": 48}}}
+MEMORY = {
+    "page_turns": 1,
+    "live_capacity_turns": 4,
+    "keep_recent_turns": 3,
+    "sampling": {
+        "consolidate": {"temperature": 0.0, "max_tokens": 48},
+        "recall": {"temperature": 1.0, "max_tokens": 48},
+    },
+}
 
 
 def worker_spec(tokenizer: str, latency_s: float, vllm_model: str | None = None) -> Any:
@@ -52,21 +58,41 @@ def worker_spec(tokenizer: str, latency_s: float, vllm_model: str | None = None)
     from memrl.train.oat_grpo import TreeScorer
 
     def delayed(name: str, policy: str, kwargs: dict[str, Any]) -> EngineConfig:
-        return EngineConfig(backend="scripted", name=name, tokenizer=tokenizer,
-                            scripted_policy="memrl.rollout.engines.scripted:DelayedPolicy",
-                            scripted_kwargs={"policy": policy, "latency_s": latency_s, "kwargs": kwargs})
+        return EngineConfig(
+            backend="scripted",
+            name=name,
+            tokenizer=tokenizer,
+            scripted_policy="memrl.rollout.engines.scripted:DelayedPolicy",
+            scripted_kwargs={"policy": policy, "latency_s": latency_s, "kwargs": kwargs},
+        )
 
     if vllm_model is not None:
-        policy = EngineConfig(backend="vllm", name="policy", model=vllm_model, dtype="float32", seed=0,
-                              gpu_memory_utilization=0.05, max_model_len=2048)
+        policy = EngineConfig(
+            backend="vllm",
+            name="policy",
+            model=vllm_model,
+            dtype="float32",
+            seed=0,
+            gpu_memory_utilization=0.05,
+            max_model_len=2048,
+        )
     else:
         policy = delayed("policy", "memrl.data.experts.sam:SamOracle", {"config": {"error_rate": 0.3}})
     reasoner = delayed("reasoner", "memrl.data.tasks.sam:SamReasoner", {"max_pages": 2, "recall_budget": 2})
-    references = [EngineConfig(backend="scripted", name="sam-oracle",
-                               scripted_policy="memrl.data.experts.sam:SamOracle",
-                               tokenizer=tokenizer)]
-    return WorkerSpec(policy=policy, reasoner=reasoner, tree=TreeConfig(branch_factor=2, max_leaves=4),
-                      make_scorer=TreeScorer(references, None, CommitteeConfig()))
+    references = [
+        EngineConfig(
+            backend="scripted",
+            name="sam-oracle",
+            scripted_policy="memrl.data.experts.sam:SamOracle",
+            tokenizer=tokenizer,
+        )
+    ]
+    return WorkerSpec(
+        policy=policy,
+        reasoner=reasoner,
+        tree=TreeConfig(branch_factor=2, max_leaves=4),
+        make_scorer=TreeScorer(references, None, CommitteeConfig()),
+    )
 
 
 def trees_per_s(fleet: Any, tasks: list[Any], make: Any) -> float:
@@ -164,10 +190,12 @@ def async_speedups(tasks: list[Any], make: Any, tokenizer: str, latency_s: float
         for scheduler in ("wavefront", "async"):
             scripted = sam_engines(tokenizer=tok, oracle={"error_rate": 0.3})
             engines = EngineSet(
-                reasoner=DelayedEngine(scripted.reasoner, latency_s, capacity=reasoner_capacity,
-                                       concurrent_requests=reasoner_each),
-                memory=DelayedEngine(scripted.memory, latency_s, capacity=memory_capacity,
-                                     concurrent_requests=memory_each),
+                reasoner=DelayedEngine(
+                    scripted.reasoner, latency_s, capacity=reasoner_capacity, concurrent_requests=reasoner_each
+                ),
+                memory=DelayedEngine(
+                    scripted.memory, latency_s, capacity=memory_capacity, concurrent_requests=memory_each
+                ),
             )
             seconds[scheduler], trees[scheduler] = tree_seconds(tasks, make, engines, scheduler)
         if trees["async"] != trees["wavefront"]:
@@ -192,8 +220,11 @@ def vllm_async_speedup(tasks: list[Any], make: Any, model: str, latency_s: float
         tree_seconds(tasks[:2], make, engines, "async", repeats=1)  # warm-up
         wavefront, _ = tree_seconds(tasks, make, engines, "wavefront", repeats=1)
         asynchronous, _ = tree_seconds(tasks, make, engines, "async", repeats=1)
-    return {"vllm_tree_s_wavefront": wavefront, "vllm_tree_s_async": asynchronous,
-            "vllm_async_speedup": wavefront / asynchronous}
+    return {
+        "vllm_tree_s_wavefront": wavefront,
+        "vllm_tree_s_async": asynchronous,
+        "vllm_async_speedup": wavefront / asynchronous,
+    }
 
 
 def iteration_times(fleet: Any, tasks: list[Any], make: Any, update_s: float, iterations: int) -> dict[str, float]:
@@ -221,8 +252,15 @@ def iteration_times(fleet: Any, tasks: list[Any], make: Any, update_s: float, it
             logger = MetricsLogger(run_dir, None, {}, name="bench", console=False)
             loop_cfg = LoopConfig(iterations=iterations, checkpoint_every=0, max_staleness=k)
             trainer = TimedTrainer(update_s, stale_sampling_tis(GroupTrainerConfig(), loop_cfg))
-            loop = OnlineLoop(trainer=trainer, engine=fleet, cfg=loop_cfg, run_dir=run_dir,  # type: ignore[arg-type]
-                              resume=False, logger=logger, desc=f"k={k}")
+            loop = OnlineLoop(
+                trainer=trainer,
+                engine=fleet,
+                cfg=loop_cfg,
+                run_dir=run_dir,  # type: ignore[arg-type]
+                resume=False,
+                logger=logger,
+                desc=f"k={k}",
+            )
             for iteration in loop.start(collect, None):
                 batch, metrics = loop.collected(iteration, collect)
                 update = loop.update(batch)
@@ -254,8 +292,13 @@ def main() -> None:
     from memrl.train.oat_grpo import TaskTreeRollout
 
     model = str(ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec()))
-    tasks = load_tasks(TaskSetConfig(count=args.tasks, sam=SamTaskParams(
-        horizon_steps=8, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5)), "bench")
+    tasks = load_tasks(
+        TaskSetConfig(
+            count=args.tasks,
+            sam=SamTaskParams(horizon_steps=8, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5),
+        ),
+        "bench",
+    )
     make = TaskTreeRollout(SamConfig.model_validate(MEMORY))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     spec = worker_spec(model, args.latency_ms / 1000)
@@ -271,8 +314,12 @@ def main() -> None:
         summary.update(iteration_times(fleet, tasks, make, rollout_s, args.iterations))
     finally:
         fleet.close()
-    print(json.dumps({k: summary[k] for k in ("rollout_s", "iteration_s_k0", "iteration_s_k1",
-                                              "offpolicy_iteration_ratio")}), flush=True)
+    print(
+        json.dumps(
+            {k: summary[k] for k in ("rollout_s", "iteration_s_k0", "iteration_s_k1", "offpolicy_iteration_ratio")}
+        ),
+        flush=True,
+    )
 
     summary.update(async_speedups(tasks, make, model, args.latency_ms / 1000))
     print(json.dumps({k: v for k, v in summary.items() if k in ENGINE_SHAPES}), flush=True)
@@ -284,8 +331,11 @@ def main() -> None:
     if not args.skip_vllm:
         summary.update(vllm_async_speedup(tasks, make, model, args.latency_ms / 1000))
     summary.update(fleet_speedup_target=1.7, async_speedup_target=1.5, offpolicy_iteration_ratio_target=0.6)
-    summary["passed"] = (summary["fleet_speedup"] >= 1.7 and summary["async_speedup"] >= 1.5
-                         and summary["offpolicy_iteration_ratio"] <= 0.6)
+    summary["passed"] = (
+        summary["fleet_speedup"] >= 1.7
+        and summary["async_speedup"] >= 1.5
+        and summary["offpolicy_iteration_ratio"] <= 0.6
+    )
     print(json.dumps(summary))
 
 

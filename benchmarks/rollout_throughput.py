@@ -61,8 +61,12 @@ def main() -> None:
     parser.add_argument("--prompt-words", type=int, default=48)
     parser.add_argument("--model", default=None, help="model directory or hub id (default: the tiny test model)")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="vLLM context length (default: the model's; SmolLM2's 8192 needs more KV cache than 2048)")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="vLLM context length (default: the model's; SmolLM2's 8192 needs more KV cache than 2048)",
+    )
     parser.add_argument("--cpu-threads", type=int, default=None, help="torch threads on CPU (default: the engines')")
     args = parser.parse_args()
 
@@ -77,8 +81,11 @@ def main() -> None:
     figures: dict[str, Any] = {}
 
     start = time.perf_counter()
-    vllm = build_engine(EngineConfig(backend="vllm", max_num_seqs=args.prompts * args.samples,
-                                     max_model_len=args.max_model_len, **common))
+    vllm = build_engine(
+        EngineConfig(
+            backend="vllm", max_num_seqs=args.prompts * args.samples, max_model_len=args.max_model_len, **common
+        )
+    )
     figures["vllm_startup_s"] = round(time.perf_counter() - start, 2)
     with vllm:
         vllm.generate(warmup)

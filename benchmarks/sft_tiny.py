@@ -36,14 +36,22 @@ def traces(n: int, seed: int) -> list[EpisodeTrace]:
         fact = f"the {color} {item} is in {place}"
         page = f"t{t}> open {place}\n{fact}"
         calls = [
-            MemoryCall(call_id="c", role="consolidate", text=f"{color} {item}, {place}",
-                       messages=[Message(**m) for m in render_sam_consolidate_prompt(t, page)]),
-            MemoryCall(call_id="r", role="recall", text=fact,
-                       messages=[Message(**m) for m in render_sam_recall_prompt(f"where is the {color} {item}?", t,
-                                                                                  page, "")]),
+            MemoryCall(
+                call_id="c",
+                role="consolidate",
+                text=f"{color} {item}, {place}",
+                messages=[Message(**m) for m in render_sam_consolidate_prompt(t, page)],
+            ),
+            MemoryCall(
+                call_id="r",
+                role="recall",
+                text=fact,
+                messages=[Message(**m) for m in render_sam_recall_prompt(f"where is the {color} {item}?", t, page, "")],
+            ),
         ]
-        out.append(EpisodeTrace(trace_id=f"{seed}-{i}", task_id=str(i), memory_system="sam", outcome=1.0,
-                                memory_calls=calls))
+        out.append(
+            EpisodeTrace(trace_id=f"{seed}-{i}", task_id=str(i), memory_system="sam", outcome=1.0, memory_calls=calls)
+        )
     return out
 
 
@@ -65,8 +73,12 @@ def exact_match(final: Path, base: Path, kind: str, rows: list[Any]) -> float:
     hits = 0
     for i in range(0, len(rows), 32):
         chunk = rows[i : i + 32]
-        prompts = [tok.apply_chat_template([m.model_dump() for m in r.messages[:-1]], tokenize=False,
-                                           add_generation_prompt=True) for r in chunk]
+        prompts = [
+            tok.apply_chat_template(
+                [m.model_dump() for m in r.messages[:-1]], tokenize=False, add_generation_prompt=True
+            )
+            for r in chunk
+        ]
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id)
@@ -103,26 +115,48 @@ def main() -> None:
         rank = 0 if kind == "full" else int(kind.removeprefix("lora"))
         lora = {"enabled": rank > 0, "r": rank or 8, "alpha": 2 * (rank or 8)}
         lr = args.lr if kind == "full" else (args.lora_lr or args.lr)
-        cfg = SFTRunConfig.model_validate({
-            "run": {"output_dir": str(work / "runs"), "name": name},
-            "model": {"base": str(model_dir)},
-            "lora": lora,
-            "data": {"dir": str(work / "train"), "roles": ["consolidate", "recall"], "eval_fraction": 0.02,
-                     "max_eval_rows": 32},
-            "train": {"max_steps": args.steps, "batch_size": args.batch, "lr": lr, "warmup": 0.05,
-                      "bf16": precision == "bf16", "save_steps": 0, "logging_steps": max(1, args.steps // 10),
-                      "max_length": 256, "progress": False},
-        })
+        cfg = SFTRunConfig.model_validate(
+            {
+                "run": {"output_dir": str(work / "runs"), "name": name},
+                "model": {"base": str(model_dir)},
+                "lora": lora,
+                "data": {
+                    "dir": str(work / "train"),
+                    "roles": ["consolidate", "recall"],
+                    "eval_fraction": 0.02,
+                    "max_eval_rows": 32,
+                },
+                "train": {
+                    "max_steps": args.steps,
+                    "batch_size": args.batch,
+                    "lr": lr,
+                    "warmup": 0.05,
+                    "bf16": precision == "bf16",
+                    "save_steps": 0,
+                    "logging_steps": max(1, args.steps // 10),
+                    "max_length": 256,
+                    "progress": False,
+                },
+            }
+        )
         start = time.perf_counter()
         run_sft(cfg)
         wall = time.perf_counter() - start
         summary = json.loads((work / "runs" / name / "summary.json").read_text())
-        result = {"variant": variant, "lr": lr, "steps": args.steps, "batch": args.batch,
-                  "steps_per_s": summary["steps_per_s"], "wall_s": round(wall, 1),
-                  "eval_loss_before": summary["eval_loss_before"], "eval_loss_after": summary["eval_loss_after"]}
+        result = {
+            "variant": variant,
+            "lr": lr,
+            "steps": args.steps,
+            "batch": args.batch,
+            "steps_per_s": summary["steps_per_s"],
+            "wall_s": round(wall, 1),
+            "eval_loss_before": summary["eval_loss_before"],
+            "eval_loss_after": summary["eval_loss_after"],
+        }
         if heldout:
-            result["recall_exact"] = exact_match(work / "runs" / name / "final", model_dir,
-                                                 "full" if kind == "full" else "lora", heldout)
+            result["recall_exact"] = exact_match(
+                work / "runs" / name / "final", model_dir, "full" if kind == "full" else "lora", heldout
+            )
         print(json.dumps(result), flush=True)
         results.append(result)
     print(json.dumps({"benchmark": "sft_tiny", "model": f"{args.layers}x{args.hidden}", "results": results}))

@@ -35,14 +35,28 @@ ROOT = Path(__file__).resolve().parents[1]
 def overrides(model: Path, out: Path, iterations: int, workers: int, checkpoint_every: int) -> list[str]:
     """The tiny OAT-GRPO recipe at about a second per iteration on a fleet of ``workers`` Ray workers."""
     return [
-        f"policy.base={model}", f"engine.model={model}", f"run.output_dir={out}", "run.name=soak",
-        "train_tasks.count=64", "train_tasks.sam.horizon_steps=6", "eval_tasks.count=2",
-        "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=2", "tree.branch_factor=2", "tree.max_leaves=4",
-        "tree.branch_roles=[consolidate, recall]", "memory.sampling.consolidate.temperature=1.0",
-        "memory.sampling.consolidate.max_tokens=12", "memory.sampling.recall.max_tokens=12",
-        f"loop.iterations={iterations}", f"loop.eval_every={iterations * 10}",  # no held-out evaluation
-        f"loop.checkpoint_every={checkpoint_every}", "loop.keep_checkpoints=2", "trainer.lr=1e-4",
-        f"fleet.workers={workers}", "fleet.cpus_per_worker=0.5",
+        f"policy.base={model}",
+        f"engine.model={model}",
+        f"run.output_dir={out}",
+        "run.name=soak",
+        "train_tasks.count=64",
+        "train_tasks.sam.horizon_steps=6",
+        "eval_tasks.count=2",
+        "eval_tasks.sam.horizon_steps=6",
+        "tasks_per_iteration=2",
+        "tree.branch_factor=2",
+        "tree.max_leaves=4",
+        "tree.branch_roles=[consolidate, recall]",
+        "memory.sampling.consolidate.temperature=1.0",
+        "memory.sampling.consolidate.max_tokens=12",
+        "memory.sampling.recall.max_tokens=12",
+        f"loop.iterations={iterations}",
+        f"loop.eval_every={iterations * 10}",  # no held-out evaluation
+        f"loop.checkpoint_every={checkpoint_every}",
+        "loop.keep_checkpoints=2",
+        "trainer.lr=1e-4",
+        f"fleet.workers={workers}",
+        "fleet.cpus_per_worker=0.5",
     ]
 
 
@@ -96,8 +110,12 @@ class Sampler:
                     rss, files = proc.memory_info().rss, proc.num_fds()
                 except Exception:
                     continue
-                row[name] = {"rss_mb": rss / 2**20, "peak_mb": max(self.peaks.get(proc.pid, 0), rss) / 2**20,
-                             "open_files": files, "pid": proc.pid}
+                row[name] = {
+                    "rss_mb": rss / 2**20,
+                    "peak_mb": max(self.peaks.get(proc.pid, 0), rss) / 2**20,
+                    "open_files": files,
+                    "pid": proc.pid,
+                }
             self.peaks = {}
             return row
 
@@ -126,14 +144,17 @@ def summarize(rows: list[dict[str, Any]], warmup: int, bound_mb: float) -> dict[
             continue
         its = [float(i) for i, _ in seen]
         out[name] = {
-            "rss_first_mb": round(seen[0][1]["rss_mb"], 1), "rss_final_mb": round(seen[-1][1]["rss_mb"], 1),
+            "rss_first_mb": round(seen[0][1]["rss_mb"], 1),
+            "rss_final_mb": round(seen[-1][1]["rss_mb"], 1),
             "rss_peak_mb": round(max(p["peak_mb"] for r in rows for k, p in r["processes"].items() if k == name), 1),
             "rss_growth_mb_per_100": round(slope_per_100(its, [p["rss_mb"] for _, p in seen]), 2),
-            "open_files_first": seen[0][1]["open_files"], "open_files_final": seen[-1][1]["open_files"],
+            "open_files_first": seen[0][1]["open_files"],
+            "open_files_final": seen[-1][1]["open_files"],
             "open_files_growth_per_100": round(slope_per_100(its, [float(p["open_files"]) for _, p in seen]), 2),
         }
-    bounded = all(v["rss_growth_mb_per_100"] <= bound_mb and v["open_files_final"] <= v["open_files_first"]
-                  for v in out.values())
+    bounded = all(
+        v["rss_growth_mb_per_100"] <= bound_mb and v["open_files_final"] <= v["open_files_first"] for v in out.values()
+    )
     return {"processes": out, "bounded": bounded}
 
 
@@ -143,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="Ray rollout workers")
     parser.add_argument("--warmup", type=int, default=20, help="iterations left out of the growth slopes")
     parser.add_argument("--checkpoint-every", type=int, default=25, help="checkpoint interval (iterations)")
-    parser.add_argument("--bound-mb", type=float, default=20.0,
-                        help="largest RSS growth per 100 iterations that counts as bounded")
+    parser.add_argument(
+        "--bound-mb", type=float, default=20.0, help="largest RSS growth per 100 iterations that counts as bounded"
+    )
     parser.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one)")
     parser.add_argument("--model", type=Path, default=None, help="tiny model folder (default: built and cached)")
     args = parser.parse_args(argv)
@@ -166,8 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     model = args.model or ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec())
     out = work / "runs"
-    cfg = load_config(OATGRPOConfig, ROOT / "configs" / "oat_grpo_tiny.yaml",
-                      overrides(model, out, args.iterations, args.workers, args.checkpoint_every))
+    cfg = load_config(
+        OATGRPOConfig,
+        ROOT / "configs" / "oat_grpo_tiny.yaml",
+        overrides(model, out, args.iterations, args.workers, args.checkpoint_every),
+    )
     run_dir = out / "soak"
     if run_dir.exists():
         import shutil
@@ -187,16 +212,25 @@ def main(argv: list[str] | None = None) -> int:
             super().log(step, metrics)
             if step < 0:
                 return
-            row = {"iteration": step, "wall_s": round(time.perf_counter() - started, 2), "processes": sampler.take(),
-                   "sync_s": metrics.get("sync_s"), "sync_check_s": metrics.get("sync_check_s"),
-                   "iteration_s": metrics.get("iteration_s")}
+            row = {
+                "iteration": step,
+                "wall_s": round(time.perf_counter() - started, 2),
+                "processes": sampler.take(),
+                "sync_s": metrics.get("sync_s"),
+                "sync_check_s": metrics.get("sync_check_s"),
+                "iteration_s": metrics.get("iteration_s"),
+            }
             rows.append(row)
             with open(progress, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
             if step % 25 == 0 or step == args.iterations - 1:
                 driver = row["processes"].get("driver", {})
-                print(f"[soak] iteration {step}: driver {driver.get('rss_mb', 0):.0f} MB, "
-                      f"{len(row['processes']) - 1} workers, {row['wall_s']:.0f} s", file=sys.stderr, flush=True)
+                print(
+                    f"[soak] iteration {step}: driver {driver.get('rss_mb', 0):.0f} MB, "
+                    f"{len(row['processes']) - 1} workers, {row['wall_s']:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     logger = SoakLogger(run_dir, None, {}, name="soak", console=False)
     try:
@@ -205,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         sampler.close()
         logger.close()
     summary = {
-        "benchmark": "soak", "iterations": len(rows), "workers": args.workers, "warmup": args.warmup,
+        "benchmark": "soak",
+        "iterations": len(rows),
+        "workers": args.workers,
+        "warmup": args.warmup,
         "wall_s": round(time.perf_counter() - started, 1),
         "iteration_s_mean": round(sum(r["iteration_s"] or 0 for r in rows) / max(len(rows), 1), 3),
         "sync_s_mean": round(sum(r["sync_s"] or 0 for r in rows) / max(len(rows), 1), 4),

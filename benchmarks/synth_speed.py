@@ -33,20 +33,33 @@ def main() -> None:
             wrong = sum(bool(check_qa(q, ep.trajectory, views)) for q in ep.qa_pairs)
             qa_total += len(ep.qa_pairs)
             qa_wrong += wrong
-            rows.append({
-                "family": "ama", "env": env, "target": target, "tokens": ep.horizon_tokens,
-                "rel_error": round(abs(ep.horizon_tokens - target) / target, 4), "turns": len(ep.trajectory),
-                "qa": len(ep.qa_pairs), "qa_wrong": wrong, "seconds": round(seconds, 3),
-            })
+            rows.append(
+                {
+                    "family": "ama",
+                    "env": env,
+                    "target": target,
+                    "tokens": ep.horizon_tokens,
+                    "rel_error": round(abs(ep.horizon_tokens - target) / target, 4),
+                    "turns": len(ep.trajectory),
+                    "qa": len(ep.qa_pairs),
+                    "qa_wrong": wrong,
+                    "seconds": round(seconds, 3),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
         for target in bins:
             start = time.perf_counter()
             ep = SamTask({"horizon_steps": None, "target_tokens": target}, seed=target).episode()
-            rows.append({
-                "family": "sam", "target": target, "tokens": ep.horizon_tokens,
-                "rel_error": round(abs(ep.horizon_tokens - target) / target, 4), "turns": len(ep.trajectory),
-                "seconds": round(time.perf_counter() - start, 3),
-            })
+            rows.append(
+                {
+                    "family": "sam",
+                    "target": target,
+                    "tokens": ep.horizon_tokens,
+                    "rel_error": round(abs(ep.horizon_tokens - target) / target, 4),
+                    "turns": len(ep.trajectory),
+                    "seconds": round(time.perf_counter() - start, 3),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     start = time.perf_counter()
     ProactiveTask({"n_subtasks": 200}, seed=0).episode()

@@ -59,9 +59,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 SCRIPTED = ("no_memory", "long_context", "bm25", "sam_expert")
 MODELS = ("sam_untrained", "sam_sft", "sam_oat", "sam_flat")
-PAIRS = (("sam_oat", "sam_sft"), ("sam_flat", "sam_sft"), ("sam_oat", "sam_flat"), ("sam_sft", "sam_untrained"),
-         ("sam_oat", "bm25"), ("sam_oat", "long_context"), ("sam_oat", "no_memory"), ("bm25", "no_memory"),
-         ("long_context", "no_memory"), ("sam_expert", "sam_oat"))
+PAIRS = (
+    ("sam_oat", "sam_sft"),
+    ("sam_flat", "sam_sft"),
+    ("sam_oat", "sam_flat"),
+    ("sam_sft", "sam_untrained"),
+    ("sam_oat", "bm25"),
+    ("sam_oat", "long_context"),
+    ("sam_oat", "no_memory"),
+    ("bm25", "no_memory"),
+    ("long_context", "no_memory"),
+    ("sam_expert", "sam_oat"),
+)
 SELECT_GRID = (1e-4, 3e-4, 1e-3)
 DEFAULT_LR = 3e-4
 ALL_CELLS = [f"{c}/{s}" for c in ("treasure_hunter", "coin_collector", "cooking") for s in ("small", "medium", "large")]
@@ -89,11 +98,35 @@ class Scale:
     max_length: int = 768
 
 
-QUICK = Scale(cells=["treasure_hunter/small", "treasure_hunter/medium"], test_games=8, dev_games=4, sft_games=24,
-              sft_steps=30, sft_batch=8, train_games=16, iterations=2, tasks_per_iteration=2, seeds=2, max_steps=40)
-FULL = Scale(cells=ALL_CELLS, test_games=30, dev_games=12, sft_games=270, sft_steps=400, sft_batch=16,
-             train_games=540, iterations=30, tasks_per_iteration=6, seeds=3, branch_factor=4, max_leaves=8,
-             flat_group_size=4, max_steps=100)
+QUICK = Scale(
+    cells=["treasure_hunter/small", "treasure_hunter/medium"],
+    test_games=8,
+    dev_games=4,
+    sft_games=24,
+    sft_steps=30,
+    sft_batch=8,
+    train_games=16,
+    iterations=2,
+    tasks_per_iteration=2,
+    seeds=2,
+    max_steps=40,
+)
+FULL = Scale(
+    cells=ALL_CELLS,
+    test_games=30,
+    dev_games=12,
+    sft_games=270,
+    sft_steps=400,
+    sft_batch=16,
+    train_games=540,
+    iterations=30,
+    tasks_per_iteration=6,
+    seeds=3,
+    branch_factor=4,
+    max_leaves=8,
+    flat_group_size=4,
+    max_steps=100,
+)
 
 
 def say(message: str) -> None:
@@ -165,9 +198,15 @@ class Bench:
             return {"name": "long_context", "window_tokens": 2048}
         if name == "bm25":
             return {"name": "bm25", **paging, "top_k": 2}
-        return {"name": "sam", **paging, "max_cue_tokens": 64,
-                "sampling": {"consolidate": {"temperature": 0.0, "max_tokens": 64},
-                             "recall": {"temperature": 1.0, "max_tokens": 96}}}
+        return {
+            "name": "sam",
+            **paging,
+            "max_cue_tokens": 64,
+            "sampling": {
+                "consolidate": {"temperature": 0.0, "max_tokens": 64},
+                "recall": {"temperature": 1.0, "max_tokens": 96},
+            },
+        }
 
     def evaluate(self, variant: str, model: Path | None, tasks: list[Any], tag: str) -> dict[str, Any]:
         """Greedy success and steps per game of one variant (cached by variant, weights and games)."""
@@ -186,23 +225,39 @@ class Bench:
         t0 = time.perf_counter()
         if model is not None:
             backend = "vllm" if self.args.engine == "vllm" else "hf"
-            memory = build_engine(EngineConfig(backend=backend, name="memory", model=str(model), dtype="float32",
-                                               batch_size=64, max_model_len=4096 if backend == "vllm" else None))
+            memory = build_engine(
+                EngineConfig(
+                    backend=backend,
+                    name="memory",
+                    model=str(model),
+                    dtype="float32",
+                    batch_size=64,
+                    max_model_len=4096 if backend == "vllm" else None,
+                )
+            )
         else:
             memory = ScriptedEngine(TwOracle(), name="expert")
         try:
-            result = evaluate_memory(tasks, EngineSet(reasoner=ScriptedEngine(TwReasoner(), name="reasoner"),
-                                                      memory=memory), self.memory_config(variant), samples=0,
-                                     progress=f"eval {variant}")
+            result = evaluate_memory(
+                tasks,
+                EngineSet(reasoner=ScriptedEngine(TwReasoner(), name="reasoner"), memory=memory),
+                self.memory_config(variant),
+                samples=0,
+                progress=f"eval {variant}",
+            )
         finally:
             if model is not None:
                 memory.close()
         games = {}
         for r in result["records"]:
             won = float(r["outcome"] or 0.0)
-            games[r["episode_id"]] = {"won": won, "cell": r["horizon"], "steps": r["stats"].get("env_steps"),
-                                      "reasoner_tokens": r["reasoner_tokens"]["spent"],
-                                      "peak_context": r["peak_context_tokens"]}
+            games[r["episode_id"]] = {
+                "won": won,
+                "cell": r["horizon"],
+                "steps": r["stats"].get("env_steps"),
+                "reasoner_tokens": r["reasoner_tokens"]["spent"],
+                "peak_context": r["peak_context_tokens"],
+            }
         out = {"success": result["success_greedy"], "games": games, "seconds": round(time.perf_counter() - t0, 1)}
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")
@@ -216,8 +271,11 @@ class Bench:
         from memrl.rollout.models import TinyModelSpec, ensure_smollm2, ensure_tiny_model
 
         if self.base is None:
-            self.base = ensure_smollm2(self.args.model_cache) if self.args.model == "smollm2" else \
-                ensure_tiny_model(self.args.model_cache, TinyModelSpec())
+            self.base = (
+                ensure_smollm2(self.args.model_cache)
+                if self.args.model == "smollm2"
+                else ensure_tiny_model(self.args.model_cache, TinyModelSpec())
+            )
         return self.base
 
     def sft(self) -> Path:
@@ -233,19 +291,39 @@ class Bench:
             return out
         s, base = self.scale, self.base_model()
         t0 = time.perf_counter()
-        distill(DistillRunConfig(run=RunConfig(output_dir=str(self.work), name="distill", seed=0),
-                                 tasks=self.task_set("sft", 0, s.sft_games), memory=self.memory_config("sam"),
-                                 tokenizer=str(base)), self.work / "distill")
+        distill(
+            DistillRunConfig(
+                run=RunConfig(output_dir=str(self.work), name="distill", seed=0),
+                tasks=self.task_set("sft", 0, s.sft_games),
+                memory=self.memory_config("sam"),
+                tokenizer=str(base),
+            ),
+            self.work / "distill",
+        )
         self.phases["distill"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
-        run_sft(SFTRunConfig(
-            run=RunConfig(output_dir=str(self.work), name="sft", seed=0), model=PolicySpec(base=str(base)),
-            lora=LoraSettings(enabled=False),
-            data=SFTDataConfig(dir=str(self.work / "distill"), roles={"consolidate": 0.5, "recall": 0.5},
-                               mixture_rows=s.sft_steps * s.sft_batch),
-            train=SFTTrainConfig(max_steps=s.sft_steps, batch_size=s.sft_batch, lr=s.lr_sft, warmup=0.05,
-                                 max_length=s.max_length, save_steps=0, logging_steps=10,
-                                 bf16=self.args.model == "smollm2")))
+        run_sft(
+            SFTRunConfig(
+                run=RunConfig(output_dir=str(self.work), name="sft", seed=0),
+                model=PolicySpec(base=str(base)),
+                lora=LoraSettings(enabled=False),
+                data=SFTDataConfig(
+                    dir=str(self.work / "distill"),
+                    roles={"consolidate": 0.5, "recall": 0.5},
+                    mixture_rows=s.sft_steps * s.sft_batch,
+                ),
+                train=SFTTrainConfig(
+                    max_steps=s.sft_steps,
+                    batch_size=s.sft_batch,
+                    lr=s.lr_sft,
+                    warmup=0.05,
+                    max_length=s.max_length,
+                    save_steps=0,
+                    logging_steps=10,
+                    bf16=self.args.model == "smollm2",
+                ),
+            )
+        )
         self.phases["sft"] = round(time.perf_counter() - t0, 1)
         return out
 
@@ -270,13 +348,20 @@ class Bench:
             run=RunConfig(output_dir=str(self.work / "rl"), name=name, seed=seed),
             policy=PolicySpec(base=str(sft)),
             engine=EngineConfig(backend=backend, name="policy", model=str(sft), dtype="float32", batch_size=64),
-            memory=self.memory_config("sam"), train_tasks=self.task_set("train", 0, s.train_games),
+            memory=self.memory_config("sam"),
+            train_tasks=self.task_set("train", 0, s.train_games),
             eval_tasks=TaskSetConfig(family="ms_textworld", params=self.params(), count=0),
             tasks_per_iteration=s.tasks_per_iteration,
-            tree=TreeConfig(mode=mode, branch_roles=["recall"], branch_factor=s.branch_factor,
-                            max_leaves=s.max_leaves, flat_group_size=s.flat_group_size),
-            trainer=GroupTrainerConfig(lr=lr, lora=LoraSettings(enabled=self.args.model == "smollm2"),
-                                       bf16=self.args.model == "smollm2"),
+            tree=TreeConfig(
+                mode=mode,
+                branch_roles=["recall"],
+                branch_factor=s.branch_factor,
+                max_leaves=s.max_leaves,
+                flat_group_size=s.flat_group_size,
+            ),
+            trainer=GroupTrainerConfig(
+                lr=lr, lora=LoraSettings(enabled=self.args.model == "smollm2"), bf16=self.args.model == "smollm2"
+            ),
             loop=LoopConfig(iterations=s.iterations, eval_every=0, checkpoint_every=s.iterations, keep_checkpoints=1),
             eval_samples=0,
         )
@@ -284,21 +369,30 @@ class Bench:
         result = train_oat_grpo(cfg, prepare_run_dir(cfg, cfg.run, "train-oat-grpo"))
         self.phases[f"rl_{mode}"] = self.phases.get(f"rl_{mode}", 0.0) + round(time.perf_counter() - t0, 1)
         history = result["history"]
-        summary = {"policy_dir": result["policy_dir"], "updates": result["updates"],
-                   "iterations": result["iterations_run"], "lora": result["lora"],
-                   "informative_groups": sum(h.get("informative_groups", 0) for h in history),
-                   "trained_tokens": sum(h.get("trained_tokens", 0) for h in history),
-                   "reasoner_tokens": sum(h.get("reasoner_tokens", 0) for h in history),
-                   "success_train": [h.get("success") for h in history]}
+        summary = {
+            "policy_dir": result["policy_dir"],
+            "updates": result["updates"],
+            "iterations": result["iterations_run"],
+            "lora": result["lora"],
+            "informative_groups": sum(h.get("informative_groups", 0) for h in history),
+            "trained_tokens": sum(h.get("trained_tokens", 0) for h in history),
+            "reasoner_tokens": sum(h.get("reasoner_tokens", 0) for h in history),
+            "success_train": [h.get("success") for h in history],
+        }
         if result["lora"]:  # a LoRA policy: evaluate it merged on its base
             from memrl.train.export import ExportConfig, export_model
 
             merged = self.work / "rl" / f"{name}-merged"
             from memrl.train.export import VerifyConfig
 
-            export_model(ExportConfig(run=RunConfig(output_dir=str(self.work / "rl"), name=f"{name}-export"),
-                                      policy=PolicySpec(base=str(sft), adapter=result["policy_dir"]),
-                                      verify=VerifyConfig(vllm=False)), merged)
+            export_model(
+                ExportConfig(
+                    run=RunConfig(output_dir=str(self.work / "rl"), name=f"{name}-export"),
+                    policy=PolicySpec(base=str(sft), adapter=result["policy_dir"]),
+                    verify=VerifyConfig(vllm=False),
+                ),
+                merged,
+            )
             summary["policy_dir"] = str(merged)
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(json.dumps(summary))
@@ -317,7 +411,7 @@ class Bench:
         engines = EngineSet(reasoner=ScriptedEngine(TwReasoner()), memory=ScriptedEngine(TwOracle()))
         exact, commands, mismatches = 0, 0, []
         for start in range(0, len(tasks), 32):
-            rollouts = [task_rollout(t, self.memory_config("sam")) for t in tasks[start:start + 32]]
+            rollouts = [task_rollout(t, self.memory_config("sam")) for t in tasks[start : start + 32]]
             run_rollouts(rollouts, engines)
             for rollout in rollouts:
                 played = rollout.env
@@ -339,12 +433,12 @@ class Bench:
 
 def per_game(evals: dict[str, dict[int, dict[str, Any]]], games: list[str], seeds: list[int]) -> dict[str, Any]:
     """``{variant: {seed: [won per game]}}`` in one game order."""
-    return {v: {str(s): [by_seed[s]["games"][g]["won"] for g in games] for s in seeds}
-            for v, by_seed in evals.items()}
+    return {v: {str(s): [by_seed[s]["games"][g]["won"] for g in games] for s in seeds} for v, by_seed in evals.items()}
 
 
-def figures(evals: dict[str, dict[int, dict[str, Any]]], games: list[str], cells: dict[str, str],
-            seeds: list[int]) -> dict[str, Any]:
+def figures(
+    evals: dict[str, dict[int, dict[str, Any]]], games: list[str], cells: dict[str, str], seeds: list[int]
+) -> dict[str, Any]:
     """Success and steps to win per variant and cell; paired differences with two-level intervals."""
     from memrl.rollout.evaluation.stats import two_level_interval
 
@@ -354,10 +448,17 @@ def figures(evals: dict[str, dict[int, dict[str, Any]]], games: list[str], cells
         for cell in [*sorted(set(cells.values())), "all"]:
             chosen = [g for g in games if cell in ("all", cells[g])]
             wins = [by_seed[s]["games"][g]["won"] for s in seeds for g in chosen]
-            steps = [by_seed[s]["games"][g]["steps"] for s in seeds for g in chosen
-                     if by_seed[s]["games"][g]["won"] and by_seed[s]["games"][g]["steps"] is not None]
-            row[cell] = {"success": statistics.fmean(wins), "games": len(chosen),
-                         "steps_to_win": statistics.fmean(steps) if steps else None}
+            steps = [
+                by_seed[s]["games"][g]["steps"]
+                for s in seeds
+                for g in chosen
+                if by_seed[s]["games"][g]["won"] and by_seed[s]["games"][g]["steps"] is not None
+            ]
+            row[cell] = {
+                "success": statistics.fmean(wins),
+                "games": len(chosen),
+                "steps_to_win": statistics.fmean(steps) if steps else None,
+            }
         table[variant] = row
     paired: dict[str, Any] = {}
     for a, b in PAIRS:
@@ -376,8 +477,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 cells x 8 test games, tiny model, 2 seeds")
     parser.add_argument("--select", action="store_true", help="choose the RL learning rate on dev, then stop")
-    parser.add_argument("--model", choices=("tiny", "smollm2", "none"), default="tiny",
-                        help="the memory model trained (none: only the scripted variants)")
+    parser.add_argument(
+        "--model",
+        choices=("tiny", "smollm2", "none"),
+        default="tiny",
+        help="the memory model trained (none: only the scripted variants)",
+    )
     parser.add_argument("--engine", choices=("hf", "vllm"), default=None, help="default: hf (tiny), vllm (smollm2)")
     parser.add_argument("--seeds", type=int, default=None, help="training seeds (default: the scale's)")
     parser.add_argument("--test-games", type=int, default=None, help="test games per cell (default: the scale's)")
@@ -421,8 +526,13 @@ def main() -> None:
             scores[f"{lr:g}"] = bench.evaluate("sam_oat", policy, dev, "dev")["success"]
             say(f"dev: OAT-GRPO at lr {lr:g}: {scores[f'{lr:g}']:.1%} (SFT {scores['sft']:.1%})")
         best = max(SELECT_GRID, key=lambda lr: (scores[f"{lr:g}"], -lr))
-        selection = {"lr": best, "dev_success": scores, "dev_games": len(dev), "grid": list(SELECT_GRID),
-                     "rule": "highest dev success of OAT-GRPO (seed 0); ties to the smaller lr"}
+        selection = {
+            "lr": best,
+            "dev_success": scores,
+            "dev_games": len(dev),
+            "grid": list(SELECT_GRID),
+            "rule": "highest dev success of OAT-GRPO (seed 0); ties to the smaller lr",
+        }
         selection_path.write_text(json.dumps(selection, indent=2) + "\n")
         print(json.dumps({"benchmark": "textworld", "select": selection}))
         return
@@ -456,18 +566,33 @@ def main() -> None:
                 rl_runs[f"{variant}/{seed}"] = json.loads((work / "rl" / f"{mode}-s{seed}.json").read_text())
                 say(f"{variant} seed {seed}: {evals[variant][seed]['success']:.1%}")
     replay = bench.replay_check(test)
-    say(f"replay re-entry exact on {replay['exact']} of {replay['games']} test games "
-        f"({replay['commands_replayed']} commands replayed)")
+    say(
+        f"replay re-entry exact on {replay['exact']} of {replay['games']} test games "
+        f"({replay['commands_replayed']} commands replayed)"
+    )
     out = {
-        "benchmark": "textworld", "quick": args.quick, "model": args.model, "engine": args.engine,
-        "scale": asdict(scale), "lr": lr, "settings_chosen_on_dev": selection,
+        "benchmark": "textworld",
+        "quick": args.quick,
+        "model": args.model,
+        "engine": args.engine,
+        "scale": asdict(scale),
+        "lr": lr,
+        "settings_chosen_on_dev": selection,
         **figures(evals, names, cells, seeds),
-        "replay": replay, "rl_runs": rl_runs,
-        "records": {"games": names, "cells": cells, "success": per_game(evals, names, seeds),
-                    "steps": {v: {str(s): [by[s]["games"][g]["steps"] for g in names] for s in seeds}
-                              for v, by in evals.items()}},
-        "generated": generated, "phases_s": bench.phases,
-        "wall_s": round(time.perf_counter() - t_start, 1), "load_average_start": round(load, 1),
+        "replay": replay,
+        "rl_runs": rl_runs,
+        "records": {
+            "games": names,
+            "cells": cells,
+            "success": per_game(evals, names, seeds),
+            "steps": {
+                v: {str(s): [by[s]["games"][g]["steps"] for g in names] for s in seeds} for v, by in evals.items()
+            },
+        },
+        "generated": generated,
+        "phases_s": bench.phases,
+        "wall_s": round(time.perf_counter() - t_start, 1),
+        "load_average_start": round(load, 1),
         "load_average_end": round(os.getloadavg()[0], 1),
     }
     text = json.dumps(out)

@@ -61,8 +61,16 @@ def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse
     from memrl.rollout.tree import TreeConfig, build_trees
 
     def scripted(name: str, policy: str, kwargs: dict[str, Any]) -> Any:
-        return build_engine(EngineConfig(backend="scripted", name=name, scripted_policy=policy, scripted_kwargs=kwargs,
-                                         tokenizer=tokenizer, seed=args.seed))
+        return build_engine(
+            EngineConfig(
+                backend="scripted",
+                name=name,
+                scripted_policy=policy,
+                scripted_kwargs=kwargs,
+                tokenizer=tokenizer,
+                seed=args.seed,
+            )
+        )
 
     reasoner = scripted("reasoner", "memrl.data.tasks.sam:SamReasoner", {"max_pages": 2, "recall_budget": 2})
     noisy = {"config": {"error_rate": args.error_rate, "verbatim": 1.0, "omission": args.omission}}
@@ -71,11 +79,18 @@ def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse
         memory=scripted("recall", "memrl.data.experts.sam:SamOracle", noisy),
         by_role={"consolidate": scripted("consolidate", "memrl.data.experts.sam:SamOracle", {})},
     )
-    memory = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
-                       sampling={"consolidate": RoleSampling(temperature=0.0, max_tokens=64),
-                                 "recall": RoleSampling(temperature=1.0, max_tokens=64)})
-    cfg = TreeConfig(mode=mode, branch_roles=["recall"], branch_factor=k, max_branch_depth=2, max_leaves=k * k,
-                     flat_group_size=k)
+    memory = SamConfig(
+        page_turns=1,
+        live_capacity_turns=4,
+        keep_recent_turns=3,
+        sampling={
+            "consolidate": RoleSampling(temperature=0.0, max_tokens=64),
+            "recall": RoleSampling(temperature=1.0, max_tokens=64),
+        },
+    )
+    cfg = TreeConfig(
+        mode=mode, branch_roles=["recall"], branch_factor=k, max_branch_depth=2, max_leaves=k * k, flat_group_size=k
+    )
 
     def make(task: Any, rollout_id: str) -> Any:
         return sam_rollout(task, memory, seed=args.seed, rollout_id=rollout_id)
@@ -84,9 +99,16 @@ def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse
 
     def on_action(state: Any, call: Any, result: Any, ids: list[str]) -> None:
         if args.replays and (mode == "flat" or len(ids) > 1):
-            states.append({"state": state.fork(f"{state.rollout_id}~s"), "call": call, "result": result, "ids": ids,
-                           "group": f"g:{state.rollout_id}:{ids[0].rsplit(':', 1)[1]}",
-                           "task_id": state.env.task_id})
+            states.append(
+                {
+                    "state": state.fork(f"{state.rollout_id}~s"),
+                    "call": call,
+                    "result": result,
+                    "ids": ids,
+                    "group": f"g:{state.rollout_id}:{ids[0].rsplit(':', 1)[1]}",
+                    "task_id": state.env.task_id,
+                }
+            )
 
     start = time.perf_counter()
     trees, stats = build_trees(tasks, make, engines, cfg, on_action=on_action)
@@ -126,8 +148,11 @@ def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse
         "engine_calls": sum(stats.engine_calls.values()),
         "seconds": round(seconds, 2),
         **signed,
-        **({"reasoner_tokens_per_correctly_signed_action": spent / max(signed["correctly_signed_actions"], 1)}
-           if signed else {}),
+        **(
+            {"reasoner_tokens_per_correctly_signed_action": spent / max(signed["correctly_signed_actions"], 1)}
+            if signed
+            else {}
+        ),
     }
 
 
@@ -148,8 +173,9 @@ def _covered(node: Any, nodes: dict[str, Any]) -> list[str]:
     return out
 
 
-def correctly_signed(trees: list[Any], states: list[dict[str, Any]], engines: Any, mode: str,
-                     args: argparse.Namespace) -> dict[str, Any]:
+def correctly_signed(
+    trees: list[Any], states: list[dict[str, Any]], engines: Any, mode: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """Replay every credited action's state (module docstring): how many credited actions carry an advantage whose
     sign is that of their true advantage."""
     import copy
@@ -215,9 +241,14 @@ def correctly_signed(trees: list[Any], states: list[dict[str, Any]], engines: An
             scored += 1
             nonzero_truth += abs(truth) > 1e-9
             correct += abs(truth) > 1e-9 and advantage * truth > 0
-    return {"credited_actions_scored": scored, "credited_actions_unscored": unscored,
-            "actions_with_nonzero_true_advantage": nonzero_truth, "correctly_signed_actions": correct,
-            "replays_per_action": r, "replay_seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "credited_actions_scored": scored,
+        "credited_actions_unscored": unscored,
+        "actions_with_nonzero_true_advantage": nonzero_truth,
+        "correctly_signed_actions": correct,
+        "replays_per_action": r,
+        "replay_seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def main() -> None:
@@ -228,8 +259,12 @@ def main() -> None:
     parser.add_argument("--error-rate", type=float, default=0.3, help="recall noise of the memory model")
     parser.add_argument("--omission", type=float, default=0.5, help="weight of omissions among recall errors")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--replays", type=int, default=8,
-                        help="continuations per credited action for the replay ground truth (0: skip it)")
+    parser.add_argument(
+        "--replays",
+        type=int,
+        default=8,
+        help="continuations per credited action for the replay ground truth (0: skip it)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -238,8 +273,9 @@ def main() -> None:
     from memrl.data.tasks.sam import SamTaskParams
     from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
-    tokenizer = str(ensure_tiny_model(Path(os.environ.get("MEMRL_MODEL_CACHE", ROOT / ".cache" / "models")),
-                                      TinyModelSpec()))
+    tokenizer = str(
+        ensure_tiny_model(Path(os.environ.get("MEMRL_MODEL_CACHE", ROOT / ".cache" / "models")), TinyModelSpec())
+    )
     params = SamTaskParams(horizon_steps=args.horizon, facts_per_obs=1, containers_per_room=2)
     tasks = load_tasks(TaskSetConfig(count=args.tasks, seed=args.seed, sam=params), "bench")
 
@@ -250,17 +286,22 @@ def main() -> None:
         for mode in ("tree", "flat"):
             r = run_mode(tasks, mode, k, tokenizer, args)
             row[mode] = r
-            print(f"{k:>3} {mode:>5} {r['credit_bearing_actions']:>8} {r['reasoner_tokens']:>9} "
-                  f"{r['reasoner_cached_prompt_tokens']:>9} {r['reasoner_tokens_per_action']:>11.1f} "
-                  f"{r['success']:>8.3f}", flush=True)
+            print(
+                f"{k:>3} {mode:>5} {r['credit_bearing_actions']:>8} {r['reasoner_tokens']:>9} "
+                f"{r['reasoner_cached_prompt_tokens']:>9} {r['reasoner_tokens_per_action']:>11.1f} "
+                f"{r['success']:>8.3f}",
+                flush=True,
+            )
         row["flat_over_tree"] = row["flat"]["reasoner_tokens_per_action"] / max(
-            row["tree"]["reasoner_tokens_per_action"], 1e-9)
+            row["tree"]["reasoner_tokens_per_action"], 1e-9
+        )
         suffixes = [("informative", "per_informative_action"), ("uncached", "uncached_per_action")]
         if args.replays:
             suffixes.append(("correctly_signed", "per_correctly_signed_action"))
         for suffix, key in suffixes:
             row[f"flat_over_tree_{suffix}"] = row["flat"][f"reasoner_tokens_{key}"] / max(
-                row["tree"][f"reasoner_tokens_{key}"], 1e-9)
+                row["tree"][f"reasoner_tokens_{key}"], 1e-9
+            )
         results[str(k)] = row
     summary = {
         "benchmark": "tree_vs_flat",
@@ -276,11 +317,19 @@ def main() -> None:
                 "flat_over_tree": round(v["flat_over_tree"], 3),
                 "flat_over_tree_informative": round(v["flat_over_tree_informative"], 3),
                 "flat_over_tree_uncached": round(v["flat_over_tree_uncached"], 3),
-                **({"flat_over_tree_correctly_signed": round(v["flat_over_tree_correctly_signed"], 3),
-                    "tree_reasoner_tokens_per_correctly_signed_action": round(
-                        v["tree"]["reasoner_tokens_per_correctly_signed_action"], 1),
-                    "flat_reasoner_tokens_per_correctly_signed_action": round(
-                        v["flat"]["reasoner_tokens_per_correctly_signed_action"], 1)} if args.replays else {}),
+                **(
+                    {
+                        "flat_over_tree_correctly_signed": round(v["flat_over_tree_correctly_signed"], 3),
+                        "tree_reasoner_tokens_per_correctly_signed_action": round(
+                            v["tree"]["reasoner_tokens_per_correctly_signed_action"], 1
+                        ),
+                        "flat_reasoner_tokens_per_correctly_signed_action": round(
+                            v["flat"]["reasoner_tokens_per_correctly_signed_action"], 1
+                        ),
+                    }
+                    if args.replays
+                    else {}
+                ),
                 "tree": v["tree"],
                 "flat": v["flat"],
             }

@@ -37,8 +37,10 @@ _ADAPTER_WEIGHTS = ("adapter_model.safetensors",)
 
 def hub_offline() -> bool:
     """Whether the environment forbids hub access (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
-    return any(os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def looks_like_hub_id(ref: str) -> bool:
@@ -80,8 +82,11 @@ def safetensors_problem(path: Path) -> str | None:
         header, length = _safetensors_header(path)
     except (OSError, ValueError) as exc:
         return str(exc)
-    ends = [t["data_offsets"][1] for k, t in header.items()
-            if k != "__metadata__" and isinstance(t, dict) and isinstance(t.get("data_offsets"), list)]
+    ends = [
+        t["data_offsets"][1]
+        for k, t in header.items()
+        if k != "__metadata__" and isinstance(t, dict) and isinstance(t.get("data_offsets"), list)
+    ]
     expected, size = 8 + length + max(ends, default=0), path.stat().st_size
     if expected != size:
         return f"its tensors need {expected} bytes but the file holds {size} (truncated?)"
@@ -98,8 +103,9 @@ def _json_file(path: Path, key: str) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{key}: {path} does not parse as JSON ({exc}); the folder is damaged or not a saved "
-                        "model") from None
+        raise UserError(
+            f"{key}: {path} does not parse as JSON ({exc}); the folder is damaged or not a saved model"
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"{key}: {path} is not a JSON object; the folder is damaged or not a saved model")
     return data
@@ -123,10 +129,13 @@ def _check_weights(path: Path, key: str) -> None:
 
 def _check_tokenizer_files(path: Path, key: str) -> None:
     if not (path / "tokenizer_config.json").is_file() or not any(
-            (path / name).is_file() for name in ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")):
-        raise UserError(f"{key}: {path} holds no tokenizer files (tokenizer_config.json and tokenizer.json or a "
-                        "vocabulary); save the tokenizer with the model (tokenizer.save_pretrained), or name a "
-                        "tokenizer folder")
+        (path / name).is_file() for name in ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
+    ):
+        raise UserError(
+            f"{key}: {path} holds no tokenizer files (tokenizer_config.json and tokenizer.json or a "
+            "vocabulary); save the tokenizer with the model (tokenizer.save_pretrained), or name a "
+            "tokenizer folder"
+        )
     _json_file(path / "tokenizer_config.json", key)
 
 
@@ -140,8 +149,10 @@ def check_model_ref(ref: str, key: str, *, needs: str = "config.json", tokenizer
         if not path.is_dir():
             raise UserError(f"{key}: {ref} is a file, not a model directory (give the folder holding {needs})")
         if not (path / needs).is_file():
-            raise UserError(f"{key}: {ref} holds no {needs}, so it is not a model checkpoint; point {key} at the "
-                            f"folder written by save_pretrained (or `memrl model tiny --out {ref}`)")
+            raise UserError(
+                f"{key}: {ref} holds no {needs}, so it is not a model checkpoint; point {key} at the "
+                f"folder written by save_pretrained (or `memrl model tiny --out {ref}`)"
+            )
         if needs == "config.json":
             _json_file(path / needs, key)
             _check_weights(path, key)
@@ -150,11 +161,15 @@ def check_model_ref(ref: str, key: str, *, needs: str = "config.json", tokenizer
         return
     if not looks_like_hub_id(ref) or path.parent.is_dir():
         # Not of the org/name form, or its first part is a local folder (runs/sft-tiny): a local path, so missing.
-        raise UserError(f"{key}: model path {ref} does not exist ({path.absolute()}); check the path, or build "
-                        "the model there first")
+        raise UserError(
+            f"{key}: model path {ref} does not exist ({path.absolute()}); check the path, or build "
+            "the model there first"
+        )
     if hub_offline() and not _in_hub_cache(ref, needs):
-        raise UserError(f"{key}: {ref} is not a local folder, and as a Hub id it is not in the local Hub cache while "
-                        "HF_HUB_OFFLINE is set; give a local model folder, or download it with hub access enabled")
+        raise UserError(
+            f"{key}: {ref} is not a local folder, and as a Hub id it is not in the local Hub cache while "
+            "HF_HUB_OFFLINE is set; give a local model folder, or download it with hub access enabled"
+        )
 
 
 def check_adapter_dir(ref: str, key: str, *, base: str | None = None) -> None:
@@ -165,16 +180,20 @@ def check_adapter_dir(ref: str, key: str, *, base: str | None = None) -> None:
     if not path.exists():
         if looks_like_hub_id(ref) and not path.parent.is_dir() and not hub_offline():
             return
-        raise UserError(f"{key}: adapter folder {ref} does not exist ({path.absolute()}); give the folder a LoRA "
-                        "run saved (adapter_config.json + adapter_model.safetensors)")
+        raise UserError(
+            f"{key}: adapter folder {ref} does not exist ({path.absolute()}); give the folder a LoRA "
+            "run saved (adapter_config.json + adapter_model.safetensors)"
+        )
     if not path.is_dir():
         raise UserError(f"{key}: {ref} is a file, not an adapter folder")
     missing = [name for name in ("adapter_config.json",) if not (path / name).is_file()]
     if not any((path / w).is_file() for w in _ADAPTER_WEIGHTS):
         missing.append(_ADAPTER_WEIGHTS[0])
     if missing:
-        raise UserError(f"{key}: adapter folder {ref} lacks {', '.join(missing)}; it is not a complete saved "
-                        "LoRA adapter (safetensors only)")
+        raise UserError(
+            f"{key}: adapter folder {ref} lacks {', '.join(missing)}; it is not a complete saved "
+            "LoRA adapter (safetensors only)"
+        )
     config = _json_file(path / "adapter_config.json", key)
     weights = path / _ADAPTER_WEIGHTS[0]
     if (problem := safetensors_problem(weights)) is not None:
@@ -196,13 +215,19 @@ def _check_adapter_fits(adapter: Path, config: dict[str, Any], base: Path, key: 
             continue
         module, side = match.group(1) + ".weight", match.group(2)
         target = base_shapes.get(module)
-        fits = target is not None and len(shape) == 2 and len(target) == 2 and (
-            shape[1] == target[1] if side == "A" else shape[0] == target[0])
+        fits = (
+            target is not None
+            and len(shape) == 2
+            and len(target) == 2
+            and (shape[1] == target[1] if side == "A" else shape[0] == target[0])
+        )
         if not fits:
             found = f"shape {target}" if target is not None else "no such module"
-            raise UserError(f"{key}: adapter {adapter} does not fit base {base}: {name} has shape {shape}, the base's "
-                            f"{module} {found}; it was trained on {trained_on or 'another base'} (adapter_config.json "
-                            "base_model_name_or_path): use the adapter with the base it was trained on")
+            raise UserError(
+                f"{key}: adapter {adapter} does not fit base {base}: {name} has shape {shape}, the base's "
+                f"{module} {found}; it was trained on {trained_on or 'another base'} (adapter_config.json "
+                "base_model_name_or_path): use the adapter with the base it was trained on"
+            )
 
 
 def check_existing_file(ref: str, key: str, *, what: str = "file", nonempty: bool = True) -> None:
@@ -234,24 +259,34 @@ def check_output_dir(ref: str, key: str) -> None:
     try:
         absolute = path.absolute()
     except OSError as exc:  # the working folder was deleted
-        raise UserError(f"{key}: {ref} is relative to the working folder, which no longer exists ({exc.strerror}); "
-                        "cd into an existing folder, or give an absolute path") from None
+        raise UserError(
+            f"{key}: {ref} is relative to the working folder, which no longer exists ({exc.strerror}); "
+            "cd into an existing folder, or give an absolute path"
+        ) from None
     too_long = [part for part in absolute.parts if len(os.fsencode(part)) > NAME_MAX_BYTES]
     if too_long:
-        raise UserError(f"{key}: {ref} has a name of {len(os.fsencode(too_long[0]))} bytes ({too_long[0][:40]}...); "
-                        f"file systems take at most {NAME_MAX_BYTES}: choose a shorter name")
+        raise UserError(
+            f"{key}: {ref} has a name of {len(os.fsencode(too_long[0]))} bytes ({too_long[0][:40]}...); "
+            f"file systems take at most {NAME_MAX_BYTES}: choose a shorter name"
+        )
     if len(os.fsencode(str(absolute))) > PATH_MAX_BYTES - NAME_MAX_BYTES:
-        raise UserError(f"{key}: {ref} is {len(os.fsencode(str(absolute)))} bytes long, too long for the files "
-                        "written under it: choose a shorter path")
+        raise UserError(
+            f"{key}: {ref} is {len(os.fsencode(str(absolute)))} bytes long, too long for the files "
+            "written under it: choose a shorter path"
+        )
     for probe in (absolute, *absolute.parents):
         if probe.is_symlink():
             target = os.readlink(probe)
             if not probe.exists():
-                raise UserError(f"{key}: {probe} is a symbolic link to {target}, which does not exist: create "
-                                f"{target}, or remove the link")
+                raise UserError(
+                    f"{key}: {probe} is a symbolic link to {target}, which does not exist: create "
+                    f"{target}, or remove the link"
+                )
             if not probe.is_dir():
-                raise UserError(f"{key}: {probe} is a symbolic link to the file {target}, not a folder: remove the "
-                                "link, or choose another path")
+                raise UserError(
+                    f"{key}: {probe} is a symbolic link to the file {target}, not a folder: remove the "
+                    "link, or choose another path"
+                )
     anchor = _nearest_existing(path)
     if not anchor.is_dir():
         raise UserError(f"{key}: cannot create {ref}: {anchor} is a file, not a folder")
@@ -268,5 +303,7 @@ def check_resume_target(output_dir: str, name: str | None) -> None:
     if name is None:
         raise UserError(f"--resume needs the run to continue: set run.name ({listing})")
     if not (root / name / "config.yaml").is_file():
-        raise UserError(f"--resume: run {name!r} does not exist in {root} ({listing}); fix run.name, or drop "
-                        "--resume to start a new run")
+        raise UserError(
+            f"--resume: run {name!r} does not exist in {root} ({listing}); fix run.name, or drop "
+            "--resume to start a new run"
+        )

@@ -162,14 +162,19 @@ class RunConfig(ConfigModel):
     @classmethod
     def _one_path_component(cls, name: str | None) -> str | None:
         if name is not None and (name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name):
-            raise ValueError("run.name must be a single folder name (no '/', '..' or '.'): the run folder is "
-                             "run.output_dir/run.name")
+            raise ValueError(
+                "run.name must be a single folder name (no '/', '..' or '.'): the run folder is run.output_dir/run.name"
+            )
         if name is not None and any(ord(c) < 32 or ord(c) == 127 for c in name):
-            raise ValueError("run.name must not hold control characters (a newline, a tab): it names a folder that "
-                             "logs and shells print")
+            raise ValueError(
+                "run.name must not hold control characters (a newline, a tab): it names a folder that "
+                "logs and shells print"
+            )
         if name is not None and len(name.encode("utf-8", "surrogateescape")) > MAX_RUN_NAME_BYTES:
-            raise ValueError(f"run.name is {len(name.encode('utf-8', 'surrogateescape'))} bytes long; a folder name "
-                             f"takes at most {MAX_RUN_NAME_BYTES}")
+            raise ValueError(
+                f"run.name is {len(name.encode('utf-8', 'surrogateescape'))} bytes long; a folder name "
+                f"takes at most {MAX_RUN_NAME_BYTES}"
+            )
         return name
 
 
@@ -243,8 +248,11 @@ class _LineLoader(yaml.SafeLoader):
             self._aliases += 1
             if self._aliases > MAX_YAML_ALIASES:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"more than {MAX_YAML_ALIASES} aliases (*name): refused (an alias bomb?)",
-                    self.peek_event().start_mark)
+                    None,
+                    None,
+                    f"more than {MAX_YAML_ALIASES} aliases (*name): refused (an alias bomb?)",
+                    self.peek_event().start_mark,
+                )
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -254,7 +262,8 @@ class _LineLoader(yaml.SafeLoader):
                 key = key_node.value
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark)
+                        None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark
+                    )
                 seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
@@ -274,8 +283,9 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
 
 
 def _refuse_tag(loader: _LineLoader, suffix: str, node: yaml.Node) -> Any:
-    raise yaml.constructor.ConstructorError(None, None, f"tag {node.tag!r} refused: config files hold plain data",
-                                            node.start_mark)
+    raise yaml.constructor.ConstructorError(
+        None, None, f"tag {node.tag!r} refused: config files hold plain data", node.start_mark
+    )
 
 
 _LineLoader.add_multi_constructor("!", _refuse_tag)
@@ -312,9 +322,11 @@ def read_config_yaml(file: Path) -> tuple[Any, dict[str, int]]:
     file = config_file(file)
     size = file.stat().st_size
     if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{file}: a config file of {size:,} bytes (at most {MAX_CONFIG_BYTES:,}): refused before "
-                          "reading it; is this the file you meant? Data (episodes, tasks) belongs in data files that "
-                          "the config names")
+        raise ConfigError(
+            f"{file}: a config file of {size:,} bytes (at most {MAX_CONFIG_BYTES:,}): refused before "
+            "reading it; is this the file you meant? Data (episodes, tasks) belongs in data files that "
+            "the config names"
+        )
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -330,8 +342,10 @@ def _load_yaml_with_lines(text: str, source: str) -> tuple[Any, dict[str, int]]:
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         raise ConfigError(f"{where}: invalid YAML: {exc.problem}") from None
     if node is not None and (size := _expanded_size(node, {})) > MAX_YAML_NODES:
-        raise ConfigError(f"{source}: invalid YAML: its aliases expand to {size:,} values (more than "
-                          f"{MAX_YAML_NODES:,}): refused (an alias bomb?)")
+        raise ConfigError(
+            f"{source}: invalid YAML: its aliases expand to {size:,} values (more than "
+            f"{MAX_YAML_NODES:,}): refused (an alias bomb?)"
+        )
     lines: dict[str, int] = {}
 
     def walk(n: yaml.Node, prefix: str) -> None:
@@ -445,8 +459,12 @@ def apply_overrides(cls: type[BaseModel], data: dict[str, Any], overrides: Seque
         model: type[BaseModel] | None = cls
         node = data
         for depth, part in enumerate(parts):
-            if model is not None and part not in model.model_fields and issubclass(model, ConfigModel) and (
-                    part in model.renamed_keys):
+            if (
+                model is not None
+                and part not in model.model_fields
+                and issubclass(model, ConfigModel)
+                and (part in model.renamed_keys)
+            ):
                 raise ConfigError(f"override '{item}': key '{key}' was renamed: {model.renamed_keys[part]}")
             if model is not None and part not in model.model_fields:
                 hint = _suggest(".".join(parts[:depth]), part, list(model.model_fields), model)
@@ -532,11 +550,14 @@ def _check_sizes(node: Any, key: str, source: str, lines: dict[str, int], overri
     if not isinstance(node, (list, dict)):
         return 1
     if len(node) > MAX_LIST_ITEMS:
-        where = ("command-line override" if key in override_keys
-                 else f"{source}:{lines[key]}" if key in lines else source)
+        where = (
+            "command-line override" if key in override_keys else f"{source}:{lines[key]}" if key in lines else source
+        )
         kind = "list" if isinstance(node, list) else "mapping"
-        raise ConfigError(f"{where}: key '{key or '<top level>'}' is a {kind} of {len(node):,} items (at most "
-                          f"{MAX_LIST_ITEMS:,}): refused; is it the value you meant?")
+        raise ConfigError(
+            f"{where}: key '{key or '<top level>'}' is a {kind} of {len(node):,} items (at most "
+            f"{MAX_LIST_ITEMS:,}): refused; is it the value you meant?"
+        )
     items = node.items() if isinstance(node, dict) else enumerate(node)
     total = 1
     for name, value in items:

@@ -33,6 +33,7 @@ check disk space version error hint connection refused port requirement environm
 successfully installed wrote rows passed reformatted
 """
 
+
 def synthetic_corpus(seed: int = 0, repeats: int = 50, samples: int = 4) -> Iterator[str]:
     """Yield the corpus texts: the base vocabulary in random sentences, numbers, and ``samples`` rendered episodes
     of each environment and task family (observations, tool calls, memory prompts and replies)."""

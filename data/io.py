@@ -70,10 +70,18 @@ _REASONS = {
     errno.EIO: "the storage reported an I/O error",
 }
 # how the writer libraries word these (safetensors: "I/O error: No space left on device (os error 28)")
-_WORDINGS = (("no space left on device", errno.ENOSPC), ("os error 28", errno.ENOSPC), ("storagefull", errno.ENOSPC),
-             ("file too large", errno.EFBIG), ("os error 27", errno.EFBIG), ("filetoolarge", errno.EFBIG),
-             ("disk quota exceeded", errno.EDQUOT), ("os error 122", errno.EDQUOT),
-             ("read-only file system", errno.EROFS), ("os error 30", errno.EROFS))
+_WORDINGS = (
+    ("no space left on device", errno.ENOSPC),
+    ("os error 28", errno.ENOSPC),
+    ("storagefull", errno.ENOSPC),
+    ("file too large", errno.EFBIG),
+    ("os error 27", errno.EFBIG),
+    ("filetoolarge", errno.EFBIG),
+    ("disk quota exceeded", errno.EDQUOT),
+    ("os error 122", errno.EDQUOT),
+    ("read-only file system", errno.EROFS),
+    ("os error 30", errno.EROFS),
+)
 # torch.save's writer says neither (``[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534``)
 _WRITER_FAILURES = ("inline_container.cc", "pytorchstreamwriter", "file write failed")
 LOW_SPACE_BYTES = 256 << 20  # a writer failure with less free space than this is taken as a full disk
@@ -156,8 +164,7 @@ def storage_error(exc: BaseException, folder: str | Path, what: str) -> StorageE
         fix = "free some space within the quota (or write elsewhere)"
     elif code == errno.EROFS:
         fix = "write elsewhere (run.output_dir)"
-    return StorageError(f"{what}: {_REASONS[code]} while writing {folder}{detail}; {fix}, then run the command "
-                        "again")
+    return StorageError(f"{what}: {_REASONS[code]} while writing {folder}{detail}; {fix}, then run the command again")
 
 
 @contextlib.contextmanager
@@ -286,8 +293,10 @@ def iter_lines(path: str | Path, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[
             lineno += 1
             ended = raw.endswith(b"\n")
             if not ended and len(raw) > max_bytes:
-                raise RecordError(f"{path}:{lineno}: a line longer than {_human(max_bytes)}: refused before reading "
-                                  "it whole (a JSONL file holds one record per line; is this the file you meant?)")
+                raise RecordError(
+                    f"{path}:{lineno}: a line longer than {_human(max_bytes)}: refused before reading "
+                    "it whole (a JSONL file holds one record per line; is this the file you meant?)"
+                )
             yield lineno, raw[:-1] if ended else raw, not ended
 
 

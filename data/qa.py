@@ -120,9 +120,13 @@ def _b_unlock_key(idx: _Index, turns: list[Turn], rng: random.Random) -> Candida
     if not idx.unlocks:
         return None
     t, target, key = rng.choice(idx.unlocks)
-    return f"Which key did the agent use to unlock the {target}?", key, [t], {"target": target, "turn": t}, {
-        t: [key.split()[0], target]
-    }
+    return (
+        f"Which key did the agent use to unlock the {target}?",
+        key,
+        [t],
+        {"target": target, "turn": t},
+        {t: [key.split()[0], target]},
+    )
 
 
 def _b_fail_reason(idx: _Index, turns: list[Turn], rng: random.Random) -> Candidate | None:
@@ -137,9 +141,13 @@ def _b_goal_action(idx: _Index, turns: list[Turn], rng: random.Random) -> Candid
         return None
     t, goal = rng.choice(idx.goals_done)
     action = turns[t].action
-    return f"Which action completed the goal '{goal}'?", action, [t], {"goal": goal, "turn": t}, {
-        t: [action, f"goal done: {goal}"]
-    }
+    return (
+        f"Which action completed the goal '{goal}'?",
+        action,
+        [t],
+        {"goal": goal, "turn": t},
+        {t: [action, f"goal done: {goal}"]},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- C updating
@@ -183,17 +191,25 @@ def _c_locked_after(idx: _Index, turns: list[Turn], rng: random.Random) -> Candi
     seen = idx.lock_seen.get(target, [])
     if unlock is not None and (not seen or seen[0] > unlock or rng.random() < 0.5):
         n = _pick_turn(rng, unlock, idx.n_turns - 1)
-        return f"Was the {target} still locked after turn {n}?", "no", [unlock], {"target": target, "turn": n}, {
-            unlock: [target, "unlock"]
-        }
+        return (
+            f"Was the {target} still locked after turn {n}?",
+            "no",
+            [unlock],
+            {"target": target, "turn": n},
+            {unlock: [target, "unlock"]},
+        )
     if not seen:
         return None
     t = seen[0]
     n = _pick_turn(rng, t, (unlock - 1) if unlock is not None else idx.n_turns - 1)
     last_seen = max(s for s in seen if s <= n)
-    return f"Was the {target} still locked after turn {n}?", "yes", [last_seen], {"target": target, "turn": n}, {
-        last_seen: [target, "locked"]
-    }
+    return (
+        f"Was the {target} still locked after turn {n}?",
+        "yes",
+        [last_seen],
+        {"target": target, "turn": n},
+        {last_seen: [target, "locked"]},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- D abstraction

@@ -80,8 +80,10 @@ def import_entry(path: str, what: str = "component") -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ComponentError(f"{what} {path!r}: cannot import module {module_name!r} ({exc}); is its package "
-                             f"installed or on PYTHONPATH (sys.path[0] = {sys.path[0]!r})?") from None
+        raise ComponentError(
+            f"{what} {path!r}: cannot import module {module_name!r} ({exc}); is its package "
+            f"installed or on PYTHONPATH (sys.path[0] = {sys.path[0]!r})?"
+        ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ComponentError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}")
@@ -94,8 +96,9 @@ def entry_of(obj: Any) -> str:
     return f"{obj.__module__}:{obj.__qualname__}"
 
 
-def check_protocol(obj: Any, what: str, *, methods: Iterable[str] = (), fields: Iterable[str] = (),
-                   coroutine: bool = False) -> None:
+def check_protocol(
+    obj: Any, what: str, *, methods: Iterable[str] = (), fields: Iterable[str] = (), coroutine: bool = False
+) -> None:
     """Refuse ``obj`` (a class or function) unless it has every method in ``methods`` (callable attributes) and every
     attribute in ``fields``; ``coroutine``: it must be an ``async def`` function. The error names the object and what
     it lacks."""
@@ -103,17 +106,23 @@ def check_protocol(obj: Any, what: str, *, methods: Iterable[str] = (), fields: 
     label = f"{what} {getattr(obj, '__module__', '?')}:{name}"
     if coroutine:
         if not inspect.iscoroutinefunction(obj):
-            raise ComponentError(f"{label} must be an 'async def' function (async def run(task, memory, reasoner) "
-                                 f"-> Outcome); got {type(obj).__name__}")
+            raise ComponentError(
+                f"{label} must be an 'async def' function (async def run(task, memory, reasoner) "
+                f"-> Outcome); got {type(obj).__name__}"
+            )
         return
     missing = [m for m in methods if not callable(getattr(obj, m, None))]
     if missing:
-        raise ComponentError(f"{label} does not implement the {what} protocol: missing method"
-                             f"{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}")
+        raise ComponentError(
+            f"{label} does not implement the {what} protocol: missing method"
+            f"{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}"
+        )
     absent = [f for f in fields if not hasattr(obj, f)]
     if absent:
-        raise ComponentError(f"{label} does not implement the {what} protocol: missing field"
-                             f"{'s' if len(absent) > 1 else ''} {', '.join(repr(f) for f in absent)}")
+        raise ComponentError(
+            f"{label} does not implement the {what} protocol: missing field"
+            f"{'s' if len(absent) > 1 else ''} {', '.join(repr(f) for f in absent)}"
+        )
 
 
 @dataclass
@@ -145,8 +154,9 @@ class Registry(Generic[T]):
             self.check(obj)
         old = self._items.get(name)
         if old is not None and entry_of(old.obj) != entry_of(obj):
-            raise ComponentError(f"{self.what} {name!r} is already registered by {old.entry}; "
-                                 f"{entry_of(obj)} must use another name")
+            raise ComponentError(
+                f"{self.what} {name!r} is already registered by {old.entry}; {entry_of(obj)} must use another name"
+            )
         reg = Registration(name, obj, config, entry_of(obj), dict(extra))
         self._items[name] = reg
         return reg
@@ -170,8 +180,10 @@ class Registry(Generic[T]):
                     return reg
             return Registration(name="", obj=obj, entry=name)
         if name not in self._items:
-            raise ComponentError(f"unknown {self.what} {name!r}; registered: {', '.join(sorted(self._items))} "
-                                 f"(or name your own by import path, 'package.module:Name')")
+            raise ComponentError(
+                f"unknown {self.what} {name!r}; registered: {', '.join(sorted(self._items))} "
+                f"(or name your own by import path, 'package.module:Name')"
+            )
         return self._items[name]
 
     def find(self, obj: Any) -> Registration[T] | None:
@@ -225,11 +237,14 @@ def task_kind(obj: Any) -> str:
     if inspect.iscoroutinefunction(obj):
         return "episode"
     if inspect.isfunction(obj):
-        raise ComponentError(f"task {entry_of(obj)} is a plain function: an episode function must be 'async def "
-                             f"run(task, memory, reasoner) -> Outcome'")
+        raise ComponentError(
+            f"task {entry_of(obj)} is a plain function: an episode function must be 'async def "
+            f"run(task, memory, reasoner) -> Outcome'"
+        )
     if callable(getattr(obj, "finish", None)):
-        check_protocol(obj, "task family", methods=("reset", "step", "finish"),
-                       fields=("family",) if isinstance(obj, type) else ())
+        check_protocol(
+            obj, "task family", methods=("reset", "step", "finish"), fields=("family",) if isinstance(obj, type) else ()
+        )
         return "env"
     check_protocol(obj, "Gym-style environment", methods=("reset", "step"))
     return "gym"
@@ -240,9 +255,17 @@ TASK_FAMILIES: Registry[Any] = Registry("task family")
 whatever a user registers."""
 
 
-def register_task(name: str, *, params: type | None = None, section: str | None = None,
-                  reasoner: str | None = None, memory: str | None = None, oracle: str | None = None,
-                  max_steps: int | None = None, kind: str | None = None) -> Callable[[T], T]:
+def register_task(
+    name: str,
+    *,
+    params: type | None = None,
+    section: str | None = None,
+    reasoner: str | None = None,
+    memory: str | None = None,
+    oracle: str | None = None,
+    max_steps: int | None = None,
+    kind: str | None = None,
+) -> Callable[[T], T]:
     """Decorator: a task family selectable by ``name``. The object is a built-in-style task class, a Gym-style
     environment class or an ``async def`` episode function (its kind is read from it). ``params``: the config model of
     its parameters (a Gym class gets them as constructor keyword arguments); ``section``: the ``TaskSetConfig`` key
@@ -251,8 +274,17 @@ def register_task(name: str, *, params: type | None = None, section: str | None 
     committee and distillation use by default; ``max_steps``: the reasoner step limit of a Gym/episode family."""
 
     def wrap(obj: T) -> T:
-        TASK_FAMILIES.register(name, obj, config=params, kind=kind or task_kind(obj), section=section or "params",
-                               reasoner=reasoner, memory=memory, oracle=oracle, max_steps=max_steps)
+        TASK_FAMILIES.register(
+            name,
+            obj,
+            config=params,
+            kind=kind or task_kind(obj),
+            section=section or "params",
+            reasoner=reasoner,
+            memory=memory,
+            oracle=oracle,
+            max_steps=max_steps,
+        )
         return obj
 
     return wrap

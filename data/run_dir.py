@@ -42,9 +42,17 @@ logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 # Keys that say where or how a run is observed or executed, not what it computes: a resume may change them freely.
-IGNORED_ON_RESUME = ("run.resume", "run.allow_config_change", "run.output_dir", "run.wandb.*", "fleet.*",
-                     "placement.*.endpoints", "placement.*.*.endpoints", "placement.*.api_key_env",
-                     "placement.*.*.api_key_env")
+IGNORED_ON_RESUME = (
+    "run.resume",
+    "run.allow_config_change",
+    "run.output_dir",
+    "run.wandb.*",
+    "fleet.*",
+    "placement.*.endpoints",
+    "placement.*.*.endpoints",
+    "placement.*.api_key_env",
+    "placement.*.*.api_key_env",
+)
 
 # run folder -> (its open lock file, whether this process created the folder)
 _held: dict[Path, tuple[Any, bool]] = {}
@@ -59,8 +67,10 @@ def run_dir_of(run: RunConfig, command: str) -> Path:
 def check_no_run_in(run_dir: Path) -> None:
     """Refuse to start a new run where one already is (its ``config.yaml``) unless the user asks to resume it."""
     if (run_dir / "config.yaml").exists():
-        raise ConfigError(f"run directory {run_dir} already holds a run: pass --resume (run.resume=true) to continue "
-                          "it, or choose another run.name")
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run: pass --resume (run.resume=true) to continue "
+            "it, or choose another run.name"
+        )
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -81,8 +91,11 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """The dotted keys whose values differ between a run's saved config and the current one (added and removed keys
     included), except those in :data:`IGNORED_ON_RESUME`."""
     before, after = _flatten(saved), _flatten(current)
-    return sorted(k for k in before.keys() | after.keys()
-                  if before.get(k, "<absent>") != after.get(k, "<absent>") and not _matches(k, IGNORED_ON_RESUME))
+    return sorted(
+        k
+        for k in before.keys() | after.keys()
+        if before.get(k, "<absent>") != after.get(k, "<absent>") and not _matches(k, IGNORED_ON_RESUME)
+    )
 
 
 def check_resume_config(cfg: BaseModel, run: RunConfig, run_dir: Path) -> list[str]:
@@ -92,19 +105,25 @@ def check_resume_config(cfg: BaseModel, run: RunConfig, run_dir: Path) -> list[s
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--resume: {path} cannot be read ({exc}); the run's saved config is needed to resume it"
-                          ) from None
+        raise ConfigError(
+            f"--resume: {path} cannot be read ({exc}); the run's saved config is needed to resume it"
+        ) from None
     if not isinstance(saved, dict):
         raise ConfigError(f"--resume: {path} is not a mapping of keys; the run's saved config is needed to resume it")
     changes = config_changes(saved, cfg.model_dump(mode="json"))
     refused = [k for k in changes if not _matches(k, run.allow_config_change)]
     if refused:
-        shown = ", ".join(f"{k} ({_flatten(saved).get(k, '<absent>')!r} -> "
-                          f"{_flatten(cfg.model_dump(mode='json')).get(k, '<absent>')!r})" for k in refused[:12])
+        shown = ", ".join(
+            f"{k} ({_flatten(saved).get(k, '<absent>')!r} -> "
+            f"{_flatten(cfg.model_dump(mode='json')).get(k, '<absent>')!r})"
+            for k in refused[:12]
+        )
         more = f" and {len(refused) - 12} more" if len(refused) > 12 else ""
-        raise ConfigError(f"--resume: the config differs from the one run {run_dir} was started with in {shown}{more}; "
-                          "resume with the same config, or name the keys you mean to change with "
-                          f"--allow-config-change {' '.join(refused[:12])}")
+        raise ConfigError(
+            f"--resume: the config differs from the one run {run_dir} was started with in {shown}{more}; "
+            "resume with the same config, or name the keys you mean to change with "
+            f"--allow-config-change {' '.join(refused[:12])}"
+        )
     return changes
 
 
@@ -117,8 +136,10 @@ def _lock(run_dir: Path) -> Any:
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
-        raise ConfigError(f"run directory {run_dir} is in use by a running memrl process ({holder}); wait for it to "
-                          "end, or choose another run.name") from None
+        raise ConfigError(
+            f"run directory {run_dir} is in use by a running memrl process ({holder}); wait for it to "
+            "end, or choose another run.name"
+        ) from None
     except OSError as exc:  # a filesystem without locks (Lustre mounted without -o flock): run unlocked, say so
         logger.warning("cannot lock %s (%s): a second start into this run folder will not be refused", run_dir, exc)
     return handle

@@ -64,9 +64,7 @@ def _json_blob_out(value: Any, handler: Any, info: SerializationInfo) -> Any:
     return handler(value)
 
 
-JsonDict = Annotated[
-    dict[str, Any], BeforeValidator(_json_blob_in), WrapSerializer(_json_blob_out, when_used="always")
-]
+JsonDict = Annotated[dict[str, Any], BeforeValidator(_json_blob_in), WrapSerializer(_json_blob_out, when_used="always")]
 """A free-form JSON object (metadata, extras). Stored as a JSON string column in Arrow, as an object in JSONL."""
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -153,8 +151,10 @@ class Episode(Record):
             if not 0 <= position < len(turns):
                 raise ValueError(f"unnumbered_turns names position {position}, past the {len(turns)}-turn trajectory")
             if turns[position].turn_idx != 0:
-                raise ValueError(f"turn {position} is listed in unnumbered_turns but has turn_idx "
-                                 f"{turns[position].turn_idx} (a turn without one reads 0)")
+                raise ValueError(
+                    f"turn {position} is listed in unnumbered_turns but has turn_idx "
+                    f"{turns[position].turn_idx} (a turn without one reads 0)"
+                )
         numbered = [t.turn_idx for i, t in enumerate(turns) if i not in unnumbered]
         for before, after in itertools.pairwise(numbered):
             if after <= before:
@@ -192,9 +192,7 @@ class MemoryCall(Record):
     @model_validator(mode="after")
     def _consistent_tokens(self) -> MemoryCall:
         if self.logprobs and len(self.logprobs) != len(self.response_ids):
-            raise ValueError(
-                f"logprobs has {len(self.logprobs)} entries but response_ids has {len(self.response_ids)}"
-            )
+            raise ValueError(f"logprobs has {len(self.logprobs)} entries but response_ids has {len(self.response_ids)}")
         return self
 
 
@@ -364,8 +362,9 @@ class SFTExample(Record):
     @model_validator(mode="after")
     def _target_is_not_empty(self) -> SFTExample:
         if not self.messages[-1].content.strip() and self.role not in EMPTY_REPLY_ROLES:
-            raise ValueError(f"the assistant target (the last message) of role {self.role!r} is empty: "
-                             "nothing to learn")
+            raise ValueError(
+                f"the assistant target (the last message) of role {self.role!r} is empty: nothing to learn"
+            )
         return self
 
 

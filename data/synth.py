@@ -50,7 +50,8 @@ class SynthSource(ConfigModel):
     def _check(self) -> SynthSource:
         # An unread option left at its default is harmless, and every run's config.yaml spells all options out.
         unread = sorted(
-            k for k in self.model_fields_set - _FAMILY_OPTIONS[self.family] - {"family"}
+            k
+            for k in self.model_fields_set - _FAMILY_OPTIONS[self.family] - {"family"}
             if getattr(self, k) != type(self).model_fields[k].default
         )
         if unread:
@@ -118,7 +119,12 @@ def _one(source: SynthSource, index: int, target: int | None, i: int, seed: int)
     if source.family == "ama":
         assert target is not None
         return make_ama_episode(
-            source.env, dict(source.params), seed, target, noise=source.noise, per_type=source.qa_per_type,
+            source.env,
+            dict(source.params),
+            seed,
+            target,
+            noise=source.noise,
+            per_type=source.qa_per_type,
             episode_id=eid,
         )
     if source.family == "sam":
@@ -140,8 +146,9 @@ def build_episodes(cfg: SynthConfig, progress: bool = False) -> tuple[list[Episo
                 jobs.append((source, index, target, i, i >= source.count - n_eval))
     train: list[Episode] = []
     held: list[Episode] = []
-    for source, index, target, i, is_eval in progress_bar(jobs, desc="synth", disable=not progress, leave=False,
-                                                          work=f"{len(jobs):,} episodes to generate"):
+    for source, index, target, i, is_eval in progress_bar(
+        jobs, desc="synth", disable=not progress, leave=False, work=f"{len(jobs):,} episodes to generate"
+    ):
         episode = _one(source, index, target, i, _seed(cfg.run.seed, index, target, i))
         (held if is_eval else train).append(episode)
     return train, held
@@ -196,5 +203,5 @@ def run_synth(cfg: SynthConfig) -> int:
     stats = {"train": episode_stats(train, cfg.histogram_bins), "eval": episode_stats(held, cfg.histogram_bins)}
     atomic_write_text(out / "stats.json", json.dumps(stats, indent=2, sort_keys=True) + "\n")
     log.info(f"[data synth] {len(train)} train / {len(held)} eval episodes in {time.time() - start:.1f}s -> {out}")
-    log.info(f'{json.dumps(stats["train"]["qa_by_type"])} {json.dumps(stats["train"]["token_histogram"])}')
+    log.info(f"{json.dumps(stats['train']['qa_by_type'])} {json.dumps(stats['train']['token_histogram'])}")
     return 0

@@ -37,13 +37,31 @@ from typing import Any, Protocol, TextIO
 from memrl.data.config import ConfigError, LoggingConfig, WandbConfig
 from memrl.data.io import append_jsonl, atomic_write_text
 
-__all__ = ["BACKENDS", "ConsoleHandler", "MetricsBackend", "MetricsLogger", "RunLog", "bind_run_log",
-           "format_metrics", "progress_bar", "run_log_path"]
+__all__ = [
+    "BACKENDS",
+    "ConsoleHandler",
+    "MetricsBackend",
+    "MetricsLogger",
+    "RunLog",
+    "bind_run_log",
+    "format_metrics",
+    "progress_bar",
+    "run_log_path",
+]
 
 log = logging.getLogger(__name__)
 
-_CONSOLE_KEYS = ("reward_mean", "success", "loss", "clip_fraction", "approx_kl", "entropy", "grad_norm",
-                 "eval/success", "eval/success_greedy")
+_CONSOLE_KEYS = (
+    "reward_mean",
+    "success",
+    "loss",
+    "clip_fraction",
+    "approx_kl",
+    "entropy",
+    "grad_norm",
+    "eval/success",
+    "eval/success_greedy",
+)
 
 
 def format_metrics(step: int, metrics: dict[str, Any], keys: tuple[str, ...] = _CONSOLE_KEYS) -> str:
@@ -66,8 +84,16 @@ class _Wandb:
     def __init__(self, cfg: WandbConfig, run_dir: Path, name: str | None, config: dict[str, Any]) -> None:
         import wandb
 
-        self.run = wandb.init(project=cfg.project, entity=cfg.entity, mode=cfg.mode, tags=list(cfg.tags),
-                              dir=str(run_dir), name=name, config=config, reinit="finish_previous")
+        self.run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            mode=cfg.mode,
+            tags=list(cfg.tags),
+            dir=str(run_dir),
+            name=name,
+            config=config,
+            reinit="finish_previous",
+        )
 
     def log(self, step: int, numbers: dict[str, float]) -> None:
         self.run.log(numbers, step=step)
@@ -112,8 +138,11 @@ class _MLflow:
             self.client.update_run(self.run_id, status="RUNNING")
         else:
             experiment = self.client.get_experiment_by_name(cfg.mlflow_experiment)
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else self.client.create_experiment(cfg.mlflow_experiment))
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else self.client.create_experiment(cfg.mlflow_experiment)
+            )
             self.run_id = self.client.create_run(experiment_id, run_name=name or run_dir.name).info.run_id
             atomic_write_text(id_file, self.run_id + "\n")
             if config:
@@ -125,14 +154,13 @@ class _MLflow:
         now = int(time.time() * 1000)
         metrics = [Metric(_MLFLOW_KEY.sub("_", k), v, now, step) for k, v in numbers.items()]
         for start in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics per batch
-            self.client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
 
 
-BACKENDS: dict[str, str | None] = {"jsonl": None, "wandb": "wandb", "tensorboard": "tensorboard",
-                                   "mlflow": "mlflow"}
+BACKENDS: dict[str, str | None] = {"jsonl": None, "wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow"}
 """Every ``run.logging.backends`` name and the package it needs (jsonl: none, it is always on)."""
 
 
@@ -142,8 +170,14 @@ class MetricsLogger:
     """
 
     def __init__(
-        self, run_dir: str | Path, wandb_cfg: WandbConfig | None = None, config: dict[str, Any] | None = None,
-        *, name: str | None = None, console: bool = True, resume_from_step: int | None = None,
+        self,
+        run_dir: str | Path,
+        wandb_cfg: WandbConfig | None = None,
+        config: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        console: bool = True,
+        resume_from_step: int | None = None,
         logging: LoggingConfig | None = None,
     ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
@@ -163,13 +197,16 @@ class MetricsLogger:
         for backend in wanted:
             package = BACKENDS[backend]
             if package is not None and importlib.util.find_spec(package) is None:
-                raise ConfigError(f"run.logging.backends lists {backend}, but the {package} package is not "
-                                  f"installed: pip install 'memrl[tracking]' (or remove {backend} from the list)")
+                raise ConfigError(
+                    f"run.logging.backends lists {backend}, but the {package} package is not "
+                    f"installed: pip install 'memrl[tracking]' (or remove {backend} from the list)"
+                )
         cfg = logging or LoggingConfig()
         openers: dict[str, Callable[[], MetricsBackend]] = {
             "wandb": lambda: _Wandb(wandb_cfg, run_dir, name, config or {}),
-            "tensorboard": lambda: _TensorBoard(Path(cfg.tensorboard_dir or run_dir / "tensorboard"),
-                                                self._purge_after),
+            "tensorboard": lambda: _TensorBoard(
+                Path(cfg.tensorboard_dir or run_dir / "tensorboard"), self._purge_after
+            ),
             "mlflow": lambda: _MLflow(cfg, run_dir, name, config or {}),
         }
         self._openers = {b: openers[b] for b in wanted}
@@ -208,8 +245,11 @@ class MetricsLogger:
         for backend in list(self._openers):  # opened at the first step: a resume has truncated by then
             self._backends[backend] = self._openers.pop(backend)()
         if self._backends:
-            numbers = {k: float(v) for k, v in clean.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None}
+            numbers = {
+                k: float(v)
+                for k, v in clean.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None
+            }
             for backend in self._backends.values():
                 backend.log(step, numbers)
 
@@ -285,9 +325,11 @@ def progress_bar(iterable: Any = None, *, work: str | None = None, **kwargs: Any
             rate = done / elapsed
             remaining = (self.total - self.n) / rate
             with tqdm.external_write_mode(file=self.fp):
-                log.log(logging.INFO if remaining >= LONG_JOB_S else logging.DEBUG,
-                        f"{self.desc or 'progress'}: {work}; {done:,} done in {elapsed:.1f} s ({rate:.3g}/s): about "
-                        f"{_duration(remaining)} to go")
+                log.log(
+                    logging.INFO if remaining >= LONG_JOB_S else logging.DEBUG,
+                    f"{self.desc or 'progress'}: {work}; {done:,} done in {elapsed:.1f} s ({rate:.3g}/s): about "
+                    f"{_duration(remaining)} to go",
+                )
 
     return EstimatingBar(iterable, file=file, **kwargs)
 

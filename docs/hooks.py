@@ -18,8 +18,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STAGE = ROOT / "build" / "docs-api"
 # memrl sub-package -> its folder in the repository (pyproject.toml [tool.setuptools.package-dir])
-LAYOUT = {"data": "data", "rollout": "rollout", "rewards": "rewards", "train": "train", "launch": "launch",
-          "configs": "configs"}
+LAYOUT = {
+    "data": "data",
+    "rollout": "rollout",
+    "rewards": "rewards",
+    "train": "train",
+    "launch": "launch",
+    "configs": "configs",
+}
 
 _ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|data|attr|obj|exc|const|ref|doc):(<code>)(~?)([^<]*)(</code>)")
 

@@ -37,14 +37,23 @@ __all__ = ["main"]
 
 def _add_job_arguments(parser: argparse.ArgumentParser, job: Job) -> None:
     parser.add_argument("--config", help="YAML config file (omit to use the defaults)")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also show third-party warnings and engine logs on the console (always in run.log)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show third-party warnings and engine logs on the console (always in run.log)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=1e-6")
     if job.resumable:
         parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-        parser.add_argument("--allow-config-change", nargs="+", metavar="KEY", default=None,
-                            help="with --resume: config keys (or sections) that may differ from the run's saved "
-                            "config (sets run.allow_config_change)")
+        parser.add_argument(
+            "--allow-config-change",
+            nargs="+",
+            metavar="KEY",
+            default=None,
+            help="with --resume: config keys (or sections) that may differ from the run's saved "
+            "config (sets run.allow_config_change)",
+        )
     for flag, key, help_text in job.flags:
         parser.add_argument(flag, dest=f"flag:{key}", metavar="VALUE", help=f"{help_text} (sets {key})")
     if job.dry_run:
@@ -269,9 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.set_defaults(handler=_model_tiny)
     add_model_commands(model)
 
-    plan = sub.add_parser("plan", help="estimate per-rank GPU memory of a GRPO recipe before launch",
-                          description="per-rank trainer and policy-engine GPU memory of a GRPO recipe; exit 1 if it "
-                          "cannot fit (launch/plan.py)")
+    plan = sub.add_parser(
+        "plan",
+        help="estimate per-rank GPU memory of a GRPO recipe before launch",
+        description="per-rank trainer and policy-engine GPU memory of a GRPO recipe; exit 1 if it "
+        "cannot fit (launch/plan.py)",
+    )
     plan.add_argument("--config", required=True, help="the recipe (train oat-grpo or train pivot-grpo YAML)")
     plan.add_argument("--nodes", type=int, default=1)
     plan.add_argument("--gpus-per-node", type=int, default=8)
@@ -326,8 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         os.getcwd()
     except OSError as exc:  # torch and its libraries cannot even load then (oneMKL: "Cannot load libtorch_cpu.so")
-        _say(f"memrl: error: the working folder no longer exists ({exc.strerror}): cd into an existing folder and run "
-             "the command again")
+        _say(
+            f"memrl: error: the working folder no longer exists ({exc.strerror}): cd into an existing folder and run "
+            "the command again"
+        )
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -342,15 +356,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except RunFault as exc:
         resumable = getattr(args, "resume", None) is not None
-        _say(f"memrl: error: {_own_words(exc)}" + ("; what the run saved is kept: continue it with --resume"
-                                                     if resumable else ""))
+        _say(
+            f"memrl: error: {_own_words(exc)}"
+            + ("; what the run saved is kept: continue it with --resume" if resumable else "")
+        )
         return 2
     except UserError as exc:
         _say(f"memrl: error: {_own_words(exc)}")
         return 2
     except _Bug as bug:
-        _say(f"memrl: unexpected error (a bug, please report it): {type(bug.error).__name__}: {bug.error}\n"
-              f"the traceback is in {bug.log}")
+        _say(
+            f"memrl: unexpected error (a bug, please report it): {type(bug.error).__name__}: {bug.error}\n"
+            f"the traceback is in {bug.log}"
+        )
         return 1
     except KeyboardInterrupt as interrupt:
         from memrl.launch.shutdown import exit_code, stop_children
@@ -359,8 +377,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = exit_code(interrupt)
         what = "terminated (SIGTERM)" if code == 143 else "interrupted (SIGINT)"
         resumable = getattr(args, "resume", None) is not None
-        _say(f"memrl: {what}: stopped" + ("; what it saved is kept (checkpoints are written whole): continue "
-                                            "with --resume" if resumable else ""))
+        _say(
+            f"memrl: {what}: stopped"
+            + ("; what it saved is kept (checkpoints are written whole): continue with --resume" if resumable else "")
+        )
         return code
     _leave_process_group()
     return code

@@ -111,8 +111,14 @@ def _default(field: Any) -> str:
     return f"`{text}`" if len(text) <= 40 else f"`{text[:37]}...`"
 
 
-_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "length >="),
-           ("max_length", "length <="))
+_BOUNDS = (
+    ("ge", ">="),
+    ("gt", ">"),
+    ("le", "<="),
+    ("lt", "<"),
+    ("min_length", "length >="),
+    ("max_length", "length <="),
+)
 
 
 def _bounds(field: Any) -> str:
@@ -164,8 +170,9 @@ def reference() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Write the reference, or with ``--check`` exit 1 when the file on disk differs."""
-    parser = argparse.ArgumentParser(prog="python -m memrl.launch.config_reference",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m memrl.launch.config_reference", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--check", action="store_true", help="exit 1 if --out is not up to date")
     args = parser.parse_args(argv)

@@ -38,8 +38,9 @@ class _ConsoleStream(io.TextIOBase):
             fd = stream.fileno()
         except (AttributeError, OSError, io.UnsupportedOperation):  # an in-memory stream (pytest's capsys)
             return
-        self.own = os.fdopen(os.dup(fd), "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
-                             errors="replace")
+        self.own = os.fdopen(
+            os.dup(fd), "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8", errors="replace"
+        )
 
     @property
     def target(self) -> TextIO:

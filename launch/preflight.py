@@ -62,9 +62,11 @@ def _check_resumable(cfg: BaseModel, run: RunConfig, run_dir: Path) -> None:
     run again, and a run that saved checkpoints still has one."""
     changes = check_resume_config(cfg, run, run_dir)
     if (run_dir / "summary.json").is_file() and not changes:
-        raise UserError(f"--resume: run {run_dir} is finished (it wrote summary.json): nothing to resume. To train it "
-                        "further, resume with a longer schedule and --allow-config-change naming it (e.g. "
-                        "loop.iterations or train.max_steps), or start a new run from its final weights")
+        raise UserError(
+            f"--resume: run {run_dir} is finished (it wrote summary.json): nothing to resume. To train it "
+            "further, resume with a longer schedule and --allow-config-change naming it (e.g. "
+            "loop.iterations or train.max_steps), or start a new run from its final weights"
+        )
     check_checkpoints_remain(run_dir / "checkpoints")
 
 
@@ -95,13 +97,17 @@ def _check_fleet_size(fleet: Any, prefix: str) -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     key = _key(prefix, "workers")
     if workers > MAX_WORKERS_PER_CORE * cores:
-        raise UserError(f"{key}={workers}: a local fleet of {workers} rollout workers on {cores} cores (at most "
-                        f"{MAX_WORKERS_PER_CORE} per core); choose fewer, or join a cluster with fleet.address")
+        raise UserError(
+            f"{key}={workers}: a local fleet of {workers} rollout workers on {cores} cores (at most "
+            f"{MAX_WORKERS_PER_CORE} per core); choose fewer, or join a cluster with fleet.address"
+        )
     wanted = workers * fleet.cpus_per_worker
     if wanted > cores:
-        logger.warning(f"{key}={workers} x {_key(prefix, 'cpus_per_worker')}={fleet.cpus_per_worker:g} asks for "
-                       f"{wanted:g} CPUs on a machine with {cores} cores: the workers will share cores (slower than "
-                       f"{max(1, int(cores // fleet.cpus_per_worker))} workers would be)")
+        logger.warning(
+            f"{key}={workers} x {_key(prefix, 'cpus_per_worker')}={fleet.cpus_per_worker:g} asks for "
+            f"{wanted:g} CPUs on a machine with {cores} cores: the workers will share cores (slower than "
+            f"{max(1, int(cores // fleet.cpus_per_worker))} workers would be)"
+        )
 
 
 def _key(prefix: str, name: str) -> str:
@@ -116,8 +122,10 @@ def _check_section(section: BaseModel, prefix: str) -> None:
             check_output_dir(value, _key(prefix, name))
     key_env = getattr(section, "api_key_env", None)
     if isinstance(key_env, str) and not os.environ.get(key_env):
-        raise UserError(f"{_key(prefix, 'api_key_env')}: environment variable {key_env} is not set (it should hold "
-                        "the endpoint's API key); export it, or set api_key_env to null for servers without a key")
+        raise UserError(
+            f"{_key(prefix, 'api_key_env')}: environment variable {key_env} is not set (it should hold "
+            "the endpoint's API key); export it, or set api_key_env to null for servers without a key"
+        )
     kind = type(section).__name__
     if kind == "FleetConfig":
         _check_fleet_size(section, prefix)
@@ -139,8 +147,9 @@ def _check_section(section: BaseModel, prefix: str) -> None:
 
 def _check_engine(engine: Any, prefix: str) -> None:
     if engine.backend in ("vllm", "hf") and engine.model:
-        check_model_ref(engine.model, _key(prefix, "model"),
-                        tokenizer=not engine.tokenizer or engine.tokenizer == engine.model)
+        check_model_ref(
+            engine.model, _key(prefix, "model"), tokenizer=not engine.tokenizer or engine.tokenizer == engine.model
+        )
     if engine.tokenizer and engine.tokenizer != engine.model:
         check_model_ref(engine.tokenizer, _key(prefix, "tokenizer"), needs="tokenizer_config.json")
 
@@ -177,5 +186,7 @@ def _check_nonempty_episodes(path: Path) -> None:
             continue
         for field in ("trajectory", "qa_pairs"):
             if field in record and not record[field]:
-                raise UserError(f"{path}:{lineno}: field '{field}': empty (an episode needs turns and questions to "
-                                "roll out and score); remove the record or complete it")
+                raise UserError(
+                    f"{path}:{lineno}: field '{field}': empty (an episode needs turns and questions to "
+                    "roll out and score); remove the record or complete it"
+                )

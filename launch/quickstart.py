@@ -65,8 +65,9 @@ def _task_set(cfg: QuickstartConfig, count: int, seed: int, horizon: int) -> Tas
     if cfg.task_family not in _SAM_STYLE:
         return TaskSetConfig(family=cfg.task_family, params=dict(cfg.task_params), count=count, seed=seed)
     params = _task_params(horizon)
-    return TaskSetConfig(family=cfg.task_family, count=count, seed=seed, sam=params,
-                         dialogue=DialogueParams(**params.model_dump()))
+    return TaskSetConfig(
+        family=cfg.task_family, count=count, seed=seed, sam=params, dialogue=DialogueParams(**params.model_dump())
+    )
 
 
 class QuickstartSFT(ConfigModel):
@@ -101,9 +102,13 @@ class QuickstartConfig(ConfigModel):
     paired_eval: bool = False  # also run untrained, SFT and exported RL greedy on the held-out tasks: paired intervals
     expert: SamOracleConfig = SamOracleConfig(defer_to_later=0.9)
     memory: SamConfig = SamConfig(
-        page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
-        sampling={"consolidate": RoleSampling(temperature=0.0, max_tokens=64),
-                  "recall": RoleSampling(temperature=1.0, max_tokens=64)},
+        page_turns=1,
+        live_capacity_turns=4,
+        keep_recent_turns=3,
+        sampling={
+            "consolidate": RoleSampling(temperature=0.0, max_tokens=64),
+            "recall": RoleSampling(temperature=1.0, max_tokens=64),
+        },
     )
     reasoner_max_pages: int = Field(2, ge=1, le=1000)  # page ids the scripted reasoner asks for per recall
     sft: QuickstartSFT = QuickstartSFT()
@@ -128,8 +133,10 @@ class QuickstartConfig(ConfigModel):
 
         reg = TASK_FAMILIES.get(family)
         if reg.extra.get("kind", "env") != "env" or not reg.extra.get("oracle"):
-            raise ValueError(f"{family!r} has no oracle expert to distil (the quickstart runs sam, dialogue or a "
-                             f"registered family of memrl's task interface with an oracle)")
+            raise ValueError(
+                f"{family!r} has no oracle expert to distil (the quickstart runs sam, dialogue or a "
+                f"registered family of memrl's task interface with an oracle)"
+            )
         return family
 
     @field_validator("task_params")
@@ -147,8 +154,11 @@ class QuickstartConfig(ConfigModel):
             try:
                 config.model_validate(params)
             except ValidationError as exc:  # name the key inside task_params
-                raise ValueError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                                           for e in exc.errors(include_url=False))) from None
+                raise ValueError(
+                    "; ".join(
+                        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
+                    )
+                ) from None
         return params
 
 
@@ -210,119 +220,195 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     log.info(f"[quickstart] run directory: {run_dir}")
 
     if cfg.base_model == "smollm2":
-        base = stages.run("model", "SmolLM2-135M-Instruct from its GGUF (converted once, cached)",
-                          lambda: ensure_smollm2(cfg.model_cache))
+        base = stages.run(
+            "model",
+            "SmolLM2-135M-Instruct from its GGUF (converted once, cached)",
+            lambda: ensure_smollm2(cfg.model_cache),
+        )
     else:
-        base = stages.run("model", "tiny Qwen3 memory model + offline tokenizer",
-                          lambda: ensure_tiny_model(cfg.model_cache, cfg.model))
+        base = stages.run(
+            "model",
+            "tiny Qwen3 memory model + offline tokenizer",
+            lambda: ensure_tiny_model(cfg.model_cache, cfg.model),
+        )
     train_set = _task_set(cfg, cfg.distill_tasks, 0, cfg.horizon)
     distill_cfg = DistillRunConfig(
-        run=RunConfig(output_dir=str(run_dir), name="distill", seed=cfg.run.seed), tasks=train_set,
-        sam_oracle=cfg.expert, sam_memory=cfg.memory, reasoner_max_pages=cfg.reasoner_max_pages, tokenizer=str(base),
+        run=RunConfig(output_dir=str(run_dir), name="distill", seed=cfg.run.seed),
+        tasks=train_set,
+        sam_oracle=cfg.expert,
+        sam_memory=cfg.memory,
+        reasoner_max_pages=cfg.reasoner_max_pages,
+        tokenizer=str(base),
     )
-    distill_stats = stages.run("distill", "the privileged oracle inside SAM -> SFT datasets per role",
-                               lambda: distill(distill_cfg, run_dir / "distill"))
+    distill_stats = stages.run(
+        "distill",
+        "the privileged oracle inside SAM -> SFT datasets per role",
+        lambda: distill(distill_cfg, run_dir / "distill"),
+    )
     traces, rows = distill_stats["traces"], distill_stats["rows"]
-    stages.figures("distill", {"traces": traces, "rows": rows},
-                   f"{traces['kept']} of {traces['total']} expert trajectories kept, {rows['kept']} SFT rows")
+    stages.figures(
+        "distill",
+        {"traces": traces, "rows": rows},
+        f"{traces['kept']} of {traces['total']} expert trajectories kept, {rows['kept']} SFT rows",
+    )
 
     sft_cfg = SFTRunConfig(
         run=RunConfig(output_dir=str(run_dir), name="sft", seed=cfg.run.seed),
-        model=PolicySpec(base=str(base)), lora=cfg.sft.lora,
-        data=SFTDataConfig(dir=str(run_dir / "distill"), roles=dict(cfg.sft.role_weights),
-                           mixture_rows=cfg.sft.max_steps * cfg.sft.batch_size),
-        train=SFTTrainConfig(max_steps=cfg.sft.max_steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
-                             warmup=0.05, max_length=cfg.sft.max_length, save_steps=0, bf16=cfg.sft.bf16),
+        model=PolicySpec(base=str(base)),
+        lora=cfg.sft.lora,
+        data=SFTDataConfig(
+            dir=str(run_dir / "distill"),
+            roles=dict(cfg.sft.role_weights),
+            mixture_rows=cfg.sft.max_steps * cfg.sft.batch_size,
+        ),
+        train=SFTTrainConfig(
+            max_steps=cfg.sft.max_steps,
+            batch_size=cfg.sft.batch_size,
+            lr=cfg.sft.lr,
+            warmup=0.05,
+            max_length=cfg.sft.max_length,
+            save_steps=0,
+            bf16=cfg.sft.bf16,
+        ),
     )
     stages.run("sft", "TRL SFTTrainer on cue writing + recall", lambda: run_sft(sft_cfg))
     sft_summary = json.loads((run_dir / "sft" / "summary.json").read_text())
-    stages.figures("sft", {k: sft_summary.get(k) for k in ("global_step", "first_logged_loss", "last_logged_loss")},
-                   f"{sft_summary.get('global_step')} steps, loss {sft_summary.get('first_logged_loss') or 0:.3f} -> "
-                   f"{sft_summary.get('last_logged_loss') or 0:.3f}")
+    stages.figures(
+        "sft",
+        {k: sft_summary.get(k) for k in ("global_step", "first_logged_loss", "last_logged_loss")},
+        f"{sft_summary.get('global_step')} steps, loss {sft_summary.get('first_logged_loss') or 0:.3f} -> "
+        f"{sft_summary.get('last_logged_loss') or 0:.3f}",
+    )
     sft_dir = run_dir / "sft" / "final"
     # A LoRA SFT stage leaves an adapter: RL and evaluation run it on its base.
-    sft_policy = PolicySpec(base=str(base), adapter=str(sft_dir)) if cfg.sft.lora.enabled else PolicySpec(
-        base=str(sft_dir))
+    sft_policy = (
+        PolicySpec(base=str(base), adapter=str(sft_dir)) if cfg.sft.lora.enabled else PolicySpec(base=str(sft_dir))
+    )
 
     sam_style = cfg.task_family in _SAM_STYLE
     if sam_style:
-        eval_tasks = [t for h in cfg.eval_horizons for t in load_tasks(
-            _task_set(cfg, cfg.eval_tasks_per_horizon, cfg.eval_seed + 1000 * h, h), f"eval{h}")]
+        eval_tasks = [
+            t
+            for h in cfg.eval_horizons
+            for t in load_tasks(_task_set(cfg, cfg.eval_tasks_per_horizon, cfg.eval_seed + 1000 * h, h), f"eval{h}")
+        ]
         reasoner_cfg = default_reasoner(str(base), cfg.run.seed).model_copy(
-            update={"scripted_kwargs": {"max_pages": cfg.reasoner_max_pages, "recall_budget": 2}})
+            update={"scripted_kwargs": {"max_pages": cfg.reasoner_max_pages, "recall_budget": 2}}
+        )
     else:
         eval_tasks = load_tasks(_task_set(cfg, cfg.eval_tasks_per_horizon, cfg.eval_seed, 0), "eval")
         reasoner_cfg = family_reasoner(train_set, str(base), cfg.run.seed)
 
     greedy_outcomes: dict[str, dict[str, float]] = {}  # model -> task id -> greedy outcome (paired_eval)
 
-    def evaluate_with(model_dir: Path | None, samples: int, adapter: str | None = None,
-                      keep_as: str | None = None) -> dict[str, Any]:
+    def evaluate_with(
+        model_dir: Path | None, samples: int, adapter: str | None = None, keep_as: str | None = None
+    ) -> dict[str, Any]:
         reasoner = build_engine(reasoner_cfg)
-        engine = build_engine(EngineConfig(backend="vllm", name="memory", model=str(model_dir), dtype="float32",
-                                           max_model_len=cfg.max_model_len, enable_lora=adapter is not None,
-                                           max_lora_rank=64)) \
-            if model_dir is not None else None
+        engine = (
+            build_engine(
+                EngineConfig(
+                    backend="vllm",
+                    name="memory",
+                    model=str(model_dir),
+                    dtype="float32",
+                    max_model_len=cfg.max_model_len,
+                    enable_lora=adapter is not None,
+                    max_lora_rank=64,
+                )
+            )
+            if model_dir is not None
+            else None
+        )
         try:
             if adapter is not None and engine is not None:
                 engine.load_adapter(adapter, version=1)
             if sam_style:
-                result = evaluate_sam_memory(eval_tasks, engine, cfg.memory, samples=samples, reasoner=reasoner,
-                                             seed=cfg.run.seed)
+                result = evaluate_sam_memory(
+                    eval_tasks, engine, cfg.memory, samples=samples, reasoner=reasoner, seed=cfg.run.seed
+                )
             else:  # the family's oracle expert when no model is given
-                memory = engine or ScriptedEngine(import_entry(str(family_of(train_set).extra["oracle"]))(cfg.expert),
-                                                  name="oracle")
-                result = evaluate_memory(eval_tasks, EngineSet(reasoner=reasoner, memory=memory), cfg.memory,
-                                         samples=samples, seed=cfg.run.seed)
+                memory = engine or ScriptedEngine(
+                    import_entry(str(family_of(train_set).extra["oracle"]))(cfg.expert), name="oracle"
+                )
+                result = evaluate_memory(
+                    eval_tasks,
+                    EngineSet(reasoner=reasoner, memory=memory),
+                    cfg.memory,
+                    samples=samples,
+                    seed=cfg.run.seed,
+                )
         finally:
             if engine is not None:
                 engine.close()
         if keep_as is not None:
-            greedy_outcomes[keep_as] = {r["episode_id"]: float(r["outcome"] or 0.0)
-                                        for r in result["records"] if not r["sampled"]}
+            greedy_outcomes[keep_as] = {
+                r["episode_id"]: float(r["outcome"] or 0.0) for r in result["records"] if not r["sampled"]
+            }
         return summarize_eval(result)
 
     baselines: dict[str, dict[str, Any]] = {}
 
     def heldout_line(figures: dict[str, Any]) -> str:
         sampled = figures.get("success") if cfg.eval_samples else None
-        return (f"held-out success {'n/a' if sampled is None else f'{sampled:.1%}'} sampled, "
-                f"{figures['success_greedy']:.1%} greedy")
+        return (
+            f"held-out success {'n/a' if sampled is None else f'{sampled:.1%}'} sampled, "
+            f"{figures['success_greedy']:.1%} greedy"
+        )
 
-    baselines["oracle expert (upper bound)"] = stages.run("eval-oracle", "the oracle expert as memory model",
-                                                          lambda: evaluate_with(None, cfg.eval_samples))
-    stages.figures("eval-oracle", baselines["oracle expert (upper bound)"],
-                   heldout_line(baselines["oracle expert (upper bound)"]))
+    baselines["oracle expert (upper bound)"] = stages.run(
+        "eval-oracle", "the oracle expert as memory model", lambda: evaluate_with(None, cfg.eval_samples)
+    )
+    stages.figures(
+        "eval-oracle", baselines["oracle expert (upper bound)"], heldout_line(baselines["oracle expert (upper bound)"])
+    )
     if cfg.evaluate_untrained:
         # Greedy only: the untrained model writes max-length noise on every call, and one run per task shows it.
         label = "untrained tiny model" if cfg.base_model == "tiny" else "untrained SmolLM2-135M-Instruct"
         baselines[label] = stages.run(
-            "eval-untrained", "the untrained model as memory model (greedy)",
-            lambda: evaluate_with(Path(base), 0, keep_as="untrained"))
-        stages.figures("eval-untrained", baselines[label], f"held-out success {baselines[label]['success_greedy']:.1%}"
-                       " greedy")
+            "eval-untrained",
+            "the untrained model as memory model (greedy)",
+            lambda: evaluate_with(Path(base), 0, keep_as="untrained"),
+        )
+        stages.figures(
+            "eval-untrained", baselines[label], f"held-out success {baselines[label]['success_greedy']:.1%} greedy"
+        )
 
     oat_cfg = OATGRPOConfig(
         run=RunConfig(output_dir=str(run_dir), name="rl", seed=cfg.run.seed, wandb=cfg.run.wandb),
-        policy=sft_policy, reasoner=reasoner_cfg, memory=cfg.memory,
-        engine=EngineConfig(backend="vllm", name="policy", model=sft_policy.base, dtype="float32",
-                            max_model_len=cfg.max_model_len),
+        policy=sft_policy,
+        reasoner=reasoner_cfg,
+        memory=cfg.memory,
+        engine=EngineConfig(
+            backend="vllm", name="policy", model=sft_policy.base, dtype="float32", max_model_len=cfg.max_model_len
+        ),
         train_tasks=_task_set(cfg, cfg.rl_tasks, 100_000, cfg.horizon),
-        eval_tasks=TaskSetConfig(family=cfg.task_family, count=0), tasks_per_iteration=cfg.tasks_per_iteration,
+        eval_tasks=TaskSetConfig(family=cfg.task_family, count=0),
+        tasks_per_iteration=cfg.tasks_per_iteration,
         tree=cfg.tree,
-        credit=cfg.credit, trainer=cfg.trainer, loop=cfg.loop, eval_samples=cfg.eval_samples,
+        credit=cfg.credit,
+        trainer=cfg.trainer,
+        loop=cfg.loop,
+        eval_samples=cfg.eval_samples,
     )
-    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name, console=True,
-                           logging=cfg.run.logging)
-    rl = stages.run("rl", "OAT-GRPO with vLLM rollouts (held-out eval before and after)",
-                    lambda: train_oat_grpo(oat_cfg, prepare_run_dir(oat_cfg, oat_cfg.run, "rl"), logger=logger,
-                                           eval_tasks=eval_tasks))
+    logger = MetricsLogger(
+        run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name, console=True, logging=cfg.run.logging
+    )
+    rl = stages.run(
+        "rl",
+        "OAT-GRPO with vLLM rollouts (held-out eval before and after)",
+        lambda: train_oat_grpo(
+            oat_cfg, prepare_run_dir(oat_cfg, oat_cfg.run, "rl"), logger=logger, eval_tasks=eval_tasks
+        ),
+    )
     logger.close()
     evals = rl["evals"]
     before, after = evals[0], evals[-1]
-    stages.figures("rl", {"before": before, "after": after, "iterations": rl["iterations_run"],
-                          "updates": rl["updates"]},
-                   f"SFT {heldout_line(before)}; after OAT-GRPO {heldout_line(after)}")
+    stages.figures(
+        "rl",
+        {"before": before, "after": after, "iterations": rl["iterations_run"], "updates": rl["updates"]},
+        f"SFT {heldout_line(before)}; after OAT-GRPO {heldout_line(after)}",
+    )
 
     # The held-out figures go into the exported model card, so they are written before the export.
     results = heldout_results(cfg, before, after, baselines)
@@ -331,30 +417,49 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     export_checks: dict[str, Any] | None = None
     if cfg.export:
         export_cfg = ExportConfig(
-            run=RunConfig(output_dir=str(run_dir), name="export"), policy=rl_policy(rl, sft_policy),
-            reference_base=str(base), recipe=str(run_dir / "config.yaml"), results=str(results_path),
+            run=RunConfig(output_dir=str(run_dir), name="export"),
+            policy=rl_policy(rl, sft_policy),
+            reference_base=str(base),
+            recipe=str(run_dir / "config.yaml"),
+            results=str(results_path),
             model_name=f"memrl-quickstart-{cfg.task_family}-{cfg.base_model}",
         )
-        export_checks = stages.run("export", "Hugging Face checkpoint + model card, verified in transformers and vLLM",
-                                   lambda: export_model(export_cfg, run_dir / "export" / "model"))
-        stages.figures("export", {k: export_checks.get(k) for k in ("path", "ok", "failures", "differs_from_base")},
-                       f"{export_checks['path']} {'verified' if export_checks['ok'] else 'FAILED'}")
+        export_checks = stages.run(
+            "export",
+            "Hugging Face checkpoint + model card, verified in transformers and vLLM",
+            lambda: export_model(export_cfg, run_dir / "export" / "model"),
+        )
+        stages.figures(
+            "export",
+            {k: export_checks.get(k) for k in ("path", "ok", "failures", "differs_from_base")},
+            f"{export_checks['path']} {'verified' if export_checks['ok'] else 'FAILED'}",
+        )
     paired: dict[str, Any] | None = None
     if cfg.paired_eval:
         if not cfg.export:
             raise ConfigError("paired_eval runs the exported RL model: set export: true")
         if "untrained" not in greedy_outcomes:
-            stages.run("eval-untrained", "the untrained model (greedy, paired)",
-                       lambda: evaluate_with(Path(base), 0, keep_as="untrained"))
-        stages.run("eval-sft", "the SFT model (greedy, paired)",
-                   lambda: evaluate_with(Path(sft_policy.base), 0, adapter=sft_policy.adapter, keep_as="sft"))
-        stages.run("eval-rl", "the exported SFT + OAT-GRPO model (greedy, paired)",
-                   lambda: evaluate_with(run_dir / "export" / "model", 0, keep_as="rl"))
+            stages.run(
+                "eval-untrained",
+                "the untrained model (greedy, paired)",
+                lambda: evaluate_with(Path(base), 0, keep_as="untrained"),
+            )
+        stages.run(
+            "eval-sft",
+            "the SFT model (greedy, paired)",
+            lambda: evaluate_with(Path(sft_policy.base), 0, adapter=sft_policy.adapter, keep_as="sft"),
+        )
+        stages.run(
+            "eval-rl",
+            "the exported SFT + OAT-GRPO model (greedy, paired)",
+            lambda: evaluate_with(run_dir / "export" / "model", 0, keep_as="rl"),
+        )
         paired = paired_differences(greedy_outcomes)
 
     summary = {
-        **{k: results[k] for k in ("success_sft", "success_rl", "success_sft_greedy", "success_rl_greedy",
-                                   "baselines")},
+        **{
+            k: results[k] for k in ("success_sft", "success_rl", "success_sft_greedy", "success_rl_greedy", "baselines")
+        },
         "eval_before": before,
         "eval_after": after,
         "distill": {"traces": distill_stats["traces"], "rows": distill_stats["rows"]},
@@ -380,8 +485,10 @@ def rl_policy(rl: dict[str, Any], sft_policy: PolicySpec) -> PolicySpec:
     """The RL run's final policy: its full weights, or its LoRA adapter on the model RL started from."""
     if rl.get("lora"):
         if sft_policy.adapter is not None:
-            raise ConfigError("RL with a LoRA trainer on a LoRA SFT policy cannot be exported as one model: "
-                              "use full-weight SFT (sft.lora.enabled: false) or a full-weight trainer")
+            raise ConfigError(
+                "RL with a LoRA trainer on a LoRA SFT policy cannot be exported as one model: "
+                "use full-weight SFT (sft.lora.enabled: false) or a full-weight trainer"
+            )
         return PolicySpec(base=sft_policy.base, adapter=rl["policy_dir"])
     return PolicySpec(base=rl["policy_dir"])
 
@@ -402,37 +509,56 @@ def paired_differences(outcomes: dict[str, dict[str, float]]) -> dict[str, Any]:
     return out
 
 
-def heldout_results(cfg: QuickstartConfig, before: dict[str, Any], after: dict[str, Any],
-                    baselines: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def heldout_results(
+    cfg: QuickstartConfig, before: dict[str, Any], after: dict[str, Any], baselines: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     """Held-out success inside SAM of the SFT model and the SFT + OAT-GRPO model (sampled as trained, and greedy),
     overall and per horizon, beside the baselines: what the exported model card records."""
     horizons = [k.split("/", 1)[1] for k in before if k.startswith("success/")]
     return {
-        "eval": (f"held-out SAM tasks: horizons {cfg.eval_horizons} x {cfg.eval_tasks_per_horizon} tasks; "
-                 + (f"sampled = {_sampled_roles(cfg)}, mean of {cfg.eval_samples} run(s) per task" if cfg.eval_samples
-                    else "sampled = not run (eval_samples 0)") + "; greedy = every call greedy"),
+        "eval": (
+            f"held-out SAM tasks: horizons {cfg.eval_horizons} x {cfg.eval_tasks_per_horizon} tasks; "
+            + (
+                f"sampled = {_sampled_roles(cfg)}, mean of {cfg.eval_samples} run(s) per task"
+                if cfg.eval_samples
+                else "sampled = not run (eval_samples 0)"
+            )
+            + "; greedy = every call greedy"
+        ),
         "success_sft": before["success"],
         "success_rl": after["success"],
         "success_sft_greedy": before["success_greedy"],
         "success_rl_greedy": after["success_greedy"],
-        "per_horizon": {h: {"sft": before.get(f"success/{h}"), "rl": after.get(f"success/{h}"),
-                            "sft_greedy": before.get(f"success_greedy/{h}"),
-                            "rl_greedy": after.get(f"success_greedy/{h}")} for h in horizons},
-        "baselines": {name: {"success": v["success"], "success_greedy": v["success_greedy"]}
-                      for name, v in baselines.items()},
+        "per_horizon": {
+            h: {
+                "sft": before.get(f"success/{h}"),
+                "rl": after.get(f"success/{h}"),
+                "sft_greedy": before.get(f"success_greedy/{h}"),
+                "rl_greedy": after.get(f"success_greedy/{h}"),
+            }
+            for h in horizons
+        },
+        "baselines": {
+            name: {"success": v["success"], "success_greedy": v["success_greedy"]} for name, v in baselines.items()
+        },
     }
 
 
 def _sampled_roles(cfg: QuickstartConfig) -> str:
-    return ", ".join(f"{role} {'greedy' if s.temperature == 0 else f'at temperature {s.temperature:g}'}"
-                     for role, s in cfg.memory.sampling.items())
+    return ", ".join(
+        f"{role} {'greedy' if s.temperature == 0 else f'at temperature {s.temperature:g}'}"
+        for role, s in cfg.memory.sampling.items()
+    )
 
 
 def _print_table(summary: dict[str, Any], sampled: str) -> None:
     rows = [(name, v["success"], v["success_greedy"]) for name, v in summary["baselines"].items()]
-    rows += [("SFT", summary["success_sft"], summary["success_sft_greedy"]),
-             ("SFT + OAT-GRPO", summary["success_rl"], summary["success_rl_greedy"])]
+    rows += [
+        ("SFT", summary["success_sft"], summary["success_sft_greedy"]),
+        ("SFT + OAT-GRPO", summary["success_rl"], summary["success_rl_greedy"]),
+    ]
     log.info(f"\n[quickstart] held-out success inside SAM (sampled: {sampled} | greedy)")
+
     def pct(x: float | None) -> str:
         return "   n/a" if x is None else f"{x:>6.1%}"
 

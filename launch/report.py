@@ -31,15 +31,21 @@ def _plots(run_dir: Path, summary: dict[str, Any], history: list[dict[str, Any]]
     names.append("reward_success.png")
 
     before, after = summary["eval_before"], summary["eval_after"]
-    horizons = sorted({k.split("/", 1)[1] for k in before if k.startswith("success/")},
-                      key=lambda h: int(h.split()[0]) if h.split()[0].isdigit() else 0)
+    horizons = sorted(
+        {k.split("/", 1)[1] for k in before if k.startswith("success/")},
+        key=lambda h: int(h.split()[0]) if h.split()[0].isdigit() else 0,
+    )
     if horizons:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         width = 0.2
-        for i, (label, data, key) in enumerate([
-            ("SFT (sampled)", before, "success"), ("SFT + OAT-GRPO (sampled)", after, "success"),
-            ("SFT (greedy)", before, "success_greedy"), ("SFT + OAT-GRPO (greedy)", after, "success_greedy"),
-        ]):
+        for i, (label, data, key) in enumerate(
+            [
+                ("SFT (sampled)", before, "success"),
+                ("SFT + OAT-GRPO (sampled)", after, "success"),
+                ("SFT (greedy)", before, "success_greedy"),
+                ("SFT + OAT-GRPO (greedy)", after, "success_greedy"),
+            ]
+        ):
             xs = [j + (i - 1.5) * width for j in range(len(horizons))]
             ax.bar(xs, [data.get(f"{key}/{h}") or 0.0 for h in horizons], width, label=label)
         ax.set_xticks(range(len(horizons)), horizons)
@@ -95,12 +101,16 @@ def expert_sentence(cfg: Any) -> str:
     """What the privileged expert does with a fact a later page restates, from ``cfg.expert.defer_to_later``."""
     defer = cfg.expert.defer_to_later
     if not defer:
-        return (" The oracle sees the true state and writes every fact into its cues (`expert.defer_to_later: 0`),"
-                " so the SFT data holds no habit the student cannot imitate.")
-    return (" The oracle sees the true state and, when it knows a later page restates a fact, leaves the fact out"
-            f" ({defer:.0%} of the time, `expert.defer_to_later`). That never costs the expert its answer, so these"
-            " traces survive rejection sampling; the student cannot see the later page and learns to drop facts"
-            " blindly.")
+        return (
+            " The oracle sees the true state and writes every fact into its cues (`expert.defer_to_later: 0`),"
+            " so the SFT data holds no habit the student cannot imitate."
+        )
+    return (
+        " The oracle sees the true state and, when it knows a later page restates a fact, leaves the fact out"
+        f" ({defer:.0%} of the time, `expert.defer_to_later`). That never costs the expert its answer, so these"
+        " traces survive rejection sampling; the student cannot see the later page and learns to drop facts"
+        " blindly."
+    )
 
 
 def export_sentence(export: dict[str, Any], base: str | None, sft: str | None) -> str:
@@ -111,8 +121,9 @@ def export_sentence(export: dict[str, Any], base: str | None, sft: str | None) -
         compared = "weights not compared with another model"
     else:
         against = {str(base): "the untrained base", str(sft): "the SFT model RL started from"}.get(
-            str(diff["base"]), f"`{diff['base']}`")
-        compared = (f"weights differ from {against}" if diff["differs"] else f"weights do NOT differ from {against}")
+            str(diff["base"]), f"`{diff['base']}`"
+        )
+        compared = f"weights differ from {against}" if diff["differs"] else f"weights do NOT differ from {against}"
         compared += f" ({diff['tensors_changed']}/{diff['tensors_compared']} tensors changed)"
     return f"- Export: `{export['path']}` ({verified} in transformers and vLLM; {compared})."
 
@@ -121,11 +132,16 @@ def rl_sentence(cfg: Any, summary: dict[str, Any]) -> str:
     """The OAT-GRPO line: iterations, updates, where the trees branch, the reward as configured, tokens spent."""
     roles = " and ".join({"consolidate": "cue", "recall": "recall"}.get(r, r) for r in cfg.tree.branch_roles)
     weight = cfg.credit.weight_of("committee")
-    reward = (f"r = V(n) + {weight:g} (c(n) - c_bar) with the oracle as committee and the offline judge" if weight
-              else "r = V(n) (committee off)")
-    return (f"- OAT-GRPO: {summary['rl_iterations']} iterations, {summary['rl_updates']} optimizer updates, trees"
-            f" with K={cfg.tree.branch_factor} siblings per {roles} (depth {cfg.tree.max_branch_depth}), reward"
-            f" {reward}; {summary['reasoner_tokens_rl']:,} reasoner tokens spent.")
+    reward = (
+        f"r = V(n) + {weight:g} (c(n) - c_bar) with the oracle as committee and the offline judge"
+        if weight
+        else "r = V(n) (committee off)"
+    )
+    return (
+        f"- OAT-GRPO: {summary['rl_iterations']} iterations, {summary['rl_updates']} optimizer updates, trees"
+        f" with K={cfg.tree.branch_factor} siblings per {roles} (depth {cfg.tree.max_branch_depth}), reward"
+        f" {reward}; {summary['reasoner_tokens_rl']:,} reasoner tokens spent."
+    )
 
 
 def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list[dict[str, Any]]) -> Path:
@@ -133,14 +149,19 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
     plots = _plots(run_dir, summary, history)
     before, after = summary["eval_before"], summary["eval_after"]
     rows = [(name, v["success"], v["success_greedy"]) for name, v in summary["baselines"].items()]
-    rows += [("SFT", summary["success_sft"], summary["success_sft_greedy"]),
-             ("SFT + OAT-GRPO", summary["success_rl"], summary["success_rl_greedy"])]
+    rows += [
+        ("SFT", summary["success_sft"], summary["success_sft_greedy"]),
+        ("SFT + OAT-GRPO", summary["success_rl"], summary["success_rl_greedy"]),
+    ]
     d = summary["distill"]
     lines = [
         "# memrl quickstart report",
         "",
-        ("SmolLM2-135M-Instruct" if getattr(cfg, "base_model", "tiny") == "smollm2" else
-         "A tiny random-initialised Qwen3 memory model")
+        (
+            "SmolLM2-135M-Instruct"
+            if getattr(cfg, "base_model", "tiny") == "smollm2"
+            else "A tiny random-initialised Qwen3 memory model"
+        )
         + " learns SAM's two memory roles (cue writing, intent-driven recall)"
         f" from {'a privileged' if cfg.expert.defer_to_later else 'an'} oracle expert, then OAT-GRPO trains its"
         f" {' and '.join({'consolidate': 'cue writing'}.get(r, r) for r in cfg.tree.branch_roles)} inside SAM with a"
@@ -148,9 +169,11 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         "",
         "## Held-out success inside SAM",
         "",
-        (f"{len(cfg.eval_horizons)} horizons x {cfg.eval_tasks_per_horizon} held-out tasks."
-         if getattr(cfg, "task_family", "sam") in ("sam", "dialogue") else
-         f"{cfg.eval_tasks_per_horizon} held-out {cfg.task_family} tasks ({json.dumps(cfg.task_params)}).")
+        (
+            f"{len(cfg.eval_horizons)} horizons x {cfg.eval_tasks_per_horizon} held-out tasks."
+            if getattr(cfg, "task_family", "sam") in ("sam", "dialogue")
+            else f"{cfg.eval_tasks_per_horizon} held-out {cfg.task_family} tasks ({json.dumps(cfg.task_params)})."
+        )
         + f" {sampled_sentence(cfg)}"
         " *Greedy*: every memory call decoded greedily.",
         "",
@@ -165,11 +188,18 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
     ]
     for key in sorted(k for k in before if k.startswith("success/")):
         h = key.split("/", 1)[1]
-        lines.append(f"| {h} | {_pct(before.get(key))} | {_pct(after.get(key))} | "
-                     f"{_pct(before.get('success_greedy/' + h))} | {_pct(after.get('success_greedy/' + h))} |")
+        lines.append(
+            f"| {h} | {_pct(before.get(key))} | {_pct(after.get(key))} | "
+            f"{_pct(before.get('success_greedy/' + h))} | {_pct(after.get('success_greedy/' + h))} |"
+        )
     if summary.get("paired"):
-        lines += ["", "Greedy, paired over the same held-out tasks (95% bootstrap intervals over tasks):", "",
-                  "| model or difference | mean | 95% interval | tasks |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "Greedy, paired over the same held-out tasks (95% bootstrap intervals over tasks):",
+            "",
+            "| model or difference | mean | 95% interval | tasks |",
+            "|---|---|---|---|",
+        ]
         for name, v in summary["paired"].items():
             lines.append(f"| {name} | {v['mean']:+.3f} | [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}] | {v['tasks']} |")
     lines += [
@@ -195,7 +225,8 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         *[f"![{p}]({p})" for p in plots],
         "",
         "Files: `summary.json`, `stage_figures.json` (each stage's figures, written as the stage ended),"
-        " `heldout_results.json` (the held-out figures" + (" the model card records" if summary.get("export") else "")
+        " `heldout_results.json` (the held-out figures"
+        + (" the model card records" if summary.get("export") else "")
         + "), `metrics.jsonl` (one line per RL iteration and eval), `config.yaml` (the resolved config), `distill/`"
         " (SFT datasets + stats), `sft/` and `rl/` (stage runs, checkpoints, policy versions)"
         + (", `export/model` (the Hugging Face checkpoint and its model card)." if summary.get("export") else "."),

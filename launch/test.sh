@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite on a fresh machine: set up .venv (skipped when done), then ruff, the import-layer contract
+# The test suite on a fresh machine: set up .venv (skipped when done), then ruff (lint, and `ruff format --check`:
+# run `ruff format .` before committing), the import-layer contract
 # (import-linter), the documentation site's strict build (launch/docs.sh), the fast suite and the slow suite.
 #
 #   bash launch/test.sh [--dry-run] [PYTEST ARGS ...]
@@ -43,8 +44,9 @@ if [ "${#MEMRL_ARGS[@]}" -gt 0 ]; then
   run_pytest "${MEMRL_ARGS[@]}"
   exit $?
 fi
-[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] ruff"
+[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] ruff (lint and format)"
 step "$VENV/bin/ruff" check .
+step "$VENV/bin/ruff" format --check .
 [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] import layers (import-linter)"
 step "$VENV/bin/python" tests/lint_imports.py
 [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] documentation site (mkdocs build --strict)"

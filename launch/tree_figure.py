@@ -153,15 +153,28 @@ def draw_tree(tree: MemoryCallTree, out: Path, *, width: int = 44, title: str | 
             face = colour.get(node.group_id or "", "#ffffff")
             edge = "#3949ab" if informative else "#9aa0b4"
             size = 7.5
-        ax.text(x, y, _label(node, width), ha="left" if node.kind == "memory" else "center", va="center",
-                fontsize=size, family="DejaVu Sans Mono" if node.kind == "memory" else "DejaVu Sans",
-                bbox={"boxstyle": "round,pad=0.35", "fc": face, "ec": edge, "lw": 1.0}, zorder=2)
+        ax.text(
+            x,
+            y,
+            _label(node, width),
+            ha="left" if node.kind == "memory" else "center",
+            va="center",
+            fontsize=size,
+            family="DejaVu Sans Mono" if node.kind == "memory" else "DejaVu Sans",
+            bbox={"boxstyle": "round,pad=0.35", "fc": face, "ec": edge, "lw": 1.0},
+            zorder=2,
+        )
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
     ax.set_xlim(min(xs) - 0.6, max(xs) + 1.0)
     ax.set_ylim(min(ys) - _ROW, max(ys) + _ROW)
-    ax.set_title(title or f"memory-call tree {tree.tree_id}: {informative_group_count(tree)} informative sibling "
-                 f"groups, {sum(n.kind == 'leaf' for n in tree.nodes)} leaves", fontsize=10, loc="left")
+    ax.set_title(
+        title
+        or f"memory-call tree {tree.tree_id}: {informative_group_count(tree)} informative sibling "
+        f"groups, {sum(n.kind == 'leaf' for n in tree.nodes)} leaves",
+        fontsize=10,
+        loc="left",
+    )
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
@@ -171,8 +184,7 @@ def draw_tree(tree: MemoryCallTree, out: Path, *, width: int = 44, title: str | 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line (module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m memrl.launch.tree_figure",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m memrl.launch.tree_figure", description=__doc__.split("\n\n")[0])
     parser.add_argument("trees", type=Path, help="a trees_last.jsonl (MemoryCallTree records)")
     parser.add_argument("--out", type=Path, default=Path("tree.png"), help="PNG to write (default tree.png)")
     parser.add_argument("--tree", default=None, help="tree id or task id to draw (default: the most informative)")

@@ -94,8 +94,11 @@ class AdvantageConfig(ConfigModel):
             if data not in cls.presets:
                 hint = {"std": "grpo_std", "none": "dr_grpo"}.get(data)
                 known = ", ".join(cls.presets)
-                raise ValueError(f"unknown advantage preset {data!r}"
-                                 + (f" (the former {data!r} is now {hint!r})" if hint else "") + f"; presets: {known}")
+                raise ValueError(
+                    f"unknown advantage preset {data!r}"
+                    + (f" (the former {data!r} is now {hint!r})" if hint else "")
+                    + f"; presets: {known}"
+                )
             return dict(cls.presets[data])
         return data
 
@@ -156,8 +159,9 @@ def shaped_batch_advantages(
     for outcomes, shaping in groups:
         if len(outcomes) != len(shaping):
             raise ValueError(f"a group has {len(outcomes)} outcomes but {len(shaping)} shaping terms")
-        terms.append(([float(o) for o in outcomes], [float(o) + float(s) for o, s in zip(outcomes, shaping,
-                                                                                           strict=True)]))
+        terms.append(
+            ([float(o) for o in outcomes], [float(o) + float(s) for o, s in zip(outcomes, shaping, strict=True)])
+        )
     outcome_signal = any(not is_zero_variance(o) for o, _ in terms)
     if cfg.outcome_free_batch == "skip" and not outcome_signal:
         return [[0.0] * len(o) for o, _ in terms]

@@ -126,10 +126,14 @@ class CommitteeStats:
     def metrics(self) -> dict[str, float | int]:
         """Flat counters (they add up over workers; the mean score is the driver's, from ``scores``)."""
         out: dict[str, float | int] = {
-            "committee_groups": self.groups, "committee_requests": self.committee_requests,
-            "judge_requests": self.judge_requests, "committee_cache_hits": self.cache_hits,
-            "committee_failures": self.reference_failures, "judge_failures": self.judge_failures,
-            "committee_fallbacks": self.fallbacks, "committee_scored_groups": self.scored_groups,
+            "committee_groups": self.groups,
+            "committee_requests": self.committee_requests,
+            "judge_requests": self.judge_requests,
+            "committee_cache_hits": self.cache_hits,
+            "committee_failures": self.reference_failures,
+            "judge_failures": self.judge_failures,
+            "committee_fallbacks": self.fallbacks,
+            "committee_scored_groups": self.scored_groups,
             "committee_recoverability_fallbacks": self.recoverability_fallbacks,
         }
         out.update(self.http)
@@ -260,10 +264,14 @@ def _judge_messages(references: list[str], candidates: list[str], request: str |
     refs = "\n".join(f"[{i + 1}] {r}" for i, r in enumerate(references))
     cands = "\n".join(f"({i + 1}) {c}" for i, c in enumerate(candidates))
     if request is None:
-        return [Message(role="system", content=JUDGE_SYSTEM),
-                Message(role="user", content=f"references:\n{refs}\ncandidates:\n{cands}")]
-    return [Message(role="system", content=JUDGE_RECOVERABILITY_SYSTEM),
-            Message(role="user", content=f"request:\n{request}\nreferences:\n{refs}\ncandidates:\n{cands}")]
+        return [
+            Message(role="system", content=JUDGE_SYSTEM),
+            Message(role="user", content=f"references:\n{refs}\ncandidates:\n{cands}"),
+        ]
+    return [
+        Message(role="system", content=JUDGE_RECOVERABILITY_SYSTEM),
+        Message(role="user", content=f"request:\n{request}\nreferences:\n{refs}\ncandidates:\n{cands}"),
+    ]
 
 
 def _intent(node: TreeNode) -> str | None:
@@ -308,8 +316,9 @@ class Committee:
                 call = members[0].call
                 assert call is not None
                 messages = reference_messages(members[0])
-                key = content_key("reference", engine.name, self.cfg.reference_max_tokens,
-                                  [x.model_dump() for x in messages])
+                key = content_key(
+                    "reference", engine.name, self.cfg.reference_max_tokens, [x.model_dump() for x in messages]
+                )
                 cached = self.cache.get(key)
                 if cached:
                     stats.cache_hits += 1
@@ -332,9 +341,7 @@ class Committee:
                 self.cache.put(key, text)
         return refs
 
-    def _generate_per_engine(
-        self, todo: dict[int, list[tuple[int, str, GenerationRequest]]]
-    ) -> dict[int, list[Any]]:
+    def _generate_per_engine(self, todo: dict[int, list[tuple[int, str, GenerationRequest]]]) -> dict[int, list[Any]]:
         """One batched call per committee member, the members concurrently (a distinct engine object per thread, so
         no engine serves two threads); each request's result, or its exception when it failed."""
         by_engine: dict[int, list[int]] = {}
@@ -392,8 +399,14 @@ class Committee:
                 continue
             recoverability = self.cfg.criterion == "recoverability"
             request_text = _request_text(members[0]) if recoverability else None
-            key = content_key("judge", self.judge.name, self.cfg.judge_max_tokens, references, candidates,
-                              *(["recoverability", request_text] if recoverability else []))
+            key = content_key(
+                "judge",
+                self.judge.name,
+                self.cfg.judge_max_tokens,
+                references,
+                candidates,
+                *(["recoverability", request_text] if recoverability else []),
+            )
             cached = self.cache.get(key)
             if cached is not None:
                 stats.cache_hits += 1

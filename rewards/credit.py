@@ -88,12 +88,12 @@ class CreditConfig(ConfigModel):
 
     renamed_keys: ClassVar[dict[str, str]] = {
         "advantage_scale": "set 'advantage.scale' in the same section ('std' is now 'group_std'; the preset "
-                           "'advantage: grpo_std' is the paper's formula, 'advantage: dr_grpo' the former 'none')",
+        "'advantage: grpo_std' is the paper's formula, 'advantage: dr_grpo' the former 'none')",
         "eps": "set 'advantage.eps' in the same section",
         "committee_weight": "the committee is a weighted reward term now: set 'terms' in the same section, e.g. "
-                            "terms: [{name: committee, weight: 0.5}] (weight 0, or no committee entry, turns it off)",
+        "terms: [{name: committee, weight: 0.5}] (weight 0, or no committee entry, turns it off)",
         "centre": "each reward term has its own centre: set it on the term, e.g. terms: [{name: committee, "
-                  "weight: 0.5, centre: 0.2}]",
+        "weight: 0.5, centre: 0.2}]",
     }
 
     # the shaping terms: r(n) = V(n) + sum_t w_t (term_t(n) - centre_t); the committee first (lambda = its weight)
@@ -164,8 +164,13 @@ class _SiblingGroup:
     shaping: list[float]  # sum_t w_t (term_t(n) - centre_t) - format penalty
 
 
-def _shaping(members: Sequence[TreeNode], tree: MemoryCallTree, cfg: CreditConfig, stats: CreditStats,
-             terms: Sequence[tuple[RewardTermConfig, Any]]) -> list[float]:
+def _shaping(
+    members: Sequence[TreeNode],
+    tree: MemoryCallTree,
+    cfg: CreditConfig,
+    stats: CreditStats,
+    terms: Sequence[tuple[RewardTermConfig, Any]],
+) -> list[float]:
     """Each member's shaping: sum_t w_t (term_t(n) - centre_t) over the reward terms (a term dropped for the whole
     group when any member has no score for it) minus the format penalty of a malformed memory call."""
     out = [0.0] * len(members)
@@ -186,8 +191,11 @@ def _shaping(members: Sequence[TreeNode], tree: MemoryCallTree, cfg: CreditConfi
     return out
 
 
-def _tree_groups(tree: MemoryCallTree, cfg: CreditConfig, terms: Sequence[tuple[RewardTermConfig, Any]] | None = None,
-                 ) -> tuple[CreditStats, list[_SiblingGroup]]:
+def _tree_groups(
+    tree: MemoryCallTree,
+    cfg: CreditConfig,
+    terms: Sequence[tuple[RewardTermConfig, Any]] | None = None,
+) -> tuple[CreditStats, list[_SiblingGroup]]:
     """Fill ``value`` of every node and ``reward`` of every memory node; the tree's sibling groups and counts. Under
     ``shared_prefix: branch`` the tree first branches at its siblings' first differing call."""
     if cfg.shared_prefix == "branch":
@@ -304,8 +312,7 @@ def assign_batch_credit(
         stats = []
         for tree, outcomes, advs in zip(trees, flat, advantages, strict=True):
             _set_flat_advantages(tree, advs, cfg)
-            stats.append(CreditStats(groups=1, zero_variance_groups=int(is_zero_variance(outcomes)),
-                                     rewards=outcomes))
+            stats.append(CreditStats(groups=1, zero_variance_groups=int(is_zero_variance(outcomes)), rewards=outcomes))
     else:
         terms = build_terms(cfg)
         per_tree = [_tree_groups(t, cfg, terms) for t in trees]

@@ -19,8 +19,9 @@ from memrl.rollout.pivots import PivotGroupResult, PivotSample
 __all__ = ["credit_and_groups", "pivot_groups", "trees_to_groups"]
 
 
-def credit_and_groups(trees: list[MemoryCallTree], credit: CreditConfig, mode: Literal["tree", "flat"],
-                      seed: int) -> tuple[list[Group], dict[str, Any]]:
+def credit_and_groups(
+    trees: list[MemoryCallTree], credit: CreditConfig, mode: Literal["tree", "flat"], seed: int
+) -> tuple[list[Group], dict[str, Any]]:
     """OAT credit over one iteration's trees, all workers' together (the batch-level options, ``baseline: global``
     and ``shuffle_outcomes``, see the whole batch), then the trainer groups in task order, and the credit metrics:
     outcome-informative sibling groups, the outcome-tie fraction among sibling groups, and the identical-sibling
@@ -41,8 +42,9 @@ def credit_and_groups(trees: list[MemoryCallTree], credit: CreditConfig, mode: L
         metrics["outcome_tie_fraction"] = ties / (ties + informative)
     if branched:
         metrics["identical_sibling_fraction"] = sum(int(t.metadata.get("merged_siblings", 0)) for t in trees) / branched
-        metrics["prefix_shared_sibling_fraction"] = sum(
-            int(t.metadata.get("prefix_shared_siblings", 0)) for t in trees) / branched
+        metrics["prefix_shared_sibling_fraction"] = (
+            sum(int(t.metadata.get("prefix_shared_siblings", 0)) for t in trees) / branched
+        )
     return groups, metrics
 
 
@@ -71,38 +73,65 @@ def trees_to_groups(trees: Sequence[MemoryCallTree], *, source: Literal["oat", "
             gid = f"{tree.tree_id}/{key}"
             seen[gid] = seen.get(gid, 0) + 1
             meta = {"outcome_tied": bool(nodes[0].metadata.get("outcome_tied", False))}
-            groups.append(Group(
-                group_id=gid if seen[gid] == 1 else f"{gid}#{seen[gid]}", task_id=tree.task_id, role=first.role,
-                prompt_ids=list(first.prompt_ids), messages=list(first.messages), source=source,
-                samples=[_tree_sample(n.call, n) for n in nodes if n.call is not None], metadata=meta,
-            ))
+            groups.append(
+                Group(
+                    group_id=gid if seen[gid] == 1 else f"{gid}#{seen[gid]}",
+                    task_id=tree.task_id,
+                    role=first.role,
+                    prompt_ids=list(first.prompt_ids),
+                    messages=list(first.messages),
+                    source=source,
+                    samples=[_tree_sample(n.call, n) for n in nodes if n.call is not None],
+                    metadata=meta,
+                )
+            )
             for n in nodes:
                 for i, follow in enumerate(n.follow_up_calls):
-                    groups.append(Group(
-                        group_id=f"{tree.tree_id}/{key}/{n.node_id}/f{i + 1}", task_id=tree.task_id, role=follow.role,
-                        prompt_ids=list(follow.prompt_ids), messages=list(follow.messages), source=source,
-                        samples=[_tree_sample(follow, n)], metadata=meta,
-                    ))
+                    groups.append(
+                        Group(
+                            group_id=f"{tree.tree_id}/{key}/{n.node_id}/f{i + 1}",
+                            task_id=tree.task_id,
+                            role=follow.role,
+                            prompt_ids=list(follow.prompt_ids),
+                            messages=list(follow.messages),
+                            source=source,
+                            samples=[_tree_sample(follow, n)],
+                            metadata=meta,
+                        )
+                    )
     return groups
 
 
 def _tree_sample(call: MemoryCall, node: TreeNode) -> GroupSample:
     """A trainer sample: the call's tokens and log-probs with its node's reward and advantage."""
     return GroupSample(
-        response_ids=list(call.response_ids), rollout_logprobs=list(call.logprobs), text=call.text,
-        finish_reason=call.finish_reason, policy_version=call.policy_version, reward=node.reward or 0.0,
-        advantage=node.advantage or 0.0, node_id=node.node_id,
+        response_ids=list(call.response_ids),
+        rollout_logprobs=list(call.logprobs),
+        text=call.text,
+        finish_reason=call.finish_reason,
+        policy_version=call.policy_version,
+        reward=node.reward or 0.0,
+        advantage=node.advantage or 0.0,
+        node_id=node.node_id,
     )
 
 
 def _pivot_sample(call: MemoryCall, reward: float, advantage: float, node_id: str, sample: PivotSample) -> GroupSample:
     """A trainer sample of a pivot group: the call's tokens and log-probs with its sample's reward and advantage."""
     return GroupSample(
-        response_ids=list(call.response_ids), rollout_logprobs=list(call.logprobs), text=call.text,
-        finish_reason=call.finish_reason, policy_version=call.policy_version, reward=reward, advantage=advantage,
+        response_ids=list(call.response_ids),
+        rollout_logprobs=list(call.logprobs),
+        text=call.text,
+        finish_reason=call.finish_reason,
+        policy_version=call.policy_version,
+        reward=reward,
+        advantage=advantage,
         node_id=node_id,
-        metadata={"outcome": sample.outcome, "reminder": sample.reminder is not None,
-                  "reminders_after": sample.reminders_after},
+        metadata={
+            "outcome": sample.outcome,
+            "reminder": sample.reminder is not None,
+            "reminders_after": sample.reminders_after,
+        },
     )
 
 
@@ -115,22 +144,40 @@ def pivot_groups(results: list[PivotGroupResult], cfg: PivotRewardConfig | None 
     batch = shaped_batch_advantages([([o for o, _ in t], [s for _, s in t]) for t in terms], cfg.advantage)
     for result, group_terms, advantages in zip(results, terms, batch, strict=True):
         rewards = [o + s for o, s in group_terms]
-        meta = {**result.metadata, "pivot_id": result.pivot_id, "state": result.state,
-                "outcome_tied": is_zero_variance([o for o, _ in group_terms])}
-        groups.append(Group(
-            group_id=result.pivot_id, task_id=result.task_id, role=result.role, prompt_ids=list(result.prompt_ids),
-            messages=list(result.messages),
-            samples=[_pivot_sample(s.call, r, a, f"{result.pivot_id}/s{s.index}", s)
-                     for s, r, a in zip(result.samples, rewards, advantages, strict=True)],
-            source="pivot", metadata=meta,
-        ))
+        meta = {
+            **result.metadata,
+            "pivot_id": result.pivot_id,
+            "state": result.state,
+            "outcome_tied": is_zero_variance([o for o, _ in group_terms]),
+        }
+        groups.append(
+            Group(
+                group_id=result.pivot_id,
+                task_id=result.task_id,
+                role=result.role,
+                prompt_ids=list(result.prompt_ids),
+                messages=list(result.messages),
+                samples=[
+                    _pivot_sample(s.call, r, a, f"{result.pivot_id}/s{s.index}", s)
+                    for s, r, a in zip(result.samples, rewards, advantages, strict=True)
+                ],
+                source="pivot",
+                metadata=meta,
+            )
+        )
         for s, r, a in zip(result.samples, rewards, advantages, strict=True):
             if s.followup is None:
                 continue
-            groups.append(Group(
-                group_id=f"{result.pivot_id}/s{s.index}/phase2", task_id=result.task_id, role=s.followup.role,
-                prompt_ids=list(s.followup.prompt_ids), messages=list(s.followup.messages),
-                samples=[_pivot_sample(s.followup, r, a, f"{result.pivot_id}/s{s.index}/phase2", s)],
-                source="pivot", metadata={**meta, "follows": f"{result.pivot_id}/s{s.index}"},
-            ))
+            groups.append(
+                Group(
+                    group_id=f"{result.pivot_id}/s{s.index}/phase2",
+                    task_id=result.task_id,
+                    role=s.followup.role,
+                    prompt_ids=list(s.followup.prompt_ids),
+                    messages=list(s.followup.messages),
+                    samples=[_pivot_sample(s.followup, r, a, f"{result.pivot_id}/s{s.index}/phase2", s)],
+                    source="pivot",
+                    metadata={**meta, "follows": f"{result.pivot_id}/s{s.index}"},
+                )
+            )
     return groups

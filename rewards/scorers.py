@@ -169,12 +169,19 @@ AMA_JUDGE_MAX_TOKENS = 2048
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 
 
-def render_ama_judge(question: str, reference: str, predicted: str, task: str = "", task_type: str = "",
-                     episode_id: str = "") -> list[Message]:
+def render_ama_judge(
+    question: str, reference: str, predicted: str, task: str = "", task_type: str = "", episode_id: str = ""
+) -> list[Message]:
     """The AMA-Bench judge's messages for one answer."""
-    context = "\n".join(line for line in (f"Task Type: {task_type}" if task_type else "",
-                                           f"Episode ID: {episode_id}" if episode_id else "",
-                                           f"Task Context: {task}" if task else "") if line)
+    context = "\n".join(
+        line
+        for line in (
+            f"Task Type: {task_type}" if task_type else "",
+            f"Episode ID: {episode_id}" if episode_id else "",
+            f"Task Context: {task}" if task else "",
+        )
+        if line
+    )
     text = AMA_JUDGE_TEMPLATE.format(context=context, question=question, reference=reference, predicted=predicted)
     return [Message(role="user", content=text)]
 
@@ -383,8 +390,9 @@ class JudgeScorer:
     def _messages(self, item: JudgeItem) -> list[Message]:
         if self.protocol == "locomo":
             return render_locomo_judge(item.question, item.reference, item.predicted)
-        return render_ama_judge(item.question, item.reference, item.predicted, item.task, item.task_type,
-                                item.episode_id)
+        return render_ama_judge(
+            item.question, item.reference, item.predicted, item.task, item.task_type, item.episode_id
+        )
 
     def score(self, items: Sequence[JudgeItem]) -> list[JudgeVerdict]:
         """A verdict per item (greedy decoding; the judge is never sampled). A judge request that fails after its
@@ -392,9 +400,11 @@ class JudgeScorer:
         if not items:
             return []
         requests = [
-            GenerationRequest(messages=self._messages(item), sampling=SamplingParams(
-                temperature=0.0, max_tokens=self.max_tokens, logprobs=False, seed=0),
-                metadata={"role": f"judge_{self.protocol}"})
+            GenerationRequest(
+                messages=self._messages(item),
+                sampling=SamplingParams(temperature=0.0, max_tokens=self.max_tokens, logprobs=False, seed=0),
+                metadata={"role": f"judge_{self.protocol}"},
+            )
             for item in items
         ]
         out = []
@@ -418,10 +428,12 @@ class JudgeScorer:
         return out
 
 
-_AMA_FIELDS = re.compile(r"Question: (.*?)\n\nReference Answer: (.*?)\n\nPredicted Answer: (.*?)\n\nIs the predicted",
-                         re.DOTALL)
-_LOCOMO_FIELDS = re.compile(r"Question: (.*?)\nGold answer: (.*?)\nGenerated answer: (.*?)\n\nFirst, provide",
-                            re.DOTALL)
+_AMA_FIELDS = re.compile(
+    r"Question: (.*?)\n\nReference Answer: (.*?)\n\nPredicted Answer: (.*?)\n\nIs the predicted", re.DOTALL
+)
+_LOCOMO_FIELDS = re.compile(
+    r"Question: (.*?)\nGold answer: (.*?)\nGenerated answer: (.*?)\n\nFirst, provide", re.DOTALL
+)
 
 
 class LexicalJudge:

@@ -40,8 +40,9 @@ class RewardTerm(Protocol):
 
 def _check_term(obj: Any) -> None:
     if not callable(obj):
-        raise ComponentError(f"reward term {obj!r} must be a function term(node, tree) -> float | None or a class "
-                             f"whose instances are")
+        raise ComponentError(
+            f"reward term {obj!r} must be a function term(node, tree) -> float | None or a class whose instances are"
+        )
     if isinstance(obj, type):
         check_protocol(obj, "reward term", methods=("__call__",))
 
@@ -113,8 +114,12 @@ class RewardTermConfig(ConfigModel):
     @classmethod
     def _path_as_entry(cls, data: Any) -> Any:
         """``name: "pkg.mod:term"`` is an import path: it goes to ``entry``."""
-        if isinstance(data, dict) and isinstance(data.get("name"), str) and is_entry(data["name"]) \
-                and data.get("entry") is None:
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("name"), str)
+            and is_entry(data["name"])
+            and data.get("entry") is None
+        ):
             data = {**{k: v for k, v in data.items() if k != "name"}, "entry": data["name"]}
         return data
 
@@ -148,6 +153,7 @@ def build_term(cfg: RewardTermConfig) -> Callable[[TreeNode, MemoryCallTree], fl
     if inspect.isclass(obj):
         return obj(**cfg.params)
     if cfg.params:
-        raise ComponentError(f"reward term {cfg.label}: params are given but it is a function (params go to a term "
-                             f"class's constructor)")
+        raise ComponentError(
+            f"reward term {cfg.label}: params are given but it is a function (params go to a term class's constructor)"
+        )
     return obj

@@ -73,8 +73,11 @@ def task_rollout(
         config = parse_memory_config(memory)
         defaults = getattr(task, "memory_defaults", None)
         if callable(defaults):
-            update = {k: v for k, v in defaults(config).items()
-                      if k in type(config).model_fields and k not in config.model_fields_set}
+            update = {
+                k: v
+                for k, v in defaults(config).items()
+                if k in type(config).model_fields and k not in config.model_fields_set
+            }
             config = config.model_copy(update=update)
         system = build_memory(config, count_tokens=count_tokens, embedder=embedder)
     env = copy.deepcopy(task) if copy_task else task
@@ -109,8 +112,16 @@ def sam_rollout(
     env = task_from_episode(task) if isinstance(task, Episode) else task
     if not isinstance(env, SamTask):
         raise TypeError(f"sam_rollout needs a SAM task, got {type(env).__name__}")
-    return task_rollout(env, memory, seed=seed, rollout_id=rollout_id, count_tokens=count_tokens, embedder=embedder,
-                        reasoner_sampling=reasoner_sampling, metadata=metadata)
+    return task_rollout(
+        env,
+        memory,
+        seed=seed,
+        rollout_id=rollout_id,
+        count_tokens=count_tokens,
+        embedder=embedder,
+        reasoner_sampling=reasoner_sampling,
+        metadata=metadata,
+    )
 
 
 def sam_engines(
@@ -126,8 +137,9 @@ def sam_engines(
     given (e.g. the vLLM engine of the memory model), else the oracle expert (:class:`~memrl.data.experts.sam.SamOracle`
     with the ``oracle`` noise knobs). With ``tokenizer`` the scripted engines report token ids and usage like a model
     engine (the reasoner's prompt tokens are the tokenizer's count of the rendered chat)."""
-    reasoner = ScriptedEngine(SamReasoner(max_pages=max_pages, recall_budget=recall_budget), tokenizer=tokenizer,
-                              seed=seed, name="reasoner")
+    reasoner = ScriptedEngine(
+        SamReasoner(max_pages=max_pages, recall_budget=recall_budget), tokenizer=tokenizer, seed=seed, name="reasoner"
+    )
     if memory is None:
         memory = ScriptedEngine(SamOracle(oracle), tokenizer=tokenizer, seed=seed, name="sam-oracle")
     return EngineSet(reasoner=reasoner, memory=memory)
@@ -158,5 +170,11 @@ def build_proactive_rollout(
     task = source if isinstance(source, ProactiveTask) else task_from_episode(source)
     if not isinstance(task, ProactiveTask):
         raise ValueError(f"episode {task.task_id!r} is not a proactive task")
-    return task_rollout(task, config or ProactiveConfig(), seed=seed, rollout_id=rollout_id,
-                        reasoner_sampling=reasoner_sampling, copy_task=False)
+    return task_rollout(
+        task,
+        config or ProactiveConfig(),
+        seed=seed,
+        rollout_id=rollout_id,
+        reasoner_sampling=reasoner_sampling,
+        copy_task=False,
+    )

@@ -21,8 +21,16 @@ from memrl.data.tasks.external import Outcome
 from memrl.rollout.engines.base import Completion
 from memrl.rollout.loop import as_messages
 
-__all__ = ["CallChannel", "EpisodeCancelled", "ExternalCall", "MemoryClient", "ReasonerClient", "check_call",
-           "episode_outcome", "request_digest"]
+__all__ = [
+    "CallChannel",
+    "EpisodeCancelled",
+    "ExternalCall",
+    "MemoryClient",
+    "ReasonerClient",
+    "check_call",
+    "episode_outcome",
+    "request_digest",
+]
 
 MAX_MESSAGES = 1024  # messages per model call at most
 MAX_CHARS = 2_000_000  # characters per model call at most
@@ -59,12 +67,14 @@ def check_call(kind: str, role: str, messages: Any, max_tokens: Any = None) -> t
     try:
         out = as_messages(messages)
     except Exception as exc:
-        raise ValueError(f"messages: each needs role (system/user/assistant/tool) and content (a string): {exc}") \
-            from None
+        raise ValueError(
+            f"messages: each needs role (system/user/assistant/tool) and content (a string): {exc}"
+        ) from None
     if sum(len(m.content) for m in out) > MAX_CHARS:
         raise ValueError(f"messages: more than {MAX_CHARS:,} characters")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
-                                   or not 1 <= max_tokens <= 1_000_000):
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 1_000_000
+    ):
         raise ValueError("max_tokens: an integer in [1, 1000000]")
     return out, max_tokens
 
@@ -78,8 +88,14 @@ class CallChannel:
         self.closed = threading.Event()
         self.rejected = 0  # requests of this episode the endpoint refused as invalid (an HTTP agent's)
 
-    def post(self, kind: Literal["memory", "reasoner"], role: str, messages: Any, max_tokens: int | None = None,
-             stop: list[str] | None = None) -> ExternalCall:
+    def post(
+        self,
+        kind: Literal["memory", "reasoner"],
+        role: str,
+        messages: Any,
+        max_tokens: int | None = None,
+        stop: list[str] | None = None,
+    ) -> ExternalCall:
         """Queue a call (the caller waits on its ``reply``)."""
         checked, max_tokens = check_call(kind, role, messages, max_tokens)
         call = ExternalCall(kind, role, checked, max_tokens, list(stop or []))
@@ -100,8 +116,9 @@ class MemoryClient:
     def __init__(self, channel: CallChannel) -> None:
         self._channel = channel
 
-    async def generate(self, messages: list[Any], *, role: str = "memory", max_tokens: int | None = None,
-                       stop: list[str] | None = None) -> str:
+    async def generate(
+        self, messages: list[Any], *, role: str = "memory", max_tokens: int | None = None, stop: list[str] | None = None
+    ) -> str:
         """The memory model's reply to ``messages`` as role ``role`` (sampled as the run's ``memory.sampling[role]``
         says; ``max_tokens`` / ``stop`` may tighten it)."""
         call = self._channel.post("memory", role, messages, max_tokens, stop)
@@ -114,8 +131,9 @@ class ReasonerClient:
     def __init__(self, channel: CallChannel) -> None:
         self._channel = channel
 
-    async def generate(self, messages: list[Any], *, max_tokens: int | None = None,
-                       stop: list[str] | None = None) -> str:
+    async def generate(
+        self, messages: list[Any], *, max_tokens: int | None = None, stop: list[str] | None = None
+    ) -> str:
         """The frozen reasoner's reply to ``messages``."""
         call = self._channel.post("reasoner", "reasoner", messages, max_tokens, stop)
         return (await asyncio.wrap_future(call.reply)).text
@@ -130,8 +148,9 @@ def episode_outcome(value: Any, where: str) -> Outcome:
     elif isinstance(value, dict) and "score" in value:
         out = Outcome(score=value["score"], answer=value.get("answer"), info=dict(value.get("info") or {}))
     else:
-        raise ComponentError(f"{where} returned {type(value).__name__}; it must return an Outcome(score=...) or a "
-                             f"number in [0, 1]")
+        raise ComponentError(
+            f"{where} returned {type(value).__name__}; it must return an Outcome(score=...) or a number in [0, 1]"
+        )
     if isinstance(out.score, bool) or not isinstance(out.score, (int, float)) or not 0 <= out.score <= 1:
         raise ComponentError(f"{where} returned the score {out.score!r}; a score is a number in [0, 1]")
     return out

@@ -60,10 +60,19 @@ from memrl.rollout.loop import PendingCall, call_seed
 from memrl.rollout.memory.base import MemoryRequest, RoleSampling
 from memrl.rollout.memory.external import ExternalMemoryConfig
 
-__all__ = ["EpisodeDriver", "EpisodeRollout", "FunctionDriver", "NoReasoner", "close_drivers", "episode_name",
-           "external_rollout", "request_digest"]
+__all__ = [
+    "EpisodeDriver",
+    "EpisodeRollout",
+    "FunctionDriver",
+    "NoReasoner",
+    "close_drivers",
+    "episode_name",
+    "external_rollout",
+    "request_digest",
+]
 
 log = logging.getLogger(__name__)
+
 
 class EpisodeDriver(Protocol):
     """Runs one episode somewhere (a thread, an agent process) and feeds its calls and its end into a channel."""
@@ -153,9 +162,17 @@ class EpisodeRollout:
     (``pending`` / ``advance`` / ``fork`` / ``trace``); see the module docstring. ``replay``: the calls a fork
     answers from its parent's log before its own."""
 
-    def __init__(self, task: ExternalTask, sampling: ExternalMemoryConfig, *, seed: int = 0, rollout_id: str = "r",
-                 metadata: dict[str, Any] | None = None, replay: list[_Logged] | None = None,
-                 driver: Any = None) -> None:
+    def __init__(
+        self,
+        task: ExternalTask,
+        sampling: ExternalMemoryConfig,
+        *,
+        seed: int = 0,
+        rollout_id: str = "r",
+        metadata: dict[str, Any] | None = None,
+        replay: list[_Logged] | None = None,
+        driver: Any = None,
+    ) -> None:
         self.env = task
         self.task = task
         self.sampling = sampling
@@ -223,7 +240,8 @@ class EpisodeRollout:
                     f"replay of episode {self.task.task_id!r} (seed {self.task.seed}) diverged at model call {index} "
                     f"({call.kind} {call.role!r}): the logged request was {_render(logged.messages)!r} but the replay "
                     f"sent {_render(call.messages)!r}. Branching re-runs the episode with the earlier answers "
-                    f"replayed, so its requests must depend only on its seed and those answers")
+                    f"replayed, so its requests must depend only on its seed and those answers"
+                )
             self.log.append(logged)
             call.reply.set_result(logged.completion)
             return
@@ -241,10 +259,21 @@ class EpisodeRollout:
             s = RoleSampling(temperature=0.0, max_tokens=128)
         max_tokens = min(call.max_tokens, s.max_tokens) if call.max_tokens else s.max_tokens
         seed = call_seed(self.seed, self.task.task_id, self.rollout_id, index + 1)
-        params = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens,
-                                stop=[*s.stop, *call.stop], seed=seed, logprobs=call.kind == "memory")
-        meta = {"task_id": self.task.task_id, "role": call.role, "rollout_id": self.rollout_id, "step": index,
-                "episode_id": self.episode_id}
+        params = SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=max_tokens,
+            stop=[*s.stop, *call.stop],
+            seed=seed,
+            logprobs=call.kind == "memory",
+        )
+        meta = {
+            "task_id": self.task.task_id,
+            "role": call.role,
+            "rollout_id": self.rollout_id,
+            "step": index,
+            "episode_id": self.episode_id,
+        }
         request = GenerationRequest(messages=list(call.messages), sampling=params, metadata=meta)
         memory = MemoryRequest(call.role, list(call.messages), s) if call.kind == "memory" else None
         return PendingCall(kind=call.kind, role=call.role, request=request, memory_request=memory)
@@ -256,22 +285,38 @@ class EpisodeRollout:
             raise RuntimeError("advance() without a pending call")
         self._pending = self._call = None
         completion = result.completions[sample]
-        self.log.append(_Logged(request_digest(call.kind, call.role, call.messages), call.kind, call.role,
-                                call.messages, completion))
+        self.log.append(
+            _Logged(
+                request_digest(call.kind, call.role, call.messages), call.kind, call.role, call.messages, completion
+            )
+        )
         record = None
         if call.kind == "memory":
-            record = to_memory_call(f"{self.task.task_id}/{self.rollout_id}/m{len(self.memory_calls)}", call.role,
-                                    pending.request, result, sample, step=len(self.log) - 1)
+            record = to_memory_call(
+                f"{self.task.task_id}/{self.rollout_id}/m{len(self.memory_calls)}",
+                call.role,
+                pending.request,
+                result,
+                sample,
+                step=len(self.log) - 1,
+            )
             self.memory_calls.append(record)
             self.memory_usage = self.memory_usage + TokenUsage(
-                prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
-                cached_prompt_tokens=result.usage.cached_prompt_tokens if sample == 0 else 0, calls=1)
+                prompt_tokens=record.prompt_tokens,
+                completion_tokens=record.completion_tokens,
+                cached_prompt_tokens=result.usage.cached_prompt_tokens if sample == 0 else 0,
+                calls=1,
+            )
         else:
             self.reasoner_usage = self.reasoner_usage + TokenUsage(
-                prompt_tokens=result.usage.prompt_tokens, cached_prompt_tokens=result.usage.cached_prompt_tokens,
-                completion_tokens=len(completion.response_ids) or result.usage.completion_tokens, calls=1)
-            self.peak_context_tokens = max(self.peak_context_tokens,
-                                           len(result.prompt_ids) or result.usage.prompt_tokens)
+                prompt_tokens=result.usage.prompt_tokens,
+                cached_prompt_tokens=result.usage.cached_prompt_tokens,
+                completion_tokens=len(completion.response_ids) or result.usage.completion_tokens,
+                calls=1,
+            )
+            self.peak_context_tokens = max(
+                self.peak_context_tokens, len(result.prompt_ids) or result.usage.prompt_tokens
+            )
         call.reply.set_result(completion)
         return record
 
@@ -280,8 +325,15 @@ class EpisodeRollout:
         call, ready for its own sample (the module docstring)."""
         if self._pending is None or self._call is None:
             raise RuntimeError("fork() needs a pending call (the branch point)")
-        twin = EpisodeRollout(self.task, self.sampling, seed=self.seed, rollout_id=rollout_id,
-                              metadata=self.metadata, replay=self.log, driver=self._driver)
+        twin = EpisodeRollout(
+            self.task,
+            self.sampling,
+            seed=self.seed,
+            rollout_id=rollout_id,
+            metadata=self.metadata,
+            replay=self.log,
+            driver=self._driver,
+        )
         twin.memory_calls = list(self.memory_calls)  # the prefix's records are shared, as Rollout.fork shares them
         twin.memory_usage, twin.reasoner_usage = self.memory_usage, self.reasoner_usage
         twin.peak_context_tokens = self.peak_context_tokens
@@ -295,7 +347,8 @@ class EpisodeRollout:
             raise ReplayMismatchError(
                 f"replay of episode {self.task.task_id!r} (seed {self.task.seed}) diverged at model call "
                 f"{len(self.log)} ({self._call.kind} {self._call.role!r}, the branch point): the logged request was "
-                f"{_render(self._call.messages)!r} but the replay sent {sent!r}")
+                f"{_render(self._call.messages)!r} but the replay sent {sent!r}"
+            )
         twin.stats["episode_replayed_calls"] = twin.stats.get("episode_replayed_calls", 0) + len(self.log)
         return twin
 
@@ -335,10 +388,17 @@ class EpisodeRollout:
     def trace(self) -> EpisodeTrace:
         """The run's record (memory calls with token ids, outcome, stats)."""
         return EpisodeTrace(
-            trace_id=f"{self.task.task_id}/{self.rollout_id}", task_id=self.task.task_id, memory_system="external",
-            answer=self.answer, outcome=self.outcome, memory_calls=list(self.memory_calls),
-            reasoner_usage=self.reasoner_usage, memory_usage=self.memory_usage,
-            peak_context_tokens=self.peak_context_tokens, stats=dict(self.stats), metadata=dict(self.metadata),
+            trace_id=f"{self.task.task_id}/{self.rollout_id}",
+            task_id=self.task.task_id,
+            memory_system="external",
+            answer=self.answer,
+            outcome=self.outcome,
+            memory_calls=list(self.memory_calls),
+            reasoner_usage=self.reasoner_usage,
+            memory_usage=self.memory_usage,
+            peak_context_tokens=self.peak_context_tokens,
+            stats=dict(self.stats),
+            metadata=dict(self.metadata),
         )
 
 
@@ -355,17 +415,20 @@ def _render(messages: list[Message], limit: int = 300) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def external_rollout(task: ExternalTask, memory: Any, *, seed: int = 0, rollout_id: str = "r",
-                     metadata: dict[str, Any] | None = None) -> EpisodeRollout:
+def external_rollout(
+    task: ExternalTask, memory: Any, *, seed: int = 0, rollout_id: str = "r", metadata: dict[str, Any] | None = None
+) -> EpisodeRollout:
     """The rollout of an episode-function or HTTP-agent task; ``memory`` is the ``external`` config (or a mapping)
     giving its roles' sampling."""
     from memrl.rollout.memory.registry import parse_memory_config
 
     cfg = parse_memory_config(memory or {"name": "external"})
     if not isinstance(cfg, ExternalMemoryConfig):
-        raise ComponentError(f"memory: {getattr(cfg, 'name', cfg)!r} is a memory system of memrl's agent loop; an "
-                             f"episode function or an HTTP agent runs its own memory: use memory: {{name: external, "
-                             f"sampling: {{ROLE: {{...}}}}}}")
+        raise ComponentError(
+            f"memory: {getattr(cfg, 'name', cfg)!r} is a memory system of memrl's agent loop; an "
+            f"episode function or an HTTP agent runs its own memory: use memory: {{name: external, "
+            f"sampling: {{ROLE: {{...}}}}}}"
+        )
     return EpisodeRollout(task, cfg, seed=seed, rollout_id=rollout_id, metadata=metadata)
 
 
@@ -377,6 +440,7 @@ class NoReasoner:
 
     def respond(self, messages: list[Any], rng: Any, metadata: dict[str, Any]) -> str:
         """Refuse."""
-        raise ComponentError("this run has no reasoner engine (the task family registers none): set reasoner: in the "
-                             "config to an engine your episode's reasoner.generate() calls should reach")
-
+        raise ComponentError(
+            "this run has no reasoner engine (the task family registers none): set reasoner: in the "
+            "config to an engine your episode's reasoner.generate() calls should reach"
+        )

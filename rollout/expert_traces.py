@@ -64,8 +64,10 @@ class DistillRunConfig(ConfigModel):
     @model_validator(mode="after")
     def _one_memory(self) -> DistillRunConfig:
         if self.memory is not None and {"sam_memory", "proactive_memory"} & self.model_fields_set:
-            raise ValueError("set either memory (any memory system) or sam_memory / proactive_memory (the built-in "
-                             "families' defaults), not both")
+            raise ValueError(
+                "set either memory (any memory system) or sam_memory / proactive_memory (the built-in "
+                "families' defaults), not both"
+            )
         return self
 
 
@@ -80,11 +82,15 @@ def check_inputs(cfg: DistillRunConfig) -> None:
             except ConfigError as exc:
                 raise ConfigError(f"{key}: {exc}") from None
     if cfg.expert is None and not reg.extra.get("oracle"):
-        raise ConfigError(f"tasks: family {cfg.tasks.family!r} has no oracle expert: set expert (an engine, e.g. a "
-                          f"frontier model behind an OpenAI-compatible endpoint)")
+        raise ConfigError(
+            f"tasks: family {cfg.tasks.family!r} has no oracle expert: set expert (an engine, e.g. a "
+            f"frontier model behind an OpenAI-compatible endpoint)"
+        )
     if reg.extra.get("kind", "env") in ("env", "gym") and cfg.reasoner is None and not reg.extra.get("reasoner"):
-        raise ConfigError(f"tasks: family {cfg.tasks.family!r} has no registered reasoner: set reasoner (an engine; "
-                          f"a scripted one names its policy by import path)")
+        raise ConfigError(
+            f"tasks: family {cfg.tasks.family!r} has no registered reasoner: set reasoner (an engine; "
+            f"a scripted one names its policy by import path)"
+        )
 
 
 def _family_memory(cfg: DistillRunConfig, reg: Registration[Any]) -> Any:
@@ -105,17 +111,26 @@ def _engines(cfg: DistillRunConfig, tasks: list[Any]) -> EngineSet:
         reasoner = build_engine(cfg.reasoner)
     else:
         name = reg.extra.get("reasoner") or "sam"
-        kwargs = {"max_pages": cfg.reasoner_max_pages, "recall_budget": cfg.reasoner_recall_budget} \
-            if name == "sam" else {}
-        reasoner = ScriptedEngine(load_scripted_policy(name, kwargs), tokenizer=tokenizer, seed=cfg.run.seed,
-                                  name="reasoner" if name == "sam" else name.replace("_", "-"))
+        kwargs = (
+            {"max_pages": cfg.reasoner_max_pages, "recall_budget": cfg.reasoner_recall_budget} if name == "sam" else {}
+        )
+        reasoner = ScriptedEngine(
+            load_scripted_policy(name, kwargs),
+            tokenizer=tokenizer,
+            seed=cfg.run.seed,
+            name="reasoner" if name == "sam" else name.replace("_", "-"),
+        )
     if cfg.expert is not None:
         return EngineSet(reasoner=reasoner, memory=build_engine(cfg.expert))
     oracle = import_entry(str(reg.extra.get("oracle")), "oracle expert")
     if oracle is ProactiveOracle:
         truths = {t.task_id: t.truth() for t in tasks}
-        expert = ScriptedEngine(ProactiveOracle(cfg.proactive_oracle, truths=truths), tokenizer=tokenizer,
-                                seed=cfg.run.seed, name="proactive-oracle")
+        expert = ScriptedEngine(
+            ProactiveOracle(cfg.proactive_oracle, truths=truths),
+            tokenizer=tokenizer,
+            seed=cfg.run.seed,
+            name="proactive-oracle",
+        )
     else:
         expert = ScriptedEngine(oracle(cfg.sam_oracle), tokenizer=tokenizer, seed=cfg.run.seed, name="sam-oracle")
     return EngineSet(reasoner=reasoner, memory=expert)
@@ -135,8 +150,9 @@ def distill(cfg: DistillRunConfig, out_dir: str | Path) -> dict[str, Any]:
         log.info(f"[distill] resuming: {writer.resumed} traces already written")
     engines = _engines(cfg, tasks)
     todo = [t for t in tasks if not writer.is_done(f"{t.task_id}/expert")]
-    bar = progress_bar(total=len(tasks), initial=len(tasks) - len(todo), desc="distill",
-                       work=f"{len(todo):,} expert rollouts")
+    bar = progress_bar(
+        total=len(tasks), initial=len(tasks) - len(todo), desc="distill", work=f"{len(todo):,} expert rollouts"
+    )
     for start in range(0, len(todo), cfg.batch_size):
         batch = todo[start : start + cfg.batch_size]
         traces = run_rollouts([_rollout(cfg, t, cfg.run.seed) for t in batch], engines)

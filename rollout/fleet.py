@@ -44,8 +44,17 @@ from memrl.rollout.loop import Rollout
 from memrl.rollout.reaper import start_reaper
 from memrl.rollout.worker import RolloutWorker, TreeBatch, TreeJob, WorkerSpec
 
-__all__ = ["EngineSlot", "FleetCollection", "FleetConfig", "FleetResult", "LocalFleet",
-           "RolloutFleet", "build_fleet", "plan_fleet", "shard_tasks"]
+__all__ = [
+    "EngineSlot",
+    "FleetCollection",
+    "FleetConfig",
+    "FleetResult",
+    "LocalFleet",
+    "RolloutFleet",
+    "build_fleet",
+    "plan_fleet",
+    "shard_tasks",
+]
 
 
 class FleetConfig(ConfigModel):
@@ -78,14 +87,18 @@ def plan_fleet(placement: PolicyPlacement, nodes: int, gpus_per_node: int) -> li
     if placement.mode == "separate":
         first, count = gpus_per_node - placement.gpus_per_node, placement.gpus_per_node
         if first < 1:
-            raise ConfigError(f"placement.policy.gpus_per_node={count} leaves no training GPU on a "
-                              f"{gpus_per_node}-GPU node")
+            raise ConfigError(
+                f"placement.policy.gpus_per_node={count} leaves no training GPU on a {gpus_per_node}-GPU node"
+            )
     else:
         first, count = 0, gpus_per_node
     if count % tp:
         raise ConfigError(f"{count} GPUs per node for the fleet is not a multiple of tensor_parallel_size {tp}")
-    return [EngineSlot(node, tuple(range(first + e * tp, first + (e + 1) * tp)), placement.mode == "colocate")
-            for node in range(nodes) for e in range(count // tp)]
+    return [
+        EngineSlot(node, tuple(range(first + e * tp, first + (e + 1) * tp)), placement.mode == "colocate")
+        for node in range(nodes)
+        for e in range(count // tp)
+    ]
 
 
 def shard_tasks(costs: Sequence[float], speeds: Sequence[float]) -> list[list[int]]:
@@ -129,8 +142,9 @@ def _merge_metrics(batches: Sequence[TreeBatch]) -> dict[str, Any]:
 def _dead(exc: BaseException) -> bool:
     import ray.exceptions
 
-    return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
-                            ray.exceptions.ObjectLostError))
+    return isinstance(
+        exc, (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.ObjectLostError)
+    )
 
 
 class FleetCollection:
@@ -148,8 +162,9 @@ class FleetCollection:
         for w, shard in zip(live, shards, strict=True):
             if shard:
                 part = [indices[i] for i in shard]
-                job = TreeJob(self.job.iteration, [self.job.tasks[i] for i in part], self.job.seed,
-                              self.job.make_rollout)
+                job = TreeJob(
+                    self.job.iteration, [self.job.tasks[i] for i in part], self.job.seed, self.job.make_rollout
+                )
                 self.pending[self.fleet.handles[w].build.remote(job)] = (w, part)
 
     def result(self) -> FleetResult:
@@ -181,9 +196,13 @@ class FleetCollection:
         self.fleet.recover()
         order = range(len(self.job.tasks))
         trees = [answers[i][1].trees[answers[i][2]] for i in order]
-        return FleetResult(trees=trees, metrics=_merge_metrics(batches),
-                           worker_of={t.task_id: answers[i][0] for i, t in zip(order, trees, strict=True)},
-                           memory_calls=memory_calls, reruns=self.reruns)
+        return FleetResult(
+            trees=trees,
+            metrics=_merge_metrics(batches),
+            worker_of={t.task_id: answers[i][0] for i, t in zip(order, trees, strict=True)},
+            memory_calls=memory_calls,
+            reruns=self.reruns,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -225,8 +244,10 @@ class RolloutFleet:
         tp = placement.tensor_parallel_size if spec.policy.backend == "vllm" else 1
         workers = cfg.workers if cfg.workers is not None else gpus // tp if gpus else 0
         if workers < 1:
-            raise ConfigError("fleet.workers: null sizes the fleet by the GPUs Ray advertises, and Ray sees none: "
-                              "set fleet.workers to a number")
+            raise ConfigError(
+                "fleet.workers: null sizes the fleet by the GPUs Ray advertises, and Ray sees none: "
+                "set fleet.workers to a number"
+            )
         gpu_each = tp if gpus and spec.policy.backend == "vllm" else 0
         bundle: dict[str, float] = {"CPU": cfg.cpus_per_worker, **({"GPU": gpu_each} if gpu_each else {})}
         self.group = placement_group([dict(bundle) for _ in range(workers)], strategy="SPREAD")
@@ -235,7 +256,10 @@ class RolloutFleet:
         self.spec, self.cfg, self.tp = spec, cfg, tp
         self.handles = [
             actor.options(
-                num_cpus=cfg.cpus_per_worker, num_gpus=gpu_each, max_restarts=cfg.max_restarts, max_task_retries=0,
+                num_cpus=cfg.cpus_per_worker,
+                num_gpus=gpu_each,
+                max_restarts=cfg.max_restarts,
+                max_task_retries=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=w),
             ).remote(w, spec)
             for w in range(workers)
@@ -262,8 +286,9 @@ class RolloutFleet:
     def mark_down(self, w: int, exc: BaseException) -> None:
         """Stop giving work to worker ``w`` until :meth:`recover` sees it back."""
         if w not in self.down:
-            warnings.warn(f"rollout worker {w} died ({type(exc).__name__}); its trees run on the other workers",
-                          stacklevel=2)
+            warnings.warn(
+                f"rollout worker {w} died ({type(exc).__name__}); its trees run on the other workers", stacklevel=2
+            )
         self.down.add(w)
 
     def recover(self) -> None:
@@ -291,8 +316,11 @@ class RolloutFleet:
                 except Exception as error:  # restarts exhausted, node lost, or start-up failed
                     exc = error
                 self.gone.add(w)
-                warnings.warn(f"rollout worker {w} did not restart ({type(exc).__name__}): the fleet shrinks to "
-                              f"{len(self.handles) - len(self.gone)} workers", stacklevel=2)
+                warnings.warn(
+                    f"rollout worker {w} did not restart ({type(exc).__name__}): the fleet shrinks to "
+                    f"{len(self.handles) - len(self.gone)} workers",
+                    stacklevel=2,
+                )
                 break
             self.down.discard(w)
 
@@ -302,8 +330,9 @@ class RolloutFleet:
         return len(self.handles) - len(self.gone)
 
     # ------------------------------------------------------------------------------------------------------------
-    def submit(self, iteration: int, tasks: Sequence[Any], seed: int,
-               make_rollout: Callable[[Any, str, int], Rollout]) -> FleetCollection:
+    def submit(
+        self, iteration: int, tasks: Sequence[Any], seed: int, make_rollout: Callable[[Any, str, int], Rollout]
+    ) -> FleetCollection:
         """Start building the trees of ``tasks`` on the fleet under the workers' current policy version."""
         return FleetCollection(self, TreeJob(iteration, list(tasks), seed, make_rollout))
 
@@ -377,9 +406,14 @@ class RolloutFleet:
 
         class FleetWeightSyncClient(RayVLLMWeightSyncClient):
             def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-                ray.get([h.init_weight_transfer_engine.remote(
-                    WeightTransferInitRequest(init_info={**init_info, "rank_offset": 1 + j * tp}))
-                    for j, h in enumerate(self.handles)])
+                ray.get(
+                    [
+                        h.init_weight_transfer_engine.remote(
+                            WeightTransferInitRequest(init_info={**init_info, "rank_offset": 1 + j * tp})
+                        )
+                        for j, h in enumerate(self.handles)
+                    ]
+                )
 
         return FleetWeightSyncClient([self.handles[w] for w in self.live()])
 
@@ -409,14 +443,20 @@ class LocalFleet:
         """The version the engine serves."""
         return self.worker.version()
 
-    def submit(self, iteration: int, tasks: Sequence[Any], seed: int,
-               make_rollout: Callable[[Any, str, int], Rollout]) -> _Done:
+    def submit(
+        self, iteration: int, tasks: Sequence[Any], seed: int, make_rollout: Callable[[Any, str, int], Rollout]
+    ) -> _Done:
         """Build the trees now (under the current policy version); the result is ready at once."""
         batch = self.worker.build(TreeJob(iteration, list(tasks), seed, make_rollout))
-        return _Done(FleetResult(
-            trees=batch.trees, metrics=_merge_metrics([batch]),
-            worker_of={t.task_id: 0 for t in batch.trees},
-            memory_calls={task_id: {0: calls} for task_id, calls in batch.memory_calls.items()}, reruns=0))
+        return _Done(
+            FleetResult(
+                trees=batch.trees,
+                metrics=_merge_metrics([batch]),
+                worker_of={t.task_id: 0 for t in batch.trees},
+                memory_calls={task_id: {0: calls} for task_id, calls in batch.memory_calls.items()},
+                reruns=0,
+            )
+        )
 
     def load_adapter(self, path: str, version: int) -> None:
         """Serve the LoRA adapter in ``path`` as ``version``."""
@@ -451,7 +491,10 @@ class _Done:
         return self.value
 
 
-def build_fleet(spec: WorkerSpec, cfg: FleetConfig, placement: PolicyPlacement | None = None,
-                ) -> RolloutFleet | LocalFleet:
+def build_fleet(
+    spec: WorkerSpec,
+    cfg: FleetConfig,
+    placement: PolicyPlacement | None = None,
+) -> RolloutFleet | LocalFleet:
     """The rollout workers ``cfg`` asks for: Ray actors, or with ``workers: 0`` one worker in this process."""
     return LocalFleet(spec) if cfg.workers == 0 else RolloutFleet(spec, cfg, placement)

@@ -89,15 +89,18 @@ class ModelEndpoint:
     """The OpenAI-compatible endpoint memrl serves to agents (module docstring): one per process, routing each request
     to its episode's channel by the id in the URL."""
 
-    def __init__(self, host: str = "127.0.0.1", token_env: str = "MEMRL_ENDPOINT_TOKEN",
-                 call_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", token_env: str = "MEMRL_ENDPOINT_TOKEN", call_timeout_s: float = 600.0
+    ) -> None:
         self.host = host
         self.token: str | None = None
         if not _loopback(host):
             self.token = os.environ.get(token_env)
             if not self.token:
-                raise ComponentError(f"serve_host {host!r} is not loopback: the model endpoint then requires a bearer "
-                                     f"token; set the environment variable {token_env}")
+                raise ComponentError(
+                    f"serve_host {host!r} is not loopback: the model endpoint then requires a bearer "
+                    f"token; set the environment variable {token_env}"
+                )
         self.call_timeout_s = call_timeout_s
         self.episodes: dict[str, _Episode] = {}
         self.finished: set[str] = set()
@@ -113,8 +116,13 @@ class ModelEndpoint:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/") in ("/v1/models", "/models"):
-                    self._send(200, {"object": "list", "data": [{"id": "memory", "object": "model"},
-                                                                {"id": "reasoner", "object": "model"}]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": "memory", "object": "model"}, {"id": "reasoner", "object": "model"}],
+                        },
+                    )
                 else:
                     self._send(404, _error("not found"))
 
@@ -193,8 +201,11 @@ class ModelEndpoint:
             finished = episode_id in self.finished
         if episode is None:
             self._count("rejected_episode")
-            return (409, _error(f"episode {episode_id} is over")) if finished else \
-                (404, _error(f"unknown episode {episode_id}"))
+            return (
+                (409, _error(f"episode {episode_id} is over"))
+                if finished
+                else (404, _error(f"unknown episode {episode_id}"))
+            )
         model = request.get("model", "memory")
         if model not in ("memory", "reasoner"):
             episode.channel.rejected += 1
@@ -230,10 +241,17 @@ class ModelEndpoint:
             episode.busy.release()
         self._count(f"calls_{model}")
         return 200, {
-            "id": f"chatcmpl-{episode_id}-{int(time.time() * 1000)}", "object": "chat.completion",
-            "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": completion.text},
-                         "finish_reason": "length" if completion.finish_reason == "length" else "stop"}],
+            "id": f"chatcmpl-{episode_id}-{int(time.time() * 1000)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": completion.text},
+                    "finish_reason": "length" if completion.finish_reason == "length" else "stop",
+                }
+            ],
             "usage": {"completion_tokens": len(completion.response_ids)},
             "memrl": {"token_ids": list(completion.response_ids), "logprobs": list(completion.logprobs)},
         }
@@ -279,8 +297,9 @@ class HttpAgentDriver:
         handle = tempfile.NamedTemporaryFile(prefix="memrl-agent-", suffix=".log", delete=False)  # noqa: SIM115
         self.stderr_path = Path(handle.name)
         try:
-            self.process = subprocess.Popen(command, cwd=self.params.cwd, env=env, stdout=handle,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                command, cwd=self.params.cwd, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+            )
         except OSError as exc:
             raise ComponentError(f"http_agent command {command!r} could not start: {exc}") from None
         finally:
@@ -299,8 +318,10 @@ class HttpAgentDriver:
             if self.process is not None and self.process.poll() is not None:
                 tail = self._tail()
                 self.close()
-                raise ComponentError(f"the HTTP agent exited with code {self.process.returncode} before it answered "
-                                     f"GET /health; its output ends with:\n{tail}")
+                raise ComponentError(
+                    f"the HTTP agent exited with code {self.process.returncode} before it answered "
+                    f"GET /health; its output ends with:\n{tail}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
                     return
@@ -309,14 +330,20 @@ class HttpAgentDriver:
                 last = f"{type(exc).__name__}"
             time.sleep(0.2)
         self.close()
-        raise ComponentError(f"the HTTP agent at {self.url} did not answer GET /health with 200 within "
-                             f"{self.params.start_timeout_s:g} s ({last})")
+        raise ComponentError(
+            f"the HTTP agent at {self.url} did not answer GET /health with 200 within "
+            f"{self.params.start_timeout_s:g} s ({last})"
+        )
 
     def start(self, task: ExternalTask, episode_id: str, channel: CallChannel) -> None:
         """POST /episodes in a thread; its answer (or failure) ends the episode."""
         self.endpoint.open(episode_id, channel)
-        payload = {"task": task.params.get("task", {}), "seed": task.seed, "episode_id": episode_id,
-                   "memory": {"base_url": self.endpoint.base_url(episode_id), "model": "memory"}}
+        payload = {
+            "task": task.params.get("task", {}),
+            "seed": task.seed,
+            "episode_id": episode_id,
+            "memory": {"base_url": self.endpoint.base_url(episode_id), "model": "memory"},
+        }
 
         def main() -> None:
             try:
@@ -327,8 +354,15 @@ class HttpAgentDriver:
                 if not isinstance(body, dict):
                     raise RuntimeError("POST /episodes answered JSON that is not an object")
                 score = body.get("outcome", body.get("score"))
-                channel.items.put(("done", episode_outcome({"score": score, "answer": body.get("answer")},
-                                                    f"the HTTP agent's POST /episodes (episode {episode_id})")))
+                channel.items.put(
+                    (
+                        "done",
+                        episode_outcome(
+                            {"score": score, "answer": body.get("answer")},
+                            f"the HTTP agent's POST /episodes (episode {episode_id})",
+                        ),
+                    )
+                )
             except ComponentError as exc:  # a malformed outcome: the agent breaks the protocol
                 channel.items.put(("error", exc))
             except Exception as exc:

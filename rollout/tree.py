@@ -167,15 +167,19 @@ def build_trees(
     trees: list[_TreeState] = []
     branches: list[_Branch] = []
     for task in tasks:
-        starts = [make_rollout(task, "r")] if cfg.mode == "tree" else [
-            make_rollout(task, f"r{g}") for g in range(cfg.flat_group_size)
-        ]
-        state = _TreeState(task_id=starts[0].env.task_id, nodes={"root": TreeNode(node_id="root", kind="root")},
-                           live=len(starts))
+        starts = (
+            [make_rollout(task, "r")]
+            if cfg.mode == "tree"
+            else [make_rollout(task, f"r{g}") for g in range(cfg.flat_group_size)]
+        )
+        state = _TreeState(
+            task_id=starts[0].env.task_id, nodes={"root": TreeNode(node_id="root", kind="root")}, live=len(starts)
+        )
         trees.append(state)
         budget = None if cfg.reasoner_token_budget is None else float(cfg.reasoner_token_budget)
-        branches.extend(_Branch(rollout=r, tree=state, node_id="root", leaves=cfg.max_leaves, tokens=budget)
-                        for r in starts)
+        branches.extend(
+            _Branch(rollout=r, tree=state, node_id="root", leaves=cfg.max_leaves, tokens=budget) for r in starts
+        )
 
     bar = progress_bar(total=len(tasks), desc=progress, disable=progress is None, leave=False)
 
@@ -201,11 +205,17 @@ def build_trees(
     for t in trees:
         branched = sum(n.kind == "memory" and n.metadata.get("samples", 1) > 1 for n in t.nodes.values())
         merged = merge_identical_siblings(t.nodes) if cfg.merge_identical_siblings else 0
-        out.append(MemoryCallTree(
-            tree_id=f"{t.task_id}/{cfg.mode}", task_id=t.task_id, root_id="root", nodes=_in_path_order(t.nodes),
-            reasoner_usage=t.usage, config_hash=config_hash,
-            metadata={"mode": cfg.mode, "branched_nodes": branched, "merged_siblings": merged},
-        ))
+        out.append(
+            MemoryCallTree(
+                tree_id=f"{t.task_id}/{cfg.mode}",
+                task_id=t.task_id,
+                root_id="root",
+                nodes=_in_path_order(t.nodes),
+                reasoner_usage=t.usage,
+                config_hash=config_hash,
+                metadata={"mode": cfg.mode, "branched_nodes": branched, "merged_siblings": merged},
+            )
+        )
     return out, stats
 
 
@@ -237,8 +247,11 @@ def merge_identical_siblings(nodes: dict[str, TreeNode]) -> int:
             first.children = [*first.children, *node.children]
             first.reasoner_usage = first.reasoner_usage + node.reasoner_usage
             first.memory_usage = first.memory_usage + node.memory_usage
-            first.metadata = {**first.metadata, "copies": first.metadata.get("copies", 1) + 1,
-                              "merged": [*first.metadata.get("merged", []), node.node_id]}
+            first.metadata = {
+                **first.metadata,
+                "copies": first.metadata.get("copies", 1) + 1,
+                "merged": [*first.metadata.get("merged", []), node.node_id],
+            }
             assert node.parent_id is not None
             parent = nodes[node.parent_id]
             parent.children = [c for c in parent.children if c != node.node_id]
@@ -249,8 +262,11 @@ def merge_identical_siblings(nodes: dict[str, TreeNode]) -> int:
 
 def _call_key(call: MemoryCall) -> tuple[Any, ...]:
     """What makes two model calls the same trained row: role, prompt and response (token ids, else the text)."""
-    return (call.role, tuple(call.prompt_ids) or tuple(m.content for m in call.messages),
-            tuple(call.response_ids) or call.text)
+    return (
+        call.role,
+        tuple(call.prompt_ids) or tuple(m.content for m in call.messages),
+        tuple(call.response_ids) or call.text,
+    )
 
 
 def _calls(node: TreeNode) -> list[MemoryCall]:
@@ -291,8 +307,14 @@ def branch_at_first_difference(tree: MemoryCallTree) -> int:
     return len(made)
 
 
-def _share_prefixes(nodes: dict[str, TreeNode], members: list[TreeNode], start: int, parent_id: str | None,
-                    group_id: str, made: list[TreeNode]) -> None:
+def _share_prefixes(
+    nodes: dict[str, TreeNode],
+    members: list[TreeNode],
+    start: int,
+    parent_id: str | None,
+    group_id: str,
+    made: list[TreeNode],
+) -> None:
     """Place ``members`` (which agree on their calls before ``start``) as siblings under ``parent_id`` in
     ``group_id``: each keeps its calls from ``start`` on, and members agreeing further share a node."""
     parts: dict[tuple[Any, ...], list[TreeNode]] = {}
@@ -312,12 +334,19 @@ def _share_prefixes(nodes: dict[str, TreeNode], members: list[TreeNode], start: 
         first = min(part, key=lambda n: _path_key(n.node_id))
         scores = [m.committee_score for m in part]
         node = TreeNode(
-            node_id=f"{first.node_id}^{shared}", parent_id=parent_id, depth=first.depth, kind="memory",
-            call=calls[first.node_id][start], follow_up_calls=calls[first.node_id][start + 1 : shared],
+            node_id=f"{first.node_id}^{shared}",
+            parent_id=parent_id,
+            depth=first.depth,
+            kind="memory",
+            call=calls[first.node_id][start],
+            follow_up_calls=calls[first.node_id][start + 1 : shared],
             group_id=group_id,
             committee_score=None if any(c is None for c in scores) else sum(scores) / len(scores),  # type: ignore[misc]
-            metadata={"shared_by": sorted((m.node_id for m in part), key=_path_key), "calls": [start, shared],
-                      "copies": sum(m.metadata.get("copies", 1) for m in part)},
+            metadata={
+                "shared_by": sorted((m.node_id for m in part), key=_path_key),
+                "calls": [start, shared],
+                "copies": sum(m.metadata.get("copies", 1) for m in part),
+            },
         )
         nodes[node.node_id] = node
         made.append(node)
@@ -327,8 +356,9 @@ def _share_prefixes(nodes: dict[str, TreeNode], members: list[TreeNode], start: 
 Advance = Callable[[_Branch, PendingCall, GenerationResult, int], list[_Branch]]
 
 
-def _run_wavefronts(active: list[_Branch], engines: EngineSet, cfg: TreeConfig, stats: TreeRolloutStats,
-                    advance: Advance) -> None:
+def _run_wavefronts(
+    active: list[_Branch], engines: EngineSet, cfg: TreeConfig, stats: TreeRolloutStats, advance: Advance
+) -> None:
     """Lock-step: every pending call goes to its engine in one request list per engine, then every branch moves."""
     active = [b for b in active if not b.rollout.done]
     while active:
@@ -346,8 +376,9 @@ def _run_wavefronts(active: list[_Branch], engines: EngineSet, cfg: TreeConfig, 
                 active.extend(advance(branch, call, result, n))
 
 
-async def _run_async(active: list[_Branch], engines: EngineSet, cfg: TreeConfig, stats: TreeRolloutStats,
-                     advance: Advance) -> None:
+async def _run_async(
+    active: list[_Branch], engines: EngineSet, cfg: TreeConfig, stats: TreeRolloutStats, advance: Advance
+) -> None:
     """Each branch advances as soon as its own call returns; engines generate concurrently (module docstring)."""
     waiting: dict[int, tuple[Engine, list[_Call]]] = {}  # per engine: calls not sent yet
     busy: set[int] = set()  # batching engines with a batch in flight
@@ -434,8 +465,14 @@ def _samples_for(call: PendingCall, branch: _Branch, cfg: TreeConfig) -> int:
     return cfg.branch_factor
 
 
-def _advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int, cfg: TreeConfig,
-             on_action: OnAction | None = None) -> list[_Branch]:
+def _advance(
+    branch: _Branch,
+    call: PendingCall,
+    result: GenerationResult,
+    n: int,
+    cfg: TreeConfig,
+    on_action: OnAction | None = None,
+) -> list[_Branch]:
     """Consume the engine's answer to the branch's call: the branch moves on, or forks into n siblings."""
     if call.kind == "reasoner":
         spent = TokenUsage(
@@ -503,8 +540,13 @@ def _branch_out(branch: _Branch, result: GenerationResult, n: int) -> list[_Bran
         record = rollout.advance(result, sample=k)
         assert record is not None
         node = TreeNode(
-            node_id=f"{rollout.rollout_id}:{parent.depth + 1}", parent_id=parent.node_id, depth=parent.depth + 1,
-            kind="memory", call=record, group_id=group_id, metadata={"sample": k, "samples": n},
+            node_id=f"{rollout.rollout_id}:{parent.depth + 1}",
+            parent_id=parent.node_id,
+            depth=parent.depth + 1,
+            kind="memory",
+            call=record,
+            group_id=group_id,
+            metadata={"sample": k, "samples": n},
         )
         _add_child(tree, node)
         leaves = branch.leaves // n + (1 if k < branch.leaves % n else 0)
@@ -519,8 +561,12 @@ def _close_leaf(branch: _Branch) -> None:
     tree = branch.tree
     rollout = branch.rollout
     leaf = TreeNode(
-        node_id=f"{rollout.rollout_id}:leaf", parent_id=branch.node_id, depth=tree.nodes[branch.node_id].depth + 1,
-        kind="leaf", answer=rollout.answer, outcome=rollout.outcome,
+        node_id=f"{rollout.rollout_id}:leaf",
+        parent_id=branch.node_id,
+        depth=tree.nodes[branch.node_id].depth + 1,
+        kind="leaf",
+        answer=rollout.answer,
+        outcome=rollout.outcome,
         metadata={"rollout_id": rollout.rollout_id, "stats": {**rollout.memory.stats, **rollout.stats}},
     )
     _add_child(tree, leaf)

@@ -120,14 +120,20 @@ class RolloutWorker:
         recording = _Recording(self.engine)
         engines = EngineSet(reasoner=self.reasoner, memory=recording)
         version = self.engine.policy_version
-        trees, stats = build_trees(job.tasks, lambda task, rid: job.make_rollout(task, rid, job.seed), engines,
-                                   self.spec.tree, config_hash=self.spec.config_hash)
+        trees, stats = build_trees(
+            job.tasks,
+            lambda task, rid: job.make_rollout(task, rid, job.seed),
+            engines,
+            self.spec.tree,
+            config_hash=self.spec.config_hash,
+        )
         metrics: dict[str, Any] = self.score(trees) if self.score is not None else {}
         for tree in trees:
             tree.metadata.update(worker=self.index, policy_version=version)
         metrics.update(engine_calls=sum(stats.engine_calls.values()))
-        return TreeBatch(trees=trees, metrics=metrics, memory_calls=dict(recording.calls),
-                         seconds=time.perf_counter() - t0)
+        return TreeBatch(
+            trees=trees, metrics=metrics, memory_calls=dict(recording.calls), seconds=time.perf_counter() - t0
+        )
 
     def sync(self, kind: Literal["adapter", "weights"], path: str, version: int) -> int:
         """Serve the LoRA adapter or the full weights in directory ``path`` as policy ``version``; returns the version
@@ -152,8 +158,9 @@ class RolloutWorker:
 
     def probe(self, prompt_ids: Sequence[int], max_tokens: int = 8) -> list[int]:
         """Greedy tokens of the policy for ``prompt_ids`` (every worker must agree after a sync)."""
-        request = GenerationRequest(prompt_ids=list(prompt_ids),
-                                    sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0))
+        request = GenerationRequest(
+            prompt_ids=list(prompt_ids), sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
+        )
         return list(self.engine.generate([request])[0].completions[0].response_ids)
 
     def probe_logprobs(self, prompts: list[list[int]], max_tokens: int) -> EngineProbe:

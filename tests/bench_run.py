@@ -17,10 +17,22 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_benchmark(name: str, args: list[str], *, timeout: float = 1800.0, cwd: Path | None = None) -> dict[str, Any]:
     """``python benchmarks/<name>.py args...``: exit 0 and no traceback, or an assertion with the output's tail;
     returns its last line parsed as a JSON object."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args], cwd=cwd or ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args],
+        cwd=cwd or ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     tail = proc.stdout[-3000:] + "\n--- stderr ---\n" + proc.stderr[-5000:]
     assert proc.returncode == 0, f"benchmarks/{name}.py {' '.join(args)} exited {proc.returncode}:\n{tail}"
     assert "Traceback" not in proc.stderr, tail

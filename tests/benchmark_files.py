@@ -24,9 +24,15 @@ LOCOMO_FILLER = [
 LOCOMO_FACTS = {
     (1, 2): (0, "I went to the LGBTQ support group yesterday and it was so powerful.", {}),
     (1, 5): (1, "I painted a lake sunrise last year, it hangs in my kitchen.", {}),
-    (2, 1): (0, "Look at this, I am researching adoption agencies now.",
-             {"img_url": ["https://example.org/adoption.jpg"], "blip_caption": "a photo of a stack of brochures",
-              "query": "adoption brochures"}),
+    (2, 1): (
+        0,
+        "Look at this, I am researching adoption agencies now.",
+        {
+            "img_url": ["https://example.org/adoption.jpg"],
+            "blip_caption": "a photo of a stack of brochures",
+            "query": "adoption brochures",
+        },
+    ),
     (2, 4): (1, "We have 3 kids now and they keep me running.", {}),
     (3, 3): (0, "My mentor gave me a necklace from Sweden, my home country.", {}),
     (3, 6): (1, "I signed up for a pottery class on Saturday mornings.", {}),
@@ -34,8 +40,12 @@ LOCOMO_FACTS = {
     (4, 5): (1, "Camping at the beach with the kids was the highlight of July.", {}),
 }
 
-LOCOMO_DATES = {1: "1:56 pm on 8 May, 2023", 2: "1:14 pm on 25 May, 2023", 3: "7:55 pm on 9 June, 2023",
-                4: "10:37 am on 27 June, 2023"}
+LOCOMO_DATES = {
+    1: "1:56 pm on 8 May, 2023",
+    2: "1:14 pm on 25 May, 2023",
+    3: "7:55 pm on 9 June, 2023",
+    4: "10:37 am on 27 June, 2023",
+}
 
 
 def locomo_sample(sample_id: str = "conv-26", turns_per_session: int = 8) -> dict[str, Any]:
@@ -54,24 +64,57 @@ def locomo_sample(sample_id: str = "conv-26", turns_per_session: int = 8) -> dic
             utterances.append({"speaker": speakers[who], "dia_id": f"D{s}:{t}", "text": text, **extra})
         conversation[f"session_{s}"] = utterances
     qa = [
-        {"question": "When did Caroline go to the LGBTQ support group?", "answer": "7 May 2023",
-         "evidence": ["D1:2"], "category": 2},
+        {
+            "question": "When did Caroline go to the LGBTQ support group?",
+            "answer": "7 May 2023",
+            "evidence": ["D1:2"],
+            "category": 2,
+        },
         {"question": "What did Melanie paint?", "answer": "a lake sunrise", "evidence": ["D1:5"], "category": 4},
         {"question": "How many kids does Melanie have?", "answer": 3, "evidence": ["D2:4"], "category": 4},
-        {"question": "What is Caroline researching?", "answer": "adoption agencies", "evidence": ["D2:1"],
-         "category": 4},
-        {"question": "Where did Caroline's necklace come from and what class did Melanie sign up for?",
-         "answer": "Sweden, pottery class", "evidence": ["D3:3 D3:6"], "category": 1},
-        {"question": "What did Caroline run for?", "answer": "mental health; charity", "evidence": ["D4:2"],
-         "category": 3},
-        {"question": "When did Melanie go camping at the beach?", "answer": "July 2023", "evidence": ["D4:5"],
-         "category": 2},
-        {"question": "What did Melanie paint in her kitchen?", "adversarial_answer": "a lake sunrise",
-         "evidence": ["D1:5"], "category": 5},
-        {"question": "What did Caroline's mentor give her brother?", "answer": "a necklace",
-         "adversarial_answer": "a necklace", "evidence": ["D3:3"], "category": 5},
-        {"question": "What did Caroline share and Melanie paint?", "answer": "brochures, lake sunrise",
-         "evidence": ["D2:1; D1:5"], "category": 1},
+        {
+            "question": "What is Caroline researching?",
+            "answer": "adoption agencies",
+            "evidence": ["D2:1"],
+            "category": 4,
+        },
+        {
+            "question": "Where did Caroline's necklace come from and what class did Melanie sign up for?",
+            "answer": "Sweden, pottery class",
+            "evidence": ["D3:3 D3:6"],
+            "category": 1,
+        },
+        {
+            "question": "What did Caroline run for?",
+            "answer": "mental health; charity",
+            "evidence": ["D4:2"],
+            "category": 3,
+        },
+        {
+            "question": "When did Melanie go camping at the beach?",
+            "answer": "July 2023",
+            "evidence": ["D4:5"],
+            "category": 2,
+        },
+        {
+            "question": "What did Melanie paint in her kitchen?",
+            "adversarial_answer": "a lake sunrise",
+            "evidence": ["D1:5"],
+            "category": 5,
+        },
+        {
+            "question": "What did Caroline's mentor give her brother?",
+            "answer": "a necklace",
+            "adversarial_answer": "a necklace",
+            "evidence": ["D3:3"],
+            "category": 5,
+        },
+        {
+            "question": "What did Caroline share and Melanie paint?",
+            "answer": "brochures, lake sunrise",
+            "evidence": ["D2:1; D1:5"],
+            "category": 1,
+        },
     ]
     return {
         "sample_id": sample_id,
@@ -93,7 +136,9 @@ def write_locomo(path: Path, samples: int = 1, turns_per_session: int = 8) -> Pa
 def amabench_records() -> list[dict[str, Any]]:
     """Two AMA-Bench episodes with the quirks the official loader tolerates."""
     first = {
-        "episode_id": 3, "task": "Find the key and open the chest.", "task_type": "textworld",
+        "episode_id": 3,
+        "task": "Find the key and open the chest.",
+        "task_type": "textworld",
         "domain": "GAME",
         "trajectory": [
             {"turn_idx": 0, "action": "look", "observation": "You are in a kitchen. A key lies on the table."},
@@ -109,7 +154,8 @@ def amabench_records() -> list[dict[str, Any]]:
         ],
     }
     second = {
-        "episode_id": "ep-9", "task": "Book a table.",
+        "episode_id": "ep-9",
+        "task": "Book a table.",
         "trajectory": [
             {"action": "search restaurants", "observation": "Found: Luigi's (4.5 stars), Sakura (4.8 stars)."},
         ],
@@ -128,16 +174,25 @@ def memoryarena_records() -> list[dict[str, Any]]:
     """A formal-reasoning task (one background per subtask, extra ``paper_name``), a travel-planner task (one
     background for all subtasks, extra ``base_person``) and a progressive-search task without backgrounds."""
     return [
-        {"id": 0, "paper_name": "paper-17",
-         "backgrounds": ["Let f(x) = 2x + 1 on the integers.", "Let g(x) = f(x) squared."],
-         "questions": ["What is f(3)?", "What is g(3)?"], "answers": ["7", "49"]},
-        {"id": 1, "base_person": {"name": "Jennifer", "query": "Plan a 3-day trip from St. Petersburg to Rockford."},
-         "backgrounds": "Jennifer travels from St. Petersburg to Rockford for 3 days with a budget of 1700 dollars.",
-         "questions": ["Which city does Jennifer start from?", "How many days does the trip last?"],
-         "answers": ["St. Petersburg", "3"]},
-        {"id": 2, "questions": ["Find the author of the 2019 survey on agent memory.",
-                                "Which university is that author at?"],
-         "answers": ["Ana Smith", ["MIT", "Massachusetts Institute of Technology"]]},
+        {
+            "id": 0,
+            "paper_name": "paper-17",
+            "backgrounds": ["Let f(x) = 2x + 1 on the integers.", "Let g(x) = f(x) squared."],
+            "questions": ["What is f(3)?", "What is g(3)?"],
+            "answers": ["7", "49"],
+        },
+        {
+            "id": 1,
+            "base_person": {"name": "Jennifer", "query": "Plan a 3-day trip from St. Petersburg to Rockford."},
+            "backgrounds": "Jennifer travels from St. Petersburg to Rockford for 3 days with a budget of 1700 dollars.",
+            "questions": ["Which city does Jennifer start from?", "How many days does the trip last?"],
+            "answers": ["St. Petersburg", "3"],
+        },
+        {
+            "id": 2,
+            "questions": ["Find the author of the 2019 survey on agent memory.", "Which university is that author at?"],
+            "answers": ["Ana Smith", ["MIT", "Massachusetts Institute of Technology"]],
+        },
     ]
 
 

@@ -186,6 +186,9 @@ class QACase:
 
     def episode(self) -> Episode:
         """The recorded episode: the trajectory and the one question."""
-        return Episode(episode_id="qa-case", task=self.task,
-                       trajectory=[TrajectoryTurn.model_validate(t) for t in self.turns],
-                       qa_pairs=[QAPair(question=self.question, answer=self.answer, type="A")])
+        return Episode(
+            episode_id="qa-case",
+            task=self.task,
+            trajectory=[TrajectoryTurn.model_validate(t) for t in self.turns],
+            qa_pairs=[QAPair(question=self.question, answer=self.answer, type="A")],
+        )

@@ -59,11 +59,19 @@ class FaultServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
                 with server._lock:
-                    over = (len(server.log) >= server.max_requests
-                            or time.monotonic() - server._start > server.max_seconds)
+                    over = (
+                        len(server.log) >= server.max_requests or time.monotonic() - server._start > server.max_seconds
+                    )
                     draw = server._rng.random()
-                    outcome = "refused" if over else "error" if draw < server.fail else \
-                        "hang" if draw < server.fail + server.hang else "ok"
+                    outcome = (
+                        "refused"
+                        if over
+                        else "error"
+                        if draw < server.fail
+                        else "hang"
+                        if draw < server.fail + server.hang
+                        else "ok"
+                    )
                     server.log.append(Attempt(key, body.get("model", ""), outcome))
                 if outcome in ("error", "refused"):
                     self._reply(500, {"error": "injected failure"})
@@ -100,12 +108,13 @@ class FaultServer:
         content = body["messages"][-1]["content"]
         if body.get("model") == "judge":
             n = len(re.findall(r"^\(\d+\) ", content, re.MULTILINE))
-            text = json.dumps([{"candidate": i + 1, "relevance": 7, "coverage": 6, "consistency": 9}
-                               for i in range(n)])
+            text = json.dumps([{"candidate": i + 1, "relevance": 7, "coverage": 6, "consistency": 9} for i in range(n)])
         else:
             text = "the key is in drawer 5 of the kitchen"
-        return {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
+        return {
+            "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+        }
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -127,11 +136,16 @@ class FaultServer:
         }
 
 
-CHAT_OK = {"choices": [{"message": {"role": "assistant", "content": "answer(drawer 5)"}, "finish_reason": "stop"}],
-           "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
-COMPLETION_OK = {"choices": [{"text": "ok", "token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0, -2.0]},
-                              "finish_reason": "stop"}],
-                 "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+CHAT_OK = {
+    "choices": [{"message": {"role": "assistant", "content": "answer(drawer 5)"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+}
+COMPLETION_OK = {
+    "choices": [
+        {"text": "ok", "token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0, -2.0]}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+}
 BOMB_BYTES = 80 << 20  # decompressed size of the gzip bomb (over the engine's 64 MiB answer limit)
 _bomb: list[bytes] = []
 
@@ -195,8 +209,13 @@ class PlanServer:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up and left
                     self._act(action, tag, plan, tail, k, ok)
 
-            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None,
-                      content_type: str = "application/json") -> None:
+            def _send(
+                self,
+                status: int,
+                body: bytes,
+                headers: dict[str, str] | None = None,
+                content_type: str = "application/json",
+            ) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 for key, value in (headers or {}).items():
@@ -227,8 +246,9 @@ class PlanServer:
                 elif action == "schema":
                     self._send(200, json.dumps({"object": "list", "data": [{"text": "ok"}]}).encode())
                 elif action == "nan":
-                    body = json.dumps({**ok, "usage": {"prompt_tokens": float("nan"),
-                                                       "completion_tokens": float("nan")}})
+                    body = json.dumps(
+                        {**ok, "usage": {"prompt_tokens": float("nan"), "completion_tokens": float("nan")}}
+                    )
                     self._send(200, body.encode())
                 elif action == "bomb":
                     self._send(200, gzip_bomb(), {"Content-Encoding": "gzip"})

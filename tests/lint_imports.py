@@ -41,8 +41,9 @@ def lint(root: Path = ROOT) -> tuple[bool, str]:
         staged = stage(root, Path(tmp))
         env = {**os.environ, "PYTHONPATH": str(staged), "NO_COLOR": "1"}
         lint_imports = Path(sys.executable).with_name("lint-imports")
-        res = subprocess.run([str(lint_imports), "--no-cache"], cwd=staged, env=env, capture_output=True, text=True,
-                             check=False)
+        res = subprocess.run(
+            [str(lint_imports), "--no-cache"], cwd=staged, env=env, capture_output=True, text=True, check=False
+        )
     report = res.stdout + res.stderr
     # lint-imports has exited 0 after a crash while building its graph: trust the summary line, not the exit code
     summary = re.search(r"Contracts: (\d+) kept, (\d+) broken", report)

@@ -20,6 +20,7 @@ _ps = PorterStemmer()
 
 # LoCoMo -----------------------------------------------------------------------------------------------------------
 
+
 def locomo_normalize_answer(s: str) -> str:
     s = s.replace(",", "")
     s = s.lower()
@@ -73,6 +74,7 @@ def locomo_cat5_answer(model_prediction: str, answer_key: dict[str, str]) -> str
 
 # AMA-Bench --------------------------------------------------------------------------------------------------------
 
+
 def ama_normalize_text(text: str) -> str:
     text = text.lower()
     text = re.sub(r"[^\w\s]", " ", text)
@@ -100,8 +102,14 @@ def ama_compute_f1_score(predicted: str, golden: str) -> float:
     return 2 * (precision * recall) / (precision + recall)
 
 
-def ama_judge_prompt(question: str, golden_answer: str, predicted_answer: str, task_description: str = "",
-                     task_type: str = "", episode_id: str = "") -> str:
+def ama_judge_prompt(
+    question: str,
+    golden_answer: str,
+    predicted_answer: str,
+    task_description: str = "",
+    task_type: str = "",
+    episode_id: str = "",
+) -> str:
     context_parts = []
     if task_type:
         context_parts.append(f"Task Type: {task_type}")

@@ -8,10 +8,14 @@ from benchmarks.ablations import diagnostics, paired_difference
 
 
 def test_paired_difference_is_per_task_and_matches_seeds() -> None:
-    a = [{"seed": 0, "per_task": {"t1": 1.0, "t2": 0.5, "t3": 1.0}}, {"seed": 1, "per_task": {"t1": 1.0, "t2": 1.0,
-                                                                                                  "t3": 0.0}}]
-    b = [{"seed": 0, "per_task": {"t1": 0.0, "t2": 0.5, "t3": 1.0}}, {"seed": 2, "per_task": {"t1": 0.0, "t2": 0.0,
-                                                                                                  "t3": 0.0}}]
+    a = [
+        {"seed": 0, "per_task": {"t1": 1.0, "t2": 0.5, "t3": 1.0}},
+        {"seed": 1, "per_task": {"t1": 1.0, "t2": 1.0, "t3": 0.0}},
+    ]
+    b = [
+        {"seed": 0, "per_task": {"t1": 0.0, "t2": 0.5, "t3": 1.0}},
+        {"seed": 2, "per_task": {"t1": 0.0, "t2": 0.0, "t3": 0.0}},
+    ]
     out = paired_difference(a, b)
     assert out["seeds"] == [0] and out["tasks"] == 3
     assert out["difference"] == pytest.approx(100 / 3)
@@ -48,9 +52,10 @@ def test_records_keep_every_seed_and_task_and_recompute_the_paired_table() -> No
     def run(seed: int, sampled: dict, greedy: dict) -> dict:
         return {"seed": seed, "success": 0.0, "per_task": sampled, "per_task_greedy": greedy}
 
-    runs = {"sft": [run(0, {"a": 0.5, "b": 0.0}, {"a": 1.0, "b": 0.0}),
-                    run(1, {"a": 0.0, "b": 0.5}, {"a": 0.0, "b": 1.0})],
-            "oat": [run(0, {"a": 1.0, "b": 0.5}, {"a": 1.0, "b": 1.0}), run(1, {"a": 1.0}, {"a": 1.0})]}
+    runs = {
+        "sft": [run(0, {"a": 0.5, "b": 0.0}, {"a": 1.0, "b": 0.0}), run(1, {"a": 0.0, "b": 0.5}, {"a": 0.0, "b": 1.0})],
+        "oat": [run(0, {"a": 1.0, "b": 0.5}, {"a": 1.0, "b": 1.0}), run(1, {"a": 1.0}, {"a": 1.0})],
+    }
     records = task_records(runs)
     assert records["tasks"] == ["a", "b"]
     assert records["sampled"]["oat"] == {"0": [1.0, 0.5], "1": [1.0, None]}  # a task not scored stays None
@@ -121,13 +126,17 @@ def test_settings_chosen_on_dev_list_what_the_grid_varied_and_what_it_held_fixed
     assert not any(k.startswith("trainer.lr=1e-4") or k.startswith("trainer.kl_coef=0.05") for k in listed)
 
     # issue 39's grid: the advantage and the learning rate varied, and one entry of one optimizer step per batch
-    varied = [candidate(1e-4, 0.05, 2, 0.50, advantage="grpo_std", steps_per_epoch=2),
-              candidate(1e-4, 0.05, 2, 0.56, advantage="dr_grpo_gated", steps_per_epoch=2),
-              candidate(2e-4, 0.05, 1, 0.40, advantage="grpo_std", steps_per_epoch=1)]
+    varied = [
+        candidate(1e-4, 0.05, 2, 0.50, advantage="grpo_std", steps_per_epoch=2),
+        candidate(1e-4, 0.05, 2, 0.56, advantage="dr_grpo_gated", steps_per_epoch=2),
+        candidate(2e-4, 0.05, 1, 0.40, advantage="grpo_std", steps_per_epoch=1),
+    ]
     rl, listed = settings_chosen_on_dev({**selection, "chosen": varied[1], "candidates": varied}, "s.json")
     assert (rl.advantage, rl.lr, rl.steps_per_epoch) == ("dr_grpo_gated", 1e-4, 2)
-    key = ("trainer.lr=0.0001, trainer.update_epochs=2, credit.advantage=dr_grpo_gated, "
-           "trainer.optimizer_steps_per_epoch=2")
+    key = (
+        "trainer.lr=0.0001, trainer.update_epochs=2, credit.advantage=dr_grpo_gated, "
+        "trainer.optimizer_steps_per_epoch=2"
+    )
     assert "chosen on dev" in listed[key] and "0.0001/2/dr_grpo_gated/2: 56.0%" in listed[key]
     assert "held fixed" in listed["trainer.kl_coef=0.05"]
 
@@ -155,15 +164,18 @@ def test_run_key_changes_with_the_rl_settings_and_the_start() -> None:
     assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(args, QUICK, SELECT_GRID[1], start)
     assert run_key(args, QUICK, SELECT_GRID[0], start) != run_key(args, QUICK, SELECT_GRID[2], start)  # advantage
     # a rebuilt SFT checkpoint with other weights: the finished runs started elsewhere and are not reused
-    assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(args, QUICK, ANALYSIS_SETTINGS,
-                                                                     {**start, "sft_weights": "t"})
+    assert run_key(args, QUICK, ANALYSIS_SETTINGS, start) != run_key(
+        args, QUICK, ANALYSIS_SETTINGS, {**start, "sft_weights": "t"}
+    )
 
 
 def test_full_estimate_scales_this_run_s_rates() -> None:
     from benchmarks.ablations import FULL, QUICK, full_estimate
 
-    runs = {"oat": [{"train_s": 80.0, "trees": 8, "iterations_trained": 2}],
-            "sft_more": [{"train_s": 999.0, "trees": 0}]}
+    runs = {
+        "oat": [{"train_s": 80.0, "trees": 8, "iterations_trained": 2}],
+        "sft_more": [{"train_s": 999.0, "trees": 0}],
+    }
     phases = {"test_eval": {"wall_s": QUICK.test_tasks * (QUICK.eval_samples + 1) * 0.5, "count": 1}}
     out = full_estimate(runs, phases, QUICK)
     assert out["seconds_per_tree"] == 10.0 and out["seconds_per_eval_episode"] == 0.5

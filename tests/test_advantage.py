@@ -101,8 +101,12 @@ def test_presets_by_name_in_configs_and_clear_errors_for_old_keys(tmp_path) -> N
         CreditConfig(advantage_scale="none")
     from memrl.train.oat_grpo import OATGRPOConfig
 
-    cfg = load_config(OATGRPOConfig, None, ["credit.advantage=std_floor", "credit.advantage.std_floor=0.5"],
-                      defaults={"policy": {"base": "x"}})
+    cfg = load_config(
+        OATGRPOConfig,
+        None,
+        ["credit.advantage=std_floor", "credit.advantage.std_floor=0.5"],
+        defaults={"policy": {"base": "x"}},
+    )
     assert cfg.credit.advantage.std_floor == 0.5 and cfg.credit.advantage.outcome_free_batch == "skip"
     with pytest.raises(ConfigError, match=r"credit\.advantage_scale' was renamed: set 'advantage\.scale'"):
         load_config(OATGRPOConfig, None, ["credit.advantage_scale=none"], defaults={"policy": {"base": "x"}})
@@ -126,9 +130,19 @@ def test_oat_credit_gives_a_committee_only_tied_group_the_advantage_its_option_d
 
     nodes = [TreeNode(node_id="root", kind="root", children=["a", "b"])]
     for nid, score in (("a", 0.61), ("b", 0.60)):
-        nodes += [TreeNode(node_id=nid, parent_id="root", depth=1, kind="memory", group_id="g", children=[f"{nid}l"],
-                           committee_score=score, call=MemoryCall(call_id=nid, role="recall", response_ids=[ord(nid)])),
-                  TreeNode(node_id=f"{nid}l", parent_id=nid, depth=2, kind="leaf", outcome=1.0)]
+        nodes += [
+            TreeNode(
+                node_id=nid,
+                parent_id="root",
+                depth=1,
+                kind="memory",
+                group_id="g",
+                children=[f"{nid}l"],
+                committee_score=score,
+                call=MemoryCall(call_id=nid, role="recall", response_ids=[ord(nid)]),
+            ),
+            TreeNode(node_id=f"{nid}l", parent_id=nid, depth=2, kind="leaf", outcome=1.0),
+        ]
     tree = MemoryCallTree(tree_id="t", task_id="t", root_id="root", nodes=nodes)
     cfg = CreditConfig(terms=[{"name": "committee", "weight": 0.5}], advantage=preset)
     assign_batch_credit([tree], cfg)

@@ -16,16 +16,34 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ablations.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=1800)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "ablations.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
 
 
 @pytest.mark.slow
 def test_smoke_run_keeps_the_records_recomputes_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
-    common = ["--smoke", "--variants", "oat,sft_more", "--work", str(tmp_path / "w"),
-              "--model-cache", str(tiny_model_dir.parent)]
+    common = [
+        "--smoke",
+        "--variants",
+        "oat,sft_more",
+        "--work",
+        str(tmp_path / "w"),
+        "--model-cache",
+        str(tiny_model_dir.parent),
+    ]
     first = _run(*common)
     assert first.returncode == 0, first.stderr[-3000:]
     record = json.loads(first.stdout.strip().splitlines()[-1])
@@ -35,8 +53,10 @@ def test_smoke_run_keeps_the_records_recomputes_and_resumes(tmp_path: Path, tiny
     assert len(records["tasks"]) == 3
     for mode in ("sampled", "greedy"):
         assert set(records[mode]) == {"sft", "oat", "sft_more"}
-        assert all(set(by_seed) == {"0", "1"} and all(len(v) == 3 for v in by_seed.values())
-                   for by_seed in records[mode].values())
+        assert all(
+            set(by_seed) == {"0", "1"} and all(len(v) == 3 for v in by_seed.values())
+            for by_seed in records[mode].values()
+        )
     paired = record["paired"]["oat - sft"]["sampled"]
     assert paired["seeds"] == [0, 1] and paired["tasks"] == 3 and len(paired["per_seed"]) == 2
     for key in ("ci95", "ci95_seed_t", "ci95_two_level_bootstrap", "ci95_tasks_only"):
@@ -80,10 +100,16 @@ def test_the_sft_start_has_one_digest_with_1_and_2_threads(tmp_path: Path, tiny_
     digests = {}
     for threads in (1, 2):
         script = BUILD.format(root=str(ROOT), out=str(tmp_path / f"t{threads}"), base=str(tiny_model_dir))
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false"}
-        done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=1800)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "WANDB_MODE": "offline",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         after, digest = done.stdout.split()[-2:]
         assert int(after) == threads  # the caller's thread count is restored after the build
@@ -91,8 +117,7 @@ def test_the_sft_start_has_one_digest_with_1_and_2_threads(tmp_path: Path, tiny_
     assert digests[1] == digests[2]
 
 
-def test_the_sft_start_is_built_with_the_pinned_thread_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                              ) -> None:
+def test_the_sft_start_is_built_with_the_pinned_thread_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
     import benchmarks.ablations as ablations
@@ -101,8 +126,9 @@ def test_the_sft_start_is_built_with_the_pinned_thread_count(tmp_path: Path, mon
     from memrl.rollout.memory.sam import SamConfig
 
     seen = []
-    monkeypatch.setattr("memrl.rollout.expert_traces.distill", lambda *a, **k: seen.append(torch.get_num_threads())
-                        or {})
+    monkeypatch.setattr(
+        "memrl.rollout.expert_traces.distill", lambda *a, **k: seen.append(torch.get_num_threads()) or {}
+    )
     monkeypatch.setattr(ablations, "run_sft_stage", lambda *a, **k: seen.append(torch.get_num_threads()))
     before = torch.get_num_threads()
     set_torch_threads(2)  # the caller's count differs from the pinned one
@@ -124,13 +150,15 @@ def test_the_benchmark_process_computes_under_the_pinned_cpu_profile(tmp_path: P
         "import torch\n"  # loaded before the pin: the re-executed process starts clean anyway
         "from benchmarks.ablations import cpu_profile, pin_cpu_numerics\n"
         "name = pin_cpu_numerics(native=len(sys.argv) > 1)\n"
-        "print(name, cpu_profile(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())\n")
+        "print(name, cpu_profile(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OMP_NUM_THREADS")}
     env["OMP_NUM_THREADS"] = "2"
     pinned = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert pinned.returncode == 0, pinned.stderr[-2000:]
     assert pinned.stdout.split() == ["avx2-1thread", "avx2-1thread", "AVX2", "1"]
-    native = subprocess.run([sys.executable, str(script), "native"], env=env, capture_output=True, text=True,
-                            timeout=300)
+    native = subprocess.run(
+        [sys.executable, str(script), "native"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert native.returncode == 0, native.stderr[-2000:]
     assert native.stdout.split()[:2] == ["native", "native"] and native.stdout.split()[3] == "2"

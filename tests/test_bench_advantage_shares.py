@@ -19,10 +19,25 @@ def test_advantage_shares_compares_every_option_on_one_batch(tmp_path: Path) -> 
     from memrl.rewards.advantage import ADVANTAGE_PRESETS
 
     cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "advantage_shares.py"), "--policy",
-                          "noisy-oracle", "--tasks", "4", "--work", str(tmp_path), "--model-cache", cache],
-                         capture_output=True, text=True, timeout=900, cwd=ROOT,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "advantage_shares.py"),
+            "--policy",
+            "noisy-oracle",
+            "--tasks",
+            "4",
+            "--work",
+            str(tmp_path),
+            "--model-cache",
+            cache,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     record = json.loads(out.stdout.strip().splitlines()[-1])
     options = record["options"]
@@ -34,16 +49,32 @@ def test_advantage_shares_compares_every_option_on_one_batch(tmp_path: Path) -> 
             assert paper["abs_advantage_tied_mean"] == pytest.approx(1.0, abs=0.05)
             assert options[f"dr_grpo/{layout}"]["abs_advantage_tied_mean"] < 0.5
     # branching at the first differing call never leaves more identical rows to cancel than the separate layout
-    assert options["grpo_std/branch"].get("identical_row_cancelled_advantage_fraction", 0.0) <= \
-        options["grpo_std/separate"].get("identical_row_cancelled_advantage_fraction", 0.0) + 1e-9
+    assert (
+        options["grpo_std/branch"].get("identical_row_cancelled_advantage_fraction", 0.0)
+        <= options["grpo_std/separate"].get("identical_row_cancelled_advantage_fraction", 0.0) + 1e-9
+    )
 
 
 @pytest.mark.slow
 def test_advantage_shares_of_pivot_groups_show_the_cost_only_push_toward_silence() -> None:
     cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "advantage_shares.py"), "--family", "proactive",
-                          "--tasks", "2", "--model-cache", cache], capture_output=True, text=True, timeout=900,
-                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "advantage_shares.py"),
+            "--family",
+            "proactive",
+            "--tasks",
+            "2",
+            "--model-cache",
+            cache,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     options = json.loads(out.stdout.strip().splitlines()[-1])["options"]
     paper, only = options["all_turns/grpo_std"], options["all_turns/informative_only"]

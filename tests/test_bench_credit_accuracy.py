@@ -17,10 +17,30 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_credit_accuracy_scores_every_method_on_all_and_on_tied_groups(tmp_path: Path) -> None:
     cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "credit_accuracy.py"), "--quick", "--policy",
-                          "noisy-oracle", "--tasks", "2", "--states-per-task", "1", "--replays", "2", "--work",
-                          str(tmp_path), "--model-cache", cache], capture_output=True, text=True, timeout=900,
-                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "credit_accuracy.py"),
+            "--quick",
+            "--policy",
+            "noisy-oracle",
+            "--tasks",
+            "2",
+            "--states-per-task",
+            "1",
+            "--replays",
+            "2",
+            "--work",
+            str(tmp_path),
+            "--model-cache",
+            cache,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     record = json.loads(out.stdout.strip().splitlines()[-1])
     assert record == json.loads((tmp_path / "credit_accuracy_quick.json").read_text())

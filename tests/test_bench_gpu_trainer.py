@@ -10,8 +10,9 @@ from tests.bench_run import run_benchmark
 
 @pytest.mark.slow
 def test_gpu_trainer_quick_on_cpu() -> None:
-    record = run_benchmark("gpu_trainer", ["--quick", "--device", "cpu", "--modes", "lora", "--no-mix",
-                                           "--warmup", "0"])
+    record = run_benchmark(
+        "gpu_trainer", ["--quick", "--device", "cpu", "--modes", "lora", "--no-mix", "--warmup", "0"]
+    )
     assert record["cases"], record
     for case in record["cases"]:
         assert case["shape"] == "tiny" and case["mode"] == "lora"

@@ -9,7 +9,6 @@ from tests.bench_run import run_benchmark
 
 @pytest.mark.slow
 def test_learning_smoke(tmp_path) -> None:
-    record = run_benchmark("learning", ["--smoke", "--iterations", "1", "--eval-samples", "1",
-                                        "--work", str(tmp_path)])
+    record = run_benchmark("learning", ["--smoke", "--iterations", "1", "--eval-samples", "1", "--work", str(tmp_path)])
     assert record["benchmark"] == "oat_grpo_learning" and record["iterations"] == 1
     assert record["held_out_tasks"] == 4 and 0.0 <= record["success_before"] <= 1.0

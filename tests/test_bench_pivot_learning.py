@@ -16,16 +16,51 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--quick", "--fatal", "1", "--starts", "clean_long", "--train-tasks", "4", "--sft-steps", "2", "--dev-tasks",
-        "1", "--test-tasks", "2", "--samples", "1", "--iterations", "1", "--label-tasks", "1",
-        "--pivots-per-iteration", "1", "--non-pivots-per-iteration", "1", "--group-size", "2"]
+TINY = [
+    "--quick",
+    "--fatal",
+    "1",
+    "--starts",
+    "clean_long",
+    "--train-tasks",
+    "4",
+    "--sft-steps",
+    "2",
+    "--dev-tasks",
+    "1",
+    "--test-tasks",
+    "2",
+    "--samples",
+    "1",
+    "--iterations",
+    "1",
+    "--label-tasks",
+    "1",
+    "--pivots-per-iteration",
+    "1",
+    "--non-pivots-per-iteration",
+    "1",
+    "--group-size",
+    "2",
+]
 
 
 def _run(*args: str) -> list[dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pivot_learning.py"), *TINY, *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=3600)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pivot_learning.py"), *TINY, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -42,8 +77,9 @@ def test_select_chooses_on_dev_with_two_jobs(tmp_path: Path, tiny_model_dir: Pat
     assert selection["chosen"] == next(c for c in selection["candidates"] if c["dev_pass_rate"] == best)  # ties: first
     saved = json.loads((tmp_path / "w" / "clean_long" / "selected_on_dev.json").read_text())
     assert saved["chosen"] == selection["chosen"] and saved["start_weights"] == selection["start_weights"]
-    assert sorted(p.parts[-4] for p in (tmp_path / "w" / "clean_long" / "select").glob("c*/F1/seed0/pivot.dev.json")
-                  ) == ["c0", "c3"]
+    assert sorted(
+        p.parts[-4] for p in (tmp_path / "w" / "clean_long" / "select").glob("c*/F1/seed0/pivot.dev.json")
+    ) == ["c0", "c3"]
 
 
 def test_the_select_grid_crosses_every_advantage_preset_with_the_costs_and_learning_rates() -> None:
@@ -52,8 +88,11 @@ def test_the_select_grid_crosses_every_advantage_preset_with_the_costs_and_learn
     from memrl.rewards.pivot import PivotRewardConfig
 
     # the recipe's own settings first (configs/pivot_grpo_tiny.yaml leaves the advantage at memrl's default)
-    assert SELECT_GRID[0] == {"reward.advantage": AdvantageConfig().preset, "reward.reminder_cost": 0.1,
-                              "trainer.lr": 3e-4}
+    assert SELECT_GRID[0] == {
+        "reward.advantage": AdvantageConfig().preset,
+        "reward.reminder_cost": 0.1,
+        "trainer.lr": 3e-4,
+    }
     assert len(SELECT_GRID) == len({json.dumps(e, sort_keys=True) for e in SELECT_GRID}) == len(ADVANTAGE_PRESETS) * 4
     assert {e["reward.advantage"] for e in SELECT_GRID} == set(ADVANTAGE_PRESETS)
     for entry in SELECT_GRID:  # every entry is a valid reward config
@@ -87,16 +126,32 @@ def test_settings_chosen_on_dev_are_applied_before_the_command_line_and_key_the_
     start = tmp_path / "starts" / "clean_long"
     start.mkdir(parents=True)
     (start / "start.json").write_text(json.dumps({"weights": "abc"}))
-    args = argparse.Namespace(overrides=["trainer.lr=5e-5", "loop.iterations=3"], config="configs/pivot_grpo_tiny.yaml",
-                              dev_tasks=1, test_tasks=2, samples=1, iterations=1, label_tasks=1,
-                              pivots_per_iteration=1, non_pivots_per_iteration=1, group_size=2)
+    args = argparse.Namespace(
+        overrides=["trainer.lr=5e-5", "loop.iterations=3"],
+        config="configs/pivot_grpo_tiny.yaml",
+        dev_tasks=1,
+        test_tasks=2,
+        samples=1,
+        iterations=1,
+        label_tasks=1,
+        pivots_per_iteration=1,
+        non_pivots_per_iteration=1,
+        group_size=2,
+    )
     plain, report = grpo_overrides(args, tmp_path, "clean_long")
     assert plain == args.overrides and report["chosen_on_dev"] is None
     chosen = {"trainer.lr": 1e-4, "reward.reminder_cost": 0.0}
     selection_file(tmp_path, "clean_long").parent.mkdir(parents=True)
-    selection_file(tmp_path, "clean_long").write_text(json.dumps({
-        "start_weights": "abc", "rule": "r", "chosen": {"overrides": chosen},
-        "candidates": [{"overrides": chosen, "dev_pass_rate": 0.5}]}))
+    selection_file(tmp_path, "clean_long").write_text(
+        json.dumps(
+            {
+                "start_weights": "abc",
+                "rule": "r",
+                "chosen": {"overrides": chosen},
+                "candidates": [{"overrides": chosen, "dev_pass_rate": 0.5}],
+            }
+        )
+    )
     overrides, report = grpo_overrides(args, tmp_path, "clean_long")
     assert overrides == ["trainer.lr=0.0001", "reward.reminder_cost=0.0", "trainer.lr=5e-5", "loop.iterations=3"]
     assert report["chosen_on_dev"] == chosen and report["overruled_by_the_command_line"] == ["trainer.lr=0.0001"]

@@ -12,8 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_reentry_benchmark_quick() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reentry.py"), "--quick"], capture_output=True,
-                          text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "reentry.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     (line,) = [x for x in done.stdout.splitlines() if x.strip()]
     out = json.loads(line)

@@ -12,7 +12,8 @@ from tests.bench_run import run_benchmark
 
 @pytest.mark.slow
 def test_resume_faults_one_trial(tmp_path: Path) -> None:
-    record = run_benchmark("resume_faults", ["--trials", "1", "--fleet-workers", "0", "--max-staleness", "0",
-                                             "--work", str(tmp_path)])
+    record = run_benchmark(
+        "resume_faults", ["--trials", "1", "--fleet-workers", "0", "--max-staleness", "0", "--work", str(tmp_path)]
+    )
     assert record["benchmark"] == "resume_faults" and record["resumes_equal"] == "1/1"
     assert record["kills_during_checkpoint_write"] == 1 and record["trials_with_orphans_after_10s"] == 0

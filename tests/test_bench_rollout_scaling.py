@@ -10,8 +10,7 @@ from tests.bench_run import run_benchmark
 
 @pytest.mark.slow
 def test_rollout_scaling_smallest() -> None:
-    record = run_benchmark("rollout_scaling", ["--tasks", "2", "--iterations", "2", "--latency-ms", "5",
-                                               "--skip-vllm"])
+    record = run_benchmark("rollout_scaling", ["--tasks", "2", "--iterations", "2", "--latency-ms", "5", "--skip-vllm"])
     assert record["tasks"] == 2 and record["trees_per_s_1"] > 0 and record["trees_per_s_2"] > 0
     for figure in ("fleet_speedup", "offpolicy_iteration_ratio", "async_speedup", "async_speedup_endpoints"):
         assert record[figure] > 0, figure

@@ -17,10 +17,26 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_soak_prints_memory_and_open_files_of_driver_and_workers(tiny_model_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--iterations", "3", "--warmup", "1", "--workers", "1",
-         "--work", str(tmp_path / "soak"), "--model", str(tiny_model_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"})
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "soak.py"),
+            "--iterations",
+            "3",
+            "--warmup",
+            "1",
+            "--workers",
+            "1",
+            "--work",
+            str(tmp_path / "soak"),
+            "--model",
+            str(tiny_model_dir),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["benchmark"] == "soak" and summary["iterations"] == 3 and summary["workers"] == 1

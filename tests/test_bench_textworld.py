@@ -17,9 +17,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_textworld_benchmark_smallest_setting(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "textworld.py"), "--quick", "--model", "none",
-           "--cells", "treasure_hunter/small", "--test-games", "2", "--seeds", "2",
-           "--work", str(tmp_path / "work"), "--game-cache", str(tmp_path / "games")]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "textworld.py"),
+        "--quick",
+        "--model",
+        "none",
+        "--cells",
+        "treasure_hunter/small",
+        "--test-games",
+        "2",
+        "--seeds",
+        "2",
+        "--work",
+        str(tmp_path / "work"),
+        "--game-cache",
+        str(tmp_path / "games"),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -29,8 +43,11 @@ def test_textworld_benchmark_smallest_setting(tmp_path: Path) -> None:
     assert table["sam_expert"]["all"]["success"] == 1.0 and table["sam_expert"]["all"]["steps_to_win"] > 0
     assert set(result["paired"]) == {"bm25-no_memory", "long_context-no_memory"}
     assert result["paired"]["bm25-no_memory"]["all"]["seeds"] == 2
-    assert result["replay"] == {"games": 2, "exact": 2, "commands_replayed": result["replay"]["commands_replayed"],
-                                "mismatched": []} and result["replay"]["commands_replayed"] >= 2
+    assert (
+        result["replay"]
+        == {"games": 2, "exact": 2, "commands_replayed": result["replay"]["commands_replayed"], "mismatched": []}
+        and result["replay"]["commands_replayed"] >= 2
+    )
     assert "replay re-entry exact on 2 of 2 test games" in out.stderr
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)  # everything cached
     assert rerun.returncode == 0 and json.loads(rerun.stdout.strip().splitlines()[-1])["table"] == table

@@ -9,8 +9,9 @@ from tests.bench_run import run_benchmark
 
 @pytest.mark.slow
 def test_trainer_scaling_one_context() -> None:
-    record = run_benchmark("trainer_scaling", ["--contexts", "256", "--response", "32", "--repeats", "1",
-                                               "--steps", "1"])
+    record = run_benchmark(
+        "trainer_scaling", ["--contexts", "256", "--response", "32", "--repeats", "1", "--steps", "1"]
+    )
     assert record["ooms"] == 0 and record["vocab"] == 151936
     (case,) = record["cases"]
     assert case["context"] == 256 and case["memrl_step_peak_gib"] > 0 and case["reference_step_peak_gib"] > 0

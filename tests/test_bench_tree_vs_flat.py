@@ -16,19 +16,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_tree_vs_flat_reports_tokens_per_correctly_signed_action() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tree_vs_flat.py"), "--tasks", "2", "--ks", "2",
-                          "--replays", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "tree_vs_flat.py"), "--tasks", "2", "--ks", "2", "--replays", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["benchmark"] == "tree_vs_flat" and summary["replays_per_action"] == 2
     row = summary["per_k"]["2"]
     for mode in ("tree", "flat"):
         r = row[mode]
-        assert 0 <= r["correctly_signed_actions"] <= r["actions_with_nonzero_true_advantage"] <= \
-            r["credited_actions_scored"]
+        assert (
+            0
+            <= r["correctly_signed_actions"]
+            <= r["actions_with_nonzero_true_advantage"]
+            <= r["credited_actions_scored"]
+        )
         assert r["reasoner_tokens_per_correctly_signed_action"] == r["reasoner_tokens"] / max(
-            r["correctly_signed_actions"], 1)
+            r["correctly_signed_actions"], 1
+        )
     # every action of a flat trajectory is credit-bearing and scored; a tree scores its sibling-level units
     assert row["flat"]["credited_actions_scored"] == row["flat"]["credit_bearing_actions"]
     assert row["tree"]["credited_actions_scored"] <= row["tree"]["credit_bearing_actions"]

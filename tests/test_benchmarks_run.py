@@ -13,9 +13,17 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OWNERS = {"ablations": "evidence", "pivot_learning": "evidence", "learning": "evidence", "credit_accuracy": "shaping",
-          "tree_vs_flat": "shaping", "advantage_shares": "shaping", "reentry": "byoa", "soak": "syncobs",
-          "textworld": "textworld"}
+OWNERS = {
+    "ablations": "evidence",
+    "pivot_learning": "evidence",
+    "learning": "evidence",
+    "credit_accuracy": "shaping",
+    "tree_vs_flat": "shaping",
+    "advantage_shares": "shaping",
+    "reentry": "byoa",
+    "soak": "syncobs",
+    "textworld": "textworld",
+}
 
 
 def _benchmarks() -> list[str]:
@@ -28,11 +36,18 @@ def _runs(test_file: Path, name: str) -> bool:
     tree = ast.parse(test_file.read_text())
     for node in ast.walk(tree):
         called = getattr(node.func, "id", getattr(node.func, "attr", "")) if isinstance(node, ast.Call) else ""
-        if called == "run_benchmark" and node.args and isinstance(node.args[0], ast.Constant) \
-                and node.args[0].value == name:
+        if (
+            called == "run_benchmark"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == name
+        ):
             return True
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
-                node.value in (f"benchmarks/{name}.py", f"{name}.py", f"benchmarks.{name}")):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and (node.value in (f"benchmarks/{name}.py", f"{name}.py", f"benchmarks.{name}"))
+        ):
             return True
     return False
 
@@ -52,8 +67,9 @@ def test_every_benchmark_has_a_smoke_test() -> None:
 def test_the_meta_test_sees_what_it_checks(tmp_path: Path) -> None:
     """The check itself: a file that runs the benchmark passes, one that only mentions it in a comment does not."""
     good = tmp_path / "good.py"
-    good.write_text('from tests.bench_run import run_benchmark\n\n\ndef test_x():\n'
-                    '    run_benchmark("synth_speed", [])\n')
+    good.write_text(
+        'from tests.bench_run import run_benchmark\n\n\ndef test_x():\n    run_benchmark("synth_speed", [])\n'
+    )
     bad = tmp_path / "bad.py"
     bad.write_text("# synth_speed is slow\ndef test_x():\n    pass\n")
     assert _runs(good, "synth_speed") and not _runs(bad, "synth_speed")

@@ -76,7 +76,8 @@ def _saved_three(tiny_model_dir: Path, root: Path) -> tuple[CheckpointManager, G
 
 
 def test_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(
-        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Truncated weights, a missing optimizer file, a garbage loop state, a changed byte: each newest checkpoint is
     reported (naming the file) and skipped; the newest intact one is loaded."""
     manager, trainer = _saved_three(tiny_model_dir, tmp_path / "ckpt")
@@ -100,8 +101,9 @@ def test_changed_byte_fails_the_checksum(tiny_model_dir: Path, tmp_path: Path) -
     manager, _ = _saved_three(tiny_model_dir, tmp_path / "ckpt")
     state = tmp_path / "ckpt" / "ckpt-000002" / "loop_state.json"
     state.write_text(state.read_text().replace("2", "7"))
-    assert verify_checkpoint(state.parent) == f"{state} does not match its checksum in the manifest (changed or " \
-        "damaged)"
+    assert (
+        verify_checkpoint(state.parent) == f"{state} does not match its checksum in the manifest (changed or damaged)"
+    )
     assert manager.latest().name == "ckpt-000001"
 
 
@@ -136,8 +138,7 @@ def test_reward_cache_is_snapshotted_and_restored(tiny_model_dir: Path, tmp_path
     assert JsonCache(target).get(content_key("reference", "b")) is None
 
 
-def test_sft_resume_skips_a_damaged_newest_trainer_checkpoint(tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_sft_resume_skips_a_damaged_newest_trainer_checkpoint(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """SFT (Hugging Face Trainer) checkpoints have no manifest: a newest one with truncated weights, a garbage
     trainer_state.json or no optimizer state is reported and the newest intact one is resumed."""
     from safetensors.torch import save_file

@@ -69,9 +69,7 @@ def test_unreadable_judge_falls_back_and_is_counted() -> None:
     scores = {n.call.text: n.committee_score for n in ts[0].nodes if n.kind == "memory"}
     assert scores["part a#1"] == pytest.approx(1.0) and scores["part a#0"] < 1.0
     skip = trees(1)
-    Committee(CommitteeConfig(fallback="skip"), [RecordingEngine("x", "ref")], RecordingEngine("?", "j")).score(
-        skip
-    )
+    Committee(CommitteeConfig(fallback="skip"), [RecordingEngine("x", "ref")], RecordingEngine("?", "j")).score(skip)
     assert all(n.committee_score is None for n in skip[0].nodes)
 
 
@@ -135,9 +133,17 @@ def recall_group(intent: str, candidates: list[str], page: str = "the brass key 
 
     messages = [Message(**m) for m in render_sam_recall_prompt(intent, 3, page, "")]
     nodes = [TreeNode(node_id="root", kind="root", children=[f"a{k}" for k in range(len(candidates))])]
-    nodes += [TreeNode(node_id=f"a{k}", parent_id="root", depth=1, kind="memory", group_id="g",
-                       call=MemoryCall(call_id=f"a{k}", role="recall", messages=messages, text=text))
-              for k, text in enumerate(candidates)]
+    nodes += [
+        TreeNode(
+            node_id=f"a{k}",
+            parent_id="root",
+            depth=1,
+            kind="memory",
+            group_id="g",
+            call=MemoryCall(call_id=f"a{k}", role="recall", messages=messages, text=text),
+        )
+        for k, text in enumerate(candidates)
+    ]
     return MemoryCallTree(tree_id="t", task_id="t", root_id="root", nodes=nodes)
 
 
@@ -161,13 +167,15 @@ def test_recoverability_reads_what_the_reasoner_needs_where_lexical_overlap_pref
 
 def test_committee_scores_recoverability_offline_and_falls_back_to_the_rubric_for_unknown_requests() -> None:
     tree = recall_group("which key opens chest 7", ["chest 7 opens with the brass key", "the iron key opens chest 7"])
-    stats = Committee(CommitteeConfig(criterion="recoverability"), [RecordingEngine("the brass key opens chest 7")],
-                      None).score([tree])
+    stats = Committee(
+        CommitteeConfig(criterion="recoverability"), [RecordingEngine("the brass key opens chest 7")], None
+    ).score([tree])
     assert [n.committee_score for n in tree.nodes if n.kind == "memory"] == [1.0, 0.0]
     assert stats.recoverability_fallbacks == 0
     unknown = recall_group("summarise the page", ["a", "the brass key opens chest 7"])
-    stats = Committee(CommitteeConfig(criterion="recoverability"), [RecordingEngine("the brass key opens chest 7")],
-                      None).score([unknown])
+    stats = Committee(
+        CommitteeConfig(criterion="recoverability"), [RecordingEngine("the brass key opens chest 7")], None
+    ).score([unknown])
     scores = [n.committee_score for n in unknown.nodes if n.kind == "memory"]
     assert stats.recoverability_fallbacks == 1 and scores[1] == pytest.approx(1.0) and scores[0] < 0.5
 

@@ -63,8 +63,9 @@ def test_node_values_are_mean_leaf_outcomes_with_uneven_subtrees() -> None:
 
 def test_rewards_and_advantages_with_sibling_centred_committee() -> None:
     t = tree({"a1": 0.8, "a2": 0.6, "a3": 0.1, "b1": 0.9, "b2": None})
-    stats = assign_credit(t, CreditConfig(terms=[{"name": "committee", "weight": 0.5, "centre": "siblings"}],
-                                        advantage={"eps": 0.0}))
+    stats = assign_credit(
+        t, CreditConfig(terms=[{"name": "committee", "weight": 0.5, "centre": "siblings"}], advantage={"eps": 0.0})
+    )
     n = by_id(t)
     # g0: centre = (0.8 + 0.6 + 0.1) / 3 = 0.5
     assert n["a1"].reward == pytest.approx(0.5 + 0.5 * 0.3)

@@ -20,8 +20,11 @@ FIX = Path(__file__).parent / "fixtures"
 
 @pytest.mark.parametrize(
     ("fmt", "name", "count"),
-    [("amabench", "amabench_small.jsonl", 2), ("locomo", "locomo_small.json", 1),
-     ("memoryarena", "memoryarena_small.jsonl", 2)],
+    [
+        ("amabench", "amabench_small.jsonl", 2),
+        ("locomo", "locomo_small.json", 1),
+        ("memoryarena", "memoryarena_small.jsonl", 2),
+    ],
 )
 def test_fixtures_round_trip_through_jsonl(tmp_path: Path, fmt: str, name: str, count: int) -> None:
     episodes = convert(FIX / name, tmp_path / "out.jsonl", LOADERS[fmt])
@@ -83,30 +86,61 @@ def _ama(**override: object) -> dict:
     [
         (["{not json"], r":2: invalid JSON"),
         ([_ama(task=["x"])], r":2: field 'task': expected string or integer or number, got array"),
-        ([_ama(trajectory=[{"turn_idx": "zero", "action": "a", "observation": "o"}])],
-         r":2: field 'trajectory\[0\].turn_idx': expected integer, got string"),
+        (
+            [_ama(trajectory=[{"turn_idx": "zero", "action": "a", "observation": "o"}])],
+            r":2: field 'trajectory\[0\].turn_idx': expected integer, got string",
+        ),
         ([_ama(trajectory=[])], r":2: field 'trajectory': empty trajectory"),
-        ([_ama(qa_pairs=[{"question": "q", "answer": None, "type": "A"}])],
-         r":2: field 'qa_pairs\[0\].answer': expected string or integer or number, got null"),
-        ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": 5}])],
-         r":2: field 'qa_pairs\[0\].needle_turns': expected array, got integer"),
-        ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": None}])],
-         r":2: field 'qa_pairs\[0\].needle_turns': expected array, got null"),
-        ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": [1, "2"]}])],
-         r":2: field 'qa_pairs\[0\].needle_turns\[1\]': expected integer, got string"),
-        ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": [True]}])],
-         r":2: field 'qa_pairs\[0\].needle_turns\[0\]': expected integer, got boolean"),
-        ([_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "qa_id": None}])],
-         r":2: field 'qa_pairs\[0\].qa_id': expected string or integer or number, got null"),
+        (
+            [_ama(qa_pairs=[{"question": "q", "answer": None, "type": "A"}])],
+            r":2: field 'qa_pairs\[0\].answer': expected string or integer or number, got null",
+        ),
+        (
+            [_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": 5}])],
+            r":2: field 'qa_pairs\[0\].needle_turns': expected array, got integer",
+        ),
+        (
+            [_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": None}])],
+            r":2: field 'qa_pairs\[0\].needle_turns': expected array, got null",
+        ),
+        (
+            [_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": [1, "2"]}])],
+            r":2: field 'qa_pairs\[0\].needle_turns\[1\]': expected integer, got string",
+        ),
+        (
+            [_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "needle_turns": [True]}])],
+            r":2: field 'qa_pairs\[0\].needle_turns\[0\]': expected integer, got boolean",
+        ),
+        (
+            [_ama(qa_pairs=[{"question": "q", "answer": "a", "type": "A", "qa_id": None}])],
+            r":2: field 'qa_pairs\[0\].qa_id': expected string or integer or number, got null",
+        ),
         ([_ama(domain=["web"])], r":2: field 'domain': expected string or integer or number, got array"),
         ([_ama(task_type=["web"])], r":2: field 'task_type': expected string or integer or number, got array"),
         # given indices still must increase, also around turns that give none
-        ([_ama(trajectory=[{"turn_idx": 3, "action": "a", "observation": "o"},
-                           {"turn_idx": 1, "action": "b", "observation": "p"}])],
-         r":2: field 'trajectory': turn_idx must increase, got 3 then 1"),
-        ([_ama(trajectory=[{"turn_idx": 5, "action": "a", "observation": "o"}, {"action": "b", "observation": "p"},
-                           {"turn_idx": 5, "action": "c", "observation": "q"}])],
-         r":2: field 'trajectory': turn_idx must increase, got 5 then 5"),
+        (
+            [
+                _ama(
+                    trajectory=[
+                        {"turn_idx": 3, "action": "a", "observation": "o"},
+                        {"turn_idx": 1, "action": "b", "observation": "p"},
+                    ]
+                )
+            ],
+            r":2: field 'trajectory': turn_idx must increase, got 3 then 1",
+        ),
+        (
+            [
+                _ama(
+                    trajectory=[
+                        {"turn_idx": 5, "action": "a", "observation": "o"},
+                        {"action": "b", "observation": "p"},
+                        {"turn_idx": 5, "action": "c", "observation": "q"},
+                    ]
+                )
+            ],
+            r":2: field 'trajectory': turn_idx must increase, got 5 then 5",
+        ),
     ],
 )
 def test_malformed_amabench_names_file_line_field_and_writes_nothing(
@@ -160,9 +194,11 @@ def test_generic_validation_error_names_the_field(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("evidence", "expected"),
-    [([3], r"field 'qa\[1\]\.evidence\[0\]': expected string, got integer"),
-     (["D2:2", None], r"field 'qa\[1\]\.evidence\[1\]': expected string, got null"),
-     ("D2:2", r"field 'qa\[1\]\.evidence': expected array, got string")],
+    [
+        ([3], r"field 'qa\[1\]\.evidence\[0\]': expected string, got integer"),
+        (["D2:2", None], r"field 'qa\[1\]\.evidence\[1\]': expected string, got null"),
+        ("D2:2", r"field 'qa\[1\]\.evidence': expected array, got string"),
+    ],
 )
 def test_locomo_evidence_that_is_not_a_string_fails_and_writes_nothing(
     tmp_path: Path, evidence: object, expected: str
@@ -194,8 +230,10 @@ def test_locomo_real_format_keeps_captions_evidence_and_both_adversarial_answers
     turns = ep.metadata["turns"]
     image = ep.trajectory[turns["D2:1"]["turn_idx"]]
     # the official prompts read an image turn as '<text> and shared <blip_caption>'
-    assert image.observation == ("[1:14 pm on 25 May, 2023] Look at this, I am researching adoption agencies now. "
-                                 "and shared a photo of a stack of brochures")
+    assert image.observation == (
+        "[1:14 pm on 25 May, 2023] Look at this, I am researching adoption agencies now. "
+        "and shared a photo of a stack of brochures"
+    )
     assert turns["D2:1"]["img_url"] == ["https://example.org/adoption.jpg"]
     assert turns["D2:1"]["query"] == "adoption brochures" and turns["D2:1"]["session"] == 2
     assert ep.trajectory[0].observation.startswith("[1:56 pm on 8 May, 2023] ")
@@ -218,8 +256,9 @@ def test_locomo_real_format_keeps_captions_evidence_and_both_adversarial_answers
     assert "answer" not in only_trap.metadata and only_trap.metadata["adversarial_answer"] == "a lake sunrise"
     options = only_trap.metadata["options"]
     assert sorted(options.values()) == sorted([LOCOMO_NOT_MENTIONED, "a lake sunrise"])
-    assert only_trap.metadata["asked_as"].endswith(f"Select the correct answer: (a) {options['a']} (b) "
-                                                   f"{options['b']}. ")
+    assert only_trap.metadata["asked_as"].endswith(
+        f"Select the correct answer: (a) {options['a']} (b) {options['b']}. "
+    )
     # the same file loads the same way (the option order is fixed by the question id)
     assert load_locomo(tmp_path / "locomo10.json") == [ep]
 
@@ -237,7 +276,10 @@ def test_amabench_real_format_takes_the_official_defaults_and_records_them(tmp_p
     assert second.trajectory[0].turn_idx == 0
     assert second.task_type == "unknown" and second.domain == "unknown"
     assert second.metadata["loader_defaults"] == [
-        "trajectory[0].turn_idx: missing -> 0", "task_type: missing -> 'unknown'", "domain: missing -> 'unknown'"]
+        "trajectory[0].turn_idx: missing -> 0",
+        "task_type: missing -> 'unknown'",
+        "domain: missing -> 'unknown'",
+    ]
     assert second.qa_pairs[0].answer == "Sakura"
 
 
@@ -256,8 +298,14 @@ def test_amabench_null_task_type_is_accepted_and_leaves_the_judge_line_out(tmp_p
 
 def test_amabench_turns_without_turn_idx_read_0_as_the_official_loader_and_keep_their_order(tmp_path: Path) -> None:
     """The official ``_trajectory_to_text`` reads ``step.get("turn_idx", 0)``: every such turn is ``Step 0``."""
-    record = _ama(trajectory=[{"action": "a", "observation": "o"}, {"action": "b", "observation": "p"},
-                              {"turn_idx": 7, "action": "c", "observation": "q"}, {"action": "d"}])
+    record = _ama(
+        trajectory=[
+            {"action": "a", "observation": "o"},
+            {"action": "b", "observation": "p"},
+            {"turn_idx": 7, "action": "c", "observation": "q"},
+            {"action": "d"},
+        ]
+    )
     src = tmp_path / "ama.jsonl"
     src.write_text(json.dumps(record) + "\n")
     (ep,) = load_amabench(src)

@@ -90,16 +90,18 @@ def test_phase1_writes_the_bank_and_phase2_reminds_before_a_pivot() -> None:
     task = ProactiveTask({"n_subtasks": 16}, seed=5)
     oracle = ProactiveOracle()
     window = render_window([(0, "", task.reset())])
-    reply = oracle.respond(render_phase1_prompt(task.task, window, render_bank("", [], [])), RNG,
-                           {"truth": task.truth()})
+    reply = oracle.respond(
+        render_phase1_prompt(task.task, window, render_bank("", [], [])), RNG, {"truth": task.truth()}
+    )
     names = [c.name for c in parse_tool_calls(reply).calls]
     assert names[0] == "memory_update_status" and names.count("memory_save_knowledge") == 3
     pivot = task.pivots[0]
     turns = task.reference.turns
     steps = [(t.turn_idx, t.action, t.observation) for t in turns[max(0, pivot["step"] - 3) : pivot["step"] + 1]]
     bank = render_bank("s", [("k1", pivot["reminder"])], [])
-    reminder, error = parse_intervention(oracle.respond(render_phase2_prompt(task.task, render_window(steps), bank),
-                                                        RNG, {"truth": task.truth()}))
+    reminder, error = parse_intervention(
+        oracle.respond(render_phase2_prompt(task.task, render_window(steps), bank), RNG, {"truth": task.truth()})
+    )
     assert error is None and reminder == pivot["reminder"]
     quiet = [(t.turn_idx, t.action, t.observation) for t in turns[1:3]]
     silent = oracle.respond(render_phase2_prompt(task.task, render_window(quiet), bank), RNG, {"truth": task.truth()})
@@ -144,17 +146,29 @@ def test_bank_writer_records_what_was_seen_and_never_the_plan() -> None:
     status = next(c.arguments["content"] for c in parse_tool_calls(reply).calls if c.name == "memory_update_status")
     assert "risk" not in status and status.startswith("at subtask 1 of")
     # a failed command and the diagnosis its output states are recorded; the next step repeats nothing
-    failed = [(3, "pip install numpy", "error: externally-managed-environment\nhint: pip install --user numpy\n"
-                                       "next: install numpy (subtask 2 of 12)")]
+    failed = [
+        (
+            3,
+            "pip install numpy",
+            "error: externally-managed-environment\nhint: pip install --user numpy\n"
+            "next: install numpy (subtask 2 of 12)",
+        )
+    ]
     bank = render_bank("at subtask 2 of 12: install numpy", [("k1", saved[0])], [])
-    calls = parse_tool_calls(writer.respond(render_phase1_prompt(task.task, render_window(failed), bank), RNG,
-                                            {})).calls
+    calls = parse_tool_calls(
+        writer.respond(render_phase1_prompt(task.task, render_window(failed), bank), RNG, {})
+    ).calls
     procedural = [c.arguments["content"] for c in calls if c.name == "memory_save_procedural"]
-    assert procedural == ["failed: pip install numpy -> error: externally-managed-environment",
-                          FACTS["install_flag"].sentence("--user")]
+    assert procedural == [
+        "failed: pip install numpy -> error: externally-managed-environment",
+        FACTS["install_flag"].sentence("--user"),
+    ]
     assert not any(c.name == "memory_delete" for c in calls)
-    full = render_bank("at subtask 2 of 12: install numpy", [(f"k{i}", s) for i, s in enumerate(saved, 1)],
-                       [("p4", procedural[0]), ("p5", procedural[1])])
+    full = render_bank(
+        "at subtask 2 of 12: install numpy",
+        [(f"k{i}", s) for i, s in enumerate(saved, 1)],
+        [("p4", procedural[0]), ("p5", procedural[1])],
+    )
     assert writer.respond(render_phase1_prompt(task.task, render_window(failed), full), RNG, {}) == ""
 
 

@@ -71,24 +71,34 @@ def test_step_follows_the_tour_and_restore_continues_identically() -> None:
 
 def test_reasoner_follows_next_and_answers_from_a_paraphrase() -> None:
     reasoner = SamReasoner()
-    base = [Message(role="system", content=SAM_REASONER_SYSTEM),
-            Message(role="user", content=render_sam_memory_block("t", [(0, "red key, blue cup")]))]
+    base = [
+        Message(role="system", content=SAM_REASONER_SYSTEM),
+        Message(role="user", content=render_sam_memory_block("t", [(0, "red key, blue cup")])),
+    ]
     name, args = _call(reasoner.respond([*base, Message(role="tool", content="x\nnext: open drawer 5")], RNG, {}))
     assert (name, args) == ("act", {"action": "open drawer 5"})
     asked = [*base, Message(role="tool", content="question: where is the red key?")]
     name, args = _call(reasoner.respond(asked, RNG, {}))
     assert name == "memory" and args["page_ids"] == [0] and "red key" in args["intent"]
-    recalled = [*asked, Message(role="assistant", content=render_tool_call("memory", args)),
-                Message(role="user", content=render_sam_recalled(args["intent"], [0], "drawer 5 holds the red key"))]
+    recalled = [
+        *asked,
+        Message(role="assistant", content=render_tool_call("memory", args)),
+        Message(role="user", content=render_sam_recalled(args["intent"], [0], "drawer 5 holds the red key")),
+    ]
     assert _call(reasoner.respond(recalled, RNG, {})) == ("answer", {"answer": "drawer 5"})
-    empty = [*asked, Message(role="assistant", content=render_tool_call("memory", args)),
-             Message(role="user", content=render_sam_recalled(args["intent"], [0], NOTHING_RELEVANT))]
+    empty = [
+        *asked,
+        Message(role="assistant", content=render_tool_call("memory", args)),
+        Message(role="user", content=render_sam_recalled(args["intent"], [0], NOTHING_RELEVANT)),
+    ]
     assert _call(reasoner.respond(empty, RNG, {})) == ("answer", {"answer": "unknown"})
 
 
 def test_oracle_cue_and_recall_follow_the_page() -> None:
-    page = "> open drawer 5\nyou open drawer 5.\nthe red key is in drawer 5\nthe old lamp is in drawer 5\n" \
-           "> open chest 7\nthe brass key opens chest 7"
+    page = (
+        "> open drawer 5\nyou open drawer 5.\nthe red key is in drawer 5\nthe old lamp is in drawer 5\n"
+        "> open chest 7\nthe brass key opens chest 7"
+    )
     oracle = SamOracle()
     cue = oracle.respond(render_sam_consolidate_prompt(3, page), RNG, {})
     assert cue == "red key, old lamp, brass key, chest 7"
@@ -120,8 +130,9 @@ def test_oracle_in_the_loop_succeeds_and_no_memory_fails(hops: int) -> None:
 
 def test_a_noisy_expert_fails_some_tasks() -> None:
     outcomes = [
-        simulate_sam(SamTask({"horizon_steps": 40}, seed=s), SamReasoner(), SamOracle({"error_rate": 0.5}), seed=s)
-        .outcome
+        simulate_sam(
+            SamTask({"horizon_steps": 40}, seed=s), SamReasoner(), SamOracle({"error_rate": 0.5}), seed=s
+        ).outcome
         for s in range(12)
     ]
     assert 0 < sum(outcomes) < 12

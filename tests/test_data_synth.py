@@ -91,8 +91,11 @@ def test_params_are_checked_against_the_family_at_load() -> None:
     from memrl.data.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"params of a gridworld ama source: field 'chain_lenght'"):
-        load_config(SynthConfig, None, ["sources=[{family: ama, env: gridworld, target_tokens: [4096],"
-                                        " params: {chain_lenght: 2}}]"])
+        load_config(
+            SynthConfig,
+            None,
+            ["sources=[{family: ama, env: gridworld, target_tokens: [4096], params: {chain_lenght: 2}}]"],
+        )
     with pytest.raises(ConfigError, match=r"params of a sam source: field 'n_evidence'"):
         load_config(SynthConfig, None, ["sources=[{family: sam, target_tokens: [4096], params: {n_evidence: 3}}]"])
     with pytest.raises(ConfigError, match=r"params of a proactive source: field 'facts': unknown kinds \['colour'\]"):
@@ -129,14 +132,17 @@ def test_ama_bins_recipe_covers_both_worlds_at_every_bin() -> None:
     assert cfg.command == "data synth"
     bins = [4096, 8192, 16384, 32768, 65536, 131072]
     assert {(s.env, tuple(s.target_tokens)) for s in cfg.sources} == {
-        ("textworld", tuple(bins)), ("gridworld", tuple(bins))
+        ("textworld", tuple(bins)),
+        ("gridworld", tuple(bins)),
     }
     # the recipe's difficulty vectors at the two smallest bins, one episode each, keep this fast (every bin is
     # covered with the default vectors in test_data_envs.py, and the recipe's stats.json reports each bin's error)
-    small = cfg.model_copy(update={
-        "sources": [s.model_copy(update={"count": 1, "target_tokens": bins[:2]}) for s in cfg.sources],
-        "eval_fraction": 0.0,
-    })
+    small = cfg.model_copy(
+        update={
+            "sources": [s.model_copy(update={"count": 1, "target_tokens": bins[:2]}) for s in cfg.sources],
+            "eval_fraction": 0.0,
+        }
+    )
     train, held = build_episodes(small)
     assert not held and len(train) == 4
     for episode in train:

@@ -55,8 +55,11 @@ def expert_trace(i: int, error_rate: float, rng: random.Random) -> tuple[Episode
     pages[needle] = f"t{3 * needle}> open {place}\nthe {item} is in {place}"
     calls = [
         MemoryCall(
-            call_id=f"c{p}", role="consolidate", messages=_msgs(render_sam_consolidate_prompt(p, page)),
-            text=page.split("\n")[1].removeprefix("the ").replace(" is in ", ", "), step=p,
+            call_id=f"c{p}",
+            role="consolidate",
+            messages=_msgs(render_sam_consolidate_prompt(p, page)),
+            text=page.split("\n")[1].removeprefix("the ").replace(" is in ", ", "),
+            step=p,
         )
         for p, page in enumerate(pages)
     ]
@@ -64,7 +67,9 @@ def expert_trace(i: int, error_rate: float, rng: random.Random) -> tuple[Episode
     said = place if right else f"{place.split()[0]} {int(place.split()[1]) % 9 + 1}"
     calls.append(
         MemoryCall(
-            call_id="r0", role="recall", step=3,
+            call_id="r0",
+            role="recall",
+            step=3,
             messages=_msgs(render_sam_recall_prompt(f"where is the {item}?", needle, pages[needle], "")),
             text=f"the {item} is in {said}",
         )
@@ -73,19 +78,30 @@ def expert_trace(i: int, error_rate: float, rng: random.Random) -> tuple[Episode
     window = f"[step 1] action: cat notes\nremember to use {place}"
     calls.append(
         MemoryCall(
-            call_id="b0", role="bank_edit", step=4, messages=_msgs(render_phase1_prompt("tidy up", window, bank)),
+            call_id="b0",
+            role="bank_edit",
+            step=4,
+            messages=_msgs(render_phase1_prompt("tidy up", window, bank)),
             text=render_tool_call("memory_save_knowledge", {"content": f"use {place}"}),
         )
     )
     calls.append(
         MemoryCall(
-            call_id="i0", role="intervene", step=4, messages=_msgs(render_phase2_prompt("tidy up", window, bank)),
+            call_id="i0",
+            role="intervene",
+            step=4,
+            messages=_msgs(render_phase2_prompt("tidy up", window, bank)),
             text=render_intervention(f"use {place}" if i % 2 else None),
         )
     )
     trace = EpisodeTrace(
-        trace_id=f"trace-{i:04d}", task_id=f"task-{i:04d}", memory_system="sam", answer=said,
-        outcome=1.0 if said == place else 0.0, memory_calls=calls, metadata={"gold": place},
+        trace_id=f"trace-{i:04d}",
+        task_id=f"task-{i:04d}",
+        memory_system="sam",
+        answer=said,
+        outcome=1.0 if said == place else 0.0,
+        memory_calls=calls,
+        metadata={"gold": place},
     )
     return trace, right
 
@@ -96,11 +112,7 @@ def make_traces(n: int, error_rate: float, seed: int = 0) -> list[tuple[EpisodeT
 
 
 def read_rows(out: Path) -> dict[str, list[SFTExample]]:
-    return {
-        p.stem: load_sft_examples(p)
-        for p in sorted(out.glob("*.jsonl"))
-        if p.name != distill.PROGRESS_FILE
-    }
+    return {p.stem: load_sft_examples(p) for p in sorted(out.glob("*.jsonl")) if p.name != distill.PROGRESS_FILE}
 
 
 def test_rejection_keeps_only_correct_traces(tmp_path: Path) -> None:
@@ -115,7 +127,10 @@ def test_rejection_keeps_only_correct_traces(tmp_path: Path) -> None:
         assert r.metadata["outcome"] == 1.0 and r.messages[-1].content in r.messages[-2].content
     assert 110 <= len(right) <= 170  # 30% of 200 wrong, binomially
     assert stats["traces"] == {
-        "total": 200, "kept": len(right), "rejected": 200 - len(right), "keep_rate": round(len(right) / 200, 4)
+        "total": 200,
+        "kept": len(right),
+        "rejected": 200 - len(right),
+        "keep_rate": round(len(right) / 200, 4),
     }
     assert stats["roles"]["consolidate"]["kept"] == 3 * len(right)
     assert stats["roles"]["consolidate"]["rejected"] == 3 * (200 - len(right))
@@ -238,8 +253,16 @@ def test_resume_after_a_kill_gives_exactly_the_uninterrupted_rows(
 
 def test_malformed_rows_are_rejected_with_their_location(tmp_path: Path) -> None:
     path = tmp_path / "recall.jsonl"
-    path.write_text(json.dumps({"row_id": "a", "role": "recall", "messages": [{"role": "user", "content": "x"},
-                                                                             {"role": "user", "content": "y"}]}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "row_id": "a",
+                "role": "recall",
+                "messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}],
+            }
+        )
+        + "\n"
+    )
     with pytest.raises(RecordError, match=r"recall.jsonl:1: field 'messages'"):
         load_sft_examples(path)
 
@@ -249,8 +272,9 @@ def noisy_sam_distill(root: Path, name: str, **run: Any) -> DistillRunConfig:
     """40 short SAM tasks, the SAM oracle wrong 30% of the time (a wrong place in a recall, a dropped cue entity)."""
     return DistillRunConfig(
         run=RunConfig(output_dir=str(root), name=name, seed=0, **run),
-        tasks=TaskSetConfig(count=40, seed=0,
-                            sam=SamTaskParams(horizon_steps=8, facts_per_obs=1, containers_per_room=2)),
+        tasks=TaskSetConfig(
+            count=40, seed=0, sam=SamTaskParams(horizon_steps=8, facts_per_obs=1, containers_per_room=2)
+        ),
         sam_oracle=SamOracleConfig(error_rate=0.3),
         sam_memory=SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3),
         reasoner_max_pages=2,
@@ -326,8 +350,9 @@ def test_distill_with_a_30pct_wrong_oracle_keeps_only_correct_trajectories_and_r
     # replay: the kept rows alone drive each kept task to the correct answer, as judged by the task's verifier
     tasks = {t.task_id: t for t in load_tasks(cfg.tasks, "distill")}
     replay = Replay(rows)
-    engines = EngineSet(reasoner=ScriptedEngine(SamReasoner(max_pages=cfg.reasoner_max_pages)),
-                        memory=ScriptedEngine(replay))
+    engines = EngineSet(
+        reasoner=ScriptedEngine(SamReasoner(max_pages=cfg.reasoner_max_pages)), memory=ScriptedEngine(replay)
+    )
     traces = run_rollouts([sam_rollout(tasks[i], cfg.sam_memory, rollout_id="replay") for i in sorted(kept)], engines)
     for trace in traces:
         assert trace.outcome == 1.0 and trace.answer == tasks[trace.task_id].answer
@@ -370,9 +395,11 @@ def test_the_tiny_distill_config_writes_the_roles_sft_tiny_trains_on(tmp_path: P
     from memrl.train.sft import SFTRunConfig
     from memrl.train.sft_data import load_role_rows
 
-    cfg = load_config(DistillRunConfig, CONFIGS / "distill_tiny.yaml",
-                      [f"run.output_dir={tmp_path}", f"out={tmp_path / 'distill-tiny'}", "tasks.count=24",
-                       "tokenizer=null"])
+    cfg = load_config(
+        DistillRunConfig,
+        CONFIGS / "distill_tiny.yaml",
+        [f"run.output_dir={tmp_path}", f"out={tmp_path / 'distill-tiny'}", "tasks.count=24", "tokenizer=null"],
+    )
     sft = load_config(SFTRunConfig, CONFIGS / "sft_tiny.yaml", [f"data.dir={tmp_path / 'distill-tiny'}"])
     run_distill(cfg)
     stats = json.loads((tmp_path / "distill-tiny" / distill.STATS_FILE).read_text())

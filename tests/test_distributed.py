@@ -74,14 +74,33 @@ def test_ddp_two_processes_score_their_shard_and_step_the_schedule_once(tiny_mod
 def oat_grpo_run(nproc: int, model: Path, out: Path, name: str) -> Path:
     """One OAT-GRPO iteration of the tiny recipe through launch/torchrun.sh on CPU under DeepSpeed ZeRO-2."""
     # MEMRL_PYTHON: the launcher runs this interpreter, not whatever .venv or python3 it would find.
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
-           "MEMRL_PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "MEMRL_PYTHON": sys.executable,
+    }
     cmd = [
-        "bash", str(ROOT / "launch" / "torchrun.sh"), "--device", "cpu", "--nproc-per-node", str(nproc),
-        "--master-port", str(free_port()), "--", "train", "oat-grpo",
-        "--config", str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
-        *tiny_overrides(model, out, name), "loop.iterations=1", "eval_tasks.count=1",
-        "trainer.deepspeed=zero2_cpu", "trainer.micro_batches=2", "trainer.update_epochs=2",
+        "bash",
+        str(ROOT / "launch" / "torchrun.sh"),
+        "--device",
+        "cpu",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(free_port()),
+        "--",
+        "train",
+        "oat-grpo",
+        "--config",
+        str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
+        *tiny_overrides(model, out, name),
+        "loop.iterations=1",
+        "eval_tasks.count=1",
+        "trainer.deepspeed=zero2_cpu",
+        "trainer.micro_batches=2",
+        "trainer.update_epochs=2",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -96,8 +115,10 @@ def test_oat_grpo_iteration_two_processes_zero2_matches_one(tiny_model_dir: Path
     summaries = [json.loads((d / "summary.json").read_text()) for d in (one, two)]
     assert [s["world_size"] for s in summaries] == [1, 2]
     assert summaries[0]["updates"] == summaries[1]["updates"] >= 1
-    (m1,), (m2,) = ([json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()
-                     if json.loads(x)["step"] == 0] for d in (one, two))
+    (m1,), (m2,) = (
+        [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if json.loads(x)["step"] == 0]
+        for d in (one, two)
+    )
     # The main process rolls out the same groups in both runs; the 2 ranks split their rows.
     assert m2["tasks"] == m1["tasks"] and m2["rows"] == m1["rows"] > 0
     assert m2["reward_mean"] == pytest.approx(m1["reward_mean"], abs=1e-9)

@@ -21,14 +21,21 @@ ARCH_CITATION = re.compile(r"docs/architecture\.md#([a-z0-9-]+)")
 # A repository path in backticks: a top-level folder of ours, then a path (placeholders and globs are not checked).
 REPO_PATH = re.compile(r"`((?:data|rollout|rewards|train|launch|configs|benchmarks|tests|docs|memrl)/[\w./-]+)`")
 # the design notes and papers beside the repository, or this machine's folders
-OUTSIDE = re.compile(r"(ARCHITECTURE(?:\.md| section)|/work/(?:main|wt|coord|shared)\b|\bshared/(?:seeds|ARCHITECTURE)|"
-                     r"\bseeds/\d{3}_)")
+OUTSIDE = re.compile(
+    r"(ARCHITECTURE(?:\.md| section)|/work/(?:main|wt|coord|shared)\b|\bshared/(?:seeds|ARCHITECTURE)|"
+    r"\bseeds/\d{3}_)"
+)
 
 
 def tracked(*patterns: str) -> list[Path]:
     """The repository's tracked (and new, not ignored) files matching the git pathspecs."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *patterns],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *patterns],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [ROOT / line for line in out.splitlines() if line and (ROOT / line).is_file()]
 
 
@@ -134,6 +141,7 @@ def test_the_advantage_preset_marked_default_is_the_default() -> None:
     actual = [name for name, cfg in ADVANTAGE_PRESETS.items() if cfg == CreditConfig().advantage]
     assert len(marked) == 1 and marked == actual[:1], (
         f"docs/concepts/oat_grpo.md marks {marked} as the default advantage preset; credit.advantage's default is "
-        f"{actual}")
+        f"{actual}"
+    )
     rows = set(re.findall(r"^\| `(\w+)`(?: \(default\))? \|", page, flags=re.M))
     assert set(ADVANTAGE_PRESETS) <= rows, f"presets missing from the page's table: {set(ADVANTAGE_PRESETS) - rows}"

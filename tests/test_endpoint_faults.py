@@ -21,22 +21,33 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _client(name: str, url: str) -> str:
     timeout = scaled(1.5, cap=15.0)
-    return (f"{{backend: openai, name: {name}, model: {name}, api: chat, endpoints: [{{url: '{url}'}}], "
-            f"request_timeout_s: {timeout:.1f}, max_retries: 1, backoff_base_s: 0.01, backoff_max_s: 0.05, "
-            f"deadline_s: {max(120.0, 20 * timeout):.0f}}}")
+    return (
+        f"{{backend: openai, name: {name}, model: {name}, api: chat, endpoints: [{{url: '{url}'}}], "
+        f"request_timeout_s: {timeout:.1f}, max_retries: 1, backoff_base_s: 0.01, backoff_max_s: 0.05, "
+        f"deadline_s: {max(120.0, 20 * timeout):.0f}}}"
+    )
 
 
-def test_committee_faults_cost_one_request(tmp_path: Path, tiny_model_dir: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_committee_faults_cost_one_request(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     server = FaultServer(fail=0.3, hang=0.1, seed=3, max_requests=1000, max_seconds=600)
     try:
-        code = main([
-            "train", "oat-grpo", "--config", str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
-            *tiny_overrides(tiny_model_dir, tmp_path, "faults"), "loop.iterations=2", "loop.checkpoint_every=0",
-            "eval_samples=0", f"committee.references=[{_client('ref', server.url)}]",
-            f"committee.judge={_client('judge', server.url)}",
-        ])
+        code = main(
+            [
+                "train",
+                "oat-grpo",
+                "--config",
+                str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
+                *tiny_overrides(tiny_model_dir, tmp_path, "faults"),
+                "loop.iterations=2",
+                "loop.checkpoint_every=0",
+                "eval_samples=0",
+                f"committee.references=[{_client('ref', server.url)}]",
+                f"committee.judge={_client('judge', server.url)}",
+            ]
+        )
     finally:
         server.close()
     assert code == 0
@@ -48,10 +59,30 @@ def test_committee_faults_cost_one_request(tmp_path: Path, tiny_model_dir: Path,
         return sum(r.get(key, 0) for r in steps)
 
     ref, judge = server.counts("ref"), server.counts("judge")
-    print(json.dumps({"server_ref": ref, "server_judge": judge, "logged": {k: total(k) for k in (
-        "committee_requests", "committee_failures", "committee_http_answered", "committee_http_failed",
-        "judge_requests", "judge_failures", "judge_http_answered", "judge_http_failed", "committee_fallbacks",
-        "committee_scored_groups", "committee_groups")}}))
+    print(
+        json.dumps(
+            {
+                "server_ref": ref,
+                "server_judge": judge,
+                "logged": {
+                    k: total(k)
+                    for k in (
+                        "committee_requests",
+                        "committee_failures",
+                        "committee_http_answered",
+                        "committee_http_failed",
+                        "judge_requests",
+                        "judge_failures",
+                        "judge_http_answered",
+                        "judge_http_failed",
+                        "committee_fallbacks",
+                        "committee_scored_groups",
+                        "committee_groups",
+                    )
+                },
+            }
+        )
+    )
     assert ref["failed_attempts"] > 0 and ref["unanswered"] > 0, ref  # the faults did happen
     # the logged counts are the server's own
     assert total("committee_requests") == ref["requests"]

@@ -111,9 +111,11 @@ class FaultServer:
                         time.sleep(0.2)
                     return
                 status = 200 if action in ("ok", "garbage") else int(action)
-                payload = b"<html>oops</html>" if action == "garbage" else json.dumps(
-                    ok if status == 200 else {"error": {"message": f"injected {status}"}}
-                ).encode()
+                payload = (
+                    b"<html>oops</html>"
+                    if action == "garbage"
+                    else json.dumps(ok if status == 200 else {"error": {"message": f"injected {status}"}}).encode()
+                )
                 self.leave()
                 self.send_response(status)
                 if status == 429:

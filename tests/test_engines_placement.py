@@ -45,16 +45,19 @@ def test_on_cpu_there_is_no_sleep_and_no_device_choice() -> None:
 
 def test_a_value_set_in_one_place_wins_and_a_contradiction_names_the_key() -> None:
     # set on the engine only: kept over the placement default
-    placed = place_policy_engine(vllm_config(gpu_memory_utilization=0.5), PolicyPlacement(), gpu=True,
-                                 local_world_size=1)
+    placed = place_policy_engine(
+        vllm_config(gpu_memory_utilization=0.5), PolicyPlacement(), gpu=True, local_world_size=1
+    )
     assert placed.gpu_memory_utilization == 0.5
     # set in both places, equal: fine; different: an error naming the engine key
-    same = place_policy_engine(vllm_config(tensor_parallel_size=2), PolicyPlacement(tensor_parallel_size=2),
-                               gpu=True, local_world_size=1)
+    same = place_policy_engine(
+        vllm_config(tensor_parallel_size=2), PolicyPlacement(tensor_parallel_size=2), gpu=True, local_world_size=1
+    )
     assert same.tensor_parallel_size == 2
     with pytest.raises(ConfigError, match=r"engine\.tensor_parallel_size=4 contradicts placement\.policy"):
-        place_policy_engine(vllm_config(tensor_parallel_size=4), PolicyPlacement(tensor_parallel_size=2),
-                            gpu=True, local_world_size=1)
+        place_policy_engine(
+            vllm_config(tensor_parallel_size=4), PolicyPlacement(tensor_parallel_size=2), gpu=True, local_world_size=1
+        )
 
 
 def test_non_vllm_engines_are_not_placed() -> None:
@@ -74,8 +77,9 @@ def test_engine_config_rejects_inconsistent_placement_fields() -> None:
 def test_oat_grpo_policy_engine_follows_the_recipe_placement() -> None:
     from memrl.data.config import load_config
 
-    cfg = load_config(OATGRPOConfig, ROOT / "configs" / "oat_grpo_sam_qwen3.5-9b.yaml",
-                      ["placement.policy.tensor_parallel_size=2"])
+    cfg = load_config(
+        OATGRPOConfig, ROOT / "configs" / "oat_grpo_sam_qwen3.5-9b.yaml", ["placement.policy.tensor_parallel_size=2"]
+    )
     placed = policy_engine_config(cfg)
     assert placed.backend == "vllm" and placed.tensor_parallel_size == 2 and placed.gpu_memory_utilization == 0.3
 
@@ -106,8 +110,9 @@ class RecordingLLM:
         self.calls: list[tuple[str, Any]] = []
         model_config = SimpleNamespace(max_model_len=512, hf_config=SimpleNamespace(tie_word_embeddings=False))
         self.llm_engine = SimpleNamespace(
-            vllm_config=SimpleNamespace(model_config=model_config, cache_config=SimpleNamespace(block_size=16),
-                                        lora_config=None),
+            vllm_config=SimpleNamespace(
+                model_config=model_config, cache_config=SimpleNamespace(block_size=16), lora_config=None
+            ),
         )
 
     def sleep(self, level: int = 1) -> None:
@@ -147,8 +152,13 @@ def test_weight_sync_while_asleep_wakes_weights_then_reloads_then_wakes_the_rest
     with pytest.raises(EngineError, match="asleep at level 2"):
         engine.reset_prefix_cache()  # dropped weights: using them before a reload is refused
     engine.update_weights({"model.norm.weight": torch.ones(4)}, version=3)
-    assert llm.calls == [("sleep", 2), ("wake_up", ["weights"]), ("reload_weights", None), ("wake_up", None),
-                         ("reset_prefix_cache", None)]
+    assert llm.calls == [
+        ("sleep", 2),
+        ("wake_up", ["weights"]),
+        ("reload_weights", None),
+        ("wake_up", None),
+        ("reset_prefix_cache", None),
+    ]
     assert engine.policy_version == 3
     engine.reset_prefix_cache()
     assert llm.calls[-1] == ("reset_prefix_cache", None) and llm.calls.count(("wake_up", None)) == 1

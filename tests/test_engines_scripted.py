@@ -183,16 +183,25 @@ def test_simulator_evicts_least_recently_used_tails_first() -> None:
 def test_scripted_engine_reports_cached_prefill_on_shared_prefixes(tokenizer) -> None:
     engine = ScriptedEngine(Dice(), tokenizer=tokenizer, block_size=16)
     history = [Message(role="system", content="memory notes: " + " ".join(f"t{i} box {i}" for i in range(40)))]
-    first = engine.generate([GenerationRequest(messages=[*history, Message(role="user", content="q1")],
-                                               sampling=SamplingParams(n=3, seed=1))])[0]
+    first = engine.generate(
+        [
+            GenerationRequest(
+                messages=[*history, Message(role="user", content="q1")], sampling=SamplingParams(n=3, seed=1)
+            )
+        ]
+    )[0]
     length = len(first.prompt_ids)
     full_blocks = (length - 1) // 16 * 16
     # sample 0 computes everything; samples 1 and 2 reuse its prompt blocks
     assert first.usage.cached_prompt_tokens == 2 * full_blocks
     # the next turn shares the whole previous conversation: prompt + reply blocks come from cache
     reply = first.completions[0]
-    turn = [*history, Message(role="user", content="q1"), Message(role="assistant", content=reply.text),
-            Message(role="user", content="q2")]
+    turn = [
+        *history,
+        Message(role="user", content="q1"),
+        Message(role="assistant", content=reply.text),
+        Message(role="user", content="q2"),
+    ]
     second = engine.generate([GenerationRequest(messages=turn, sampling=SamplingParams(seed=2))])[0]
     assert second.prompt_ids[:length] == first.prompt_ids
     assert second.usage.cached_prompt_tokens >= full_blocks

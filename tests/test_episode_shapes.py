@@ -57,8 +57,9 @@ def engines() -> EngineSet:
 
 
 def trees(tasks: TaskSetConfig) -> list[Any]:
-    built, _ = build_trees(load_tasks(tasks, "t"), lambda task, rid: task_rollout(task, MEMORY, seed=1, rollout_id=rid),
-                           engines(), TREE)
+    built, _ = build_trees(
+        load_tasks(tasks, "t"), lambda task, rid: task_rollout(task, MEMORY, seed=1, rollout_id=rid), engines(), TREE
+    )
     return built
 
 
@@ -136,8 +137,9 @@ def test_an_episode_that_raises_or_times_out_fails_alone() -> None:
 def test_protocol_errors_name_the_function() -> None:
     with pytest.raises(ComponentError, match="test_episode_shapes:says_yes returned str; it must return an Outcome"):
         trees(TaskSetConfig(entry="test_episode_shapes:says_yes", count=1))
-    with pytest.raises(ValueError, match="test_episode_shapes:plain is a plain function: an episode function must "
-                                         "be 'async def run"):
+    with pytest.raises(
+        ValueError, match="test_episode_shapes:plain is a plain function: an episode function must be 'async def run"
+    ):
         TaskSetConfig(entry="test_episode_shapes:plain")
     with pytest.raises(ValueError, match="memory: 'sam' is a memory system of memrl's agent loop"):
         task_rollout(load_tasks(TaskSetConfig(entry="episode:run", count=1), "t")[0], {"name": "sam"})
@@ -145,9 +147,15 @@ def test_protocol_errors_name_the_function() -> None:
 
 # ------------------------------------------------------------------------------------------------------ HTTP agent
 def test_an_http_agent_in_its_own_process_builds_trees_and_is_stopped() -> None:
-    cfg = TaskSetConfig(family="http_agent", count=3, params={
-        "command": [sys.executable, "-S", str(ROOT / "examples" / "http_agent" / "agent.py")],  # -S: no memrl
-        "task": {"corridor": 3, "max_turns": 8}, "episode_timeout_s": 60})
+    cfg = TaskSetConfig(
+        family="http_agent",
+        count=3,
+        params={
+            "command": [sys.executable, "-S", str(ROOT / "examples" / "http_agent" / "agent.py")],  # -S: no memrl
+            "task": {"corridor": 3, "max_turns": 8},
+            "episode_timeout_s": 60,
+        },
+    )
     try:
         check_branched(trees(cfg))
         from memrl.rollout.episodes import _DRIVERS
@@ -163,8 +171,11 @@ def test_an_http_agent_in_its_own_process_builds_trees_and_is_stopped() -> None:
 
 
 def test_an_agent_that_never_gets_healthy_is_named_and_stopped() -> None:
-    cfg = TaskSetConfig(family="http_agent", count=1, params={
-        "command": [sys.executable, "-c", "import time; time.sleep(60)"], "start_timeout_s": 1.0})
+    cfg = TaskSetConfig(
+        family="http_agent",
+        count=1,
+        params={"command": [sys.executable, "-c", "import time; time.sleep(60)"], "start_timeout_s": 1.0},
+    )
     (task,) = load_tasks(cfg, "t")
     with pytest.raises(ComponentError, match=r"did not answer GET /health with 200 within 1 s"):
         task_rollout(task, MEMORY)

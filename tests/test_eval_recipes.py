@@ -22,8 +22,9 @@ RECIPES = {name: ROOT / "configs" / f"eval_{name}.yaml" for name in ("locomo", "
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
-def test_recipe_shows_and_dry_runs(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recipe_shows_and_dry_runs(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert main(["config", "show", "--config", str(RECIPES[name])]) == 0
     shown = capsys.readouterr().out
     assert "command: eval" in shown and "backend: openai" in shown
@@ -31,13 +32,27 @@ def test_recipe_shows_and_dry_runs(name: str, tmp_path: Path, capsys: pytest.Cap
     write_amabench(tmp_path / "open_end_qa_set.jsonl")
     write_memoryarena(tmp_path / "group_travel_planner.jsonl")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    assert main(["eval", "--config", str(RECIPES[name]), "--dry-run", f"data_dir={tmp_path}",
-                 f"run.output_dir={tmp_path / 'runs'}"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--config",
+                str(RECIPES[name]),
+                "--dry-run",
+                f"data_dir={tmp_path}",
+                f"run.output_dir={tmp_path / 'runs'}",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "http://127.0.0.1:8001/v1 model 'memory'" in out and "reasoner: OpenAI-compatible endpoint" in out
     assert "judge: OpenAI-compatible endpoint" in out and "tokenizer runs/export/model" in out
-    files = {"locomo": ["locomo10.json (found)"], "amabench": ["open_end_qa_set.jsonl (found)"],
-             "memoryarena": ["group_travel_planner.jsonl (found)", "formal_reasoning_math.jsonl (NOT FOUND)"]}[name]
+    files = {
+        "locomo": ["locomo10.json (found)"],
+        "amabench": ["open_end_qa_set.jsonl (found)"],
+        "memoryarena": ["group_travel_planner.jsonl (found)", "formal_reasoning_math.jsonl (NOT FOUND)"],
+    }[name]
     for line in files:
         assert f"{tmp_path}/{line}" in out
     if name == "locomo":
@@ -47,12 +62,14 @@ def test_recipe_shows_and_dry_runs(name: str, tmp_path: Path, capsys: pytest.Cap
 
 def _locomo_eval(tmp_path: Path, tiny_model_dir: Path) -> EvalConfig:
     path = write_locomo(tmp_path / "locomo10.json", turns_per_session=80)
-    return EvalConfig.model_validate({
-        "run": {"output_dir": str(tmp_path), "name": "ev"},
-        "datasets": [{"name": "locomo", "kind": "locomo", "path": str(path)}],
-        "systems": [{"memory": {"name": "sam"}}, {"memory": {"name": "bm25"}}],
-        "tokenizer": str(tiny_model_dir),
-    })
+    return EvalConfig.model_validate(
+        {
+            "run": {"output_dir": str(tmp_path), "name": "ev"},
+            "datasets": [{"name": "locomo", "kind": "locomo", "path": str(path)}],
+            "systems": [{"memory": {"name": "sam"}}, {"memory": {"name": "bm25"}}],
+            "tokenizer": str(tiny_model_dir),
+        }
+    )
 
 
 def test_scripted_sam_on_a_real_locomo_conversation_scores(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -68,7 +85,8 @@ def test_scripted_sam_on_a_real_locomo_conversation_scores(tmp_path: Path, tiny_
 
 
 def test_a_system_that_surfaces_nothing_is_reported_as_needing_a_real_model(
-        tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ExtractiveMemoryModel, "_recall", lambda self, messages, user: "nothing relevant")
     monkeypatch.setattr(ExtractiveMemoryModel, "_consolidate", lambda self, messages, user: "small talk")
     summary = evaluate(_locomo_eval(tmp_path, tiny_model_dir), tmp_path / "ev")
@@ -93,13 +111,20 @@ def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, model_ca
         endpoint = f"[{{url: '{url}', model: tiny, max_concurrency: 8}}]"
         # 96 turns (about 2900 of the tiny model's tokens): over SAM's live capacity (2048 tokens)
         write_locomo(tmp_path / "locomo10.json", turns_per_session=24)
-        cfg = load_config(EvalConfig, RECIPES["locomo"], [
-            f"data_dir={tmp_path}", f"run.output_dir={tmp_path / 'runs'}",
-            f"models=[{{name: trained, engine: {{backend: openai, name: memory, tokenizer: '{tiny_model_dir}', "
-            f"endpoints: {endpoint}}}}}]",
-            f"reasoner.endpoints={endpoint}", f"judge.endpoints={endpoint}", "judge_max_tokens=16",
-            f"tokenizer={tiny_model_dir}",
-        ])
+        cfg = load_config(
+            EvalConfig,
+            RECIPES["locomo"],
+            [
+                f"data_dir={tmp_path}",
+                f"run.output_dir={tmp_path / 'runs'}",
+                f"models=[{{name: trained, engine: {{backend: openai, name: memory, tokenizer: '{tiny_model_dir}', "
+                f"endpoints: {endpoint}}}}}]",
+                f"reasoner.endpoints={endpoint}",
+                f"judge.endpoints={endpoint}",
+                "judge_max_tokens=16",
+                f"tokenizer={tiny_model_dir}",
+            ],
+        )
         summary = evaluate(cfg, tmp_path / "runs" / "eval-locomo")
     entry = summary["datasets"]["locomo"]
     rows = {r["system"]: r for r in entry["overall"]}

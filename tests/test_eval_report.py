@@ -27,19 +27,36 @@ class ProseReasoner:
 
 
 def config(tmp_path: Path, tiny_model_dir: Path, name: str, **extra: Any) -> EvalConfig:
-    return EvalConfig.model_validate({
-        "run": {"output_dir": str(tmp_path), "name": name},
-        "datasets": [{"name": "ama", "kind": "ama_synthetic", "envs": ["textworld"], "target_tokens": [400],
-                      "episodes_per_setting": 1, "per_type": 1}],
-        "systems": SYSTEMS, "tokenizer": str(tiny_model_dir), "episodes_per_batch": 1,
-        "reasoner": {"backend": "scripted", "name": "prose-reasoner", "tokenizer": str(tiny_model_dir),
-                     "scripted_policy": "test_eval_report:ProseReasoner"},
-        **extra,
-    })
+    return EvalConfig.model_validate(
+        {
+            "run": {"output_dir": str(tmp_path), "name": name},
+            "datasets": [
+                {
+                    "name": "ama",
+                    "kind": "ama_synthetic",
+                    "envs": ["textworld"],
+                    "target_tokens": [400],
+                    "episodes_per_setting": 1,
+                    "per_type": 1,
+                }
+            ],
+            "systems": SYSTEMS,
+            "tokenizer": str(tiny_model_dir),
+            "episodes_per_batch": 1,
+            "reasoner": {
+                "backend": "scripted",
+                "name": "prose-reasoner",
+                "tokenizer": str(tiny_model_dir),
+                "scripted_policy": "test_eval_report:ProseReasoner",
+            },
+            **extra,
+        }
+    )
 
 
-def test_a_reasoner_that_never_answers_in_the_format_is_reported_per_system(tmp_path: Path,
-                                                                            tiny_model_dir: Path) -> None:
+def test_a_reasoner_that_never_answers_in_the_format_is_reported_per_system(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     """Acceptance 4: the probe warns up front, and report.md says per system that every question went unanswered
     because every reply was malformed, and that the score rests on it."""
     summary = evaluate(config(tmp_path, tiny_model_dir, "prose"), tmp_path / "prose")
@@ -52,10 +69,13 @@ def test_a_reasoner_that_never_answers_in_the_format_is_reported_per_system(tmp_
     for system, h in health.items():
         assert h["items"] >= 4 and h["no_answer"] == h["items"] == h["malformed_items"]
         assert h["malformed_replies"] >= h["items"] and h["rests_on_failures"]
-        assert f"**{system} x scripted: the score rests on failures** ({h['items']} of {h['items']} items got no " \
-               f"answer; {h['items']} had reasoner replies without the `answer` tool call" in report
-        assert f"| {system} | scripted | {h['items']} | {h['items']} | {h['malformed_replies']} ({h['items']}) |" \
-               in report
+        assert (
+            f"**{system} x scripted: the score rests on failures** ({h['items']} of {h['items']} items got no "
+            f"answer; {h['items']} had reasoner replies without the `answer` tool call" in report
+        )
+        assert (
+            f"| {system} | scripted | {h['items']} | {h['items']} | {h['malformed_replies']} ({h['items']}) |" in report
+        )
 
 
 def test_free_text_answers_take_the_prose_reply(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -78,11 +98,15 @@ def test_probe_passes_a_reasoner_that_answers_with_the_tool_call(tiny_model_dir:
 def test_locomo_adversarial_fallback_note_and_hidden_token_columns(tmp_path: Path) -> None:
     """The programmatic reader's 'not mentioned' earns LoCoMo's adversarial point: the report says the category is
     scored by that fallback; with no tokenizer the token columns are left out with a note instead of reading 0."""
-    cfg = EvalConfig.model_validate({
-        "run": {"output_dir": str(tmp_path), "name": "locomo"}, "tokenizer": None, "locomo_judge": False,
-        "datasets": [{"name": "locomo", "kind": "locomo", "path": str(FIXTURES / "locomo_small.json")}],
-        "systems": SYSTEMS,
-    })
+    cfg = EvalConfig.model_validate(
+        {
+            "run": {"output_dir": str(tmp_path), "name": "locomo"},
+            "tokenizer": None,
+            "locomo_judge": False,
+            "datasets": [{"name": "locomo", "kind": "locomo", "path": str(FIXTURES / "locomo_small.json")}],
+            "systems": SYSTEMS,
+        }
+    )
     summary = evaluate(cfg, tmp_path / "locomo")
     entry = summary["datasets"]["locomo"]
     assert entry["tokens_counted"] is False

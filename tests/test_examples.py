@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow
 
 def memrl(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    return subprocess.run([*MEMRL, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        [*MEMRL, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def weights(folder: Path) -> dict[str, object]:
@@ -34,9 +35,17 @@ def weights(folder: Path) -> dict[str, object]:
 def test_an_example_trains_with_oat_grpo(example: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     # The tiny model never wins these games, so every group ties on the outcome: the default advantage
     # (informative_only) trains nothing there, the paper's grpo_std lets the shaping terms rank the siblings.
-    done = memrl("train", "oat-grpo", "--config", f"examples/{example}/config.yaml", f"policy.base={tiny_model_dir}",
-                 f"engine.model={tiny_model_dir}", f"run.output_dir={tmp_path}", "run.name=run",
-                 "credit.advantage=grpo_std")
+    done = memrl(
+        "train",
+        "oat-grpo",
+        "--config",
+        f"examples/{example}/config.yaml",
+        f"policy.base={tiny_model_dir}",
+        f"engine.model={tiny_model_dir}",
+        f"run.output_dir={tmp_path}",
+        "run.name=run",
+        "credit.advantage=grpo_std",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -59,8 +68,9 @@ def test_an_example_trains_with_oat_grpo(example: str, tiny_model_dir: Path, tmp
 
 
 def test_the_gym_example_distils_and_evaluates_through_its_components(tmp_path: Path) -> None:
-    done = memrl("data", "distill", "--config", "examples/gym_env/distill.yaml", f"run.output_dir={tmp_path}",
-                 "tasks.count=6")
+    done = memrl(
+        "data", "distill", "--config", "examples/gym_env/distill.yaml", f"run.output_dir={tmp_path}", "tasks.count=6"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     sft = tmp_path / "gym-vault-distill" / "sft"
     rows = [json.loads(line) for line in (sft / "note.jsonl").read_text().splitlines()]
@@ -85,8 +95,15 @@ models:
     engine: {{backend: scripted, name: expert, scripted_policy: "components:NoteExpert"}}
 """)
     env_path = str(ROOT / "examples" / "gym_env")
-    done = subprocess.run([*MEMRL, "eval", "--config", str(config)], cwd=env_path, capture_output=True, text=True,
-                          timeout=600, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(
+        [*MEMRL, "eval", "--config", str(config)],
+        cwd=env_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
     by_system = {s: [r["outcome"] for r in results if r["system"] == s] for s in {r["system"] for r in results}}
@@ -97,8 +114,9 @@ models:
 def test_a_component_missing_its_protocol_stops_before_any_run_folder(tmp_path: Path) -> None:
     (tmp_path / "badgame.py").write_text("class Game:\n    def reset(self, seed):\n        return 'hi'\n")
     config = tmp_path / "config.yaml"
-    config.write_text(f"policy: {{base: x}}\nrun: {{output_dir: {tmp_path / 'runs'}}}\n"
-                      "train_tasks: {entry: 'badgame:Game'}\n")
+    config.write_text(
+        f"policy: {{base: x}}\nrun: {{output_dir: {tmp_path / 'runs'}}}\ntrain_tasks: {{entry: 'badgame:Game'}}\n"
+    )
     done = memrl("train", "oat-grpo", "--config", str(config))
     assert done.returncode == 2
     assert "badgame:Game does not implement the Gym-style environment protocol: missing method 'step'" in done.stderr

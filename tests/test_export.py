@@ -21,8 +21,10 @@ def adapter_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
     from memrl.rollout.models import load_causal_lm
 
-    model = get_peft_model(load_causal_lm(tiny_model_dir),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        load_causal_lm(tiny_model_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -38,20 +40,32 @@ def _config(tmp_path: Path, base: Path, adapter: Path | None, **extra: object) -
     recipe.write_text("command: train oat-grpo\ntrainer:\n  lr: 1.0e-05\n")
     results = tmp_path / "summary.json"
     results.write_text(json.dumps({"success_sft": 0.25, "success_rl": 0.5, "wall_s": 12.0}))
-    data = {"run": {"output_dir": str(tmp_path / "runs"), "name": "exp"},
-            "policy": {"base": str(base), "adapter": str(adapter) if adapter else None},
-            "recipe": str(recipe), "results": str(results), "verify": {"vllm": False}, **extra}
+    data = {
+        "run": {"output_dir": str(tmp_path / "runs"), "name": "exp"},
+        "policy": {"base": str(base), "adapter": str(adapter) if adapter else None},
+        "recipe": str(recipe),
+        "results": str(results),
+        "verify": {"vllm": False},
+        **extra,
+    }
     return ExportConfig.model_validate(data)
 
 
 def test_merged_export_writes_a_complete_checkpoint_that_differs_from_the_base(
-        tmp_path: Path, tiny_model_dir: Path, adapter_dir: Path) -> None:
+    tmp_path: Path, tiny_model_dir: Path, adapter_dir: Path
+) -> None:
     out = tmp_path / "model"
     checks = export_model(_config(tmp_path, tiny_model_dir, adapter_dir), out)
     assert checks["ok"] and checks["merged_adapter"]
     names = {p.name for p in out.iterdir()}
-    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md",
-            "memrl_export.json"} <= names
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "README.md",
+        "memrl_export.json",
+    } <= names
     assert not any(n.endswith((".bin", ".pt", ".pkl")) for n in names)
     assert "adapter_config.json" not in names  # merged: plain weights, no PEFT wrapper
     diff = checks["differs_from_base"]
@@ -68,16 +82,26 @@ def test_merged_export_writes_a_complete_checkpoint_that_differs_from_the_base(
 
 
 def test_full_weights_without_a_reference_are_not_compared(tmp_path: Path, tiny_model_dir: Path) -> None:
-    checks = export_model(_config(tmp_path, tiny_model_dir, None, verify={"vllm": False, "transformers": False}),
-                          tmp_path / "model")
+    checks = export_model(
+        _config(tmp_path, tiny_model_dir, None, verify={"vllm": False, "transformers": False}), tmp_path / "model"
+    )
     assert checks["differs_from_base"] is None and not checks["merged_adapter"] and checks["ok"]
-    same = export_model(_config(tmp_path, tiny_model_dir, None, reference_base=str(tiny_model_dir),
-                                verify={"vllm": False, "transformers": False}), tmp_path / "model2")
+    same = export_model(
+        _config(
+            tmp_path,
+            tiny_model_dir,
+            None,
+            reference_base=str(tiny_model_dir),
+            verify={"vllm": False, "transformers": False},
+        ),
+        tmp_path / "model2",
+    )
     assert not same["ok"] and same["failures"] == ["differs_from_base"]  # an unchanged model is caught
 
 
-def test_a_failed_export_leaves_no_folder_behind(tmp_path: Path, tiny_model_dir: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_export_leaves_no_folder_behind(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The export is assembled in a temporary sibling folder: a failure after the weights are written leaves
     neither the export folder nor the temporary one."""
     import memrl.train.export as export
@@ -87,8 +111,10 @@ def test_a_failed_export_leaves_no_folder_behind(tmp_path: Path, tiny_model_dir:
 
     monkeypatch.setattr(export, "_generate_transformers", broken)
     with pytest.raises(RuntimeError, match="verification crashed"):
-        export_model(_config(tmp_path, tiny_model_dir, None, verify={"vllm": False, "transformers": True}),
-                     tmp_path / "out" / "model")
+        export_model(
+            _config(tmp_path, tiny_model_dir, None, verify={"vllm": False, "transformers": True}),
+            tmp_path / "out" / "model",
+        )
     assert list((tmp_path / "out").iterdir()) == []
     with pytest.raises(ConfigError, match="not empty"):  # an export never writes into a folder holding files
         (tmp_path / "taken").mkdir()
@@ -97,7 +123,8 @@ def test_a_failed_export_leaves_no_folder_behind(tmp_path: Path, tiny_model_dir:
 
 
 def test_push_to_hub_fails_before_any_work_without_token_or_network(
-        tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     with pytest.raises(ConfigError, match="no Hugging Face token: set HF_TOKEN"):

@@ -41,32 +41,57 @@ from tests.timing import scaled
 
 ray = pytest.importorskip("ray")
 
-MEMORY = SamConfig.model_validate({
-    "page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3,
-    "sampling": {"consolidate": {"temperature": 0.0, "max_tokens": 48},
-                 "recall": {"temperature": 1.0, "max_tokens": 48}},
-})
-TASKS = TaskSetConfig(count=6, sam=SamTaskParams(horizon_steps=8, facts_per_obs=1, containers_per_room=2,
-                                                 repeat_evidence_frac=0.5))
+MEMORY = SamConfig.model_validate(
+    {
+        "page_turns": 1,
+        "live_capacity_turns": 4,
+        "keep_recent_turns": 3,
+        "sampling": {
+            "consolidate": {"temperature": 0.0, "max_tokens": 48},
+            "recall": {"temperature": 1.0, "max_tokens": 48},
+        },
+    }
+)
+TASKS = TaskSetConfig(
+    count=6, sam=SamTaskParams(horizon_steps=8, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5)
+)
 
 
 def spec(tokenizer: Path, latency_s: float = 0.0) -> WorkerSpec:
     """Scripted memory model (the noisy oracle, optionally slowed down) and reasoner; offline committee + credit."""
-    oracle: dict[str, Any] = {"scripted_policy": "memrl.data.experts.sam:SamOracle",
-                              "scripted_kwargs": {"config": {"error_rate": 0.3}}}
+    oracle: dict[str, Any] = {
+        "scripted_policy": "memrl.data.experts.sam:SamOracle",
+        "scripted_kwargs": {"config": {"error_rate": 0.3}},
+    }
     if latency_s:
-        oracle = {"scripted_policy": "memrl.rollout.engines.scripted:DelayedPolicy",
-                  "scripted_kwargs": {"policy": "memrl.data.experts.sam:SamOracle", "latency_s": latency_s,
-                                      "kwargs": {"config": {"error_rate": 0.3}}}}
+        oracle = {
+            "scripted_policy": "memrl.rollout.engines.scripted:DelayedPolicy",
+            "scripted_kwargs": {
+                "policy": "memrl.data.experts.sam:SamOracle",
+                "latency_s": latency_s,
+                "kwargs": {"config": {"error_rate": 0.3}},
+            },
+        }
     policy = EngineConfig(backend="scripted", name="policy", tokenizer=str(tokenizer), **oracle)
-    reasoner = EngineConfig(backend="scripted", name="reasoner", scripted_policy="memrl.data.tasks.sam:SamReasoner",
-                            scripted_kwargs={"max_pages": 2, "recall_budget": 2}, tokenizer=str(tokenizer))
-    references = [EngineConfig(backend="scripted", name="sam-oracle",
-                               scripted_policy="memrl.data.experts.sam:SamOracle",
-                               tokenizer=str(tokenizer))]
+    reasoner = EngineConfig(
+        backend="scripted",
+        name="reasoner",
+        scripted_policy="memrl.data.tasks.sam:SamReasoner",
+        scripted_kwargs={"max_pages": 2, "recall_budget": 2},
+        tokenizer=str(tokenizer),
+    )
+    references = [
+        EngineConfig(
+            backend="scripted",
+            name="sam-oracle",
+            scripted_policy="memrl.data.experts.sam:SamOracle",
+            tokenizer=str(tokenizer),
+        )
+    ]
     scorer = TreeScorer(references, None, CommitteeConfig())
-    return WorkerSpec(policy=policy, reasoner=reasoner, tree=TreeConfig(branch_factor=2, max_leaves=4),
-                      make_scorer=scorer)
+    return WorkerSpec(
+        policy=policy, reasoner=reasoner, tree=TreeConfig(branch_factor=2, max_leaves=4), make_scorer=scorer
+    )
 
 
 def dumped(groups: list[Any]) -> list[dict[str, Any]]:
@@ -120,15 +145,18 @@ def test_sticky_engine_sends_a_tree_to_one_endpoint() -> None:
 
     endpoints = [FakeEngine("memory") for _ in range(3)]
     sticky = StickyEngine(endpoints, "memory")  # type: ignore[arg-type]
-    requests = [GenerationRequest(messages=[Message(role="user", content=f"q{i}")], metadata={"task_id": f"t{i % 5}"})
-                for i in range(20)]
+    requests = [
+        GenerationRequest(messages=[Message(role="user", content=f"q{i}")], metadata={"task_id": f"t{i % 5}"})
+        for i in range(20)
+    ]
     results = sticky.generate(requests)
     assert [r.completions[0].text for r in results] == [f"q{i}#0" for i in range(20)]  # request order kept
     by_task: dict[str, set[int]] = {}
     for request in requests:
         by_task.setdefault(request.metadata["task_id"], set()).add(sticky.endpoint_of(request))
     assert all(len(e) == 1 for e in by_task.values()) and sum(e.calls for e in endpoints) == len(
-        {i for s in by_task.values() for i in s})  # one batched call per endpoint used
+        {i for s in by_task.values() for i in s}
+    )  # one batched call per endpoint used
 
 
 def test_sticky_engine_fails_one_request_at_a_time() -> None:
@@ -147,8 +175,10 @@ def test_sticky_engine_fails_one_request_at_a_time() -> None:
 
     endpoints = [OneBadRequest("memory") for _ in range(2)]  # the fake echoes its prompt under this name
     sticky = StickyEngine(endpoints, "memory")  # type: ignore[arg-type]
-    requests = [GenerationRequest(messages=[Message(role="user", content=f"q{i}")], metadata={"task_id": f"t{i}"})
-                for i in range(8)]
+    requests = [
+        GenerationRequest(messages=[Message(role="user", content=f"q{i}")], metadata={"task_id": f"t{i}"})
+        for i in range(8)
+    ]
     results = sticky.generate_each(requests)
     assert isinstance(results[3], RuntimeError)
     assert [r.completions[0].text for i, r in enumerate(results) if i != 3] == [f"q{i}#0" for i in range(8) if i != 3]
@@ -165,22 +195,26 @@ def test_prune_keeps_the_newest_and_the_protected_versions(tmp_path: Path) -> No
 # the fleet
 
 
-def test_two_workers_match_one_and_the_trainer_agrees(ray_cluster: Any, tasks: list[Any], tiny_model_dir: Path,
-                                                      tmp_path: Path) -> None:
+def test_two_workers_match_one_and_the_trainer_agrees(
+    ray_cluster: Any, tasks: list[Any], tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """Acceptance 1: identical groups (in task order, so also sorted by tree id) from 1 in-process worker, 1 Ray
     worker and 2 Ray workers; the trainer's metrics after 2 iterations agree within 1e-6; every tree's memory calls
     ran on one worker."""
     make = TaskTreeRollout(MEMORY)
     local = LocalFleet(spec(tiny_model_dir))
-    fleets = {1: RolloutFleet(spec(tiny_model_dir), FleetConfig(workers=1, cpus_per_worker=0.5)),
-              2: RolloutFleet(spec(tiny_model_dir), FleetConfig(workers=2, cpus_per_worker=0.5))}
+    fleets = {
+        1: RolloutFleet(spec(tiny_model_dir), FleetConfig(workers=1, cpus_per_worker=0.5)),
+        2: RolloutFleet(spec(tiny_model_dir), FleetConfig(workers=2, cpus_per_worker=0.5)),
+    }
     try:
         metrics: dict[str, list[dict[str, float]]] = {}
         reference: dict[int, list[dict[str, Any]]] = {}
         for name, fleet in [("local", local), ("1", fleets[1]), ("2", fleets[2])]:
             torch.manual_seed(0)  # the same trainer start for every run: only the groups may differ
-            trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
-                                   GroupTrainerConfig(**ONE_STEP, lr=1e-3, seed=0))
+            trainer = GroupTrainer(
+                PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(**ONE_STEP, lr=1e-3, seed=0)
+            )
             metrics[name] = []
             for iteration in range(2):
                 result = fleet.submit(iteration, tasks, 7919 + iteration, make).result()
@@ -226,9 +260,10 @@ def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[An
     local.close()
     # a restart is a new worker process importing memrl and building its engines: 10-20 s on a quiet machine, over
     # 140 s measured at load 18 on 2 cores; the fleet waits for the worker to be back, as long as the load needs
-    fleet = RolloutFleet(spec(tiny_model_dir, latency_s=0.05),
-                         FleetConfig(workers=2, cpus_per_worker=0.5, max_restarts=1,
-                                     restart_timeout_s=scaled(120.0, cap=900.0)))
+    fleet = RolloutFleet(
+        spec(tiny_model_dir, latency_s=0.05),
+        FleetConfig(workers=2, cpus_per_worker=0.5, max_restarts=1, restart_timeout_s=scaled(120.0, cap=900.0)),
+    )
     try:
         fleet.update_weights("/nonexistent/v00003", 3)
         victim = ray.get(fleet.handles[0].call.remote(lambda engine, reasoner: os.getpid()))
@@ -259,11 +294,24 @@ def test_killed_worker_has_its_trees_rerun_once(ray_cluster: Any, tasks: list[An
 def scripted_policy_overrides(model: Path, out: Path, name: str, iterations: int) -> list[str]:
     """The tiny OAT-GRPO config with the noisy oracle as the rollout engine (the tiny model still trains)."""
     return [
-        f"policy.base={model}", "engine.backend=scripted", "engine.scripted_policy=memrl.data.experts.sam:SamOracle",
-        "engine.scripted_kwargs={config: {error_rate: 0.3}}", f"engine.tokenizer={model}", "engine.model=null",
-        f"run.output_dir={out}", f"run.name={name}", "train_tasks.count=16", "train_tasks.sam.horizon_steps=8",
-        "eval_tasks.count=2", "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=4", "tree.max_leaves=4",
-        f"loop.iterations={iterations}", "loop.eval_every=0", "loop.checkpoint_every=1", "loop.max_staleness=1",
+        f"policy.base={model}",
+        "engine.backend=scripted",
+        "engine.scripted_policy=memrl.data.experts.sam:SamOracle",
+        "engine.scripted_kwargs={config: {error_rate: 0.3}}",
+        f"engine.tokenizer={model}",
+        "engine.model=null",
+        f"run.output_dir={out}",
+        f"run.name={name}",
+        "train_tasks.count=16",
+        "train_tasks.sam.horizon_steps=8",
+        "eval_tasks.count=2",
+        "eval_tasks.sam.horizon_steps=6",
+        "tasks_per_iteration=4",
+        "tree.max_leaves=4",
+        f"loop.iterations={iterations}",
+        "loop.eval_every=0",
+        "loop.checkpoint_every=1",
+        "loop.max_staleness=1",
         "trainer.lr=1e-3",
     ]
 
@@ -276,9 +324,15 @@ def test_one_step_off_on_the_fleet(ray_cluster: Any, tiny_model_dir: Path, tmp_p
     from memrl.train.oat_grpo import OATGRPOConfig, train_oat_grpo
 
     iterations = 3
-    cfg = load_config(OATGRPOConfig, Path(__file__).parents[1] / "configs" / "oat_grpo_tiny.yaml",
-                      [*scripted_policy_overrides(tiny_model_dir, tmp_path, "k1", iterations),
-                       "fleet.workers=2", "fleet.cpus_per_worker=0.5"])
+    cfg = load_config(
+        OATGRPOConfig,
+        Path(__file__).parents[1] / "configs" / "oat_grpo_tiny.yaml",
+        [
+            *scripted_policy_overrides(tiny_model_dir, tmp_path, "k1", iterations),
+            "fleet.workers=2",
+            "fleet.cpus_per_worker=0.5",
+        ],
+    )
     run_dir = tmp_path / "k1"
     run_dir.mkdir()
     result = train_oat_grpo(cfg, run_dir)
@@ -306,8 +360,9 @@ def test_one_step_off_sigkill_resume_reproduces_order_and_versions(tiny_model_di
     run_cli(*full)
     args = scripted_policy_overrides(tiny_model_dir, tmp_path, "killed", iterations)
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(cli(*args), cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        cli(*args), cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         wait_for(run_dir / "checkpoints" / f"ckpt-{1:06d}" / "COMPLETE", proc)
         proc.send_signal(signal.SIGKILL)
@@ -361,13 +416,32 @@ def test_vllm_fleet_two_workers_match_one_and_weight_syncs_reach_every_worker(
 
     from memrl.rollout.worker import TreeJob
 
-    policy = EngineConfig(backend="vllm", name="policy", model=str(tiny_model_dir), dtype="float32", seed=0,
-                          max_model_len=2048, enable_lora=True, max_lora_rank=8)
+    policy = EngineConfig(
+        backend="vllm",
+        name="policy",
+        model=str(tiny_model_dir),
+        dtype="float32",
+        seed=0,
+        max_model_len=2048,
+        enable_lora=True,
+        max_lora_rank=8,
+    )
     tree = TreeConfig(branch_factor=2, max_leaves=4, branch_roles=["consolidate", "recall"])
-    fleet = RolloutFleet(dataclasses.replace(spec(tiny_model_dir), policy=policy, tree=tree),
-                         FleetConfig(workers=2, cpus_per_worker=0.5, restart_timeout_s=900))
-    make = TaskTreeRollout(SamConfig.model_validate({**MEMORY.model_dump(), "sampling": {
-        "consolidate": {"temperature": 1.0, "max_tokens": 48}, "recall": {"temperature": 1.0, "max_tokens": 48}}}))
+    fleet = RolloutFleet(
+        dataclasses.replace(spec(tiny_model_dir), policy=policy, tree=tree),
+        FleetConfig(workers=2, cpus_per_worker=0.5, restart_timeout_s=900),
+    )
+    make = TaskTreeRollout(
+        SamConfig.model_validate(
+            {
+                **MEMORY.model_dump(),
+                "sampling": {
+                    "consolidate": {"temperature": 1.0, "max_tokens": 48},
+                    "recall": {"temperature": 1.0, "max_tokens": 48},
+                },
+            }
+        )
+    )
     try:
         # worker 0 builds every tree first, so the 2-worker job meets a warm prefix cache there and a cold one on
         # worker 1, and its batches hold half the requests: neither may change a token or a log-prob
@@ -393,12 +467,14 @@ def test_vllm_fleet_two_workers_match_one_and_weight_syncs_reach_every_worker(
         for sample in trained.samples:
             ids = torch.tensor([trained.prompt_ids + sample.response_ids])
             with torch.no_grad():
-                logp = torch.log_softmax(model(input_ids=ids).logits[0, len(trained.prompt_ids) - 1:-1], -1)
-            expected = logp.gather(-1, ids[0, len(trained.prompt_ids):, None]).squeeze(-1)
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, len(trained.prompt_ids) - 1 : -1], -1)
+            expected = logp.gather(-1, ids[0, len(trained.prompt_ids) :, None]).squeeze(-1)
             assert torch.allclose(torch.tensor(sample.rollout_logprobs), expected, atol=1e-3)
         samples, differing, worst = sample_differences(two, one)
-        print(f"vllm fleet: 1 worker {t1 - t0:.1f}s, 2 workers {t2 - t1:.1f}s; {len(one)} groups, {samples} samples, "
-              f"{differing} with other tokens, largest log-prob difference {worst:.3g}")
+        print(
+            f"vllm fleet: 1 worker {t1 - t0:.1f}s, 2 workers {t2 - t1:.1f}s; {len(one)} groups, {samples} samples, "
+            f"{differing} with other tokens, largest log-prob difference {worst:.3g}"
+        )
         assert dumped(two) == dumped(one)
 
         probe = list(range(5, 25))

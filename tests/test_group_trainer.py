@@ -58,8 +58,9 @@ def test_the_default_update_takes_several_steps_so_its_diagnostics_move(tiny_mod
     assert abs(steps[0]["approx_kl"]) < 1e-9  # the first step is taken at pi_old
     assert max(abs(s["approx_kl"]) for s in steps[1:]) > 1e-6  # the later ones see the policy move
 
-    old = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
-                       GroupTrainerConfig(**ONE_STEP, lr=5e-3, lora=LoraSettings(r=8, alpha=16)))
+    old = GroupTrainer(
+        PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(**ONE_STEP, lr=5e-3, lora=LoraSettings(r=8, alpha=16))
+    )
     one = old.step(groups)["optimizer_steps"]
     assert len(one) == 1 and abs(one[0]["approx_kl"]) < 1e-9 and one[0]["clip_fraction"] == 0.0
 
@@ -93,7 +94,11 @@ def test_micro_batch_accumulation_equals_one_batch(tiny_model_dir: Path) -> None
     def one_step(micro: int, aggregation: str) -> dict[str, float]:
         cfg = GroupTrainerConfig(
             **ONE_STEP,
-            lr=1e-3, micro_batches=micro, lora=LoraSettings(enabled=False), max_grad_norm=1e9, aggregation=aggregation
+            lr=1e-3,
+            micro_batches=micro,
+            lora=LoraSettings(enabled=False),
+            max_grad_norm=1e9,
+            aggregation=aggregation,
         )
         trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), cfg)
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "no", n_groups=3)
@@ -241,13 +246,20 @@ def test_kl_to_the_initial_policy_after_a_resume_is_to_the_run_s_start(tiny_mode
         run_dir = tmp_path / name
         run_dir.mkdir(exist_ok=True)
         torch.manual_seed(0)  # the same LoRA initialisation in every run
-        trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
-                               GroupTrainerConfig(**ONE_STEP, lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3,
-                                                  probe_every=1))
+        trainer = GroupTrainer(
+            PolicySpec(base=str(tiny_model_dir)),
+            GroupTrainerConfig(**ONE_STEP, lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3, probe_every=1),
+        )
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
         logger = MetricsLogger(run_dir, None, {}, name=name, console=False)
-        loop = OnlineLoop(trainer=trainer, engine=None, cfg=LoopConfig(iterations=2, checkpoint_every=1),
-                          run_dir=run_dir, resume=resume, logger=logger)
+        loop = OnlineLoop(
+            trainer=trainer,
+            engine=None,
+            cfg=LoopConfig(iterations=2, checkpoint_every=1),
+            run_dir=run_dir,
+            resume=resume,
+            logger=logger,
+        )
         kls = []
         for iteration in loop.start(lambda i: None, None):
             kls.append(loop.update(groups)["kl_initial_probe"])
@@ -261,12 +273,20 @@ def test_kl_to_the_initial_policy_after_a_resume_is_to_the_run_s_start(tiny_mode
     assert uninterrupted[1] > uninterrupted[0] > 1e-4
     assert run("stopped", 0) == pytest.approx(uninterrupted[:1], rel=1e-5)
     # by default the probe runs every probe_every updates, and always at the loop's last iteration
-    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
-                           GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3))
+    trainer = GroupTrainer(
+        PolicySpec(base=str(tiny_model_dir)),
+        GroupTrainerConfig(lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3),
+    )
     groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
     logger = MetricsLogger(tmp_path / "cadence", None, {}, name="cadence", console=False)
-    loop = OnlineLoop(trainer=trainer, engine=None, cfg=LoopConfig(iterations=3, checkpoint_every=0),
-                      run_dir=tmp_path / "cadence", resume=False, logger=logger)
+    loop = OnlineLoop(
+        trainer=trainer,
+        engine=None,
+        cfg=LoopConfig(iterations=3, checkpoint_every=0),
+        run_dir=tmp_path / "cadence",
+        resume=False,
+        logger=logger,
+    )
     probed = ["kl_initial_probe" in loop.update(groups, iteration) for iteration in loop.start(lambda i: None, None)]
     logger.close()
     assert probed == [False, False, True]

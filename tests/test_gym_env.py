@@ -71,8 +71,9 @@ class FlakyVault(VaultGame):
 
 
 def engines() -> EngineSet:
-    return EngineSet(reasoner=ScriptedEngine(VaultPlayer(), name="reasoner"),
-                     memory=ScriptedEngine(NoteWriter(), name="memory"))
+    return EngineSet(
+        reasoner=ScriptedEngine(VaultPlayer(), name="reasoner"), memory=ScriptedEngine(NoteWriter(), name="memory")
+    )
 
 
 def trees_of(entry: str, reentry: str = "auto", count: int = 3) -> list[Any]:
@@ -146,8 +147,11 @@ class NoStep:
 
 
 def test_a_class_without_step_is_refused_naming_it() -> None:
-    with pytest.raises(ValueError, match=r"test_gym_env:NoStep does not implement the Gym-style environment "
-                                         r"protocol: missing method 'step'"):
+    with pytest.raises(
+        ValueError,
+        match=r"test_gym_env:NoStep does not implement the Gym-style environment "
+        r"protocol: missing method 'step'",
+    ):
         TaskSetConfig(entry="test_gym_env:NoStep")
 
 

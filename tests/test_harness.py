@@ -46,12 +46,21 @@ def tokenizer(tiny_model_dir: Path) -> Any:
     return load_tokenizer(tiny_model_dir)
 
 
-def tiny_config(tmp_path: Path, tiny_model_dir: Path, systems: list[dict[str, Any]] | None = None,
-                **extra: Any) -> EvalConfig:
+def tiny_config(
+    tmp_path: Path, tiny_model_dir: Path, systems: list[dict[str, Any]] | None = None, **extra: Any
+) -> EvalConfig:
     data = {
         "run": {"output_dir": str(tmp_path), "name": "ev"},
-        "datasets": [{"name": "ama", "kind": "ama_synthetic", "envs": ["textworld"], "target_tokens": [400, 700],
-                      "episodes_per_setting": 1, "per_type": 1}],
+        "datasets": [
+            {
+                "name": "ama",
+                "kind": "ama_synthetic",
+                "envs": ["textworld"],
+                "target_tokens": [400, 700],
+                "episodes_per_setting": 1,
+                "per_type": 1,
+            }
+        ],
         "systems": systems or ALL_SYSTEMS,
         "tokenizer": str(tiny_model_dir),
         "episodes_per_batch": 1,
@@ -138,20 +147,33 @@ def test_ingestion_runs_once_per_episode_and_questions_fork(tokenizer: Any) -> N
     reader = EvidenceReader()
     memory = ScriptedEngine(ExtractiveMemoryModel(), tokenizer=tokenizer)
     engines = EngineSet(reasoner=ScriptedEngine(reader, tokenizer=tokenizer), memory=memory)
-    records = list(run_qa([episode], {"name": "sam", **PAGED}, engines, dataset="d", system="sam", model="m",
-                          reader=reader))
+    records = list(
+        run_qa([episode], {"name": "sam", **PAGED}, engines, dataset="d", system="sam", model="m", reader=reader)
+    )
     assert len(records) == len(episode.qa_pairs) == 8
     ingested = {r["memory_tokens_ingest"]["calls"] for r in records}
     assert len(ingested) == 1 and min(ingested) > 3  # one cue per page of the trajectory, made once for all
     # a fork only adds the cues of pages cut while answering (the question and recalled content grow the context)
     assert all(r["stats"]["sam_consolidate_calls"] - min(ingested) <= r["memory_calls_answer"] for r in records)
-    assert all(r["memory_tokens_ingest_share"]["prompt"] * 8 == pytest.approx(r["memory_tokens_ingest"]["prompt"])
-               for r in records)
+    assert all(
+        r["memory_tokens_ingest_share"]["prompt"] * 8 == pytest.approx(r["memory_tokens_ingest"]["prompt"])
+        for r in records
+    )
     assert all(r["reasoner_tokens"]["spent"] > 0 for r in records)
     assert any(r["stats"].get("sam_recalls", 0) for r in records)  # the reader used SAM's memory tool
     # skipping finished items answers only the rest, from a fresh ingestion
-    again = list(run_qa([episode], {"name": "sam", **PAGED}, engines, dataset="d", system="sam", model="m",
-                        reader=reader, skip={r["key"] for r in records[:5]}))
+    again = list(
+        run_qa(
+            [episode],
+            {"name": "sam", **PAGED},
+            engines,
+            dataset="d",
+            system="sam",
+            model="m",
+            reader=reader,
+            skip={r["key"] for r in records[:5]},
+        )
+    )
     assert [r["key"] for r in again] == [r["key"] for r in records[5:]]
     assert [r["answer"] for r in again] == [r["answer"] for r in records[5:]]
 
@@ -188,8 +210,9 @@ def test_eval_runs_every_system_side_by_side_with_tokens(tmp_path: Path, tiny_mo
     assert len(per_question) == 1 + 8 * len(rows) and per_question[1:] == sorted(per_question[1:])
 
 
-def test_eval_resumes_after_an_interruption_without_duplicates(tmp_path: Path, tiny_model_dir: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_eval_resumes_after_an_interruption_without_duplicates(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     systems = [{"memory": {"name": "sam", **PAGED}}, {"memory": {"name": "long_context"}}]
     reference = evaluate(tiny_config(tmp_path / "a", tiny_model_dir, systems), tmp_path / "a")
     expected = {r["key"]: r["answer"] for r in load_results(tmp_path / "a" / "results.jsonl")}
@@ -225,8 +248,16 @@ def test_eval_resumes_after_an_interruption_without_duplicates(tmp_path: Path, t
 
 def test_checked_in_config_loads() -> None:
     cfg = load_config(EvalConfig, ROOT / "configs" / "eval_ama_synthetic.yaml")
-    assert [s.name for s in cfg.systems] == ["sam", "long_context", "bm25", "embedding", "mage", "memma",
-                                              "ama_agent", "proactive"]
+    assert [s.name for s in cfg.systems] == [
+        "sam",
+        "long_context",
+        "bm25",
+        "embedding",
+        "mage",
+        "memma",
+        "ama_agent",
+        "proactive",
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -243,19 +274,24 @@ def test_sam_tasks_entry_point_returns_success_and_tokens(tokenizer: Any) -> Non
 
 def test_eval_on_task_families_and_loaded_formats(tmp_path: Path, tiny_model_dir: Path) -> None:
     fixtures = ROOT / "tests" / "fixtures"
-    cfg = EvalConfig.model_validate({
-        "run": {"output_dir": str(tmp_path), "name": "ev"},
-        "datasets": [
-            {"name": "sam", "kind": "sam", "tasks": {"family": "sam", "count": 2, "sam": {"horizon_steps": 6}}},
-            {"name": "pro", "kind": "proactive", "tasks": {"family": "proactive", "count": 1,
-                                                            "proactive": {"n_subtasks": 6}}},
-            {"name": "locomo", "kind": "locomo", "path": str(fixtures / "locomo_small.json")},
-            {"name": "arena", "kind": "memoryarena", "path": str(fixtures / "memoryarena_small.jsonl")},
-            {"name": "amab", "kind": "amabench", "path": str(fixtures / "amabench_small.jsonl")},
-        ],
-        "systems": [{"memory": {"name": "long_context"}}, {"memory": {"name": "proactive"}}],
-        "tokenizer": str(tiny_model_dir),
-    })
+    cfg = EvalConfig.model_validate(
+        {
+            "run": {"output_dir": str(tmp_path), "name": "ev"},
+            "datasets": [
+                {"name": "sam", "kind": "sam", "tasks": {"family": "sam", "count": 2, "sam": {"horizon_steps": 6}}},
+                {
+                    "name": "pro",
+                    "kind": "proactive",
+                    "tasks": {"family": "proactive", "count": 1, "proactive": {"n_subtasks": 6}},
+                },
+                {"name": "locomo", "kind": "locomo", "path": str(fixtures / "locomo_small.json")},
+                {"name": "arena", "kind": "memoryarena", "path": str(fixtures / "memoryarena_small.jsonl")},
+                {"name": "amab", "kind": "amabench", "path": str(fixtures / "amabench_small.jsonl")},
+            ],
+            "systems": [{"memory": {"name": "long_context"}}, {"memory": {"name": "proactive"}}],
+            "tokenizer": str(tiny_model_dir),
+        }
+    )
     summary = evaluate(cfg, tmp_path / "ev")
     data = summary["datasets"]
     assert [r["system"] for r in data["sam"]["greedy"]] == ["long_context"]
@@ -273,12 +309,23 @@ def test_eval_on_task_families_and_loaded_formats(tmp_path: Path, tiny_model_dir
 
 def test_engines_from_config_replace_the_reader_and_the_judge(tmp_path: Path, tiny_model_dir: Path) -> None:
     scripted = {"backend": "scripted", "tokenizer": str(tiny_model_dir)}
-    cfg = tiny_config(tmp_path, tiny_model_dir, [{"memory": {"name": "long_context"}}],
-                      reasoner={**scripted, "name": "model-reasoner",
-                                "scripted_policy": "memrl.rollout.evaluation.reader:EvidenceReader"},
-                      judge={**scripted, "name": "judge", "scripted_policy": "memrl.rewards.scorers:LexicalJudge"},
-                      models=[{"name": "extractive", "engine": {
-                          **scripted, "scripted_policy": "memrl.rollout.evaluation.extractive:ExtractiveMemoryModel"}}])
+    cfg = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        [{"memory": {"name": "long_context"}}],
+        reasoner={
+            **scripted,
+            "name": "model-reasoner",
+            "scripted_policy": "memrl.rollout.evaluation.reader:EvidenceReader",
+        },
+        judge={**scripted, "name": "judge", "scripted_policy": "memrl.rewards.scorers:LexicalJudge"},
+        models=[
+            {
+                "name": "extractive",
+                "engine": {**scripted, "scripted_policy": "memrl.rollout.evaluation.extractive:ExtractiveMemoryModel"},
+            }
+        ],
+    )
     summary = evaluate(cfg, tmp_path / "ev")
     (row,) = summary["datasets"]["ama"]["overall"]
     # a reader nobody registered questions with knows no gold answers: every answer is "not mentioned"

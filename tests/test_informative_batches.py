@@ -26,13 +26,26 @@ def sibling_tree(task_id: str, siblings: list[tuple[list[int], list[float]]]) ->
         sid = f"r.{k}:1"
         nodes["root"].children.append(sid)
         leaves = [f"r.{k}.{j}:leaf" for j in range(len(outcomes))]
-        nodes[sid] = TreeNode(node_id=sid, parent_id="root", depth=1, kind="memory", group_id="g:r:1",
-                              call=recall(sid, ids), children=leaves, metadata={"sample": k, "samples": len(siblings)})
+        nodes[sid] = TreeNode(
+            node_id=sid,
+            parent_id="root",
+            depth=1,
+            kind="memory",
+            group_id="g:r:1",
+            call=recall(sid, ids),
+            children=leaves,
+            metadata={"sample": k, "samples": len(siblings)},
+        )
         for leaf, outcome in zip(leaves, outcomes, strict=True):
             nodes[leaf] = TreeNode(node_id=leaf, parent_id=sid, depth=2, kind="leaf", outcome=outcome)
     merged = merge_identical_siblings(nodes)
-    return MemoryCallTree(tree_id=f"{task_id}/tree", task_id=task_id, root_id="root", nodes=list(nodes.values()),
-                          metadata={"branched_nodes": len(siblings), "merged_siblings": merged})
+    return MemoryCallTree(
+        tree_id=f"{task_id}/tree",
+        task_id=task_id,
+        root_id="root",
+        nodes=list(nodes.values()),
+        metadata={"branched_nodes": len(siblings), "merged_siblings": merged},
+    )
 
 
 def test_identical_recall_siblings_are_one_node_whose_value_pools_their_leaves() -> None:
@@ -64,8 +77,9 @@ def test_credit_metrics_count_outcome_ties_not_reward_ties() -> None:
     tied = sibling_tree("a", [([1], [1.0]), ([2], [1.0])])
     tied.nodes[1].committee_score, tied.nodes[3].committee_score = 0.9, 0.1  # r differs, the outcome does not
     informative = sibling_tree("b", [([1], [1.0]), ([2], [0.0])])
-    _, metrics = credit_and_groups([tied, informative], CreditConfig(
-        terms=[{"name": "committee", "weight": 0.5}]), "tree", 0)
+    _, metrics = credit_and_groups(
+        [tied, informative], CreditConfig(terms=[{"name": "committee", "weight": 0.5}]), "tree", 0
+    )
     assert metrics["outcome_tie_fraction"] == 0.5 and metrics["informative_groups"] == 1
     assert metrics["credit_zero_variance_groups"] == 0  # both groups' rewards r vary
 
@@ -75,8 +89,9 @@ class _Ready:
         self.trees = trees
 
     def result(self) -> FleetResult:
-        return FleetResult(trees=self.trees, metrics={"memory_requests": len(self.trees)}, worker_of={},
-                           memory_calls={}, reruns=0)
+        return FleetResult(
+            trees=self.trees, metrics={"memory_requests": len(self.trees)}, worker_of={}, memory_calls={}, reruns=0
+        )
 
 
 def collect(target: int, cap: int, informative_ids: set[str]) -> tuple[list[MemoryCallTree], dict, list[list[str]]]:
@@ -84,8 +99,10 @@ def collect(target: int, cap: int, informative_ids: set[str]) -> tuple[list[Memo
     pool = [SimpleNamespace(task_id=f"t{i}") for i in range(12)]
 
     def trees_for(tasks: list) -> list[MemoryCallTree]:
-        return [sibling_tree(t.task_id, [([1], [1.0]), ([2], [0.0 if t.task_id in informative_ids else 1.0])])
-                for t in tasks]
+        return [
+            sibling_tree(t.task_id, [([1], [1.0]), ([2], [0.0 if t.task_id in informative_ids else 1.0])])
+            for t in tasks
+        ]
 
     rounds: list[list[str]] = []
 
@@ -139,12 +156,14 @@ def test_flat_grpo_counts_each_trajectory_once() -> None:
 
     def flat_tree() -> MemoryCallTree:
         nodes = [TreeNode(node_id="root", kind="root", children=["a1", "b1"])]
-        nodes += [TreeNode(node_id="a1", parent_id="root", kind="memory", call=recall("a1", [1]), children=["a2"]),
-                  TreeNode(node_id="a2", parent_id="a1", kind="memory", call=recall("a2", [1]), children=["a3"]),
-                  TreeNode(node_id="a3", parent_id="a2", kind="memory", call=recall("a3", [1]), children=["la"]),
-                  TreeNode(node_id="la", parent_id="a3", kind="leaf", outcome=0.0),
-                  TreeNode(node_id="b1", parent_id="root", kind="memory", call=recall("b1", [1]), children=["lb"]),
-                  TreeNode(node_id="lb", parent_id="b1", kind="leaf", outcome=1.0)]
+        nodes += [
+            TreeNode(node_id="a1", parent_id="root", kind="memory", call=recall("a1", [1]), children=["a2"]),
+            TreeNode(node_id="a2", parent_id="a1", kind="memory", call=recall("a2", [1]), children=["a3"]),
+            TreeNode(node_id="a3", parent_id="a2", kind="memory", call=recall("a3", [1]), children=["la"]),
+            TreeNode(node_id="la", parent_id="a3", kind="leaf", outcome=0.0),
+            TreeNode(node_id="b1", parent_id="root", kind="memory", call=recall("b1", [1]), children=["lb"]),
+            TreeNode(node_id="lb", parent_id="b1", kind="leaf", outcome=1.0),
+        ]
         return MemoryCallTree(tree_id="f", task_id="f", root_id="root", nodes=nodes)
 
     def mean_row_advantage(weighting: str) -> float:

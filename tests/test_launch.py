@@ -169,8 +169,9 @@ def test_torchrun_cpu_mode_and_separate_policy_gpus(tmp_path: Path) -> None:
     assert plan.info["env"]["DS_ACCELERATOR"] == "cpu"
     assert "gloo" in plan.text and plan.info["layout"]["world_size"] == 2
 
-    cfg = write_config(tmp_path, {"placement": {"policy": {"mode": "separate", "gpus_per_node": 2,
-                                                           "tensor_parallel_size": 2}}})
+    cfg = write_config(
+        tmp_path, {"placement": {"policy": {"mode": "separate", "gpus_per_node": 2, "tensor_parallel_size": 2}}}
+    )
     oat = ["--", "train", "oat-grpo", "--config", str(cfg)]
     plan = plan_torchrun(oat, slurm_env(0))
     assert plan.info["layout"]["nproc_per_node"] == 6  # 8 GPUs - 2 for the policy engine
@@ -229,8 +230,9 @@ GPUS8 = "0,1,2,3,4,5,6,7"
 def test_single_process_commands_one_node_eight_gpus(stage: list[str]) -> None:
     label = "memrl " + " ".join(stage)
     env = clean_env(CUDA_VISIBLE_DEVICES=GPUS8)
-    res = run(ROOT / "launch" / "torchrun.sh", "--dry-run", "--nproc-per-node", "8", "--", *stage, "run.seed=3",
-              env=env)
+    res = run(
+        ROOT / "launch" / "torchrun.sh", "--dry-run", "--nproc-per-node", "8", "--", *stage, "run.seed=3", env=env
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert f"{label} runs in one process (it is not distributed)" in out
@@ -263,16 +265,19 @@ def test_single_process_commands_four_nodes_eight_gpus(stage: list[str], tmp_pat
     assert plan.info["layout"]["world_size"] == 1
     cmd = " ".join(plan.info["train_command"])
     assert "--nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=gpu01 " in cmd
-    assert f"torchrun.sh --nnodes 1 --nproc-per-node 1 --master-addr gpu01 --master-port 20777 --device gpu -- " \
+    assert (
+        f"torchrun.sh --nnodes 1 --nproc-per-node 1 --master-addr gpu01 --master-port 20777 --device gpu -- "
         f"{' '.join(stage)}" in cmd
+    )
     assert f"gpu04  idle  nothing ({label} runs in one process)" in plan.text
     plan = plan_deepspeed(["--hosts", "gpu[01-04]", "--", *stage], slurm_env(0))
     assert plan.info["layout"]["world_size"] == 1 and plan.shell["write_hostfile"] == "0"
 
 
 def test_an_idle_node_really_starts_nothing(tmp_path: Path) -> None:
-    res = run(ROOT / "launch" / "torchrun.sh", "--", "data", "synth", f"run.output_dir={tmp_path / 'runs'}",
-              env=slurm_env(2))
+    res = run(
+        ROOT / "launch" / "torchrun.sh", "--", "data", "synth", f"run.output_dir={tmp_path / 'runs'}", env=slurm_env(2)
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "this node: node rank 2 (gpu03): nothing to start here" in res.stdout
     assert not (tmp_path / "runs").exists()
@@ -285,9 +290,15 @@ def test_unknown_memrl_command_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("stage", "engine"),
-    [(["train", "oat-grpo"], "on the main process"), (["train", "pivot-grpo"], "on the main process"),
-     (["quickstart"], "built inside that one process"), (["sft"], None), (["eval"], None), (["export"], None),
-     (["data", "distill"], None)],
+    [
+        (["train", "oat-grpo"], "on the main process"),
+        (["train", "pivot-grpo"], "on the main process"),
+        (["quickstart"], "built inside that one process"),
+        (["sft"], None),
+        (["eval"], None),
+        (["export"], None),
+        (["data", "distill"], None),
+    ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else str(v),
 )
 def test_policy_engine_line_only_for_commands_that_build_one(stage: list[str], engine: str | None) -> None:
@@ -324,8 +335,7 @@ def test_deepspeed_dry_run_one_node_eight_gpus() -> None:
 
 def test_deepspeed_dry_run_four_nodes_from_slurm_and_from_a_hostfile(tmp_path: Path) -> None:
     out_file = tmp_path / "hosts.txt"
-    res = run(ROOT / "launch" / "deepspeed.sh", "--dry-run", "--hostfile-out", str(out_file), "sft",
-              env=slurm_env(0))
+    res = run(ROOT / "launch" / "deepspeed.sh", "--dry-run", "--hostfile-out", str(out_file), "sft", env=slurm_env(0))
     assert res.returncode == 0, res.stderr
     assert "world: 4 node(s) x 8 process(es) = 32 ranks" in res.stdout
     for i in range(1, 5):
@@ -335,8 +345,10 @@ def test_deepspeed_dry_run_four_nodes_from_slurm_and_from_a_hostfile(tmp_path: P
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# four A100 nodes\nnodeA slots=8\nnodeB slots=8\nnodeC slots=8\nnodeD slots=8\n")
-    plan = plan_deepspeed(["--hostfile", str(hostfile), "--num-nodes", "2", "--launcher", "slurm", "--", "sft"],
-                          clean_env(CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7"))
+    plan = plan_deepspeed(
+        ["--hostfile", str(hostfile), "--num-nodes", "2", "--launcher", "slurm", "--", "sft"],
+        clean_env(CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7"),
+    )
     assert plan.info["layout"]["world_size"] == 16 and plan.shell["write_hostfile"] == "0"
     assert [n["global_ranks"] for n in plan.info["layout"]["nodes"]] == [[0, 7], [8, 15]]
     assert plan.info["command"][plan.info["command"].index("--launcher") + 1] == "slurm"
@@ -355,10 +367,30 @@ def test_deepspeed_launcher_really_runs_two_cpu_processes(tmp_path: Path) -> Non
         "f\"{rank} {os.environ['WORLD_SIZE']} {os.environ['DS_ACCELERATOR']} {' '.join(sys.argv[1:])}\")\n"
     )
     hostfile = tmp_path / "hostfile"
-    args = ["--device", "cpu", "--hosts", "localhost", "--num-gpus", "2", "--hostfile-out", str(hostfile),
-            "--master-port", str(free_port()), "--module", "probe_ds"]
-    res = run(ROOT / "launch" / "deepspeed.sh", *args, "--", "x", "k=v", env=clean_env(PYTHONPATH=str(tmp_path)),
-              cwd=tmp_path, timeout=300)
+    args = [
+        "--device",
+        "cpu",
+        "--hosts",
+        "localhost",
+        "--num-gpus",
+        "2",
+        "--hostfile-out",
+        str(hostfile),
+        "--master-port",
+        str(free_port()),
+        "--module",
+        "probe_ds",
+    ]
+    res = run(
+        ROOT / "launch" / "deepspeed.sh",
+        *args,
+        "--",
+        "x",
+        "k=v",
+        env=clean_env(PYTHONPATH=str(tmp_path)),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert not hostfile.exists()  # one local node: no hostfile
     assert sorted(p.read_text() for p in tmp_path.glob("ds*.txt")) == ["0 2 cpu x k=v", "1 2 cpu x k=v"]
@@ -375,8 +407,16 @@ def oat_config(tmp_path: Path, **run_keys: object) -> Path:
 def test_slurm_dry_run_four_nodes_sam_setup(tmp_path: Path) -> None:
     cfg = oat_config(tmp_path)
     env = slurm_env(0, SLURM_CPUS_ON_NODE="64")
-    res = run(ROOT / "launch" / "slurm" / "memrl.sbatch", "--dry-run", "--", "train", "oat-grpo", "--config",
-              str(cfg), env=env)
+    res = run(
+        ROOT / "launch" / "slurm" / "memrl.sbatch",
+        "--dry-run",
+        "--",
+        "train",
+        "oat-grpo",
+        "--config",
+        str(cfg),
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "setup sam-9b (auto for 'train oat-grpo')" in out
@@ -384,14 +424,18 @@ def test_slurm_dry_run_four_nodes_sam_setup(tmp_path: Path) -> None:
     assert "gpu02  committee0  Qwen/Qwen3.5-122B-A10B: 1 server(s) x TP 8, ports 8000" in out
     assert "gpu03  train       node rank 0, global ranks 0-7" in out
     assert "gpu04  train       node rank 1, global ranks 8-15" in out
-    serve = ("srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=gpu01 --exclusive --kill-on-bad-exit=1 "
-             f"--gpus-per-node=8 --cpus-per-task=64 bash {ROOT}/launch/serve_endpoints.sh run --model "
-             "Qwen/Qwen3.5-35B-A3B")
+    serve = (
+        "srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=gpu01 --exclusive --kill-on-bad-exit=1 "
+        f"--gpus-per-node=8 --cpus-per-task=64 bash {ROOT}/launch/serve_endpoints.sh run --model "
+        "Qwen/Qwen3.5-35B-A3B"
+    )
     assert serve in out
     assert "env CUDA_VISIBLE_DEVICES=6,7 " in out and "--port 8003 --tensor-parallel-size 2" in out
-    train = ("srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist=gpu03,gpu04 --exclusive --kill-on-bad-exit=1 "
-             f"--gpus-per-node=8 --cpus-per-task=64 bash {ROOT}/launch/torchrun.sh --nnodes 2 --nproc-per-node 8 "
-             "--master-addr gpu03 --master-port 20777 --device gpu -- train oat-grpo --config")
+    train = (
+        "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist=gpu03,gpu04 --exclusive --kill-on-bad-exit=1 "
+        f"--gpus-per-node=8 --cpus-per-task=64 bash {ROOT}/launch/torchrun.sh --nnodes 2 --nproc-per-node 8 "
+        "--master-addr gpu03 --master-port 20777 --device gpu -- train oat-grpo --config"
+    )
     assert train in out
     assert "run.name=memrl-777" in out
     assert f"run directory: {tmp_path / 'runs' / 'memrl-777'}" in out
@@ -399,8 +443,20 @@ def test_slurm_dry_run_four_nodes_sam_setup(tmp_path: Path) -> None:
 
 def test_slurm_plan_endpoints_are_valid_placement_overrides(tmp_path: Path) -> None:
     cfg = oat_config(tmp_path, name="exp1")
-    argv = ["--dry-run", "--committee", "Qwen/Qwen3.5-122B-A10B,tp=4", "--committee", "zai-org/GLM-4.5-Air,tp=8",
-            "--judge", "Qwen/Qwen3.5-122B-A10B,tp=8,name=judge", "--", "train", "oat-grpo", "--config", str(cfg)]
+    argv = [
+        "--dry-run",
+        "--committee",
+        "Qwen/Qwen3.5-122B-A10B,tp=4",
+        "--committee",
+        "zai-org/GLM-4.5-Air,tp=8",
+        "--judge",
+        "Qwen/Qwen3.5-122B-A10B,tp=8,name=judge",
+        "--",
+        "train",
+        "oat-grpo",
+        "--config",
+        str(cfg),
+    ]
     plan = plan_slurm(argv, slurm_env(0, nodes=6))
     info = plan.info
     assert [s["hosts"] for s in info["services"]] == [["gpu01"], ["gpu02"], ["gpu03"], ["gpu04"]]
@@ -423,8 +479,18 @@ def test_slurm_one_node_needs_setup_none(tmp_path: Path) -> None:
     env = slurm_env(0, nodes=1)
     with pytest.raises(LaunchError, match="the plan needs at least 3"):
         plan_slurm(["--dry-run", "--", "train", "oat-grpo", "--config", str(cfg)], env)
-    res = run(ROOT / "launch" / "slurm" / "memrl.sbatch", "--dry-run", "--setup", "none", "--", "train", "oat-grpo",
-              "--config", str(cfg), env=env)
+    res = run(
+        ROOT / "launch" / "slurm" / "memrl.sbatch",
+        "--dry-run",
+        "--setup",
+        "none",
+        "--",
+        "train",
+        "oat-grpo",
+        "--config",
+        str(cfg),
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     assert "gpu01  train  node rank 0, global ranks 0-7" in res.stdout
     assert "[serve" not in res.stdout and "placement." not in res.stdout
@@ -460,8 +526,12 @@ def test_serve_spec_parsing() -> None:
     spec = ServeSpec.parse("Qwen/Qwen3.5-35B-A3B, nodes=2, tp=2, max_model_len=none")
     assert (spec.model, spec.nodes, spec.tp, spec.max_model_len) == ("Qwen/Qwen3.5-35B-A3B", 2, 2, None)
     assert spec.replicas_per_node(8, "gpu") == 4
-    for bad, message in [("tp=2", "starts with the model"), ("m,tp", "key=value"), ("m,gpus=2", "unknown key"),
-                         ("m,tp=0", "greater than or equal")]:
+    for bad, message in [
+        ("tp=2", "starts with the model"),
+        ("m,tp", "key=value"),
+        ("m,gpus=2", "unknown key"),
+        ("m,tp=0", "greater than or equal"),
+    ]:
         with pytest.raises(LaunchError, match=message):
             ServeSpec.parse(bad)
     with pytest.raises(LaunchError, match="needs 16 GPUs"):
@@ -585,21 +655,36 @@ def test_launched_commands_run_from_the_installed_package_outside_the_checkout(t
     names exists."""
     env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
     synth = ["data", "synth", "sources=[{family: sam, count: 2}]", "arrow=false", "run.name=synth"]
-    res = run(ROOT / "launch" / "torchrun.sh", "--", *synth, f"run.output_dir={tmp_path / 'torchrun'}", env=env,
-              cwd=tmp_path, timeout=300)
+    res = run(
+        ROOT / "launch" / "torchrun.sh",
+        "--",
+        *synth,
+        f"run.output_dir={tmp_path / 'torchrun'}",
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "torchrun" / "synth" / "train.jsonl").is_file() and "PYTHONPATH" not in res.stdout
 
     cluster = {k: v for k, v in cluster_env(tmp_path, FAKE_TRAIN_REAL="1").items() if k != "PYTHONPATH"}
     cluster["SLURM_SUBMIT_DIR"] = str(tmp_path)  # submitted from outside the checkout
-    res = run(ROOT / "launch" / "slurm" / "memrl.sbatch", "--setup", "none", "--", *synth,
-              f"run.output_dir={tmp_path / 'slurm'}", env=cluster, cwd=tmp_path, timeout=300)
+    res = run(
+        ROOT / "launch" / "slurm" / "memrl.sbatch",
+        "--setup",
+        "none",
+        "--",
+        *synth,
+        f"run.output_dir={tmp_path / 'slurm'}",
+        env=cluster,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "slurm" / "synth" / "train.jsonl").is_file() and "PYTHONPATH" not in res.stdout
     srun_calls = [line for line in (tmp_path / "calls.log").read_text().splitlines() if line.startswith("srun ")]
     assert len(srun_calls) == 1 and "PYTHONPATH" not in srun_calls[0], srun_calls
-    plan = plan_slurm(["--dry-run", "--", "train", "oat-grpo", "--config", str(oat_config(tmp_path))],
-                      slurm_env(0))
+    plan = plan_slurm(["--dry-run", "--", "train", "oat-grpo", "--config", str(oat_config(tmp_path))], slurm_env(0))
     scripts = {word for line in plan.text.splitlines() for word in line.split() if word.endswith(".sh")}
     assert scripts and all(Path(s).is_file() for s in scripts), scripts
 
@@ -608,8 +693,13 @@ def test_sbatch_stops_servers_and_training_on_sigterm(tmp_path: Path) -> None:
     cfg = oat_config(tmp_path)
     env = cluster_env(tmp_path, FAKE_TRAIN_SLEEP="300")
     log = (tmp_path / "out.log").open("w")
-    proc = subprocess.Popen(["bash", str(ROOT / "launch" / "slurm" / "memrl.sbatch"), "--", "train", "oat-grpo",
-                             "--config", str(cfg)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "launch" / "slurm" / "memrl.sbatch"), "--", "train", "oat-grpo", "--config", str(cfg)],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "train.pid").exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -637,19 +727,29 @@ def test_sbatch_stops_servers_and_training_on_sigterm(tmp_path: Path) -> None:
 def test_sbatch_fails_fast_when_a_server_dies(tmp_path: Path) -> None:
     cfg = oat_config(tmp_path)
     env = cluster_env(tmp_path, FAKE_SERVER_EXIT="1", FAKE_CURL_RC="7")
-    res = run(ROOT / "launch" / "slurm" / "memrl.sbatch", "--health-timeout", "60", "--", "train", "oat-grpo",
-              "--config", str(cfg), env=env)
+    res = run(
+        ROOT / "launch" / "slurm" / "memrl.sbatch",
+        "--health-timeout",
+        "60",
+        "--",
+        "train",
+        "oat-grpo",
+        "--config",
+        str(cfg),
+        env=env,
+    )
     assert res.returncode == 1
     assert "exited before every server was healthy" in res.stderr and "did not become healthy" in res.stderr
-    assert "torchrun.sh" not in "".join(line for line in (tmp_path / "calls.log").read_text().splitlines()
-                                       if line.startswith("srun"))
+    assert "torchrun.sh" not in "".join(
+        line for line in (tmp_path / "calls.log").read_text().splitlines() if line.startswith("srun")
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # serve_endpoints.sh
 
 
-FAKE_VLLM_SERVER = '''
+FAKE_VLLM_SERVER = """
 import argparse, http.server, json, os, threading
 p = argparse.ArgumentParser()
 p.add_argument("--port", type=int)
@@ -667,7 +767,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 if args.exit_after:
     threading.Timer(args.exit_after, lambda: os._exit(3)).start()
 http.server.HTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
-'''
+"""
 
 
 @pytest.fixture
@@ -688,8 +788,10 @@ def models(port: int) -> dict:
 
 def test_serve_plan_splits_gpus_into_tensor_parallel_servers() -> None:
     plan = plan_serve(["--model", "big", "--tp", "4", "--port", "9000"], clean_env(SLURM_GPUS_ON_NODE="8"))
-    assert [r["env"] for r in plan.info["replicas"]] == [{"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
-                                                        {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}]
+    assert [r["env"] for r in plan.info["replicas"]] == [
+        {"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+        {"CUDA_VISIBLE_DEVICES": "4,5,6,7"},
+    ]
     assert [r["port"] for r in plan.info["replicas"]] == [9000, 9001]
     cmd = plan.info["replicas"][1]["command"]
     assert cmd[:3] == [PY, "-m", "vllm.entrypoints.openai.api_server"]
@@ -704,14 +806,41 @@ def test_serve_start_wait_stop_with_a_fake_vllm(tmp_path: Path, fake_vllm: Path)
     env = clean_env(PYTHONPATH=str(fake_vllm))
     script = ROOT / "launch" / "serve_endpoints.sh"
     pid_file = tmp_path / "serve.pid"
-    res = run(script, "start", "--pid-file", str(pid_file), "--model", "m", "--served-model-name", "reasoner",
-              "--device", "cpu", "--replicas", "2", "--host", "127.0.0.1", "--port", str(port),
-              "--log-dir", str(tmp_path / "logs"), env=env)
+    res = run(
+        script,
+        "start",
+        "--pid-file",
+        str(pid_file),
+        "--model",
+        "m",
+        "--served-model-name",
+        "reasoner",
+        "--device",
+        "cpu",
+        "--replicas",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        env=env,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"http://127.0.0.1:{port}/v1 http://127.0.0.1:{port + 1}/v1" in res.stdout
     try:
-        res = run(script, "wait", "--timeout", "60", "--interval", "1", f"http://127.0.0.1:{port}/v1",
-                  f"http://127.0.0.1:{port + 1}", env=env)
+        res = run(
+            script,
+            "wait",
+            "--timeout",
+            "60",
+            "--interval",
+            "1",
+            f"http://127.0.0.1:{port}/v1",
+            f"http://127.0.0.1:{port + 1}",
+            env=env,
+        )
         assert res.returncode == 0, res.stdout + res.stderr
         server_pids = [models(p)["data"][0]["pid"] for p in (port, port + 1)]
         assert models(port)["data"][0]["id"] == "reasoner"
@@ -725,16 +854,42 @@ def test_serve_start_wait_stop_with_a_fake_vllm(tmp_path: Path, fake_vllm: Path)
 def test_serve_run_stops_everything_when_one_server_dies(tmp_path: Path, fake_vllm: Path) -> None:
     port = free_port(2)
     env = clean_env(PYTHONPATH=str(fake_vllm))
-    res = run(ROOT / "launch" / "serve_endpoints.sh", "run", "--model", "m", "--device", "cpu", "--replicas", "2",
-              "--host", "127.0.0.1", "--port", str(port), "--log-dir", str(tmp_path / "logs"), "--",
-              "--exit-after", "2", env=env, timeout=120)
+    res = run(
+        ROOT / "launch" / "serve_endpoints.sh",
+        "run",
+        "--model",
+        "m",
+        "--device",
+        "cpu",
+        "--replicas",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--",
+        "--exit-after",
+        "2",
+        env=env,
+        timeout=120,
+    )
     assert res.returncode == 3, res.stdout + res.stderr
     assert "a server exited (code 3); stopping the others" in res.stderr
 
 
 def test_wait_times_out_on_a_closed_port() -> None:
-    res = run(ROOT / "launch" / "serve_endpoints.sh", "wait", "--timeout", "1", "--interval", "1",
-              f"http://127.0.0.1:{free_port()}", env=clean_env())
+    res = run(
+        ROOT / "launch" / "serve_endpoints.sh",
+        "wait",
+        "--timeout",
+        "1",
+        "--interval",
+        "1",
+        f"http://127.0.0.1:{free_port()}",
+        env=clean_env(),
+    )
     assert res.returncode == 1 and "timed out after 1 s" in res.stderr
 
 
@@ -745,13 +900,38 @@ def test_serve_a_real_cpu_vllm_server(tmp_path: Path, tiny_model_dir: Path) -> N
     script = ROOT / "launch" / "serve_endpoints.sh"
     pid_file = tmp_path / "serve.pid"
     env = clean_env()
-    res = run(script, "start", "--pid-file", str(pid_file), "--model", str(tiny_model_dir), "--served-model-name",
-              "tiny", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--log-dir",
-              str(tmp_path / "logs"), env=env)
+    res = run(
+        script,
+        "start",
+        "--pid-file",
+        str(pid_file),
+        "--model",
+        str(tiny_model_dir),
+        "--served-model-name",
+        "tiny",
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        env=env,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     try:
-        res = run(script, "wait", "--timeout", "600", "--watch-pid", pid_file.read_text().strip(),
-                  f"http://127.0.0.1:{port}/v1", env=env, timeout=700)
+        res = run(
+            script,
+            "wait",
+            "--timeout",
+            "600",
+            "--watch-pid",
+            pid_file.read_text().strip(),
+            f"http://127.0.0.1:{port}/v1",
+            env=env,
+            timeout=700,
+        )
         logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
         assert res.returncode == 0, res.stderr + logs
         request = urllib.request.Request(
@@ -789,14 +969,18 @@ def tree(path: Path) -> set[str]:
     ("script", "args", "command"),
     [
         ("setup.sh", [], None),
-        ("quickstart.sh", ["loop.iterations=3", "--dry-run", "--config", "my file.yaml"],
-         "{venv}/bin/memrl quickstart loop.iterations=3 --config 'my file.yaml'"),
+        (
+            "quickstart.sh",
+            ["loop.iterations=3", "--dry-run", "--config", "my file.yaml"],
+            "{venv}/bin/memrl quickstart loop.iterations=3 --config 'my file.yaml'",
+        ),
         ("test.sh", ["--dry-run"], "{venv}/bin/python -m pytest -m 'not slow' -q"),
         ("test.sh", ["--dry-run", "-k", "config"], "{venv}/bin/python -m pytest -k config"),
     ],
 )
-def test_setup_scripts_dry_run_create_nothing(tmp_path: Path, script: str, args: list[str],
-                                              command: str | None) -> None:
+def test_setup_scripts_dry_run_create_nothing(
+    tmp_path: Path, script: str, args: list[str], command: str | None
+) -> None:
     repo = fresh_copy(tmp_path)
     venv = tmp_path / "venv"
     before = tree(tmp_path)
@@ -930,16 +1114,36 @@ os._exit(0)
 def test_accelerate_cpu_configs_run_two_fp32_processes(tmp_path: Path, name: str) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(ACCELERATE_PROBE)
-    cmd = [PY, "-m", "accelerate.commands.launch", "--config_file", f"configs/accelerate/{name}.yaml",
-           "--main_process_port", str(free_port()), str(probe), str(tmp_path)]
-    res = subprocess.run(cmd, cwd=ROOT, env=clean_env(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"),
-                         capture_output=True, text=True, timeout=300)
+    cmd = [
+        PY,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        f"configs/accelerate/{name}.yaml",
+        "--main_process_port",
+        str(free_port()),
+        str(probe),
+        str(tmp_path),
+    ]
+    res = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=clean_env(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     stage = int(name[4])
     for rank in (0, 1):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert out == {"world": 2, "type": "DistributedType.DEEPSPEED", "backend": "gloo", "stage": stage,
-                       "dtype": "torch.float32"}
+        assert out == {
+            "world": 2,
+            "type": "DistributedType.DEEPSPEED",
+            "backend": "gloo",
+            "stage": stage,
+            "dtype": "torch.float32",
+        }
 
 
 def test_placement_config_validation() -> None:
@@ -965,8 +1169,14 @@ def test_every_script_is_shellcheck_clean() -> None:
 def test_slurm_dry_run_shows_the_rollout_fleet_on_every_node(tmp_path: Path) -> None:
     """4 nodes x 8 GPUs, separate with 4 training GPUs per node: 16 rollout engines (TP 1) on 4 nodes, a Ray head
     and 3 Ray workers each advertising only GPUs 4-7; a run without a fleet starts no Ray."""
-    cfg = write_config(tmp_path, {"run": {"output_dir": str(tmp_path / "runs")}, "fleet": {"workers": None},
-                                  "placement": {"policy": {"mode": "separate", "gpus_per_node": 4}}})
+    cfg = write_config(
+        tmp_path,
+        {
+            "run": {"output_dir": str(tmp_path / "runs")},
+            "fleet": {"workers": None},
+            "placement": {"policy": {"mode": "separate", "gpus_per_node": 4}},
+        },
+    )
     argv = ["--dry-run", "--setup", "none", "--", "train", "oat-grpo", "--config", str(cfg)]
     plan = plan_slurm(argv, slurm_env(0))
     fleet = plan.info["fleet"]

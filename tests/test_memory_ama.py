@@ -69,8 +69,13 @@ def test_causality_graph_construction() -> None:
     for turn in (2, 3, 4):
         answer(mem, "ama_graph_build", RECORDS[turn])
     edges = {t: (n.causes, n.effects, sorted(n.associations)) for t, n in mem.nodes.items()}
-    assert edges == {0: ([], [1], [1, 4]), 1: ([0], [2, 4], [0, 4]), 2: ([1], [3], []), 3: ([2], [4], []),
-                     4: ([1, 3], [], [0, 1])}
+    assert edges == {
+        0: ([], [1], [1, 4]),
+        1: ([0], [2, 4], [0, 4]),
+        2: ([1], [3], []),
+        3: ([2], [4], []),
+        4: ([1, 3], [], [0, 1]),
+    }
     assert mem.nodes[4].state == "door open" and mem.nodes[0].objects == ["red key", "door"]
     assert mem.neighbourhood([2], 1, 10) == [1, 3]
     assert mem.neighbourhood([2], 2, 10) == [1, 3, 0, 4]
@@ -80,9 +85,15 @@ def test_causality_graph_construction() -> None:
 
 def test_turns_without_turn_idx_each_become_a_node() -> None:
     """AMA-Bench turns without ``turn_idx`` all read 0 (as the official loader reads them); each is still a node."""
-    episode = Episode(episode_id="e", task="t", unnumbered_turns=[0, 1, 2],
-                      trajectory=[{"turn_idx": 0, "action": a, "observation": o} for a, o in (
-                          ("look", "a red key"), ("take red key", "you hold it"), ("go north", "a corridor"))])
+    episode = Episode(
+        episode_id="e",
+        task="t",
+        unnumbered_turns=[0, 1, 2],
+        trajectory=[
+            {"turn_idx": 0, "action": a, "observation": o}
+            for a, o in (("look", "a red key"), ("take red key", "you hold it"), ("go north", "a corridor"))
+        ],
+    )
     mem = make()
     feed_episode(mem, episode.trajectory, "what did the agent take?")
     turns = [answer(mem, "ama_graph_build", "state: s").metadata["turn"] for _ in range(3)]
@@ -96,7 +107,11 @@ def test_graph_route_traverses_the_neighbourhood() -> None:
     assert check.messages[-1].content.count("[turn ") == 1 and "[turn 4]" in check.messages[-1].content
     check = answer(mem, "ama_sufficiency", "SUFFICIENT")
     assert [line[:8] for line in check.messages[-1].content.splitlines() if line.startswith("[turn")] == [
-        "[turn 0]", "[turn 1]", "[turn 3]", "[turn 4]"]
+        "[turn 0]",
+        "[turn 1]",
+        "[turn 3]",
+        "[turn 4]",
+    ]
     assert mem.next_memory_request() is None
     user = mem.reasoner_messages("")[1].content
     assert "[turn 4] unlock door with red key -> the door opens | state: door open | caused by: 1, 3" in user
@@ -107,8 +122,10 @@ def test_graph_route_traverses_the_neighbourhood() -> None:
 def test_keyword_route_runs_scripts_in_the_sandbox_and_goes_on_after_a_violation() -> None:
     mem = built("how many times did the agent go somewhere?", top_k=1, max_tool_rounds=3)
     answer(mem, "ama_sufficiency", "INSUFFICIENT: keyword count the go actions")
-    script = ("```python\nimport json\nturns = json.load(open('trajectory.json'))\n"
-              "print('go turns:', [t['turn_idx'] for t in turns if t['action'].startswith('go')])\n```")
+    script = (
+        "```python\nimport json\nturns = json.load(open('trajectory.json'))\n"
+        "print('go turns:', [t['turn_idx'] for t in turns if t['action'].startswith('go')])\n```"
+    )
     request = answer(mem, "ama_keyword_script", script)
     assert "missing: count the go actions" in request.messages[-1].content
     answer(mem, "ama_sufficiency", "INSUFFICIENT: keyword need more")
@@ -187,8 +204,9 @@ class WalkEnv:
 def test_agent_mode_retrieve_tool_in_the_loop() -> None:
     reasoner, memory = RecordingEngine(walk_script, "reasoner"), RecordingEngine(walk_script, "memory")
     mem = AMAMemory(AMAConfig(top_k=2), embedder=HashingEmbedder())
-    (trace,) = run_rollouts([Rollout(WalkEnv(), mem, reasoner_system="", rollout_id="a")],
-                            EngineSet(reasoner=reasoner, memory=memory))
+    (trace,) = run_rollouts(
+        [Rollout(WalkEnv(), mem, reasoner_system="", rollout_id="a")], EngineSet(reasoner=reasoner, memory=memory)
+    )
     assert trace.outcome == 1.0 and [e.kind for e in trace.events] == ["act", "act", "memory_tool", "answer"]
     assert [c.role for c in trace.memory_calls] == ["ama_graph_build", "ama_graph_build", "ama_sufficiency"]
     assert "[turn 1] walk -> a key on the floor" in trace.events[2].observation
@@ -196,8 +214,12 @@ def test_agent_mode_retrieve_tool_in_the_loop() -> None:
 
 
 QA_CASE = QACase(
-    memory={"name": "ama_agent", "top_k": 2}, script=walk_script, task="find the key",
-    turns=TRAJECTORY, question="where was the red key?", answer="key",
+    memory={"name": "ama_agent", "top_k": 2},
+    script=walk_script,
+    task="find the key",
+    turns=TRAJECTORY,
+    question="where was the red key?",
+    answer="key",
     roles=["ama_graph_build"] * 5 + ["ama_sufficiency"],
 )
 

@@ -63,8 +63,9 @@ def fed(memory: Any, task: SamTask) -> Any:
     for turn in episode.trajectory:
         first = turn.turn_idx == 0
         action = "" if first else render_tool_call("act", {"action": turn.action})
-        memory.on_turn(Turn(step=turn.turn_idx, action_text=action, observation=turn.observation,
-                            role="user" if first else "tool"))
+        memory.on_turn(
+            Turn(step=turn.turn_idx, action_text=action, observation=turn.observation, role="user" if first else "tool")
+        )
     return memory
 
 
@@ -149,8 +150,14 @@ def test_long_context_keeps_the_task_and_drops_the_oldest_turns_first() -> None:
     memory = LongContextMemory(LongContextConfig(window_tokens=300))
     memory.reset("the task", {})
     for i in range(40):
-        memory.on_turn(Turn(step=i, action_text=f"act {i}" if i else "", observation=f"observation number {i}",
-                            role="tool" if i else "user"))
+        memory.on_turn(
+            Turn(
+                step=i,
+                action_text=f"act {i}" if i else "",
+                observation=f"observation number {i}",
+                role="tool" if i else "user",
+            )
+        )
     messages = memory.reasoner_messages("")
     assert [m.role for m in messages[:2]] == ["system", "user"] and messages[0].content == LONG_CONTEXT_REASONER_SYSTEM
     assert messages[1].content.startswith("task: the task")
@@ -165,8 +172,9 @@ def test_long_context_keeps_the_task_and_drops_the_oldest_turns_first() -> None:
 def test_long_context_prompt_never_exceeds_the_window_with_the_tokenizer(tokenizer: Any) -> None:
     window = 1500
     task = SamTask({"horizon_steps": 80}, seed=1)
-    rollout = sam_rollout(task, {"name": "long_context", "window_tokens": window},
-                          count_tokens=make_token_counter(tokenizer))
+    rollout = sam_rollout(
+        task, {"name": "long_context", "window_tokens": window}, count_tokens=make_token_counter(tokenizer)
+    )
     (trace,) = run_rollouts([rollout], sam_engines(tokenizer=tokenizer))
     prompts = [e.reasoner_prompt_tokens for e in trace.events if e.kind != "limit"]
     assert max(prompts) == trace.peak_context_tokens <= window
@@ -201,9 +209,16 @@ class DoorCodeReader:
 
 ONE_TURN_PAGES = {"page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3, "top_k": 1}
 QA_CASES = {
-    name: QACase(memory=memory, script=DoorCodeReader(retrieve=name != "long_context"), task="open the door",
-                 turns=DOOR_CODE_TURNS, question="what is the door code?", answer="4172", roles=[],
-                 prompt_has=("the note says the door code is 4172", *(("pages: 2",) if name != "long_context" else ())))
+    name: QACase(
+        memory=memory,
+        script=DoorCodeReader(retrieve=name != "long_context"),
+        task="open the door",
+        turns=DOOR_CODE_TURNS,
+        question="what is the door code?",
+        answer="4172",
+        roles=[],
+        prompt_has=("the note says the door code is 4172", *(("pages: 2",) if name != "long_context" else ())),
+    )
     for name, memory in {
         "long_context": {"name": "long_context"},  # the whole trajectory fits the default window
         "bm25": {"name": "bm25", **ONE_TURN_PAGES},  # turn 1 is page 2 (after the start notice and turn 0)
@@ -215,9 +230,17 @@ QA_CASES = {
 # ---------------------------------------------------------------------------------------------------- registry
 def test_registry_builds_every_system_by_name() -> None:
     built = {name: build_memory({"name": name}, embedder=HashingEmbedder()) for name in memory_names(builtin_only=True)}
-    expected = {"sam": SamMemory, "long_context": LongContextMemory, "bm25": BM25Memory, "embedding": EmbeddingMemory,
-                "mage": MageMemory, "memma": MemMAMemory, "ama_agent": AMAMemory, "proactive": ProactiveMemory,
-                "external": ExternalMemory}
+    expected = {
+        "sam": SamMemory,
+        "long_context": LongContextMemory,
+        "bm25": BM25Memory,
+        "embedding": EmbeddingMemory,
+        "mage": MageMemory,
+        "memma": MemMAMemory,
+        "ama_agent": AMAMemory,
+        "proactive": ProactiveMemory,
+        "external": ExternalMemory,
+    }
     assert {n: type(m) for n, m in built.items()} == expected
     assert built["sam"].reasoner_system == SAM_REASONER_SYSTEM
     cfg = parse_memory_config({"name": "sam", "page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3})

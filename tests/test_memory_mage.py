@@ -86,7 +86,8 @@ def test_algorithm_1_on_a_hand_written_trace() -> None:
     tool(mem, 6, "compress", summary="owns a silver necklace")
     request = answer(mem, "FAIL: the necklace must match the gold ring", "mage_maintain")
     assert "owns a silver necklace" in request.messages[-1].content and "[5] buy silver necklace" in (
-        request.messages[-1].content)
+        request.messages[-1].content
+    )
     assert "returned to @2" in finish_tool(mem, 6)
     assert mem.top[6].cover_nodes == [4, 5] and mem.top[6].note == "the necklace must match the gold ring"
     assert (mem.p_t, mem.p_b) == (3, 2)
@@ -130,8 +131,13 @@ def test_algorithm_1_on_a_hand_written_trace() -> None:
     assert finish_tool(mem, 13) == "returned to @0; continue on a new branch"
     assert (mem.p_t, mem.p_b, mem.C, mem.R) == (0, 0, [], [])
     assert mem.H.top == [3] and mem.H.bottom == [1] and mem.H.notes[-1] == "wrong shop"
-    assert mem.stats == {"mage_compress": 4, "mage_maintain_pass": 2, "mage_maintain_fail": 2,
-                         "mage_revise_auto": 2, "mage_revise_agent": 1}
+    assert mem.stats == {
+        "mage_compress": 4,
+        "mage_maintain_pass": 2,
+        "mage_maintain_fail": 2,
+        "mage_revise_auto": 2,
+        "mage_revise_agent": 1,
+    }
 
 
 def test_fallback_compress_and_replayed_maintain_failure_keep_the_summary() -> None:
@@ -239,7 +245,12 @@ def test_runs_in_the_agent_loop() -> None:
 
 
 QA_CASE = QACase(
-    memory={"name": "mage", "max_raw_turns": 3}, script=shop_script, task=TASK,
-    turns=[{"turn_idx": i, "action": f"a{i}", "observation": f"o{i}"} for i in range(4)], question="which metal?",
-    answer="gold", roles=["mage_compress", "mage_maintain"], prompt_has=("[5] a3 -> o3",),
+    memory={"name": "mage", "max_raw_turns": 3},
+    script=shop_script,
+    task=TASK,
+    turns=[{"turn_idx": i, "action": f"a{i}", "observation": f"o{i}"} for i in range(4)],
+    question="which metal?",
+    answer="gold",
+    roles=["mage_compress", "mage_maintain"],
+    prompt_has=("[5] a3 -> o3",),
 )

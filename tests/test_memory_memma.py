@@ -62,8 +62,10 @@ def test_construction_then_self_evolution_repairs_the_bank() -> None:
     assert "guidance: keep the key location" in manage.messages[-1].content
     assert texts(mem) == {"m1": "the red key is in chest 3"} and mem.entries["m1"].turns == [0, 1]
 
-    probes = "Q: where is the red key? A: chest 3\nQ: what is the code? A: 4172\nQ: where is the key? A: chest 3\n" \
-             "Q: what is under the cloth? A: the red key"
+    probes = (
+        "Q: where is the red key? A: chest 3\nQ: what is the code? A: 4172\nQ: where is the key? A: chest 3\n"
+        "Q: what is under the cloth? A: the red key"
+    )
     answer(mem, "memma_probe", probes, "probe")
     answer(mem, "memma_answer", "chest 3", "verify_answer")
     answer(mem, "memma_verify", "yes", "verify")
@@ -73,7 +75,8 @@ def test_construction_then_self_evolution_repairs_the_bank() -> None:
         answer(mem, "memma_verify", "no", "verify")
     repair = answer(mem, "memma_repair", "diagnosis: missing\nfact: the door code is 4172", "repair")
     assert "gold answer: 4172" in repair.messages[-1].content and "predicted answer: unknown" in (
-        repair.messages[-1].content)
+        repair.messages[-1].content
+    )
     answer(mem, "memma_repair", "diagnosis: hard_to_retrieve\nfact: the red key is in chest 3", "repair")
     answer(mem, "memma_repair", "fact: the red key lies under a blue cloth", "repair")
     answer(mem, "memma_consolidate", "INSERT", "consolidate")
@@ -81,8 +84,11 @@ def test_construction_then_self_evolution_repairs_the_bank() -> None:
     answer(mem, "memma_consolidate", "MERGE m1: the red key is in chest 3, under a blue cloth", "consolidate")
     assert texts(mem) == {"m1": "the red key is in chest 3, under a blue cloth", "m2": "the door code is 4172"}
     assert mem.stats["memma_probe_pass"] == 1 and mem.stats["memma_probe_fail"] == 3
-    assert (mem.stats["memma_consolidate_insert"], mem.stats["memma_consolidate_skip"],
-            mem.stats["memma_consolidate_merge"]) == (1, 1, 1)
+    assert (
+        mem.stats["memma_consolidate_insert"],
+        mem.stats["memma_consolidate_skip"],
+        mem.stats["memma_consolidate_merge"],
+    ) == (1, 1, 1)
 
     # The question: critique -> answer (answerable at once), the reasoner sees the evidence and proposed answer.
     answer(mem, "memma_meta_think", "ANSWERABLE", "critique")
@@ -107,8 +113,11 @@ def test_query_loop_respects_the_budget_h() -> None:
     requests = []
     while (request := mem.next_memory_request()) is not None:
         requests.append(request)
-        reply = {"memma_meta_think": "NOT ANSWERABLE: the code", "memma_answer": "4172",
-                 "memma_query": f"query: is the lamp {len(requests)} broken"}[request.role]
+        reply = {
+            "memma_meta_think": "NOT ANSWERABLE: the code",
+            "memma_answer": "4172",
+            "memma_query": f"query: is the lamp {len(requests)} broken",
+        }[request.role]
         mem.on_memory_result(request, MemoryCall(call_id="c", role=request.role, text=reply))
     roles = [r.role for r in requests]
     assert roles == ["memma_meta_think", "memma_query", "memma_meta_think", "memma_query", "memma_answer"]
@@ -154,14 +163,22 @@ def test_garbage_never_crashes() -> None:
 
 def test_edit_parser_and_lexical_judge() -> None:
     edits, errors = parse_memma_edits("1. ADD: a fact\nUPDATE m2: new\nDELETE [m3]\nUPDATE: no id\nhello\nNONE")
-    assert [(e.op, e.entry_id, e.text) for e in edits] == [("ADD", None, "a fact"), ("UPDATE", "m2", "new"),
-                                                          ("DELETE", "m3", ""), ("NONE", None, "")]
+    assert [(e.op, e.entry_id, e.text) for e in edits] == [
+        ("ADD", None, "a fact"),
+        ("UPDATE", "m2", "new"),
+        ("DELETE", "m3", ""),
+        ("NONE", None, ""),
+    ]
     assert len(errors) == 2
     assert lexical_match("It is in chest 3.", "chest 3") and not lexical_match("chest 4", "the red key")
 
 
-MEMMA_REPLIES = {"memma_manage": "ADD: the door code is 4172", "memma_probe": "Q: what is the code? A: 4172",
-                 "memma_answer": "4172", "memma_verify": "yes"}
+MEMMA_REPLIES = {
+    "memma_manage": "ADD: the door code is 4172",
+    "memma_probe": "Q: what is the code? A: 4172",
+    "memma_answer": "4172",
+    "memma_verify": "yes",
+}
 
 
 def tick_script(last: str, metadata: dict[str, Any]) -> str:
@@ -207,9 +224,13 @@ def test_agent_mode_memory_tool_in_the_loop() -> None:
 
 QA_CASE = QACase(
     memory={"name": "memma", "chunk_turns": 1, "session_chunks": 2, "probes_per_session": 1},
-    script=tick_script, task="find the door code", turns=TRAJECTORY, question="what is the door code?", answer="4172",
-    roles=["memma_meta_think", "memma_manage"] * 2 + ["memma_probe", "memma_answer", "memma_verify",
-                                                      "memma_meta_think", "memma_answer"],
+    script=tick_script,
+    task="find the door code",
+    turns=TRAJECTORY,
+    question="what is the door code?",
+    answer="4172",
+    roles=["memma_meta_think", "memma_manage"] * 2
+    + ["memma_probe", "memma_answer", "memma_verify", "memma_meta_think", "memma_answer"],
 )
 
 

@@ -34,8 +34,9 @@ class Script:
 
     name = "script"
 
-    def __init__(self, phase1: dict[int, str] | None = None, phase2: dict[int, str] | None = None,
-                 default2: str = "") -> None:
+    def __init__(
+        self, phase1: dict[int, str] | None = None, phase2: dict[int, str] | None = None, default2: str = ""
+    ) -> None:
         self.phase1, self.phase2, self.default2 = phase1 or {}, phase2 or {}, default2
 
     def respond(self, messages: list[Message], rng: random.Random, metadata: dict[str, Any]) -> str:
@@ -43,7 +44,6 @@ class Script:
         if metadata["role"] == "bank_edit":
             return self.phase1.get(t, "")
         return self.phase2.get(t, self.default2)
-
 
 
 class DoorCodeReminder:
@@ -67,11 +67,16 @@ class DoorCodeReminder:
 
 QA_CASE = QACase(
     # the memory model sees 8 steps, the reasoner 3: turn 1 reaches the reasoner only as a reminder
-    memory={"name": "proactive", "action_window": 3}, script=DoorCodeReminder(), task="open the door",
-    turns=DOOR_CODE_TURNS, question="what is the door code?", answer="4172",
+    memory={"name": "proactive", "action_window": 3},
+    script=DoorCodeReminder(),
+    task="open the door",
+    turns=DOOR_CODE_TURNS,
+    question="what is the door code?",
+    answer="4172",
     roles=["bank_edit", "intervene"] * 2,  # after ingestion (banks the code, silent) and at the question (reminds)
     prompt_has=("memory context: the door code is 4172",),
 )
+
 
 def task(seed: int = 1, **params: Any) -> ProactiveTask:
     return ProactiveTask({"n_subtasks": 16, **params}, seed=seed)
@@ -106,20 +111,22 @@ def test_tool_calls_apply_in_order_and_errors_are_recorded_not_fatal() -> None:
     memory = fresh()
     request = memory.next_memory_request()
     assert request is not None and request.role == "bank_edit"
-    reply = "\n".join([
-        save("knowledge", "requirement: use python3.11"),  # k1
-        render_tool_call("memory_delete", {"id": "k9"}),  # unknown id: skipped
-        save("procedural", "pip install fails without --user", style="ignored"),  # p2
-        "<tool_call>{not json</tool_call>",  # malformed: skipped
-        render_tool_call("memory_delete", {"id": "k1"}),  # deletes the entry saved above
-        render_tool_call("memory_launch_rockets", {}),  # unknown tool: skipped
-        render_tool_call("memory_update_status", {"content": "first"}, style="xml"),
-        render_tool_call("memory_update_status", {"content": "second"}),  # the later status wins
-        save("knowledge", "environment: db_port: 5444"),  # k3
-        save("procedural", "pip install needs --user", id="p2"),  # rewrites p2
-        save("knowledge", "x", id="p2"),  # wrong type for the id: skipped
-        save("knowledge", ""),  # empty content: skipped
-    ])
+    reply = "\n".join(
+        [
+            save("knowledge", "requirement: use python3.11"),  # k1
+            render_tool_call("memory_delete", {"id": "k9"}),  # unknown id: skipped
+            save("procedural", "pip install fails without --user", style="ignored"),  # p2
+            "<tool_call>{not json</tool_call>",  # malformed: skipped
+            render_tool_call("memory_delete", {"id": "k1"}),  # deletes the entry saved above
+            render_tool_call("memory_launch_rockets", {}),  # unknown tool: skipped
+            render_tool_call("memory_update_status", {"content": "first"}, style="xml"),
+            render_tool_call("memory_update_status", {"content": "second"}),  # the later status wins
+            save("knowledge", "environment: db_port: 5444"),  # k3
+            save("procedural", "pip install needs --user", id="p2"),  # rewrites p2
+            save("knowledge", "x", id="p2"),  # wrong type for the id: skipped
+            save("knowledge", ""),  # empty content: skipped
+        ]
+    )
     call = run_memory(memory, request, reply)
     bank = memory.bank
     assert bank.status == "second"
@@ -128,12 +135,22 @@ def test_tool_calls_apply_in_order_and_errors_are_recorded_not_fatal() -> None:
         ("k3", "knowledge", "environment: db_port: 5444"),
     ]
     assert call.metadata["applied"] == [
-        "memory_save_knowledge", "memory_save_procedural", "memory_delete", "memory_update_status",
-        "memory_update_status", "memory_save_knowledge", "memory_save_procedural",
+        "memory_save_knowledge",
+        "memory_save_procedural",
+        "memory_delete",
+        "memory_update_status",
+        "memory_update_status",
+        "memory_save_knowledge",
+        "memory_save_procedural",
     ]
     assert call.error is not None
-    for fragment in ("unknown id 'k9'", "not valid JSON", "unknown tool 'memory_launch_rockets'", "is a procedural",
-                     "empty content"):
+    for fragment in (
+        "unknown id 'k9'",
+        "not valid JSON",
+        "unknown tool 'memory_launch_rockets'",
+        "is a procedural",
+        "empty content",
+    ):
         assert fragment in call.error
     assert memory.stats["bank_edit_errors"] == 5
     assert memory.stats["bank_edit_unknown_id"] == 1 and memory.stats["bank_edit_unknown_tool"] == 1
@@ -147,9 +164,11 @@ def test_tool_calls_apply_in_order_and_errors_are_recorded_not_fatal() -> None:
 def test_xml_form_and_scalar_arguments() -> None:
     memory = fresh()
     request = memory.next_memory_request()
-    reply = ("thinking...<tool_call><function=memory_save_knowledge><parameter=content>5444</parameter></function>"
-             "</tool_call> and <tool_call><function=memory_delete><parameter=id> K1 </parameter></function></tool_call>"
-             "<tool_call><function=memory_save_procedural><parameter=content>retry with --user")
+    reply = (
+        "thinking...<tool_call><function=memory_save_knowledge><parameter=content>5444</parameter></function>"
+        "</tool_call> and <tool_call><function=memory_delete><parameter=id> K1 </parameter></function></tool_call>"
+        "<tool_call><function=memory_save_procedural><parameter=content>retry with --user"
+    )
     call = run_memory(memory, request, reply)
     assert memory.bank.entries == []  # k1 was saved ("5444" read as a number) and deleted again
     assert call.metadata["applied"] == ["memory_save_knowledge", "memory_delete"]
@@ -166,8 +185,13 @@ def test_bm25_prefilter_keeps_the_relevant_entries_per_type() -> None:
     assert list(view.knowledge) == ["k10", "k11"]  # nothing in the window is relevant: the newest entries
     run_memory(memory, memory.next_memory_request(), "")
     memory.after_reasoner_call()
-    memory.on_turn(Turn(step=1, action_text=render_tool_call("act", {"action": "ls"}),
-                        observation="printer jammed; which db_port?\nnext: load (subtask 2 of 3)"))
+    memory.on_turn(
+        Turn(
+            step=1,
+            action_text=render_tool_call("act", {"action": "ls"}),
+            observation="printer jammed; which db_port?\nnext: load (subtask 2 of 3)",
+        )
+    )
     _, _, _, view = parse_phase_prompt(memory.next_memory_request().messages)
     assert view.knowledge == {"k2": "note: the printer was checked", "k11": "environment: db_port: 5444"}
     assert memory.stats["prefilter_dropped"] == 18
@@ -186,8 +210,12 @@ def test_reminder_reaches_exactly_one_action_call_and_status_never_does() -> Non
     status = render_tool_call("memory_update_status", {"content": "PRIVATE-STATUS"})
     script = Script(
         phase1={s: status + save("knowledge", f"KNOW-{s}") for s in range(0, 40, 3)},
-        phase2={0: render_intervention("REMIND-0"), 3: render_intervention("REMIND-3"),
-                6: "<context_for_action>REMIND-6", 9: "<no_intervention/>"},
+        phase2={
+            0: render_intervention("REMIND-0"),
+            3: render_intervention("REMIND-3"),
+            6: "<context_for_action>REMIND-6",
+            9: "<no_intervention/>",
+        },
     )
     engines = EngineSet(reasoner=RecordingEngine(ActionAgent()), memory=RecordingEngine(script))
     rollout = build_proactive_rollout(t, ProactiveConfig(trigger_every=3))
@@ -225,8 +253,11 @@ def test_always_inject_replaces_silence_with_the_most_relevant_entry() -> None:
     memory = ProactiveMemory(ProactiveConfig(variant="always_inject"))
     memory.reset("task: t", {})
     memory.on_turn(Turn(step=0, action_text="", observation="error: pip install failed\nnext: install numpy"))
-    run_memory(memory, memory.next_memory_request(),
-               save("procedural", "pip install needs --user") + save("knowledge", "requirement: use python3.11"))
+    run_memory(
+        memory,
+        memory.next_memory_request(),
+        save("procedural", "pip install needs --user") + save("knowledge", "requirement: use python3.11"),
+    )
     call = run_memory(memory, memory.next_memory_request(), "<no_intervention/>")
     assert call.metadata == {"reminder": "pip install needs --user", "forced": True}
     assert memory.reasoner_messages("s")[-1].content == MEMORY_CONTEXT_PREFIX + "pip install needs --user"
@@ -301,8 +332,9 @@ def test_oracle_beats_no_memory_and_ablations_break_no_requirement() -> None:
     # a standing memory context costs one double-check per subtask it does not bear on, it does not stall the agent
     lenient = task(seed=0, slack=16)
     for variant in ("full_bank", "always_inject"):
-        (trace,) = run_rollouts([build_proactive_rollout(lenient, ProactiveConfig(variant=variant))],
-                                oracle_engines(lenient))
+        (trace,) = run_rollouts(
+            [build_proactive_rollout(lenient, ProactiveConfig(variant=variant))], oracle_engines(lenient)
+        )
         assert trace.outcome == 1.0
 
 
@@ -344,8 +376,12 @@ def test_build_from_episode_and_config_defaults() -> None:
 # ---------------------------------------------------------------------------------------------------- properties
 def test_a_stray_opening_tag_does_not_swallow_the_next_wellformed_call_or_reminder() -> None:
     good = save("knowledge", "use python3.11")
-    strays = ["<tool_call>oops ", "<tool_call>", '<tool_call>{"name": "memory_save_knowledge"',
-              "<tool_call><function=memory_save_knowledge><parameter=content>half"]
+    strays = [
+        "<tool_call>oops ",
+        "<tool_call>",
+        '<tool_call>{"name": "memory_save_knowledge"',
+        "<tool_call><function=memory_save_knowledge><parameter=content>half",
+    ]
     for stray in strays:
         parsed = parse_tool_calls(stray + good)
         assert [(c.name, c.arguments) for c in parsed.calls] == [
@@ -354,8 +390,9 @@ def test_a_stray_opening_tag_does_not_swallow_the_next_wellformed_call_or_remind
         assert len(parsed.errors) == 1 and "a new <tool_call> began before </tool_call>" in parsed.errors[0]
     reminder, error = parse_intervention("<context_for_action> bad <context_for_action>real</context_for_action>")
     assert reminder == "real" and error == "unclosed <context_for_action> (a new one began before its closing tag)"
-    assert parse_intervention("<context_for_action></context_for_action><context_for_action>real"
-                              "</context_for_action>") == ("real", "empty <context_for_action>")
+    assert parse_intervention(
+        "<context_for_action></context_for_action><context_for_action>real</context_for_action>"
+    ) == ("real", "empty <context_for_action>")
     assert parse_intervention("<context_for_action>half\n") == (None, "unclosed <context_for_action>")
 
 
@@ -363,11 +400,28 @@ _WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz :-./", min_size=1, max_siz
 # Noise is arbitrary text mixed with the pieces model output breaks into: whole, partial and closing tags of both
 # phases, the start of a JSON call. A well-formed call or reminder after them must still be found.
 _TAG_PIECES = [
-    "<tool_call>", "</tool_call>", "<tool_call", "tool_call>", "</tool_",
-    "<function=", "<function=memory_save_knowledge>", "</function>", "<parameter=content>", "</parameter>",
-    '{"name": "memory_save_knowledge", "arguments": {', "{", "}",
-    "<context_for_action>", "</context_for_action>", "<context_for_action", "context_for_action>", "</context_for",
-    "<no_intervention/>", "<", ">", "/",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_call",
+    "tool_call>",
+    "</tool_",
+    "<function=",
+    "<function=memory_save_knowledge>",
+    "</function>",
+    "<parameter=content>",
+    "</parameter>",
+    '{"name": "memory_save_knowledge", "arguments": {',
+    "{",
+    "}",
+    "<context_for_action>",
+    "</context_for_action>",
+    "<context_for_action",
+    "context_for_action>",
+    "</context_for",
+    "<no_intervention/>",
+    "<",
+    ">",
+    "/",
 ]
 _NOISE = st.lists(st.one_of(st.text(max_size=20), st.sampled_from(_TAG_PIECES)), max_size=6).map("".join)
 
@@ -389,8 +443,14 @@ def test_phase_parsers_never_raise_on_arbitrary_text(text: str) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["knowledge", "procedural"]), _WORDS, st.sampled_from(["json", "xml"])),
-                min_size=1, max_size=5), st.lists(_NOISE, min_size=6, max_size=6))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["knowledge", "procedural"]), _WORDS, st.sampled_from(["json", "xml"])),
+        min_size=1,
+        max_size=5,
+    ),
+    st.lists(_NOISE, min_size=6, max_size=6),
+)
 def test_wellformed_calls_in_noise_are_found_in_order(calls: list[tuple[str, str, str]], noise: list[str]) -> None:
     memory = fresh()
     parts = [noise[0]]

@@ -56,8 +56,13 @@ def feed(memory: SamMemory, n: int) -> list[Turn]:
     memory.reset("explore", {})
     turns = [Turn(step=0, action_text="", observation="you are in the hall.\nnext: open box 1", role="user")]
     for i in range(1, n + 1):
-        turns.append(Turn(step=i, action_text=act(f"open box {i}"),
-                          observation=f"you open box {i}.\nthe red cup {i} is in box {i}\nnext: open box {i + 1}"))
+        turns.append(
+            Turn(
+                step=i,
+                action_text=act(f"open box {i}"),
+                observation=f"you open box {i}.\nthe red cup {i} is in box {i}\nnext: open box {i + 1}",
+            )
+        )
     for turn in turns:
         memory.on_turn(turn)
     return turns
@@ -112,8 +117,11 @@ def test_live_context_stays_under_capacity_and_the_question_is_never_cut() -> No
     memory = SamMemory(cfg)
     memory.reset("explore", {})
     for turn in [Turn(step=0, action_text="", observation="start", role="user")] + [
-        Turn(step=i, action_text=act(f"open box {i}"),
-             observation=f"you open box {i}.\nthe red cup {i} is in box {i}\nnext: open box {i + 1}")
+        Turn(
+            step=i,
+            action_text=act(f"open box {i}"),
+            observation=f"you open box {i}.\nthe red cup {i} is in box {i}\nnext: open box {i + 1}",
+        )
         for i in range(1, 31)
     ]:
         memory.on_turn(turn)
@@ -121,8 +129,14 @@ def test_live_context_stays_under_capacity_and_the_question_is_never_cut() -> No
     question = Turn(step=31, action_text=act("open box 31"), observation="you open box 31.\nquestion: where is x?")
     memory.on_turn(question)
     for k in range(32, 60):  # memory-tool turns after the question pile up but never push it out
-        memory.on_turn(Turn(step=k, action_text=render_tool_call("memory", {"intent": "x", "page_ids": [0]}),
-                            observation=render_sam_recalled("x", [0], NOTHING_RELEVANT), role="user"))
+        memory.on_turn(
+            Turn(
+                step=k,
+                action_text=render_tool_call("memory", {"intent": "x", "page_ids": [0]}),
+                observation=render_sam_recalled("x", [0], NOTHING_RELEVANT),
+                role="user",
+            )
+        )
     assert memory.live[0].step <= 31 and any("question:" in u.observation for u in memory.live)
     assert all("question:" not in p.text for p in memory.pages)
 
@@ -260,8 +274,9 @@ def test_malformed_memory_outputs_are_recorded_counted_and_skipped(text: str, fi
         ("the red cup 3 is in bo", "length", "p3 (output cut at max_tokens)"),
     ],
 )
-def test_a_recall_with_a_failed_page_returns_what_was_read_and_names_the_failure(text: str, finish: str,
-                                                                                 note: str) -> None:
+def test_a_recall_with_a_failed_page_returns_what_was_read_and_names_the_failure(
+    text: str, finish: str, note: str
+) -> None:
     memory = SamMemory(SamConfig(**ONE_TURN))
     feed(memory, 12)
     answer_all(memory)
@@ -271,8 +286,12 @@ def test_a_recall_with_a_failed_page_returns_what_was_read_and_names_the_failure
     calls = {}
     while (request := memory.next_memory_request()) is not None:
         page = request.metadata["page_id"]
-        calls[page] = MemoryCall(call_id=f"c{page}", role="recall", text=good.get(page, text),
-                                 finish_reason="stop" if page in good else finish)
+        calls[page] = MemoryCall(
+            call_id=f"c{page}",
+            role="recall",
+            text=good.get(page, text),
+            finish_reason="stop" if page in good else finish,
+        )
         memory.on_memory_result(request, calls[page])
     result = memory.tool_result()
     # the recovered extraction is returned, and the reasoner is told which page failed and why
@@ -391,8 +410,11 @@ class FirstPageFails:
         self.oracle = SamOracle()
 
     def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
-        if parse_sam_recall_prompt(messages) is not None and metadata["read_index"] == 0 \
-                and len(metadata["page_ids"]) > 1:
+        if (
+            parse_sam_recall_prompt(messages) is not None
+            and metadata["read_index"] == 0
+            and len(metadata["page_ids"]) > 1
+        ):
             return ""
         return self.oracle.respond(messages, rng, metadata)
 
@@ -416,7 +438,8 @@ def test_in_the_loop_the_reasoner_sees_which_pages_of_a_recall_failed() -> None:
             # the note reaches the reasoner's next call, as part of the recalled message
             assert any(m.content == event.observation for r in reasoner.requests for m in r.messages)
         assert trace.stats.get("sam_partial_recalls", 0) == sum(
-            1 for e in trace.events if e.kind == "memory_tool" and parse_sam_recall_failures(e.observation))
+            1 for e in trace.events if e.kind == "memory_tool" and parse_sam_recall_failures(e.observation)
+        )
     assert partial > 0
 
 
@@ -493,8 +516,12 @@ def test_generated_tokens_equal_the_tokenizer_count_of_what_was_generated(tokeni
     config = SamConfig(**SMALL, sampling=sampling)
     reasoner = RecordingEngine(SamReasoner(), tokenizer=tokenizer)
     memory_engine = ScriptedEngine(SamOracle(), tokenizer=tokenizer)
-    rollouts = [sam_rollout(SamTask({"horizon_steps": 30, "n_evidence": 2}, seed=s), config,
-                            count_tokens=make_token_counter(tokenizer)) for s in range(3)]
+    rollouts = [
+        sam_rollout(
+            SamTask({"horizon_steps": 30, "n_evidence": 2}, seed=s), config, count_tokens=make_token_counter(tokenizer)
+        )
+        for s in range(3)
+    ]
     traces = run_rollouts(rollouts, EngineSet(reasoner=reasoner, memory=memory_engine))
 
     # reasoner: one event per call, its completion tokens are the tokenised reply plus end-of-sequence
@@ -525,10 +552,12 @@ def test_generated_tokens_equal_the_tokenizer_count_of_what_was_generated(tokeni
         assert trace.memory_usage.calls == len(trace.memory_calls)
 
     # a branch that takes sample k of an n-sample call counts sample k's tokens, not the whole result's
-    rollout = sam_rollout(SamTask({"horizon_steps": 30}, seed=7), SamConfig(**SMALL),
-                          count_tokens=make_token_counter(tokenizer))
-    engines = EngineSet(reasoner=ScriptedEngine(SamReasoner(), tokenizer=tokenizer),
-                        memory=ScriptedEngine(Wordy(), tokenizer=tokenizer))
+    rollout = sam_rollout(
+        SamTask({"horizon_steps": 30}, seed=7), SamConfig(**SMALL), count_tokens=make_token_counter(tokenizer)
+    )
+    engines = EngineSet(
+        reasoner=ScriptedEngine(SamReasoner(), tokenizer=tokenizer), memory=ScriptedEngine(Wordy(), tokenizer=tokenizer)
+    )
     while (call := rollout.pending()).kind != "memory":
         rollout.advance(engines.reasoner.generate([call.request])[0])
     call.request.sampling.n = 4
@@ -594,16 +623,22 @@ class DoorCodeRecall:
         if (recalled := parse_sam_recalled(last)) is not None:
             return render_tool_call("answer", {"answer": "4172" if "4172" in recalled[2] else "?"})
         cues = parse_sam_memory_block(content_of(messages[1]))[1]
-        return render_tool_call("memory", {"intent": "the door code", "page_ids": [p for p, c in cues.items()
-                                                                                  if "code" in c]})
+        return render_tool_call(
+            "memory", {"intent": "the door code", "page_ids": [p for p, c in cues.items() if "code" in c]}
+        )
 
 
 QA_CASE = QACase(
-    memory={"name": "sam", "page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3}, script=DoorCodeRecall(),
-    task="open the door", turns=DOOR_CODE_TURNS, question="what is the door code?", answer="4172",
+    memory={"name": "sam", "page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3},
+    script=DoorCodeRecall(),
+    task="open the door",
+    turns=DOOR_CODE_TURNS,
+    question="what is the door code?",
+    answer="4172",
     # one cue per page cut from the live context (the start notice and turns 0-5), the recall of page 2 (turn 1),
     # then the cue of the page the recall pushed out
-    roles=["consolidate"] * 7 + ["recall", "consolidate"], prompt_has=("p2: the door code", "pages: 2"),
+    roles=["consolidate"] * 7 + ["recall", "consolidate"],
+    prompt_has=("p2: the door code", "pages: 2"),
 )
 
 
@@ -620,8 +655,9 @@ def test_repeated_evidence_states_the_fact_twice_and_keeps_the_question() -> Non
             if hops == 1:
                 fact = f"the {twice.gold_entities[0]} is in {twice.answer}"
                 assert [t.turn_idx for t in ep.trajectory if fact in t.observation] == twice.evidence_turns
-    share = sum(SamTask({"horizon_steps": 20, "repeat_evidence_frac": 0.5}, seed=s).repeated_evidence
-                for s in range(40))
+    share = sum(
+        SamTask({"horizon_steps": 20, "repeat_evidence_frac": 0.5}, seed=s).repeated_evidence for s in range(40)
+    )
     assert 10 < share < 30
 
 
@@ -647,8 +683,9 @@ def test_the_reasoner_tries_the_next_best_page_after_an_empty_recall() -> None:
     traces = run_rollouts([sam_rollout(t, SamConfig(**ONE_TURN)) for t in tasks], engines)
     assert [t.outcome for t in traces] == [1.0] * len(tasks)
     for trace in traces:
-        tried = [parse_tool_calls(e.reply).calls[0].arguments["page_ids"] for e in trace.events
-                 if e.kind == "memory_tool"]
+        tried = [
+            parse_tool_calls(e.reply).calls[0].arguments["page_ids"] for e in trace.events if e.kind == "memory_tool"
+        ]
         assert len(tried) == 2 and tried[0] != tried[1]
 
 
@@ -712,8 +749,12 @@ def test_the_tree_builder_branches_sam_recalls_built_by_sam_rollout() -> None:
     tasks = [SamTask({"horizon_steps": 30, "n_evidence": 2}, seed=s) for s in range(2)]
     config = SamConfig(**SMALL)
     engines = sam_engines(oracle={"verbatim": 1, "omission": 1})  # every read omits with prob. 1/2
-    trees, _ = build_trees(tasks, lambda task, rid: sam_rollout(task, config, rollout_id=rid), engines,
-                           TreeConfig(branch_factor=2, max_branch_depth=2, max_leaves=8))
+    trees, _ = build_trees(
+        tasks,
+        lambda task, rid: sam_rollout(task, config, rollout_id=rid),
+        engines,
+        TreeConfig(branch_factor=2, max_branch_depth=2, max_leaves=8),
+    )
     for tree in trees:
         recalls = [n for n in tree.nodes if n.kind == "memory"]
         leaves = [n for n in tree.nodes if n.kind == "leaf"]

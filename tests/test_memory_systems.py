@@ -43,8 +43,15 @@ def test_question_answering_mode_through_the_harness(system: str) -> None:
     surfaced."""
     case = QA_CASES[system]
     reasoner, memory = RecordingEngine(case.script, "reasoner"), RecordingEngine(case.script, "memory")
-    (record,) = run_qa([case.episode()], case.memory, EngineSet(reasoner=reasoner, memory=memory), dataset="case",
-                       system=system, model="scripted", embedder=HashingEmbedder())
+    (record,) = run_qa(
+        [case.episode()],
+        case.memory,
+        EngineSet(reasoner=reasoner, memory=memory),
+        dataset="case",
+        system=system,
+        model="scripted",
+        embedder=HashingEmbedder(),
+    )
     assert record["answer"] == case.answer
     assert [r.metadata["role"] for r in memory.requests] == case.roles  # every call the engine answered
     prompt = "\n".join(content_of(m) for m in reasoner.requests[-1].messages)
@@ -63,8 +70,12 @@ def test_garbage_from_the_memory_model_never_crashes_the_loop(system: str) -> No
     replies = iter(GARBAGE * 50)
     reasoner = RecordingEngine(case.script, "reasoner")
     memory = RecordingEngine(lambda last, metadata: next(replies), "memory")
-    rollout = Rollout(ReplayEnv(case.episode()), build_memory(case.memory, embedder=HashingEmbedder()),
-                      reasoner_system="", rollout_id="g")
+    rollout = Rollout(
+        ReplayEnv(case.episode()),
+        build_memory(case.memory, embedder=HashingEmbedder()),
+        reasoner_system="",
+        rollout_id="g",
+    )
     feed_episode(rollout.memory, case.turns, case.question)
     (trace,) = run_rollouts([rollout], EngineSet(reasoner=reasoner, memory=memory))
     assert trace.events and trace.events[-1].kind in ("answer", "limit")

@@ -89,8 +89,10 @@ def test_env_ends_unwon_at_max_steps(tw_cache: Path) -> None:
 
 
 def test_clean_observation_strips_banner_prompt_status_and_menu() -> None:
-    raw = ("\n\n   ____  __\n  |    \\|  $$\n\nWelcome! Take the key.\n\n-= Hall =-\nA hall.\n\n\n\n>       "
-           "                 -= Hall =-0/1")
+    raw = (
+        "\n\n   ____  __\n  |    \\|  $$\n\nWelcome! Take the key.\n\n-= Hall =-\nA hall.\n\n\n\n>       "
+        "                 -= Hall =-0/1"
+    )
     assert clean_observation(raw) == "Welcome! Take the key.\n\n-= Hall =-\nA hall."
     end = "You take it.\n\n   *** The End ***\n\nYou scored 1.\n\n\nWould you like to RESTART, RESTORE or QUIT?\n> "
     assert clean_observation(end) == "You take it.\n\n*** The End ***\n\nYou scored 1."
@@ -100,15 +102,18 @@ class _Holder(ConfigModel):
     params: MsTextWorldTaskParams
 
 
-@pytest.mark.parametrize(("overrides", "key", "says"), [
-    (["params.challenge=zork"], "params.challenge", "treasure_hunter"),
-    (["params.challenge=cooking", "params.recipe=2", "params.take=3"], "params.take", "at most 'recipe' (2)"),
-    (["params.challenge=cooking", "params.go=5"], "params.go", "1, 6, 9, 12 rooms"),
-    (["params.level=31"], "params.level", "levels run from 1 to 30"),
-    (["params.challenge=coin_collector", "params.level=160"], "params.level", "at most 100"),
-    (["params.challenge=cooking", "params.level=3"], "params.level", "cooking takes recipe"),
-    (["params.recipe=2"], "params.recipe", "sizes the cooking challenge"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "key", "says"),
+    [
+        (["params.challenge=zork"], "params.challenge", "treasure_hunter"),
+        (["params.challenge=cooking", "params.recipe=2", "params.take=3"], "params.take", "at most 'recipe' (2)"),
+        (["params.challenge=cooking", "params.go=5"], "params.go", "1, 6, 9, 12 rooms"),
+        (["params.level=31"], "params.level", "levels run from 1 to 30"),
+        (["params.challenge=coin_collector", "params.level=160"], "params.level", "at most 100"),
+        (["params.challenge=cooking", "params.level=3"], "params.level", "cooking takes recipe"),
+        (["params.recipe=2"], "params.recipe", "sizes the cooking challenge"),
+    ],
+)
 def test_impossible_settings_name_the_key(overrides: list[str], key: str, says: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(_Holder, overrides=overrides)
@@ -118,18 +123,30 @@ def test_impossible_settings_name_the_key(overrides: list[str], key: str, says: 
 def _memrl(*args: str, hide_textworld: bool = False, cwd: Path | None = None) -> subprocess.CompletedProcess:
     hide = "import sys; sys.modules['textworld'] = None\n" if hide_textworld else "import sys\n"
     code = hide + "from memrl.launch.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd or Path(__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd or Path(__file__).resolve().parents[1],
+    )
 
 
-@pytest.mark.parametrize(("override", "says"), [
-    ("task_params.challenge=zork", ["key 'task_params'", "challenge: Input should be 'treasure_hunter'"]),
-    ("task_params={challenge: cooking, recipe: 2, take: 3}", ["key 'task_params'", "take:", "at most 'recipe' (2)"]),
-    ("task_params={challenge: cooking, go: 5}", ["key 'task_params'", "go:", "1, 6, 9, 12 rooms"]),
-    ("task_family=zork", ["key 'task_family'", "unknown task family 'zork'"]),
-])
-def test_the_recipe_refuses_bad_settings_with_exit_2_naming_the_key(tmp_path: Path, override: str,
-                                                                    says: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("task_params.challenge=zork", ["key 'task_params'", "challenge: Input should be 'treasure_hunter'"]),
+        (
+            "task_params={challenge: cooking, recipe: 2, take: 3}",
+            ["key 'task_params'", "take:", "at most 'recipe' (2)"],
+        ),
+        ("task_params={challenge: cooking, go: 5}", ["key 'task_params'", "go:", "1, 6, 9, 12 rooms"]),
+        ("task_family=zork", ["key 'task_family'", "unknown task family 'zork'"]),
+    ],
+)
+def test_the_recipe_refuses_bad_settings_with_exit_2_naming_the_key(
+    tmp_path: Path, override: str, says: list[str]
+) -> None:
     out = _memrl("quickstart", "--config", "configs/textworld_tiny.yaml", override, f"run.output_dir={tmp_path}")
     assert out.returncode == 2, out.stderr[-2000:]
     assert all(s in out.stderr for s in says), out.stderr[-2000:]
@@ -137,8 +154,9 @@ def test_the_recipe_refuses_bad_settings_with_exit_2_naming_the_key(tmp_path: Pa
 
 
 def test_the_recipe_without_textworld_is_one_paragraph_naming_the_extra(tmp_path: Path) -> None:
-    out = _memrl("quickstart", "--config", "configs/textworld_tiny.yaml", f"run.output_dir={tmp_path}",
-                 hide_textworld=True)
+    out = _memrl(
+        "quickstart", "--config", "configs/textworld_tiny.yaml", f"run.output_dir={tmp_path}", hide_textworld=True
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     message = [line for line in out.stderr.splitlines() if "textworld" in line]
     assert len(message) == 1 and "'textworld' extra" in message[0] and "MEMRL_EXTRAS=textworld" in message[0]
@@ -146,10 +164,12 @@ def test_the_recipe_without_textworld_is_one_paragraph_naming_the_extra(tmp_path
 
 
 def test_missing_textworld_is_one_paragraph_naming_the_extra(tmp_path: Path) -> None:
-    code = ("import sys; sys.modules['textworld'] = None\n"
-            "from memrl.data.envs.ms_textworld import MsTextWorldEnv, TextWorldMissing\n"
-            "try:\n    MsTextWorldEnv(cache_dir=sys.argv[1]).reset(0)\n"
-            "except TextWorldMissing as exc:\n    print(exc)\n")
+    code = (
+        "import sys; sys.modules['textworld'] = None\n"
+        "from memrl.data.envs.ms_textworld import MsTextWorldEnv, TextWorldMissing\n"
+        "try:\n    MsTextWorldEnv(cache_dir=sys.argv[1]).reset(0)\n"
+        "except TextWorldMissing as exc:\n    print(exc)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
     message = out.stdout.strip()
     assert out.returncode == 0 and "\n" not in message, out.stderr
@@ -158,16 +178,23 @@ def test_missing_textworld_is_one_paragraph_naming_the_extra(tmp_path: Path) -> 
 
 
 def test_recipe_and_cue_grammar_round_trip() -> None:
-    text = ("Recipe #1\n---------\nIngredients:\nred potato\n  carrot\n\nDirections:\nslice the red potato\n"
-            "  fry the carrot\n  prepare meal")
+    text = (
+        "Recipe #1\n---------\nIngredients:\nred potato\n  carrot\n\nDirections:\nslice the red potato\n"
+        "  fry the carrot\n  prepare meal"
+    )
     recipe = parse_recipe(text)
     assert recipe is not None and recipe.ingredients == ["red potato", "carrot"]
     assert recipe.steps() == [("slice", "red potato"), ("fry", "carrot")]
     one_line = parse_recipe("Ingredients: red potato, carrot Directions: slice red potato, fry carrot, prepare meal")
     assert one_line is not None and one_line.steps() == recipe.steps()
     cue = parse_tw_cue("go east -> bar; exits north south; goal; seen worm, brass key")
-    assert (cue.action, cue.room, cue.exits, cue.goal, cue.seen) == ("go east", "bar", ["north", "south"], True,
-                                                                     ["worm", "brass key"])
+    assert (cue.action, cue.room, cue.exits, cue.goal, cue.seen) == (
+        "go east",
+        "bar",
+        ["north", "south"],
+        True,
+        ["worm", "brass key"],
+    )
     assert parse_tw_cue("memory: goal: take the worm").content == "take the worm"
 
 
@@ -204,8 +231,9 @@ def test_reasoner_and_expert_win_through_sam_and_a_fork_replays(tw_cache: Path) 
 
 
 @pytest.mark.slow
-def test_acceptance_generated_game_played_replayed_and_one_oat_grpo_iteration(tmp_path: Path,
-                                                                              tiny_model_dir: Path) -> None:
+def test_acceptance_generated_game_played_replayed_and_one_oat_grpo_iteration(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     """Issue 38, acceptance 1: a game generated now (seconds), played through the adapter, a state re-entered by
     replay with the same observations, and one OAT-GRPO iteration of the tiny model on it (trees branching at the
     cue of the first page, every sibling a replayed copy of the game)."""
@@ -237,17 +265,26 @@ def test_acceptance_generated_game_played_replayed_and_one_oat_grpo_iteration(tm
     replayed = __import__("copy").deepcopy(twin)
     assert replayed.reentries["replay"] == 1 and [o for _, o in replayed.log] == observations[1:]
 
-    memory = SamConfig(page_turns=1, live_capacity_turns=2, keep_recent_turns=1,  # a page (and its cue) every step
-                       sampling={"consolidate": {"temperature": 1.0, "max_tokens": 16},
-                                 "recall": {"temperature": 1.0, "max_tokens": 16}})
+    memory = SamConfig(
+        page_turns=1,
+        live_capacity_turns=2,
+        keep_recent_turns=1,  # a page (and its cue) every step
+        sampling={
+            "consolidate": {"temperature": 1.0, "max_tokens": 16},
+            "recall": {"temperature": 1.0, "max_tokens": 16},
+        },
+    )
     cfg = OATGRPOConfig(
         run=RunConfig(output_dir=str(tmp_path / "runs"), name="oat", seed=0),
         policy=PolicySpec(base=str(tiny_model_dir)),
         engine=EngineConfig(backend="hf", name="policy", model=str(tiny_model_dir), dtype="float32", batch_size=8),
-        memory=memory, train_tasks=tasks, eval_tasks=TaskSetConfig(family="ms_textworld", params=params, count=0),
-        tasks_per_iteration=1, tree=TreeConfig(branch_roles=["consolidate"], branch_factor=2, max_branch_depth=1,
-                                               max_leaves=2),
-        loop=LoopConfig(iterations=1, eval_every=0, checkpoint_every=1), eval_samples=0,
+        memory=memory,
+        train_tasks=tasks,
+        eval_tasks=TaskSetConfig(family="ms_textworld", params=params, count=0),
+        tasks_per_iteration=1,
+        tree=TreeConfig(branch_roles=["consolidate"], branch_factor=2, max_branch_depth=1, max_leaves=2),
+        loop=LoopConfig(iterations=1, eval_every=0, checkpoint_every=1),
+        eval_samples=0,
     )
     run_dir = prepare_run_dir(cfg, cfg.run, "train-oat-grpo")
     result = train_oat_grpo(cfg, run_dir)

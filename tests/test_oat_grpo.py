@@ -162,8 +162,9 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(
 ) -> None:
     args = tiny_overrides(tiny_model_dir, tmp_path, "killed")
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(cli(*args), cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        cli(*args), cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         wait_for(run_dir / "checkpoints" / f"ckpt-{0:06d}" / "COMPLETE", proc)
         proc.send_signal(signal.SIGKILL)  # inside iteration 1: its rollouts have started
@@ -183,7 +184,8 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(
     assert [got[i]["tasks"] for i in range(ITERATIONS)] == [ref[i]["tasks"] for i in range(ITERATIONS)]
     assert [got[i]["updates"] for i in range(ITERATIONS)] == [ref[i]["updates"] for i in range(ITERATIONS)]
     assert [got[i].get("policy_version") for i in range(ITERATIONS)] == [
-        ref[i].get("policy_version") for i in range(ITERATIONS)]
+        ref[i].get("policy_version") for i in range(ITERATIONS)
+    ]
     summary, ref_summary = (json.loads((d / "summary.json").read_text()) for d in (run_dir, uninterrupted))
     assert summary["updates"] == ref_summary["updates"] >= 1
     assert summary["policy_version"] == ref_summary["policy_version"] >= 1

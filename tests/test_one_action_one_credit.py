@@ -19,14 +19,23 @@ def reads(node_id: str, responses: list[list[int]]) -> tuple[MemoryCall, list[Me
     calls, extraction = [], []
     for i, ids in enumerate(responses):
         prompt = [5, 6, 100 + i, *extraction]
-        calls.append(MemoryCall(call_id=f"{node_id}/{i}", role="recall", prompt_ids=prompt, response_ids=ids,
-                                logprobs=[-0.1] * len(ids), text=" ".join(map(str, ids))))
+        calls.append(
+            MemoryCall(
+                call_id=f"{node_id}/{i}",
+                role="recall",
+                prompt_ids=prompt,
+                response_ids=ids,
+                logprobs=[-0.1] * len(ids),
+                text=" ".join(map(str, ids)),
+            )
+        )
         extraction = [*extraction, *ids]
     return calls[0], calls[1:]
 
 
-def tree_of(siblings: list[tuple[list[list[int]], list[float]]], task: str = "t", merge: bool = False
-            ) -> MemoryCallTree:
+def tree_of(
+    siblings: list[tuple[list[list[int]], list[float]]], task: str = "t", merge: bool = False
+) -> MemoryCallTree:
     """root -> one sibling group: sibling k reads pages with the responses given and has one leaf per outcome
     (``merge``: identical siblings merged, as the tree builder does)."""
     nodes = [TreeNode(node_id="root", kind="root", children=[f"r.{k}:1" for k in range(len(siblings))])]
@@ -34,14 +43,31 @@ def tree_of(siblings: list[tuple[list[list[int]], list[float]]], task: str = "t"
         sid = f"r.{k}:1"
         call, follow = reads(sid, responses)
         leaves = [f"r.{k}.{j}:leaf" for j in range(len(outcomes))]
-        nodes.append(TreeNode(node_id=sid, parent_id="root", depth=1, kind="memory", call=call,
-                              follow_up_calls=follow, group_id="g:r:1", children=leaves))
-        nodes += [TreeNode(node_id=leaf, parent_id=sid, depth=2, kind="leaf", outcome=o)
-                  for leaf, o in zip(leaves, outcomes, strict=True)]
+        nodes.append(
+            TreeNode(
+                node_id=sid,
+                parent_id="root",
+                depth=1,
+                kind="memory",
+                call=call,
+                follow_up_calls=follow,
+                group_id="g:r:1",
+                children=leaves,
+            )
+        )
+        nodes += [
+            TreeNode(node_id=leaf, parent_id=sid, depth=2, kind="leaf", outcome=o)
+            for leaf, o in zip(leaves, outcomes, strict=True)
+        ]
     by_id = {n.node_id: n for n in nodes}
     merged = merge_identical_siblings(by_id) if merge else 0
-    return MemoryCallTree(tree_id=f"{task}/tree", task_id=task, root_id="root", nodes=list(by_id.values()),
-                          metadata={"branched_nodes": len(siblings), "merged_siblings": merged})
+    return MemoryCallTree(
+        tree_id=f"{task}/tree",
+        task_id=task,
+        root_id="root",
+        nodes=list(by_id.values()),
+        metadata={"branched_nodes": len(siblings), "merged_siblings": merged},
+    )
 
 
 # two siblings read page 1 the same way and page 2 differently (one succeeds, one fails); a third differs at once
@@ -63,8 +89,11 @@ def test_siblings_with_the_same_first_call_never_train_it_with_opposite_advantag
     second = {tuple(r.response_ids): r.advantage for r in rows if r.prompt_ids == [5, 6, 101, 4, 9]}
     assert second[(7,)] > 0 > second[(8,)]  # where they differ, the continuations are compared with each other
     # the old layout trains the shared read once per sibling, with opposite advantages
-    old = [r.advantage for r in trained(tree_of(SHARED_FIRST), shared_prefix="separate")
-           if r.prompt_ids == [5, 6, 100] and r.response_ids == [4, 9]]
+    old = [
+        r.advantage
+        for r in trained(tree_of(SHARED_FIRST), shared_prefix="separate")
+        if r.prompt_ids == [5, 6, 100] and r.response_ids == [4, 9]
+    ]
     assert len(old) == 2 and old[0] > 0 > old[1]
 
 
@@ -87,8 +116,7 @@ def test_the_tree_branches_at_the_first_differing_call() -> None:
 
 
 def test_nested_agreement_branches_again_and_groups_share_their_prompt() -> None:
-    siblings = [([[1], [2], [3]], [1.0]), ([[1], [2], [4]], [0.0]), ([[1], [5], [6]], [1.0]),
-                ([[1], [5], [6]], [1.0])]
+    siblings = [([[1], [2], [3]], [1.0]), ([[1], [2], [4]], [0.0]), ([[1], [5], [6]], [1.0]), ([[1], [5], [6]], [1.0])]
     separate = tree_of(siblings)  # the last two are equal in every call: that is merging's job, not branching's
     assert branch_at_first_difference(separate) == 2 and {"r.2:1", "r.3:1"} <= {n.node_id for n in separate.nodes}
     tree = tree_of(siblings, merge=True)
@@ -124,13 +152,14 @@ def test_flat_grpo_weights_each_trajectory_by_its_trained_calls_not_its_nodes() 
     call, follow = reads("a1", [[1], [2], [3]])
     b1, _ = reads("b1", [[11]])
     b2, _ = reads("b2", [[12]])
-    nodes = [TreeNode(node_id="root", kind="root", children=["a1", "b1"]),
-             TreeNode(node_id="a1", parent_id="root", kind="memory", call=call, follow_up_calls=follow,
-                      children=["la"]),
-             TreeNode(node_id="la", parent_id="a1", kind="leaf", outcome=0.0),
-             TreeNode(node_id="b1", parent_id="root", kind="memory", call=b1, children=["b2"]),
-             TreeNode(node_id="b2", parent_id="b1", kind="memory", call=b2, children=["lb"]),
-             TreeNode(node_id="lb", parent_id="b2", kind="leaf", outcome=1.0)]
+    nodes = [
+        TreeNode(node_id="root", kind="root", children=["a1", "b1"]),
+        TreeNode(node_id="a1", parent_id="root", kind="memory", call=call, follow_up_calls=follow, children=["la"]),
+        TreeNode(node_id="la", parent_id="a1", kind="leaf", outcome=0.0),
+        TreeNode(node_id="b1", parent_id="root", kind="memory", call=b1, children=["b2"]),
+        TreeNode(node_id="b2", parent_id="b1", kind="memory", call=b2, children=["lb"]),
+        TreeNode(node_id="lb", parent_id="b2", kind="leaf", outcome=1.0),
+    ]
     tree = MemoryCallTree(tree_id="f", task_id="f", root_id="root", nodes=nodes)
     assign_flat_credit(tree, CreditConfig())
     rows = rows_from_groups(trees_to_groups([tree], source="flat"))
@@ -144,8 +173,13 @@ def test_update_diagnostics_share_of_tied_groups_and_of_cancelling_identical_row
     def row(prompt: list[int], response: list[int], a: float, tied: bool = False) -> Row:
         return Row(prompt, response, a, [], outcome_tied=tied)
 
-    rows = [row([1], [2], 1.0), row([1], [2], -0.6), row([1], [3], -0.4), row([4], [5], 0.5, True),
-            row([4], [6], -0.5, True)]
+    rows = [
+        row([1], [2], 1.0),
+        row([1], [2], -0.6),
+        row([1], [3], -0.4),
+        row([4], [5], 0.5, True),
+        row([4], [6], -0.5, True),
+    ]
     shares = advantage_shares(rows)
     assert shares["outcome_tied_row_fraction"] == pytest.approx(2 / 5)
     assert shares["outcome_tied_advantage_fraction"] == pytest.approx(1.0 / 3.0)
@@ -165,9 +199,14 @@ def test_tied_groups_are_marked_for_the_trainer_in_oat_and_in_the_old_layout_can
     metrics = batch_metrics(groups, rows)
     assert metrics["outcome_tied_row_fraction"] == pytest.approx(4 / 6)  # 2 siblings x 2 calls of 6 rows
     assert metrics["identical_row_cancelled_advantage_fraction"] > 0.3  # the shared first call: +1 and -1
-    default, _ = credit_and_groups([tree_of([([[1], [2]], [1.0]), ([[1], [3]], [1.0])], "a"),
-                                    tree_of([([[1]], [1.0]), ([[2]], [0.0])], "b")], CreditConfig(), "tree", 0)
+    default, _ = credit_and_groups(
+        [tree_of([([[1], [2]], [1.0]), ([[1], [3]], [1.0])], "a"), tree_of([([[1]], [1.0]), ([[2]], [0.0])], "b")],
+        CreditConfig(),
+        "tree",
+        0,
+    )
     assert advantage_shares(rows_from_groups(default))["outcome_tied_row_fraction"] == 0.0  # tied groups train nothing
-    branched, _ = credit_and_groups([tree_of([([[1], [2]], [1.0]), ([[1], [3]], [0.0])])],
-                                    CreditConfig(terms=[]), "tree", 0)
+    branched, _ = credit_and_groups(
+        [tree_of([([[1], [2]], [1.0]), ([[1], [3]], [0.0])])], CreditConfig(terms=[]), "tree", 0
+    )
     assert advantage_shares(rows_from_groups(branched))["identical_row_cancelled_advantage_fraction"] == 0.0

@@ -82,7 +82,7 @@ class Diary(MemorySystem):
                 {"role": "user", "content": self.last.observation if self.last else ""}]
 '''
 
-REASONER = '''
+REASONER = """
 import json
 import re
 
@@ -101,7 +101,7 @@ class WordPlayer:
             found = re.findall(r"password is (\\w+)", text)
             action = f"say {found[-1] if found else 'nothing'}"
         return "<tool_call>" + json.dumps({"name": "act", "arguments": {"action": action}}) + "</tool_call>"
-'''
+"""
 
 TERMS = '''
 from memrl.api import register_reward
@@ -116,7 +116,7 @@ def shares_letters(node, tree):
     return len(seen & set(node.call.text)) / max(len(seen), 1)
 '''
 
-CONFIG = '''command: train oat-grpo
+CONFIG = """command: train oat-grpo
 run: {{output_dir: runs, name: own, seed: 0}}
 policy: {{base: {model}, dtype: float32}}
 engine: {{backend: hf, name: policy, model: {model}, dtype: float32, batch_size: 16}}
@@ -130,7 +130,7 @@ credit: {{terms: [{{entry: "myagent.terms:shares_letters", weight: 0.5}}], advan
 trainer: {{lr: 1.0e-3, bf16: false, lora: {{enabled: false}}}}
 loop: {{iterations: 2, checkpoint_every: 1}}
 eval_samples: 0
-'''
+"""
 
 
 @pytest.mark.slow
@@ -144,10 +144,22 @@ def test_a_wheel_trains_a_package_of_your_own(tmp_path: Path, tiny_model_dir: Pa
     for name, text in (("game", GAME), ("memory", MEMORY), ("reasoner", REASONER), ("terms", TERMS)):
         (package / f"{name}.py").write_text(text)
     (user / "config.yaml").write_text(CONFIG.format(model=tiny_model_dir))
-    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_MODE": "offline",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run([str(venv / "bin" / "memrl"), "train", "oat-grpo", "--config", "config.yaml"], cwd=user,
-                          env=env, capture_output=True, text=True, timeout=900, check=False)
+    env = {
+        "PATH": f"{venv / 'bin'}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    done = subprocess.run(
+        [str(venv / "bin" / "memrl"), "train", "oat-grpo", "--config", "config.yaml"],
+        cwd=user,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run = user / "runs" / "own"
     resolved = (run / "config.yaml").read_text()
@@ -157,6 +169,14 @@ def test_a_wheel_trains_a_package_of_your_own(tmp_path: Path, tiny_model_dir: Pa
     assert len(trained) == 2 and trained[-1]["updates"] >= 1 and trained[0]["memory_calls_trained"] > 0
     nodes = [n for line in (run / "trees_last.jsonl").read_text().splitlines() for n in json.loads(line)["nodes"]]
     assert {n["call"]["role"] for n in nodes if n["kind"] == "memory"} == {"diary"}
-    assert "/site-packages/memrl/" in subprocess.run(
-        [str(python), "-c", "import memrl.api; print(memrl.api.__file__)"], cwd=user, env=env, capture_output=True,
-        text=True, check=True).stdout  # the wheel's memrl, not the checkout's
+    assert (
+        "/site-packages/memrl/"
+        in subprocess.run(
+            [str(python), "-c", "import memrl.api; print(memrl.api.__file__)"],
+            cwd=user,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )  # the wheel's memrl, not the checkout's

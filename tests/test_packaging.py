@@ -56,24 +56,45 @@ def test_built_wheel_installs_one_namespace(tmp_path):
     (user / "data").mkdir(parents=True)
     (user / "data" / "__init__.py").write_text("WHOSE = 'user'\n")
     (user / "train.py").write_text("WHOSE = 'user'\n")
-    probe = ("import memrl, memrl.train.oat_grpo, memrl.data.config as c, data, train, importlib.util as u;"
-             "assert data.WHOSE == train.WHOSE == 'user';"
-             "assert all(u.find_spec(n) is None for n in ('rollout', 'rewards', 'launch'));"
-             "print(memrl.__file__); print(c.shipped_configs())")
+    probe = (
+        "import memrl, memrl.train.oat_grpo, memrl.data.config as c, data, train, importlib.util as u;"
+        "assert data.WHOSE == train.WHOSE == 'user';"
+        "assert all(u.find_spec(n) is None for n in ('rollout', 'rewards', 'launch'));"
+        "print(memrl.__file__); print(c.shipped_configs())"
+    )
     res = subprocess.run([str(python), "-c", probe], cwd=user, capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
     assert all(str(site) in line for line in res.stdout.splitlines()), res.stdout
 
     memrl = venv / "bin" / "memrl"
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_MODE": "offline"}
-    shown = subprocess.run([str(memrl), "config", "show", "--config", "oat_grpo_tiny"], cwd=user, env=env,
-                           capture_output=True, text=True, check=False)
+    shown = subprocess.run(
+        [str(memrl), "config", "show", "--config", "oat_grpo_tiny"],
+        cwd=user,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert shown.returncode == 0, shown.stderr
     assert "command: train oat-grpo" in shown.stdout
-    assert "deepspeed" in subprocess.run(
-        [str(python), "-c", "from memrl.data.config import resolve_deepspeed_config as r; print(r('zero2'))"],
-        cwd=user, capture_output=True, text=True, check=True).stdout
-    tiny = subprocess.run([str(memrl), "model", "tiny", "--out", str(tmp_path / "tiny")], cwd=user, env=env,
-                          capture_output=True, text=True, check=False)
+    assert (
+        "deepspeed"
+        in subprocess.run(
+            [str(python), "-c", "from memrl.data.config import resolve_deepspeed_config as r; print(r('zero2'))"],
+            cwd=user,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    tiny = subprocess.run(
+        [str(memrl), "model", "tiny", "--out", str(tmp_path / "tiny")],
+        cwd=user,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert tiny.returncode == 0, tiny.stderr + tiny.stdout
     assert (tmp_path / "tiny" / "config.json").is_file()

@@ -26,20 +26,50 @@ SILENCE = "<no_intervention/>"
 
 
 def call(text: str, role: str = "intervene", finish: str = "stop", error: str | None = None) -> MemoryCall:
-    return MemoryCall(call_id="c", role=role, text=text, response_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3],
-                      prompt_ids=[7, 8], finish_reason=finish, error=error)
+    return MemoryCall(
+        call_id="c",
+        role=role,
+        text=text,
+        response_ids=[1, 2, 3],
+        logprobs=[-0.1, -0.2, -0.3],
+        prompt_ids=[7, 8],
+        finish_reason=finish,
+        error=error,
+    )
 
 
-def sample(index: int, text: str, outcome: float, *, reminders_after: int = 0, followup: MemoryCall | None = None,
-           role: str = "intervene") -> PivotSample:
+def sample(
+    index: int,
+    text: str,
+    outcome: float,
+    *,
+    reminders_after: int = 0,
+    followup: MemoryCall | None = None,
+    role: str = "intervene",
+) -> PivotSample:
     reminder = parse_intervention(followup.text if followup is not None else text)[0]
-    return PivotSample(index=index, call=call(text, role), followup=followup, reminder=reminder, outcome=outcome,
-                       reminders_after=reminders_after, usage=TokenUsage(), fingerprint="f")
+    return PivotSample(
+        index=index,
+        call=call(text, role),
+        followup=followup,
+        reminder=reminder,
+        outcome=outcome,
+        reminders_after=reminders_after,
+        usage=TokenUsage(),
+        fingerprint="f",
+    )
 
 
 def result(samples: list[PivotSample], role: str = "intervene") -> PivotGroupResult:
-    return PivotGroupResult(pivot_id="t/r/v0/s0/t5", task_id="t", role=role, prompt_ids=[7, 8],
-                            messages=[Message(role="user", content="decision:")], state="f", samples=samples)
+    return PivotGroupResult(
+        pivot_id="t/r/v0/s0/t5",
+        task_id="t",
+        role=role,
+        prompt_ids=[7, 8],
+        messages=[Message(role="user", content="decision:")],
+        state="f",
+        samples=samples,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- rewards
@@ -57,9 +87,15 @@ def test_reward_is_outcome_minus_reminder_cost_and_format_penalty() -> None:
 
 def test_malformed_outputs_never_raise() -> None:
     well = [SILENCE, " <no_intervention/>\n", "<context_for_action>keep port 5444</context_for_action>"]
-    bad = ["", "oops", "<context_for_action></context_for_action>", "<context_for_action> </context_for_action>",
-           "<context_for_action>a</context_for_action><context_for_action>b</context_for_action>",
-           "<no_intervention/> but also this", "<context_for_action>open"]
+    bad = [
+        "",
+        "oops",
+        "<context_for_action></context_for_action>",
+        "<context_for_action> </context_for_action>",
+        "<context_for_action>a</context_for_action><context_for_action>b</context_for_action>",
+        "<no_intervention/> but also this",
+        "<context_for_action>open",
+    ]
     assert not any(is_malformed(call(t)) for t in well)
     assert all(is_malformed(call(t)) for t in bad)
     assert is_malformed(call(SILENCE, finish="length"))
@@ -83,8 +119,10 @@ def test_groups_carry_rewards_advantages_and_rollout_logprobs() -> None:
 
 def test_phase1_and_2_groups_add_the_followups_with_the_same_advantage() -> None:
     follow = call("<context_for_action>requirement: use python3.9</context_for_action>")
-    samples = [sample(0, "edits", 1.0, followup=follow, role="bank_edit"),
-               sample(1, "edits", 0.0, followup=call(SILENCE), role="bank_edit")]
+    samples = [
+        sample(0, "edits", 1.0, followup=follow, role="bank_edit"),
+        sample(1, "edits", 0.0, followup=call(SILENCE), role="bank_edit"),
+    ]
     groups = pivot_groups([result(samples, role="bank_edit")], PivotRewardConfig(advantage="dr_grpo"))
     assert [g.role for g in groups] == ["bank_edit", "intervene", "intervene"]
     assert groups[0].samples[0].advantage == groups[1].samples[0].advantage == 0.5
@@ -110,8 +148,15 @@ def test_cli_registers_the_job_and_checks_the_config(tmp_path: Path) -> None:
     assert args.resume and args.overrides == ["loop.iterations=3"]
     base = {"policy": {"base": "m"}, "engine": {"backend": "hf", "model": "m"}}
     with pytest.raises(ConfigError, match="phase1"):
-        load_config(PivotGRPOConfig, None, defaults={**base, "groups": {"phases": "phase1+2"},
-                                                     "phase1": {"backend": "scripted", "scripted_policy": "a:b"}})
+        load_config(
+            PivotGRPOConfig,
+            None,
+            defaults={
+                **base,
+                "groups": {"phases": "phase1+2"},
+                "phase1": {"backend": "scripted", "scripted_policy": "a:b"},
+            },
+        )
     with pytest.raises(ConfigError, match="variant"):
         load_config(PivotGRPOConfig, None, defaults={**base, "memory": {"variant": "always_inject"}})
     with pytest.raises(ConfigError, match="rollout engine"):
@@ -121,8 +166,11 @@ def test_cli_registers_the_job_and_checks_the_config(tmp_path: Path) -> None:
 def test_placement_endpoints_replace_the_action_agent() -> None:
     from memrl.train.pivot_grpo import _reasoner_config
 
-    cfg = load_config(PivotGRPOConfig, ROOT / "configs" / "pivot_grpo_qwen3.5-27b.yaml", [
-        'placement.reasoner={"model": "served-122b", "endpoints": ["http://a:8000/v1", "http://b:8000/v1"]}'])
+    cfg = load_config(
+        PivotGRPOConfig,
+        ROOT / "configs" / "pivot_grpo_qwen3.5-27b.yaml",
+        ['placement.reasoner={"model": "served-122b", "endpoints": ["http://a:8000/v1", "http://b:8000/v1"]}'],
+    )
     engine = _reasoner_config(cfg)
     assert engine.backend == "openai" and engine.model == "served-122b"
     assert [e.url for e in engine.endpoints] == ["http://a:8000/v1", "http://b:8000/v1"]
@@ -137,8 +185,11 @@ def tiny_run(tmp_path: Path, model: Path, **overrides: Any) -> PivotGRPOConfig:
         "run": {"output_dir": str(tmp_path), "name": "pivot", "seed": 0},
         "policy": {"base": str(model)},
         "engine": {"backend": "hf", "model": str(model), "dtype": "float32"},
-        "reasoner": {"backend": "scripted", "scripted_policy": "memrl.data.tasks.proactive:ActionAgent",
-                     "tokenizer": str(model)},
+        "reasoner": {
+            "backend": "scripted",
+            "scripted_policy": "memrl.data.tasks.proactive:ActionAgent",
+            "tokenizer": str(model),
+        },
         "phase1": writer,
         "memory": {"window": 1, "sampling": {"bank_edit": {"max_tokens": 64}, "intervene": {"max_tokens": 12}}},
         "train_tasks": {"params": params, "count": 3},
@@ -155,8 +206,9 @@ def tiny_run(tmp_path: Path, model: Path, **overrides: Any) -> PivotGRPOConfig:
 
 
 @pytest.mark.slow
-def test_online_loop_runs_evaluates_and_resumes(tmp_path: Path, tiny_model_dir: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_online_loop_runs_evaluates_and_resumes(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from memrl.rollout.engines.base import Engine
     from memrl.train.pivot_grpo import run_pivot_grpo
 
@@ -188,8 +240,12 @@ def test_online_loop_runs_evaluates_and_resumes(tmp_path: Path, tiny_model_dir: 
     assert steps == [-1, 0, 1]  # iteration 1 was redone and logged once
     # going on past the first pool relabels with the current policy
     # (a longer run is a config change --resume refuses unless it is named)
-    longer = tiny_run(tmp_path, tiny_model_dir, run={"resume": True, "allow_config_change": ["loop.iterations"]},
-                      loop={"iterations": 3})
+    longer = tiny_run(
+        tmp_path,
+        tiny_model_dir,
+        run={"resume": True, "allow_config_change": ["loop.iterations"]},
+        loop={"iterations": 3},
+    )
     assert run_pivot_grpo(longer) == 0
     assert (run / "pivots" / "r0001" / "COMPLETE").exists()
 
@@ -200,11 +256,20 @@ def test_all_turns_groups_skip_detection_and_reuse_the_start_evaluation(tmp_path
 
     run = tmp_path / "pivot"
     run.mkdir()
-    start = {"sft_pass_rate": 0.25, "sft_reminders_per_episode": 1.5, "sft_double_checks_per_episode": 0.0,
-             "sft_action_tokens": 10.0, "no_memory_pass_rate": 0.0}
+    start = {
+        "sft_pass_rate": 0.25,
+        "sft_reminders_per_episode": 1.5,
+        "sft_double_checks_per_episode": 0.0,
+        "sft_action_tokens": 10.0,
+        "no_memory_pass_rate": 0.0,
+    }
     (run / "baselines.json").write_text(json.dumps(start))  # as a first variant from the same SFT model wrote it
-    cfg = tiny_run(tmp_path, tiny_model_dir, groups={"at": "all_turns", "pivots_per_iteration": 2,
-                                                       "non_pivots_per_iteration": 1}, loop={"iterations": 1})
+    cfg = tiny_run(
+        tmp_path,
+        tiny_model_dir,
+        groups={"at": "all_turns", "pivots_per_iteration": 2, "non_pivots_per_iteration": 1},
+        loop={"iterations": 1},
+    )
     assert run_pivot_grpo(cfg) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["before"]["pass_rate"] == 0.25 and summary["before"]["reminders_per_episode"] == 1.5
@@ -217,17 +282,23 @@ def cli_config(tmp_path: Path, model: Path, name: str, **overrides: Any) -> Path
     """The tiny run's config as the YAML file ``memrl train pivot-grpo --config`` reads, made to update: the random
     model never writes the strict format, so untagged text counts as silence, and a stop string that its samples
     sometimes produce makes some finish (well-formed silence, reward 0) and others hit max_tokens (malformed, -0.5);
-the paper's ``grpo_std`` advantage lets that penalty rank outcome-tied samples (the default trains none), and the KL
-probe runs after every update.
-    Full weights: a fresh LoRA adapter's initialisation is not drawn from ``run.seed``, so two fresh LoRA runs differ
-    (a resumed one reads the adapter back, so resumes are exact either way)."""
+    the paper's ``grpo_std`` advantage lets that penalty rank outcome-tied samples (the default trains none), and the
+    KL probe runs after every update. Full weights: a fresh LoRA adapter's initialisation is not drawn from
+    ``run.seed``, so two fresh LoRA runs differ (a resumed one reads the adapter back, so resumes are exact either
+    way)."""
     import yaml
 
     sampling = {"bank_edit": {"max_tokens": 64}, "intervene": {"max_tokens": 12, "stop": ["q"]}}
-    cfg = tiny_run(tmp_path, model, run={"name": name},
-                   trainer={"probe_rows": 4, "probe_every": 1, "lora": {"enabled": False}},
-                   reward={"strict_format": False, "advantage": "grpo_std"},
-                   memory={"window": 1, "sampling": sampling}, groups={"group_size": 4}, **overrides)
+    cfg = tiny_run(
+        tmp_path,
+        model,
+        run={"name": name},
+        trainer={"probe_rows": 4, "probe_every": 1, "lora": {"enabled": False}},
+        reward={"strict_format": False, "advantage": "grpo_std"},
+        memory={"window": 1, "sampling": sampling},
+        groups={"group_size": 4},
+        **overrides,
+    )
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=True)))
     return path
@@ -244,7 +315,8 @@ def comparable(run_dir: Path) -> list[dict[str, Any]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_sigkill_in_a_checkpoint_write_then_resume_equals_the_uninterrupted_run(
-        tmp_path: Path, tiny_model_dir: Path, staleness: int) -> None:
+    tmp_path: Path, tiny_model_dir: Path, staleness: int
+) -> None:
     """Pivot-turn GRPO resumes through the shared online loop: a SIGKILL while a checkpoint is being written (the
     first with k = 0; the last with k = 1, whose checkpoint before it names the one-step-off collection in flight
     and the policy version it ran under), then ``--resume``, ends with the uninterrupted run's weights, every step

@@ -80,15 +80,22 @@ def vault_tasks(entry: str, count: int = 3, **extra: Any) -> list[Any]:
 
 
 def vault_engines() -> EngineSet:
-    return EngineSet(reasoner=ScriptedEngine(VaultPlayer()), memory=ScriptedEngine(Silent()),
-                     by_role={"bank_edit": ScriptedEngine(VaultNotes())})
+    return EngineSet(
+        reasoner=ScriptedEngine(VaultPlayer()),
+        memory=ScriptedEngine(Silent()),
+        by_role={"bank_edit": ScriptedEngine(VaultNotes())},
+    )
 
 
 def labels(entry: str, reentry: str = "auto") -> tuple[list[LabelledRollout], list[Any], dict[str, Any]]:
     tasks = vault_tasks(entry, reentry=reentry)
     records = label_rollouts(tasks, vault_engines(), MEMORY, prefilter=EVERY_STEP, seed=0)
-    pivots, stats = detect_pivots(records, vault_engines(), DetectConfig(prefilter=EVERY_STEP, policy_samples=0),
-                                  tasks={t.task_id: t for t in tasks})
+    pivots, stats = detect_pivots(
+        records,
+        vault_engines(),
+        DetectConfig(prefilter=EVERY_STEP, policy_samples=0),
+        tasks={t.task_id: t for t in tasks},
+    )
     return records, pivots, {"stats": stats, "tasks": tasks}
 
 
@@ -133,8 +140,10 @@ def test_snapshot_re_entry_gives_the_labels_of_replay() -> None:
     forced = labels("test_gym_env:SnapshotVault", reentry="replay")[1]
 
     def plain(pivots: list[Any]) -> list[Any]:
-        return [(p.pivot_id, p.is_pivot, p.spread, [(a.source, a.reminder, a.outcome) for a in p.alternatives])
-                for p in pivots]
+        return [
+            (p.pivot_id, p.is_pivot, p.spread, [(a.source, a.reminder, a.outcome) for a in p.alternatives])
+            for p in pivots
+        ]
 
     assert plain(snapshot[1]) == plain(replayed) == plain(forced)
     record = snapshot[0][0]
@@ -153,8 +162,12 @@ def test_a_non_deterministic_environment_is_named_with_both_observations() -> No
     assert record.observations[0][:40] in message and "the replay gave" in message
     # detection refuses the episode the same way rather than labelling a state the record never had
     with pytest.raises(ReplayMismatchError, match="diverged at step 1"):
-        detect_pivots([record], vault_engines(), DetectConfig(prefilter=EVERY_STEP, policy_samples=0),
-                      tasks={tasks[0].task_id: tasks[0]})
+        detect_pivots(
+            [record],
+            vault_engines(),
+            DetectConfig(prefilter=EVERY_STEP, policy_samples=0),
+            tasks={tasks[0].task_id: tasks[0]},
+        )
 
 
 @pytest.mark.slow
@@ -174,8 +187,11 @@ def test_pivot_grpo_trains_on_the_gym_example_and_resumes(tmp_path: Path, tiny_m
         "memory": {"window": 1, "action_window": 1, "trigger_every": 1, "sampling": sampling},
         "train_tasks": {"entry": "vault_game:VaultGame", "params": {"corridor": CORRIDOR}, "max_steps": 8, "count": 4},
         "eval_tasks": {"count": 2},
-        "pivots": {"every": 2, "tasks": 2, "detect": {"prefilter": EVERY_STEP.model_dump(), "policy_samples": 1,
-                                                      "alternatives": 4}},
+        "pivots": {
+            "every": 2,
+            "tasks": 2,
+            "detect": {"prefilter": EVERY_STEP.model_dump(), "policy_samples": 1, "alternatives": 4},
+        },
         "groups": {"group_size": 4, "pivots_per_iteration": 2},
         # the tiny model never wins, so outcomes tie: the paper's formula lets the format penalty rank the samples
         "reward": {"strict_format": False, "advantage": "grpo_std"},

@@ -48,8 +48,10 @@ def tasks(n: int, start: int = 0, **params: Any) -> list[ProactiveTask]:
 
 def engines(ts: list[ProactiveTask], tokenizer: Any = None, **oracle: Any) -> EngineSet:
     truths = {t.task_id: t.truth() for t in ts}
-    return EngineSet(reasoner=ScriptedEngine(ActionAgent(), tokenizer=tokenizer),
-                     memory=ScriptedEngine(ProactiveOracle(oracle, truths=truths), tokenizer=tokenizer))
+    return EngineSet(
+        reasoner=ScriptedEngine(ActionAgent(), tokenizer=tokenizer),
+        memory=ScriptedEngine(ProactiveOracle(oracle, truths=truths), tokenizer=tokenizer),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +61,9 @@ def tokenizer(tiny_model_dir: Path) -> Any:
     return load_tokenizer(tiny_model_dir)
 
 
-def snapshots(task: ProactiveTask, eng: EngineSet, memory: ProactiveConfig, seed: int, rollout_id: str
-              ) -> tuple[dict[int, Rollout], Rollout]:
+def snapshots(
+    task: ProactiveTask, eng: EngineSet, memory: ProactiveConfig, seed: int, rollout_id: str
+) -> tuple[dict[int, Rollout], Rollout]:
     """The in-memory snapshots: the rollout deep-copied at every pending Phase 2 call, and the finished rollout."""
     rollout = build_proactive_rollout(copy.deepcopy(task), memory, seed=seed, rollout_id=rollout_id)
     snaps = {}
@@ -78,8 +81,9 @@ def test_replay_recreates_the_recorded_state_exactly(tokenizer: Any) -> None:
     noise = {"miss_rate": 0.3, "false_alarm_rate": 0.3}
     for task in ts:
         # fresh engines for both runs: their simulated prefix caches then see the same calls (same cached counts)
-        (record,) = label_rollouts([task], engines(ts, tokenizer, **noise), memory, seed=5, rollout_id="lab",
-                                   keep_prompt_ids=True)
+        (record,) = label_rollouts(
+            [task], engines(ts, tokenizer, **noise), memory, seed=5, rollout_id="lab", keep_prompt_ids=True
+        )
         snaps, finished = snapshots(task, engines(ts, tokenizer, **noise), memory, 5, "lab")
         assert record.outcome == finished.outcome and len(record.steps) == len(snaps)
         for step in record.steps:
@@ -101,7 +105,7 @@ def test_restored_environment_continues_identically() -> None:
     step = record.steps[len(record.steps) // 2]
     # the same actions (the rest of the record, replayed) give the same observations, state and outcome
     replayed = restore(record, step.phase2_index)
-    rest = ReplayEngine(record.calls[step.phase2_index:])  # one rollout: one call per wavefront, in recorded order
+    rest = ReplayEngine(record.calls[step.phase2_index :])  # one rollout: one call per wavefront, in recorded order
     run_rollouts([replayed], EngineSet(reasoner=rest, memory=rest))
     assert not rest.queue
     _, original = snapshots(ts[0], engines(ts, miss_rate=0.4), ProactiveConfig(), 2, "label")
@@ -154,9 +158,14 @@ def test_prefilters_fire_on_state_changes_errors_and_repeats() -> None:
 
     memory = ProactiveMemory(ProactiveConfig(window=4))
     memory.reset("task: t", {})
-    script = [("", "task: t"), ("ls", "a b"), ("pip install numpy", "error: externally-managed-environment"),
-              ("pip install numpy", "error: externally-managed-environment"), ("cat README.md", "# readme"),
-              ("python3.10 run.py", "wrote build/result.txt")]
+    script = [
+        ("", "task: t"),
+        ("ls", "a b"),
+        ("pip install numpy", "error: externally-managed-environment"),
+        ("pip install numpy", "error: externally-managed-environment"),
+        ("cat README.md", "# readme"),
+        ("python3.10 run.py", "wrote build/result.txt"),
+    ]
     for step, (action, observation) in enumerate(script):
         memory.on_turn(Turn(step=step, action_text=action, observation=observation))
     cfg = PrefilterConfig()
@@ -194,8 +203,13 @@ def test_detector_finds_planted_pivots_with_few_false_positives(tmp_path: Path) 
 def test_every_turn_is_a_group_site_without_detection() -> None:
     ts = tasks(2, start=40)
     eng = engines(ts)
-    records = label_rollouts(ts, eng, ProactiveConfig(), seed=1, prefilter=PrefilterConfig(every_step=False,
-                             state_change=False, tool_error=False, repeat=False))
+    records = label_rollouts(
+        ts,
+        eng,
+        ProactiveConfig(),
+        seed=1,
+        prefilter=PrefilterConfig(every_step=False, state_change=False, tool_error=False, repeat=False),
+    )
     sites = every_turn(records)
     assert [(s.record_id, s.step) for s in sites] == [(r.record_id, st.step) for r in records for st in r.steps]
     assert all(not s.is_pivot and not s.alternatives for s in sites)  # unlabelled, whatever the pre-filters say
@@ -242,22 +256,26 @@ class Coin:
 def test_groups_at_a_pivot_share_the_restored_state(tokenizer: Any) -> None:
     ts = tasks(3, start=40, facts=list(REQUIRED))
     truths = {t.task_id: t.truth() for t in ts}
-    eng = EngineSet(reasoner=ScriptedEngine(ActionAgent(), tokenizer=tokenizer),
-                    memory=ScriptedEngine(Coin(truths), tokenizer=tokenizer))
+    eng = EngineSet(
+        reasoner=ScriptedEngine(ActionAgent(), tokenizer=tokenizer),
+        memory=ScriptedEngine(Coin(truths), tokenizer=tokenizer),
+    )
     oracle = engines(ts, tokenizer)
     # one task per labelling run (fresh engines), as in the snapshots below: equal simulated prefix-cache counts
     records = [label_rollouts([t], engines(ts, tokenizer), ProactiveConfig(), seed=4)[0] for t in ts]
     pivots, _ = detect_pivots(records, oracle, DetectConfig())
     # the last pivot of each episode: no later fatal step, so the outcome hangs on this decision alone
-    found = [max((p for p in pivots if p.is_pivot and p.record_id == r.record_id), key=lambda p: p.step)
-             for r in records]
+    found = [
+        max((p for p in pivots if p.is_pivot and p.record_id == r.record_id), key=lambda p: p.step) for r in records
+    ]
     by_id = {r.record_id: r for r in records}
     groups = sample_pivot_groups(found, by_id, eng, PivotGroupConfig(group_size=6))
     assert len(groups) == len(found)
     for pivot, group in zip(found, groups, strict=True):
         record = by_id[pivot.record_id]
-        snaps, _ = snapshots(next(t for t in ts if t.task_id == pivot.task_id), engines(ts, tokenizer),
-                             ProactiveConfig(), 4, "label")
+        snaps, _ = snapshots(
+            next(t for t in ts if t.task_id == pivot.task_id), engines(ts, tokenizer), ProactiveConfig(), 4, "label"
+        )
         original = snaps[pivot.step]
         assert group.state == state_digest(original)  # the restored state is the labelled run's state
         assert {s.fingerprint for s in group.samples} == {group.state}  # every sample starts from it
@@ -276,10 +294,13 @@ def test_phase1_and_2_groups_sample_phase1_and_follow_with_phase2() -> None:
     records = label_rollouts(ts, oracle, ProactiveConfig(), seed=0)
     pivots, _ = detect_pivots(records, oracle, DetectConfig())
     found = [p for p in pivots if p.is_pivot][:2]
-    noisy = EngineSet(reasoner=ScriptedEngine(ActionAgent()),
-                      memory=ScriptedEngine(ProactiveOracle({"miss_rate": 0.5, "drop_rate": 0.5}, truths=truths)))
-    groups = sample_pivot_groups(found, {r.record_id: r for r in records}, noisy,
-                                 PivotGroupConfig(group_size=4, phases="phase1+2"))
+    noisy = EngineSet(
+        reasoner=ScriptedEngine(ActionAgent()),
+        memory=ScriptedEngine(ProactiveOracle({"miss_rate": 0.5, "drop_rate": 0.5}, truths=truths)),
+    )
+    groups = sample_pivot_groups(
+        found, {r.record_id: r for r in records}, noisy, PivotGroupConfig(group_size=4, phases="phase1+2")
+    )
     for group in groups:
         assert group.role == "bank_edit" and len(group.samples) == 4
         for s in group.samples:
@@ -304,12 +325,17 @@ def test_cited_entries_are_restated_and_the_oracle_notes_the_risk() -> None:
     memory = ProactiveMemory(ProactiveConfig(cite_entries=True))
     memory.reset("task: t", {"task_id": "x"})
     memory.on_turn(Turn(step=0, action_text="", observation="task: t\nnext: ls (subtask 1 of 3)", role="user"))
-    run_memory(memory, memory.next_memory_request(), save("knowledge", "requirement: use python3.10, not python")
-               + save("procedural", "pip install fails without --user: use pip install --user PKG"))
+    run_memory(
+        memory,
+        memory.next_memory_request(),
+        save("knowledge", "requirement: use python3.10, not python")
+        + save("procedural", "pip install fails without --user: use pip install --user PKG"),
+    )
     call = run_memory(memory, memory.next_memory_request(), "<context_for_action>k1, p2</context_for_action>")
     assert call.metadata["cited"] == ["k1", "p2"] and call.error is None
     assert memory.reasoner_messages("s")[-1].content.endswith(
-        "requirement: use python3.10, not python; pip install fails without --user: use pip install --user PKG")
+        "requirement: use python3.10, not python; pip install fails without --user: use pip install --user PKG"
+    )
     memory.after_reasoner_call()
     assert [e.used for e in memory.bank.entries] == [1, 1]
     memory.on_turn(Turn(step=1, action_text="", observation="x\nnext: ls (subtask 2 of 3)"))
@@ -317,8 +343,10 @@ def test_cited_entries_are_restated_and_the_oracle_notes_the_risk() -> None:
     call = run_memory(memory, memory.next_memory_request(), "<context_for_action>k7: a copy</context_for_action>")
     assert call.metadata["reminder"] is None and "unknown entry id" in call.error  # silence, recorded
     # a citation with a garbled copy of the entry still delivers the bank's exact text; free text stays free text
-    for step, text, expected in ((2, "k1: use python3.99", "requirement: use python3.10, not python"),
-                                 (3, "keep k1 in mind", "keep k1 in mind")):
+    for step, text, expected in (
+        (2, "k1: use python3.99", "requirement: use python3.10, not python"),
+        (3, "keep k1 in mind", "keep k1 in mind"),
+    ):
         memory.after_reasoner_call()
         memory.on_turn(Turn(step=step, action_text="", observation=f"y\nnext: ls (subtask {step} of 3)"))
         run_memory(memory, memory.next_memory_request(), "")
@@ -352,9 +380,11 @@ def test_a_missed_single_fatal_pivot_is_detected_and_its_group_has_advantages() 
     ts = tasks(4, start=60, facts=["interpreter", "output", "protected", "install_flag"], fatal_pivots=1)
     truths = {t.task_id: t.truth() for t in ts}
     assert all(sum(p["requirement"] for p in t.pivots) == 1 for t in ts)
-    student = EngineSet(reasoner=ScriptedEngine(ActionAgent()),
-                        memory=ScriptedEngine(ProactiveOracle({"miss_rate": 1.0}, truths=truths)),
-                        by_role={"bank_edit": ScriptedEngine(BankWriter())})
+    student = EngineSet(
+        reasoner=ScriptedEngine(ActionAgent()),
+        memory=ScriptedEngine(ProactiveOracle({"miss_rate": 1.0}, truths=truths)),
+        by_role={"bank_edit": ScriptedEngine(BankWriter())},
+    )
     records = label_rollouts(ts, student, ProactiveConfig(), seed=3)
     assert all(r.outcome == 0.0 for r in records)  # the student misses the one fatal pivot: every episode fails
     fatal = {(r.record_id, s.step) for r in records for s in r.steps if s.planted and s.planted["requirement"]}
@@ -371,8 +401,11 @@ def test_a_missed_single_fatal_pivot_is_detected_and_its_group_has_advantages() 
     _, cut = detect_pivots(records, student, DetectConfig(policy_samples=0, alternatives=2))
     assert cut["bank_tried"] == cut["candidates"] and cut["bank_over_budget"] > 0 and cut["budget"] == 2.0
 
-    coin = EngineSet(reasoner=ScriptedEngine(ActionAgent()), memory=ScriptedEngine(Coin(truths)),
-                     by_role={"bank_edit": ScriptedEngine(BankWriter())})
+    coin = EngineSet(
+        reasoner=ScriptedEngine(ActionAgent()),
+        memory=ScriptedEngine(Coin(truths)),
+        by_role={"bank_edit": ScriptedEngine(BankWriter())},
+    )
     results = sample_pivot_groups(at_fatal, {r.record_id: r for r in records}, coin, PivotGroupConfig(group_size=8))
     groups = pivot_groups(results)
     assert len(groups) == len(at_fatal)
@@ -407,8 +440,10 @@ def test_fatal_pivots_is_a_checked_setting_of_the_task_family() -> None:
         task = ProactiveTask({"n_subtasks": 12, "fatal_pivots": f}, seed=5)
         assert sum(p["requirement"] for p in task.pivots) == f and task.reference.outcome == 1.0
         assert ProactiveTask.from_spec(task.spec, task.task_id).plan == task.plan  # the spec rebuilds the same task
-    assert ProactiveTask({"n_subtasks": 12}, seed=5).plan == ProactiveTask({"n_subtasks": 12, "fatal_pivots": 3},
-                                                                           seed=5).plan  # 3 of 3: the default task
+    assert (
+        ProactiveTask({"n_subtasks": 12}, seed=5).plan
+        == ProactiveTask({"n_subtasks": 12, "fatal_pivots": 3}, seed=5).plan
+    )  # 3 of 3: the default task
     for bad in ({"fatal_pivots": 4}, {"fatal_pivots": 0}, {"facts": ["interpreter"], "fatal_pivots": 2}):
         with pytest.raises(ValueError, match="fatal_pivots"):
             ProactiveParams.model_validate(bad)

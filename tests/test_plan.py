@@ -29,12 +29,23 @@ def test_plan_of_the_9b_recipe_on_4_nodes_of_8_a100(capsys: pytest.CaptureFixtur
 
 
 def test_plan_flags_a_recipe_that_cannot_fit_and_names_the_key(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["plan", "--config", NINE_B, "--nodes", "4", "--gpus-per-node", "8",
-                 "trainer.gradient_checkpointing=false"])
+    code = main(
+        ["plan", "--config", NINE_B, "--nodes", "4", "--gpus-per-node", "8", "trainer.gradient_checkpointing=false"]
+    )
     out = capsys.readouterr().out
     assert code == 1 and "fits: NO" in out and "trainer.gradient_checkpointing=true" in out
-    code = main(["plan", "--config", NINE_B, "--nodes", "4", "--gpus-per-node", "8",
-                 "placement.policy.gpu_memory_utilization=0.15"])
+    code = main(
+        [
+            "plan",
+            "--config",
+            NINE_B,
+            "--nodes",
+            "4",
+            "--gpus-per-node",
+            "8",
+            "placement.policy.gpu_memory_utilization=0.15",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1 and "placement.policy.gpu_memory_utilization" in out
 
@@ -46,10 +57,19 @@ def real_vocab_model(out: Path, tokenizer_dir: Path) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=151_936, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=2048,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = Qwen3Config(
+        vocab_size=151_936,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     Qwen3ForCausalLM(config).save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
@@ -61,8 +81,7 @@ def test_trainer_estimate_within_25_percent_of_a_measured_cpu_run(tiny_model_dir
     context, response, rows = 1024, 256, 2
     cfg = GroupTrainerConfig(lora=LoraSettings(enabled=False), max_tokens_per_micro_batch=context)
     shape = ModelShape.from_hf_config(json.loads((model / "config.json").read_text()))
-    estimate = trainer_memory(shape, cfg, nodes=1, gpus_per_node=1, dtype="float32", default_tokens=context,
-                              gpu=False)
+    estimate = trainer_memory(shape, cfg, nodes=1, gpus_per_node=1, dtype="float32", default_tokens=context, gpu=False)
     measured = measure_trainer_peak(model, cfg, context=context, response=response, rows=rows)
     print(f"estimate {estimate.total / GIB:.3f} GiB, measured {measured / GIB:.3f} GiB")
     assert abs(estimate.total - measured) <= 0.25 * measured

@@ -24,11 +24,17 @@ def private_imports(root: Path) -> list[str]:
             for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
                 if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("memrl")):
                     module = "." * node.level + (node.module or "")
-                    hits += [(node.lineno, f"{module} {a.name}") for a in node.names
-                             if _private(a.name) or any(_private(p) for p in module.lstrip(".").split(".") if p)]
+                    hits += [
+                        (node.lineno, f"{module} {a.name}")
+                        for a in node.names
+                        if _private(a.name) or any(_private(p) for p in module.lstrip(".").split(".") if p)
+                    ]
                 elif isinstance(node, ast.Import):
-                    hits += [(node.lineno, a.name) for a in node.names
-                             if a.name.startswith("memrl.") and any(_private(p) for p in a.name.split("."))]
+                    hits += [
+                        (node.lineno, a.name)
+                        for a in node.names
+                        if a.name.startswith("memrl.") and any(_private(p) for p in a.name.split("."))
+                    ]
             found += [f"{path.relative_to(root)}:{line}: {what}" for line, what in sorted(hits)]
     return found
 

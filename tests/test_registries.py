@@ -33,13 +33,19 @@ def test_the_builtins_are_registered_by_their_decorators() -> None:
 
 
 def test_unknown_names_list_what_is_registered() -> None:
-    with pytest.raises(ValueError, match=r"unknown task family 'sma'; registered: dialogue, http_agent, ms_textworld, "
-                                         r"proactive, sam"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown task family 'sma'; registered: dialogue, http_agent, ms_textworld, "
+        r"proactive, sam",
+    ):
         TaskSetConfig(family="sma")
     with pytest.raises(ConfigError, match="scripted_policy 'nobody': not a registered reasoner"):
         scripted_policy_class("nobody")
-    with pytest.raises(ComponentError, match=r"cannot import module 'no_such_pkg\.memory' "
-                                             r"\(No module named 'no_such_pkg'\)"):
+    with pytest.raises(
+        ComponentError,
+        match=r"cannot import module 'no_such_pkg\.memory' "
+        r"\(No module named 'no_such_pkg'\)",
+    ):
         parse_memory_config({"entry": "no_such_pkg.memory:Mine"})
 
 
@@ -52,8 +58,12 @@ def test_a_name_is_taken_once() -> None:
 
 
 def test_a_memory_system_missing_a_method_is_refused_when_it_registers() -> None:
-    with pytest.raises(ComponentError, match=r"test_registries:.*Half does not implement the memory system protocol: "
-                                             r"missing method 'reasoner_messages'"):
+    with pytest.raises(
+        ComponentError,
+        match=r"test_registries:.*Half does not implement the memory system protocol: "
+        r"missing method 'reasoner_messages'",
+    ):
+
         @register_memory("half")
         class Half(MemorySystem):
             def reset(self, task: str, metadata: dict[str, Any]) -> None: ...
@@ -61,6 +71,7 @@ def test_a_memory_system_missing_a_method_is_refused_when_it_registers() -> None
             def on_turn(self, turn: Any) -> None: ...
 
     with pytest.raises(ComponentError, match=r"must subclass memrl\.api\.MemorySystem"):
+
         @register_memory("duck")
         class Duck:
             def reset(self) -> None: ...
@@ -94,14 +105,20 @@ def test_recipe_checks_name_what_a_user_family_lacks(tmp_path: Path) -> None:
     cfg = OATGRPOConfig.model_validate({**base, "memory": {"name": "long_context"}, "credit": {"terms": []}})
     with pytest.raises(ConfigError, match="family 'gym' has no registered reasoner: set reasoner"):
         check_inputs(cfg)
-    cfg = OATGRPOConfig.model_validate({**base, "memory": {"name": "long_context"},
-                                        "reasoner": {"backend": "scripted", "scripted_policy": "components:Nobody"}})
+    cfg = OATGRPOConfig.model_validate(
+        {
+            **base,
+            "memory": {"name": "long_context"},
+            "reasoner": {"backend": "scripted", "scripted_policy": "components:Nobody"},
+        }
+    )
     with pytest.raises(ConfigError, match="reasoner: reasoner 'components:Nobody': module 'components' has no"):
         check_inputs(cfg)
     player = {"backend": "scripted", "scripted_policy": "components:VaultPlayer"}
     cfg = OATGRPOConfig.model_validate({**base, "memory": {"name": "long_context"}, "reasoner": player})
-    with pytest.raises(ConfigError, match="the committee term needs reference engines, and task family 'gym' has no "
-                                          "oracle"):
+    with pytest.raises(
+        ConfigError, match="the committee term needs reference engines, and task family 'gym' has no oracle"
+    ):
         check_inputs(cfg)
     assert cfg.eval_tasks.entry == "vault_game:VaultGame"  # the eval set takes the training family
 
@@ -110,10 +127,12 @@ def test_the_cli_exits_2_before_any_run_folder(tmp_path: Path, capsys: pytest.Ca
     (tmp_path / "halfmem.py").write_text(
         "from memrl.api import MemorySystem, register_memory\n\n"
         "@register_memory('halfmem')\nclass HalfMem(MemorySystem):\n"
-        "    def reset(self, task, metadata): ...\n    def on_turn(self, turn): ...\n")
+        "    def reset(self, task, metadata): ...\n    def on_turn(self, turn): ...\n"
+    )
     config = tmp_path / "config.yaml"
-    config.write_text(f"policy: {{base: x}}\nrun: {{output_dir: {tmp_path / 'runs'}}}\n"
-                      "memory: {entry: 'halfmem:HalfMem'}\n")
+    config.write_text(
+        f"policy: {{base: x}}\nrun: {{output_dir: {tmp_path / 'runs'}}}\nmemory: {{entry: 'halfmem:HalfMem'}}\n"
+    )
     assert main(["train", "oat-grpo", "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert "halfmem:HalfMem does not implement the memory system protocol: missing method 'reasoner_messages'" in err

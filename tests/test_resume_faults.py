@@ -25,8 +25,9 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(tiny_model_dir: Path, 
     kills = [(None, 0), (None, bench.ITERATIONS - 1), (random.Random(1).uniform(started, wall), 0)]
     for trial, (moment, in_write_of) in enumerate(kills):
         name = f"killed-{trial}"
-        hit = bench.kill_at(bench.command(tiny_model_dir, tmp_path, name, stale), tmp_path / name, moment,
-                            in_write_of=in_write_of)
+        hit = bench.kill_at(
+            bench.command(tiny_model_dir, tmp_path, name, stale), tmp_path / name, moment, in_write_of=in_write_of
+        )
         if hit["finished"]:
             continue  # the run beat the kill on a slow machine: nothing to resume
         bench.run(bench.command(tiny_model_dir, tmp_path, name, stale, "--resume"))

@@ -33,10 +33,21 @@ class Scaled:
 def group(texts: list[str], outcomes: list[float], committee: list[float | None]) -> MemoryCallTree:
     nodes = [TreeNode(node_id="root", kind="root", children=[f"m{i}" for i in range(len(texts))])]
     for i, (text, outcome, c) in enumerate(zip(texts, outcomes, committee, strict=True)):
-        call = MemoryCall(call_id=f"c{i}", role="note", text=text, response_ids=[1] * len(text),
-                          logprobs=[0.0] * len(text))
-        nodes.append(TreeNode(node_id=f"m{i}", parent_id="root", depth=1, kind="memory", call=call, group_id="g",
-                              committee_score=c, children=[f"l{i}"]))
+        call = MemoryCall(
+            call_id=f"c{i}", role="note", text=text, response_ids=[1] * len(text), logprobs=[0.0] * len(text)
+        )
+        nodes.append(
+            TreeNode(
+                node_id=f"m{i}",
+                parent_id="root",
+                depth=1,
+                kind="memory",
+                call=call,
+                group_id="g",
+                committee_score=c,
+                children=[f"l{i}"],
+            )
+        )
         nodes.append(TreeNode(node_id=f"l{i}", parent_id=f"m{i}", depth=2, kind="leaf", outcome=outcome))
     return MemoryCallTree(tree_id="t", task_id="t", root_id="root", nodes=nodes)
 
@@ -54,10 +65,14 @@ def test_the_committee_is_the_first_term_of_the_default_list() -> None:
 
 
 def test_weighted_terms_add_up_each_centred_on_its_own() -> None:
-    cfg = CreditConfig(terms=[{"name": "committee", "weight": 0.5, "centre": 0.5},
-                              {"name": "test_chars", "weight": 0.1},
-                              {"entry": "test_reward_terms:Scaled", "weight": 1.0, "params": {"factor": 2.0}}],
-                       advantage="grpo_std")
+    cfg = CreditConfig(
+        terms=[
+            {"name": "committee", "weight": 0.5, "centre": 0.5},
+            {"name": "test_chars", "weight": 0.1},
+            {"entry": "test_reward_terms:Scaled", "weight": 1.0, "params": {"factor": 2.0}},
+        ],
+        advantage="grpo_std",
+    )
     tree = group(["aaaa", "bb"], [0.0, 0.0], [0.9, 0.3])
     assign_credit(tree, cfg)
     first = 0.5 * (0.9 - 0.5) + 0.1 * (0.4 - 0.3) + 1.0 * (1.8 - 1.2)

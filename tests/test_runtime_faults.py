@@ -33,8 +33,14 @@ LIMITED = ROOT / "tests" / "scripts" / "limited_run.py"
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(ROOT),
+    }
 
 
 def one_line(err: str) -> str:
@@ -56,16 +62,26 @@ def one_message(err: str) -> str:
 def _can_unshare() -> bool:
     if shutil.which("unshare") is None or shutil.which("mount") is None:
         return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt 2>/dev/null || "
-                            "mount -t tmpfs -o size=1m tmpfs /tmp"], capture_output=True, timeout=30)
+    probe = subprocess.run(
+        [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            "mount -t tmpfs -o size=1m tmpfs /mnt 2>/dev/null || mount -t tmpfs -o size=1m tmpfs /tmp",
+        ],
+        capture_output=True,
+        timeout=30,
+    )
     return probe.returncode == 0
 
 
 TMPFS = _can_unshare()
 
 
-def limited(argv: list[str], listing: Path, *, fsize: int | None = None, tmpfs: str | None = None,
-            timeout: float = 600) -> tuple[int, str, dict[str, int]]:
+def limited(
+    argv: list[str], listing: Path, *, fsize: int | None = None, tmpfs: str | None = None, timeout: float = 600
+) -> tuple[int, str, dict[str, int]]:
     """Run ``memrl argv`` under a file-size limit or on a tmpfs of ``tmpfs`` bytes mounted on ``listing``; returns
     the exit code, stderr and what was left under ``listing`` (path -> size, -1 for a folder)."""
     cmd = [sys.executable, str(LIMITED), "--list", str(listing)]
@@ -73,8 +89,7 @@ def limited(argv: list[str], listing: Path, *, fsize: int | None = None, tmpfs: 
         cmd += ["--fsize", str(fsize)]
     if tmpfs is not None:
         cmd = ["unshare", "-rm", *cmd, "--mount-tmpfs", str(listing), "--size", tmpfs]
-    proc = subprocess.run([*cmd, "--", *argv], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([*cmd, "--", *argv], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
     left = [line for line in proc.stdout.splitlines() if line.startswith("LEFT ")]
     assert left, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.returncode, proc.stderr, json.loads(left[-1][5:])
@@ -83,8 +98,11 @@ def limited(argv: list[str], listing: Path, *, fsize: int | None = None, tmpfs: 
 def half_written(left: dict[str, int]) -> list[str]:
     """Temporary or torn folders among what a run left: ``.tmp-ckpt-*``, ``.*.partial-*``, an SFT
     ``checkpoint-N`` without ``trainer_state.json``, a policy version without weights."""
-    bad = [p for p in left if any(part.startswith((".tmp-", ".")) and ("partial" in part or "tmp-ckpt" in part)
-                                  for part in p.split("/"))]
+    bad = [
+        p
+        for p in left
+        if any(part.startswith((".tmp-", ".")) and ("partial" in part or "tmp-ckpt" in part) for part in p.split("/"))
+    ]
     folders = {p for p, size in left.items() if size == -1}
     for folder in folders:
         name = folder.rsplit("/", 1)[-1]
@@ -93,7 +111,8 @@ def half_written(left: dict[str, int]) -> list[str]:
         if name.startswith("ckpt-") and f"{folder}/COMPLETE" not in left:
             bad.append(folder)
         if folder.split("/")[-2:-1] == ["policy"] and not any(
-                p.startswith(f"{folder}/") and p.endswith(".safetensors") for p in left):
+            p.startswith(f"{folder}/") and p.endswith(".safetensors") for p in left
+        ):
             bad.append(folder)
     return bad
 
@@ -114,17 +133,43 @@ def sft_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _sft(model: Path, data: Path, out: Path) -> list[str]:
-    return ["sft", f"model.base={model}", f"data.dir={data}", "data.roles=[recall]", "train.max_steps=4",
-            "train.save_steps=2", "train.batch_size=4", "train.max_length=256", f"run.output_dir={out}",
-            "run.name=s", "lora.enabled=false", "train.progress=false"]
+    return [
+        "sft",
+        f"model.base={model}",
+        f"data.dir={data}",
+        "data.roles=[recall]",
+        "train.max_steps=4",
+        "train.save_steps=2",
+        "train.batch_size=4",
+        "train.max_length=256",
+        f"run.output_dir={out}",
+        "run.name=s",
+        "lora.enabled=false",
+        "train.progress=false",
+    ]
 
 
 def _oat(model: Path, out: Path) -> list[str]:
-    return ["train", "oat-grpo", "--config", str(ROOT / "configs" / "oat_grpo_tiny.yaml"), f"policy.base={model}",
-            f"engine.model={model}", f"run.output_dir={out}", "run.name=o", "train_tasks.count=8",
-            "train_tasks.sam.horizon_steps=6", "eval_tasks.count=2", "eval_tasks.sam.horizon_steps=6",
-            "tasks_per_iteration=2", "tree.branch_factor=2", "tree.max_leaves=4", "loop.iterations=2",
-            "loop.eval_every=0", "loop.checkpoint_every=1"]
+    return [
+        "train",
+        "oat-grpo",
+        "--config",
+        str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
+        f"policy.base={model}",
+        f"engine.model={model}",
+        f"run.output_dir={out}",
+        "run.name=o",
+        "train_tasks.count=8",
+        "train_tasks.sam.horizon_steps=6",
+        "eval_tasks.count=2",
+        "eval_tasks.sam.horizon_steps=6",
+        "tasks_per_iteration=2",
+        "tree.branch_factor=2",
+        "tree.max_leaves=4",
+        "loop.iterations=2",
+        "loop.eval_every=0",
+        "loop.checkpoint_every=1",
+    ]
 
 
 def test_sft_over_the_file_size_limit(tiny_model_dir: Path, sft_data: Path, tmp_path: Path) -> None:
@@ -151,9 +196,18 @@ def test_oat_grpo_over_the_file_size_limit(tiny_model_dir: Path, tmp_path: Path)
 
 @pytest.mark.slow
 def test_export_over_the_file_size_limit(tiny_model_dir: Path, tmp_path: Path) -> None:
-    code, err, left = limited(["export", f"policy.base={tiny_model_dir}", "verify.vllm=false",
-                               "verify.transformers=false", f"run.output_dir={tmp_path}", "run.name=e"],
-                              tmp_path, fsize=1_000_000)
+    code, err, left = limited(
+        [
+            "export",
+            f"policy.base={tiny_model_dir}",
+            "verify.vllm=false",
+            "verify.transformers=false",
+            f"run.output_dir={tmp_path}",
+            "run.name=e",
+        ],
+        tmp_path,
+        fsize=1_000_000,
+    )
     line = one_line(err)
     assert code == 2 and line.startswith("memrl: error: export model:") and "file-size limit" in line, err[-2000:]
     assert not half_written(left) and not [p for p in left if p.startswith("e/model")], left
@@ -196,8 +250,9 @@ def file_size_limit() -> Any:
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
-def test_checkpoint_and_policy_writes_are_whole_or_absent(tiny_model_dir: Path, tmp_path: Path,
-                                                          file_size_limit: Any) -> None:
+def test_checkpoint_and_policy_writes_are_whole_or_absent(
+    tiny_model_dir: Path, tmp_path: Path, file_size_limit: Any
+) -> None:
     """CheckpointManager.save and save_policy under a 200 KB limit (the weights are 2.2 MB): a StorageError naming
     the folder; no temporary folder, no new checkpoint, the previous policy version intact."""
     from memrl.data.io import StorageError
@@ -222,12 +277,15 @@ def test_checkpoint_and_policy_writes_are_whole_or_absent(tiny_model_dir: Path, 
     assert {p.name: p.stat().st_size for p in (tmp_path / "policy" / "v00000").iterdir()} == before
 
 
-@pytest.mark.parametrize(("message", "expected"), [
-    ("Error while serializing: I/O error: No space left on device (os error 28)", "no space left"),
-    ("Error while serializing: I/O error: File too large (os error 27)", "file-size limit"),
-    ("[Errno 122] Disk quota exceeded", "quota"),
-    ("[Errno 30] Read-only file system: '/runs/x'", "read-only"),
-])
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("Error while serializing: I/O error: No space left on device (os error 28)", "no space left"),
+        ("Error while serializing: I/O error: File too large (os error 27)", "file-size limit"),
+        ("[Errno 122] Disk quota exceeded", "quota"),
+        ("[Errno 30] Read-only file system: '/runs/x'", "read-only"),
+    ],
+)
 def test_storage_faults_are_recognised_in_the_writers_own_words(message: str, expected: str, tmp_path: Path) -> None:
     from memrl.data.io import storage_error
 
@@ -262,14 +320,16 @@ def _ask(engine: Any) -> Any:
     from memrl.data.schemas import Message
     from memrl.rollout.engines import GenerationRequest, SamplingParams
 
-    request = GenerationRequest(messages=[Message(role="user", content="where is the key?")],
-                                sampling=SamplingParams(max_tokens=8))
+    request = GenerationRequest(
+        messages=[Message(role="user", content="where is the key?")], sampling=SamplingParams(max_tokens=8)
+    )
     return engine.generate([request])[0]
 
 
 @pytest.mark.parametrize("status", ["redirect", "redirect307"])
-def test_redirects_are_followed_with_the_post_and_not_the_key(plans: PlanServer, status: str,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_redirects_are_followed_with_the_post_and_not_the_key(
+    plans: PlanServer, status: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A 302 is followed (it was 'not retryable' at the first request), the POST and its body kept; the key goes to
     the configured host only (the redirect leads to localhost, another origin)."""
     monkeypatch.setenv("MEMRL_TEST_KEY", "sk-test-secret")
@@ -301,15 +361,19 @@ def test_an_absurd_retry_after_is_capped(plans: PlanServer, plan: str) -> None:
     assert time.monotonic() - start < 30
 
 
-@pytest.mark.parametrize(("plan", "expected"), [
-    ("html", "HTTP 200 with a body that is not JSON (text/html"),
-    ("schema", "HTTP 200 with an unexpected body (KeyError: 'choices')"),
-    ("bomb", "larger than 64 MiB once decompressed"),
-    ("drip", "timeout after"),
-    ("503", "HTTP 503"),
-])
-def test_an_endpoint_that_keeps_failing_is_one_error_after_its_retries(plans: PlanServer, plan: str,
-                                                                       expected: str) -> None:
+@pytest.mark.parametrize(
+    ("plan", "expected"),
+    [
+        ("html", "HTTP 200 with a body that is not JSON (text/html"),
+        ("schema", "HTTP 200 with an unexpected body (KeyError: 'choices')"),
+        ("bomb", "larger than 64 MiB once decompressed"),
+        ("drip", "timeout after"),
+        ("503", "HTTP 503"),
+    ],
+)
+def test_an_endpoint_that_keeps_failing_is_one_error_after_its_retries(
+    plans: PlanServer, plan: str, expected: str
+) -> None:
     """Each fault is retried (max_retries 2: 3 attempts), then one EndpointError (a RunFault: exit 2 in the CLI)
     names the engine, the endpoint, the last status and what to check. The gzip bomb (80 MiB once decompressed) is
     refused without holding it: the process grows by far less."""
@@ -341,18 +405,26 @@ def test_nan_usage_keeps_the_answer(plans: PlanServer, caplog: pytest.LogCapture
 
 
 def _client(name: str, url: str, retries: int = 1) -> str:
-    return (f"{{backend: openai, name: {name}, model: {name}, api: chat, endpoints: [{{url: '{url}'}}], "
-            f"request_timeout_s: 2.0, max_retries: {retries}, backoff_base_s: 0.01, backoff_max_s: 0.05}}")
+    return (
+        f"{{backend: openai, name: {name}, model: {name}, api: chat, endpoints: [{{url: '{url}'}}], "
+        f"request_timeout_s: 2.0, max_retries: {retries}, backoff_base_s: 0.01, backoff_max_s: 0.05}}"
+    )
 
 
 def _eval(out: Path, name: str, *extra: str) -> list[str]:
-    return ["eval", f"run.output_dir={out}", f"run.name={name}",
-            "datasets=[{name: d, kind: ama_synthetic, episodes_per_setting: 1}]", "systems=[{memory: {name: bm25}}]",
-            *extra]
+    return [
+        "eval",
+        f"run.output_dir={out}",
+        f"run.name={name}",
+        "datasets=[{name: d, kind: ama_synthetic, episodes_per_setting: 1}]",
+        "systems=[{memory: {name: bm25}}]",
+        *extra,
+    ]
 
 
-def test_eval_stops_with_one_line_when_its_reasoner_keeps_failing(plans: PlanServer, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_stops_with_one_line_when_its_reasoner_keeps_failing(
+    plans: PlanServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The reasoner is needed for every answer, so the eval cannot go on: exit 2, one line naming the endpoint and
     the status, the run folder kept for --resume (not removed as after a bad start)."""
     for plan in ("html", "loop"):
@@ -379,7 +451,8 @@ def test_eval_goes_on_when_judge_requests_fail(plans: PlanServer, tmp_path: Path
 
 
 def test_sigterm_turned_into_a_plain_interrupt_by_a_library_still_exits_143(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ray's ray.get catches the interrupt and raises its own KeyboardInterrupt (the fleet path read as 130 and
     'interrupted (SIGINT)'): the signal received decides the exit code, not the exception's type."""
     from memrl.launch import cli, shutdown
@@ -456,18 +529,33 @@ sys.exit(cli.main(["config", "show", "--command", "sft"]))
 def test_an_endpoint_failing_in_a_ray_worker_is_one_line() -> None:
     """Ray hands the driver RayTaskError(EndpointError), whose text is the worker's traceback: the line is the
     endpoint's own message."""
-    proc = subprocess.run([sys.executable, "-c", _RAY_WORKER_ENDPOINT], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=300, start_new_session=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RAY_WORKER_ENDPOINT],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert one_line(proc.stderr) == ("memrl: error: reasoner: request failed after 3 attempt(s); last endpoint "
-                                     "http://h:8000/v1 -> HTTP 503")
+    assert one_line(proc.stderr) == (
+        "memrl: error: reasoner: request failed after 3 attempt(s); last endpoint http://h:8000/v1 -> HTTP 503"
+    )
 
 
 @pytest.mark.slow
 def test_sigterm_during_ray_get_exits_143() -> None:
     """The fleet path for real: SIGTERM while the driver waits in ray.get (a rollout in flight)."""
-    proc = subprocess.run([sys.executable, "-c", _RAY_GET], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=300, start_new_session=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RAY_GET],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert one_line(proc.stderr) == "memrl: terminated (SIGTERM): stopped"
 
@@ -480,8 +568,9 @@ def _synth(out: Path, *extra: str) -> list[str]:
     return ["data", "synth", f"run.output_dir={out}", "sources=[{family: sam, count: 2}]", "arrow=false", *extra]
 
 
-def test_odd_run_folders_are_refused_before_anything_is_created(tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_odd_run_folders_are_refused_before_anything_is_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = tmp_path / "runs"
     runs.mkdir()
     (runs / "dangling").symlink_to(tmp_path / "nowhere")
@@ -510,9 +599,22 @@ def test_a_deleted_working_folder_is_one_line(tmp_path: Path) -> None:
     gone = tmp_path / "gone"
     gone.mkdir()
     for argv in (["sft", f"run.output_dir={tmp_path}"], _synth(tmp_path, "run.name=x")):
-        proc = subprocess.run(["sh", "-c", f'cd "{gone}" && rmdir "{gone}" && exec "$@"', "sh", sys.executable,
-                               "-m", "memrl.launch.cli", *argv], env=_env(), capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            [
+                "sh",
+                "-c",
+                f'cd "{gone}" && rmdir "{gone}" && exec "$@"',
+                "sh",
+                sys.executable,
+                "-m",
+                "memrl.launch.cli",
+                *argv,
+            ],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         gone.mkdir()
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "the working folder no longer exists" in one_line(proc.stderr)
@@ -523,12 +625,24 @@ def test_a_closed_stdout_is_given_dev_null(tmp_path: Path) -> None:
     """``memrl config show >&-`` (sys.stdout is None) and ``memrl data synth >&- 2>&-``: exit 0, the files written;
     nothing of the run lands in a file that took descriptor 1."""
     cli = [sys.executable, "-m", "memrl.launch.cli"]
-    closed = subprocess.run([*cli, "config", "show", "--command", "data synth"], cwd=ROOT, env=_env(),
-                            preexec_fn=lambda: os.close(1), capture_output=False, stderr=subprocess.PIPE,
-                            text=True, timeout=120)
+    closed = subprocess.run(
+        [*cli, "config", "show", "--command", "data synth"],
+        cwd=ROOT,
+        env=_env(),
+        preexec_fn=lambda: os.close(1),
+        capture_output=False,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
     assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr[-2000:]
-    synth = subprocess.run([*cli, *_synth(tmp_path, "run.name=closed")], cwd=ROOT, env=_env(),
-                           preexec_fn=lambda: (os.close(1), os.close(2)), timeout=120)
+    synth = subprocess.run(
+        [*cli, *_synth(tmp_path, "run.name=closed")],
+        cwd=ROOT,
+        env=_env(),
+        preexec_fn=lambda: (os.close(1), os.close(2)),
+        timeout=120,
+    )
     assert synth.returncode == 0 and (tmp_path / "closed" / "train.jsonl").is_file()
     log = (tmp_path / "closed" / "run.log").read_text()
     assert "Traceback" not in log and (tmp_path / "closed" / "config.yaml").read_text().startswith("command:")
@@ -539,11 +653,17 @@ def test_a_closed_stdout_or_a_closed_pipe_does_not_stop_an_eval(tmp_path: Path) 
     """``memrl eval ... >&- 2>&-`` and ``memrl eval ... -v | head -c 1``: the eval completes (exit 0) and writes its
     report; its console output goes nowhere (the run's log has it)."""
     cli = [sys.executable, "-m", "memrl.launch.cli"]
-    both = subprocess.run([*cli, *_eval(tmp_path, "closed")], cwd=ROOT, env=_env(),
-                          preexec_fn=lambda: (os.close(1), os.close(2)), timeout=300)
+    both = subprocess.run(
+        [*cli, *_eval(tmp_path, "closed")],
+        cwd=ROOT,
+        env=_env(),
+        preexec_fn=lambda: (os.close(1), os.close(2)),
+        timeout=300,
+    )
     assert both.returncode == 0 and (tmp_path / "closed" / "report.md").is_file()
-    reader = subprocess.Popen([*cli, *_eval(tmp_path, "piped"), "-v"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT)
+    reader = subprocess.Popen(
+        [*cli, *_eval(tmp_path, "piped"), "-v"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     assert reader.stdout is not None
     reader.stdout.read(1)
     reader.stdout.close()  # the reader went away: every later write to the pipe is EPIPE
@@ -574,8 +694,10 @@ def test_from_gguf_refuses_damaged_files(tmp_path: Path, capsys: pytest.CaptureF
         "empty.gguf": (b"", "an empty file (0 bytes)"),
         "garbage.gguf": (data[:40] + random.Random(0).randbytes(4000), "a damaged GGUF file"),
         "version.gguf": (b"GGUF" + (99).to_bytes(4, "little") + bytes(16), "version 99"),
-        "counts.gguf": (b"GGUF" + (3).to_bytes(4, "little") + (2**60).to_bytes(8, "little") + bytes(8),
-                        "a damaged GGUF file"),
+        "counts.gguf": (
+            b"GGUF" + (3).to_bytes(4, "little") + (2**60).to_bytes(8, "little") + bytes(8),
+            "a damaged GGUF file",
+        ),
         "cut.gguf": (data[: len(data) - 200], "cut short"),
     }
     from memrl.rollout.models import check_gguf_file
@@ -594,17 +716,20 @@ def test_from_gguf_refuses_damaged_files(tmp_path: Path, capsys: pytest.CaptureF
 # the benchmarks' own inputs
 
 
-def test_benchmark_progress_files_are_checked_before_any_work(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_benchmark_progress_files_are_checked_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from benchmarks.ablations import check_bench_inputs
 
     good = tmp_path / "good.jsonl"
     good.write_text('{"key": "k", "variant": "oat", "seed": 0}\n{"key": "k", "variant": "sft", "se')  # torn tail ok
     check_bench_inputs(tmp_path, [good, tmp_path / "absent.jsonl"])
-    cases = {"garbage.jsonl": (b"not json at all\n", "garbage.jsonl:1: invalid JSON"),
-             "binary.jsonl": (b"\xff\xfe\x00\x81\x9c" * 40 + b"\n", "binary.jsonl:1: not UTF-8"),
-             "list.jsonl": (b"[1, 2, 3]\n", "list.jsonl:1: expected a JSON object, got list"),
-             "folder.jsonl": (None, "folder.jsonl is not a file")}
+    cases = {
+        "garbage.jsonl": (b"not json at all\n", "garbage.jsonl:1: invalid JSON"),
+        "binary.jsonl": (b"\xff\xfe\x00\x81\x9c" * 40 + b"\n", "binary.jsonl:1: not UTF-8"),
+        "list.jsonl": (b"[1, 2, 3]\n", "list.jsonl:1: expected a JSON object, got list"),
+        "folder.jsonl": (None, "folder.jsonl is not a file"),
+    }
     for name, (payload, expected) in cases.items():
         if payload is None:
             (tmp_path / name).mkdir()
@@ -628,11 +753,26 @@ def test_benchmarks_refuse_bad_work_folders_before_the_sft_start(script: str, tm
     damaged = tmp_path / "w" / "multihop" / "quick" / split  # one folder per setting (the default: multihop)
     damaged.mkdir(parents=True)
     (damaged / "progress.jsonl").write_text("[1, 2]\n")
-    for work, expected in ((tmp_path / "afile", "a file, not a folder"),
-                           (tmp_path / "w", "progress.jsonl:1: expected a JSON object")):
-        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--work",
-                               str(work), "--model-cache", str(tmp_path / "models")], cwd=ROOT, env=_env(),
-                              capture_output=True, text=True, timeout=300)
+    for work, expected in (
+        (tmp_path / "afile", "a file, not a folder"),
+        (tmp_path / "w", "progress.jsonl:1: expected a JSON object"),
+    ):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / f"{script}.py"),
+                "--quick",
+                "--work",
+                str(work),
+                "--model-cache",
+                str(tmp_path / "models"),
+            ],
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert expected in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "models").exists()
@@ -652,8 +792,10 @@ def test_config_file_size_and_list_lengths_are_bounded(tmp_path: Path, capsys: p
     cases = [
         (["data", "synth", "--config", str(big)], ["big.yaml", "refused before reading it"]),
         (["data", "synth", "--config", str(listed)], ["list.yaml:2", "'sources'", f"{MAX_LIST_ITEMS + 1:,} items"]),
-        (["data", "synth", f"histogram_bins=[{', '.join(['1'] * (MAX_LIST_ITEMS + 1))}]"],
-         ["command-line override", "'histogram_bins'"]),
+        (
+            ["data", "synth", f"histogram_bins=[{', '.join(['1'] * (MAX_LIST_ITEMS + 1))}]"],
+            ["command-line override", "'histogram_bins'"],
+        ),
     ]
     for argv, expected in cases:
         start = time.monotonic()
@@ -691,8 +833,9 @@ def test_a_1_gib_jsonl_line_is_refused_before_it_is_read_whole(tmp_path: Path) -
     with open(path, "wb") as fh:
         fh.write(b'{"episode_id": "a"}\n')
         fh.truncate(1 << 30)
-    proc = subprocess.run([sys.executable, "-c", _HUGE_LINE, str(path)], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _HUGE_LINE, str(path)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300
+    )
     refused = [line for line in proc.stdout.splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 2 and all("huge.jsonl:2: a line longer than 64.0 MiB" in r for r in refused), proc.stdout
     peak_mib = int(proc.stdout.split("MAXRSS_KIB ")[1].split()[0]) / 1024
@@ -700,14 +843,23 @@ def test_a_1_gib_jsonl_line_is_refused_before_it_is_read_whole(tmp_path: Path) -
 
 
 def _amabench(episode_id: str, qa_ids: tuple[str | None, ...] = (None,), observation: str = "o") -> dict[str, Any]:
-    return {"episode_id": episode_id, "trajectory": [{"turn_idx": 0, "action": "look", "observation": observation}],
-            "qa_pairs": [{"question": "q", "answer": "a", **({"qa_id": q} if q else {})} for q in qa_ids]}
+    return {
+        "episode_id": episode_id,
+        "trajectory": [{"turn_idx": 0, "action": "look", "observation": observation}],
+        "qa_pairs": [{"question": "q", "answer": "a", **({"qa_id": q} if q else {})} for q in qa_ids],
+    }
 
 
 def _locomo(sample_id: str) -> dict[str, Any]:
-    return {"sample_id": sample_id, "conversation": {
-        "speaker_a": "A", "speaker_b": "B", "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "hi"}]},
-        "qa": [{"question": "q", "answer": "a", "category": 1, "evidence": ["D1:1"]}]}
+    return {
+        "sample_id": sample_id,
+        "conversation": {
+            "speaker_a": "A",
+            "speaker_b": "B",
+            "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "hi"}],
+        },
+        "qa": [{"question": "q", "answer": "a", "category": 1, "evidence": ["D1:1"]}],
+    }
 
 
 def test_duplicate_ids_and_huge_turns_in_benchmark_files_name_their_places(tmp_path: Path) -> None:
@@ -736,8 +888,9 @@ def test_duplicate_ids_and_huge_turns_in_benchmark_files_name_their_places(tmp_p
     assert [e.episode_id for e in load_amabench(distinct)] == ["e1", "e2"]
 
 
-def test_fleet_workers_beyond_the_cores_warn_with_the_numbers(monkeypatch: pytest.MonkeyPatch,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_fleet_workers_beyond_the_cores_warn_with_the_numbers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from memrl.data.errors import UserError
     from memrl.launch.preflight import MAX_WORKERS_PER_CORE, _check_fleet_size
     from memrl.rollout.fleet import FleetConfig
@@ -771,8 +924,11 @@ def test_seed_and_upper_bounds_at_their_edges() -> None:
         for bad in (2**32, -1):
             with pytest.raises(ValueError, match=key):
                 cls.model_validate({**base, key: bad})
-    for cls, key in ((PolicyPlacement, "gpu_memory_utilization"), (EngineConfig, "gpu_memory_utilization"),
-                     (VerifyConfig, "vllm_gpu_memory_utilization")):
+    for cls, key in (
+        (PolicyPlacement, "gpu_memory_utilization"),
+        (EngineConfig, "gpu_memory_utilization"),
+        (VerifyConfig, "vllm_gpu_memory_utilization"),
+    ):
         base = {"backend": "vllm", "model": "m"} if cls is EngineConfig else {}
         assert getattr(cls.model_validate({**base, key: 1.0}), key) == 1.0
         for bad in (1.0000001, 0.0, -0.5):
@@ -789,13 +945,18 @@ def test_the_largest_seed_runs(tmp_path: Path, tiny_model_dir: Path, sft_data: P
     numpy and the data shuffle take it)."""
     seed = f"run.seed={2**32 - 1}"
     assert main(_synth(tmp_path, "run.name=synth", seed)) == 0
-    assert main([*_sft(tiny_model_dir, sft_data, tmp_path), "train.max_steps=1", "train.save_steps=0", seed,
-                 "run.name=sft"]) == 0
+    assert (
+        main(
+            [*_sft(tiny_model_dir, sft_data, tmp_path), "train.max_steps=1", "train.save_steps=0", seed, "run.name=sft"]
+        )
+        == 0
+    )
     assert (tmp_path / "sft" / "final" / "model.safetensors").is_file()
 
 
-def test_a_resume_that_forgets_the_trainer_rng_is_caught(tiny_model_dir: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resume_that_forgets_the_trainer_rng_is_caught(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Several optimizer steps per batch (2 epochs x 3 steps): the row order comes from the trainer's RNG, so a run
     stopped after its first iteration and resumed ends on the uninterrupted run's weights only if the checkpoint
     carried that RNG. A resume that forgets it (set_rng_state a no-op) ends elsewhere: this test would fail."""
@@ -811,14 +972,24 @@ def test_a_resume_that_forgets_the_trainer_rng_is_caught(tiny_model_dir: Path, t
         run_dir = tmp_path / name
         run_dir.mkdir(exist_ok=True)
         torch.manual_seed(0)
-        trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(
-            lr=5e-3, lora=LoraSettings(r=4, alpha=8), update_epochs=2, optimizer_steps_per_epoch=3, probe_rows=0))
+        trainer = GroupTrainer(
+            PolicySpec(base=str(tiny_model_dir)),
+            GroupTrainerConfig(
+                lr=5e-3, lora=LoraSettings(r=4, alpha=8), update_epochs=2, optimizer_steps_per_epoch=3, probe_rows=0
+            ),
+        )
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant", n_groups=6)
         for k, group in enumerate(groups):  # rows that differ, so their order changes the steps
             group.samples[0].response_ids = group.samples[0].response_ids[: 3 + k]
         logger = MetricsLogger(run_dir, None, {}, name=name, console=False)
-        loop = OnlineLoop(trainer=trainer, engine=None, cfg=LoopConfig(iterations=2, checkpoint_every=1),
-                          run_dir=run_dir, resume=resume, logger=logger)
+        loop = OnlineLoop(
+            trainer=trainer,
+            engine=None,
+            cfg=LoopConfig(iterations=2, checkpoint_every=1),
+            run_dir=run_dir,
+            resume=resume,
+            logger=logger,
+        )
         for iteration in loop.start(lambda i: None, None):
             loop.update(groups)
             loop.checkpoint(iteration)

@@ -9,8 +9,10 @@ import pytest
 
 from memrl.rollout.memory.sandbox import SandboxConfig, run_script
 
-TRAJECTORY = [{"turn_idx": 0, "action": "look", "observation": "a red key"},
-              {"turn_idx": 1, "action": "take key", "observation": "you hold the red key"}]
+TRAJECTORY = [
+    {"turn_idx": 0, "action": "look", "observation": "a red key"},
+    {"turn_idx": 1, "action": "take key", "observation": "you hold the red key"},
+]
 # Generous wall time: the interpreter starts on a shared, busy machine; only the two timeout cases wait it out.
 FAST = SandboxConfig(time_limit_s=3.0, memory_limit_mb=256)
 
@@ -31,8 +33,12 @@ def test_a_script_reads_the_trajectory_and_writes_in_its_directory() -> None:
     ("source", "status", "detail"),
     [
         ("import socket\ns = socket.socket()\nprint('connected')", "network", "socket.__new__"),
-        ("try:\n    import socket; socket.create_connection(('10.0.0.1', 80), timeout=1)\nexcept OSError:\n"
-         "    print('caught')\nprint('went on')", "network", "socket"),
+        (
+            "try:\n    import socket; socket.create_connection(('10.0.0.1', 80), timeout=1)\nexcept OSError:\n"
+            "    print('caught')\nprint('went on')",
+            "network",
+            "socket",
+        ),
         ("while True:\n    pass", "timeout", "wall-time"),
         ("import time\ntime.sleep(60)", "timeout", "wall-time"),
         ("block = bytearray(1 << 30)\nprint(len(block))", "memory", "MemoryError"),

@@ -68,8 +68,9 @@ def test_ama_judge_falls_back_to_f1_when_the_reply_has_no_verdict() -> None:
     assert judge_score("yes", "anything", "red key") == (1.0, True)
     assert judge_score("no", "red key", "red key") == (0.0, True)
     score, parsed = judge_score("I cannot decide.", "the red key chest", "red key")
-    assert not parsed and score == pytest.approx(token_f1("the red key chest", "red key")) and score == pytest.approx(
-        0.8)
+    assert (
+        not parsed and score == pytest.approx(token_f1("the red key chest", "red key")) and score == pytest.approx(0.8)
+    )
 
 
 def test_ama_judge_prompt_and_the_offline_judge_through_an_engine() -> None:
@@ -97,7 +98,9 @@ def test_locomo_judge_parser() -> None:
     assert parse_locomo_judge("<think>CORRECT?</think> unsure") is None
     judge = JudgeScorer(ScriptedEngine(LexicalJudge()), "locomo")
     assert [v.score for v in judge.score([JudgeItem("q", "Paris", "in Paris"), JudgeItem("q", "Paris", "Rome")])] == [
-        1.0, 0.0]
+        1.0,
+        0.0,
+    ]
 
 
 def test_locomo_category_scoring_on_a_fixture_matches_hand_computed_values() -> None:
@@ -116,9 +119,20 @@ def test_locomo_category_scoring_on_a_fixture_matches_hand_computed_values() -> 
     predictions = [qa["prediction"] for qa in raw[0]["qa"]]
     records = []
     for qa, prediction in zip(episode.qa_pairs, predictions, strict=True):
-        records.append({"mode": "qa", "question": qa.question, "gold": qa.answer, "golds": [qa.answer],
-                        "answer": prediction, "category": qa.metadata["category"], "system": "s", "model": "m",
-                        "reasoner_tokens": {"spent": 0}, "memory_tokens_answer": {"prompt": 0, "completion": 0}})
+        records.append(
+            {
+                "mode": "qa",
+                "question": qa.question,
+                "gold": qa.answer,
+                "golds": [qa.answer],
+                "answer": prediction,
+                "category": qa.metadata["category"],
+                "system": "s",
+                "model": "m",
+                "reasoner_tokens": {"spent": 0},
+                "memory_tokens_answer": {"prompt": 0, "completion": 0},
+            }
+        )
     scorer = make_scorer(JudgeScorer(ScriptedEngine(LexicalJudge()), "ama"), None)
     for record, scores in zip(records, scorer(records), strict=True):
         record["scores"] = scores
@@ -134,21 +148,43 @@ def test_locomo_category_scoring_on_a_fixture_matches_hand_computed_values() -> 
 # Agreement with reference implementations written from the benchmarks' own code (tests/reference_scorers.py)
 
 _GOLDS = [
-    "7 May 2023", "a lake sunrise", "Sweden, pottery class", "mental health; charity", "3", "3.5", "turn-left",
-    "turn_left", "The Brass Key", "adoption agencies", "", "New York, Boston, and Chicago", "running; hiking",
-    "Not mentioned in the conversation", "the 2nd of June",
+    "7 May 2023",
+    "a lake sunrise",
+    "Sweden, pottery class",
+    "mental health; charity",
+    "3",
+    "3.5",
+    "turn-left",
+    "turn_left",
+    "The Brass Key",
+    "adoption agencies",
+    "",
+    "New York, Boston, and Chicago",
+    "running; hiking",
+    "Not mentioned in the conversation",
+    "the 2nd of June",
 ]
 _VARIANTS = [
-    lambda g: g, lambda g: g.upper(), lambda g: g.lower() + ".", lambda g: f"The {g}!", lambda g: g.replace("-", " "),
-    lambda g: g.replace(" ", "_"), lambda g: g.replace(",", " and"), lambda g: f"I think it was {g}, maybe",
-    lambda g: "", lambda g: "not mentioned in my context", lambda g: "42", lambda g: f"{g}s",
-    lambda g: "(a)", lambda g: "b", lambda g: "An answer: " + g.replace(";", ","),
+    lambda g: g,
+    lambda g: g.upper(),
+    lambda g: g.lower() + ".",
+    lambda g: f"The {g}!",
+    lambda g: g.replace("-", " "),
+    lambda g: g.replace(" ", "_"),
+    lambda g: g.replace(",", " and"),
+    lambda g: f"I think it was {g}, maybe",
+    lambda g: "",
+    lambda g: "not mentioned in my context",
+    lambda g: "42",
+    lambda g: f"{g}s",
+    lambda g: "(a)",
+    lambda g: "b",
+    lambda g: "An answer: " + g.replace(";", ","),
 ]
 
 
 def _triples() -> list[tuple[str, str, int]]:
-    return [(variant(gold), gold, category) for gold in _GOLDS for variant in _VARIANTS
-            for category in (1, 2, 3, 4, 5)]
+    return [(variant(gold), gold, category) for gold in _GOLDS for variant in _VARIANTS for category in (1, 2, 3, 4, 5)]
 
 
 def test_locomo_scores_agree_exactly_with_the_reference() -> None:
@@ -165,8 +201,10 @@ def test_locomo_scores_agree_exactly_with_the_reference() -> None:
         assert ours == theirs and type(ours) is float, (prediction, gold, category, ours, theirs)
         assert locomo_option_answer(prediction, options) == ref.locomo_cat5_answer(prediction, options)
     # and through the eval scorer (records as the harness writes them), category 5 options mapped first
-    records = [{"mode": "qa", "question": "q", "answer": p, "gold": g, "golds": [g], "category": c,
-                "options": options} for p, g, c in triples]
+    records = [
+        {"mode": "qa", "question": "q", "answer": p, "gold": g, "golds": [g], "category": c, "options": options}
+        for p, g, c in triples
+    ]
     ama = JudgeScorer(ScriptedEngine(LexicalJudge()), "ama")
     for (prediction, gold, category), scores in zip(triples, make_scorer(ama, None)(records), strict=True):
         mapped = ref.locomo_cat5_answer(prediction, options) if category == 5 else prediction
@@ -179,8 +217,18 @@ def test_amabench_scores_agree_exactly_with_the_reference() -> None:
     from memrl.rewards.scorers import ama_exact_match, ama_f1, ama_normalize
 
     triples = _triples()
-    replies = ["yes", "No.", "<think>no, wait</think>Yes", "yes... actually no", "maybe", "", "YES!", "nope",
-               "The answer is not right: no", "<think>yes</think>"]
+    replies = [
+        "yes",
+        "No.",
+        "<think>no, wait</think>Yes",
+        "yes... actually no",
+        "maybe",
+        "",
+        "YES!",
+        "nope",
+        "The answer is not right: no",
+        "<think>yes</think>",
+    ]
     assert ama_f1("turn-left", "turn left") == 1.0 and ama_exact_match("turn_left", "turn left") == 0.0
     for i, (prediction, gold, _) in enumerate(triples):
         assert ama_normalize(prediction) == ref.ama_normalize_text(prediction)
@@ -190,13 +238,17 @@ def test_amabench_scores_agree_exactly_with_the_reference() -> None:
         assert judge_score(reply, prediction, gold)[0] == ref.ama_judge_score(reply, prediction, gold)
 
 
-@pytest.mark.parametrize(("task", "task_type", "episode_id"),
-                         [("Find the key.", "textworld", "3"), ("", "", ""), ("Book a table.", "unknown", "")])
+@pytest.mark.parametrize(
+    ("task", "task_type", "episode_id"),
+    [("Find the key.", "textworld", "3"), ("", "", ""), ("Book a table.", "unknown", "")],
+)
 def test_ama_judge_prompt_is_the_official_one(task: str, task_type: str, episode_id: str) -> None:
     import reference_scorers as ref
 
-    (message,) = render_ama_judge("What did the agent take?", "['key', 'chest']", "the key", task, task_type,
-                                  episode_id)
-    assert message.content == ref.ama_judge_prompt("What did the agent take?", "['key', 'chest']", "the key", task,
-                                                   task_type, episode_id)
+    (message,) = render_ama_judge(
+        "What did the agent take?", "['key', 'chest']", "the key", task, task_type, episode_id
+    )
+    assert message.content == ref.ama_judge_prompt(
+        "What did the agent take?", "['key', 'chest']", "the key", task, task_type, episode_id
+    )
     assert message.content.endswith("Answer:<think></think>")

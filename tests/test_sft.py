@@ -54,13 +54,22 @@ def sam_traces(n: int, seed: int = 0) -> list[EpisodeTrace]:
         fact = f"the {color} {item} is in {place}"
         page = f"t{t}> open {place}\n{fact}"
         calls = [
-            MemoryCall(call_id="c", role="consolidate", messages=_m(render_sam_consolidate_prompt(t, page)),
-                       text=f"{color} {item}, {place}"),
-            MemoryCall(call_id="r", role="recall", text=fact,
-                       messages=_m(render_sam_recall_prompt(f"where is the {color} {item}?", t, page, ""))),
+            MemoryCall(
+                call_id="c",
+                role="consolidate",
+                messages=_m(render_sam_consolidate_prompt(t, page)),
+                text=f"{color} {item}, {place}",
+            ),
+            MemoryCall(
+                call_id="r",
+                role="recall",
+                text=fact,
+                messages=_m(render_sam_recall_prompt(f"where is the {color} {item}?", t, page, "")),
+            ),
         ]
-        traces.append(EpisodeTrace(trace_id=f"t{i}", task_id=f"task{i}", memory_system="sam", outcome=1.0,
-                                   memory_calls=calls))
+        traces.append(
+            EpisodeTrace(trace_id=f"t{i}", task_id=f"task{i}", memory_system="sam", outcome=1.0, memory_calls=calls)
+        )
     return traces
 
 
@@ -70,19 +79,38 @@ def every_role_rows() -> list[SFTExample]:
     bank = "status: fixing the build\nknowledge:\nk1: tests live in tests/\nprocedural: none"
     window = "[step 3] action: make test\nerror: missing module yaml"
     raw = [
-        ("consolidate", render_sam_consolidate_prompt(4, "t4> open chest 7\nthe brass key is in chest 7"),
-         "brass key, chest 7"),
-        ("recall", render_sam_recall_prompt("where is the brass key?", 4, "t4> open chest 7\nthe brass key is in "
-                                            "chest 7", ""), "the brass key is in chest 7"),
-        ("bank_edit", render_phase1_prompt("fix the build", window, bank),
-         render_tool_call("memory_save_knowledge", {"content": "yaml is missing: pip install pyyaml"})
-         + render_tool_call("memory_delete", {"id": "k1"}, style="xml")),
+        (
+            "consolidate",
+            render_sam_consolidate_prompt(4, "t4> open chest 7\nthe brass key is in chest 7"),
+            "brass key, chest 7",
+        ),
+        (
+            "recall",
+            render_sam_recall_prompt("where is the brass key?", 4, "t4> open chest 7\nthe brass key is in chest 7", ""),
+            "the brass key is in chest 7",
+        ),
+        (
+            "bank_edit",
+            render_phase1_prompt("fix the build", window, bank),
+            render_tool_call("memory_save_knowledge", {"content": "yaml is missing: pip install pyyaml"})
+            + render_tool_call("memory_delete", {"id": "k1"}, style="xml"),
+        ),
         ("bank_edit", render_phase1_prompt("fix the build", "", bank), ""),
-        ("intervene", render_phase2_prompt("fix the build", window, bank),
-         render_intervention("install pyyaml before rerunning the tests")),
+        (
+            "intervene",
+            render_phase2_prompt("fix the build", window, bank),
+            render_intervention("install pyyaml before rerunning the tests"),
+        ),
         ("intervene", render_phase2_prompt("fix the build", "", bank), render_intervention(None)),
-        ("summarize", [{"role": "user", "content": "summarize: a b c"}, {"role": "assistant", "content": "old reply"},
-                       {"role": "user", "content": "again, shorter"}], "a-c"),
+        (
+            "summarize",
+            [
+                {"role": "user", "content": "summarize: a b c"},
+                {"role": "assistant", "content": "old reply"},
+                {"role": "user", "content": "again, shorter"},
+            ],
+            "a-c",
+        ),
     ]
     return [
         SFTExample(row_id=f"x{i}", role=role, messages=[*_m(msgs), Message(role="assistant", content=target)])
@@ -92,16 +120,27 @@ def every_role_rows() -> list[SFTExample]:
 
 def make_cfg(model_dir: Path, out: Path, name: str, **sections: Any) -> SFTRunConfig:
     data = {"roles": ["consolidate", "recall"], **sections.pop("data", {})}
-    train = {"max_steps": 6, "batch_size": 8, "lr": 2e-3, "warmup": 0.1, "logging_steps": 1, "save_steps": 0,
-             "max_length": 256, "progress": False, **sections.pop("train", {})}
-    return SFTRunConfig.model_validate({
-        "run": {"output_dir": str(out), "name": name, **sections.pop("run", {})},
-        "model": {"base": str(model_dir)},
-        "lora": sections.pop("lora", {"enabled": False}),
-        "data": data,
-        "train": train,
-        **sections,
-    })
+    train = {
+        "max_steps": 6,
+        "batch_size": 8,
+        "lr": 2e-3,
+        "warmup": 0.1,
+        "logging_steps": 1,
+        "save_steps": 0,
+        "max_length": 256,
+        "progress": False,
+        **sections.pop("train", {}),
+    }
+    return SFTRunConfig.model_validate(
+        {
+            "run": {"output_dir": str(out), "name": name, **sections.pop("run", {})},
+            "model": {"base": str(model_dir)},
+            "lora": sections.pop("lora", {"enabled": False}),
+            "data": data,
+            "train": train,
+            **sections,
+        }
+    )
 
 
 def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
@@ -125,8 +164,9 @@ def test_loss_mask_is_exactly_the_final_assistant_span(tiny_model_dir: Path, tmp
     files = {}
     for role in sorted({r.role for r in rows}):
         files[role] = str(write_jsonl(tmp_path / f"{role}.jsonl", [r for r in rows if r.role == role]))
-    cfg = make_cfg(tiny_model_dir, tmp_path, "mask", data={"roles": sorted(files), "files": files},
-                   train={"batch_size": 3})
+    cfg = make_cfg(
+        tiny_model_dir, tmp_path, "mask", data={"roles": sorted(files), "files": files}, train={"batch_size": 3}
+    )
     trainer = build_sft_trainer(cfg, sft_args(cfg, tmp_path / "ckpt", False), rows)
     tok = trainer.processing_class
     im_start, im_end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
@@ -155,7 +195,9 @@ def test_sft_lowers_the_loss_and_saves_full_weights(tiny_model_dir: Path, sam_di
     from memrl.rollout.models import load_causal_lm, load_tokenizer
 
     cfg = make_cfg(
-        tiny_model_dir, tmp_path, "full",
+        tiny_model_dir,
+        tmp_path,
+        "full",
         data={"dir": str(sam_dir), "eval_fraction": 0.05, "max_eval_rows": 8},
         train={"max_steps": 15, "batch_size": 8, "logging_steps": 5},
         run={"wandb": {"enabled": True, "mode": "offline"}},
@@ -201,8 +243,11 @@ def _kill_at(step: int) -> Any:
 
 
 def test_resume_continues_to_the_same_final_step(tiny_model_dir: Path, sam_dir: Path, tmp_path: Path) -> None:
-    common = {"data": {"dir": str(sam_dir)}, "lora": {"enabled": True, "r": 8, "alpha": 16},
-              "train": {"max_steps": 6, "batch_size": 4, "save_steps": 2}}
+    common = {
+        "data": {"dir": str(sam_dir)},
+        "lora": {"enabled": True, "r": 8, "alpha": 16},
+        "train": {"max_steps": 6, "batch_size": 4, "save_steps": 2},
+    }
     run_sft(make_cfg(tiny_model_dir, tmp_path, "straight", **common))
 
     with pytest.raises(_Killed):
@@ -242,12 +287,22 @@ def test_resume_continues_to_the_same_final_step(tiny_model_dir: Path, sam_dir: 
 
 def test_role_mixtures(tmp_path: Path) -> None:
     rows = {
-        "a": [SFTExample(row_id=f"a{i}", role="a", messages=_m([{"role": "user", "content": "q"},
-                                                                 {"role": "assistant", "content": "x"}]))
-              for i in range(10)],
-        "b": [SFTExample(row_id=f"b{i}", role="b", messages=_m([{"role": "user", "content": "q"},
-                                                                 {"role": "assistant", "content": "y"}]))
-              for i in range(40)],
+        "a": [
+            SFTExample(
+                row_id=f"a{i}",
+                role="a",
+                messages=_m([{"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]),
+            )
+            for i in range(10)
+        ],
+        "b": [
+            SFTExample(
+                row_id=f"b{i}",
+                role="b",
+                messages=_m([{"role": "user", "content": "q"}, {"role": "assistant", "content": "y"}]),
+            )
+            for i in range(40)
+        ],
     }
     assert [r.row_id for r in mix_rows(rows, None, None, 0)] == [f"a{i}" for i in range(10)] + [
         f"b{i}" for i in range(40)
@@ -271,8 +326,9 @@ def test_config_errors(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = make_cfg(tiny_model_dir, tmp_path, "x", data={"dir": str(tmp_path)})
     with pytest.raises(ConfigError, match="not found"):
         run_sft(cfg)
-    cfg = make_cfg(tiny_model_dir, tmp_path, "x", data={"dir": "d"}, train={"batch_size": 6,
-                                                                             "per_device_batch_size": 4})
+    cfg = make_cfg(
+        tiny_model_dir, tmp_path, "x", data={"dir": "d"}, train={"batch_size": 6, "per_device_batch_size": 4}
+    )
     with pytest.raises(ConfigError, match="not a multiple"):
         sft_args(cfg, tmp_path, False)
     cfg = make_cfg(tiny_model_dir, tmp_path, "x", data={"dir": "d"}, train={"sft_args": {"no_such_field": 1}})
@@ -302,12 +358,24 @@ def _cli(args: list[str], env: dict[str, str], nproc: int = 1) -> subprocess.Com
     """``memrl sft`` in this process's interpreter: plainly for 1 process, through launch/torchrun.sh on CPU for more
     (the path the docs give for CPU runs: gloo, DS_ACCELERATOR=cpu)."""
     if nproc > 1:
-        cmd = ["bash", str(ROOT / "launch" / "torchrun.sh"), "--device", "cpu", "--nproc-per-node", str(nproc),
-               "--master-port", str(_free_port()), "--", "sft", *args]
+        cmd = [
+            "bash",
+            str(ROOT / "launch" / "torchrun.sh"),
+            "--device",
+            "cpu",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-port",
+            str(_free_port()),
+            "--",
+            "sft",
+            *args,
+        ]
     else:
         cmd = [sys.executable, "-m", "memrl.launch.cli", "sft", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**env, "MEMRL_PYTHON": sys.executable}, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env={**env, "MEMRL_PYTHON": sys.executable}, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     if nproc > 1:
         # The launcher's plan, printed before it starts the processes.
@@ -328,12 +396,29 @@ def _final_weights(final: Path) -> dict[str, torch.Tensor]:
 def test_two_process_deepspeed_matches_one_process(
     tiny_model_dir: Path, sam_dir: Path, tmp_path: Path, deepspeed: str, lora: str
 ) -> None:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
-           "PYTHONPATH": str(ROOT)}
-    common = [f"model.base={tiny_model_dir}", f"data.dir={sam_dir}", "data.roles=[consolidate, recall]",
-              f"lora.enabled={lora}", "lora.r=8", "lora.alpha=16", "train.max_steps=2", "train.batch_size=8",
-              "train.lr=2e-3", "train.warmup=0", "train.logging_steps=1", "train.save_steps=0",
-              "train.progress=false", f"run.output_dir={tmp_path}"]
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "PYTHONPATH": str(ROOT),
+    }
+    common = [
+        f"model.base={tiny_model_dir}",
+        f"data.dir={sam_dir}",
+        "data.roles=[consolidate, recall]",
+        f"lora.enabled={lora}",
+        "lora.r=8",
+        "lora.alpha=16",
+        "train.max_steps=2",
+        "train.batch_size=8",
+        "train.lr=2e-3",
+        "train.warmup=0",
+        "train.logging_steps=1",
+        "train.save_steps=0",
+        "train.progress=false",
+        f"run.output_dir={tmp_path}",
+    ]
     _cli([*common, "run.name=one"], env)
     _cli([*common, "run.name=two", f"train.deepspeed=configs/deepspeed/{deepspeed}.json"], env, nproc=2)
     one, two = metrics_of(tmp_path / "one"), metrics_of(tmp_path / "two")
@@ -363,17 +448,36 @@ def test_lora_adapter_loads_into_the_vllm_engine(tiny_model_dir: Path, sam_dir: 
     from memrl.rollout.engines import EngineConfig, GenerationRequest, SamplingParams, build_engine
     from memrl.rollout.models import load_causal_lm
 
-    cfg = make_cfg(tiny_model_dir, tmp_path, "lora", data={"dir": str(sam_dir), "roles": ["recall"]},
-                   lora={"enabled": True, "r": 8, "alpha": 16}, train={"max_steps": 8, "lr": 5e-3})
+    cfg = make_cfg(
+        tiny_model_dir,
+        tmp_path,
+        "lora",
+        data={"dir": str(sam_dir), "roles": ["recall"]},
+        lora={"enabled": True, "r": 8, "alpha": 16},
+        train={"max_steps": 8, "lr": 5e-3},
+    )
     run_sft(cfg)
     adapter = tmp_path / "lora" / "final"
-    prompt = [Message(**m) for m in render_sam_recall_prompt("where is the red key?", 3,
-                                                              "t3> open drawer 5\nthe red key is in drawer 5", "")]
-    engine = build_engine(EngineConfig(backend="vllm", model=str(tiny_model_dir), dtype="float32",
-                                       max_model_len=512, enable_lora=True, max_lora_rank=8))
+    prompt = [
+        Message(**m)
+        for m in render_sam_recall_prompt(
+            "where is the red key?", 3, "t3> open drawer 5\nthe red key is in drawer 5", ""
+        )
+    ]
+    engine = build_engine(
+        EngineConfig(
+            backend="vllm",
+            model=str(tiny_model_dir),
+            dtype="float32",
+            max_model_len=512,
+            enable_lora=True,
+            max_lora_rank=8,
+        )
+    )
     try:
-        request = GenerationRequest(messages=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=8,
-                                                                             logprobs=True))
+        request = GenerationRequest(
+            messages=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=8, logprobs=True)
+        )
         engine.load_adapter(adapter, version=1)
         assert engine.policy_version == 1
         out = engine.generate([request])[0]

@@ -36,8 +36,11 @@ def test_transformers_warmup_spends_the_first_step_at_lr_zero_and_the_fix_does_n
     assert lrs("linear", 0, 5, fix=True) == lrs("linear", 0, 5, fix=False)  # no warm-up: nothing changes
 
 
-@pytest.mark.parametrize(("max_steps", "logging_steps", "expected"),
-                         [(8, None, 1), (300, None, 15), (5000, None, 25), (8, 25, 2), (300, 10, 10), (None, None, 10)])
-def test_the_loss_is_logged_at_least_four_times(max_steps: int | None, logging_steps: int | None,
-                                                expected: int) -> None:
+@pytest.mark.parametrize(
+    ("max_steps", "logging_steps", "expected"),
+    [(8, None, 1), (300, None, 15), (5000, None, 25), (8, 25, 2), (300, 10, 10), (None, None, 10)],
+)
+def test_the_loss_is_logged_at_least_four_times(
+    max_steps: int | None, logging_steps: int | None, expected: int
+) -> None:
     assert logging_interval(SFTTrainConfig(max_steps=max_steps, logging_steps=logging_steps)) == expected

@@ -27,10 +27,14 @@ from benchmarks.resume_faults import same_weights, steps
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false"}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 def _cli(*args: str) -> list[str]:
@@ -65,8 +69,9 @@ def _cmdline(proc: psutil.Process) -> str:
 def signal_when(cmd: list[str], ready: Path, sig: int) -> tuple[int, str, list[psutil.Process], list[str]]:
     """Start ``cmd``, send ``sig`` to its driver once ``ready`` exists; returns (exit code, stderr, the processes
     of its tree at the signal, their command lines then)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     tree: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 600
@@ -114,8 +119,9 @@ def weights(folder: Path) -> dict[str, object]:
 # the shutdown path in this process
 
 
-def test_sigterm_is_raised_like_ctrl_c_and_maps_to_143(capsys: pytest.CaptureFixture[str],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sigterm_is_raised_like_ctrl_c_and_maps_to_143(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from memrl.launch import cli
     from memrl.launch.shutdown import Terminated, exit_code, handle_signals
 
@@ -150,9 +156,16 @@ def test_sigterm_is_raised_like_ctrl_c_and_maps_to_143(capsys: pytest.CaptureFix
 def oat(model: Path, out: Path, name: str, *extra: str) -> list[str]:
     from test_fleet import scripted_policy_overrides
 
-    return _cli("train", "oat-grpo", "--config", str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
-                *scripted_policy_overrides(model, out, name, 3), "fleet.workers=2", "fleet.cpus_per_worker=0.5",
-                *extra)
+    return _cli(
+        "train",
+        "oat-grpo",
+        "--config",
+        str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
+        *scripted_policy_overrides(model, out, name, 3),
+        "fleet.workers=2",
+        "fleet.cpus_per_worker=0.5",
+        *extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -168,11 +181,13 @@ def final_policy(run_dir: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "KILL"])
-def test_fleet_run_stops_cleanly_and_resumes_equal(oat_reference: Path, tiny_model_dir: Path, tmp_path: Path,
-                                                   sig: int) -> None:
+def test_fleet_run_stops_cleanly_and_resumes_equal(
+    oat_reference: Path, tiny_model_dir: Path, tmp_path: Path, sig: int
+) -> None:
     run_dir = tmp_path / "signalled"
-    code, err, tree, commands = signal_when(oat(tiny_model_dir, tmp_path, "signalled"),
-                                            run_dir / "checkpoints" / "ckpt-000000" / "COMPLETE", sig)
+    code, err, tree, commands = signal_when(
+        oat(tiny_model_dir, tmp_path, "signalled"), run_dir / "checkpoints" / "ckpt-000000" / "COMPLETE", sig
+    )
     assert sum("RolloutWorker" in c for c in commands) == 2, f"both workers were up: {commands}"
     check_ending(code, err, tree, sig)
     assert not (run_dir / "summary.json").exists()
@@ -187,10 +202,24 @@ def test_fleet_run_stops_cleanly_and_resumes_equal(oat_reference: Path, tiny_mod
 
 
 def sft(model: Path, data: Path, out: Path, name: str, *extra: str) -> list[str]:
-    return _cli("sft", f"model.base={model}", f"data.dir={data}", "data.roles=[consolidate, recall]",
-                f"run.output_dir={out}", f"run.name={name}", "lora.enabled=false", "train.max_steps=8",
-                "train.batch_size=4", "train.lr=2e-3", "train.warmup=0", "train.logging_steps=1",
-                "train.save_steps=2", "train.max_length=256", "train.progress=false", *extra)
+    return _cli(
+        "sft",
+        f"model.base={model}",
+        f"data.dir={data}",
+        "data.roles=[consolidate, recall]",
+        f"run.output_dir={out}",
+        f"run.name={name}",
+        "lora.enabled=false",
+        "train.max_steps=8",
+        "train.batch_size=4",
+        "train.lr=2e-3",
+        "train.warmup=0",
+        "train.logging_steps=1",
+        "train.save_steps=2",
+        "train.max_length=256",
+        "train.progress=false",
+        *extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -208,12 +237,16 @@ def sft_reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_sft_stops_cleanly_and_resumes_equal(sft_reference: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path,
-                                             sig: int) -> None:
+def test_sft_stops_cleanly_and_resumes_equal(
+    sft_reference: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path, sig: int
+) -> None:
     data, reference = sft_reference
     run_dir = tmp_path / "signalled"
-    code, err, tree, _ = signal_when(sft(tiny_model_dir, data, tmp_path, "signalled"),
-                                  run_dir / "checkpoints" / "checkpoint-2" / "trainer_state.json", sig)
+    code, err, tree, _ = signal_when(
+        sft(tiny_model_dir, data, tmp_path, "signalled"),
+        run_dir / "checkpoints" / "checkpoint-2" / "trainer_state.json",
+        sig,
+    )
     check_ending(code, err, tree, sig)
     _run(sft(tiny_model_dir, data, tmp_path, "signalled", "--resume"))
     assert same_weights(weights(run_dir / "final"), weights(reference / "final"))
@@ -224,8 +257,9 @@ def _files(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.mark.slow
-def test_sft_resume_of_a_finished_changed_or_emptied_run_exits_2(sft_reference: tuple[Path, Path],
-                                                                 tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_sft_resume_of_a_finished_changed_or_emptied_run_exits_2(
+    sft_reference: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """``sft`` records its checkpoints in the run's journal as the online loops do: ``--resume`` of the finished run
     says it is finished and trains nothing, with a changed key it names the key, and with every checkpoint deleted it
     is an error, not a fresh start; each exit 2 with one line and the run folder untouched."""
@@ -236,8 +270,14 @@ def test_sft_resume_of_a_finished_changed_or_emptied_run_exits_2(sft_reference: 
 
     def refused(*extra: str) -> str:
         before = _files(run_dir)
-        proc = subprocess.run(sft(tiny_model_dir, data, tmp_path, reference.name, *extra, "--resume"), cwd=ROOT,
-                              env=_env(), capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            sft(tiny_model_dir, data, tmp_path, reference.name, *extra, "--resume"),
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("memrl:"), proc.stderr[-3000:]
         assert _files(run_dir) == before
@@ -261,11 +301,18 @@ def test_a_huge_count_shows_progress_and_an_estimate_at_once_and_stops_cleanly(t
     line, with nothing of the output written (only the run's config, log and lock)."""
     import threading
 
-    cmd = _cli("data", "synth", "sources=[{family: sam, count: 1000000, params: {horizon_steps: 12}}]",
-               "arrow=false", f"run.output_dir={tmp_path}", "run.name=big")
+    cmd = _cli(
+        "data",
+        "synth",
+        "sources=[{family: sam, count: 1000000, params: {horizon_steps: 12}}]",
+        "arrow=false",
+        f"run.output_dir={tmp_path}",
+        "run.name=big",
+    )
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
     seen = {"out": "", "err": ""}
     first: dict[str, float] = {}
 
@@ -275,8 +322,10 @@ def test_a_huge_count_shows_progress_and_an_estimate_at_once_and_stops_cleanly(t
             if marker in seen[key] and key not in first:
                 first[key] = time.monotonic() - started
 
-    readers = [threading.Thread(target=read, args=(proc.stdout, "out", "to go"), daemon=True),
-               threading.Thread(target=read, args=(proc.stderr, "err", "/1000000"), daemon=True)]
+    readers = [
+        threading.Thread(target=read, args=(proc.stdout, "out", "to go"), daemon=True),
+        threading.Thread(target=read, args=(proc.stderr, "err", "/1000000"), daemon=True),
+    ]
     for reader in readers:
         reader.start()
     try:
@@ -300,4 +349,3 @@ def test_a_huge_count_shows_progress_and_an_estimate_at_once_and_stops_cleanly(t
     assert len(lines) == 1 and lines[0].startswith("memrl: interrupted"), seen["err"][-2000:]
     assert "Traceback" not in seen["err"]
     assert sorted(p.name for p in (tmp_path / "big").iterdir()) == [".lock", "config.yaml", "run.log"]
-

@@ -62,8 +62,17 @@ def smollm2_dir(model_cache: Path) -> Path:
 def engine(smollm2_dir: Path):
     from memrl.rollout.engines import EngineConfig, build_engine
 
-    eng = build_engine(EngineConfig(backend="vllm", name="smollm2", model=str(smollm2_dir), dtype="float32",
-                                    max_model_len=2048, enable_lora=True, max_lora_rank=8))
+    eng = build_engine(
+        EngineConfig(
+            backend="vllm",
+            name="smollm2",
+            model=str(smollm2_dir),
+            dtype="float32",
+            max_model_len=2048,
+            enable_lora=True,
+            max_lora_rank=8,
+        )
+    )
     yield eng
     eng.close()
 
@@ -110,9 +119,14 @@ def test_converted_logits_equal_the_gguf_model(smollm2_dir: Path, hf_model) -> N
 def _hf_greedy(model: Any, prompt_ids: list[int], eos: set[int]) -> list[int]:
     with torch.no_grad():
         mask = torch.ones(1, len(prompt_ids), dtype=torch.long)
-        out = model.generate(torch.tensor([prompt_ids]), attention_mask=mask, do_sample=False,
-                             max_new_tokens=GREEDY_TOKENS, pad_token_id=min(eos))
-    ids = out[0, len(prompt_ids):].tolist()
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=GREEDY_TOKENS,
+            pad_token_id=min(eos),
+        )
+    ids = out[0, len(prompt_ids) :].tolist()
     return ids[: next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))]
 
 
@@ -123,9 +137,10 @@ def _make_lora(model_dir: Path, out: Path) -> Path:
     from memrl.rollout.models import load_causal_lm
 
     torch.manual_seed(0)
-    peft_model = get_peft_model(load_causal_lm(model_dir, dtype="float32"),
-                                LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"],
-                                           init_lora_weights=False))
+    peft_model = get_peft_model(
+        load_causal_lm(model_dir, dtype="float32"),
+        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False),
+    )
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:
@@ -140,8 +155,10 @@ def test_vllm_greedy_equals_transformers_with_and_without_lora(engine, hf_model,
     from memrl.rollout.engines import GenerationRequest, SamplingParams, chat_prompt_ids
 
     eos = {engine.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
-    requests = [GenerationRequest(messages=_chat(p), sampling=SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS))
-                for p in PROMPTS]
+    requests = [
+        GenerationRequest(messages=_chat(p), sampling=SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS))
+        for p in PROMPTS
+    ]
     base = engine.generate(requests)
     for res, req in zip(base, requests, strict=True):
         assert res.prompt_ids == chat_prompt_ids(engine.tokenizer, req.messages)
@@ -158,8 +175,9 @@ def test_vllm_greedy_equals_transformers_with_and_without_lora(engine, hf_model,
             assert res.completions[0].response_ids == _hf_greedy(peft_model, res.prompt_ids, eos)
     finally:
         peft_model.unload()
-    changed = sum(a.completions[0].response_ids != b.completions[0].response_ids
-                  for a, b in zip(base, tuned, strict=True))
+    changed = sum(
+        a.completions[0].response_ids != b.completions[0].response_ids for a, b in zip(base, tuned, strict=True)
+    )
     assert changed >= 5, f"the adapter changed only {changed} of 20 greedy answers"
 
 
@@ -201,16 +219,23 @@ def test_token_integrity_over_multi_turn_memory_calls(engine, smollm2_dir) -> No
     from memrl.train.oat_grpo import default_reasoner
     from memrl.train.rows import rows_from_groups
 
-    memory = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
-                       sampling={"consolidate": RoleSampling(temperature=1.0, max_tokens=24),
-                                 "recall": RoleSampling(temperature=1.0, max_tokens=24)})
+    memory = SamConfig(
+        page_turns=1,
+        live_capacity_turns=4,
+        keep_recent_turns=3,
+        sampling={
+            "consolidate": RoleSampling(temperature=1.0, max_tokens=24),
+            "recall": RoleSampling(temperature=1.0, max_tokens=24),
+        },
+    )
     params = SamTaskParams(horizon_steps=10, facts_per_obs=1, containers_per_room=2)
     tasks = [SamTask(params, seed=500 + i, task_id=f"smollm2-{i}") for i in range(7)]
     recording = _Recording(engine)
     engines = EngineSet(reasoner=build_engine(default_reasoner(str(smollm2_dir), 0)), memory=recording)
     tree_cfg = TreeConfig(mode="flat", branch_roles=["consolidate", "recall"], flat_group_size=1)
-    trees, _ = build_trees(tasks, lambda task, rid: sam_rollout(task, memory, seed=0, rollout_id=rid), engines,
-                           tree_cfg)
+    trees, _ = build_trees(
+        tasks, lambda task, rid: sam_rollout(task, memory, seed=0, rollout_id=rid), engines, tree_cfg
+    )
     calls = [n.call for t in trees for n in t.nodes if n.kind == "memory" and n.call is not None]
     calls += [f for t in trees for n in t.nodes for f in n.follow_up_calls]
     assert len(calls) >= 50, f"only {len(calls)} memory calls"
@@ -226,10 +251,12 @@ def test_token_integrity_over_multi_turn_memory_calls(engine, smollm2_dir) -> No
         assert key in recording.returned, "a training row holds tokens the engine never returned"
         assert row.rollout_logprobs == recording.returned[key]
         assert row.prompt_ids.count(turn_start) >= 2  # a multi-turn chat: system/user turns, then the assistant's
-        assert row.prompt_ids[-len(generation_prompt):] == generation_prompt
+        assert row.prompt_ids[-len(generation_prompt) :] == generation_prompt
     for call in calls:
-        rendered = tok.apply_chat_template([m.model_dump() for m in call.messages], tokenize=False,
-                                           add_generation_prompt=True) + call.text
+        rendered = (
+            tok.apply_chat_template([m.model_dump() for m in call.messages], tokenize=False, add_generation_prompt=True)
+            + call.text
+        )
         engine_ids = call.prompt_ids + call.response_ids
         retokenised_differ += tok(rendered, add_special_tokens=False)["input_ids"] != engine_ids
     assert retokenised_differ >= 1, "re-tokenising the rendered chats gave the engine's ids every time"
@@ -241,15 +268,26 @@ def test_token_integrity_over_multi_turn_memory_calls(engine, smollm2_dir) -> No
     gaps = []
     with torch.no_grad():
         for start in range(0, len(rows), 8):
-            chunk = rows[start:start + 8]
+            chunk = rows[start : start + 8]
             batch = pack_rows([(r.prompt_ids, r.response_ids) for r in chunk], "cpu")
-            lp, _ = response_token_logprobs(packed_hidden_states(model, head, batch), head, batch.targets,
-                                            chunk_tokens=GroupTrainerConfig().logit_chunk_tokens)
+            lp, _ = response_token_logprobs(
+                packed_hidden_states(model, head, batch),
+                head,
+                batch.targets,
+                chunk_tokens=GroupTrainerConfig().logit_chunk_tokens,
+            )
             for r, part in zip(chunk, lp.float().split(batch.response_lengths), strict=True):
                 gaps.append((part - torch.tensor(r.rollout_logprobs)).abs().mean().item())
     gap = sum(gaps) / len(gaps)
-    log.info("train_rollout_logprob_gap %.2e over %d rows (%d calls, %d re-tokenised differently)",
-             gap, len(rows), len(calls), retokenised_differ)
-    print(f"train_rollout_logprob_gap {gap:.2e} over {len(rows)} rows; {retokenised_differ}/{len(calls)} calls "
-          "re-tokenise differently")
+    log.info(
+        "train_rollout_logprob_gap %.2e over %d rows (%d calls, %d re-tokenised differently)",
+        gap,
+        len(rows),
+        len(calls),
+        retokenised_differ,
+    )
+    print(
+        f"train_rollout_logprob_gap {gap:.2e} over {len(rows)} rows; {retokenised_differ}/{len(calls)} calls "
+        "re-tokenise differently"
+    )
     assert gap < LOGPROB_GAP_BOUND

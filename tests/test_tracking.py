@@ -74,16 +74,29 @@ with console(verbose=verbose):
 assert run_log_path() is None
 """
 
-NOISE = ("FutureWarning", "engine start-up line", "a library record", "library bar", "NUMA binding", "outside memrl",
-         "fd 1 after", "a child process")
+NOISE = (
+    "FutureWarning",
+    "engine start-up line",
+    "a library record",
+    "library bar",
+    "NUMA binding",
+    "outside memrl",
+    "fd 1 after",
+    "a child process",
+)
 
 
 def _run_console_script(tmp_path: Path, mode: str) -> tuple[str, str, str]:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-c", CONSOLE_SCRIPT, str(tmp_path), mode], capture_output=True, text=True,
-                         timeout=300, check=False)
+    res = subprocess.run(
+        [sys.executable, "-c", CONSOLE_SCRIPT, str(tmp_path), mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     log = tmp_path / "run.log"
     return res.stdout, res.stderr, log.read_text() if log.exists() else ""
@@ -167,8 +180,10 @@ def test_backend_list_writes_tensorboard_events_and_an_mlflow_run(tmp_path: Path
     logger = MetricsLogger(tmp_path, None, {"trainer": {"lr": 0.001}}, name="run-a", console=False, logging=cfg)
     assert logger.backends == ["tensorboard", "mlflow"]
     for step in range(4):
-        logger.log(step, {"loss": 1.0 / (step + 1), "eval/success": 0.25 * step, "note": "text", "flag": True,
-                          "nan": float("nan")})
+        logger.log(
+            step,
+            {"loss": 1.0 / (step + 1), "eval/success": 0.25 * step, "note": "text", "flag": True, "nan": float("nan")},
+        )
     logger.close()
     scalars = tensorboard_scalars(tmp_path / "tensorboard")
     assert sorted(scalars) == ["eval/success", "loss"]
@@ -182,8 +197,9 @@ def test_backend_list_writes_tensorboard_events_and_an_mlflow_run(tmp_path: Path
     history = client.get_metric_history(run_id, "eval/success")
     assert [(m.step, m.value) for m in history] == [(s, 0.25 * s) for s in range(4)]
     assert set(run.data.metrics) == {"loss", "eval/success"}
-    assert json.loads((Path(client.download_artifacts(run_id, "config.json", str(tmp_path / "dl")))).read_text()) \
-        == {"trainer": {"lr": 0.001}}
+    assert json.loads((Path(client.download_artifacts(run_id, "config.json", str(tmp_path / "dl")))).read_text()) == {
+        "trainer": {"lr": 0.001}
+    }
 
     # a resume from step 1: metrics.jsonl and TensorBoard keep steps 0-1, MLflow continues the same run
     resumed = MetricsLogger(tmp_path, None, {}, name="run-a", console=False, logging=cfg, resume_from_step=1)
@@ -204,8 +220,11 @@ def test_a_backend_without_its_package_is_a_config_error(tmp_path: Path, monkeyp
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"run.logging.backends lists mlflow, but the mlflow package is not "
-                                          r"installed: pip install 'memrl\[tracking\]'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"run.logging.backends lists mlflow, but the mlflow package is not "
+        r"installed: pip install 'memrl\[tracking\]'",
+    ):
         MetricsLogger(tmp_path, logging=LoggingConfig(backends=["mlflow"]))
     assert not (tmp_path / "mlruns").exists()
 
@@ -220,4 +239,5 @@ def test_a_top_level_logging_key_points_to_run_logging() -> None:
     with pytest.raises(ConfigError, match=r"unknown key 'logging.backends'; did you mean 'run.logging'\?"):
         apply_overrides(EvalConfig, {}, ["logging.backends=[jsonl, tensorboard]"])
     assert apply_overrides(EvalConfig, {}, ["run.logging.backends=[jsonl, mlflow]"]) == {
-        "run": {"logging": {"backends": ["jsonl", "mlflow"]}}}
+        "run": {"logging": {"backends": ["jsonl", "mlflow"]}}
+    }

@@ -92,8 +92,12 @@ def test_a_sam_recall_is_one_node_and_the_tree_expands_at_every_recall() -> None
     tasks = [SamTask({"horizon_steps": 16, "n_evidence": 2, "facts_per_obs": 2}, seed=s) for s in range(3)]
     config = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3)
     engines = sam_engines(oracle={"verbatim": 1, "omission": 1}, max_pages=2)
-    trees, _ = build_trees(tasks, lambda task, rid: sam_rollout(task, config, rollout_id=rid), engines,
-                           TreeConfig(branch_factor=2, max_leaves=16))
+    trees, _ = build_trees(
+        tasks,
+        lambda task, rid: sam_rollout(task, config, rollout_id=rid),
+        engines,
+        TreeConfig(branch_factor=2, max_leaves=16),
+    )
     deepest = 0
     for tree in trees:
         nodes = {n.node_id: n for n in tree.nodes}

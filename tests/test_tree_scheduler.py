@@ -37,12 +37,14 @@ def engines(tokenizer: Any = None) -> EngineSet:
 
 def dumped(trees: list[Any]) -> list[dict[str, Any]]:
     """Trees as data, without prefix-cache hits (they follow the batches, which follow the timing)."""
+
     def strip(value: Any) -> Any:
         if isinstance(value, dict):
             return {k: strip(v) for k, v in value.items() if k != "cached_prompt_tokens"}
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value
+
     return [strip(t.model_dump(mode="json")) for t in trees]
 
 
@@ -57,8 +59,10 @@ def test_async_builds_the_wavefronts_trees_whatever_the_timing(budgets: dict[str
     for draw in (1, 2):
         jitter = random.Random(draw)
         base = engines(tokenizer)
-        jittery = EngineSet(reasoner=DelayedEngine(base.reasoner, lambda _, r=jitter: r.uniform(0.0, 0.004)),
-                            memory=DelayedEngine(base.memory, lambda _, r=jitter: r.uniform(0.0, 0.004)))
+        jittery = EngineSet(
+            reasoner=DelayedEngine(base.reasoner, lambda _, r=jitter: r.uniform(0.0, 0.004)),
+            memory=DelayedEngine(base.memory, lambda _, r=jitter: r.uniform(0.0, 0.004)),
+        )
         trees, stats = build_trees(tasks, make, jittery, cfg)
         assert stats.wavefronts == 0 and dumped(trees) == dumped(reference)
     nodes = [n for t in reference for n in t.nodes if n.kind == "memory"]
@@ -88,8 +92,9 @@ def test_a_slow_branch_does_not_hold_up_the_others() -> None:
             return self.engine.generate(requests)
 
     base = engines()
-    trees, _ = build_trees(tasks, make, EngineSet(reasoner=Endpoint(base.reasoner, 0.0), memory=base.memory),
-                           TreeConfig(branch_factor=2))
+    trees, _ = build_trees(
+        tasks, make, EngineSet(reasoner=Endpoint(base.reasoner, 0.0), memory=base.memory), TreeConfig(branch_factor=2)
+    )
     assert waited == [True]  # the other trees finished while the slow call was out
     assert dumped(trees) == dumped(reference)
 

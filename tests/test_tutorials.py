@@ -75,8 +75,9 @@ def run_block(block: Block, work: Path, index: int, env: dict[str, str]) -> None
     """Run (or write) one block in ``work``; fail with its page, line and output."""
     for command in block.get("before"):
         res = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, (f"{block.where}: before {command!r} failed:\n"
-                                     f"{res.stdout[-2000:]}{res.stderr[-3000:]}")
+        assert res.returncode == 0, (
+            f"{block.where}: before {command!r} failed:\n{res.stdout[-2000:]}{res.stderr[-3000:]}"
+        )
     code = block.script()
     if block.get("write"):
         (work / block.get("write")[-1]).write_text(code)
@@ -90,8 +91,10 @@ def run_block(block: Block, work: Path, index: int, env: dict[str, str]) -> None
     path.write_text(code)
     timeout = float(block.get("timeout")[-1]) if block.get("timeout") else 600.0
     res = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
-    assert res.returncode == 0, (f"{block.where} ({block.language}) exited {res.returncode}:\n{code}\n--- stdout\n"
-                                 f"{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-5000:]}")
+    assert res.returncode == 0, (
+        f"{block.where} ({block.language}) exited {res.returncode}:\n{code}\n--- stdout\n"
+        f"{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-5000:]}"
+    )
 
 
 @pytest.mark.slow
@@ -100,9 +103,16 @@ def run_block(block: Block, work: Path, index: int, env: dict[str, str]) -> None
 @pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
 def test_tutorial_page_runs(page: Path, tmp_path: Path) -> None:
     work = scratch_root(tmp_path)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "MEMRL_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "MEMRL_PYTHON": sys.executable,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+    }
     for index, block in enumerate(b for b in parse_page(page) if b.runs):
         run_block(block, work, index, env)

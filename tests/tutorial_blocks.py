@@ -100,8 +100,15 @@ def parse_page(path: Path) -> list[Block]:
             if key == "skip" and not value:
                 raise ValueError(f"{path.name}:{before.count(chr(10))}: skip needs a reason")
             directives.insert(0, (key, value))
-        blocks.append(Block(page=path.name, line=before.count("\n") + 1, language=match.group(1),
-                            code=match.group(2), directives=directives))
+        blocks.append(
+            Block(
+                page=path.name,
+                line=before.count("\n") + 1,
+                language=match.group(1),
+                code=match.group(2),
+                directives=directives,
+            )
+        )
     return blocks
 
 

@@ -58,8 +58,11 @@ def _sha256(path: Path) -> str:
 
 def _write_manifest(folder: Path) -> None:
     """Record every file's size and SHA-256 (written last: it vouches for everything else)."""
-    files = {str(f.relative_to(folder)): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
-             for f in sorted(folder.rglob("*")) if f.is_file() and f.name not in (MANIFEST, _MARKER)}
+    files = {
+        str(f.relative_to(folder)): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and f.name not in (MANIFEST, _MARKER)
+    }
     (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
 
 
@@ -137,9 +140,11 @@ def saved_before(root: Path) -> list[str]:
 
 def _lost(root: Path, problems: list[str]) -> UserError:
     damaged = f" ({'; '.join(problems)})" if problems else ""
-    return UserError(f"--resume: every checkpoint of run {root.parent} is gone or damaged{damaged}; it saved "
-                     f"{', '.join(saved_before(root))} (listed in {journal_of(root)}). Restore one, or start a new "
-                     "run without --resume")
+    return UserError(
+        f"--resume: every checkpoint of run {root.parent} is gone or damaged{damaged}; it saved "
+        f"{', '.join(saved_before(root))} (listed in {journal_of(root)}). Restore one, or start a new "
+        "run without --resume"
+    )
 
 
 def check_checkpoints_remain(root: Path) -> None:
@@ -183,7 +188,11 @@ class CheckpointManager:
         return resume_point(self.root, found, verify_checkpoint)  # ckpt-NNNNNN: the name order is the step order
 
     def save(
-        self, iteration: int, accelerator: Any, model: Any, state: dict[str, Any],
+        self,
+        iteration: int,
+        accelerator: Any,
+        model: Any,
+        state: dict[str, Any],
         attach: dict[str, Path] | None = None,
     ) -> Path:
         """Checkpoint after ``iteration``: accelerator state (all processes), the loop's ``state`` (JSON) and a

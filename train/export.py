@@ -31,8 +31,15 @@ from memrl.data.io import atomic_write_text, storage_guard
 from memrl.data.run_dir import prepare_run_dir
 from memrl.train.policy import PolicySpec
 
-__all__ = ["ExportConfig", "VerifyConfig", "check_hub_access", "check_inputs", "export_model", "run_export",
-           "weight_difference"]
+__all__ = [
+    "ExportConfig",
+    "VerifyConfig",
+    "check_hub_access",
+    "check_inputs",
+    "export_model",
+    "run_export",
+    "weight_difference",
+]
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +143,13 @@ def weight_difference(model_dir: str | Path, base: str | Path, dtype: str = "flo
                 diff = float((ours - theirs).abs().max()) if ours.numel() else 0.0
                 changed += diff > 0
                 largest = max(largest, diff)
-    return {"base": str(base), "tensors_compared": compared, "tensors_changed": changed,
-            "max_abs_diff": largest, "differs": changed > 0}
+    return {
+        "base": str(base),
+        "tensors_compared": compared,
+        "tensors_changed": changed,
+        "max_abs_diff": largest,
+        "differs": changed > 0,
+    }
 
 
 def _generate_transformers(model_dir: Path, prompt: str, max_new_tokens: int) -> dict[str, Any]:
@@ -147,12 +159,14 @@ def _generate_transformers(model_dir: Path, prompt: str, max_new_tokens: int) ->
 
     tokenizer = load_tokenizer(model_dir)
     model = load_causal_lm(model_dir, dtype="float32")
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id)
-    ids = out[0, inputs["input_ids"].shape[1]:].tolist()
+        out = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
+    ids = out[0, inputs["input_ids"].shape[1] :].tolist()
     return {"ok": len(ids) > 0, "token_ids": ids, "text": tokenizer.decode(ids, skip_special_tokens=True)}
 
 
@@ -162,20 +176,28 @@ def _generate_vllm(model_dir: Path, cfg: VerifyConfig) -> dict[str, Any]:
     from memrl.rollout.engines.config import EngineConfig
     from memrl.rollout.engines.factory import build_engine
 
-    engine = build_engine(EngineConfig(
-        backend="vllm", name="export-check", model=str(model_dir), dtype="float32",
-        kv_cache_memory_bytes=cfg.vllm_kv_cache_memory_bytes, max_model_len=cfg.vllm_max_model_len,
-        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_prefix_caching=False,
-    ))
+    engine = build_engine(
+        EngineConfig(
+            backend="vllm",
+            name="export-check",
+            model=str(model_dir),
+            dtype="float32",
+            kv_cache_memory_bytes=cfg.vllm_kv_cache_memory_bytes,
+            max_model_len=cfg.vllm_max_model_len,
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            enable_prefix_caching=False,
+        )
+    )
     try:
-        request = GenerationRequest(messages=[Message(role="user", content=cfg.prompt)],
-                                    sampling=SamplingParams(temperature=0.0, max_tokens=cfg.max_new_tokens, seed=0))
+        request = GenerationRequest(
+            messages=[Message(role="user", content=cfg.prompt)],
+            sampling=SamplingParams(temperature=0.0, max_tokens=cfg.max_new_tokens, seed=0),
+        )
         result = engine.generate([request])[0]
     finally:
         engine.close()
     completion = result.completions[0]
-    return {"ok": len(completion.response_ids) > 0, "token_ids": list(completion.response_ids),
-            "text": completion.text}
+    return {"ok": len(completion.response_ids) > 0, "token_ids": list(completion.response_ids), "text": completion.text}
 
 
 def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -192,23 +214,44 @@ def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
 def render_model_card(cfg: ExportConfig, merged: bool, checks: dict[str, Any], name: str) -> str:
     """The model card: front matter, base model, recipe, evaluation results, verification and usage."""
     base = cfg.policy.base
-    front = {"library_name": "transformers", "pipeline_tag": "text-generation", "base_model": base,
-             "tags": ["memrl", "memory-model", "safetensors"]}
+    front = {
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        "base_model": base,
+        "tags": ["memrl", "memory-model", "safetensors"],
+    }
     if cfg.license:
         front["license"] = cfg.license
-    lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "", f"# {name}", "",
-             "A memory model trained with memrl: a small LLM that serves as the memory of a long-horizon agent whose "
-             "reasoner stays frozen.", "", "## Base model", "", f"- base: `{base}`"]
+    lines = [
+        "---",
+        yaml.safe_dump(front, sort_keys=False).rstrip(),
+        "---",
+        "",
+        f"# {name}",
+        "",
+        "A memory model trained with memrl: a small LLM that serves as the memory of a long-horizon agent whose "
+        "reasoner stays frozen.",
+        "",
+        "## Base model",
+        "",
+        f"- base: `{base}`",
+    ]
     if cfg.policy.adapter:
         lines.append(f"- LoRA adapter `{cfg.policy.adapter}` merged into the base (PEFT `merge_and_unload`)")
     else:
-        lines.append("- full fine-tuned weights" + (f" (started from `{cfg.reference_base}`)"
-                                                     if cfg.reference_base else ""))
+        lines.append(
+            "- full fine-tuned weights" + (f" (started from `{cfg.reference_base}`)" if cfg.reference_base else "")
+        )
     lines += ["", "## Recipe", ""]
     if cfg.recipe:
         text = Path(cfg.recipe).read_text(encoding="utf-8")
-        lines += [f"The training run's resolved config (`{Path(cfg.recipe).name}`):", "", "```yaml", text.rstrip(),
-                  "```"]
+        lines += [
+            f"The training run's resolved config (`{Path(cfg.recipe).name}`):",
+            "",
+            "```yaml",
+            text.rstrip(),
+            "```",
+        ]
     else:
         lines.append("No training config was given to the export.")
     lines += ["", "## Evaluation results", ""]
@@ -225,16 +268,38 @@ def render_model_card(cfg: ExportConfig, merged: bool, checks: dict[str, Any], n
     lines += ["", "## Verification", "", "| check | result |", "|---|---|"]
     for key in ("transformers", "vllm"):
         check = checks.get(key)
-        lines.append(f"| loads and generates in {key} | "
-                     + ("skipped" if check is None else ("yes" if check["ok"] else "NO")) + " |")
+        lines.append(
+            f"| loads and generates in {key} | "
+            + ("skipped" if check is None else ("yes" if check["ok"] else "NO"))
+            + " |"
+        )
     diff = checks.get("differs_from_base")
-    lines.append("| weights differ from the base | " + ("not checked" if diff is None else (
-        f"{'yes' if diff['differs'] else 'NO'} ({diff['tensors_changed']}/{diff['tensors_compared']} tensors, "
-        f"max abs diff {diff['max_abs_diff']:.3g})")) + " |")
-    lines += ["", "## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-              'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")',
-              'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")', "```", "",
-              "Or serve it with vLLM: `vllm serve PATH_OR_REPO`.", ""]
+    lines.append(
+        "| weights differ from the base | "
+        + (
+            "not checked"
+            if diff is None
+            else (
+                f"{'yes' if diff['differs'] else 'NO'} ({diff['tensors_changed']}/{diff['tensors_compared']} tensors, "
+                f"max abs diff {diff['max_abs_diff']:.3g})"
+            )
+        )
+        + " |"
+    )
+    lines += [
+        "",
+        "## Usage",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")',
+        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")',
+        "```",
+        "",
+        "Or serve it with vLLM: `vllm serve PATH_OR_REPO`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -264,8 +329,7 @@ def check_inputs(cfg: ExportConfig) -> None:
 
 def _check_export_target(path: Path, what: str) -> None:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ConfigError(f"{what}: {path} already exists and is not empty; choose another output or "
-                          "remove it")
+        raise ConfigError(f"{what}: {path} already exists and is not empty; choose another output or remove it")
 
 
 def export_model(cfg: ExportConfig, out_dir: str | Path) -> dict[str, Any]:
@@ -301,8 +365,10 @@ def _export_into(cfg: ExportConfig, out: Path, final: Path) -> dict[str, Any]:
         model.save_pretrained(out, safe_serialization=True, max_shard_size=cfg.max_shard_size)
     tokenizer.save_pretrained(out)
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(f"the tokenizer of {spec.base} has no chat template: the export would not be usable as a "
-                         "memory model (chat prompts)")
+        raise ValueError(
+            f"the tokenizer of {spec.base} has no chat template: the export would not be usable as a "
+            "memory model (chat prompts)"
+        )
     del model
     leftovers = sorted(p.name for p in out.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
     if leftovers:
@@ -347,8 +413,10 @@ def run_export(cfg: ExportConfig) -> int:
             log.info(f"[export] {key}: {'ok' if checks[key]['ok'] else 'FAILED'} -> {checks[key]['text']!r}")
     if checks["differs_from_base"] is not None:
         d = checks["differs_from_base"]
-        log.info(f"[export] weights differ from {d['base']}: {d['differs']} ({d['tensors_changed']}/"
-              f"{d['tensors_compared']} tensors, max abs diff {d['max_abs_diff']:.3g})")
+        log.info(
+            f"[export] weights differ from {d['base']}: {d['differs']} ({d['tensors_changed']}/"
+            f"{d['tensors_compared']} tensors, max abs diff {d['max_abs_diff']:.3g})"
+        )
     if not checks["ok"]:
         log.info(f"[export] verification FAILED: {', '.join(checks['failures'])}; not uploading")
         return 1

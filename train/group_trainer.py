@@ -571,17 +571,20 @@ class GroupTrainer:
         policy (None before the first update fixed it)."""
         if not self._probe:
             return None
-        return {"prompt_ids": [r.prompt_ids for r in self._probe],
-                "response_ids": [r.response_ids for r in self._probe],
-                "initial_logprobs": [lp.tolist() for lp in self._probe_initial]}
+        return {
+            "prompt_ids": [r.prompt_ids for r in self._probe],
+            "response_ids": [r.response_ids for r in self._probe],
+            "initial_logprobs": [lp.tolist() for lp in self._probe_initial],
+        }
 
     def set_probe_state(self, state: dict[str, Any] | None) -> None:
         """Restore :meth:`probe_state` (None: no probe yet; the next update fixes it)."""
         if state is None:
             self._probe, self._probe_initial = [], []
             return
-        self._probe = [Row(list(p), list(r), 0.0, []) for p, r in zip(state["prompt_ids"], state["response_ids"],
-                                                                          strict=True)]
+        self._probe = [
+            Row(list(p), list(r), 0.0, []) for p, r in zip(state["prompt_ids"], state["response_ids"], strict=True)
+        ]
         self._probe_initial = [torch.tensor(lp, dtype=torch.float32) for lp in state["initial_logprobs"]]
 
     def save_policy(self, out_dir: str) -> str:

@@ -103,8 +103,12 @@ class OATGRPOConfig(ConfigModel):
     @classmethod
     def _memory_of_the_family(cls, data: Any) -> Any:
         """``memory`` without ``name``/``entry`` configures the task family's default system (SAM's for SAM)."""
-        if isinstance(data, dict) and isinstance(memory := data.get("memory"), dict) \
-                and "name" not in memory and "entry" not in memory:
+        if (
+            isinstance(data, dict)
+            and isinstance(memory := data.get("memory"), dict)
+            and "name" not in memory
+            and "entry" not in memory
+        ):
             tasks = data.get("train_tasks", {})
             tasks = tasks if isinstance(tasks, TaskSetConfig) else TaskSetConfig.model_validate(tasks or {})
             data = {**data, "memory": {"name": default_memory(tasks), **memory}}
@@ -113,7 +117,9 @@ class OATGRPOConfig(ConfigModel):
     @model_validator(mode="after")
     def _family_defaults(self) -> OATGRPOConfig:
         if not {"family", "entry"} & self.eval_tasks.model_fields_set and (
-                self.eval_tasks.family, self.eval_tasks.entry) != (self.train_tasks.family, self.train_tasks.entry):
+            self.eval_tasks.family,
+            self.eval_tasks.entry,
+        ) != (self.train_tasks.family, self.train_tasks.entry):
             keys = ("family", "entry", "params", "max_steps", "reentry", "episode_timeout_s")
             self.eval_tasks = self.eval_tasks.model_copy(update={k: getattr(self.train_tasks, k) for k in keys})
         if self.memory is None:
@@ -160,15 +166,27 @@ def check_inputs(cfg: OATGRPOConfig) -> None:
             raise ConfigError(f"{key}: {exc}") from None
     reg = family_of(cfg.train_tasks)
     kind = reg.extra.get("kind", "env")
-    if kind in ("env", "gym") and cfg.reasoner is None and cfg.placement.reasoner is None \
-            and not reg.extra.get("reasoner"):
-        raise ConfigError(f"train_tasks: family {cfg.train_tasks.family!r} has no registered reasoner: set reasoner "
-                          f"(an engine; a scripted one names its policy by registered name or import path)")
+    if (
+        kind in ("env", "gym")
+        and cfg.reasoner is None
+        and cfg.placement.reasoner is None
+        and not reg.extra.get("reasoner")
+    ):
+        raise ConfigError(
+            f"train_tasks: family {cfg.train_tasks.family!r} has no registered reasoner: set reasoner "
+            f"(an engine; a scripted one names its policy by registered name or import path)"
+        )
     if kind in ("env", "gym") and getattr(cfg.memory, "name", "") == "external":
-        raise ConfigError("memory: external is the memory of an episode function or an HTTP agent; a "
-                          f"{kind} family runs a memory system (e.g. memory: {{name: sam}} or your own by entry)")
-    engines = [("reasoner", cfg.reasoner), ("engine", cfg.engine), ("committee.judge", cfg.committee.judge),
-               *((f"committee.references.{i}", r) for i, r in enumerate(cfg.committee.references))]
+        raise ConfigError(
+            "memory: external is the memory of an episode function or an HTTP agent; a "
+            f"{kind} family runs a memory system (e.g. memory: {{name: sam}} or your own by entry)"
+        )
+    engines = [
+        ("reasoner", cfg.reasoner),
+        ("engine", cfg.engine),
+        ("committee.judge", cfg.committee.judge),
+        *((f"committee.references.{i}", r) for i, r in enumerate(cfg.committee.references)),
+    ]
     for key, engine in engines:
         if engine is not None and engine.backend == "scripted" and engine.scripted_policy:
             try:
@@ -177,16 +195,22 @@ def check_inputs(cfg: OATGRPOConfig) -> None:
                 raise ConfigError(f"{key}: {exc}") from None
     committee_used = bool(cfg.credit.weight_of("committee"))
     if committee_used and not cfg.committee.references and not cfg.placement.committee and not reg.extra.get("oracle"):
-        raise ConfigError(f"credit: the committee term needs reference engines, and task family "
-                          f"{cfg.train_tasks.family!r} has no oracle: set committee.references, or drop the committee "
-                          f"term (its weight 0)")
+        raise ConfigError(
+            f"credit: the committee term needs reference engines, and task family "
+            f"{cfg.train_tasks.family!r} has no oracle: set committee.references, or drop the committee "
+            f"term (its weight 0)"
+        )
 
 
 def default_reasoner(tokenizer: str, seed: int) -> EngineConfig:
     """The scripted SAM reasoner with the policy's tokenizer for exact token accounting."""
     return EngineConfig(
-        backend="scripted", name="reasoner", scripted_policy="memrl.data.tasks.sam:SamReasoner",
-        scripted_kwargs={"max_pages": 2, "recall_budget": 2}, tokenizer=tokenizer, seed=seed,
+        backend="scripted",
+        name="reasoner",
+        scripted_policy="memrl.data.tasks.sam:SamReasoner",
+        scripted_kwargs={"max_pages": 2, "recall_budget": 2},
+        tokenizer=tokenizer,
+        seed=seed,
     )
 
 
@@ -196,8 +220,9 @@ def family_reasoner(tasks: TaskSetConfig, tokenizer: str, seed: int) -> EngineCo
     name = family_of(tasks).extra.get("reasoner")
     if name == "sam":
         return default_reasoner(tokenizer, seed)
-    return EngineConfig(backend="scripted", name="reasoner", scripted_policy=name or NO_REASONER,
-                        tokenizer=tokenizer, seed=seed)
+    return EngineConfig(
+        backend="scripted", name="reasoner", scripted_policy=name or NO_REASONER, tokenizer=tokenizer, seed=seed
+    )
 
 
 def default_oracle(tokenizer: str, seed: int, oracle: str = "memrl.data.experts.sam:SamOracle") -> EngineConfig:
@@ -213,8 +238,10 @@ def served_engine(served: ServedModel, client: EngineConfig | None, name: str) -
         raise ConfigError(f"placement: {name} ({served.model}) lists no endpoints")
     client = client if client is not None and client.backend == "openai" else None
     template = client.endpoints[0] if client is not None else EndpointConfig(url=served.endpoints[0])
-    endpoints = [template.model_copy(update={"url": url, "model": served.model, "api_key_env": served.api_key_env})
-                 for url in served.endpoints]
+    endpoints = [
+        template.model_copy(update={"url": url, "model": served.model, "api_key_env": served.api_key_env})
+        for url in served.endpoints
+    ]
     if client is not None:
         return client.model_copy(update={"name": name, "model": served.model, "endpoints": endpoints})
     return EngineConfig(backend="openai", name=name, model=served.model, endpoints=endpoints)
@@ -228,8 +255,10 @@ def resolve_engines(cfg: OATGRPOConfig) -> tuple[EngineConfig, list[EngineConfig
     if place.reasoner is not None:
         reasoner = served_engine(place.reasoner, cfg.reasoner, "reasoner")
     own = cfg.committee.references
-    references = [served_engine(s, own[min(i, len(own) - 1)] if own else None, f"committee:{s.model}")
-                  for i, s in enumerate(place.committee)] or list(own)
+    references = [
+        served_engine(s, own[min(i, len(own) - 1)] if own else None, f"committee:{s.model}")
+        for i, s in enumerate(place.committee)
+    ] or list(own)
     oracle = family_of(cfg.train_tasks).extra.get("oracle")
     if not references and oracle:
         references = [default_oracle(cfg.policy.base, cfg.run.seed, oracle)]
@@ -277,7 +306,6 @@ def iteration_batch(tasks: list[Any], size: int, seed: int, iteration: int) -> l
     return [tasks[i] for i in order[index * size : (index + 1) * size]]
 
 
-
 @dataclass
 class TreeScorer:
     """Committee (+ judge) scoring of a worker's trees; called once inside each rollout worker, where it builds the
@@ -291,14 +319,20 @@ class TreeScorer:
     def __call__(self) -> Scorer:
         if not self.enabled:
             return lambda trees: {}
-        committee = Committee(self.settings, [build_sticky_engine(c) for c in self.references],
-                              build_sticky_engine(self.judge) if self.judge is not None else None)
+        committee = Committee(
+            self.settings,
+            [build_sticky_engine(c) for c in self.references],
+            build_sticky_engine(self.judge) if self.judge is not None else None,
+        )
 
         def score(trees: list[MemoryCallTree]) -> dict[str, Any]:
             cstats = committee.score(trees)
             # counts add up over workers; the mean score is rebuilt from its sum and count by the driver
-            return {**cstats.metrics(), "committee_score_sum": sum(cstats.scores),
-                    "committee_scores": len(cstats.scores)}
+            return {
+                **cstats.metrics(),
+                "committee_score_sum": sum(cstats.scores),
+                "committee_scores": len(cstats.scores),
+            }
 
         return score
 
@@ -338,8 +372,7 @@ def collection_metrics(batch: list[Any], results: list[FleetResult]) -> dict[str
     return metrics
 
 
-def extra_tasks(tasks: list[Any], taken: set[str], size: int, seed: int, iteration: int,
-                round_: int) -> list[Any]:
+def extra_tasks(tasks: list[Any], taken: set[str], size: int, seed: int, iteration: int, round_: int) -> list[Any]:
     """Dynamic sampling's next tasks: ``size`` training tasks not yet in the iteration, a pure function of (seed,
     iteration, round) so a resumed run draws the same."""
     free = [t for t in tasks if t.task_id not in taken]
@@ -379,8 +412,11 @@ class _Collected:
             informative = informative_groups(trees)
         metrics = collection_metrics(self.batch, results)
         if self.tree.informative_groups:
-            metrics.update(extra_trees=extra, dynamic_sampling_rounds=rounds,
-                           informative_groups_short=max(self.tree.informative_groups - informative, 0))
+            metrics.update(
+                extra_trees=extra,
+                dynamic_sampling_rounds=rounds,
+                informative_groups_short=max(self.tree.informative_groups - informative, 0),
+            )
         return trees, metrics
 
 
@@ -388,9 +424,12 @@ def use_in_memory_sync(cfg: OATGRPOConfig, gpu: bool) -> bool:
     """Whether full weights go to the fleet by NCCL broadcast (GPUs, a Ray fleet, full-weight training) or by disk."""
     possible = gpu and cfg.fleet.workers != 0 and cfg.policy.adapter is None and not cfg.trainer.lora.enabled
     if cfg.loop.weight_sync == "nccl" and not possible:
-        raise ConfigError("loop.weight_sync: nccl needs GPUs, a Ray fleet (fleet.workers != 0) and full-weight "
-                          "training (LoRA adapters are synced by directory)")
+        raise ConfigError(
+            "loop.weight_sync: nccl needs GPUs, a Ray fleet (fleet.workers != 0) and full-weight "
+            "training (LoRA adapters are synced by directory)"
+        )
     return possible and cfg.loop.weight_sync in ("nccl", "auto")
+
 
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -443,8 +482,15 @@ class OATRun:
         def more(round_: int, tasks: list[Any]) -> Any:
             return self.fleet.submit(iteration, tasks, seed + 104_729 * round_, rollout)
 
-        return _Collected(self.fleet.submit(iteration, batch, seed, rollout), batch, more, self.train_tasks,
-                          cfg.tree, cfg.run.seed, iteration)
+        return _Collected(
+            self.fleet.submit(iteration, batch, seed, rollout),
+            batch,
+            more,
+            self.train_tasks,
+            cfg.tree,
+            cfg.run.seed,
+            iteration,
+        )
 
     def spent_before(self, iteration: int) -> int:
         """Reasoner tokens spent on training rollouts before ``iteration`` (from metrics.jsonl: survives a resume,
@@ -458,9 +504,17 @@ class OATRun:
         if self.last_eval.get("version") == self.trainer.version:  # no update since (budget spent): the same policy
             return dict(self.last_eval["result"])
         cfg, tasks = self.cfg, self.eval_tasks
-        result = self.fleet.call_one(lambda engine, reasoner: summarize_eval(evaluate_memory(
-            tasks, EngineSet(reasoner=reasoner, memory=engine), cfg.memory, samples=cfg.eval_samples,
-            seed=cfg.run.seed)))
+        result = self.fleet.call_one(
+            lambda engine, reasoner: summarize_eval(
+                evaluate_memory(
+                    tasks,
+                    EngineSet(reasoner=reasoner, memory=engine),
+                    cfg.memory,
+                    samples=cfg.eval_samples,
+                    seed=cfg.run.seed,
+                )
+            )
+        )
         self.last_eval.update(version=self.trainer.version, result=result)
         return result
 
@@ -478,50 +532,90 @@ def job_seed(cfg: OATGRPOConfig, iteration: int) -> int:
     return cfg.run.seed * 7919 + iteration
 
 
-def setup_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None,
-                   eval_tasks: list[Any] | None = None, accelerator: Any = None,
-                   initial_eval: dict[str, Any] | None = None) -> OATRun:
+def setup_oat_grpo(
+    cfg: OATGRPOConfig,
+    run_dir: Path,
+    *,
+    logger: MetricsLogger | None = None,
+    eval_tasks: list[Any] | None = None,
+    accelerator: Any = None,
+    initial_eval: dict[str, Any] | None = None,
+) -> OATRun:
     """The trainer, the engines (a fleet of rollout workers, each building trees and scoring them with the
     committee), the task sets and the loop of an OAT-GRPO run."""
     trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
     main = trainer.accelerator.is_main_process
     gpu = torch.cuda.is_available()
     if cfg.loop.max_staleness and gpu and cfg.placement.policy.mode == "colocate":
-        raise ConfigError("loop.max_staleness > 0 generates while the trainer updates: placement.policy.mode must be "
-                          "'separate' on GPUs")
+        raise ConfigError(
+            "loop.max_staleness > 0 generates while the trainer updates: placement.policy.mode must be "
+            "'separate' on GPUs"
+        )
     in_memory = use_in_memory_sync(cfg, gpu)
     reasoner_cfg, reference_cfgs, judge_cfg = resolve_engines(cfg)
     settings = cfg.committee.settings
     if settings.cache_dir is None:
         settings = settings.model_copy(update={"cache_dir": str(run_dir / "committee_cache")})
     spec = WorkerSpec(
-        policy=policy_engine_config(cfg), reasoner=reasoner_cfg, tree=cfg.tree, config_hash=config_hash(cfg),
+        policy=policy_engine_config(cfg),
+        reasoner=reasoner_cfg,
+        tree=cfg.tree,
+        config_hash=config_hash(cfg),
         make_scorer=TreeScorer(reference_cfgs, judge_cfg, settings, enabled=bool(cfg.credit.weight_of("committee"))),
         weight_transfer="nccl" if in_memory else None,
     )
     fleet = build_fleet(spec, cfg.fleet, cfg.placement.policy) if main else None
     own_logger = logger is None
-    logger = logger or MetricsLogger(run_dir, cfg.run.wandb if main else None, cfg.model_dump(mode="json"),
-                                     name=run_dir.name, console=main, logging=cfg.run.logging if main else None)
-    loop = OnlineLoop(trainer=trainer, engine=fleet, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
-                      logger=logger, desc="oat-grpo", attach={"reward_cache": Path(str(settings.cache_dir))},
-                      in_memory=InMemoryWeightSync(trainer, fleet) if in_memory else None)
+    logger = logger or MetricsLogger(
+        run_dir,
+        cfg.run.wandb if main else None,
+        cfg.model_dump(mode="json"),
+        name=run_dir.name,
+        console=main,
+        logging=cfg.run.logging if main else None,
+    )
+    loop = OnlineLoop(
+        trainer=trainer,
+        engine=fleet,
+        cfg=cfg.loop,
+        run_dir=run_dir,
+        resume=cfg.run.resume,
+        logger=logger,
+        desc="oat-grpo",
+        attach={"reward_cache": Path(str(settings.cache_dir))},
+        in_memory=InMemoryWeightSync(trainer, fleet) if in_memory else None,
+    )
     last_eval = {} if initial_eval is None else {"version": trainer.version, "result": initial_eval}
-    return OATRun(cfg, run_dir, trainer, fleet, loop, load_sam_tasks(cfg.train_tasks, "train"),
-                  eval_tasks if eval_tasks is not None else load_sam_tasks(cfg.eval_tasks, "eval"), logger,
-                  own_logger, last_eval)
+    return OATRun(
+        cfg,
+        run_dir,
+        trainer,
+        fleet,
+        loop,
+        load_sam_tasks(cfg.train_tasks, "train"),
+        eval_tasks if eval_tasks is not None else load_sam_tasks(cfg.eval_tasks, "eval"),
+        logger,
+        own_logger,
+        last_eval,
+    )
 
 
 def train_oat_grpo(
-    cfg: OATGRPOConfig, run_dir: Path, *, logger: MetricsLogger | None = None, eval_tasks: list[Any] | None = None,
-    accelerator: Any = None, initial_eval: dict[str, Any] | None = None,
+    cfg: OATGRPOConfig,
+    run_dir: Path,
+    *,
+    logger: MetricsLogger | None = None,
+    eval_tasks: list[Any] | None = None,
+    accelerator: Any = None,
+    initial_eval: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The loop behind ``memrl train oat-grpo`` (also called by the quickstart, which passes its own logger and a
     held-out set spanning several horizons); returns a summary dict. ``initial_eval``: the starting policy's held-out
     figures when the caller already has them (a benchmark starting many runs from one checkpoint), used instead of
     evaluating it again. One iteration: collect -> credit -> groups -> update -> sync -> log -> checkpoint."""
-    run = setup_oat_grpo(cfg, run_dir, logger=logger, eval_tasks=eval_tasks, accelerator=accelerator,
-                         initial_eval=initial_eval)
+    run = setup_oat_grpo(
+        cfg, run_dir, logger=logger, eval_tasks=eval_tasks, accelerator=accelerator, initial_eval=initial_eval
+    )
     loop, main = run.loop, run.trainer.accelerator.is_main_process
     try:
         for iteration in loop.start(run.launch, run.evaluate):
@@ -540,6 +634,12 @@ def train_oat_grpo(
     finally:
         run.close()
     result = loop.result()
-    return {"iterations_run": result.iterations_run, "updates": result.updates, "policy_dir": result.policy_dir,
-            "policy_version": result.policy_version, "history": result.history, "evals": result.evals,
-            "lora": run.trainer.is_peft}
+    return {
+        "iterations_run": result.iterations_run,
+        "updates": result.updates,
+        "policy_dir": result.policy_dir,
+        "policy_version": result.policy_version,
+        "history": result.history,
+        "evals": result.evals,
+        "lora": run.trainer.is_peft,
+    }

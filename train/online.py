@@ -56,8 +56,18 @@ from memrl.train.checkpoint import CheckpointManager
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
 from memrl.train.weight_sync import SyncCheckConfig, SyncVerifier
 
-__all__ = ["LoopConfig", "LoopResult", "OnlineLoop", "PolicyEngine", "WeightSender", "broadcast_groups",
-           "prune_policy_versions", "shared_run_dir", "stale_sampling_tis", "sync_policy"]
+__all__ = [
+    "LoopConfig",
+    "LoopResult",
+    "OnlineLoop",
+    "PolicyEngine",
+    "WeightSender",
+    "broadcast_groups",
+    "prune_policy_versions",
+    "shared_run_dir",
+    "stale_sampling_tis",
+    "sync_policy",
+]
 
 
 class PolicyEngine(Protocol):
@@ -82,6 +92,7 @@ class WeightSender(Protocol):
     def send(self, saved_dir: str | None) -> None:
         """Broadcast the trainer's weights to the engines (``saved_dir``: where they were also written)."""
 
+
 log = logging.getLogger(__name__)
 
 
@@ -100,8 +111,10 @@ class LoopConfig(ConfigModel):
     @model_validator(mode="after")
     def _versions_for_staleness(self) -> LoopConfig:
         if self.keep_policy_versions < self.max_staleness + 1:
-            raise ValueError(f"keep_policy_versions ({self.keep_policy_versions}) must be at least max_staleness + 1 "
-                             f"({self.max_staleness + 1}): a resume relaunches collections under older versions")
+            raise ValueError(
+                f"keep_policy_versions ({self.keep_policy_versions}) must be at least max_staleness + 1 "
+                f"({self.max_staleness + 1}): a resume relaunches collections under older versions"
+            )
         return self
 
 
@@ -139,8 +152,14 @@ def shared_run_dir(cfg: ConfigModel, run: RunConfig, command: str, state: Any) -
     return Path(str(payload[0]))
 
 
-def sync_policy(trainer: GroupTrainer, engine: PolicyEngine | None, root: str | Path,
-                in_memory: WeightSender | None = None, *, save: bool = True) -> str:
+def sync_policy(
+    trainer: GroupTrainer,
+    engine: PolicyEngine | None,
+    root: str | Path,
+    in_memory: WeightSender | None = None,
+    *,
+    save: bool = True,
+) -> str:
     """Give the rollout engine (or fleet) the trainer's policy as version ``trainer.version``: full weights in
     memory when ``in_memory`` (a :class:`memrl.train.weight_sync.InMemoryWeightSync`) is given, else through the
     version's directory under ``root`` (adapter or full weights). ``save`` also writes the directory on the in-memory
@@ -217,12 +236,24 @@ class OnlineLoop:
     ``launch(iteration)`` runs on the main process only; ``payload`` is None on the others.
     """
 
-    def __init__(self, *, trainer: GroupTrainer, engine: PolicyEngine | None, cfg: LoopConfig, run_dir: Path,
-                 resume: bool, logger: MetricsLogger, desc: str = "rl", attach: dict[str, Path] | None = None,
-                 in_memory: WeightSender | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        trainer: GroupTrainer,
+        engine: PolicyEngine | None,
+        cfg: LoopConfig,
+        run_dir: Path,
+        resume: bool,
+        logger: MetricsLogger,
+        desc: str = "rl",
+        attach: dict[str, Path] | None = None,
+        in_memory: WeightSender | None = None,
+    ) -> None:
         if cfg.max_staleness and trainer.cfg.tis_cap is None:
-            raise ConfigError(f"loop.max_staleness={cfg.max_staleness} trains on samples from older policies: set "
-                              f"trainer.tis_cap (memrl.train.online.stale_sampling_tis gives {STALE_TIS_CAP})")
+            raise ConfigError(
+                f"loop.max_staleness={cfg.max_staleness} trains on samples from older policies: set "
+                f"trainer.tis_cap (memrl.train.online.stale_sampling_tis gives {STALE_TIS_CAP})"
+            )
         self.trainer, self.engine, self.cfg, self.resume = trainer, engine, cfg, resume
         self.logger, self.desc, self.attach, self.in_memory = logger, desc, attach, in_memory
         self.main = trainer.accelerator.is_main_process
@@ -258,8 +289,9 @@ class OnlineLoop:
             # relaunch the collections that were in flight, each under the version it had in the uninterrupted run
             for iteration, version in sorted((int(i), v) for i, v in state.get("launched", {}).items()):
                 if self.main:
-                    load_policy_version(self.engine, str(self.policy_root / f"v{version:05d}"), version,
-                                        trainer.is_peft)
+                    load_policy_version(
+                        self.engine, str(self.policy_root / f"v{version:05d}"), version, trainer.is_peft
+                    )
                     self.in_flight[iteration] = launch(iteration)
                 self.launched[iteration] = version
             self.checkpoint_needs = set(self.launched.values())
@@ -267,15 +299,21 @@ class OnlineLoop:
             # A start from scratch (also a --resume that finds no complete checkpoint, e.g. after a kill during the
             # first checkpoint write) logs every step again, the eval before training (step -1) included.
             self.logger.truncate_after(-2)
-        self.policy_dir = sync_policy(trainer, self.engine, self.policy_root, self.in_memory,
-                                      save=self.cfg.max_staleness > 0)
+        self.policy_dir = sync_policy(
+            trainer, self.engine, self.policy_root, self.in_memory, save=self.cfg.max_staleness > 0
+        )
         self.verifier.check(self.engine)
         if self.first == 0 and evaluate is not None and self.main:
             self.evals.append({"iteration": -1, **evaluate(-1)})
             self.logger.log(-1, {f"eval/{k}": v for k, v in self.evals[-1].items() if k != "iteration"})
-        self._bar = progress_bar(range(self.first, self.cfg.iterations), desc=self.desc, disable=not self.main,
-                                 initial=self.first, total=self.cfg.iterations,
-                                 work=f"{self.cfg.iterations - self.first:,} iterations to run")
+        self._bar = progress_bar(
+            range(self.first, self.cfg.iterations),
+            desc=self.desc,
+            disable=not self.main,
+            initial=self.first,
+            total=self.cfg.iterations,
+            work=f"{self.cfg.iterations - self.first:,} iterations to run",
+        )
         return self._bar
 
     def collected(self, iteration: int, launch: Launch) -> tuple[Any, dict[str, Any]]:
@@ -290,8 +328,11 @@ class OnlineLoop:
         self._iteration = iteration  # the update after it probes the KL to the start at the last iteration
         payload, metrics = _result(self.in_flight.pop(iteration)) if self.main else (None, {})
         collected_under = self.launched.pop(iteration)
-        return payload, {**metrics, "policy_version_collected": collected_under,
-                         "rollout_s": time.perf_counter() - self._t0}
+        return payload, {
+            **metrics,
+            "policy_version_collected": collected_under,
+            "rollout_s": time.perf_counter() - self._t0,
+        }
 
     def update(self, groups: list[Group] | None, iteration: int | None = None) -> dict[str, Any]:
         """Every process gets the main process's groups; the engine sleeps (colocated on GPU, synchronous loop);
@@ -300,9 +341,11 @@ class OnlineLoop:
         trainer = self.trainer
         groups = broadcast_groups(groups, trainer.accelerator)
         versions = [s.policy_version for g in groups for s in g.samples]
-        staleness = {"staleness_max": trainer.version - min(versions, default=trainer.version),
-                     "staleness_mean": trainer.version - sum(versions) / len(versions) if versions else 0.0,
-                     "mixed_version_groups": sum(len({s.policy_version for s in g.samples}) > 1 for g in groups)}
+        staleness = {
+            "staleness_max": trainer.version - min(versions, default=trainer.version),
+            "staleness_mean": trainer.version - sum(versions) / len(versions) if versions else 0.0,
+            "mixed_version_groups": sum(len({s.policy_version for s in g.samples}) > 1 for g in groups),
+        }
         if self.engine is not None and not self.cfg.max_staleness:  # free the engine's GPU memory for the update
             self.engine.sleep()  # (the sync wakes it); with k >= 1 the engines keep generating during the update
         last = (self._iteration if iteration is None else iteration) == self.cfg.iterations - 1
@@ -314,16 +357,20 @@ class OnlineLoop:
         relaunch collections under."""
         t_sync = time.perf_counter()
         last = iteration == self.cfg.iterations - 1
-        self.policy_dir = sync_policy(self.trainer, self.engine, self.policy_root, self.in_memory,
-                                      save=self.cfg.max_staleness > 0 or last)
+        self.policy_dir = sync_policy(
+            self.trainer, self.engine, self.policy_root, self.in_memory, save=self.cfg.max_staleness > 0 or last
+        )
         sync_s = time.perf_counter() - t_sync
         self._prune()
         return {"sync_s": sync_s, **self.verifier.check(self.engine)}
 
     def _prune(self) -> None:
         if self.main:
-            prune_policy_versions(self.policy_root, self.cfg.keep_policy_versions,
-                                  set(self.launched.values()) | {self.trainer.version} | self.checkpoint_needs)
+            prune_policy_versions(
+                self.policy_root,
+                self.cfg.keep_policy_versions,
+                set(self.launched.values()) | {self.trainer.version} | self.checkpoint_needs,
+            )
 
     def log(self, iteration: int, record: dict[str, Any], evaluate: Evaluate | None) -> dict[str, Any]:
         """Evaluate every ``eval_every`` iterations (and after the last); log the record; keep its numbers."""
@@ -333,8 +380,9 @@ class OnlineLoop:
         if evaluate is not None and self.main and due:
             self.evals.append({"iteration": iteration, **evaluate(iteration)})
             record.update({f"eval/{k}": v for k, v in self.evals[-1].items() if k != "iteration"})
-        self.history.append({"iteration": iteration,
-                             **{k: v for k, v in record.items() if isinstance(v, (int, float))}})
+        self.history.append(
+            {"iteration": iteration, **{k: v for k, v in record.items() if isinstance(v, (int, float))}}
+        )
         if self.main:
             self.logger.log(iteration, record)
             if "reward_mean" in record:
@@ -348,16 +396,32 @@ class OnlineLoop:
         last = iteration == self.cfg.iterations - 1
         if last or (self.cfg.checkpoint_every and (iteration + 1) % self.cfg.checkpoint_every == 0):
             trainer = self.trainer
-            self.ckpt.save(iteration, trainer.accelerator, trainer.model, {
-                "iteration": iteration, "policy_version": trainer.version, "updates": trainer.updates,
-                "trainer_rng": trainer.rng_state(), "trainer_probe": trainer.probe_state(),
-                "history": self.history, "evals": self.evals,
-                "launched": {str(i): v for i, v in self.launched.items()},
-            }, self.attach)
+            self.ckpt.save(
+                iteration,
+                trainer.accelerator,
+                trainer.model,
+                {
+                    "iteration": iteration,
+                    "policy_version": trainer.version,
+                    "updates": trainer.updates,
+                    "trainer_rng": trainer.rng_state(),
+                    "trainer_probe": trainer.probe_state(),
+                    "history": self.history,
+                    "evals": self.evals,
+                    "launched": {str(i): v for i, v in self.launched.items()},
+                },
+                self.attach,
+            )
             self.checkpoint_needs = set(self.launched.values())
             self._prune()
 
     def result(self) -> LoopResult:
         """What the finished loop reports."""
-        return LoopResult(self.cfg.iterations - self.first, self.trainer.updates, self.trainer.version,
-                          self.policy_dir, self.history, self.evals)
+        return LoopResult(
+            self.cfg.iterations - self.first,
+            self.trainer.updates,
+            self.trainer.version,
+            self.policy_dir,
+            self.history,
+            self.evals,
+        )

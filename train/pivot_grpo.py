@@ -186,8 +186,9 @@ class PivotGRPOConfig(ConfigModel):
     placement: PlacementConfig = PlacementConfig()
     policy: PolicySpec
     engine: EngineConfig = Field(description="the policy's rollout engine (vllm or hf on the policy's base)")
-    reasoner: EngineConfig = EngineConfig(backend="scripted", name="action-agent",
-                                          scripted_policy="memrl.data.tasks.proactive:ActionAgent")
+    reasoner: EngineConfig = EngineConfig(
+        backend="scripted", name="action-agent", scripted_policy="memrl.data.tasks.proactive:ActionAgent"
+    )
     reasoner_sampling: RoleSampling = RoleSampling(temperature=0.0, max_tokens=256)
     phase1: EngineConfig | None = Field(None, description="engine for Phase 1 (None: the policy serves it)")
     memory: ProactiveConfig = ProactiveConfig()
@@ -228,9 +229,11 @@ class PivotGRPOConfig(ConfigModel):
             if isinstance(tasks, TaskSetConfig) and tasks.count == 0 and tasks.episodes is None:
                 raise ValueError(f"{key}.count: generated tasks need a count of at least 1 (got 0)")
             if isinstance(tasks, TaskSetConfig) and (kind := family_of(tasks).extra.get("kind")) in ("episode", "http"):
-                raise ValueError(f"{key}: pivot-turn GRPO runs the proactive memory agent in memrl's agent loop, so "
-                                 f"its tasks are a family of memrl's task interface or a Gym-style environment; "
-                                 f"{tasks.entry or tasks.family!r} is an {kind} family (its agent loop is its own)")
+                raise ValueError(
+                    f"{key}: pivot-turn GRPO runs the proactive memory agent in memrl's agent loop, so "
+                    f"its tasks are a family of memrl's task interface or a Gym-style environment; "
+                    f"{tasks.entry or tasks.family!r} is an {kind} family (its agent loop is its own)"
+                )
         if (trainer := stale_sampling_tis(self.trainer, self.loop)) is not self.trainer:
             self.trainer = trainer  # k >= 1: truncated IS on, and config.yaml shows it
         return self
@@ -250,12 +253,15 @@ def _reasoner_config(cfg: PivotGRPOConfig) -> EngineConfig:
         raise ConfigError("placement.reasoner lists no endpoints")
     client = cfg.reasoner if cfg.reasoner.backend == "openai" else None
     template = client.endpoints[0] if client is not None else EndpointConfig(url=served.endpoints[0])
-    endpoints = [template.model_copy(update={"url": url, "model": served.model, "api_key_env": served.api_key_env})
-                 for url in served.endpoints]
+    endpoints = [
+        template.model_copy(update={"url": url, "model": served.model, "api_key_env": served.api_key_env})
+        for url in served.endpoints
+    ]
     if client is not None:
         return client.model_copy(update={"model": served.model, "endpoints": endpoints})
-    return EngineConfig(backend="openai", name=cfg.reasoner.name or "action-agent", model=served.model,
-                        endpoints=endpoints)
+    return EngineConfig(
+        backend="openai", name=cfg.reasoner.name or "action-agent", model=served.model, endpoints=endpoints
+    )
 
 
 def _with_truths(engine: Engine, tasks: list[Any]) -> Engine:
@@ -296,8 +302,11 @@ def evaluate_memory(
 ) -> dict[str, float]:
     """Pass rate, reminders per episode, double-checks per episode and the action agent's tokens of ``memory`` on
     ``tasks`` (``repeats`` rollouts each, seeds ``seed`` ...)."""
-    rollouts = [task_rollout(task, memory, seed=seed + r, rollout_id=f"eval{r}", reasoner_sampling=reasoner_sampling)
-                for r in range(repeats) for task in tasks]
+    rollouts = [
+        task_rollout(task, memory, seed=seed + r, rollout_id=f"eval{r}", reasoner_sampling=reasoner_sampling)
+        for r in range(repeats)
+        for task in tasks
+    ]
     traces = run_rollouts(rollouts, engines)
     n = len(traces)
     usage = sum((t.reasoner_usage for t in traces), TokenUsage())
@@ -305,7 +314,9 @@ def evaluate_memory(
         "pass_rate": sum(t.outcome or 0.0 for t in traces) / n,
         "reminders_per_episode": sum(t.stats.get("reminders_injected", 0) for t in traces) / n,
         "double_checks_per_episode": sum(
-            sum(e.kind == "act" and action_of(e.reply) == "pwd" for e in t.events) for t in traces) / n,
+            sum(e.kind == "act" and action_of(e.reply) == "pwd" for e in t.events) for t in traces
+        )
+        / n,
         "action_tokens": float(usage.spent),
     }
 
@@ -326,41 +337,64 @@ class PivotPool:
     stats: dict[str, float] = field(default_factory=dict)  # the refresh's metrics (stats.json when reloaded)
 
 
-def refresh_pool(cfg: PivotGRPOConfig, run_dir: Path, engines: EngineSet, tasks: list[Any],
-                 r: int) -> PivotPool:
+def refresh_pool(cfg: PivotGRPOConfig, run_dir: Path, engines: EngineSet, tasks: list[Any], r: int) -> PivotPool:
     """The pool of refresh ``r``: reloaded (with its metrics) when a previous process completed it, else labelled and
     detected now with the current policy and written under ``<run_dir>/pivots/r<NNNN>/`` (``COMPLETE`` last)."""
     folder = run_dir / "pivots" / f"r{r:04d}"
     if (folder / "COMPLETE").exists():
-        records, labels = read_jsonl(folder / "rollouts.jsonl", LabelledRollout), read_jsonl(folder / "pivots.jsonl",
-                                                                                               PivotRecord)
-        return PivotPool(r, {x.record_id: x for x in records}, [p for p in labels if p.is_pivot],
-                         [p for p in labels if not p.is_pivot], json.loads((folder / "stats.json").read_text()))
+        records, labels = (
+            read_jsonl(folder / "rollouts.jsonl", LabelledRollout),
+            read_jsonl(folder / "pivots.jsonl", PivotRecord),
+        )
+        return PivotPool(
+            r,
+            {x.record_id: x for x in records},
+            [p for p in labels if p.is_pivot],
+            [p for p in labels if not p.is_pivot],
+            json.loads((folder / "stats.json").read_text()),
+        )
     rng = random.Random(f"{cfg.run.seed}/refresh/{r}")
     order = rng.sample(range(len(tasks)), len(tasks))
     chosen = [tasks[order[i % len(order)]] for i in range(cfg.pivots.tasks)]
-    records = label_rollouts(chosen, engines, cfg.memory, prefilter=cfg.pivots.detect.prefilter, rollout_id=f"r{r}",
-                             seed=cfg.run.seed * 100_003 + r, reasoner_sampling=cfg.reasoner_sampling)
+    records = label_rollouts(
+        chosen,
+        engines,
+        cfg.memory,
+        prefilter=cfg.pivots.detect.prefilter,
+        rollout_id=f"r{r}",
+        seed=cfg.run.seed * 100_003 + r,
+        reasoner_sampling=cfg.reasoner_sampling,
+    )
     labelling = sum((rec.reasoner_usage for rec in records), TokenUsage()).spent
     stats = {"refresh_label_pass_rate": sum(rec.outcome for rec in records) / len(records)}
     if cfg.groups.at == "all_turns":  # no detection: every memory step is a group site
         labels = every_turn(records)
         stats.update({"refresh_turns": float(len(labels)), "refresh_action_tokens": float(labelling)})
     else:
-        labels, cost = detect_pivots(records, engines, cfg.pivots.detect, salt=r + 1,
-                                     tasks={t.task_id: t for t in tasks})
+        labels, cost = detect_pivots(
+            records, engines, cfg.pivots.detect, salt=r + 1, tasks={t.task_id: t for t in tasks}
+        )
         required = detection_scores(records, labels, lambda p: bool(p.get("requirement")))
         stats.update({f"refresh_{k}": v for k, v in cost.items() if k != "action_tokens"})
-        stats.update({"refresh_recall": detection_scores(records, labels)["recall"],
-                      "refresh_precision": detection_scores(records, labels)["precision"],
-                      "refresh_requirement_recall": required["recall"],
-                      "refresh_action_tokens": cost["action_tokens"] + labelling})  # labelling + counterfactuals
+        stats.update(
+            {
+                "refresh_recall": detection_scores(records, labels)["recall"],
+                "refresh_precision": detection_scores(records, labels)["precision"],
+                "refresh_requirement_recall": required["recall"],
+                "refresh_action_tokens": cost["action_tokens"] + labelling,
+            }
+        )  # labelling + counterfactuals
     write_jsonl(folder / "rollouts.jsonl", records)
     write_jsonl(folder / "pivots.jsonl", labels)
     atomic_write_text(folder / "stats.json", json.dumps(stats, indent=1) + "\n")
     atomic_write_text(folder / "COMPLETE", "ok\n")
-    return PivotPool(r, {x.record_id: x for x in records}, [p for p in labels if p.is_pivot],
-                     [p for p in labels if not p.is_pivot], stats)
+    return PivotPool(
+        r,
+        {x.record_id: x for x in records},
+        [p for p in labels if p.is_pivot],
+        [p for p in labels if not p.is_pivot],
+        stats,
+    )
 
 
 def draw_sites(pool: PivotPool, cfg: PivotGroupConfig, seed: int, iteration: int) -> list[PivotRecord]:
@@ -393,8 +427,9 @@ def group_metrics(pool: PivotPool, results: list[PivotGroupResult], *, refresh: 
     }
 
 
-def evaluate_policy(cfg: PivotGRPOConfig, engines: EngineSet, tasks: list[Any], run_dir: Path,
-                    iteration: int) -> dict[str, Any]:
+def evaluate_policy(
+    cfg: PivotGRPOConfig, engines: EngineSet, tasks: list[Any], run_dir: Path, iteration: int
+) -> dict[str, Any]:
     """The policy on the held-out tasks (sampled, and greedy with ``eval.greedy``) beside the no-memory and SFT
     baselines of ``baselines.json``; before the first update (``iteration`` -1) it writes them, or reuses the
     start's evaluation a run from the same SFT model left there."""
@@ -402,10 +437,11 @@ def evaluate_policy(cfg: PivotGRPOConfig, engines: EngineSet, tasks: list[Any], 
     baselines: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
 
     def run(memory: ProactiveConfig) -> dict[str, float]:
-        return evaluate_memory(tasks, engines, memory, seed=cfg.run.seed, repeats=cfg.eval.repeats,
-                               reasoner_sampling=cfg.reasoner_sampling)
+        return evaluate_memory(
+            tasks, engines, memory, seed=cfg.run.seed, repeats=cfg.eval.repeats, reasoner_sampling=cfg.reasoner_sampling
+        )
 
-    start = {k[len("sft_"):]: v for k, v in baselines.items() if k.startswith("sft_")}
+    start = {k[len("sft_") :]: v for k, v in baselines.items() if k.startswith("sft_")}
     if iteration < 0 and "pass_rate" in start and ("greedy_pass_rate" in start or not cfg.eval.greedy):
         out: dict[str, Any] = start
     else:
@@ -455,8 +491,14 @@ class PivotRun:
             self.pool = refresh_pool(cfg, self.run_dir, engines, self.train_tasks, refresh)
         first = iteration == refresh * cfg.pivots.every
         sites = draw_sites(self.pool, cfg.groups, cfg.run.seed, iteration)
-        results = sample_pivot_groups(sites, self.pool.records, engines, cfg.groups, salt=iteration,
-                                      tasks={t.task_id: t for t in self.train_tasks})
+        results = sample_pivot_groups(
+            sites,
+            self.pool.records,
+            engines,
+            cfg.groups,
+            salt=iteration,
+            tasks={t.task_id: t for t in self.train_tasks},
+        )
         return results, {**(self.pool.stats if first else {}), **group_metrics(self.pool, results, refresh=first)}
 
     def evaluate(self, iteration: int) -> dict[str, Any]:
@@ -480,14 +522,26 @@ def setup_pivot_grpo(cfg: PivotGRPOConfig, run_dir: Path, accelerator: Any = Non
     trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
     main = trainer.accelerator.is_main_process
     if cfg.loop.max_staleness and torch.cuda.is_available() and cfg.placement.policy.mode == "colocate":
-        raise ConfigError("loop.max_staleness > 0 keeps the policy engine awake during the update: "
-                          "placement.policy.mode must be 'separate' on GPUs")
+        raise ConfigError(
+            "loop.max_staleness > 0 keeps the policy engine awake during the update: "
+            "placement.policy.mode must be 'separate' on GPUs"
+        )
     train_tasks, eval_tasks = load_task_set(cfg.train_tasks, "train"), load_task_set(cfg.eval_tasks, "eval")
     engines, policy_engine = build_engines(cfg, train_tasks + eval_tasks) if main else (None, None)
-    logger = MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name,
-                           logging=cfg.run.logging) if main else None
-    loop = OnlineLoop(trainer=trainer, engine=policy_engine, cfg=cfg.loop, run_dir=run_dir, resume=cfg.run.resume,
-                      logger=logger, desc="pivot-grpo")
+    logger = (
+        MetricsLogger(run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name, logging=cfg.run.logging)
+        if main
+        else None
+    )
+    loop = OnlineLoop(
+        trainer=trainer,
+        engine=policy_engine,
+        cfg=cfg.loop,
+        run_dir=run_dir,
+        resume=cfg.run.resume,
+        logger=logger,
+        desc="pivot-grpo",
+    )
     return PivotRun(cfg, run_dir, trainer, engines, loop, train_tasks, eval_tasks, logger)
 
 
@@ -516,11 +570,21 @@ def run_pivot_grpo(cfg: PivotGRPOConfig) -> int:
     if main:
         result = loop.result()
         evals, history = result.evals, result.history
-        atomic_write_text(run_dir / "summary.json", json.dumps({
-            "iterations_run": result.iterations_run, "updates": result.updates,
-            "policy_version": result.policy_version, "policy_dir": result.policy_dir,
-            "before": evals[0] if evals and evals[0]["iteration"] == -1 else None,
-            "after": evals[-1] if evals else None,
-            "training_action_tokens": sum(h.get("action_tokens", 0.0) for h in history), "history": history,
-        }, indent=1) + "\n")
+        atomic_write_text(
+            run_dir / "summary.json",
+            json.dumps(
+                {
+                    "iterations_run": result.iterations_run,
+                    "updates": result.updates,
+                    "policy_version": result.policy_version,
+                    "policy_dir": result.policy_dir,
+                    "before": evals[0] if evals and evals[0]["iteration"] == -1 else None,
+                    "after": evals[-1] if evals else None,
+                    "training_action_tokens": sum(h.get("action_tokens", 0.0) for h in history),
+                    "history": history,
+                },
+                indent=1,
+            )
+            + "\n",
+        )
     return 0

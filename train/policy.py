@@ -60,7 +60,10 @@ def load_policy(spec: PolicySpec, lora: LoraSettings, *, trainable: bool = True)
         model = get_peft_model(
             model,
             LoraConfig(
-                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
                 task_type="CAUSAL_LM",
             ),
         )

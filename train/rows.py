@@ -24,7 +24,6 @@ class Row:
     policy_version: int = 0
     outcome_tied: bool = False  # from a group whose outcomes tie: only shaping set its advantage
 
-
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 

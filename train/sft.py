@@ -234,8 +234,9 @@ def no_step_at_lr_zero(scheduler: Any, warmup_steps: int) -> None:
     scheduler.lr_lambdas = [
         (lambda step, f=f: f(step + 1) if step < warmup_steps else f(step)) for f in scheduler.lr_lambdas
     ]
-    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,
-                                   strict=True):
+    for group, base, factor in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
         group["lr"] = base * factor(scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
@@ -302,7 +303,10 @@ def _peft_config(lora: LoraSettings) -> Any:
     from peft import LoraConfig
 
     return LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
         task_type="CAUSAL_LM",
     )
 
@@ -374,16 +378,19 @@ def _console_progress(show_bar: bool) -> Any:
             if self.training_bar is not None:
                 super().on_step_end(args, state, control, **kwargs)
 
-        def on_prediction_step(self, args: Any, state: Any, control: Any, eval_dataloader: Any = None,
-                               **kwargs: Any) -> None:
+        def on_prediction_step(
+            self, args: Any, state: Any, control: Any, eval_dataloader: Any = None, **kwargs: Any
+        ) -> None:
             if state.is_world_process_zero and show_bar and has_length(eval_dataloader):
                 if self.prediction_bar is None:
-                    self.prediction_bar = progress_bar(total=len(eval_dataloader), leave=self.training_bar is None,
-                                                       dynamic_ncols=True)
+                    self.prediction_bar = progress_bar(
+                        total=len(eval_dataloader), leave=self.training_bar is None, dynamic_ncols=True
+                    )
                 self.prediction_bar.update(1)
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-                   **kwargs: Any) -> None:
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+        ) -> None:
             if not state.is_world_process_zero or (show_bar and self.training_bar is None):
                 return  # as the Trainer's own: with a bar, lines of the training loop only
             shown = {}
@@ -416,8 +423,11 @@ def _metrics_callback(run_dir: Path, resume_step: int, main: bool, tracking: Log
     class MetricsToJsonl(TrainerCallback):
         def __init__(self) -> None:
             others = tracking.model_copy(update={"backends": [b for b in tracking.backends if b != "wandb"]})
-            self.logger = MetricsLogger(run_dir, None, console=False, resume_from_step=resume_step,
-                                        logging=others) if main else None
+            self.logger = (
+                MetricsLogger(run_dir, None, console=False, resume_from_step=resume_step, logging=others)
+                if main
+                else None
+            )
             self.losses: dict[str, list[float]] = {"loss": [], "eval_loss": []}
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
@@ -427,6 +437,7 @@ def _metrics_callback(run_dir: Path, resume_step: int, main: bool, tracking: Log
                     seen.append(float(logs[key]))
             if self.logger is not None:
                 self.logger.log(state.global_step, logs)
+
     return MetricsToJsonl()
 
 
@@ -438,8 +449,15 @@ def _init_wandb(wandb_cfg: WandbConfig, run_dir: Path, config: dict[str, Any]) -
     run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
     atomic_write_text(id_file, run_id + "\n")
     wandb.init(
-        project=wandb_cfg.project, entity=wandb_cfg.entity, mode=wandb_cfg.mode, tags=list(wandb_cfg.tags),
-        dir=str(run_dir), name=run_dir.name, id=run_id, resume="allow", config=config,
+        project=wandb_cfg.project,
+        entity=wandb_cfg.entity,
+        mode=wandb_cfg.mode,
+        tags=list(wandb_cfg.tags),
+        dir=str(run_dir),
+        name=run_dir.name,
+        id=run_id,
+        resume="allow",
+        config=config,
     )
 
 
@@ -522,8 +540,9 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
     metrics = _metrics_callback(run_dir, resume_step if resume_from else -1, main, cfg.run.logging)
     # The eval loss before training comes from inside train(): DeepSpeed engines exist only there.
     args.eval_on_start = bool(eval_rows) and resume_from is None
-    trainer = build_sft_trainer(cfg, args, train_rows, eval_rows,
-                                [metrics, _journal_callback(ckpt_dir), *(callbacks or [])])
+    trainer = build_sft_trainer(
+        cfg, args, train_rows, eval_rows, [metrics, _journal_callback(ckpt_dir), *(callbacks or [])]
+    )
     start = time.perf_counter()
     with _torn_checkpoints_removed(ckpt_dir, main):
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)

@@ -71,8 +71,10 @@ def load_role_rows(cfg: SFTDataConfig) -> dict[str, list[SFTExample]]:
             raise ConfigError(f"dataset of role {role!r} is empty: {path}")
         if (stray := next((i for i, r in enumerate(rows) if r.role != role), None)) is not None:
             where = f"{path}:{stray + 1}" if path.suffix == ".jsonl" else f"{path} row {stray}"
-            raise ConfigError(f"{where}: field 'role': {rows[stray].role!r} in the dataset of role {role!r}; "
-                              "each role's file holds that role's rows only")
+            raise ConfigError(
+                f"{where}: field 'role': {rows[stray].role!r} in the dataset of role {role!r}; "
+                "each role's file holds that role's rows only"
+            )
         out[role] = rows
     return out
 

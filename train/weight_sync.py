@@ -46,8 +46,17 @@ from memrl.data.config import ConfigModel
 from memrl.data.errors import UserError
 from memrl.rollout.engines.base import EngineError, EngineProbe
 
-__all__ = ["BF16_TOLERANCE", "FP32_TOLERANCE", "PROBE_TEXTS", "InMemoryWeightSync", "SyncCheckConfig",
-           "SyncCheckError", "SyncVerifier", "gathered_source", "probe_prompts"]
+__all__ = [
+    "BF16_TOLERANCE",
+    "FP32_TOLERANCE",
+    "PROBE_TEXTS",
+    "InMemoryWeightSync",
+    "SyncCheckConfig",
+    "SyncCheckError",
+    "SyncVerifier",
+    "gathered_source",
+    "probe_prompts",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +101,9 @@ def probe_prompts(tokenizer: Any, count: int) -> list[list[int]]:
     prompts = []
     for text in PROBE_TEXTS[:count]:
         if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
         else:
             ids = tokenizer.encode(text)
         prompts.append([int(i) for i in ids])
@@ -145,22 +155,26 @@ class SyncVerifier:
             return {}
         answers = [EngineProbe(**a) for a in asked["answers"]]
         # the prompts each engine answered with tokens and their log-probs (the rest cannot be compared)
-        measured = [(a, [i for i, (r, lp) in enumerate(zip(a.response_ids, a.logprobs, strict=True)) if r and lp])
-                    for a in answers]
+        measured = [
+            (a, [i for i, (r, lp) in enumerate(zip(a.response_ids, a.logprobs, strict=True)) if r and lp])
+            for a in answers
+        ]
         measured = [(a, kept) for a, kept in measured if kept]
         pairs = [(self.prompts[i], a.response_ids[i]) for a, kept in measured for i in kept]
         scored = [t.tolist() for t in self.trainer.logprobs_of(pairs)] if pairs else []
         worst, tokens = 0.0, 0
         for answer, kept in measured:
-            mine, scored = scored[:len(kept)], scored[len(kept):]
+            mine, scored = scored[: len(kept)], scored[len(kept) :]
             gap, n = _gap([answer.logprobs[i] for i in kept], mine)
             worst, tokens = max(worst, gap), tokens + n
             self._verdict(answer, mine, gap, n, version)
         seconds = time.perf_counter() - t0
         if self.syncs == 1 and acc.is_main_process:
-            log.info(f"weight sync check: {len(measured)} of {len(answers)} engines answer with log-probs; version "
-                     f"{version}: largest gap {worst:.3g} per token over {tokens} tokens (tolerance "
-                     f"{self.tolerance:.3g}), {seconds:.2f} s")
+            log.info(
+                f"weight sync check: {len(measured)} of {len(answers)} engines answer with log-probs; version "
+                f"{version}: largest gap {worst:.3g} per token over {tokens} tokens (tolerance "
+                f"{self.tolerance:.3g}), {seconds:.2f} s"
+            )
         return {"sync_check_s": seconds, "sync_check_gap": worst, "sync_check_engines": float(len(measured))}
 
     def _ask(self, engine: Any) -> dict[str, Any]:
@@ -176,25 +190,36 @@ class SyncVerifier:
 
     def _verdict(self, answer: EngineProbe, mine: list[list[float]], gap: float, tokens: int, version: int) -> None:
         """Raise :class:`SyncCheckError` if ``answer`` is not the trainer's policy ``version``; remember it."""
-        fix = ("an engine that did not take the sync, serves another model or adapter, or computes in another "
-               "precision; loop.sync_check.tolerance sets the gap allowed, loop.sync_check.every=0 turns the check "
-               "off")
+        fix = (
+            "an engine that did not take the sync, serves another model or adapter, or computes in another "
+            "precision; loop.sync_check.tolerance sets the gap allowed, loop.sync_check.every=0 turns the check "
+            "off"
+        )
         if answer.version != version:
-            raise SyncCheckError(f"weight sync check: engine {answer.engine} serves policy version {answer.version} "
-                                 f"after the sync of version {version} ({fix})")
+            raise SyncCheckError(
+                f"weight sync check: engine {answer.engine} serves policy version {answer.version} "
+                f"after the sync of version {version} ({fix})"
+            )
         if gap > self.tolerance:
-            raise SyncCheckError(f"weight sync check: engine {answer.engine} at policy version {version} answers "
-                                 f"the probe {gap:.3g} per token (mean |log-prob difference| over {tokens} tokens) "
-                                 f"away from the trainer, tolerance {self.tolerance:.3g} ({fix})")
+            raise SyncCheckError(
+                f"weight sync check: engine {answer.engine} at policy version {version} answers "
+                f"the probe {gap:.3g} per token (mean |log-prob difference| over {tokens} tokens) "
+                f"away from the trainer, tolerance {self.tolerance:.3g} ({fix})"
+            )
         before = self.previous.get(answer.engine)
-        if before is not None and before[0] != version and before[1].response_ids == answer.response_ids \
-                and before[1].logprobs == answer.logprobs:
+        if (
+            before is not None
+            and before[0] != version
+            and before[1].response_ids == answer.response_ids
+            and before[1].logprobs == answer.logprobs
+        ):
             moved, _ = _gap(before[2], mine)
             if moved > self.tolerance / 10:
                 raise SyncCheckError(
                     f"weight sync check: engine {answer.engine} answers the probe exactly as at policy version "
                     f"{before[0]} after the sync of version {version}, while the trainer's log-probs on those "
-                    f"tokens moved {moved:.3g} per token: the engine did not take the new weights ({fix})")
+                    f"tokens moved {moved:.3g} per token: the engine did not take the new weights ({fix})"
+                )
         self.previous[answer.engine] = (version, answer, mine)
 
 
@@ -211,8 +236,9 @@ def gathered_source(model: torch.nn.Module) -> Any:
 
     class _Gathered(WeightSource):
         def metadata(self) -> list[Any]:
-            return [ParamMeta(name, p.dtype, tuple(getattr(p, "ds_shape", p.shape)))
-                    for name, p in model.named_parameters()]
+            return [
+                ParamMeta(name, p.dtype, tuple(getattr(p, "ds_shape", p.shape))) for name, p in model.named_parameters()
+            ]
 
         def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
             for name, param in model.named_parameters():

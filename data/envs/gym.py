@@ -105,8 +105,17 @@ class GymTask:
     docstring). ``env_steps`` counts the environment steps this copy ran (its own and those of its re-entry),
     ``reentries`` how it was re-entered."""
 
-    def __init__(self, make: GymFactory, *, seed: int, task_id: str, family: str = "gym",
-                 max_steps: int | None = None, reentry: ReentryMode = "auto", params: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        make: GymFactory,
+        *,
+        seed: int,
+        task_id: str,
+        family: str = "gym",
+        max_steps: int | None = None,
+        reentry: ReentryMode = "auto",
+        params: dict[str, Any] | None = None,
+    ):
         self.make = make
         self.seed = seed
         self.task_id = task_id
@@ -164,22 +173,32 @@ class GymTask:
         if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
             out, info = out
         if not isinstance(out, str):
-            raise ComponentError(f"{self.label}.reset(seed) returned {type(out).__name__}; the protocol is "
-                                 f"reset(seed) -> str (the first observation) or (str, dict)")
+            raise ComponentError(
+                f"{self.label}.reset(seed) returned {type(out).__name__}; the protocol is "
+                f"reset(seed) -> str (the first observation) or (str, dict)"
+            )
         return out, info
 
     def _step(self, env: Any, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         out = env.step(action)
         self.env_steps += 1
         if not (isinstance(out, tuple) and len(out) == 4):
-            raise ComponentError(f"{self.label}.step(action) returned {type(out).__name__}; the protocol is "
-                                 f"step(action) -> (observation: str, reward: float, done: bool, info: dict)")
+            raise ComponentError(
+                f"{self.label}.step(action) returned {type(out).__name__}; the protocol is "
+                f"step(action) -> (observation: str, reward: float, done: bool, info: dict)"
+            )
         obs, reward, done, info = out
-        if not isinstance(obs, str) or not isinstance(info, dict) or isinstance(reward, bool) \
-                or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        if (
+            not isinstance(obs, str)
+            or not isinstance(info, dict)
+            or isinstance(reward, bool)
+            or not isinstance(reward, (int, float))
+            or not math.isfinite(reward)
+        ):
             raise ComponentError(
                 f"{self.label}.step(action) returned ({type(obs).__name__}, {reward!r}, {type(done).__name__}, "
-                f"{type(info).__name__}); expected (observation: str, reward: finite float, done: bool, info: dict)")
+                f"{type(info).__name__}); expected (observation: str, reward: finite float, done: bool, info: dict)"
+            )
         return obs, float(reward), bool(done), info
 
     def _fail(self, where: str, exc: BaseException) -> str:
@@ -223,8 +242,9 @@ class GymTask:
             if "outcome" in info:
                 outcome = info["outcome"]
                 if isinstance(outcome, bool) or not isinstance(outcome, (int, float)) or not 0 <= outcome <= 1:
-                    raise ComponentError(f"{self.label}.step: info['outcome'] must be a number in [0, 1], got "
-                                         f"{outcome!r}")
+                    raise ComponentError(
+                        f"{self.label}.step: info['outcome'] must be a number in [0, 1], got {outcome!r}"
+                    )
                 self.final = float(outcome)
         return obs, done
 
@@ -304,4 +324,5 @@ class GymTask:
                 f"replay of episode {self.task_id!r} (seed {self.seed}, {self.label}) diverged at {what}: the logged "
                 f"observation was {_short(logged)!r} but the replay gave {_short(replayed)!r}. Re-entering a state "
                 f"by replay needs reset(seed) and step(action) to be deterministic; make them so, or implement "
-                f"snapshot()/restore() (set reentry: snapshot)")
+                f"snapshot()/restore() (set reentry: snapshot)"
+            )

@@ -135,14 +135,18 @@ class MsTextWorldParams(ConfigModel):
         if level is None:
             return level
         if challenge not in _LEVELS:
-            raise ValueError("'level' sizes treasure_hunter and coin_collector; cooking takes recipe, take, go, "
-                             "open, cook, cut and drop")
+            raise ValueError(
+                "'level' sizes treasure_hunter and coin_collector; cooking takes recipe, take, go, "
+                "open, cook, cut and drop"
+            )
         lo, hi = _LEVELS[challenge]
         if not lo <= level <= hi:
             raise ValueError(f"{challenge} levels run from {lo} to {hi}")
         if challenge == "coin_collector" and ((level - 1) // 100 + 1) * ((level - 1) % 100 + 1) > 100:
-            raise ValueError("coin_collector level L makes ((L-1)//100 + 1) x ((L-1)%100 + 1) rooms, and TextWorld "
-                             "1.7 compiles at most 100")
+            raise ValueError(
+                "coin_collector level L makes ((L-1)//100 + 1) x ((L-1)%100 + 1) rooms, and TextWorld "
+                "1.7 compiles at most 100"
+            )
         return level
 
     @field_validator("recipe", "take", "go", *_COOKING_FLAGS)
@@ -152,8 +156,9 @@ class MsTextWorldParams(ConfigModel):
         if value is None:
             return value
         if info.data.get("challenge") in _LEVELS:
-            raise ValueError(f"'{knob}' sizes the cooking challenge, not {info.data['challenge']} (which takes "
-                             f"'level')")
+            raise ValueError(
+                f"'{knob}' sizes the cooking challenge, not {info.data['challenge']} (which takes 'level')"
+            )
         if knob == "recipe" and not 1 <= value <= 5:
             raise ValueError("cooking recipes have 1 to 5 ingredients")
         if knob == "take":
@@ -173,8 +178,14 @@ class MsTextWorldParams(ConfigModel):
         """The challenge's settings as TextWorld's generator takes them (defaults filled in)."""
         if self.challenge in _LEVELS:
             return {"level": self.level if self.level is not None else 10}
-        return {"recipe": self.recipe or 1, "take": self.take or 0, "go": self.go or 1,
-                **{flag: bool(getattr(self, flag)) for flag in _COOKING_FLAGS}, "recipe_seed": 0, "split": None}
+        return {
+            "recipe": self.recipe or 1,
+            "take": self.take or 0,
+            "go": self.go or 1,
+            **{flag: bool(getattr(self, flag)) for flag in _COOKING_FLAGS},
+            "recipe_seed": 0,
+            "split": None,
+        }
 
     def size_label(self) -> str:
         """A short name of the settings, e.g. ``level10`` or ``recipe3-take3-go6-open-cook-cut``."""
@@ -226,8 +237,15 @@ class GameCache:
 
     def key(self, params: MsTextWorldParams, seed: int) -> str:
         """The folder name of a game: readable, plus a digest of the whole key."""
-        payload = json.dumps({"challenge": params.challenge, "settings": params.settings(), "seed": seed,
-                              "textworld": textworld_version()}, sort_keys=True)
+        payload = json.dumps(
+            {
+                "challenge": params.challenge,
+                "settings": params.settings(),
+                "seed": seed,
+                "textworld": textworld_version(),
+            },
+            sort_keys=True,
+        )
         digest = hashlib.sha256(payload.encode()).hexdigest()[:12]
         return f"{params.challenge}/{params.size_label()}-s{seed}-{digest}"
 
@@ -258,8 +276,12 @@ class GameCache:
         seeds = list(seeds)
         missing = [s for s in seeds if not (self.folder(params, s) / "game.meta.json").is_file()]
         if missing:
-            bar = progress_bar(missing, desc=progress or f"generate {params.challenge}", leave=False,
-                               work=f"{len(missing):,} TextWorld games to generate")
+            bar = progress_bar(
+                missing,
+                desc=progress or f"generate {params.challenge}",
+                leave=False,
+                work=f"{len(missing):,} TextWorld games to generate",
+            )
             for s in bar:
                 self.ensure(params, s)
         return [self.folder(params, s) for s in seeds]
@@ -287,16 +309,23 @@ class GameCache:
                     continue
                 break
             if game is None:
-                raise ConfigError(f"TextWorld could not generate a {params.challenge} game with settings "
-                                  f"{params.settings()} from seed {seed} ({_SEED_ATTEMPTS} derived seeds tried): "
-                                  f"choose other settings")
+                raise ConfigError(
+                    f"TextWorld could not generate a {params.challenge} game with settings "
+                    f"{params.settings()} from seed {seed} ({_SEED_ATTEMPTS} derived seeds tried): "
+                    f"choose other settings"
+                )
             path = Path(textworld.generator.compile_game(game, options))
             if not path.is_file():
                 raise RuntimeError(f"TextWorld's compiler produced no game file for {self.key(params, seed)}")
             record = GameRecord(
-                challenge=params.challenge, settings=params.settings(), seed=seed, game_seed=game_seed,
-                textworld=textworld.__version__, walkthrough=list(game.metadata.get("walkthrough") or []),
-                objective=game.objective, z8_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+                challenge=params.challenge,
+                settings=params.settings(),
+                seed=seed,
+                game_seed=game_seed,
+                textworld=textworld.__version__,
+                walkthrough=list(game.metadata.get("walkthrough") or []),
+                objective=game.objective,
+                z8_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
                 command=params.tw_make_command(game_seed),
             )
             for extra in tmp.glob("*.ni"):  # the Inform 7 source: not needed to play
@@ -340,8 +369,17 @@ _GYM_IDS: dict[str, str] = {}  # game file -> the textworld.gym env id it is reg
 def _request_infos() -> Any:
     from textworld import EnvInfos
 
-    return EnvInfos(admissible_commands=True, won=True, lost=True, score=True, max_score=True, moves=True,
-                    policy_commands=True, facts=True, objective=True)
+    return EnvInfos(
+        admissible_commands=True,
+        won=True,
+        lost=True,
+        score=True,
+        max_score=True,
+        moves=True,
+        policy_commands=True,
+        facts=True,
+        objective=True,
+    )
 
 
 class MsTextWorldEnv:
@@ -354,8 +392,11 @@ class MsTextWorldEnv:
     def __init__(self, params: MsTextWorldParams | dict[str, Any] | None = None, **kwargs: Any) -> None:
         if params is not None and kwargs:
             raise TypeError("MsTextWorldEnv takes params or keyword arguments, not both")
-        self.params = params if isinstance(params, MsTextWorldParams) else MsTextWorldParams.model_validate(
-            params if params is not None else kwargs)
+        self.params = (
+            params
+            if isinstance(params, MsTextWorldParams)
+            else MsTextWorldParams.model_validate(params if params is not None else kwargs)
+        )
         self.cache = GameCache(self.params.cache_dir)
         self.seed: int | None = None
         self.record: GameRecord | None = None
@@ -413,9 +454,14 @@ class MsTextWorldEnv:
         limit = self._moves >= self.params.max_steps
         self._done = bool(done) or won or lost or limit
         self.admissible = list(infos.get("admissible_commands") or [])
-        info: dict[str, Any] = {"admissible_actions": list(self.admissible), "won": won, "lost": lost,
-                                "score": self._score, "max_score": float(infos.get("max_score") or 0),
-                                "moves": self._moves}
+        info: dict[str, Any] = {
+            "admissible_actions": list(self.admissible),
+            "won": won,
+            "lost": lost,
+            "score": self._score,
+            "max_score": float(infos.get("max_score") or 0),
+            "moves": self._moves,
+        }
         if self._done:
             info["outcome"] = 1.0 if won else 0.0
             info["steps_limit"] = limit and not (won or lost)
@@ -431,9 +477,12 @@ class MsTextWorldEnv:
         (``policy_commands``), the game's facts as strings, the full walkthrough from the start and the objective."""
         if self.record is None:
             raise RuntimeError("MsTextWorldEnv.privileged() before reset()")
-        return {"policy_commands": list(self._infos.get("policy_commands") or []),
-                "facts": [str(f) for f in self._infos.get("facts") or []],
-                "walkthrough": list(self.record.walkthrough), "objective": self.record.objective}
+        return {
+            "policy_commands": list(self._infos.get("policy_commands") or []),
+            "facts": [str(f) for f in self._infos.get("facts") or []],
+            "walkthrough": list(self.record.walkthrough),
+            "objective": self.record.objective,
+        }
 
     def close(self) -> None:
         """Stop the game's interpreter."""
@@ -444,8 +493,10 @@ class MsTextWorldEnv:
         self._gamefile = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MsTextWorldEnv:
-        raise TypeError("a running TextWorld game cannot be copied: re-enter a state by a new instance, reset(seed) "
-                        "and the logged commands (memrl's replay re-entry)")
+        raise TypeError(
+            "a running TextWorld game cannot be copied: re-enter a state by a new instance, reset(seed) "
+            "and the logged commands (memrl's replay re-entry)"
+        )
 
     def __del__(self) -> None:
         self.close()

@@ -68,7 +68,7 @@ def page_units(page_text: str) -> list[tuple[str, str]]:
         units.append(("", page_text[: marks[0].start()].strip("\n")))
     for i, m in enumerate(marks):
         end = marks[i + 1].start() if i + 1 < len(marks) else len(page_text)
-        units.append((m.group(2).strip(), page_text[m.end():end].strip("\n")))
+        units.append((m.group(2).strip(), page_text[m.end() : end].strip("\n")))
     return units
 
 
@@ -126,7 +126,7 @@ class TwOracle:
         # inventory line, the recipe's ingredients or the opening text's plans)
         text = observation.lower() if room is not None or cue.action.startswith("open ") else ""
         if room is not None and cue.goal:
-            text = text[text.find("-= "):]
+            text = text[text.find("-= ") :]
         if self.config.seen_all:
             things = [t.strip() for t in _THING.findall(text)]
             cue.seen = [t for t in dict.fromkeys(things) if t and t != room]
@@ -146,8 +146,9 @@ class TwOracle:
         return " | ".join(render_tw_cue(self._unit_cue(a, o, rng, gold or [])) for a, o in units)
 
     # ------------------------------------------------------------------------------------------------ recall
-    def recall(self, intent: str, page_text: str, so_far: str, rng: random.Random,
-               gold: list[str] | None = None) -> str:
+    def recall(
+        self, intent: str, page_text: str, so_far: str, rng: random.Random, gold: list[str] | None = None
+    ) -> str:
         """``so_far`` plus what the page says that serves ``intent`` (module docstring)."""
         lines = [line for line in so_far.split("\n") if line.strip()] if so_far else []
         if not (self.config.error_rate and rng.random() < self.config.error_rate):
@@ -178,4 +179,3 @@ class TwOracle:
                     if any(w in s.lower() for w in wanted):
                         out.append(s.strip())
         return out
-

@@ -131,9 +131,7 @@ class ProactiveOracle:
         value = fact_value(need, task)
         return FACTS[need].sentence(value) if value is not None else None
 
-    def phase2(
-        self, window: str, bank: BankView, truth: dict[str, Any], rng: random.Random, task: str = ""
-    ) -> str:
+    def phase2(self, window: str, bank: BankView, truth: dict[str, Any], rng: random.Random, task: str = "") -> str:
         """A reminder right before a pivot, silence otherwise (noisy per the config). The reminder is the bank entry
         that states the needed fact, else the fact's sentence when the task statement states it, else silence."""
         steps = parse_window(window)

@@ -82,14 +82,20 @@ class Where:
         for i, turn in enumerate(episode.trajectory):
             size = len(turn.action) + len(turn.observation)
             if size > MAX_TURN_CHARS:
-                raise self.error(f"trajectory[{i}]", f"a turn of {size:,} characters (more than {MAX_TURN_CHARS:,}, "
-                                 "far beyond any context window): split it into several turns, or leave it out")
+                raise self.error(
+                    f"trajectory[{i}]",
+                    f"a turn of {size:,} characters (more than {MAX_TURN_CHARS:,}, "
+                    "far beyond any context window): split it into several turns, or leave it out",
+                )
         seen: dict[str, int] = {}
         for i, qa in enumerate(episode.qa_pairs):
             if qa.qa_id is not None:
                 if qa.qa_id in seen:
-                    raise self.error(f"qa_pairs[{i}].qa_id", f"{qa.qa_id!r} again (first at qa_pairs[{seen[qa.qa_id]}])"
-                                     ": every question needs its own id, or its results overwrite each other")
+                    raise self.error(
+                        f"qa_pairs[{i}].qa_id",
+                        f"{qa.qa_id!r} again (first at qa_pairs[{seen[qa.qa_id]}])"
+                        ": every question needs its own id, or its results overwrite each other",
+                    )
                 seen[qa.qa_id] = i
         return episode
 
@@ -108,8 +114,10 @@ def unique_episodes(episodes: list[tuple[Where, Episode]]) -> list[Episode]:
     first: dict[str, Where] = {}
     for where, episode in episodes:
         if episode.episode_id in first:
-            raise RecordError(f"{where.label}: episode id {episode.episode_id!r} again (first at "
-                              f"{first[episode.episode_id].label}): every record needs its own id")
+            raise RecordError(
+                f"{where.label}: episode id {episode.episode_id!r} again (first at "
+                f"{first[episode.episode_id].label}): every record needs its own id"
+            )
         first[episode.episode_id] = where
     return [episode for _, episode in episodes]
 
@@ -120,8 +128,15 @@ def _names(kinds: tuple[type, ...]) -> str:
 
 
 def _json_type(value: Any) -> str:
-    names = {str: "string", int: "integer", float: "number", list: "array", dict: "object", bool: "boolean",
-             type(None): "null"}
+    names = {
+        str: "string",
+        int: "integer",
+        float: "number",
+        list: "array",
+        dict: "object",
+        bool: "boolean",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)
 
 
@@ -188,9 +203,7 @@ def _object(where: Where, obj: Any) -> tuple[Where, dict[str, Any]]:
     return where, obj
 
 
-def convert(
-    src: str | Path, dst: str | Path, loader: Callable[[str | Path], list[Episode]]
-) -> list[Episode]:
+def convert(src: str | Path, dst: str | Path, loader: Callable[[str | Path], list[Episode]]) -> list[Episode]:
     """Load every episode of ``src`` with ``loader`` and write them to ``dst`` as JSONL. All or nothing: a malformed
     record raises before anything is written."""
     episodes = loader(src)

@@ -19,8 +19,9 @@ _AMA_QA_FIELDS = {"question", "answer", "type", "needle_turns", "qa_id"}
 _AMA_FIELDS = {"episode_id", "task", "task_type", "domain", "trajectory", "qa_pairs"}
 
 
-def _default(where: Where, obj: dict[str, Any], field: str, value: Any, name: str, taken: list[str],
-             null_too: bool = False) -> Any:
+def _default(
+    where: Where, obj: dict[str, Any], field: str, value: Any, name: str, taken: list[str], null_too: bool = False
+) -> Any:
     """``obj[field]`` as text (a list for an answer), or ``value`` when it is missing (or null, with ``null_too``),
     noted in ``taken``; another type is an error naming the field."""
     if field not in obj or (null_too and obj[field] is None):
@@ -66,11 +67,13 @@ def load_amabench(path: str | Path) -> list[Episode]:
                 turn_idx = 0
                 unnumbered.append(i)
                 defaults.append(f"{prefix}turn_idx: missing -> 0")
-            turns.append({
-                "turn_idx": turn_idx,
-                "action": _default(where, turn, "action", "", f"{prefix}action", defaults),
-                "observation": _default(where, turn, "observation", "", f"{prefix}observation", defaults),
-            })
+            turns.append(
+                {
+                    "turn_idx": turn_idx,
+                    "action": _default(where, turn, "action", "", f"{prefix}action", defaults),
+                    "observation": _default(where, turn, "observation", "", f"{prefix}observation", defaults),
+                }
+            )
         if not turns:
             raise where.error("trajectory", "empty trajectory")
         qas = []
@@ -88,26 +91,34 @@ def load_amabench(path: str | Path) -> list[Episode]:
             question = _default(where, qa, "question", "", f"{prefix}question", qa_defaults)
             if qa_defaults:
                 meta["loader_defaults"] = qa_defaults
-            qas.append({
-                "question": question,
-                "answer": str(answer),  # a list answer reads ``['a', 'b']``, as the official code's f-strings print it
-                "type": qtype or "unknown",
-                "needle_turns": where.int_list(qa, "needle_turns", prefix),
-                "qa_id": where.optional_text(qa, "qa_id", None, prefix),
-                "metadata": meta,
-            })
+            qas.append(
+                {
+                    "question": question,
+                    "answer": str(
+                        answer
+                    ),  # a list answer reads ``['a', 'b']``, as the official code's f-strings print it
+                    "type": qtype or "unknown",
+                    "needle_turns": where.int_list(qa, "needle_turns", prefix),
+                    "qa_id": where.optional_text(qa, "qa_id", None, prefix),
+                    "metadata": meta,
+                }
+            )
         data = {
             "episode_id": where.text(obj, "episode_id"),
             "task": _default(where, obj, "task", "", "task", defaults),
             # null: no Task Type line in the judge prompt, as the official code prints none for a falsy task_type
             "task_type": _default(where, obj, "task_type", "unknown", "task_type", defaults)
-            if obj.get("task_type", "unknown") is not None else _null_task_type(defaults),
+            if obj.get("task_type", "unknown") is not None
+            else _null_task_type(defaults),
             "domain": _default(where, obj, "domain", "unknown", "domain", defaults),
             "unnumbered_turns": unnumbered,
             "trajectory": turns,
             "qa_pairs": qas,
-            "metadata": {"source": "amabench", **{k: v for k, v in obj.items() if k not in _AMA_FIELDS},
-                         **({"loader_defaults": defaults} if defaults else {})},
+            "metadata": {
+                "source": "amabench",
+                **{k: v for k, v in obj.items() if k not in _AMA_FIELDS},
+                **({"loader_defaults": defaults} if defaults else {}),
+            },
         }
         out.append((where, where.episode(data)))
     return unique_episodes(out)
@@ -151,8 +162,10 @@ def load_locomo(path: str | Path) -> list[Episode]:
     for where, obj in read_records(path):
         sample_id = where.text(obj, "sample_id")
         conv = where.get(obj, "conversation", dict)
-        speakers = [where.get(conv, "speaker_a", str, "conversation."), where.get(conv, "speaker_b", str,
-                                                                                   "conversation.")]
+        speakers = [
+            where.get(conv, "speaker_a", str, "conversation."),
+            where.get(conv, "speaker_b", str, "conversation."),
+        ]
         sessions = sorted((int(m.group(1)), k) for k in conv if (m := _SESSION.match(k)))
         turns: list[dict[str, Any]] = []
         by_dia: dict[str, int] = {}
@@ -173,8 +186,11 @@ def load_locomo(path: str | Path) -> list[Episode]:
                 if i == 0 and date:
                     text = f"[{date}] {text}"
                 by_dia[dia_id] = len(turns)
-                dia_meta[dia_id] = {"turn_idx": len(turns), "session": number,
-                                    **{k: v for k, v in utt.items() if k not in _UTTERANCE_FIELDS}}
+                dia_meta[dia_id] = {
+                    "turn_idx": len(turns),
+                    "session": number,
+                    **{k: v for k, v in utt.items() if k not in _UTTERANCE_FIELDS},
+                }
                 turns.append({"turn_idx": len(turns), "action": speaker, "observation": text})
         if not turns:
             raise where.error("conversation", "empty trajectory (no session_N utterances)")
@@ -188,8 +204,7 @@ def load_locomo(path: str | Path) -> list[Episode]:
                 raise where.error(f"{prefix}category", f"expected 1-5, got {category}")
             question = where.text(qa, "question", prefix)
             qa_id = f"{sample_id}/q{i}"
-            meta: dict[str, Any] = {"category": category,
-                                    **{k: v for k, v in qa.items() if k not in _LOCOMO_QA_FIELDS}}
+            meta: dict[str, Any] = {"category": category, **{k: v for k, v in qa.items() if k not in _LOCOMO_QA_FIELDS}}
             for field in ("answer", "adversarial_answer"):
                 if field in qa:
                     meta[field] = where.text(qa, field, prefix)
@@ -231,8 +246,13 @@ def load_locomo(path: str | Path) -> list[Episode]:
             "domain": "locomo",
             "trajectory": turns,
             "qa_pairs": qas,
-            "metadata": {"source": "locomo", "speakers": speakers, "session_dates": dates, "turns": dia_meta,
-                         **{k: v for k, v in obj.items() if k not in ("sample_id", "conversation", "qa")}},
+            "metadata": {
+                "source": "locomo",
+                "speakers": speakers,
+                "session_dates": dates,
+                "turns": dia_meta,
+                **{k: v for k, v in obj.items() if k not in ("sample_id", "conversation", "qa")},
+            },
         }
         out.append((where, where.episode(data)))
     return unique_episodes(out)
@@ -286,8 +306,11 @@ def load_memoryarena(path: str | Path) -> list[Episode]:
         qas = []
         for i, (q, a) in enumerate(zip(questions, answers, strict=True)):
             meta: dict[str, Any] = {"subtask": i + 1}
-            if isinstance(a, list) and a and all(isinstance(x, (str, int, float)) and not isinstance(x, bool)
-                                                 for x in a):
+            if (
+                isinstance(a, list)
+                and a
+                and all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in a)
+            ):
                 meta["alternatives"] = [str(x) for x in a]
                 a = a[0]
             if isinstance(a, bool) or not isinstance(a, (str, int, float)):
@@ -295,8 +318,9 @@ def load_memoryarena(path: str | Path) -> list[Episode]:
                     raise where.error(f"answers[{i}]", "expected an answer, got nothing")
                 meta["answer_json"] = a
                 a = json.dumps(a, ensure_ascii=False, sort_keys=True)
-            qas.append({"question": q, "answer": str(a), "type": "memoryarena", "qa_id": f"{rid}/q{i}",
-                        "metadata": meta})
+            qas.append(
+                {"question": q, "answer": str(a), "type": "memoryarena", "qa_id": f"{rid}/q{i}", "metadata": meta}
+            )
         extras = {k: v for k, v in obj.items() if k not in ("id", "questions", "answers", "backgrounds", "task")}
         data = {
             "episode_id": rid,

@@ -118,13 +118,17 @@ def family_of(cfg: TaskSetConfig) -> Registration[Any]:
         if not reg.name:
             kind = task_kind(reg.obj)
             if kind == "env":
-                raise ComponentError(f"task entry {cfg.entry!r} is a task class of memrl's own interface: register it "
-                                     f"with @register_task(name, params=...) so its parameters can be validated")
+                raise ComponentError(
+                    f"task entry {cfg.entry!r} is a task class of memrl's own interface: register it "
+                    f"with @register_task(name, params=...) so its parameters can be validated"
+                )
             reg = Registration(name="", obj=reg.obj, entry=cfg.entry, extra={"kind": kind})
         return reg
     if cfg.family in ("gym", "episode"):
-        raise ComponentError(f"task family {cfg.family!r} needs entry: 'package.module:Name' naming the "
-                             f"{'Gym-style environment class' if cfg.family == 'gym' else 'async episode function'}")
+        raise ComponentError(
+            f"task family {cfg.family!r} needs entry: 'package.module:Name' naming the "
+            f"{'Gym-style environment class' if cfg.family == 'gym' else 'async episode function'}"
+        )
     return TASK_FAMILIES.get(cfg.family)
 
 
@@ -141,8 +145,10 @@ def load_tasks(cfg: TaskSetConfig, prefix: str = "task") -> list[Any]:
     kind = reg.extra.get("kind", "env")
     if cfg.episodes:
         if kind != "env":
-            raise ConfigError(f"episodes: {cfg.episodes} holds episodes of memrl's own task families; a "
-                              f"{kind} family ({cfg.family}) generates its tasks from count and seed")
+            raise ConfigError(
+                f"episodes: {cfg.episodes} holds episodes of memrl's own task families; a "
+                f"{kind} family ({cfg.family}) generates its tasks from count and seed"
+            )
         tasks = [task_from_episode(e) for e in read_jsonl(cfg.episodes, Episode) if e.env is not None]
         tasks = [t for t in tasks if t.family == cfg.family]
         if not tasks:
@@ -157,14 +163,32 @@ def load_tasks(cfg: TaskSetConfig, prefix: str = "task") -> list[Any]:
             return reg.obj(params, seed=seed, task_id=task_id)
         kwargs = params.model_dump(mode="json") if isinstance(params, ConfigModel) else dict(params)
         if kind == "gym":
-            return GymTask(GymFactory(reg.obj, kwargs), seed=seed, task_id=task_id, family=cfg.family,
-                           max_steps=max_steps, reentry=cfg.reentry)
+            return GymTask(
+                GymFactory(reg.obj, kwargs),
+                seed=seed,
+                task_id=task_id,
+                family=cfg.family,
+                max_steps=max_steps,
+                reentry=cfg.reentry,
+            )
         if kind == "episode":
-            return ExternalTask(kind="episode", family=cfg.family, params=kwargs, seed=seed, task_id=task_id,
-                                max_steps=max_steps or 64, entry=reg.entry, timeout_s=cfg.episode_timeout_s)
+            return ExternalTask(
+                kind="episode",
+                family=cfg.family,
+                params=kwargs,
+                seed=seed,
+                task_id=task_id,
+                max_steps=max_steps or 64,
+                entry=reg.entry,
+                timeout_s=cfg.episode_timeout_s,
+            )
         return reg.obj(params, seed=seed, task_id=task_id)  # an HTTP-agent family
 
     # generating a task runs its reference agent (milliseconds each): a large count gets a bar and a time estimate
-    seeds = progress_bar(range(cfg.seed, cfg.seed + cfg.count), desc=f"{prefix} tasks", leave=False,
-                         work=f"{cfg.count:,} {cfg.family} tasks to generate")
+    seeds = progress_bar(
+        range(cfg.seed, cfg.seed + cfg.count),
+        desc=f"{prefix} tasks",
+        leave=False,
+        work=f"{cfg.count:,} {cfg.family} tasks to generate",
+    )
     return [make(seed) for seed in seeds]

@@ -55,11 +55,19 @@ _SMALL_TALK = [
     "My phone battery dies by lunchtime these days.",
 ]
 _REPLIES = [
-    "Yes, I did.", "Honestly, no idea.", "Sounds good to me.", "Let's talk about it later.", "Ha, fair enough.",
-    "Me neither.", "Good point.", "Maybe tomorrow.",
+    "Yes, I did.",
+    "Honestly, no idea.",
+    "Sounds good to me.",
+    "Let's talk about it later.",
+    "Ha, fair enough.",
+    "Me neither.",
+    "Good point.",
+    "Maybe tomorrow.",
 ]
 _ENTER = [
-    "{a}: Okay, we're in the {room} now.", "{a}: Right, this is the {room}.", "{b}: Here we are, the {room}.",
+    "{a}: Okay, we're in the {room} now.",
+    "{a}: Right, this is the {room}.",
+    "{b}: Here we are, the {room}.",
 ]
 _EXITS = ["{b}: There are doors to the {exits}.", "{a}: From here we can go {exits}."]
 _SEE = ["{b}: I can see {things} in here.", "{a}: There's {things} over there."]
@@ -123,15 +131,20 @@ class DialogueParams(SamTaskParams):
     small_talk: float = Field(0.7, ge=0, le=1, description="chance that a session adds an exchange of small talk")
 
 
-@register_task("dialogue", params=DialogueParams, section="dialogue", reasoner="sam", memory="sam",
-               oracle="memrl.data.experts.sam:SamOracle")
+@register_task(
+    "dialogue",
+    params=DialogueParams,
+    section="dialogue",
+    reasoner="sam",
+    memory="sam",
+    oracle="memrl.data.experts.sam:SamOracle",
+)
 class DialogueTask(SamTask):
     """A SAM episode as an English conversation (module docstring); the agent loop's SAM interface unchanged."""
 
     family = "dialogue"
 
-    def __init__(self, params: DialogueParams | dict[str, Any] | None = None, seed: int = 0,
-                 task_id: str = "") -> None:
+    def __init__(self, params: DialogueParams | dict[str, Any] | None = None, seed: int = 0, task_id: str = "") -> None:
         params = params if isinstance(params, DialogueParams) else DialogueParams.model_validate(params or {})
         self.speakers = SPEAKERS[seed % len(SPEAKERS)]
         super().__init__(params, seed, task_id or f"dialogue-{seed}")
@@ -148,5 +161,6 @@ class DialogueTask(SamTask):
     def episode(self) -> Any:
         """The episode in AMA-Bench's shape (see :meth:`SamTask.episode`), marked as the dialogue family."""
         ep = super().episode()
-        return ep.model_copy(update={"task_type": "dialogue", "domain": "dialogue",
-                                     "metadata": {**ep.metadata, "family": "dialogue"}})
+        return ep.model_copy(
+            update={"task_type": "dialogue", "domain": "dialogue", "metadata": {**ep.metadata, "family": "dialogue"}}
+        )

@@ -84,5 +84,12 @@ class HttpAgentTask(ExternalTask):
 
     def __init__(self, params: HttpAgentParams | dict[str, Any], seed: int = 0, task_id: str = "") -> None:
         p = params if isinstance(params, HttpAgentParams) else HttpAgentParams.model_validate(params)
-        super().__init__(kind="http", family="http_agent", params=p.model_dump(mode="json"), seed=seed,
-                         task_id=task_id or f"http-{seed}", max_steps=p.max_calls, timeout_s=p.episode_timeout_s)
+        super().__init__(
+            kind="http",
+            family="http_agent",
+            params=p.model_dump(mode="json"),
+            seed=seed,
+            task_id=task_id or f"http-{seed}",
+            max_steps=p.max_calls,
+            timeout_s=p.episode_timeout_s,
+        )

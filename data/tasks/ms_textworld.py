@@ -133,8 +133,10 @@ class MsTextWorldTaskParams(MsTextWorldParams):
         for cell in mix or []:
             challenge, _, size = cell.partition("/")
             if size not in MS_TEXTWORLD_SIZES.get(challenge, {}):
-                raise ValueError(f"mix entry {cell!r}: expected challenge/size with challenge one of "
-                                 f"{', '.join(MS_TEXTWORLD_SIZES)} and size small, medium or large")
+                raise ValueError(
+                    f"mix entry {cell!r}: expected challenge/size with challenge one of "
+                    f"{', '.join(MS_TEXTWORLD_SIZES)} and size small, medium or large"
+                )
         if mix and any(info.data.get(k) is not None for k in ("level", "recipe", "take", "go", "size")):
             raise ValueError("mix names each cell's challenge and size: set no level, recipe, take, go or size")
         return mix
@@ -157,8 +159,10 @@ class MsTextWorldTaskParams(MsTextWorldParams):
                 data = dict(data)
                 for knob, value in presets[data["size"]].items():
                     if data.get(knob) is not None and data[knob] != value:
-                        raise ValueError(f"size {data['size']!r} sets {knob}={value}, and {knob}={data[knob]!r} is "
-                                         f"given too: drop one of them")
+                        raise ValueError(
+                            f"size {data['size']!r} sets {knob}={value}, and {knob}={data[knob]!r} is "
+                            f"given too: drop one of them"
+                        )
                     data[knob] = value
         return data
 
@@ -203,7 +207,7 @@ def exits_of(text: str) -> list[str]:
     headers = list(_HEADER.finditer(text))
     if not headers:
         return []
-    found = set(_DIR_WORD.findall(text[headers[-1].end():].lower()))
+    found = set(_DIR_WORD.findall(text[headers[-1].end() :].lower()))
     return [d for d in DIRECTIONS if d in found]
 
 
@@ -222,7 +226,7 @@ def command_instrument(command: str) -> str | None:
     padded = f" {rest} "
     for sep in _SEPARATORS:
         if (at := padded.find(sep)) > 0:
-            return padded[at + len(sep):].strip() or None
+            return padded[at + len(sep) :].strip() or None
     return None
 
 
@@ -260,9 +264,9 @@ def parse_recipe(text: str) -> Recipe | None:
     for raw in body:
         line = raw.strip().rstrip(".").lower()
         if line.startswith("ingredients:"):
-            section, line = "i", line[len("ingredients:"):].strip()
+            section, line = "i", line[len("ingredients:") :].strip()
         elif line.startswith("directions:"):
-            section, line = "d", line[len("directions:"):].strip()
+            section, line = "d", line[len("directions:") :].strip()
         if not line:
             if section == "d" and recipe.directions:
                 break
@@ -342,7 +346,7 @@ def parse_tw_cue(text: str) -> TwCue:
     cue = TwCue()
     text = text.strip()
     if text.lower().startswith("memory:"):
-        subject, _, content = text[len("memory:"):].strip().partition(":")
+        subject, _, content = text[len("memory:") :].strip().partition(":")
         cue.memory, cue.content = subject.strip().lower(), content.strip()
         return cue
     text = text.lower()
@@ -353,13 +357,13 @@ def parse_tw_cue(text: str) -> TwCue:
         elif i == 0:
             cue.action = part
         elif part.startswith("exits"):
-            cue.exits = [d for d in part[len("exits"):].split() if d in OPPOSITE]
+            cue.exits = [d for d in part[len("exits") :].split() if d in OPPOSITE]
         elif part == "goal":
             cue.goal = True
         elif part == "recipe":
             cue.recipe = True
         elif part.startswith("seen "):
-            cue.seen = [s.strip() for s in part[len("seen "):].split(",") if s.strip()]
+            cue.seen = [s.strip() for s in part[len("seen ") :].split(",") if s.strip()]
     return cue
 
 
@@ -397,7 +401,7 @@ def _memory_mode(system: str | None) -> Literal["cues", "intent", "none"]:
 def _admissible(text: str) -> list[str] | None:
     if not text.startswith(ADMISSIBLE_PREFIX):
         return None
-    return [line.strip() for line in text[len(ADMISSIBLE_PREFIX):].split("\n") if line.strip()]
+    return [line.strip() for line in text[len(ADMISSIBLE_PREFIX) :].split("\n") if line.strip()]
 
 
 @register_reasoner("ms_textworld")
@@ -451,8 +455,9 @@ class TwReasoner:
             first_user = False
             pending_action = None
         # cues come first: their pages are older than anything live
-        timeline: list[tuple[str, Any, Any]] = [("cue", pid, parse_tw_cue(part)) for pid, c in sorted(cues.items())
-                                                for part in c.split(" | ")]
+        timeline: list[tuple[str, Any, Any]] = [
+            ("cue", pid, parse_tw_cue(part)) for pid, c in sorted(cues.items()) for part in c.split(" | ")
+        ]
         timeline += [(kind, action, text) for kind, action, text in events]
         for kind, a, b in timeline:
             if kind == "cue":
@@ -495,7 +500,7 @@ class TwReasoner:
             know.recipe_pages.append(page_id)
             know.recipe_room = know.room
         if cue.action.startswith("examine "):
-            know.examined.add(cue.action[len("examine "):])
+            know.examined.add(cue.action[len("examine ") :])
         if cue.seen and know.room is not None:
             know.seen.setdefault(know.room, set()).update(cue.seen)
 
@@ -507,10 +512,10 @@ class TwReasoner:
             self._move(know, action, room)
             know.exits.setdefault(room, set()).update(exits_of(text))
         if know.room is not None and (room is not None or (action or "").startswith("open ")):
-            shown = text[text.find("-= "):] if action == "start" else text  # not the opening text's plans
+            shown = text[text.find("-= ") :] if action == "start" else text  # not the opening text's plans
             know.texts.setdefault(know.room, []).append(shown)
         if action and action.startswith("examine "):
-            know.examined.add(action[len("examine "):])
+            know.examined.add(action[len("examine ") :])
         self._take_text(know, text)
         if know.recipe is not None and know.recipe_room is None and parse_recipe(text) is not None:
             know.recipe_room = know.room
@@ -584,16 +589,22 @@ class TwReasoner:
         """Things worth walking to now: the goal's targets, the recipe's ingredients not held, the knife while a cut
         is pending, and, once everything is held, the appliance of the next cooking step."""
         sentences = [x.lower() for x in _SENTENCE.findall(goal_text)]
-        out = [thing for room_things in know.seen.values() for thing in room_things
-               if any(_mentions(x, thing) and any(re.search(rf"\b{v}\b", x) for v in _TAKE_VERBS)
-                      for x in sentences)]
+        out = [
+            thing
+            for room_things in know.seen.values()
+            for thing in room_things
+            if any(_mentions(x, thing) and any(re.search(rf"\b{v}\b", x) for v in _TAKE_VERBS) for x in sentences)
+        ]
         if know.recipe is None:
             return out
         held = know.inventory or []
         missing = [i for i in know.recipe.ingredients if not any(h.endswith(i) for h in held)]
         steps = know.recipe.steps()
-        pending = [(v, i) for v, i in steps
-                   if not any(h.endswith(i) and (_CUT_DONE.get(v) or _COOK_DONE.get(v, "")) in h.split() for h in held)]
+        pending = [
+            (v, i)
+            for v, i in steps
+            if not any(h.endswith(i) and (_CUT_DONE.get(v) or _COOK_DONE.get(v, "")) in h.split() for h in held)
+        ]
         if any(v in CUT_VERBS for v, _ in pending) and not any(h.endswith("knife") for h in held):
             missing.append("knife")
         if not missing and pending and pending[0][0] in COOK_APPLIANCE:
@@ -618,8 +629,9 @@ class TwReasoner:
             for obj, c in by_verb.get("take", []):
                 # a thing the goal names is part of the quest (TextWorld never names the thing that loses the game);
                 # one it says to read or check is examined instead
-                wanted = said(_TAKE_VERBS, obj) or (any(_mentions(x, obj) for x in sentences)
-                                                    and not said(_EXAMINE_VERBS, obj))
+                wanted = said(_TAKE_VERBS, obj) or (
+                    any(_mentions(x, obj) for x in sentences) and not said(_EXAMINE_VERBS, obj)
+                )
                 if obj != "meal" and wanted and (know.recipe is None or obj in know.recipe.ingredients):
                     return c
             for obj, c in by_verb.get("eat", []):
@@ -662,8 +674,9 @@ class TwReasoner:
             return "prepare meal"
         return None
 
-    def _recall(self, know: _Knowledge, admissible: list[str], goal_text: str,
-                mode: Literal["cues", "intent", "none"]) -> str | None:
+    def _recall(
+        self, know: _Knowledge, admissible: list[str], goal_text: str, mode: Literal["cues", "intent", "none"]
+    ) -> str | None:
         if mode == "none":
             return None
         takes = [command_object(c)[1] for c in admissible if c.startswith("take ")]
@@ -679,22 +692,26 @@ class TwReasoner:
             if mode == "intent":
                 return render_tool_call("memory", {"intent": intent})
             if pages:
-                chosen = sorted(set(pages))[-self.max_pages:]
+                chosen = sorted(set(pages))[-self.max_pages :]
                 return render_tool_call("memory", {"intent": intent, "page_ids": chosen})
         return None
 
     def _walk(self, know: _Knowledge, admissible: list[str], goal_text: str, rng: random.Random) -> str:
         goes = [c for c in admissible if c.startswith("go ") and c[3:] in OPPOSITE]
         if not goes:  # nowhere to go: look (never a random take, eat or drop: those can lose the game)
-            return "look" if "look" in admissible else rng.choice(
-                [c for c in admissible if c.split(" ", 1)[0] in _SAFE_VERBS] or admissible)
+            return (
+                "look"
+                if "look" in admissible
+                else rng.choice([c for c in admissible if c.split(" ", 1)[0] in _SAFE_VERBS] or admissible)
+            )
         room = know.room
         if self.explore == "dfs" and room is not None:
             held = {command_object(c)[1] for c in admissible if c.startswith("drop ")}  # what can be dropped is held
             wanted = [w for w in self._wanted(know, goal_text) if w not in held]
             target_rooms = {r for r, things in know.seen.items() if any(w in things for w in wanted)}
-            target_rooms |= {r for r, texts in know.texts.items()
-                             if any(_mentions(t, w) for t in texts for w in wanted)}
+            target_rooms |= {
+                r for r, texts in know.texts.items() if any(_mentions(t, w) for t in texts for w in wanted)
+            }
             if self._ready_to_prepare(know) and "prepare meal" not in admissible and know.recipe_room:
                 target_rooms = {know.recipe_room}  # everything is done: back to where the meal is made
             if target_rooms and room not in target_rooms:
@@ -705,8 +722,9 @@ class TwReasoner:
             untried = [c for c in goes if c[3:] not in tried]
             if untried:
                 return untried[0]
-            frontier = {r for r, exits in know.exits.items()
-                        if r != room and exits - {d for (x, d, _) in know.moves if x == r}}
+            frontier = {
+                r for r, exits in know.exits.items() if r != room and exits - {d for (x, d, _) in know.moves if x == r}
+            }
             step = self._path_step(know, room, frontier) if frontier else None
             if step is None and room in know.entered:
                 step = OPPOSITE[know.entered[room][1]]
@@ -724,8 +742,10 @@ class TwReasoner:
         held = know.inventory
         if not all(any(h.endswith(i) for h in held) for i in know.recipe.ingredients):
             return False
-        return all(any(h.endswith(i) and (_CUT_DONE.get(v) or _COOK_DONE.get(v, "")) in h.split() for h in held)
-                   for v, i in know.recipe.steps())
+        return all(
+            any(h.endswith(i) and (_CUT_DONE.get(v) or _COOK_DONE.get(v, "")) in h.split() for h in held)
+            for v, i in know.recipe.steps()
+        )
 
     @staticmethod
     def _path_step(know: _Knowledge, start: str, targets: set[str]) -> str | None:
@@ -750,8 +770,13 @@ class TwReasoner:
 # the task family
 
 
-@register_task("ms_textworld", params=MsTextWorldTaskParams, reasoner="ms_textworld", memory="sam",
-               oracle="memrl.data.experts.ms_textworld:TwOracle")
+@register_task(
+    "ms_textworld",
+    params=MsTextWorldTaskParams,
+    reasoner="ms_textworld",
+    memory="sam",
+    oracle="memrl.data.experts.ms_textworld:TwOracle",
+)
 class MsTextWorldTask(GymTask):
     """One TextWorld game as a memrl task: the Gym adapter (:class:`~memrl.data.envs.gym.GymTask`) over
     :class:`~memrl.data.envs.ms_textworld.MsTextWorldEnv`, re-entered by replay (TextWorld has no snapshot here), with
@@ -759,15 +784,22 @@ class MsTextWorldTask(GymTask):
 
     family = "ms_textworld"
 
-    def __init__(self, params: MsTextWorldTaskParams | dict[str, Any] | None = None, seed: int = 0,
-                 task_id: str = "") -> None:
-        given = params if isinstance(params, MsTextWorldTaskParams) else \
-            MsTextWorldTaskParams.model_validate(params or {})
+    def __init__(
+        self, params: MsTextWorldTaskParams | dict[str, Any] | None = None, seed: int = 0, task_id: str = ""
+    ) -> None:
+        given = (
+            params if isinstance(params, MsTextWorldTaskParams) else MsTextWorldTaskParams.model_validate(params or {})
+        )
         self.settings = given.cell(seed)
         game = self.settings.game_params()
-        super().__init__(GymFactory(MsTextWorldEnv, game.model_dump(mode="json")), seed=seed,
-                         task_id=task_id or f"tw-{seed}", family=self.family,
-                         max_steps=self.settings.reasoner_steps(), reentry="replay")
+        super().__init__(
+            GymFactory(MsTextWorldEnv, game.model_dump(mode="json")),
+            seed=seed,
+            task_id=task_id or f"tw-{seed}",
+            family=self.family,
+            max_steps=self.settings.reasoner_steps(),
+            reentry="replay",
+        )
         self.horizon_label = f"{game.challenge}/{self.settings.size or game.size_label()}"
 
     @property
@@ -782,8 +814,13 @@ class MsTextWorldTask(GymTask):
     def memory_defaults(self, config: Any) -> dict[str, Any]:
         """One-turn pages with three turns live (the reasoner's own short context) and cues long enough for a
         recalled recipe; only keys the memory system's config has, and only where the recipe set none."""
-        wanted = {"page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3, "max_cue_tokens": 64,
-                  "expert_metadata": ["gold_entities"]}
+        wanted = {
+            "page_turns": 1,
+            "live_capacity_turns": 4,
+            "keep_recent_turns": 3,
+            "max_cue_tokens": 64,
+            "expert_metadata": ["gold_entities"],
+        }
         fields = getattr(type(config), "model_fields", {})
         return {k: v for k, v in wanted.items() if k in fields}
 
@@ -791,6 +828,10 @@ class MsTextWorldTask(GymTask):
         """The episode metadata: what the privileged expert reads (``gold_entities``: what the walkthrough acts on,
         the target first); a model engine never sees it."""
         record = self.record()
-        return {"family": self.family, "memory": getattr(system, "name", "memory"),
-                "gold_entities": gold_entities(record.walkthrough), "walkthrough_steps": len(record.walkthrough),
-                "challenge": record.challenge}
+        return {
+            "family": self.family,
+            "memory": getattr(system, "name", "memory"),
+            "gold_entities": gold_entities(record.walkthrough),
+            "walkthrough_steps": len(record.walkthrough),
+            "challenge": record.challenge,
+        }

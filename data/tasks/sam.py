@@ -166,8 +166,9 @@ SAM_SETTINGS: dict[str, SamSetting] = {
 }
 
 
-@register_task("sam", params=SamTaskParams, section="sam", reasoner="sam", memory="sam",
-               oracle="memrl.data.experts.sam:SamOracle")
+@register_task(
+    "sam", params=SamTaskParams, section="sam", reasoner="sam", memory="sam", oracle="memrl.data.experts.sam:SamOracle"
+)
 class SamTask(SpecTask):
     """One SAM episode (see the module docstring). Deterministic for (params, seed); survives ``copy.deepcopy``."""
 
@@ -182,7 +183,6 @@ class SamTask(SpecTask):
         self.max_steps = len(self.tour) + self.params.step_slack
         self.pos = 0
         self.env = copy.deepcopy(self._fresh)
-
 
     # ------------------------------------------------------------------------------------------------ building
     def _world_params(self, n_rooms: int, variants: int) -> TextWorldParams:
@@ -374,8 +374,12 @@ class SamTask(SpecTask):
 
     def rollout_metadata(self, system: Any, config: Any) -> dict[str, Any]:
         """The episode metadata of a rollout (the oracle expert's view of the true state; never shown to a model)."""
-        return {"family": "sam", "memory": system.name, "gold_entities": list(self.gold_entities),
-                "evidence_steps": list(self.evidence_turns)}
+        return {
+            "family": "sam",
+            "memory": system.name,
+            "gold_entities": list(self.gold_entities),
+            "evidence_steps": list(self.evidence_turns),
+        }
 
     def snapshot(self) -> Any:
         """The episode's state (world + tour position)."""

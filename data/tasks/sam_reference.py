@@ -116,4 +116,3 @@ def _act_text(reply: str) -> str:
     if calls and calls[0].name == "act":
         return str(calls[0].arguments.get("action", ""))
     return reply
-

@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 API = ROOT / "docs" / "api"
 LAYERS = {
     "data": "Schemas, typed configs, record IO, synthetic environments, task families, benchmark loaders, experts and "
-            "distillation.",
+    "distillation.",
     "rollout": "Engines, memory systems, the agent loop, memory-call trees, the rollout fleet, pivots and the "
-               "evaluation harness.",
+    "evaluation harness.",
     "rewards": "Outcome scorers, the committee and judge, OAT credit, group advantages, pivot rewards, trainer groups.",
     "train": "SFT, the group trainer and its surrogate loss, the online loop, OAT-GRPO, pivot-turn GRPO, checkpoints, "
-             "export.",
+    "export.",
     "launch": "The `memrl` command line, the quickstart, launch layouts, `memrl plan`, the evaluation command.",
 }
 

@@ -25,28 +25,47 @@ ARROW_DEF = (
 )
 
 
-def box(x: float, y: float, w: float, h: float, title: str, lines: list[str], *, fill: str = "#eef1fb",
-        stroke: str = "#3949ab", mono: bool = False) -> str:
+def box(
+    x: float,
+    y: float,
+    w: float,
+    h: float,
+    title: str,
+    lines: list[str],
+    *,
+    fill: str = "#eef1fb",
+    stroke: str = "#3949ab",
+    mono: bool = False,
+) -> str:
     """A rounded box with a bold title and smaller lines under it."""
-    out = [f"<rect x='{x}' y='{y}' width='{w}' height='{h}' rx='8' fill='{fill}' stroke='{stroke}' "
-           "stroke-width='1.4'/>"]
+    out = [
+        f"<rect x='{x}' y='{y}' width='{w}' height='{h}' rx='8' fill='{fill}' stroke='{stroke}' stroke-width='1.4'/>"
+    ]
     ty = y + 22
-    out.append(f"<text x='{x + w / 2}' y='{ty}' text-anchor='middle' font-size='14' font-weight='bold' {FONT} "
-               f"fill='#1a1f36'>{escape(title)}</text>")
+    out.append(
+        f"<text x='{x + w / 2}' y='{ty}' text-anchor='middle' font-size='14' font-weight='bold' {FONT} "
+        f"fill='#1a1f36'>{escape(title)}</text>"
+    )
     for i, line in enumerate(lines):
-        out.append(f"<text x='{x + w / 2}' y='{ty + 19 + 16 * i}' text-anchor='middle' font-size='11.5' "
-                   f"{MONO if mono else FONT} fill='#3a4055'>{escape(line)}</text>")
+        out.append(
+            f"<text x='{x + w / 2}' y='{ty + 19 + 16 * i}' text-anchor='middle' font-size='11.5' "
+            f"{MONO if mono else FONT} fill='#3a4055'>{escape(line)}</text>"
+        )
     return "\n".join(out)
 
 
 def arrow(x1: float, y1: float, x2: float, y2: float, label: str = "", *, dashed: bool = False) -> str:
     """A straight arrow, optionally labelled at its middle."""
     dash = " stroke-dasharray='5,4'" if dashed else ""
-    out = [f"<line x1='{x1}' y1='{y1}' x2='{x2}' y2='{y2}' stroke='#5c6273' stroke-width='1.6'{dash} "
-           f"marker-end='url(#arrow)'/>"]
+    out = [
+        f"<line x1='{x1}' y1='{y1}' x2='{x2}' y2='{y2}' stroke='#5c6273' stroke-width='1.6'{dash} "
+        f"marker-end='url(#arrow)'/>"
+    ]
     if label:
-        out.append(f"<text x='{(x1 + x2) / 2}' y='{(y1 + y2) / 2 - 6}' text-anchor='middle' font-size='11' {FONT} "
-                   f"fill='#5c6273'>{escape(label)}</text>")
+        out.append(
+            f"<text x='{(x1 + x2) / 2}' y='{(y1 + y2) / 2 - 6}' text-anchor='middle' font-size='11' {FONT} "
+            f"fill='#5c6273'>{escape(label)}</text>"
+        )
     return "\n".join(out)
 
 
@@ -55,23 +74,27 @@ def path_arrow(points: list[tuple[float, float]], label: str = "", label_at: tup
     d = " ".join(f"{'M' if i == 0 else 'L'}{x},{y}" for i, (x, y) in enumerate(points))
     out = [f"<path d='{d}' fill='none' stroke='#5c6273' stroke-width='1.6' marker-end='url(#arrow)'/>"]
     if label and label_at:
-        out.append(f"<text x='{label_at[0]}' y='{label_at[1]}' text-anchor='middle' font-size='11' {FONT} "
-                   f"fill='#5c6273'>{escape(label)}</text>")
+        out.append(
+            f"<text x='{label_at[0]}' y='{label_at[1]}' text-anchor='middle' font-size='11' {FONT} "
+            f"fill='#5c6273'>{escape(label)}</text>"
+        )
     return "\n".join(out)
 
 
 def svg(width: int, height: int, body: list[str], title: str) -> str:
     """The document around ``body``."""
-    return "\n".join([
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-        f"role='img' aria-label='{escape(title)}'>",
-        f"<title>{escape(title)}</title>",
-        ARROW_DEF,
-        f"<rect width='{width}' height='{height}' fill='white'/>",
-        *body,
-        "</svg>",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+            f"role='img' aria-label='{escape(title)}'>",
+            f"<title>{escape(title)}</title>",
+            ARROW_DEF,
+            f"<rect width='{width}' height='{height}' fill='white'/>",
+            *body,
+            "</svg>",
+            "",
+        ]
+    )
 
 
 def pipeline() -> str:
@@ -85,8 +108,10 @@ def pipeline() -> str:
         ("export", ["merged HF checkpoint", "+ model card,", "verified in vLLM"]),
         ("evaluate", ["harness: systems x", "models x benchmarks", "(LoCoMo, AMA-Bench)"]),
     ]
-    body = [f"<text x='20' y='24' font-size='15' font-weight='bold' {FONT} fill='#1a1f36'>memrl: a memory model "
-            "from expert traces to a trained, exported checkpoint</text>"]
+    body = [
+        f"<text x='20' y='24' font-size='15' font-weight='bold' {FONT} fill='#1a1f36'>memrl: a memory model "
+        "from expert traces to a trained, exported checkpoint</text>"
+    ]
     xs = [20 + i * (w + gap) for i in range(len(stages))]
     for i, (x, (title, lines)) in enumerate(zip(xs, stages, strict=True)):
         fill = "#fff4e5" if title == "RL" else "#eef1fb"
@@ -107,17 +132,30 @@ def pipeline() -> str:
     total = len(loop) * lw + (len(loop) - 1) * 24
     start = rl + w / 2 - total / 2
     lxs = [start + i * (lw + 24) for i in range(len(loop))]
-    body.append(f"<rect x='{start - 16}' y='{ly - 34}' width='{total + 32}' height='{lh + 70}' rx='10' "
-                "fill='#fffaf2' stroke='#e07b00' stroke-width='1' stroke-dasharray='6,4'/>")
-    body.append(f"<text x='{start - 4}' y='{ly - 14}' font-size='12' {FONT} fill='#9a5400'>one RL iteration "
-                "(the frozen reasoner continues every sample; only the memory model is trained)</text>")
+    body.append(
+        f"<rect x='{start - 16}' y='{ly - 34}' width='{total + 32}' height='{lh + 70}' rx='10' "
+        "fill='#fffaf2' stroke='#e07b00' stroke-width='1' stroke-dasharray='6,4'/>"
+    )
+    body.append(
+        f"<text x='{start - 4}' y='{ly - 14}' font-size='12' {FONT} fill='#9a5400'>one RL iteration "
+        "(the frozen reasoner continues every sample; only the memory model is trained)</text>"
+    )
     for i, (x, (title, lines)) in enumerate(zip(lxs, loop, strict=True)):
         body.append(box(x, ly, lw, lh, title, lines, fill="#ffffff", stroke="#e07b00"))
         if i:
             body.append(arrow(lxs[i - 1] + lw, ly + lh / 2, x - 2, ly + lh / 2))
-    body.append(path_arrow([(lxs[-1] + lw / 2, ly + lh), (lxs[-1] + lw / 2, ly + lh + 18),
-                            (lxs[0] + lw / 2, ly + lh + 18), (lxs[0] + lw / 2, ly + lh + 2)],
-                           "next iteration", ((lxs[0] + lxs[-1] + lw) / 2, ly + lh + 14)))
+    body.append(
+        path_arrow(
+            [
+                (lxs[-1] + lw / 2, ly + lh),
+                (lxs[-1] + lw / 2, ly + lh + 18),
+                (lxs[0] + lw / 2, ly + lh + 18),
+                (lxs[0] + lw / 2, ly + lh + 2),
+            ],
+            "next iteration",
+            ((lxs[0] + lxs[-1] + lw) / 2, ly + lh + 14),
+        )
+    )
     body.append(arrow(rl + w / 2, y + h, rl + w / 2, ly - 36, dashed=True))
     width = int(max(xs[-1] + w, lxs[-1] + lw + 16) + 20)
     return svg(width, ly + lh + 50, body, "memrl pipeline")
@@ -145,8 +183,10 @@ def iteration() -> str:
     ]
     y1, y2 = 50, 200
     xs = [24 + i * (w + gap) for i in range(len(top))]
-    body = [f"<text x='20' y='28' font-size='15' font-weight='bold' {FONT} fill='#1a1f36'>One OAT-GRPO iteration, "
-            "module by module</text>"]
+    body = [
+        f"<text x='20' y='28' font-size='15' font-weight='bold' {FONT} fill='#1a1f36'>One OAT-GRPO iteration, "
+        "module by module</text>"
+    ]
     for i, (x, (title, lines)) in enumerate(zip(xs, top, strict=True)):
         fill, stroke = ("#f1f1f4", "#5c6273") if i < 2 else ("#eef1fb", "#3949ab")
         body.append(box(x, y1, w, h, title, lines, fill=fill, stroke=stroke, mono=True))
@@ -160,18 +200,25 @@ def iteration() -> str:
             body.append(arrow(rxs[i - 1], y2 + h / 2, x + w + 2, y2 + h / 2))
     body.append(arrow(xs[-1] + w / 2, y1 + h, xs[-1] + w / 2, y2 - 2, "trees"))
     mid = (y1 + h + y2) / 2
-    body.append(path_arrow([(xs[0], y2 + h / 2), (8, y2 + h / 2), (8, mid), (xs[1] + w / 2, mid),
-                            (xs[1] + w / 2, y1 + h + 2)], "policy version v+1: next iteration",
-                           (xs[0] + w / 2 + 30, mid - 6)))
-    legend = [("#f1f1f4", "#5c6273", "driver (every process)"),
-              ("#eef1fb", "#3949ab", "rollout plane (rank 0 drives Ray workers)"),
-              ("#eef8f0", "#2e7d32", "rewards (main process, whole batch)"),
-              ("#fff4e5", "#e07b00", "training (every process)")]
+    body.append(
+        path_arrow(
+            [(xs[0], y2 + h / 2), (8, y2 + h / 2), (8, mid), (xs[1] + w / 2, mid), (xs[1] + w / 2, y1 + h + 2)],
+            "policy version v+1: next iteration",
+            (xs[0] + w / 2 + 30, mid - 6),
+        )
+    )
+    legend = [
+        ("#f1f1f4", "#5c6273", "driver (every process)"),
+        ("#eef1fb", "#3949ab", "rollout plane (rank 0 drives Ray workers)"),
+        ("#eef8f0", "#2e7d32", "rewards (main process, whole batch)"),
+        ("#fff4e5", "#e07b00", "training (every process)"),
+    ]
     for i, (fill, stroke, text) in enumerate(legend):
         lx = 20 + i * 320 + 40
         body.append(f"<rect x='{lx}' y='{y2 + h + 30}' width='16' height='12' fill='{fill}' stroke='{stroke}'/>")
-        body.append(f"<text x='{lx + 22}' y='{y2 + h + 40}' font-size='11.5' {FONT} fill='#3a4055'>"
-                    f"{escape(text)}</text>")
+        body.append(
+            f"<text x='{lx + 22}' y='{y2 + h + 40}' font-size='11.5' {FONT} fill='#3a4055'>{escape(text)}</text>"
+        )
     return svg(int(xs[-1] + w + 20), y2 + h + 60, body, "one OAT-GRPO iteration")
 
 

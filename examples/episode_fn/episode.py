@@ -40,8 +40,10 @@ async def run(task: Any, memory: Any, reasoner: Any) -> Outcome:
     admissible = ["go north"]
     for turn in range(int(task.params.get("max_turns", 12))):
         if turn % 2 == 1:
-            note = await memory.generate([{"role": "system", "content": NOTE_PROMPT},
-                                          {"role": "user", "content": "\n".join(seen[-2:])}], role="note")
+            note = await memory.generate(
+                [{"role": "system", "content": NOTE_PROMPT}, {"role": "user", "content": "\n".join(seen[-2:])}],
+                role="note",
+            )
             notes.append(note.strip().split("\n")[0][:120])
         action = player(notes + seen[-2:], admissible)
         observation, reward, done, info = game.step(action)

@@ -56,9 +56,11 @@ class NotesMemory(MemorySystem):
     def on_turn(self, turn: Turn) -> None:
         self.turns.append(turn)
         if len(self.turns) % self.config.every == 0:
-            seen = "\n".join(t.observation for t in self.turns[-self.config.every:])
-            messages = [{"role": "system", "content": "Write one short line: what must be remembered?"},
-                        {"role": "user", "content": seen}]
+            seen = "\n".join(t.observation for t in self.turns[-self.config.every :])
+            messages = [
+                {"role": "system", "content": "Write one short line: what must be remembered?"},
+                {"role": "user", "content": seen},
+            ]
             self.pending = MemoryRequest("note", messages, self.config.sampling["note"])
 
     def next_memory_request(self) -> MemoryRequest | None:
@@ -70,9 +72,11 @@ class NotesMemory(MemorySystem):
 
     def reasoner_messages(self, system_prompt: str) -> list[Any]:
         notes = "\n".join(f"- {n}" for n in self.notes) or "(none)"
-        out = [{"role": "system", "content": system_prompt or self.reasoner_system},
-               {"role": "user", "content": f"task: {self.task}\nnotes:\n{notes}"}]
-        for t in self.turns[-self.config.window:]:
+        out = [
+            {"role": "system", "content": system_prompt or self.reasoner_system},
+            {"role": "user", "content": f"task: {self.task}\nnotes:\n{notes}"},
+        ]
+        for t in self.turns[-self.config.window :]:
             if t.action_text:
                 out.append({"role": "assistant", "content": t.action_text})
             out.append({"role": "tool" if t.action_text else "user", "content": t.observation})
@@ -92,7 +96,7 @@ class VaultPlayer:
         else:
             found = re.findall(r"vault code is (\d{3})", text)
             action = f"enter {found[-1] if found else rng.randint(100, 999)}"
-        return '<tool_call>' + json.dumps({"name": "act", "arguments": {"action": action}}) + '</tool_call>'
+        return "<tool_call>" + json.dumps({"name": "act", "arguments": {"action": action}}) + "</tool_call>"
 
 
 @register_reasoner("note_expert")

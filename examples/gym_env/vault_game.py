@@ -44,6 +44,10 @@ class VaultGame:
             return obs, 0.0, False, info
         if self.pos > self.corridor and (m := re.fullmatch(r"enter (\d{3})", action)):
             won = m.group(1) == self.code
-            return ("The vault opens!" if won else "Wrong code. The keypad locks."), float(won), True, \
-                {"outcome": float(won), "won": won}
+            return (
+                ("The vault opens!" if won else "Wrong code. The keypad locks."),
+                float(won),
+                True,
+                {"outcome": float(won), "won": won},
+            )
         return f"Nothing happens ({action!r}).", 0.0, False, info

@@ -57,8 +57,11 @@ def play(task: dict[str, Any], seed: int, base_url: str) -> float:
     seen, notes, admissible = [game.reset(seed)], [], ["go north"]
     for turn in range(int(task.get("max_turns", 12))):
         if turn % 2 == 1:
-            note = chat(base_url, [{"role": "system", "content": NOTE_PROMPT},
-                                   {"role": "user", "content": "\n".join(seen[-2:])}], role="note")
+            note = chat(
+                base_url,
+                [{"role": "system", "content": NOTE_PROMPT}, {"role": "user", "content": "\n".join(seen[-2:])}],
+                role="note",
+            )
             notes.append(note.strip().split("\n")[0][:120])
         observation, reward, done, info = game.step(player(notes + seen[-2:], admissible))
         seen.append(observation)

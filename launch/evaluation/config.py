@@ -24,9 +24,10 @@ class DatasetSpec(ConfigModel):
     """One dataset: synthetic AMA-format episodes, a file in a public format, or a family of interactive tasks."""
 
     name: str = Field(min_length=1)  # label of the dataset in results
-    kind: Literal["ama_synthetic", "amabench", "locomo", "memoryarena", "generic", "sam", "proactive", "tasks"] = \
-        Field(description="synthetic AMA episodes, a file in a public format (path), a built-in task family (sam, "
-                          "proactive), or tasks of any registered family (tasks, e.g. a Gym env by entry)")
+    kind: Literal["ama_synthetic", "amabench", "locomo", "memoryarena", "generic", "sam", "proactive", "tasks"] = Field(
+        description="synthetic AMA episodes, a file in a public format (path), a built-in task family (sam, "
+        "proactive), or tasks of any registered family (tasks, e.g. a Gym env by entry)"
+    )
     path: str | None = None  # the file of amabench / locomo / memoryarena / generic
     envs: list[str] = ["textworld"]  # ama_synthetic: environments
     target_tokens: list[int] = [1000]  # ama_synthetic: trajectory lengths (the horizon breakdown)
@@ -112,8 +113,11 @@ class EvalConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _unique(self) -> EvalConfig:
-        for what, names in (("dataset", [d.name for d in self.datasets]), ("system", [s.name for s in self.systems]),
-                            ("model", [m.name for m in self.models])):
+        for what, names in (
+            ("dataset", [d.name for d in self.datasets]),
+            ("system", [s.name for s in self.systems]),
+            ("model", [m.name for m in self.models]),
+        ):
             dup = {n for n in names if names.count(n) > 1}
             if dup:
                 raise ValueError(f"{what} names must be unique, repeated: {sorted(dup)}")

@@ -34,8 +34,9 @@ def check_inputs(cfg: EvalConfig) -> None:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, UserError):
                 raise
-            raise UserError(f"{key}: {path} is not a readable {spec.kind} dataset ({type(exc).__name__}: "
-                            f"{exc})") from None
+            raise UserError(
+                f"{key}: {path} is not a readable {spec.kind} dataset ({type(exc).__name__}: {exc})"
+            ) from None
         if not episodes:
             raise UserError(f"{key}: {path} holds no episodes, so there is nothing to evaluate")
 
@@ -56,9 +57,12 @@ def load_dataset(spec: DatasetSpec, data_dir: str | None = None) -> list[Any]:
         return tasks[: spec.max_episodes] if spec.max_episodes else tasks
     if spec.kind == "ama_synthetic":
         episodes = [
-            make_ama_episode(env, dict(spec.env_params), spec.seed + i, target, noise=spec.noise,
-                             per_type=spec.per_type)
-            for env in spec.envs for target in spec.target_tokens for i in range(spec.episodes_per_setting)
+            make_ama_episode(
+                env, dict(spec.env_params), spec.seed + i, target, noise=spec.noise, per_type=spec.per_type
+            )
+            for env in spec.envs
+            for target in spec.target_tokens
+            for i in range(spec.episodes_per_setting)
         ]
     else:
         from memrl.data.loaders import LOADERS

@@ -101,12 +101,24 @@ def make_scorer(ama_judge: JudgeScorer, locomo_judge: JudgeScorer | None) -> Sco
                 scores["locomo"] = float(locomo_score(answer, r["gold"], category))
             out.append(scores)
         qa = [i for i, r in enumerate(records) if r["mode"] == "qa"]
-        items = [JudgeItem(records[i]["question"], records[i]["gold"], records[i]["answer"] or "",
-                           records[i].get("task", ""), records[i].get("task_type", ""),
-                           str(records[i].get("episode_id", ""))) for i in qa]
+        items = [
+            JudgeItem(
+                records[i]["question"],
+                records[i]["gold"],
+                records[i]["answer"] or "",
+                records[i].get("task", ""),
+                records[i].get("task_type", ""),
+                str(records[i].get("episode_id", "")),
+            )
+            for i in qa
+        ]
         for i, verdict in zip(qa, ama_judge.score(items), strict=True):
-            out[i].update(judge=verdict.score, judge_acc=float(verdict.score == 1.0),
-                          judge_parsed=float(verdict.parsed), judge_failed=float(verdict.failed))
+            out[i].update(
+                judge=verdict.score,
+                judge_acc=float(verdict.score == 1.0),
+                judge_parsed=float(verdict.parsed),
+                judge_failed=float(verdict.failed),
+            )
         locomo = [i for i in qa if locomo_category(records[i].get("category")) is not None]
         if locomo_judge is not None and locomo:
             items = [JudgeItem(records[i]["question"], records[i]["gold"], records[i]["answer"] or "") for i in locomo]
@@ -115,8 +127,6 @@ def make_scorer(ama_judge: JudgeScorer, locomo_judge: JudgeScorer | None) -> Sco
         return out
 
     return score
-
-
 
 
 def task_engines(spec: Any, tasks: list[Any], engines: EvalEngines, memory: Engine | None) -> EngineSet:
@@ -132,12 +142,15 @@ def task_engines(spec: Any, tasks: list[Any], engines: EvalEngines, memory: Engi
         if spec.reasoner is not None:
             reasoner = engines.build(spec.reasoner)
         else:
-            reasoner = engines.scripted(load_scripted_policy(reg.extra.get("reasoner") or
-                                                             "memrl.rollout.episodes:NoReasoner"), "reasoner")
+            reasoner = engines.scripted(
+                load_scripted_policy(reg.extra.get("reasoner") or "memrl.rollout.episodes:NoReasoner"), "reasoner"
+            )
         if memory is None:
             if not reg.extra.get("oracle") or reg.extra.get("memory") == "proactive":
-                raise ComponentError(f"dataset {spec.name!r}: family {spec.tasks.family!r} has no oracle expert to "
-                                     f"stand in for 'engine: null': give the model an engine")
+                raise ComponentError(
+                    f"dataset {spec.name!r}: family {spec.tasks.family!r} has no oracle expert to "
+                    f"stand in for 'engine: null': give the model an engine"
+                )
             memory = engines.scripted(import_entry(reg.extra["oracle"], "oracle expert")(), "oracle")
         return EngineSet(reasoner=reasoner, memory=memory)
     if kind == "sam":

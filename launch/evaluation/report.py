@@ -26,8 +26,6 @@ TOKENS_NOT_COUNTED = (
 )
 
 
-
-
 def write_per_question(cfg: EvalConfig, records: list[dict[str, Any]], path: str | Path) -> Path:
     """``per_question.tsv``: one line per question (task run) sorted by dataset, episode, item, system and model, with
     the official score, the judge's, the answer and the gold answer, so two runs can be compared with ``diff``."""
@@ -45,9 +43,23 @@ def write_per_question(cfg: EvalConfig, records: list[dict[str, Any]], path: str
     for r in sorted(records, key=lambda r: (r["dataset"], r["episode_id"], r["item_id"], r["system"], r["model"])):
         scores = r.get("scores") or {}
         metric = OFFICIAL.get(kinds.get(r["dataset"], ""), ("success",))[0]
-        lines.append("\t".join(cell(v) for v in (
-            r["dataset"], r["episode_id"], r["item_id"], r["system"], r["model"], r.get("qa_type") or r.get("mode"),
-            scores.get(metric), scores.get("judge"), r.get("answer"), r.get("gold"))))
+        lines.append(
+            "\t".join(
+                cell(v)
+                for v in (
+                    r["dataset"],
+                    r["episode_id"],
+                    r["item_id"],
+                    r["system"],
+                    r["model"],
+                    r.get("qa_type") or r.get("mode"),
+                    scores.get(metric),
+                    scores.get("judge"),
+                    r.get("answer"),
+                    r.get("gold"),
+                )
+            )
+        )
     return atomic_write_text(path, "\n".join(lines) + "\n")
 
 
@@ -84,8 +96,13 @@ def _horizon_key(value: str) -> tuple[float, str]:
     return (int(digits) * scale if digits else float("inf"), value)
 
 
-def _pivot(rows: list[dict[str, Any]], column: str, metric: str, order: list[str] | None = None,
-           overall: list[dict[str, Any]] | None = None) -> tuple[list[str], list[list[Any]]]:
+def _pivot(
+    rows: list[dict[str, Any]],
+    column: str,
+    metric: str,
+    order: list[str] | None = None,
+    overall: list[dict[str, Any]] | None = None,
+) -> tuple[list[str], list[list[Any]]]:
     values = order or sorted({str(r[column]) for r in rows}, key=_horizon_key if column == "horizon" else None)
     values = [v for v in values if any(str(r[column]) == v for r in rows)]
     cells: dict[tuple[str, str], dict[str, Any]] = {}
@@ -93,8 +110,10 @@ def _pivot(rows: list[dict[str, Any]], column: str, metric: str, order: list[str
         cells.setdefault((r["system"], r["model"]), {})[str(r[column])] = _ci(r, metric)
     totals = {(r["system"], r["model"]): _ci(r, metric) for r in overall or []}
     head = (["all"] if overall is not None else []) + values
-    body = [[s, m, *([totals.get((s, m), "-")] if overall is not None else []), *[cell.get(v, "-") for v in values]]
-            for (s, m), cell in cells.items()]
+    body = [
+        [s, m, *([totals.get((s, m), "-")] if overall is not None else []), *[cell.get(v, "-") for v in values]]
+        for (s, m), cell in cells.items()
+    ]
     return head, body
 
 
@@ -109,14 +128,28 @@ def _health_lines(cfg: EvalConfig, entry: dict[str, Any]) -> list[str]:
     header += ["failed requests (items)", "judge unparsed", "memory-model unparsed", "score rests on them"]
     body = []
     for h in rows:
-        row = [h["system"], h["model"], h["items"], h["no_answer"],
-               f"{h['malformed_replies']} ({h['malformed_items']})"]
+        row = [
+            h["system"],
+            h["model"],
+            h["items"],
+            h["no_answer"],
+            f"{h['malformed_replies']} ({h['malformed_items']})",
+        ]
         row += [h["free_text_answers"]] if cfg.free_text_answers else []
-        row += [f"{h['failed_requests']} ({h['failed_items']})", h["judge_unparsed"], h["memory_unparsed"],
-                "**yes**" if h["rests_on_failures"] else "no"]
+        row += [
+            f"{h['failed_requests']} ({h['failed_items']})",
+            h["judge_unparsed"],
+            h["memory_unparsed"],
+            "**yes**" if h["rests_on_failures"] else "no",
+        ]
         body.append(row)
-    lines = ["", "What the scores stand on (an unanswered item scores as a wrong answer; a judge request that failed "
-             "or a judge reply that did not parse is scored by token F1):", "", *_table(header, body)]
+    lines = [
+        "",
+        "What the scores stand on (an unanswered item scores as a wrong answer; a judge request that failed "
+        "or a judge reply that did not parse is scored by token F1):",
+        "",
+        *_table(header, body),
+    ]
     for h in rows:
         if h["rests_on_failures"]:
             why = [f"{h['no_answer']} of {h['items']} items got no answer"]
@@ -124,9 +157,12 @@ def _health_lines(cfg: EvalConfig, entry: dict[str, Any]) -> list[str]:
                 why.append(f"{h['malformed_items']} had reasoner replies without the `answer` tool call")
             if h["failed_items"]:
                 why.append(f"{h['failed_items']} met a request that failed after its retries")
-            lines += ["", f"**{h['system']} x {h['model']}: the score rests on failures** ({'; '.join(why)}; at "
-                      f"least {RESTS_ON_SHARE:.0%} of the items): it says more about the reply format or the "
-                      "endpoints than about the memory system."]
+            lines += [
+                "",
+                f"**{h['system']} x {h['model']}: the score rests on failures** ({'; '.join(why)}; at "
+                f"least {RESTS_ON_SHARE:.0%} of the items): it says more about the reply format or the "
+                "endpoints than about the memory system.",
+            ]
     return lines
 
 
@@ -138,14 +174,21 @@ def _adversarial_note(cfg: EvalConfig, entry: dict[str, Any]) -> list[str]:
         return []
     shares = "; ".join(f"{r['system']} x {r['model']} {r['fallback']} of {r['n']}" for r in rows)
     if cfg.reasoner is None:
-        why = ("The programmatic reader says so for every adversarial question whatever the memory kept: with the "
-               "evidence in its context it answers the gold, 'Not mentioned in the conversation', and without it "
-               f"its fallback '{NOT_IN_CONTEXT}'. The adversarial column measures that fallback, not memory.")
+        why = (
+            "The programmatic reader says so for every adversarial question whatever the memory kept: with the "
+            "evidence in its context it answers the gold, 'Not mentioned in the conversation', and without it "
+            f"its fallback '{NOT_IN_CONTEXT}'. The adversarial column measures that fallback, not memory."
+        )
     else:
-        why = ("A reasoner that says so whenever it lacks the evidence earns these points without any memory: read "
-               "the adversarial column beside the other categories, not alone.")
-    return ["", "**Note: adversarial is scored by a fallback.** LoCoMo scores an adversarial question 1 when the "
-            f"answer says the information is not mentioned (or not available). Answers that say so: {shares}. {why}"]
+        why = (
+            "A reasoner that says so whenever it lacks the evidence earns these points without any memory: read "
+            "the adversarial column beside the other categories, not alone."
+        )
+    return [
+        "",
+        "**Note: adversarial is scored by a fallback.** LoCoMo scores an adversarial question 1 when the "
+        f"answer says the information is not mentioned (or not available). Answers that say so: {shares}. {why}",
+    ]
 
 
 def _drop_tokens(header: list[str], rows: list[list[Any]], counted: bool) -> tuple[list[str], list[list[Any]]]:
@@ -161,31 +204,58 @@ def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> 
     lines = [f"# memrl eval: {cfg.run.name or 'run'}", ""]
     probe = summary.get("reasoner_format") or {}
     if probe.get("follows") is False:
-        lines += [f"**Warning: the reasoner does not answer in the harness's format.** Asked one easy question "
-                  f"before the run, it replied `{probe['reply']}` instead of the `answer` tool call "
-                  "(`<tool_call>{\"name\": \"answer\", \"arguments\": {\"answer\": ...}}</tool_call>`). "
-                  + ("Its plain-text replies are taken as answers (`free_text_answers: true`)."
-                     if cfg.free_text_answers else
-                     "Replies without the tool call count as malformed and their questions as unanswered; "
-                     "`free_text_answers: true` takes plain-text replies as answers."), ""]
+        lines += [
+            f"**Warning: the reasoner does not answer in the harness's format.** Asked one easy question "
+            f"before the run, it replied `{probe['reply']}` instead of the `answer` tool call "
+            '(`<tool_call>{"name": "answer", "arguments": {"answer": ...}}</tool_call>`). '
+            + (
+                "Its plain-text replies are taken as answers (`free_text_answers: true`)."
+                if cfg.free_text_answers
+                else "Replies without the tool call count as malformed and their questions as unanswered; "
+                "`free_text_answers: true` takes plain-text replies as answers."
+            ),
+            "",
+        ]
     if cfg.reasoner is None and any(s.kind in QA_KINDS for s in cfg.datasets):
         lines += [f"**Reader.** {READER_NOTE}", ""]
-    lines += [f"Judge: {summary['judge']}. Memory models: "
-              + ", ".join(f"`{m.name}` ({m.engine.engine_name if m.engine else 'scripted'})" for m in cfg.models)
-              + ". Tokens are per question (per task run for task datasets): reasoner tokens spent (prefill not "
-              "served from cache plus generated), memory-model prompt + completion tokens (answer phase plus the "
-              "question's share of ingesting the trajectory). Every score is the mean with its 95% bootstrap "
-              "confidence interval [low, high] (1000 resamples of the questions, or tasks).", ""]
+    lines += [
+        f"Judge: {summary['judge']}. Memory models: "
+        + ", ".join(f"`{m.name}` ({m.engine.engine_name if m.engine else 'scripted'})" for m in cfg.models)
+        + ". Tokens are per question (per task run for task datasets): reasoner tokens spent (prefill not "
+        "served from cache plus generated), memory-model prompt + completion tokens (answer phase plus the "
+        "question's share of ingesting the trajectory). Every score is the mean with its 95% bootstrap "
+        "confidence interval [low, high] (1000 resamples of the questions, or tasks).",
+        "",
+    ]
     for name, entry in summary["datasets"].items():
         lines += [f"## {name} ({entry['kind']}, {entry['episodes']} episodes)", ""]
         if entry["kind"] in TASK_SYSTEMS:
             sampled = {(r["system"], r["model"]): r for r in entry["sampled"]}
-            rows = [[r["system"], r["model"], r["n"], _ci(r, "success"),
-                     _ci(sampled.get((r["system"], r["model"]), {}), "success"), _tokens(r["reasoner_tokens"]),
-                     _tokens(r["memory_tokens"])] for r in entry["greedy"]]
-            header, rows = _drop_tokens(["system", "model", "tasks", "success (greedy)", "success (sampled)",
-                                         "reasoner tok/task", "memory tok/task"], rows,
-                                        entry.get("tokens_counted", True))
+            rows = [
+                [
+                    r["system"],
+                    r["model"],
+                    r["n"],
+                    _ci(r, "success"),
+                    _ci(sampled.get((r["system"], r["model"]), {}), "success"),
+                    _tokens(r["reasoner_tokens"]),
+                    _tokens(r["memory_tokens"]),
+                ]
+                for r in entry["greedy"]
+            ]
+            header, rows = _drop_tokens(
+                [
+                    "system",
+                    "model",
+                    "tasks",
+                    "success (greedy)",
+                    "success (sampled)",
+                    "reasoner tok/task",
+                    "memory tok/task",
+                ],
+                rows,
+                entry.get("tokens_counted", True),
+            )
             lines += _table(header, rows)
             if not entry.get("tokens_counted", True):
                 lines += ["", TOKENS_NOT_COUNTED]
@@ -214,8 +284,16 @@ def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> 
         em, f1 = ("ama_em", "ama_f1") if entry["kind"] in ("amabench", "ama_synthetic") else ("exact_match", "f1")
         rows = []
         for r in entry["overall"]:
-            row = [r["system"], r["model"], r["n"], _ci(r, "judge_acc"), _ci(r, "judge"), _ci(r, em), _ci(r, f1),
-                   _ci(r, "bleu1")]
+            row = [
+                r["system"],
+                r["model"],
+                r["n"],
+                _ci(r, "judge_acc"),
+                _ci(r, "judge"),
+                _ci(r, em),
+                _ci(r, f1),
+                _ci(r, "bleu1"),
+            ]
             row += [_ci(r, "locomo"), _ci(r, "locomo_judge")] if has_locomo else []
             row += [_ci(r, "evidence_in_context"), _tokens(r["reasoner_tokens"]), _tokens(r["memory_tokens"])]
             rows.append(row)
@@ -228,17 +306,26 @@ def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> 
             lines += ["", "Judge accuracy by QA type:", "", *_table(["system", "model", *values], pivot)]
         values, pivot = _pivot(entry["by_horizon"], "horizon", metric)
         label = "LoCoMo F1" if metric == "locomo" else "Judge accuracy"
-        lines += ["", f"{label} by horizon (conversation length in tokens, or the generator's target length):", "",
-                  *_table(["system", "model", *values], pivot)]
+        lines += [
+            "",
+            f"{label} by horizon (conversation length in tokens, or the generator's target length):",
+            "",
+            *_table(["system", "model", *values], pivot),
+        ]
         lines += _adversarial_note(cfg, entry)
         lines += _health_lines(cfg, entry)
         if "loader_defaults" in entry:
             d = entry["loader_defaults"]
-            lines += ["", f"Loader defaults (as the benchmark's own loader takes them): {d['questions']} questions, "
-                      "e.g. " + "; ".join(f"`{x}`" for x in d["examples"]) + "."]
+            lines += [
+                "",
+                f"Loader defaults (as the benchmark's own loader takes them): {d['questions']} questions, "
+                "e.g. " + "; ".join(f"`{x}`" for x in d["examples"]) + ".",
+            ]
         lines.append("")
     if summary["skipped"]:
         lines += ["Not applicable (skipped): " + "; ".join(summary["skipped"]) + ".", ""]
-    lines += ["Per-question results (sorted, for `diff` between runs): `per_question.tsv`; every record: "
-              "`results.jsonl`.", ""]
+    lines += [
+        "Per-question results (sorted, for `diff` between runs): `per_question.tsv`; every record: `results.jsonl`.",
+        "",
+    ]
     return atomic_write_text(path, "\n".join(lines) + "\n")

@@ -34,7 +34,6 @@ __all__ = ["FORMAT_PROBE", "REPLY_FORMAT", "evaluate", "load_results", "probe_re
 log = logging.getLogger(__name__)
 
 
-
 def incompatible(spec: Any, memory: str) -> str | None:
     """Why a dataset cannot run a memory system (None: it can)."""
     if spec.kind in ("sam", "proactive") and memory not in TASK_SYSTEMS[spec.kind]:
@@ -44,9 +43,13 @@ def incompatible(spec: Any, memory: str) -> str | None:
 
         own_loop = family_of(spec.tasks).extra.get("kind") in ("episode", "http")
         if own_loop != (memory == "external"):
-            return ("an episode function or an HTTP agent runs its own memory (memory: external)" if own_loop else
-                    "memory: external is for episode functions and HTTP agents")
+            return (
+                "an episode function or an HTTP agent runs its own memory (memory: external)"
+                if own_loop
+                else "memory: external is for episode functions and HTTP agents"
+            )
     return None
+
 
 def run_eval(cfg: EvalConfig) -> int:
     """``memrl eval``: run (or resume) the evaluation into the run directory and print the report's main tables."""
@@ -57,23 +60,25 @@ def run_eval(cfg: EvalConfig) -> int:
     return 0
 
 
-
-
-REPLY_FORMAT = ('<tool_call>{"name": "answer", "arguments": {"answer": "..."}}</tool_call> (or the '
-                '<tool_call><function=answer><parameter=answer>...</parameter></function></tool_call> form, or a bare '
-                'JSON object with "name" and "arguments")')
+REPLY_FORMAT = (
+    '<tool_call>{"name": "answer", "arguments": {"answer": "..."}}</tool_call> (or the '
+    "<tool_call><function=answer><parameter=answer>...</parameter></function></tool_call> form, or a bare "
+    'JSON object with "name" and "arguments")'
+)
 """The reply the harness reads as an answer (memrl.data.formats.parse_tool_calls); anything else is malformed."""
-FORMAT_PROBE = ("context: the red key is in the kitchen drawer. The blue key is in the garage.\n"
-                "question: where is the red key?")
+FORMAT_PROBE = (
+    "context: the red key is in the kitchen drawer. The blue key is in the garage.\nquestion: where is the red key?"
+)
 """The probe question sent to a model reasoner before an evaluation (with the QA reasoner's system prompt)."""
 
 
 def probe_reasoner_format(reasoner: Engine, free_text: bool) -> dict[str, Any]:
     """Ask the reasoner one easy question as the harness asks (QA system prompt, greedy) and check that it answers
     with the ``answer`` tool call the harness parses; a clear warning when it does not. Returns what it saw."""
-    request = GenerationRequest(messages=[Message(role="system", content=QA_REASONER_SYSTEM),
-                                          Message(role="user", content=FORMAT_PROBE)],
-                                sampling=SamplingParams(temperature=0.0, max_tokens=128, seed=0))
+    request = GenerationRequest(
+        messages=[Message(role="system", content=QA_REASONER_SYSTEM), Message(role="user", content=FORMAT_PROBE)],
+        sampling=SamplingParams(temperature=0.0, max_tokens=128, seed=0),
+    )
     try:
         reply = reasoner.generate([request])[0].completions[0].text
     except EngineError as exc:
@@ -83,11 +88,16 @@ def probe_reasoner_format(reasoner: Engine, free_text: bool) -> dict[str, Any]:
     follows = any(c.name == "answer" and "answer" in c.arguments for c in calls)
     excerpt = " ".join(reply.split())[:200]
     if not follows:
-        then = ("its plain-text replies are taken as answers (free_text_answers: true)" if free_text else
-                "every answer it gives so is dropped as malformed and scores as unanswered; set free_text_answers: "
-                "true to take plain-text replies as answers")
-        log.warning(f"[eval] the reasoner {reasoner.name} did not answer the format probe with the tool call the "
-                    f"harness reads, {REPLY_FORMAT}; it replied {excerpt!r}: {then}")
+        then = (
+            "its plain-text replies are taken as answers (free_text_answers: true)"
+            if free_text
+            else "every answer it gives so is dropped as malformed and scores as unanswered; set free_text_answers: "
+            "true to take plain-text replies as answers"
+        )
+        log.warning(
+            f"[eval] the reasoner {reasoner.name} did not answer the format probe with the tool call the "
+            f"harness reads, {REPLY_FORMAT}; it replied {excerpt!r}: {then}"
+        )
     return {"follows": follows, "reply": excerpt}
 
 
@@ -121,24 +131,46 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
                     skipped.append(f"{spec.name} x {system.name}: {why}")
                     continue
                 for model in cfg.models:
-                    bar = progress_bar(total=items_of(spec, data), desc=f"{spec.name} {system.name} {model.name}",
-                               leave=False)
+                    bar = progress_bar(
+                        total=items_of(spec, data), desc=f"{spec.name} {system.name} {model.name}", leave=False
+                    )
                     if spec.kind in QA_KINDS:
                         memory = engines.memory_model(model) or engines.scripted(ExtractiveMemoryModel(), "extractive")
                         reasoner = qa_reasoner or engines.scripted(reader, "reader")
                         records = run_qa(
-                            data, system.memory, EngineSet(reasoner=reasoner, memory=memory), dataset=spec.name,
-                            system=system.name, model=model.name, reader=reader, skip=done, scorer=scorer,
-                            count_tokens=count_tokens, episodes_per_batch=cfg.episodes_per_batch,
-                            slack_steps=cfg.slack_steps, seed=cfg.run.seed, max_questions=spec.max_questions,
-                            on_progress=bar.update, free_text_answers=cfg.free_text_answers,
+                            data,
+                            system.memory,
+                            EngineSet(reasoner=reasoner, memory=memory),
+                            dataset=spec.name,
+                            system=system.name,
+                            model=model.name,
+                            reader=reader,
+                            skip=done,
+                            scorer=scorer,
+                            count_tokens=count_tokens,
+                            episodes_per_batch=cfg.episodes_per_batch,
+                            slack_steps=cfg.slack_steps,
+                            seed=cfg.run.seed,
+                            max_questions=spec.max_questions,
+                            on_progress=bar.update,
+                            free_text_answers=cfg.free_text_answers,
                         )
                     else:
                         engine_set = task_engines(spec, data, engines, engines.memory_model(model))
                         records = run_tasks(
-                            data, system.memory, engine_set, dataset=spec.name, system=system.name,
-                            model=model.name, samples=spec.samples, temperature=spec.temperature, skip=done,
-                            scorer=scorer, count_tokens=count_tokens, seed=cfg.run.seed, on_progress=bar.update,
+                            data,
+                            system.memory,
+                            engine_set,
+                            dataset=spec.name,
+                            system=system.name,
+                            model=model.name,
+                            samples=spec.samples,
+                            temperature=spec.temperature,
+                            skip=done,
+                            scorer=scorer,
+                            count_tokens=count_tokens,
+                            seed=cfg.run.seed,
+                            on_progress=bar.update,
                         )
                     for record in records:
                         if record["key"] in done:
@@ -152,14 +184,17 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
     records = load_results(results)
     summary = summarize(cfg, records, skipped)
     summary["reasoner_format"] = reasoner_format
-    summary.update(items=len(records), written_this_run=written, resumed_items=len(existing),
-                   wall_s=round(time.perf_counter() - start, 2), config_hash=config_hash(cfg))
+    summary.update(
+        items=len(records),
+        written_this_run=written,
+        resumed_items=len(existing),
+        wall_s=round(time.perf_counter() - start, 2),
+        config_hash=config_hash(cfg),
+    )
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     write_report(cfg, summary, run_dir / "report.md")
     write_per_question(cfg, records, run_dir / "per_question.tsv")
     return summary
-
-
 
 
 def load_results(path: str | Path) -> list[dict[str, Any]]:

@@ -19,14 +19,26 @@ RESTS_ON_SHARE = 0.25
 
 
 OFFICIAL = {
-    "locomo": ("locomo", "category", "LoCoMo F1 by category (its `task_eval/evaluation.py`: stemmed token F1, "
-               "multi-hop over comma-separated parts, adversarial by 'not mentioned')"),
-    "amabench": ("judge_acc", "qa_type", "AMA-Bench judge accuracy by QA type (its `compute_llm_as_judge` yes/no "
-                 "prompt; an unparsable reply scores its token F1; accuracy counts scores of 1)"),
+    "locomo": (
+        "locomo",
+        "category",
+        "LoCoMo F1 by category (its `task_eval/evaluation.py`: stemmed token F1, "
+        "multi-hop over comma-separated parts, adversarial by 'not mentioned')",
+    ),
+    "amabench": (
+        "judge_acc",
+        "qa_type",
+        "AMA-Bench judge accuracy by QA type (its `compute_llm_as_judge` yes/no "
+        "prompt; an unparsable reply scores its token F1; accuracy counts scores of 1)",
+    ),
     "ama_synthetic": ("judge_acc", "qa_type", "AMA-Bench judge accuracy by QA type"),
     "generic": ("judge_acc", "qa_type", "judge accuracy by QA type"),
-    "memoryarena": ("judge_acc", None, "MemoryArena task success rate (every subtask of a task correct) and progress "
-                    "score (share of a task's subtasks correct); a subtask is correct when the judge accepts it"),
+    "memoryarena": (
+        "judge_acc",
+        None,
+        "MemoryArena task success rate (every subtask of a task correct) and progress "
+        "score (share of a task's subtasks correct); a subtask is correct when the judge accepts it",
+    ),
 }
 """Per dataset kind: (the record score of the official metric, its breakdown field, what it is)."""
 NEEDS_MODEL_NOTE = (
@@ -51,18 +63,34 @@ def health(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         stats = [r.get("stats") or {} for r in items]
         scores = [r.get("scores") or {} for r in items]
         malformed = [sum(int(s.get(k, 0)) for k in MALFORMED_STATS) for s in stats]
-        memory_unparsed = sum(int(v) for s in stats for k, v in s.items()
-                              if k not in MALFORMED_STATS and k.endswith(("_unparsed", "_malformed")))
-        failed = [sum(int(v) for k, v in {**st, **sc}.items()
-                      if (k.endswith("_failed") or k.endswith("failed_requests")) and isinstance(v, (int, float)))
-                  for st, sc in zip(stats, scores, strict=True)]
+        memory_unparsed = sum(
+            int(v)
+            for s in stats
+            for k, v in s.items()
+            if k not in MALFORMED_STATS and k.endswith(("_unparsed", "_malformed"))
+        )
+        failed = [
+            sum(
+                int(v)
+                for k, v in {**st, **sc}.items()
+                if (k.endswith("_failed") or k.endswith("failed_requests")) and isinstance(v, (int, float))
+            )
+            for st, sc in zip(stats, scores, strict=True)
+        ]
         no_answer = sum(1 for r in items if not str(r.get("answer") or "").strip())
-        row = {"system": system, "model": model, "items": len(items), "no_answer": no_answer,
-               "malformed_replies": sum(malformed), "malformed_items": sum(1 for m in malformed if m),
-               "free_text_answers": sum(1 for r in items if r.get("answer_source") == "free_text"),
-               "failed_requests": sum(failed), "failed_items": sum(1 for f in failed if f),
-               "judge_unparsed": sum(1 for s in scores if s.get("judge_parsed") == 0.0),
-               "memory_unparsed": memory_unparsed}
+        row = {
+            "system": system,
+            "model": model,
+            "items": len(items),
+            "no_answer": no_answer,
+            "malformed_replies": sum(malformed),
+            "malformed_items": sum(1 for m in malformed if m),
+            "free_text_answers": sum(1 for r in items if r.get("answer_source") == "free_text"),
+            "failed_requests": sum(failed),
+            "failed_items": sum(1 for f in failed if f),
+            "judge_unparsed": sum(1 for s in scores if s.get("judge_parsed") == 0.0),
+            "memory_unparsed": memory_unparsed,
+        }
         row["rests_on_failures"] = (no_answer + row["failed_items"]) >= RESTS_ON_SHARE * len(items)
         out.append(row)
     return out
@@ -76,8 +104,10 @@ def _fallback_phrase(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         if locomo_category(r.get("category")) != 5:
             continue
-        row = out.setdefault((r["system"], r["model"]), {"system": r["system"], "model": r["model"], "n": 0,
-                                                          "fallback": 0, "reader_phrase": 0})
+        row = out.setdefault(
+            (r["system"], r["model"]),
+            {"system": r["system"], "model": r["model"], "n": 0, "fallback": 0, "reader_phrase": 0},
+        )
         answer = str(r.get("answer") or "").lower()
         row["n"] += 1
         row["fallback"] += int("not mentioned" in answer or "no information available" in answer)
@@ -92,10 +122,17 @@ def _task_rows(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
     for r in rows:
         score = (r.get("scores") or {}).get(metric)
         tasks.setdefault((r["system"], r["model"], r["episode_id"]), []).append(float(score == 1.0))
-    return [{"system": s, "model": m, "episode_id": e,
-             "scores": {"success": float(all(v)), "progress": sum(v) / len(v)},
-             "reasoner_tokens": {"spent": 0}, "memory_tokens_answer": {"prompt": 0, "completion": 0}}
-            for (s, m, e), v in tasks.items()]
+    return [
+        {
+            "system": s,
+            "model": m,
+            "episode_id": e,
+            "scores": {"success": float(all(v)), "progress": sum(v) / len(v)},
+            "reasoner_tokens": {"spent": 0},
+            "memory_tokens_answer": {"prompt": 0, "completion": 0},
+        }
+        for (s, m, e), v in tasks.items()
+    ]
 
 
 def summarize(cfg: EvalConfig, records: list[dict[str, Any]], skipped: list[str]) -> dict[str, Any]:
@@ -118,27 +155,39 @@ def summarize(cfg: EvalConfig, records: list[dict[str, Any]], skipped: list[str]
             entry["by_horizon"] = aggregate(rows, ("system", "model", "horizon"))
             if any(locomo_category(r.get("category")) is not None for r in rows):
                 entry["by_category"] = aggregate(
-                    [dict(r, category=LOCOMO_CATEGORY_NAMES[locomo_category(r.get("category")) or 0])
-                     for r in rows if locomo_category(r.get("category")) is not None], ("system", "model", "category"))
+                    [
+                        dict(r, category=LOCOMO_CATEGORY_NAMES[locomo_category(r.get("category")) or 0])
+                        for r in rows
+                        if locomo_category(r.get("category")) is not None
+                    ],
+                    ("system", "model", "category"),
+                )
                 entry["adversarial_fallback"] = _fallback_phrase(rows)
             if spec.kind == "memoryarena":
                 entry["tasks"] = aggregate(_task_rows(rows, OFFICIAL["memoryarena"][0]))
             defaults = [r for r in rows if r.get("loader_defaults")]
             if defaults:
                 notes = sorted({d for r in defaults for d in r["loader_defaults"]})
-                entry["loader_defaults"] = {"questions": len({(r["episode_id"], r["item_id"]) for r in defaults}),
-                                            "examples": notes[:5]}
+                entry["loader_defaults"] = {
+                    "questions": len({(r["episode_id"], r["item_id"]) for r in defaults}),
+                    "examples": notes[:5],
+                }
             entry["needs_model"] = [
-                [r["system"], r["model"]] for r in entry["overall"]
+                [r["system"], r["model"]]
+                for r in entry["overall"]
                 if r.get("evidence_in_context") == 0.0 and _scripted(cfg, r["model"]) and r["memory_tokens"]
             ]
         entry["health"] = health(rows)
-        entry["tokens_counted"] = any(r.get("reasoner_tokens", {}).get("spent") or r.get("memory_tokens_answer", {})
-                                      .get("prompt") for r in rows)
+        entry["tokens_counted"] = any(
+            r.get("reasoner_tokens", {}).get("spent") or r.get("memory_tokens_answer", {}).get("prompt") for r in rows
+        )
         datasets[spec.name] = entry
-    return {"datasets": datasets, "skipped": skipped,
-            "reader": "programmatic" if cfg.reasoner is None else cfg.reasoner.engine_name,
-            "judge": "lexical (offline)" if cfg.judge is None else cfg.judge.engine_name}
+    return {
+        "datasets": datasets,
+        "skipped": skipped,
+        "reader": "programmatic" if cfg.reasoner is None else cfg.reasoner.engine_name,
+        "judge": "lexical (offline)" if cfg.judge is None else cfg.judge.engine_name,
+    }
 
 
 def _scripted(cfg: EvalConfig, model: str) -> bool:

@@ -77,8 +77,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = dict(os.environ if env is None else env)
     if not argv or argv[0] not in PLANNERS:
         planners = ",".join(PLANNERS)
-        print(f"usage: python -m memrl.launch.layout {{{planners}}} [--dry-run] [--format text|json|shell] ...",
-              file=sys.stderr)
+        print(
+            f"usage: python -m memrl.launch.layout {{{planners}}} [--dry-run] [--format text|json|shell] ...",
+            file=sys.stderr,
+        )
         return 2
     kind, rest = argv[0], argv[1:]
     fmt = "text"
@@ -96,4 +98,3 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return 2
     print(plan.render(fmt))
     return 0
-

@@ -280,8 +280,10 @@ class TrainLayout:
         if policy is None:
             return None
         if self.fleet_engines:
-            return (f"policy vLLM engines: the rollout fleet's {self.fleet_engines} Ray worker(s) (above), driven by "
-                    f"the main process")
+            return (
+                f"policy vLLM engines: the rollout fleet's {self.fleet_engines} Ray worker(s) (above), driven by "
+                f"the main process"
+            )
         if self.single_process:
             where = "its CPU" if self.device == "cpu" else "its node's GPUs"
             return f"policy vLLM engine: built inside that one process, on {where}"
@@ -327,8 +329,10 @@ class TrainLayout:
             f"{self.device.upper()} ({backend}); rendezvous {self.master_addr}:{self.master_port}",
         ]
         if this_node:
-            lines.append(f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}), global ranks "
-                         f"{index_range(ranks[0], ranks[-1])}, local ranks {index_range(0, self.nproc_per_node - 1)}")
+            lines.append(
+                f"this node: node rank {self.node_rank} ({self.hosts[self.node_rank]}), global ranks "
+                f"{index_range(ranks[0], ranks[-1])}, local ranks {index_range(0, self.nproc_per_node - 1)}"
+            )
         engine = self._engine_line()
         if engine:
             lines.append(engine)
@@ -466,5 +470,9 @@ def help_plan(parser: argparse.ArgumentParser) -> Plan:
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     """Add ``--device auto|gpu|cpu`` to ``parser``."""
-    parser.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto",
-                        help="gpu (NCCL) or cpu (gloo, DS_ACCELERATOR=cpu); auto = gpu when one is visible")
+    parser.add_argument(
+        "--device",
+        choices=["auto", "gpu", "cpu"],
+        default="auto",
+        help="gpu (NCCL) or cpu (gloo, DS_ACCELERATOR=cpu); auto = gpu when one is visible",
+    )

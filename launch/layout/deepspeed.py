@@ -64,10 +64,15 @@ def _deepspeed_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-gpus", type=int, help="processes per node (default: slots, or the visible GPUs)")
     parser.add_argument("--master-addr", help="rendezvous host (default: the first host)")
     parser.add_argument("--master-port", type=int, help="rendezvous port (default: MASTER_PORT, job id, 29500)")
-    parser.add_argument("--launcher", default="pdsh", choices=["pdsh", "openmpi", "mvapich", "slurm", "mpich", "impi"],
-                        help="how DeepSpeed reaches the other nodes (default pdsh)")
-    parser.add_argument("--module", default="memrl.launch.cli",
-                        help="Python module to run (default: memrl.launch.cli = memrl)")
+    parser.add_argument(
+        "--launcher",
+        default="pdsh",
+        choices=["pdsh", "openmpi", "mvapich", "slurm", "mpich", "impi"],
+        help="how DeepSpeed reaches the other nodes (default pdsh)",
+    )
+    parser.add_argument(
+        "--module", default="memrl.launch.cli", help="Python module to run (default: memrl.launch.cli = memrl)"
+    )
     add_device_argument(parser)
     return parser
 

@@ -11,8 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["DEFAULT_MASTER_PORT", "Device", "LaunchError", "SlurmEnv", "cpu_count", "expand_hostlist", "gpus_on_node",
-           "rendezvous_port", "resolve_device", "slurm_hostnames"]
+__all__ = [
+    "DEFAULT_MASTER_PORT",
+    "Device",
+    "LaunchError",
+    "SlurmEnv",
+    "cpu_count",
+    "expand_hostlist",
+    "gpus_on_node",
+    "rendezvous_port",
+    "resolve_device",
+    "slurm_hostnames",
+]
 
 DEFAULT_MASTER_PORT = 29500
 Device = Literal["gpu", "cpu"]

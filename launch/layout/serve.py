@@ -128,10 +128,15 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
     parser.add_argument("--advertise-host", help="host name clients use (default: this host's name)")
     parser.add_argument("--gpus", help="GPU ids to use (default: CUDA_VISIBLE_DEVICES or all visible GPUs)")
-    parser.add_argument("--max-model-len", help="context length per server, or 'none' for the model's own (default: "
-                        "32768 on GPU, the model's own on CPU)")
-    parser.add_argument("--gpu-memory-utilization", type=float,
-                        help="fraction of memory vLLM reserves (default 0.9 on GPU, 0.15 of host memory on CPU)")
+    parser.add_argument(
+        "--max-model-len",
+        help="context length per server, or 'none' for the model's own (default: 32768 on GPU, the model's own on CPU)",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="fraction of memory vLLM reserves (default 0.9 on GPU, 0.15 of host memory on CPU)",
+    )
     parser.add_argument("--log-dir", default="logs/serve", help="one log file per server (default logs/serve)")
     add_device_argument(parser)
     return parser
@@ -161,8 +166,14 @@ def plan_serve(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         max_len = None if args.max_model_len.lower() == "none" else int(args.max_model_len)
     util = args.gpu_memory_utilization or (0.9 if device == "gpu" else 0.15)
     try:
-        spec = ServeSpec(model=args.model, name=args.served_model_name, tp=args.tp, replicas=args.replicas,
-                         max_model_len=max_len, gpu_memory_utilization=util)
+        spec = ServeSpec(
+            model=args.model,
+            name=args.served_model_name,
+            tp=args.tp,
+            replicas=args.replicas,
+            max_model_len=max_len,
+            gpu_memory_utilization=util,
+        )
     except ValidationError as exc:
         raise LaunchError(str(exc)) from None
     replicas = vllm_replicas(spec, gpu_ids=gpu_ids, device=device, port=args.port, bind=args.host, extra=extra)
@@ -177,8 +188,10 @@ def plan_serve(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         f" on {device.upper()}",
         *text_table(
             ["server", "GPUs", "port", "endpoint", "log"],
-            [[i, env_.get("CUDA_VISIBLE_DEVICES", "-"), port, endpoints[i], logs[i]]
-             for i, (env_, _, port) in enumerate(replicas)],
+            [
+                [i, env_.get("CUDA_VISIBLE_DEVICES", "-"), port, endpoints[i], logs[i]]
+                for i, (env_, _, port) in enumerate(replicas)
+            ],
         ),
         "commands:",
         *[f"  {shell_command(env_, cmd)}" for env_, cmd, _ in replicas],

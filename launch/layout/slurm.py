@@ -85,12 +85,17 @@ def _slurm_parser() -> argparse.ArgumentParser:
         "wait for their health checks, pass their endpoints to the run as placement.* overrides, train on the "
         "remaining nodes with launch/torchrun.sh, and stop the servers when training ends.",
     )
-    parser.add_argument("--setup", default="auto", choices=["auto", *SETUPS],
-                        help="served models of a paper setup (auto: sam-9b for 'train oat-grpo', proactive-27b for "
-                        "'train pivot-grpo', none otherwise)")
+    parser.add_argument(
+        "--setup",
+        default="auto",
+        choices=["auto", *SETUPS],
+        help="served models of a paper setup (auto: sam-9b for 'train oat-grpo', proactive-27b for "
+        "'train pivot-grpo', none otherwise)",
+    )
     parser.add_argument("--reasoner", help="frozen reasoner / action agent spec, or 'none' (overrides the setup)")
-    parser.add_argument("--committee", action="append",
-                        help="committee member spec (repeat for several; 'none' for no committee)")
+    parser.add_argument(
+        "--committee", action="append", help="committee member spec (repeat for several; 'none' for no committee)"
+    )
     parser.add_argument("--judge", help="judge spec, or 'none' (default: none served)")
     parser.add_argument("--nodes", type=int, default=4, help="nodes to plan for outside an allocation (dry run)")
     parser.add_argument("--hosts", help="host list to plan for instead of SLURM_JOB_NODELIST (dry run)")
@@ -99,8 +104,12 @@ def _slurm_parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-port", type=int, help="training rendezvous port (default: from the job id)")
     parser.add_argument("--health-timeout", type=int, default=1800, help="seconds to wait for the servers (1800)")
     parser.add_argument("--ray-port", type=int, default=6379, help="port of the Ray head of the rollout fleet (6379)")
-    parser.add_argument("--max-restarts", type=int, default=20,
-                        help="requeue at most this many times when the time limit nears (SIGUSR1); 0 disables")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=20,
+        help="requeue at most this many times when the time limit nears (SIGUSR1); 0 disables",
+    )
     parser.add_argument("--log-dir", help="server logs and endpoints.yaml (default: RUN_DIR/slurm)")
     return parser
 
@@ -230,8 +239,14 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     rows = []
     for s in services:
         for h in s.hosts:
-            rows.append([h, s.label, f"{s.spec.served_name}: {s.replicas} server(s) x TP {s.spec.tp}, ports "
-                         f"{index_range(s.ports[0], s.ports[-1])}"])
+            rows.append(
+                [
+                    h,
+                    s.label,
+                    f"{s.spec.served_name}: {s.replicas} server(s) x TP {s.spec.tp}, ports "
+                    f"{index_range(s.ports[0], s.ports[-1])}",
+                ]
+            )
     for n in layout.nodes():
         if layout.single_process:
             rows.append([n["host"], "run", f"{kind.label}, one process"])
@@ -261,8 +276,9 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
             "  which starts on each of its nodes:",
             *[f"    {shell_command(e, c)}" for e, c, _ in replicas],
         ]
-    fleet = _fleet_plan(view, kind.policy_engine, train_hosts if kind.distributed else train_hosts[:1], gpus,
-                        device, args.ray_port)
+    fleet = _fleet_plan(
+        view, kind.policy_engine, train_hosts if kind.distributed else train_hosts[:1], gpus, device, args.ray_port
+    )
     ray_steps: list[list[str]] = []
     if fleet is not None:
         ray_steps = [[*srun_overlap([h]), *start] for h, start in fleet["starts"]]
@@ -270,13 +286,19 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
             shell[f"ray_{i}"] = step
         engines = fleet["engines"]
         layout.fleet_engines = len(engines)
-        lines += [f"rollout fleet: {len(engines)} engine(s) x TP {fleet['tp']} on {len(fleet['hosts'])} node(s) "
-                  f"({fleet['mode']}), Ray head {fleet['address']}; one RolloutWorker actor per engine",
-                  *text_table(["host", "GPUs per engine"],
-                          [[h, " ".join(",".join(map(str, e["gpus"])) for e in engines if e["host"] == h)]
-                           for h in fleet["hosts"]]),
-                  *[f"[ray] {shlex.join(step)}" for step in ray_steps],
-                  f"[train] with RAY_ADDRESS={fleet['address']} (the driver on rank 0 joins the fleet)"]
+        lines += [
+            f"rollout fleet: {len(engines)} engine(s) x TP {fleet['tp']} on {len(fleet['hosts'])} node(s) "
+            f"({fleet['mode']}), Ray head {fleet['address']}; one RolloutWorker actor per engine",
+            *text_table(
+                ["host", "GPUs per engine"],
+                [
+                    [h, " ".join(",".join(map(str, e["gpus"])) for e in engines if e["host"] == h)]
+                    for h in fleet["hosts"]
+                ],
+            ),
+            *[f"[ray] {shlex.join(step)}" for step in ray_steps],
+            f"[train] with RAY_ADDRESS={fleet['address']} (the driver on rank 0 joins the fleet)",
+        ]
     health = [u.replace("/v1", "/health") for s in services for u in s.endpoints]
     if services:
         lines.append(f"[wait] up to {args.health_timeout} s for: {' '.join(health)}")
@@ -343,31 +365,48 @@ def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     return Plan(lines, shell, info, args.dry_run)
 
 
-def _fleet_plan(view: LaunchView, policy_engine: bool, hosts: list[str], gpus: int, device: Device,
-                port: int) -> dict[str, Any] | None:
+def _fleet_plan(
+    view: LaunchView, policy_engine: bool, hosts: list[str], gpus: int, device: Device, port: int
+) -> dict[str, Any] | None:
     """The Ray rollout fleet on the training nodes (None when the run uses no fleet): a Ray head on the first node,
     a Ray worker on every other, each advertising only the GPUs the fleet may use there."""
     if not policy_engine or view.fleet.workers == 0:
         return None
     policy = view.placement.policy
-    slots = plan_fleet(policy, len(hosts), gpus) if device == "gpu" else [
-        EngineSlot(node, (), False) for node in range(len(hosts))]
+    slots = (
+        plan_fleet(policy, len(hosts), gpus)
+        if device == "gpu"
+        else [EngineSlot(node, (), False) for node in range(len(hosts))]
+    )
     if view.fleet.workers is not None:
         if view.fleet.workers > len(slots):
-            raise LaunchError(f"fleet.workers={view.fleet.workers}, but the training nodes have {len(slots)} engine "
-                              f"slot(s) ({policy.mode}, TP {policy.tensor_parallel_size})")
+            raise LaunchError(
+                f"fleet.workers={view.fleet.workers}, but the training nodes have {len(slots)} engine "
+                f"slot(s) ({policy.mode}, TP {policy.tensor_parallel_size})"
+            )
         slots = slots[: view.fleet.workers]
     used = sorted({s.node for s in slots})
     address = f"{hosts[0]}:{port}"
-    ray_start = [sys.executable, "-m", "ray.scripts.scripts", "start", "--include-dashboard=false",
-                 "--disable-usage-stats", "--block"]
+    ray_start = [
+        sys.executable,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        "--block",
+    ]
     starts = []
     for node in used if 0 in used else [0, *used]:  # the head on the first node, even without engines there
         fleet_gpus = sorted({g for s in slots if s.node == node for g in s.gpus})
         visible = [f"CUDA_VISIBLE_DEVICES={','.join(map(str, fleet_gpus))}"] if fleet_gpus else []
         role = ["--head", f"--port={port}"] if node == 0 else [f"--address={address}"]
         starts.append((hosts[node], ["env", *visible, *ray_start, *role, f"--num-gpus={len(fleet_gpus)}"]))
-    return {"mode": policy.mode, "tp": policy.tensor_parallel_size, "address": address,
-            "hosts": [hosts[n] for n in used],
-            "engines": [{"host": hosts[s.node], "gpus": list(s.gpus), "sleeps": s.sleeps} for s in slots],
-            "starts": starts}
+    return {
+        "mode": policy.mode,
+        "tp": policy.tensor_parallel_size,
+        "address": address,
+        "hosts": [hosts[n] for n in used],
+        "engines": [{"host": hosts[s.node], "gpus": list(s.gpus), "sleeps": s.sleeps} for s in slots],
+        "starts": starts,
+    }

@@ -37,13 +37,17 @@ def _torchrun_parser() -> argparse.ArgumentParser:
         "allocation, else a single node with every visible GPU (or 1 CPU process).",
     )
     parser.add_argument("--nnodes", type=int, help="number of nodes (default: SLURM nodes or 1)")
-    parser.add_argument("--nproc-per-node", type=int,
-                        help="processes per node (default: GPUs minus the policy engine's own GPUs; 1 on CPU)")
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        help="processes per node (default: GPUs minus the policy engine's own GPUs; 1 on CPU)",
+    )
     parser.add_argument("--node-rank", type=int, help="this node's rank (default: its place in the Slurm node list)")
     parser.add_argument("--master-addr", help="rendezvous host (default: the first node)")
     parser.add_argument("--master-port", type=int, help="rendezvous port (default: MASTER_PORT, job id, 29500)")
-    parser.add_argument("--module", default="memrl.launch.cli",
-                        help="Python module to run (default: memrl.launch.cli = memrl)")
+    parser.add_argument(
+        "--module", default="memrl.launch.cli", help="Python module to run (default: memrl.launch.cli = memrl)"
+    )
     add_device_argument(parser)
     return parser
 
@@ -56,8 +60,11 @@ def policy_placement_of(kind: CommandKind, module: str, command: MemrlCommand) -
 
 def ignored_for_single(kind: CommandKind, **given: int | None) -> list[str]:
     """Notes for process counts asked of a command that runs in one process."""
-    return [f"note: --{name.replace('_', '-')} {value} ignored: {kind.label} runs in one process"
-            for name, value in given.items() if value is not None and value != 1]
+    return [
+        f"note: --{name.replace('_', '-')} {value} ignored: {kind.label} runs in one process"
+        for name, value in given.items()
+        if value is not None and value != 1
+    ]
 
 
 def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
@@ -89,8 +96,12 @@ def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
         notes = ignored_for_single(kind, nproc_per_node=args.nproc_per_node)
         runs_here = layout.node_rank == 0
         command_line = shell_command(launch_env, cmd)
-        lines = ["memrl torchrun", *notes, *layout.describe(),
-                 f"command: {command_line}" if runs_here else f"command (on node rank 0 only): {command_line}"]
+        lines = [
+            "memrl torchrun",
+            *notes,
+            *layout.describe(),
+            f"command: {command_line}" if runs_here else f"command (on node rank 0 only): {command_line}",
+        ]
     else:
         runs_here = True
         cmd = [
@@ -103,8 +114,13 @@ def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
             "-m", args.module, *command,
         ]  # fmt: skip
         lines = ["memrl torchrun", *layout.describe(), f"command: {shell_command(launch_env, cmd)}"]
-    info = {"launcher": "torchrun", "layout": layout_info(layout), "env": launch_env, "command": cmd,
-            "runs_here": runs_here}
+    info = {
+        "launcher": "torchrun",
+        "layout": layout_info(layout),
+        "env": launch_env,
+        "command": cmd,
+        "runs_here": runs_here,
+    }
     shell: dict[str, str | list[str]] = {
         "launch_env": [f"{k}={v}" for k, v in launch_env.items()],
         # An idle node of a single-process command gets no command: the script exits 0.

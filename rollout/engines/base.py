@@ -196,8 +196,14 @@ class Engine(abc.ABC):
         answer; a fleet returns one per worker."""
         sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0, ignore_eos=True)
         results = self.generate([GenerationRequest(prompt_ids=list(p), sampling=sampling) for p in prompts])
-        return [EngineProbe(self.name, self.policy_version, [list(r.completions[0].response_ids) for r in results],
-                            [list(r.completions[0].logprobs) for r in results])]
+        return [
+            EngineProbe(
+                self.name,
+                self.policy_version,
+                [list(r.completions[0].response_ids) for r in results],
+                [list(r.completions[0].logprobs) for r in results],
+            )
+        ]
 
     def sleep(self) -> None:  # noqa: B027 - optional hook, only engines that hold GPU memory sleep
         """Free accelerator memory between rollouts (the trainer updates meanwhile); the next use wakes the engine."""

@@ -121,8 +121,9 @@ class EngineConfig(ConfigModel):
         return self.name or self.backend
 
 
-def place_policy_engine(engine: EngineConfig, placement: PolicyPlacement, *, gpu: bool | None = None,
-                        local_world_size: int | None = None) -> EngineConfig:
+def place_policy_engine(
+    engine: EngineConfig, placement: PolicyPlacement, *, gpu: bool | None = None, local_world_size: int | None = None
+) -> EngineConfig:
     """The policy's rollout engine under ``placement.policy`` (see docs/cluster.md).
 
     The main process owns the engine. ``colocate``: its workers share GPUs 0..TP-1 with the training ranks there and
@@ -171,8 +172,10 @@ def scripted_policy_class(path: str) -> Any:
     from memrl.data.registry import REASONERS, check_protocol, is_entry
 
     if not (is_entry(path) or path in REASONERS):
-        raise ConfigError(f"scripted_policy {path!r}: not a registered reasoner ({', '.join(REASONERS.names())}) "
-                          f"nor an import path 'package.module:Class'")
+        raise ConfigError(
+            f"scripted_policy {path!r}: not a registered reasoner ({', '.join(REASONERS.names())}) "
+            f"nor an import path 'package.module:Class'"
+        )
     target = REASONERS.get(path).obj
     check_protocol(target, "reasoner", methods=("respond",))
     return target

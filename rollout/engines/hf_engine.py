@@ -61,9 +61,7 @@ class _SeededSampler(LogitsProcessor):
                 drop = cum - torch.softmax(sorted_x, -1) >= self.top_p  # keep the smallest set reaching top_p
                 x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -math.inf)
             probs = torch.softmax(x, -1)
-            chosen = torch.cat(
-                [torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)]
-            )
+            chosen = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
         self.chosen_logprobs.append(torch.log_softmax(logits, -1).gather(-1, chosen[:, None]).squeeze(-1))
         forced = torch.full_like(scores, -math.inf)
         return forced.scatter_(-1, chosen[:, None], 0.0)

@@ -78,8 +78,10 @@ class EndpointError(EngineError, RunFault):
     cannot go on without the answer stops with it as one line (exit 2); one that can counts the request as failed."""
 
 
-_CHECK = ("check that the server is up and answers the OpenAI API at that URL (or raise the engine's max_retries, "
-          "request_timeout_s or deadline_s)")
+_CHECK = (
+    "check that the server is up and answers the OpenAI API at that URL (or raise the engine's max_retries, "
+    "request_timeout_s or deadline_s)"
+)
 
 
 class TokenBucket:
@@ -431,7 +433,8 @@ class OpenAIEngine(Engine):
         assert endpoint is not None
         raise EndpointError(
             f"{self.name}: request failed after {attempt + 1} attempt(s); last endpoint {endpoint.label} -> {last}"
-            + (f" (endpoints tried: {', '.join(tried)})" if len(tried) > 1 else "") + f"; {_CHECK}"
+            + (f" (endpoints tried: {', '.join(tried)})" if len(tried) > 1 else "")
+            + f"; {_CHECK}"
         )
 
     async def _attempt(self, ep: _Endpoint, payload: dict[str, Any], estimate: int, deadline: float) -> dict[str, Any]:
@@ -475,8 +478,11 @@ class OpenAIEngine(Engine):
         snippet = body[:300].decode("utf-8", "replace").replace("\n", " ")
         if status in RETRYABLE_STATUS:
             raise _Retry(f"HTTP {status}: {snippet}", _retry_after(headers.get("retry-after")))
-        check = (f"check the API key{f' in ${ep.cfg.api_key_env}' if ep.cfg.api_key_env else ''} and the model "
-                 "name" if status in (401, 403) else _CHECK)
+        check = (
+            f"check the API key{f' in ${ep.cfg.api_key_env}' if ep.cfg.api_key_env else ''} and the model name"
+            if status in (401, 403)
+            else _CHECK
+        )
         raise EndpointError(f"{self.name}: {ep.label} -> HTTP {status} (not retryable): {snippet}; {check}")
 
     async def _exchange(self, ep: _Endpoint, url: str, payload: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
@@ -495,13 +501,20 @@ class OpenAIEngine(Engine):
                         hops = [*seen, target]
                         chain = " -> ".join(hops if len(hops) <= 3 else [hops[0], "...", hops[-1]])
                         what = "a redirect loop" if target in seen else f"more than {MAX_REDIRECTS} redirects"
-                        raise EndpointError(f"{self.name}: {ep.label} -> {what} ({chain}); set the endpoint's url to "
-                                            "the address that answers")
+                        raise EndpointError(
+                            f"{self.name}: {ep.label} -> {what} ({chain}); set the endpoint's url to "
+                            "the address that answers"
+                        )
                     if urlsplit(target)[:2] != origin:
                         headers.pop("Authorization", None)  # the key is for the configured host only
                     if len(seen) == 1:
-                        log.warning("%s: %s redirects (HTTP %d) to %s; set the endpoint's url to it to save a round "
-                                    "trip", self.name, ep.label, response.status_code, target)
+                        log.warning(
+                            "%s: %s redirects (HTTP %d) to %s; set the endpoint's url to it to save a round trip",
+                            self.name,
+                            ep.label,
+                            response.status_code,
+                            target,
+                        )
                     seen.append(target)
                     url = target
                     continue
@@ -542,8 +555,12 @@ class OpenAIEngine(Engine):
             return int(value)
         if not ep.warned_usage:
             ep.warned_usage = True
-            log.warning("%s: %s reports usage %r, not a token count: usage of its answers is estimated from their "
-                        "token ids", self.name, ep.label, value)
+            log.warning(
+                "%s: %s reports usage %r, not a token count: usage of its answers is estimated from their token ids",
+                self.name,
+                ep.label,
+                value,
+            )
         return fallback
 
     def _parse(
@@ -592,8 +609,9 @@ async def _bounded_body(response: httpx.Response) -> bytes:
     bomb (80 KB that inflate to gigabytes) is refused after inflating the limit, never held whole."""
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
-        raise _Retry(f"HTTP {response.status_code} with an answer in content encoding {encoding!r} (asked for gzip "
-                     "or deflate)")
+        raise _Retry(
+            f"HTTP {response.status_code} with an answer in content encoding {encoding!r} (asked for gzip or deflate)"
+        )
     inflate = zlib.decompressobj(47) if encoding not in ("", "identity") else None  # 32 + 15: zlib or gzip header
     chunks: list[bytes] = []
     size = 0
@@ -609,8 +627,10 @@ async def _bounded_body(response: httpx.Response) -> bytes:
                 size += len(data)
                 if size > MAX_BODY_BYTES:
                     chunks.clear()  # the exception's traceback keeps this frame alive until a garbage collection
-                    raise _Retry(f"HTTP {response.status_code} with an answer larger than {MAX_BODY_BYTES >> 20} MiB "
-                                 "once decompressed: refused")
+                    raise _Retry(
+                        f"HTTP {response.status_code} with an answer larger than {MAX_BODY_BYTES >> 20} MiB "
+                        "once decompressed: refused"
+                    )
                 chunks.append(data)
     except zlib.error as exc:
         raise _Retry(f"HTTP {response.status_code} with a {encoding} answer that does not decompress ({exc})") from None

@@ -175,8 +175,14 @@ class DelayedEngine(Engine):
     tree scheduler sends requests one by one (an endpoint; each returns when done) or batches what waits (an in-process
     engine; a batch returns when its last request is done)."""
 
-    def __init__(self, engine: Engine, latency_s: float | Callable[[list[GenerationRequest]], float], *,
-                 capacity: int | None = None, concurrent_requests: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        latency_s: float | Callable[[list[GenerationRequest]], float],
+        *,
+        capacity: int | None = None,
+        concurrent_requests: bool = True,
+    ) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be None or >= 1, got {capacity}")
         self.engine = engine
@@ -207,5 +213,5 @@ class DelayedEngine(Engine):
         slots = self._slots[1]
         for start in range(0, len(requests), self.capacity):
             async with slots:
-                await asyncio.sleep(self._seconds(requests[start:start + self.capacity]))
+                await asyncio.sleep(self._seconds(requests[start : start + self.capacity]))
         return self.engine.generate(requests)

@@ -60,9 +60,9 @@ class StickyEngine(Engine):
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """:meth:`generate` for callers inside an event loop: every endpoint's own ``agenerate``, concurrently."""
         parts = self._parts(requests)
-        answers = await asyncio.gather(*(
-            self.engines[endpoint].agenerate([requests[i] for i in indices]) for endpoint, indices in parts.items()
-        ))
+        answers = await asyncio.gather(
+            *(self.engines[endpoint].agenerate([requests[i] for i in indices]) for endpoint, indices in parts.items())
+        )
         out: list[Any] = [None] * len(requests)
         for indices, results in zip(parts.values(), answers, strict=True):
             for i, result in zip(indices, results, strict=True):

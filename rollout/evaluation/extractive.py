@@ -128,8 +128,9 @@ class ExtractiveMemoryModel:
 
     name = "extractive"
 
-    def __init__(self, sufficient: float = 0.6, max_lines: int = 8, cue_chars: int = 96,
-                 recall_chars: int = 200) -> None:
+    def __init__(
+        self, sufficient: float = 0.6, max_lines: int = 8, cue_chars: int = 96, recall_chars: int = 200
+    ) -> None:
         self.sufficient = sufficient
         self.max_lines = max_lines
         # SAM's default budgets are 64 (cue) and 128 (recall) tokens and an output cut there is an error: the
@@ -270,4 +271,4 @@ class ExtractiveMemoryModel:
         entries = [text for text in bank.knowledge.values() if wanted & set(terms(text))]
         if not entries:
             return "<no_intervention/>"
-        return "<context_for_action>" + "\n".join(entries[-self.max_lines:]) + "</context_for_action>"
+        return "<context_for_action>" + "\n".join(entries[-self.max_lines :]) + "</context_for_action>"

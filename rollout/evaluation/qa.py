@@ -134,8 +134,11 @@ def run_qa(
         work: list[tuple[Episode, list[tuple[int, QAPair]]]] = []
         for episode in chunk:
             qas = list(enumerate(episode.qa_pairs))[: max_questions if max_questions is not None else None]
-            todo = [(i, qa) for i, qa in qas if item_key(dataset, episode.episode_id, _qa_id(qa, i), system, model)
-                    not in done]
+            todo = [
+                (i, qa)
+                for i, qa in qas
+                if item_key(dataset, episode.episode_id, _qa_id(qa, i), system, model) not in done
+            ]
             if todo:
                 work.append((episode, todo))
         if not work:
@@ -143,9 +146,15 @@ def run_qa(
         bases = []
         for episode, _ in work:
             mem = build_memory(memory, count_tokens=count_tokens, embedder=embedder)
-            base = Rollout(ReplayEnv(episode, slack_steps), mem, reasoner_system=_reasoner_system(mem),
-                           reasoner_sampling=reasoner_sampling, seed=seed, rollout_id="ingest",
-                           metadata={"family": "qa", "dataset": dataset})
+            base = Rollout(
+                ReplayEnv(episode, slack_steps),
+                mem,
+                reasoner_system=_reasoner_system(mem),
+                reasoner_sampling=reasoner_sampling,
+                seed=seed,
+                rollout_id="ingest",
+                metadata={"family": "qa", "dataset": dataset},
+            )
             for step, turn in zip(turn_steps(episode.trajectory), episode.trajectory, strict=True):
                 base.add_turn(Turn(step=step, action_text=turn.action, observation=turn.observation, role="tool"))
             bases.append(base)
@@ -159,8 +168,9 @@ def run_qa(
                 text = asked if isinstance(fork.memory, JobQueueMemory) else f"question: {asked}"
                 evidence = question_evidence(episode, qa)
                 if reader is not None:
-                    reader.register(fork.env.task_id, fork.rollout_id,
-                                    ReaderQuestion(asked, qa.answer, evidence, asked_at))
+                    reader.register(
+                        fork.env.task_id, fork.rollout_id, ReaderQuestion(asked, qa.answer, evidence, asked_at)
+                    )
                 fork.add_turn(Turn(step=asked_at, action_text="", observation=text, role="user"))
                 forks.append((fork, base, episode, index, qa, evidence))
         lengths = {id(e): conversation_tokens(e, count_tokens) for e, _ in work}
@@ -178,33 +188,53 @@ def run_qa(
             if answer is None and free_text_answers:
                 answer = free_text_answer(trace)
                 source = "free_text" if answer is not None else None
-            records.append({
-                "key": item_key(dataset, episode.episode_id, _qa_id(qa, index), system, model),
-                "dataset": dataset, "mode": "qa", "episode_id": episode.episode_id, "item_id": _qa_id(qa, index),
-                "system": system, "model": model, "question": qa.question, "gold": qa.answer,
-                "golds": golds_of(qa), "answer": answer, "answer_source": source, "qa_type": qa.type,
-                "category": qa.metadata.get("category"), "options": qa.metadata.get("options"),
-                "horizon": horizons[id(episode)], "horizon_tokens": episode.horizon_tokens or lengths[id(episode)],
-                "task": episode.task, "task_type": episode.task_type,
-                "loader_defaults": [*episode.metadata.get("loader_defaults", []),
-                                    *qa.metadata.get("loader_defaults", [])],
-                "evidence_in_context": evidence.share(context),
-                "reasoner_tokens": usage_dict(fork.reasoner_usage),
-                "memory_tokens_answer": usage_dict(memory_answer),
-                "memory_tokens_ingest": ingest,
-                "memory_tokens_ingest_share": share,
-                "memory_calls_answer": len(fork.memory_calls) - len(base.memory_calls),
-                "reasoner_calls": fork.reasoner_usage.calls,
-                "stats": dict(trace.stats),
-            })
+            records.append(
+                {
+                    "key": item_key(dataset, episode.episode_id, _qa_id(qa, index), system, model),
+                    "dataset": dataset,
+                    "mode": "qa",
+                    "episode_id": episode.episode_id,
+                    "item_id": _qa_id(qa, index),
+                    "system": system,
+                    "model": model,
+                    "question": qa.question,
+                    "gold": qa.answer,
+                    "golds": golds_of(qa),
+                    "answer": answer,
+                    "answer_source": source,
+                    "qa_type": qa.type,
+                    "category": qa.metadata.get("category"),
+                    "options": qa.metadata.get("options"),
+                    "horizon": horizons[id(episode)],
+                    "horizon_tokens": episode.horizon_tokens or lengths[id(episode)],
+                    "task": episode.task,
+                    "task_type": episode.task_type,
+                    "loader_defaults": [
+                        *episode.metadata.get("loader_defaults", []),
+                        *qa.metadata.get("loader_defaults", []),
+                    ],
+                    "evidence_in_context": evidence.share(context),
+                    "reasoner_tokens": usage_dict(fork.reasoner_usage),
+                    "memory_tokens_answer": usage_dict(memory_answer),
+                    "memory_tokens_ingest": ingest,
+                    "memory_tokens_ingest_share": share,
+                    "memory_calls_answer": len(fork.memory_calls) - len(base.memory_calls),
+                    "reasoner_calls": fork.reasoner_usage.calls,
+                    "stats": dict(trace.stats),
+                }
+            )
         yield from scored(records, scorer, on_progress)
 
 
 def free_text_answer(trace: EpisodeTrace) -> str | None:
     """The reasoner's first reply that held no tool call, as a free-text answer (None when there is none)."""
     for event in trace.events:
-        if event.kind == "error" and event.reply.strip() and not parse_tool_calls(event.reply).calls \
-                and not parse_tool_calls(event.reply).errors:
+        if (
+            event.kind == "error"
+            and event.reply.strip()
+            and not parse_tool_calls(event.reply).calls
+            and not parse_tool_calls(event.reply).errors
+        ):
             return " ".join(event.reply.split())
     return None
 

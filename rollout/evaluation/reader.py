@@ -30,7 +30,13 @@ from memrl.data.tasks.common import content_of, role_of
 from memrl.rollout.evaluation.text import normalised, stems
 
 __all__ = [
-    "NOT_IN_CONTEXT", "Evidence", "EvidenceReader", "ReaderConfig", "ReaderQuestion", "golds_of", "question_evidence",
+    "NOT_IN_CONTEXT",
+    "Evidence",
+    "EvidenceReader",
+    "ReaderConfig",
+    "ReaderQuestion",
+    "golds_of",
+    "question_evidence",
 ]
 
 
@@ -134,8 +140,13 @@ class EvidenceReader:
         attempt = int(metadata.get("step", 0)) - entry.asked_at
         tool = _TOOL_SIGNATURE.search(system)
         if tool is not None and attempt < self.config.budget:
-            call = self._tool_call(tool.group(1), [p.strip() for p in tool.group(2).split(",") if p.strip()],
-                                   entry.question, messages, attempt)
+            call = self._tool_call(
+                tool.group(1),
+                [p.strip() for p in tool.group(2).split(",") if p.strip()],
+                entry.question,
+                messages,
+                attempt,
+            )
             if call is not None:
                 return call
         return render_tool_call("answer", {"answer": NOT_IN_CONTEXT})

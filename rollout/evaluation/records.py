@@ -36,8 +36,13 @@ def item_key(dataset: str, episode_id: str, item_id: str, system: str, model: st
 
 def usage_dict(usage: TokenUsage) -> dict[str, int]:
     """Token usage as a JSON-ready dict, with ``spent`` (prefill not served from cache plus generated tokens)."""
-    return {"prompt": usage.prompt_tokens, "cached": usage.cached_prompt_tokens,
-            "completion": usage.completion_tokens, "calls": usage.calls, "spent": usage.spent}
+    return {
+        "prompt": usage.prompt_tokens,
+        "cached": usage.cached_prompt_tokens,
+        "completion": usage.completion_tokens,
+        "calls": usage.calls,
+        "spent": usage.spent,
+    }
 
 
 def horizon_label(tokens: int) -> str:
@@ -79,8 +84,9 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[start : start + max(size, 1)]
 
 
-def scored(records: list[dict[str, Any]], scorer: Scorer | None,
-           on_progress: Callable[[int], None] | None) -> list[dict[str, Any]]:
+def scored(
+    records: list[dict[str, Any]], scorer: Scorer | None, on_progress: Callable[[int], None] | None
+) -> list[dict[str, Any]]:
     """A batch of finished records with the scorer's scores attached (``record["scores"]``), progress reported."""
     if scorer is not None:
         for record, scores in zip(records, scorer(records), strict=True):

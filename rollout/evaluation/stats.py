@@ -15,8 +15,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
-    "aggregate", "bootstrap_ci", "mean_or_none", "seed_level_t", "t_interval", "task_level_interval",
-    "two_level_bootstrap", "two_level_interval",
+    "aggregate",
+    "bootstrap_ci",
+    "mean_or_none",
+    "seed_level_t",
+    "t_interval",
+    "task_level_interval",
+    "two_level_bootstrap",
+    "two_level_interval",
 ]
 
 
@@ -56,8 +62,10 @@ def _matrix(rows: Sequence[Sequence[float]]) -> Any:
 
     lengths = {len(r) for r in rows}
     if not rows or len(lengths) != 1 or 0 in lengths:
-        raise ValueError(f"expected one row per seed, every row one value per task (the same tasks), got row lengths "
-                         f"{sorted(len(r) for r in rows)}")
+        raise ValueError(
+            f"expected one row per seed, every row one value per task (the same tasks), got row lengths "
+            f"{sorted(len(r) for r in rows)}"
+        )
     return np.asarray(rows, dtype=float)
 
 
@@ -83,8 +91,9 @@ def task_level_interval(rows: Sequence[Sequence[float]], level: float = 0.95) ->
     return [mean - half, mean + half]
 
 
-def two_level_bootstrap(rows: Sequence[Sequence[float]], level: float = 0.95, resamples: int = 4000,
-                        seed: int = 0) -> list[float]:
+def two_level_bootstrap(
+    rows: Sequence[Sequence[float]], level: float = 0.95, resamples: int = 4000, seed: int = 0
+) -> list[float]:
     """The percentile interval of the grand mean when seeds and tasks are resampled independently: the two factors
     are crossed (every seed is scored on every task), so each resample draws S seeds and T tasks with replacement
     and averages the S x T sub-matrix ("The pigeonhole bootstrap", Owen, Annals of Applied Statistics 2007;
@@ -96,17 +105,16 @@ def two_level_bootstrap(rows: Sequence[Sequence[float]], level: float = 0.95, re
     n_seeds, n_tasks = m.shape
     rng = np.random.default_rng(seed)
     # how often each seed and each task is drawn in each resample; the resample's mean is c_s' M c_t / (S T)
-    seed_counts = np.apply_along_axis(np.bincount, 1, rng.integers(0, n_seeds, (resamples, n_seeds)),
-                                      minlength=n_seeds)
-    task_counts = np.apply_along_axis(np.bincount, 1, rng.integers(0, n_tasks, (resamples, n_tasks)),
-                                      minlength=n_tasks)
+    seed_counts = np.apply_along_axis(np.bincount, 1, rng.integers(0, n_seeds, (resamples, n_seeds)), minlength=n_seeds)
+    task_counts = np.apply_along_axis(np.bincount, 1, rng.integers(0, n_tasks, (resamples, n_tasks)), minlength=n_tasks)
     means = np.einsum("bs,st,bt->b", seed_counts, m, task_counts) / (n_seeds * n_tasks)
     tail = (1 - level) / 2
     return [float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))]
 
 
-def two_level_interval(rows: Sequence[Sequence[float]], level: float = 0.95, resamples: int = 4000,
-                       seed: int = 0) -> dict[str, Any]:
+def two_level_interval(
+    rows: Sequence[Sequence[float]], level: float = 0.95, resamples: int = 4000, seed: int = 0
+) -> dict[str, Any]:
     """The interval of a mean over training seeds (``rows``, one per seed) and test tasks (one value per task, the
     same tasks in every row), e.g. of paired differences a - b. ``interval`` is the wider of the two-level bootstrap
     (:func:`two_level_bootstrap`) and the seed-level t (:func:`seed_level_t`): with few seeds (5) a bootstrap over
@@ -118,11 +126,19 @@ def two_level_interval(rows: Sequence[Sequence[float]], level: float = 0.95, res
     seed_t = seed_level_t(rows, level)
     lo, hi = boot if seed_t is None else [min(boot[0], seed_t[0]), max(boot[1], seed_t[1])]
     mean = float(m.mean())
-    return {"mean": mean, "interval": [lo, hi], "half_width": max(mean - lo, hi - mean),
-            "two_level_bootstrap": boot, "seed_level_t": seed_t, "task_level": task_level_interval(rows, level),
-            "per_seed_mean": [float(x) for x in m.mean(axis=1)], "seeds": int(m.shape[0]), "tasks": int(m.shape[1]),
-            "level": level, "rule": "the wider of the two-level bootstrap (seeds and tasks resampled independently) "
-                                    "and the seed-level t"}
+    return {
+        "mean": mean,
+        "interval": [lo, hi],
+        "half_width": max(mean - lo, hi - mean),
+        "two_level_bootstrap": boot,
+        "seed_level_t": seed_t,
+        "task_level": task_level_interval(rows, level),
+        "per_seed_mean": [float(x) for x in m.mean(axis=1)],
+        "seeds": int(m.shape[0]),
+        "tasks": int(m.shape[1]),
+        "level": level,
+        "rule": "the wider of the two-level bootstrap (seeds and tasks resampled independently) and the seed-level t",
+    }
 
 
 def aggregate(records: Iterable[dict[str, Any]], by: Sequence[str] = ("system", "model")) -> list[dict[str, Any]]:
@@ -145,11 +161,15 @@ def aggregate(records: Iterable[dict[str, Any]], by: Sequence[str] = ("system", 
             row[name] = mean_or_none(values)
             row[f"{name}_ci"] = bootstrap_ci(values)
         row["reasoner_tokens"] = mean_or_none([r["reasoner_tokens"]["spent"] for r in items])
-        row["memory_tokens"] = mean_or_none([
-            r["memory_tokens_answer"]["prompt"] + r["memory_tokens_answer"]["completion"]
-            + r.get("memory_tokens_ingest_share", {}).get("prompt", 0)
-            + r.get("memory_tokens_ingest_share", {}).get("completion", 0) for r in items
-        ])
+        row["memory_tokens"] = mean_or_none(
+            [
+                r["memory_tokens_answer"]["prompt"]
+                + r["memory_tokens_answer"]["completion"]
+                + r.get("memory_tokens_ingest_share", {}).get("prompt", 0)
+                + r.get("memory_tokens_ingest_share", {}).get("completion", 0)
+                for r in items
+            ]
+        )
         evidence = [r["evidence_in_context"] for r in items if "evidence_in_context" in r]
         if evidence:
             row["evidence_in_context"] = mean_or_none(evidence)

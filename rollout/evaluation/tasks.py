@@ -71,28 +71,41 @@ def run_tasks(
     configs = {"greedy": _with_temperature(memory, 0.0)}
     configs.update({r: _with_temperature(memory, temperature) for r in runs if r != "greedy"})
     done = set(skip)
-    jobs = [(task, run) for task in tasks for run in runs
-            if item_key(dataset, task.task_id, run, system, model) not in done]
+    jobs = [
+        (task, run) for task in tasks for run in runs if item_key(dataset, task.task_id, run, system, model) not in done
+    ]
     for chunk in chunks(jobs, tasks_per_batch):
         rollouts = [_task_rollout(task, configs[run], run, seed, count_tokens, embedder) for task, run in chunk]
         traces = run_rollouts(rollouts, engines)
         records = []
         for (task, run), trace in zip(chunk, traces, strict=True):
-            records.append({
-                "key": item_key(dataset, task.task_id, run, system, model),
-                "dataset": dataset, "mode": task.family, "episode_id": task.task_id, "item_id": run,
-                "system": system, "model": model, "sampled": run != "greedy", "answer": trace.answer,
-                "outcome": trace.outcome, "horizon": _task_horizon(task),
-                "reasoner_tokens": usage_dict(trace.reasoner_usage), "memory_tokens_answer": usage_dict(
-                    trace.memory_usage), "memory_calls_answer": len(trace.memory_calls),
-                "reasoner_calls": trace.reasoner_usage.calls, "peak_context_tokens": trace.peak_context_tokens,
-                "stats": dict(trace.stats),
-            })
+            records.append(
+                {
+                    "key": item_key(dataset, task.task_id, run, system, model),
+                    "dataset": dataset,
+                    "mode": task.family,
+                    "episode_id": task.task_id,
+                    "item_id": run,
+                    "system": system,
+                    "model": model,
+                    "sampled": run != "greedy",
+                    "answer": trace.answer,
+                    "outcome": trace.outcome,
+                    "horizon": _task_horizon(task),
+                    "reasoner_tokens": usage_dict(trace.reasoner_usage),
+                    "memory_tokens_answer": usage_dict(trace.memory_usage),
+                    "memory_calls_answer": len(trace.memory_calls),
+                    "reasoner_calls": trace.reasoner_usage.calls,
+                    "peak_context_tokens": trace.peak_context_tokens,
+                    "stats": dict(trace.stats),
+                }
+            )
         yield from scored(records, scorer, on_progress)
 
 
-def _task_rollout(task: Any, memory: MemoryConfig, run: str, seed: int, count_tokens: TokenCounter | None,
-                  embedder: Embedder | None) -> Any:
+def _task_rollout(
+    task: Any, memory: MemoryConfig, run: str, seed: int, count_tokens: TokenCounter | None, embedder: Embedder | None
+) -> Any:
     if isinstance(task, ProactiveTask) and not isinstance(memory, ProactiveConfig):
         raise ValueError(f"proactive tasks run the proactive agent, not {memory.name!r}")
     return task_rollout(task, memory, seed=seed, rollout_id=run, count_tokens=count_tokens, embedder=embedder)
@@ -121,9 +134,22 @@ def evaluate_memory(
 
     cfg = parse_memory_config(memory)
     with progress_bar(total=len(tasks) * (1 + samples), desc=progress, disable=progress is None, leave=False) as bar:
-        records = list(run_tasks(tasks, cfg, engines, dataset=dataset, system=cfg.name, model="model",
-                                 samples=samples, temperature=temperature, seed=seed, count_tokens=count_tokens,
-                                 tasks_per_batch=tasks_per_batch, on_progress=bar.update))
+        records = list(
+            run_tasks(
+                tasks,
+                cfg,
+                engines,
+                dataset=dataset,
+                system=cfg.name,
+                model="model",
+                samples=samples,
+                temperature=temperature,
+                seed=seed,
+                count_tokens=count_tokens,
+                tasks_per_batch=tasks_per_batch,
+                on_progress=bar.update,
+            )
+        )
     greedy = [r for r in records if not r["sampled"]]
     sampled = [r for r in records if r["sampled"]]
 
@@ -136,10 +162,16 @@ def evaluate_memory(
         "success_greedy": success(greedy),
         "success_sampled": success(sampled),
         "reasoner_tokens_per_task": mean_or_none([r["reasoner_tokens"]["spent"] for r in greedy]),
-        "memory_tokens_per_task": mean_or_none([r["memory_tokens_answer"]["prompt"]
-                                                + r["memory_tokens_answer"]["completion"] for r in greedy]),
-        "by_horizon": {h: {"success_greedy": success([r for r in greedy if r["horizon"] == h]),
-                           "success_sampled": success([r for r in sampled if r["horizon"] == h])} for h in horizons},
+        "memory_tokens_per_task": mean_or_none(
+            [r["memory_tokens_answer"]["prompt"] + r["memory_tokens_answer"]["completion"] for r in greedy]
+        ),
+        "by_horizon": {
+            h: {
+                "success_greedy": success([r for r in greedy if r["horizon"] == h]),
+                "success_sampled": success([r for r in sampled if r["horizon"] == h]),
+            }
+            for h in horizons
+        },
         "failed_episodes": failed,
         "records": records,
     }
@@ -168,8 +200,17 @@ def evaluate_sam_memory(
     engines = sam_engines(memory_engine, tokenizer=tokenizer, seed=seed)
     if reasoner is not None:
         engines = EngineSet(reasoner=reasoner, memory=engines.memory)
-    result = evaluate_memory(tasks, engines, memory or {"name": "sam"}, samples=samples, temperature=temperature,
-                             seed=seed, count_tokens=count_tokens, tasks_per_batch=tasks_per_batch, progress=progress,
-                             dataset="sam")
+    result = evaluate_memory(
+        tasks,
+        engines,
+        memory or {"name": "sam"},
+        samples=samples,
+        temperature=temperature,
+        seed=seed,
+        count_tokens=count_tokens,
+        tasks_per_batch=tasks_per_batch,
+        progress=progress,
+        dataset="sam",
+    )
     result.pop("failed_episodes")
     return result

@@ -1,5 +1,4 @@
-"""Text helpers the reader and the extractive memory model share: content words, stems, normalised text.
-"""
+"""Text helpers the reader and the extractive memory model share: content words, stems, normalised text."""
 
 from __future__ import annotations
 
@@ -8,11 +7,16 @@ import re
 __all__ = ["STOPWORDS", "WORD_PATTERN", "normalised", "stems", "terms"]
 
 
-STOPWORDS = frozenset(re.findall(r"\w+", """
+STOPWORDS = frozenset(
+    re.findall(
+        r"\w+",
+        """
     a an the of in on at to from for by with and or is was were are be been did does do what which who whom whose
     where when why how that this these those it its after before into than then there their they he she his her
     you your i me my we our as if not no yes any all
-"""))
+""",
+    )
+)
 
 
 WORD_PATTERN = re.compile(r"[a-z0-9]+")

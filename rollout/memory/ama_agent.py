@@ -148,7 +148,7 @@ class AMAMemory(JobQueueMemory):
         node.objects = list(dict.fromkeys(objects))
         for obj in node.objects:
             earlier = self._objects.setdefault(obj, [])
-            for other in earlier[-self.config.assoc_links:] if self.config.assoc_links > 0 else []:
+            for other in earlier[-self.config.assoc_links :] if self.config.assoc_links > 0 else []:
                 if other not in node.associations:
                     node.associations.append(other)
                     self.nodes[other].associations.append(turn)
@@ -186,8 +186,9 @@ class AMAMemory(JobQueueMemory):
 
     def trajectory(self) -> list[dict[str, Any]]:
         """The raw trajectory so far, in AMA-Bench's turn shape (the sandbox's only input)."""
-        return [{"turn_idx": t, "action": n.action, "observation": n.observation}
-                for t, n in sorted(self.nodes.items())]
+        return [
+            {"turn_idx": t, "action": n.action, "observation": n.observation} for t, n in sorted(self.nodes.items())
+        ]
 
     def _evidence_text(self, turns: list[int], extra: list[str]) -> str:
         lines = []
@@ -220,7 +221,7 @@ class AMAMemory(JobQueueMemory):
         node = StateNode(turn.step, action_of(turn.action_text), turn.observation)
         previous = max(self.nodes) if self.nodes else None
         self.nodes[node.turn] = node
-        self.recent = [*self.recent, node.turn][-max(self.config.recent_turns, 1):]
+        self.recent = [*self.recent, node.turn][-max(self.config.recent_turns, 1) :]
         if self.config.graph:
             self._enqueue(self._new_job("build", turn=node.turn, previous=previous, phase="build"))
         else:
@@ -234,7 +235,7 @@ class AMAMemory(JobQueueMemory):
             prev = self.nodes.get(job.data["previous"]) if job.data["previous"] is not None else None
             previous = f"{prev.turn}: {self._raw(prev)}" if prev else "(none)"
             built = [t for t in sorted(self.nodes) if t < node.turn and self.nodes[t].state]
-            states = "\n".join(f"[turn {t}] {self.nodes[t].state}" for t in built[-self.config.context_states:])
+            states = "\n".join(f"[turn {t}] {self.nodes[t].state}" for t in built[-self.config.context_states :])
             messages = render_ama_build(self.task, previous, f"{node.turn}: {self._raw(node)}", states or "(none)")
             return self._call(job, "ama_graph_build", messages, turn=node.turn)
         return self._retrieve_request(job)
@@ -257,8 +258,12 @@ class AMAMemory(JobQueueMemory):
         while True:
             phase = data["phase"]
             if phase == "search":
-                data.update(turns=self.similar(data["query"], self.config.top_k), extra=[], rounds=0,
-                            phase="check" if self.config.tool_retrieval else "done")
+                data.update(
+                    turns=self.similar(data["query"], self.config.top_k),
+                    extra=[],
+                    rounds=0,
+                    phase="check" if self.config.tool_retrieval else "done",
+                )
                 continue
             if phase == "check":
                 if data["rounds"] >= self.config.max_tool_rounds:
@@ -267,8 +272,7 @@ class AMAMemory(JobQueueMemory):
                 evidence = self._evidence_text(data["turns"], data["extra"])
                 return self._call(job, "ama_sufficiency", render_ama_sufficiency(data["query"], evidence))
             if phase == "graph":
-                added = self.neighbourhood(data["turns"], self.config.traversal_depth,
-                                           self.config.max_traversal_nodes)
+                added = self.neighbourhood(data["turns"], self.config.traversal_depth, self.config.max_traversal_nodes)
                 data["turns"] = data["turns"] + added
                 self.count("ama_graph_traversals")
                 data.update(rounds=data["rounds"] + 1, phase="check")
@@ -314,8 +318,11 @@ class AMAMemory(JobQueueMemory):
     def keyword_hits(self, keywords: list[str]) -> list[int]:
         """Turns whose action, observation or state contains any keyword (case-insensitive), in turn order."""
         words = [w.lower() for w in keywords if w.strip()]
-        hits = [t for t, n in sorted(self.nodes.items())
-                if any(w in f"{n.action}\n{n.observation}\n{n.state}".lower() for w in words)]
+        hits = [
+            t
+            for t, n in sorted(self.nodes.items())
+            if any(w in f"{n.action}\n{n.observation}\n{n.state}".lower() for w in words)
+        ]
         return hits[: self.config.keyword_hits]
 
     def _run_script(self, data: dict[str, Any], code: str) -> None:
@@ -343,12 +350,14 @@ class AMAMemory(JobQueueMemory):
         if self.start_observation:
             parts.append(f"start: {self.start_observation}")
         if self.config.recent_turns > 0 and self.recent:
-            lines = [f"[turn {t}] {self._raw(self.nodes[t])}" for t in self.recent[-self.config.recent_turns:]]
+            lines = [f"[turn {t}] {self._raw(self.nodes[t])}" for t in self.recent[-self.config.recent_turns :]]
             parts.append("recent steps:\n" + "\n".join(lines))
         if self.support:
             parts.append(("memory " if self.question is not None else "last retrieval ") + self.support)
         parts += [f"memory: {n}" for n in self._transient]
         if self.question is not None:
             parts.append(f"question: {self.question}")
-        return [self._system_message(system_prompt, AMA_REASONER_SYSTEM),
-                Message(role="user", content="\n".join(parts))]
+        return [
+            self._system_message(system_prompt, AMA_REASONER_SYSTEM),
+            Message(role="user", content="\n".join(parts)),
+        ]

@@ -25,8 +25,16 @@ from memrl.data.formats import ToolCall
 from memrl.data.registry import ComponentError, Registry, check_protocol
 from memrl.data.schemas import MemoryCall, Message
 
-__all__ = ["MEMORY_SYSTEMS", "MemoryConfigBase", "MemoryRequest", "MemorySystem", "RoleSampling", "ToolResult", "Turn",
-           "register_memory"]
+__all__ = [
+    "MEMORY_SYSTEMS",
+    "MemoryConfigBase",
+    "MemoryRequest",
+    "MemorySystem",
+    "RoleSampling",
+    "ToolResult",
+    "Turn",
+    "register_memory",
+]
 
 
 class RoleSampling(ConfigModel):
@@ -130,8 +138,10 @@ def _check_memory(obj: Any) -> None:
     if not (isinstance(obj, type) and issubclass(obj, MemorySystem)):
         raise ComponentError(f"{label} must subclass memrl.api.MemorySystem")
     if missing := sorted(getattr(obj, "__abstractmethods__", ())):
-        raise ComponentError(f"{label} does not implement the memory system protocol: missing method"
-                             f"{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}")
+        raise ComponentError(
+            f"{label} does not implement the memory system protocol: missing method"
+            f"{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}"
+        )
 
 
 MEMORY_SYSTEMS: Registry[Any] = Registry("memory system", _check_memory)
@@ -145,6 +155,7 @@ def register_memory(name: str, *, config: type | None = None) -> Any:
     (``count_tokens``, ``embedder``)."""
     cfg = config or MemoryConfigBase
     if "name" not in getattr(cfg, "model_fields", {}):
-        raise ComponentError(f"memory config {cfg.__qualname__} needs a 'name' field (subclass "
-                             f"memrl.api.MemoryConfigBase)")
+        raise ComponentError(
+            f"memory config {cfg.__qualname__} needs a 'name' field (subclass memrl.api.MemoryConfigBase)"
+        )
     return MEMORY_SYSTEMS.decorator(name, config=cfg)

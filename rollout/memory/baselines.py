@@ -117,8 +117,14 @@ class LongContextMemory(MemorySystem):
 
     def on_turn(self, turn: Turn) -> None:
         """Keep the step (its token cost counted once)."""
-        unit = LiveUnit(step=turn.step, action_text=turn.action_text, observation=turn.observation, role=turn.role,
-                        context_tokens=0, page_tokens=0)
+        unit = LiveUnit(
+            step=turn.step,
+            action_text=turn.action_text,
+            observation=turn.observation,
+            role=turn.role,
+            context_tokens=0,
+            page_tokens=0,
+        )
         unit.context_tokens = sum(self._message_tokens(m) for m in unit.messages)
         self.turns.append(unit)
 
@@ -216,8 +222,9 @@ def bm25_rank(documents: list[str], query: str, k: int, *, k1: float = 1.5, b: f
     import bm25s
 
     def tokenize(texts: list[str]) -> list[list[str]]:
-        words = bm25s.tokenize(texts, token_pattern=_TOKEN_PATTERN, stopwords="en", return_ids=False,
-                               show_progress=False)
+        words = bm25s.tokenize(
+            texts, token_pattern=_TOKEN_PATTERN, stopwords="en", return_ids=False, show_progress=False
+        )
         return [w + [f"{a}_{b}" for a, b in itertools.pairwise(w)] for w in words]
 
     query_tokens = tokenize([query])

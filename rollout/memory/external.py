@@ -38,9 +38,11 @@ class ExternalMemory(MemorySystem):
         self.config = config
 
     def _refuse(self) -> None:
-        raise ComponentError("memory: external is the memory of an episode function or an HTTP agent (their own "
-                             "code); a task of memrl's agent loop or a Gym environment runs a memory system such as "
-                             "sam, or your own by entry")
+        raise ComponentError(
+            "memory: external is the memory of an episode function or an HTTP agent (their own "
+            "code); a task of memrl's agent loop or a Gym environment runs a memory system such as "
+            "sam, or your own by entry"
+        )
 
     def reset(self, task: str, metadata: dict[str, Any]) -> None:
         """Refused (see the class docstring)."""

@@ -267,8 +267,9 @@ class MageMemory(JobQueueMemory):
         self.grow(action_of(turn.action_text), turn.observation)
         if self.config.compress and not self._fallback_queued and self._raw_too_long():
             self._fallback_queued = True
-            self._enqueue(self._new_job("compress", origin="fallback", summary=None, phase="summarize",
-                                        replayed=item.replayed))
+            self._enqueue(
+                self._new_job("compress", origin="fallback", summary=None, phase="summarize", replayed=item.replayed)
+            )
 
     def _steps_text(self, nodes: list[int]) -> str:
         return render_mage_steps([(n, self.bottom[n].action, self.bottom[n].observation) for n in nodes])
@@ -289,8 +290,7 @@ class MageMemory(JobQueueMemory):
         if data["phase"] == "maintain":
             node = self.top[data["top"]]
             messages = render_mage_maintain(self.task, self._steps_text(node.cover_nodes), node.content)
-            return self._call(job, "mage_maintain", messages, phase="maintain", origin=data["origin"],
-                              top=node.node_id)
+            return self._call(job, "mage_maintain", messages, phase="maintain", origin=data["origin"], top=node.node_id)
         return None
 
     def _consume(self, job: Job, text: str) -> None:
@@ -332,8 +332,10 @@ class MageMemory(JobQueueMemory):
         if self.config.revise and not job.data["replayed"] and node.node_id in self.C:
             self.revise(diagnosis, node.boundary or 0)
             self.count("mage_revise_auto")
-            message = (f"summary @{node.boundary} failed its check ({diagnosis}); returned to @{node.boundary}, "
-                       "continue on a new branch")
+            message = (
+                f"summary @{node.boundary} failed its check ({diagnosis}); returned to @{node.boundary}, "
+                "continue on a new branch"
+            )
         else:
             self._note(diagnosis)
             message = f"summary @{node.boundary} failed its check ({diagnosis})"
@@ -356,8 +358,7 @@ class MageMemory(JobQueueMemory):
         if call.name == "compress" and self.config.compress:
             summary = call.arguments.get("summary")
             given = summary.strip() if isinstance(summary, str) and self.config.agent_summaries else ""
-            return self._new_job("compress", origin="agent", summary=given or None, phase="summarize",
-                                 replayed=False)
+            return self._new_job("compress", origin="agent", summary=given or None, phase="summarize", replayed=False)
         if call.name == "revise" and "revise" in self.tools:
             raw = call.arguments.get("step", call.arguments.get("boundary"))
             try:
@@ -402,9 +403,11 @@ class MageMemory(JobQueueMemory):
             node = self.top[t]
             failed = f" (failed check: {node.note})" if node.note else ""
             compressed.append(f"[@{node.boundary}] {node.content}{failed}")
-        recent = render_mage_steps([(n, self.bottom[n].action, self.bottom[n].observation) for n in self.R],
-                                   self.config.observation_chars)
-        user = render_mage_state(self.task, self.start_observation, compressed, self._hint_lines(), recent,
-                                 self._transient, self.question)
+        recent = render_mage_steps(
+            [(n, self.bottom[n].action, self.bottom[n].observation) for n in self.R], self.config.observation_chars
+        )
+        user = render_mage_state(
+            self.task, self.start_observation, compressed, self._hint_lines(), recent, self._transient, self.question
+        )
         default = mage_reasoner_system("compress" in self.tools, "revise" in self.tools)
         return [self._system_message(system_prompt, default), Message(role="user", content=user)]

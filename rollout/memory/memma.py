@@ -92,8 +92,16 @@ class MemMAConfig(ConfigModel):
     embedder: EmbedderName = "minilm"  # minilm (all-MiniLM-L6-v2) or hashing (bag of words, no model)
     sampling: dict[str, RoleSampling] = {
         role: RoleSampling(temperature=0.0, max_tokens=256)
-        for role in ("memma_meta_think", "memma_manage", "memma_query", "memma_answer", "memma_probe",
-                     "memma_verify", "memma_repair", "memma_consolidate")
+        for role in (
+            "memma_meta_think",
+            "memma_manage",
+            "memma_query",
+            "memma_answer",
+            "memma_probe",
+            "memma_verify",
+            "memma_repair",
+            "memma_consolidate",
+        )
     }
 
 
@@ -206,8 +214,9 @@ class MemMAMemory(JobQueueMemory):
         return render_memma_entries([(i, self.entries[i].text) for i in ids if i in self.entries])
 
     def _turns_text(self, turns: list[tuple[int, str, str]]) -> str:
-        return "\n".join(f"[turn {t}] {a or '(start)'} -> {truncate(o, self.config.observation_chars)}"
-                         for t, a, o in turns)
+        return "\n".join(
+            f"[turn {t}] {a or '(start)'} -> {truncate(o, self.config.observation_chars)}" for t, a, o in turns
+        )
 
     # ---------------------------------------------------------------------------------------------------------
     # Turns
@@ -223,7 +232,7 @@ class MemMAMemory(JobQueueMemory):
             self._enqueue(self._new_job("query", question=turn.observation, origin="question", phase="search"))
             return
         record = (turn.step, action_of(turn.action_text), turn.observation)
-        self.recent = [*self.recent, record][-max(self.config.recent_turns, 1):]
+        self.recent = [*self.recent, record][-max(self.config.recent_turns, 1) :]
         self._chunk.append(record)
         if len(self._chunk) >= self.config.chunk_turns:
             self._flush(session=False)
@@ -270,8 +279,9 @@ class MemMAMemory(JobQueueMemory):
         if data["phase"] == "guide" and not self.config.construction_guidance:
             data.update(phase="manage", guidance=None)
         if data["phase"] == "guide":
-            return self._call(job, "memma_meta_think", render_memma_guidance(self.task, data["view"], chunk),
-                              phase="construct")
+            return self._call(
+                job, "memma_meta_think", render_memma_guidance(self.task, data["view"], chunk), phase="construct"
+            )
         if data["phase"] == "manage":
             messages = render_memma_manage(self.task, data["view"], data["guidance"], chunk)
             return self._call(job, "memma_manage", messages, phase="manage")
@@ -341,8 +351,9 @@ class MemMAMemory(JobQueueMemory):
                     continue
                 probe = data["probes"][data["failed"][data["index"]]]
                 view = self._view(probe["question"])
-                messages = render_memma_repair(probe["question"], probe["answer"], probe["predicted"],
-                                               self._evidence(probe["evidence"]), view)
+                messages = render_memma_repair(
+                    probe["question"], probe["answer"], probe["predicted"], self._evidence(probe["evidence"]), view
+                )
                 return self._call(job, "memma_repair", messages, phase="repair")
             if phase == "consolidate":
                 if data["index"] >= len(data["candidates"]):
@@ -382,8 +393,13 @@ class MemMAMemory(JobQueueMemory):
                 self.count("memma_probe_unparsed")
                 data["phase"] = "done"
                 return
-            data.update(probes=[{"question": q, "answer": a} for q, a in pairs], index=0, failed=[], candidates=[],
-                        phase="answer")
+            data.update(
+                probes=[{"question": q, "answer": a} for q, a in pairs],
+                index=0,
+                failed=[],
+                candidates=[],
+                phase="answer",
+            )
         elif phase == "answer":
             data["probes"][data["index"]]["predicted"] = parse_memma_answer(text)
             data["phase"] = "judge"
@@ -437,16 +453,24 @@ class MemMAMemory(JobQueueMemory):
     def _query_request(self, job: Job) -> MemoryRequest | None:
         data = job.data
         if data["phase"] == "search":
-            data.update(queries=[data["question"]], h=0, diagnosis="",
-                        evidence=[i for i, _ in self.search(data["question"], self.config.top_k)])
+            data.update(
+                queries=[data["question"]],
+                h=0,
+                diagnosis="",
+                evidence=[i for i, _ in self.search(data["question"], self.config.top_k)],
+            )
             refine = self.config.iterative_retrieval and self.config.refine_budget > 0
             data["phase"] = "critique" if refine else "answer"
         if data["phase"] == "critique" and data["h"] >= self.config.refine_budget:
             data["phase"] = "answer"
         evidence = self._evidence(data["evidence"])
         if data["phase"] == "critique":
-            return self._call(job, "memma_meta_think", render_memma_critique(data["question"], data["queries"],
-                                                                              evidence), phase="critique")
+            return self._call(
+                job,
+                "memma_meta_think",
+                render_memma_critique(data["question"], data["queries"], evidence),
+                phase="critique",
+            )
         if data["phase"] == "query":
             messages = render_memma_query(data["question"], data["queries"], evidence, data["diagnosis"])
             return self._call(job, "memma_query", messages, phase="query")
@@ -481,8 +505,7 @@ class MemMAMemory(JobQueueMemory):
         if not answer:
             self.count("memma_answer_empty")
         data["phase"] = "done"
-        self.support = (f"evidence:\n{self._evidence(data['evidence'])}\n"
-                        f"memory's proposed answer: {answer or '(none)'}")
+        self.support = f"evidence:\n{self._evidence(data['evidence'])}\nmemory's proposed answer: {answer or '(none)'}"
         if data["origin"] == "tool":
             self._finish_tool(ToolResult(content=self.support))
 
@@ -503,11 +526,13 @@ class MemMAMemory(JobQueueMemory):
         if self.start_observation:
             parts.append(f"start: {self.start_observation}")
         if self.config.recent_turns > 0 and self.recent:
-            parts.append("recent steps:\n" + self._turns_text(self.recent[-self.config.recent_turns:]))
+            parts.append("recent steps:\n" + self._turns_text(self.recent[-self.config.recent_turns :]))
         if self.support:
             parts.append(("memory:\n" if self.question is not None else "last memory result:\n") + self.support)
         parts += [f"memory: {n}" for n in self._transient]
         if self.question is not None:
             parts.append(f"question: {self.question}")
-        return [self._system_message(system_prompt, MEMMA_REASONER_SYSTEM),
-                Message(role="user", content="\n".join(parts))]
+        return [
+            self._system_message(system_prompt, MEMMA_REASONER_SYSTEM),
+            Message(role="user", content="\n".join(parts)),
+        ]

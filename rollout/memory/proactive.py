@@ -120,7 +120,6 @@ class ProactiveConfig(ConfigModel):
         "intervene": RoleSampling(temperature=1.0, max_tokens=128),
     }
 
-
     @property
     def uses_bank(self) -> bool:
         """Whether Phase 1 runs (every variant but injection-only and no memory)."""
@@ -296,8 +295,9 @@ class ProactiveMemory(MemorySystem):
                 self.count("memory_steps")
                 for trigger in self._triggers:
                     self.count(f"triggers_{trigger}")
-                self._queue = [r for r, on in (("bank_edit", self.config.uses_bank),
-                                               ("intervene", self.config.uses_phase2)) if on]
+                self._queue = [
+                    r for r, on in (("bank_edit", self.config.uses_bank), ("intervene", self.config.uses_phase2)) if on
+                ]
         if not self._queue:
             return None
         if self._request is None:  # built once per call, so asking again neither changes it nor recounts stats
@@ -309,13 +309,17 @@ class ProactiveMemory(MemorySystem):
         bank_text = self._prompt_bank() if self.config.uses_bank else render_bank("", [], [])
         messages = as_messages(render(self.task, self._window_text(), bank_text))
         sampling = self.config.sampling.get(role, RoleSampling())
-        metadata = {"memory_step": self.step, "phase": 1 if role == "bank_edit" else 2,
-                    "triggers": list(self._triggers)}
+        metadata = {
+            "memory_step": self.step,
+            "phase": 1 if role == "bank_edit" else 2,
+            "triggers": list(self._triggers),
+        }
         return MemoryRequest(role=role, messages=messages, sampling=sampling, metadata=metadata)
 
     def _window(self) -> list[tuple[int, str, str]]:
-        return [(s, " ".join(_action_of(r).split()) if s > 0 else "", o)
-                for s, r, o, _ in self.turns[-self.config.window :]]
+        return [
+            (s, " ".join(_action_of(r).split()) if s > 0 else "", o) for s, r, o, _ in self.turns[-self.config.window :]
+        ]
 
     def _window_text(self) -> str:
         return render_window(self._window())

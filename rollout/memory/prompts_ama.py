@@ -37,7 +37,7 @@ _SUFFICIENCY_SYSTEM = (
 )
 _SEARCH_SYSTEM = (
     "Find the missing information in the trajectory. Either write a Python script in a ```python block: the file "
-    "trajectory.json in the working directory holds the list of turns {\"turn_idx\", \"action\", \"observation\"}; "
+    'trajectory.json in the working directory holds the list of turns {"turn_idx", "action", "observation"}; '
     "print only what answers the need, with turn ids. Or reply with one line keywords: <comma-separated keywords> "
     "for a plain keyword search."
 )
@@ -51,8 +51,10 @@ def render_ama_build(task: str, previous: str, current: str, states: str) -> lis
 
 def render_ama_sufficiency(question: str, evidence: str) -> list[Message]:
     """Messages for the sufficiency self-check and routing (``ama_sufficiency``)."""
-    return [Message(role="system", content=_SUFFICIENCY_SYSTEM),
-            Message(role="user", content=f"question: {question}\nevidence:\n{evidence}\nverdict:")]
+    return [
+        Message(role="system", content=_SUFFICIENCY_SYSTEM),
+        Message(role="user", content=f"question: {question}\nevidence:\n{evidence}\nverdict:"),
+    ]
 
 
 def render_ama_search(question: str, missing: str, example: str) -> list[Message]:
@@ -81,8 +83,11 @@ def parse_ama_record(text: str) -> tuple[str, list[int] | None, list[str], bool]
             state = str(obj.get("state", "")).strip()
             raw = obj.get("causes")
             causes = [int(c) for c in raw if isinstance(c, int) or str(c).isdigit()] if isinstance(raw, list) else None
-            objects = [str(o).strip().lower() for o in obj.get("objects", []) if str(o).strip()] if isinstance(
-                obj.get("objects"), list) else []
+            objects = (
+                [str(o).strip().lower() for o in obj.get("objects", []) if str(o).strip()]
+                if isinstance(obj.get("objects"), list)
+                else []
+            )
             return state, causes, objects, bool(state or causes or objects)
     for line in body.splitlines():
         key, sep, value = line.partition(":")
@@ -108,12 +113,12 @@ def parse_ama_sufficiency(text: str) -> tuple[bool | None, str | None, str]:
         return None, None, ""
     if match.group(1).lower() == "sufficient":
         return True, None, ""
-    rest = body[match.end():].lstrip(" :.-\n")
+    rest = body[match.end() :].lstrip(" :.-\n")
     route_match = re.match(r"(graph|keyword|script)\b\s*[:.-]?\s*", rest, re.IGNORECASE)
     route = None
     if route_match:
         route = "graph" if route_match.group(1).lower() == "graph" else "keyword"
-        rest = rest[route_match.end():]
+        rest = rest[route_match.end() :]
     return False, route, rest.strip()
 
 

@@ -39,13 +39,16 @@ def mage_reasoner_system(compress: bool = True, revise: bool = True) -> str:
     if compress:
         tools.append("compress(summary) marks the current subgoal complete and replaces the recent steps by summary")
     if revise:
-        tools.append("revise(step, reason) returns to the boundary @step of a compressed summary and continues from "
-                     "there on a new branch")
+        tools.append(
+            "revise(step, reason) returns to the boundary @step of a compressed summary and continues from "
+            "there on a new branch"
+        )
     tools.append("answer(answer) ends the task")
     return (
         "You solve the task step by step. Your memory is an execution-state tree: summaries of finished subgoals "
         "(each tagged with its boundary @step), the recent raw steps, and hints from earlier attempts. Tools: "
-        + "; ".join(tools) + ". Reply with one tool call."
+        + "; ".join(tools)
+        + ". Reply with one tool call."
     )
 
 

@@ -124,8 +124,10 @@ def render_memma_verify(question: str, gold: str, predicted: str) -> list[Messag
 
 def render_memma_repair(question: str, gold: str, predicted: str, evidence: str, view: str) -> list[Message]:
     """Evidence-grounded repair proposal for a failed probe (``memma_repair``)."""
-    user = (f"question: {question}\ngold answer: {gold}\npredicted answer: {predicted}\nretrieved evidence:\n"
-            f"{evidence}\nmemory:\n{view}\nrepair:")
+    user = (
+        f"question: {question}\ngold answer: {gold}\npredicted answer: {predicted}\nretrieved evidence:\n"
+        f"{evidence}\nmemory:\n{view}\nrepair:"
+    )
     return _msgs(_REPAIR_SYSTEM, user)
 
 
@@ -171,8 +173,13 @@ def parse_memma_edits(text: str) -> tuple[list[Edit], list[str]]:
             for item in items:
                 if isinstance(item, dict) and str(item.get("op", "")).upper() in ("ADD", "UPDATE", "DELETE", "NONE"):
                     entry = item.get("id")
-                    edits.append(Edit(str(item["op"]).upper(), str(entry) if entry is not None else None,
-                                      str(item.get("text", "")).strip()))
+                    edits.append(
+                        Edit(
+                            str(item["op"]).upper(),
+                            str(entry) if entry is not None else None,
+                            str(item.get("text", "")).strip(),
+                        )
+                    )
                 else:
                     errors.append(f"not an edit: {str(item)[:60]!r}")
             return edits, errors
@@ -213,7 +220,7 @@ def parse_memma_critique(text: str) -> tuple[bool | None, str]:
     if match is None:
         return None, ""
     negative = match.group(1).startswith(("not", "un", "in"))
-    diagnosis = body[match.end():].lstrip(" :.-\n").strip()
+    diagnosis = body[match.end() :].lstrip(" :.-\n").strip()
     return (not negative), diagnosis
 
 
@@ -224,7 +231,7 @@ def _first_line(body: str, prefixes: Sequence[str]) -> str:
             continue
         for prefix in prefixes:
             if stripped.lower().startswith(prefix):
-                stripped = stripped[len(prefix):].strip()
+                stripped = stripped[len(prefix) :].strip()
         return stripped.strip("\"'")
     return ""
 
@@ -240,8 +247,9 @@ def parse_memma_answer(text: str) -> str:
     return re.sub(r"\Aanswer\s*:\s*", "", body, flags=re.IGNORECASE).strip()
 
 
-_PAIR = re.compile(r"Q\s*\d*\s*[:.)]\s*(.+?)\s*(?:\n\s*)?A\s*\d*\s*[:.)]\s*(.+?)(?=\n\s*Q\s*\d*\s*[:.)]|\Z)",
-                   re.DOTALL | re.IGNORECASE)
+_PAIR = re.compile(
+    r"Q\s*\d*\s*[:.)]\s*(.+?)\s*(?:\n\s*)?A\s*\d*\s*[:.)]\s*(.+?)(?=\n\s*Q\s*\d*\s*[:.)]|\Z)", re.DOTALL | re.IGNORECASE
+)
 
 
 def parse_memma_probes(text: str, limit: int) -> list[tuple[str, str]]:
@@ -288,8 +296,9 @@ def parse_memma_repair(text: str) -> tuple[str, str]:
     return diagnosis, fact
 
 
-_CONSOLIDATION = re.compile(r"\A\W*(SKIP|MERGE|INSERT)\b\s*(\[?[A-Za-z]*\d+\]?)?\s*[:\-]?\s*(.*)\Z",
-                            re.IGNORECASE | re.DOTALL)
+_CONSOLIDATION = re.compile(
+    r"\A\W*(SKIP|MERGE|INSERT)\b\s*(\[?[A-Za-z]*\d+\]?)?\s*[:\-]?\s*(.*)\Z", re.IGNORECASE | re.DOTALL
+)
 
 
 def parse_memma_consolidation(text: str) -> tuple[str, str | None, str] | None:

@@ -66,12 +66,15 @@ def memory_registration(cfg: Any) -> Registration[Any]:
     if entry is not None:
         reg = MEMORY_SYSTEMS.get(str(entry))
         if not reg.name:
-            raise ComponentError(f"memory entry {entry!r}: register it with @register_memory(name, config=...) "
-                                 f"(memrl.api) so its settings can be validated")
+            raise ComponentError(
+                f"memory entry {entry!r}: register it with @register_memory(name, config=...) "
+                f"(memrl.api) so its settings can be validated"
+            )
         return reg
     if not isinstance(name, str):
-        raise ComponentError(f"memory: a 'name' (one of {', '.join(memory_names())}) or an 'entry' "
-                             f"('package.module:Class') is required")
+        raise ComponentError(
+            f"memory: a 'name' (one of {', '.join(memory_names())}) or an 'entry' ('package.module:Class') is required"
+        )
     return MEMORY_SYSTEMS.get(name)
 
 
@@ -87,8 +90,10 @@ def parse_memory_config(data: Any) -> Any:
     if named_by_path:
         values["entry"] = reg.entry
         if "entry" not in reg.config.model_fields:
-            raise ComponentError(f"memory config {reg.config.__qualname__} of {reg.entry} is named by import path: it "
-                                 f"needs an 'entry' field (subclass memrl.api.MemoryConfigBase)")
+            raise ComponentError(
+                f"memory config {reg.config.__qualname__} of {reg.entry} is named by import path: it "
+                f"needs an 'entry' field (subclass memrl.api.MemoryConfigBase)"
+            )
     return reg.config.model_validate(values)
 
 
@@ -121,6 +126,7 @@ def build_memory(
     reg = memory_registration(cfg)
     params = inspect.signature(reg.obj).parameters
     deps = {k: v for k, v in (("count_tokens", count_tokens), ("embedder", embedder)) if k in params}
-    takes_config = any(p.name not in deps and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                       for p in params.values())
+    takes_config = any(
+        p.name not in deps and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params.values()
+    )
     return reg.obj(cfg, **deps) if takes_config else reg.obj(**deps)

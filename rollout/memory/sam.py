@@ -110,8 +110,9 @@ class TokenizerCounter:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _chat(self, messages: list[dict[str, str]], generation_prompt: bool) -> int:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True,
-                                                 return_dict=False)
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+        )
         return len(ids)
 
     def message(self, role: str, content: str) -> int:
@@ -158,7 +159,7 @@ class PagingConfig(ConfigModel):
 class SamConfig(PagingConfig):
     """SAM's settings. One-turn pages (the embedded default's choice)::
 
-        {name: sam, page_turns: 1, live_capacity_turns: 4, keep_recent_turns: 3}
+    {name: sam, page_turns: 1, live_capacity_turns: 4, keep_recent_turns: 3}
     """
 
     name: Literal["sam"] = "sam"  # selects this memory system
@@ -276,13 +277,18 @@ class PagedMemory(MemorySystem):
     def on_turn(self, turn: Turn) -> None:
         """Add the step to the live context and cut pages if it reached capacity."""
         pinned = bool(self.live and self.live[-1].pinned) or self._is_question(turn)
-        page_text = render_page([(action_of(turn.action_text) if turn.action_text else "", turn.observation)],
-                                [turn.step])
+        page_text = render_page(
+            [(action_of(turn.action_text) if turn.action_text else "", turn.observation)], [turn.step]
+        )
         self.live.append(
             LiveUnit(
-                step=turn.step, action_text=turn.action_text, observation=turn.observation, role=turn.role,
+                step=turn.step,
+                action_text=turn.action_text,
+                observation=turn.observation,
+                role=turn.role,
                 context_tokens=self.count_tokens(turn.action_text) + self.count_tokens(turn.observation),
-                page_tokens=self.count_tokens(page_text), pinned=pinned,
+                page_tokens=self.count_tokens(page_text),
+                pinned=pinned,
             )
         )
         for page in self._cut():
@@ -332,8 +338,9 @@ class PagedMemory(MemorySystem):
         return pages
 
     def _new_page(self, units: list[LiveUnit]) -> Page:
-        text = render_page([(action_of(u.action_text) if u.action_text else "", u.observation) for u in units],
-                           [u.step for u in units])
+        text = render_page(
+            [(action_of(u.action_text) if u.action_text else "", u.observation) for u in units], [u.step for u in units]
+        )
         page = Page(page_id=len(self.pages), text=text, steps=[u.step for u in units], tokens=self.count_tokens(text))
         self.pages.append(page)
         self.count(f"{self.name}_pages")
@@ -397,22 +404,31 @@ class SamMemory(PagedMemory):
     def _request(self, role: str, prompt: list[dict[str, str]], **metadata: Any) -> MemoryRequest:
         expert = {k: self.episode[k] for k in self.config.expert_metadata if k in self.episode}
         sampling = self.config.sampling.get(role, RoleSampling())
-        return MemoryRequest(role=role, messages=as_messages(prompt), sampling=sampling,
-                             metadata={**expert, **metadata})
+        return MemoryRequest(
+            role=role, messages=as_messages(prompt), sampling=sampling, metadata={**expert, **metadata}
+        )
 
     def next_memory_request(self) -> MemoryRequest | None:
         """Cues of new pages first (oldest first), then the pages of a running recall, one call per page."""
         if self._to_consolidate:
             page = self.pages[self._to_consolidate[0]]
-            return self._request("consolidate", render_sam_consolidate_prompt(page.page_id, page.text),
-                                 page_id=page.page_id)
+            return self._request(
+                "consolidate", render_sam_consolidate_prompt(page.page_id, page.text), page_id=page.page_id
+            )
         job = self._recall
         if job is not None and job.index < len(job.page_ids):
             page = self.pages[job.page_ids[job.index]]
             prompt = render_sam_recall_prompt(job.intent, page.page_id, page.text, job.so_far)
             # Pages after the first continue the same memory action (one recall = one node of a memory-call tree).
-            return self._request("recall", prompt, page_id=page.page_id, intent=job.intent,
-                                 page_ids=list(job.page_ids), read_index=job.index, continues_action=job.index > 0)
+            return self._request(
+                "recall",
+                prompt,
+                page_id=page.page_id,
+                intent=job.intent,
+                page_ids=list(job.page_ids),
+                read_index=job.index,
+                continues_action=job.index > 0,
+            )
         return None
 
     def _clean(self, call: MemoryCall) -> tuple[str, str | None, str | None]:
@@ -448,8 +464,12 @@ class SamMemory(PagedMemory):
                 self.cues[page_id] = self._compact_cue(text)
             return
         job = self._recall
-        if request.role == "recall" and job is not None and job.index < len(job.page_ids) \
-                and job.page_ids[job.index] == page_id:
+        if (
+            request.role == "recall"
+            and job is not None
+            and job.index < len(job.page_ids)
+            and job.page_ids[job.index] == page_id
+        ):
             self.count("sam_recall_calls")
             text, kind, message = self._clean(call)
             if kind is not None:
@@ -506,13 +526,13 @@ class SamMemory(PagedMemory):
             self._result = self._tool_error("no_pages", "memory is empty: no pages have been written yet")
         elif not ids:
             self._result = self._tool_error(
-                "no_page_ids", f"memory needs page_ids: up to {cap} page numbers from the memory cues "
-                f"({self._page_range()})"
+                "no_page_ids",
+                f"memory needs page_ids: up to {cap} page numbers from the memory cues ({self._page_range()})",
             )
         elif unknown := [i for i in ids if not 0 <= i < len(self.pages)]:
             self._result = self._tool_error(
-                "unknown_pages", f"no page {', '.join(f'p{i}' for i in unknown)} in memory "
-                f"(pages are {self._page_range()})"
+                "unknown_pages",
+                f"no page {', '.join(f'p{i}' for i in unknown)} in memory (pages are {self._page_range()})",
             )
         elif len(ids) > cap:
             self._result = self._tool_error("too_many_pages", f"at most {cap} pages per memory call, got {len(ids)}")

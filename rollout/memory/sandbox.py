@@ -219,8 +219,9 @@ def _nobody() -> tuple[int, int]:
 def _limits(config: SandboxConfig) -> list[str]:
     """RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_CPU, RLIMIT_CORE and RLIMIT_NOFILE values, in the bootstrap's order."""
     cpu = math.ceil(config.time_limit_s) + 1
-    return [str(v) for v in (config.memory_limit_mb << 20, config.file_size_limit_mb << 20, cpu, 0,
-                             config.max_open_files)]
+    return [
+        str(v) for v in (config.memory_limit_mb << 20, config.file_size_limit_mb << 20, cpu, 0, config.max_open_files)
+    ]
 
 
 def _read(path: Path, limit: int) -> str:
@@ -261,10 +262,28 @@ def run_script(
         python = getattr(sys, "_base_executable", None) or sys.executable
         out_path, err_path, report_path = private / "stdout", private / "stderr", private / "report"
         with open(out_path, "wb") as out, open(err_path, "wb") as err, open(report_path, "wb") as report:
-            cmd = [*prefix, python, "-I", "-S", "-B", "-c", _BOOTSTRAP, str(report.fileno()), str(workdir),
-                   str(workdir / "script.py"), str(uid), str(gid), *_limits(config)]
+            cmd = [
+                *prefix,
+                python,
+                "-I",
+                "-S",
+                "-B",
+                "-c",
+                _BOOTSTRAP,
+                str(report.fileno()),
+                str(workdir),
+                str(workdir / "script.py"),
+                str(uid),
+                str(gid),
+                *_limits(config),
+            ]
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=workdir, start_new_session=True,
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=workdir,
+                start_new_session=True,
                 pass_fds=(report.fileno(),),
                 env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
             )
@@ -282,8 +301,9 @@ def run_script(
         status, detail = _classify(proc.returncode, timed_out, report_text, stderr, config)
         return SandboxResult(status, stdout, stderr, proc.returncode, detail, time.monotonic() - start, isolation)
     except Exception as exc:  # the harness must go on whatever happened here
-        return SandboxResult("error", "", "", None, f"sandbox failure: {type(exc).__name__}: {exc}",
-                             time.monotonic() - start, isolation)
+        return SandboxResult(
+            "error", "", "", None, f"sandbox failure: {type(exc).__name__}: {exc}", time.monotonic() - start, isolation
+        )
     finally:
         if private is not None:
             shutil.rmtree(private, ignore_errors=True)

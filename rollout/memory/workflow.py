@@ -143,8 +143,12 @@ class JobQueueMemory(MemorySystem):
     def _call(self, job: Job, role: str, messages: list[Message], phase: str = "", **metadata: Any) -> MemoryRequest:
         """A memory-model request on behalf of ``job`` (its role's sampling settings, job id and phase recorded)."""
         sampling = self._role_sampling.get(role, RoleSampling(temperature=0.0, max_tokens=256))
-        return MemoryRequest(role=role, messages=messages, sampling=sampling,
-                             metadata={"job": job.job_id, "job_kind": job.kind, "phase": phase or job.kind, **metadata})
+        return MemoryRequest(
+            role=role,
+            messages=messages,
+            sampling=sampling,
+            metadata={"job": job.job_id, "job_kind": job.kind, "phase": phase or job.kind, **metadata},
+        )
 
     def _finish_tool(self, result: ToolResult) -> None:
         self._tool_result = result

@@ -26,8 +26,9 @@ logger = logging.getLogger(__name__)
 
 
 def _text_result(text: str) -> GenerationResult:
-    return GenerationResult(prompt_ids=[], completions=[Completion([], [], text, "stop")], usage=Usage(),
-                            engine="counterfactual")
+    return GenerationResult(
+        prompt_ids=[], completions=[Completion([], [], text, "stop")], usage=Usage(), engine="counterfactual"
+    )
 
 
 @dataclass
@@ -109,12 +110,22 @@ def detect_pivots(
         outcomes = [cand.record.outcome] + [float(f.outcome or 0.0) for f in cand.forks]
         for fork in cand.forks:
             tokens = tokens + (fork.reasoner_usage - cand.base.reasoner_usage)
-        alternatives = [Alternative(source=s, text=t, reminder=r, outcome=o)
-                        for (s, t, r), o in zip(cand.alternatives, outcomes, strict=True)]
+        alternatives = [
+            Alternative(source=s, text=t, reminder=r, outcome=o)
+            for (s, t, r), o in zip(cand.alternatives, outcomes, strict=True)
+        ]
         spread = max(outcomes) - min(outcomes)
         best = max(alternatives, key=lambda a: (a.outcome, a.source == "recorded"))
-        out.append(_pivot_record(cand.record, cand.step, alternatives=alternatives, spread=spread,
-                                 is_pivot=spread >= cfg.min_spread, best_reminder=best.reminder))
+        out.append(
+            _pivot_record(
+                cand.record,
+                cand.step,
+                alternatives=alternatives,
+                spread=spread,
+                is_pivot=spread >= cfg.min_spread,
+                best_reminder=best.reminder,
+            )
+        )
     stats = {
         "candidates": float(len(candidates)),
         "continuations": float(len(forks)),
@@ -124,13 +135,20 @@ def detect_pivots(
         **{k: float(v) for k, v in budget.items()},
     }
     if budget["bank_over_budget"]:
-        logger.warning("pivot detection: the budget (detect.alternatives=%d) left %d of %d bank entries untried",
-                       cfg.alternatives, budget["bank_over_budget"], budget["bank_entries"])
+        logger.warning(
+            "pivot detection: the budget (detect.alternatives=%d) left %d of %d bank entries untried",
+            cfg.alternatives,
+            budget["bank_over_budget"],
+            budget["bank_entries"],
+        )
     return out, stats
 
 
-def detection_scores(records: Sequence[LabelledRollout], pivots: Sequence[PivotRecord],
-                     which: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, float]:
+def detection_scores(
+    records: Sequence[LabelledRollout],
+    pivots: Sequence[PivotRecord],
+    which: Callable[[dict[str, Any]], bool] | None = None,
+) -> dict[str, float]:
     """Recall and precision of the detected pivots against the planted ones (steps whose ``planted`` is set and
     passes ``which``), counted over every memory step of ``records``. A planted step that the pre-filters skipped
     counts as missed."""
@@ -150,12 +168,24 @@ def detection_scores(records: Sequence[LabelledRollout], pivots: Sequence[PivotR
 def every_turn(records: Sequence[LabelledRollout]) -> list[PivotRecord]:
     """Every memory step of ``records`` as an unlabelled :class:`PivotRecord` (no alternatives, ``is_pivot`` false,
     the planted pivot kept for analysis): the group sites of ``at: all_turns``, which skips detection."""
-    return [_pivot_record(record, step, alternatives=[], spread=0.0, is_pivot=False)
-            for record in records for step in record.steps]
+    return [
+        _pivot_record(record, step, alternatives=[], spread=0.0, is_pivot=False)
+        for record in records
+        for step in record.steps
+    ]
 
 
 def _pivot_record(record: LabelledRollout, step: LabelledStep, **label: Any) -> PivotRecord:
     """The :class:`PivotRecord` of one memory step of ``record``, with the detection's ``label`` fields."""
-    return PivotRecord(pivot_id=f"{record.record_id}/t{step.step}", record_id=record.record_id, task_id=record.task_id,
-                       step=step.step, phase1_index=step.phase1_index, phase2_index=step.phase2_index,
-                       filters=list(step.filters), planted=step.planted, policy_version=record.policy_version, **label)
+    return PivotRecord(
+        pivot_id=f"{record.record_id}/t{step.step}",
+        record_id=record.record_id,
+        task_id=record.task_id,
+        step=step.step,
+        phase1_index=step.phase1_index,
+        phase2_index=step.phase2_index,
+        filters=list(step.filters),
+        planted=step.planted,
+        policy_version=record.policy_version,
+        **label,
+    )

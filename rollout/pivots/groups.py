@@ -91,17 +91,33 @@ def sample_pivot_groups(
             call = fork.memory_calls[n_calls]
             followup = fork.memory_calls[n_calls + 1] if cfg.phases == "phase1+2" else None
             decision = followup if followup is not None else call
-            samples.append(PivotSample(
-                index=k, call=call, followup=followup, reminder=decision.metadata.get("reminder"),
-                outcome=float(fork.outcome or 0.0),
-                reminders_after=fork.memory.stats.get("reminders_injected", 0) - reminded,
-                usage=fork.reasoner_usage - base.reasoner_usage, fingerprint=fingerprint,
-            ))
-        groups.append(PivotGroupResult(
-            pivot_id=pivot.pivot_id, task_id=pivot.task_id, role=samples[0].call.role,
-            prompt_ids=list(result.prompt_ids), messages=list(request.messages or []),
-            state=state_digest(base), samples=samples,
-            metadata={"step": pivot.step, "is_pivot": pivot.is_pivot, "planted": pivot.planted is not None,
-                      "spread": pivot.spread},
-        ))
+            samples.append(
+                PivotSample(
+                    index=k,
+                    call=call,
+                    followup=followup,
+                    reminder=decision.metadata.get("reminder"),
+                    outcome=float(fork.outcome or 0.0),
+                    reminders_after=fork.memory.stats.get("reminders_injected", 0) - reminded,
+                    usage=fork.reasoner_usage - base.reasoner_usage,
+                    fingerprint=fingerprint,
+                )
+            )
+        groups.append(
+            PivotGroupResult(
+                pivot_id=pivot.pivot_id,
+                task_id=pivot.task_id,
+                role=samples[0].call.role,
+                prompt_ids=list(result.prompt_ids),
+                messages=list(request.messages or []),
+                state=state_digest(base),
+                samples=samples,
+                metadata={
+                    "step": pivot.step,
+                    "is_pivot": pivot.is_pivot,
+                    "planted": pivot.planted is not None,
+                    "spread": pivot.spread,
+                },
+            )
+        )
     return groups

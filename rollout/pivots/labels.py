@@ -82,8 +82,9 @@ def label_rollouts(
     user's Gym-style environment, ...) and record every call, memory step and observation. ``keep_prompt_ids`` also
     keeps the action agent's prompt ids (the memory calls' are always kept)."""
     prefilter = prefilter or PrefilterConfig()
-    rollouts = [task_rollout(t, memory, seed=seed, rollout_id=rollout_id, reasoner_sampling=reasoner_sampling)
-                for t in tasks]
+    rollouts = [
+        task_rollout(t, memory, seed=seed, rollout_id=rollout_id, reasoner_sampling=reasoner_sampling) for t in tasks
+    ]
     calls: dict[int, list[RecordedCall]] = {id(r): [] for r in rollouts}
 
     def record(rollout: Rollout, call: PendingCall, result: GenerationResult) -> None:
@@ -102,20 +103,35 @@ def label_rollouts(
             if rec.role == EDIT_ROLE:
                 phase1[rec.step] = index
             elif rec.role == DECISION_ROLE:
-                steps.append(LabelledStep(
-                    step=rec.step, phase1_index=phase1.get(rec.step), phase2_index=index, decision=rec.text,
-                    reminder=parse_intervention(rec.text)[0], filters=_filters(rollout.memory, rec.step, prefilter),
-                    planted=planted_pivot(rollout, rec.step),
-                ))
+                steps.append(
+                    LabelledStep(
+                        step=rec.step,
+                        phase1_index=phase1.get(rec.step),
+                        phase2_index=index,
+                        decision=rec.text,
+                        reminder=parse_intervention(rec.text)[0],
+                        filters=_filters(rollout.memory, rec.step, prefilter),
+                        planted=planted_pivot(rollout, rec.step),
+                    )
+                )
         task = rollout.env
         versions = [r.policy_version for r in recorded if r.kind == "memory" and r.role == DECISION_ROLE]
-        out.append(LabelledRollout(
-            record_id=f"{task.task_id}/{rollout.rollout_id}/v{max(versions, default=0)}/s{seed}",
-            task_id=task.task_id, env=getattr(task, "spec", None), seed=seed, rollout_id=rollout.rollout_id,
-            memory=rollout.memory.config.model_dump(mode="json"),
-            reasoner=rollout.reasoner_sampling.model_dump(mode="json"), policy_version=max(versions, default=0),
-            calls=recorded, steps=steps, outcome=float(rollout.outcome or 0.0),
-            reasoner_usage=rollout.reasoner_usage, stats={**rollout.memory.stats, **rollout.stats},
-            observations=observations(rollout),
-        ))
+        out.append(
+            LabelledRollout(
+                record_id=f"{task.task_id}/{rollout.rollout_id}/v{max(versions, default=0)}/s{seed}",
+                task_id=task.task_id,
+                env=getattr(task, "spec", None),
+                seed=seed,
+                rollout_id=rollout.rollout_id,
+                memory=rollout.memory.config.model_dump(mode="json"),
+                reasoner=rollout.reasoner_sampling.model_dump(mode="json"),
+                policy_version=max(versions, default=0),
+                calls=recorded,
+                steps=steps,
+                outcome=float(rollout.outcome or 0.0),
+                reasoner_usage=rollout.reasoner_usage,
+                stats={**rollout.memory.stats, **rollout.stats},
+                observations=observations(rollout),
+            )
+        )
     return out

@@ -18,7 +18,13 @@ from memrl.rollout.episode_calls import request_digest
 from memrl.rollout.loop import PendingCall
 
 __all__ = [
-    "DECISION_ROLE", "EDIT_ROLE", "Alternative", "LabelledRollout", "LabelledStep", "PivotRecord", "RecordedCall",
+    "DECISION_ROLE",
+    "EDIT_ROLE",
+    "Alternative",
+    "LabelledRollout",
+    "LabelledStep",
+    "PivotRecord",
+    "RecordedCall",
 ]
 
 
@@ -51,12 +57,18 @@ class RecordedCall(Record):
         """Record sample 0 of ``result`` (rollouts take one sample per call)."""
         completion = result.completions[0]
         return cls(
-            kind=call.kind, role=call.role, step=step, text=completion.text,
-            response_ids=list(completion.response_ids), logprobs=list(completion.logprobs),
+            kind=call.kind,
+            role=call.role,
+            step=step,
+            text=completion.text,
+            response_ids=list(completion.response_ids),
+            logprobs=list(completion.logprobs),
             finish_reason=completion.finish_reason,
             prompt_ids=list(result.prompt_ids) if keep_prompt_ids or call.kind == "memory" else [],
-            prompt_tokens=result.usage.prompt_tokens, completion_tokens=result.usage.completion_tokens,
-            cached_prompt_tokens=result.usage.cached_prompt_tokens, engine=result.engine,
+            prompt_tokens=result.usage.prompt_tokens,
+            completion_tokens=result.usage.completion_tokens,
+            cached_prompt_tokens=result.usage.cached_prompt_tokens,
+            engine=result.engine,
             policy_version=result.policy_version,
             request=request_digest(call.kind, call.role, list(call.request.messages or [])),
         )
@@ -66,9 +78,13 @@ class RecordedCall(Record):
         return GenerationResult(
             prompt_ids=list(self.prompt_ids),
             completions=[Completion(list(self.response_ids), list(self.logprobs), self.text, self.finish_reason)],
-            usage=Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
-                        cached_prompt_tokens=self.cached_prompt_tokens),
-            engine=self.engine, policy_version=self.policy_version,
+            usage=Usage(
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=self.completion_tokens,
+                cached_prompt_tokens=self.cached_prompt_tokens,
+            ),
+            engine=self.engine,
+            policy_version=self.policy_version,
         )
 
 

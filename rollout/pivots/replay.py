@@ -68,7 +68,8 @@ class ReplayEngine(Engine):
                     raise ReplayMismatchError(
                         f"{where}: the {record.role} request differs from the logged one (digest {digest[:12]} "
                         f"against {record.request[:12]}): the task or the memory system is not deterministic given "
-                        f"its seed and the recorded answers")
+                        f"its seed and the recorded answers"
+                    )
             self.answered += 1
             out.append(record.as_result())
         return out
@@ -94,14 +95,23 @@ def rollout_from_record(record: LabelledRollout, task: Any = None) -> Rollout:
     if record.env is not None:
         task = _task(record.env, record.task_id)
     elif task is None:
-        raise ValueError(f"{record.record_id}: task {record.task_id!r} has no spec (a Gym-style environment): "
-                         f"re-entering it needs the run's task of that id (tasks=...)")
+        raise ValueError(
+            f"{record.record_id}: task {record.task_id!r} has no spec (a Gym-style environment): "
+            f"re-entering it needs the run's task of that id (tasks=...)"
+        )
     elif getattr(task, "task_id", None) != record.task_id:
-        raise ValueError(f"{record.record_id}: given task {getattr(task, 'task_id', None)!r}, the record's is "
-                         f"{record.task_id!r}")
+        raise ValueError(
+            f"{record.record_id}: given task {getattr(task, 'task_id', None)!r}, the record's is {record.task_id!r}"
+        )
     sampling = RoleSampling.model_validate(record.reasoner) if record.reasoner else None
-    return task_rollout(task, ProactiveConfig.model_validate(record.memory), seed=record.seed,
-                        rollout_id=record.rollout_id, reasoner_sampling=sampling, copy_task=record.env is None)
+    return task_rollout(
+        task,
+        ProactiveConfig.model_validate(record.memory),
+        seed=record.seed,
+        rollout_id=record.rollout_id,
+        reasoner_sampling=sampling,
+        copy_task=record.env is None,
+    )
 
 
 def observations(rollout: Rollout) -> list[str]:
@@ -136,12 +146,15 @@ def restore(record: LabelledRollout, index: int, task: Any = None) -> Rollout:
                         f"replay of {episode} diverged at step {event.step} (action "
                         f"{record.calls[engine.answered - 1].text[:200]!r}): the logged observation was "
                         f"{was[:300]!r} but the replay gave {event.observation[:300]!r}. Re-entering a state by "
-                        f"replay needs the environment to be deterministic given its seed and the actions")
+                        f"replay needs the environment to be deterministic given its seed and the actions"
+                    )
                 seen += 1
     call = rollout.pending()
     if call is None or call.role != record.calls[index].role:
-        raise ReplayMismatchError(f"replay of {episode}: after the replay the rollout does not wait for call "
-                                  f"{index} ({record.calls[index].role})")
+        raise ReplayMismatchError(
+            f"replay of {episode}: after the replay the rollout does not wait for call "
+            f"{index} ({record.calls[index].role})"
+        )
     return rollout
 
 
@@ -166,13 +179,24 @@ def state_digest(rollout: Rollout) -> str:
     memory = {k: v for k, v in vars(rollout.memory).items() if k not in ("_error_re",)}
     env = rollout.env
     if isinstance(env, GymTask):  # a user's environment: its state is its seed and what it logged since reset
-        env_state: Any = {"seed": env.seed, "first": env.first, "log": env.log, "rewards": env.rewards,
-                          "over": env.over, "final": env.final, "failure": env.failure}
+        env_state: Any = {
+            "seed": env.seed,
+            "first": env.first,
+            "log": env.log,
+            "rewards": env.rewards,
+            "over": env.over,
+            "final": env.final,
+            "failure": env.failure,
+        }
     else:
         env_state = env.snapshot() if hasattr(env, "snapshot") else vars(env)
     blob = {
-        "pending": None if call is None else {
-            "kind": call.kind, "role": call.role, "messages": _canonical(call.request.messages),
+        "pending": None
+        if call is None
+        else {
+            "kind": call.kind,
+            "role": call.role,
+            "messages": _canonical(call.request.messages),
             "sampling": _canonical(call.request.sampling),
         },
         "memory": _canonical(memory),

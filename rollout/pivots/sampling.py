@@ -32,12 +32,17 @@ def resampled_request(call: PendingCall, n: int, salt: int, temperature: float |
     sampling = dataclasses.replace(call.request.sampling, n=n, seed=sample_seed(base, salt))
     if temperature is not None:
         sampling = dataclasses.replace(sampling, temperature=temperature)
-    return GenerationRequest(messages=call.request.messages, prompt_ids=call.request.prompt_ids, sampling=sampling,
-                             metadata=dict(call.request.metadata))
+    return GenerationRequest(
+        messages=call.request.messages,
+        prompt_ids=call.request.prompt_ids,
+        sampling=sampling,
+        metadata=dict(call.request.metadata),
+    )
 
 
-def generate_grouped(engines: EngineSet, calls: list[PendingCall], requests: list[GenerationRequest]
-                     ) -> list[GenerationResult]:
+def generate_grouped(
+    engines: EngineSet, calls: list[PendingCall], requests: list[GenerationRequest]
+) -> list[GenerationResult]:
     """One engine call per engine for all ``requests`` (results in request order)."""
     results: list[GenerationResult | None] = [None] * len(requests)
     batches: dict[int, tuple[Engine, list[int]]] = {}

@@ -23,15 +23,29 @@ def tiny_causal_lm(arch: str, attn_implementation: str, device: torch.device, dt
     gated-delta-net linear attention and full attention, the recipes' real base), in eval mode."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=16, max_position_embeddings=2048, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
     if arch == "qwen3":
         config = Qwen3Config(num_hidden_layers=2, **common)
     elif arch == "qwen3_5":
         from transformers import Qwen3_5TextConfig  # only here: an older transformers lacks it, Qwen3 tests still run
 
-        config = Qwen3_5TextConfig(num_hidden_layers=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                                   linear_num_key_heads=2, linear_num_value_heads=4, **common)
+        config = Qwen3_5TextConfig(
+            num_hidden_layers=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            **common,
+        )
     else:
         raise ValueError(f"unknown arch {arch!r}")
     torch.manual_seed(0)

@@ -47,8 +47,11 @@ def test_mix_rows_are_memory_calls_after_long_prompts() -> None:
 def test_step_flops_count_scoring_forward_and_backward() -> None:
     rows = [(100, 20)]
     length = 120
-    forward = (2 * SHAPE.layers * SHAPE.layer_params * length + 2 * SHAPE.layers * 64 * length**2
-               + 2 * SHAPE.hidden * SHAPE.vocab * 20)
+    forward = (
+        2 * SHAPE.layers * SHAPE.layer_params * length
+        + 2 * SHAPE.layers * 64 * length**2
+        + 2 * SHAPE.hidden * SHAPE.vocab * 20
+    )
     assert step_flops(SHAPE, rows, lora=False) == pytest.approx(4 * forward)  # score, forward, backward = 2 forwards
     lora = step_flops(SHAPE, rows, lora=True)
     assert 3 * forward < lora < 4 * forward  # frozen weights: no weight gradients, attention's backward stays
@@ -56,25 +59,65 @@ def test_step_flops_count_scoring_forward_and_backward() -> None:
 
 
 def test_summary_pairs_implementations_and_reports_targets() -> None:
-    common = {"shape": "qwen3.5-9b", "mode": "lora", "oom": False, "model_tflops_per_step": 100.0,
-              "weights_gib": 15.0, "resident_gib": 16.0}
+    common = {
+        "shape": "qwen3.5-9b",
+        "mode": "lora",
+        "oom": False,
+        "model_tflops_per_step": 100.0,
+        "weights_gib": 15.0,
+        "resident_gib": 16.0,
+    }
     records = [
-        {**common, "impl": "memrl", "workload": "ctx32768", "seconds_per_step": 1.0, "tokens_per_s": 200.0,
-         "peak_gib": 46.0, "tokens": 200, "padded_tokens": 200},
-        {**common, "impl": "reference", "workload": "ctx32768", "seconds_per_step": 2.0, "tokens_per_s": 100.0,
-         "peak_gib": 50.0, "tokens": 200, "padded_tokens": 200},
-        {**common, "impl": "memrl", "workload": "mix", "seconds_per_step": 1.0, "tokens_per_s": 300.0,
-         "peak_gib": 30.0, "tokens": 300, "padded_tokens": 300},
+        {
+            **common,
+            "impl": "memrl",
+            "workload": "ctx32768",
+            "seconds_per_step": 1.0,
+            "tokens_per_s": 200.0,
+            "peak_gib": 46.0,
+            "tokens": 200,
+            "padded_tokens": 200,
+        },
+        {
+            **common,
+            "impl": "reference",
+            "workload": "ctx32768",
+            "seconds_per_step": 2.0,
+            "tokens_per_s": 100.0,
+            "peak_gib": 50.0,
+            "tokens": 200,
+            "padded_tokens": 200,
+        },
+        {
+            **common,
+            "impl": "memrl",
+            "workload": "mix",
+            "seconds_per_step": 1.0,
+            "tokens_per_s": 300.0,
+            "peak_gib": 30.0,
+            "tokens": 300,
+            "padded_tokens": 300,
+        },
         {**common, "impl": "reference", "workload": "mix", "oom": True},
     ]
-    plans = {("qwen3.5-9b", "lora"): {"parameters": 15.5, "gradients_and_optimizer": 0.5, "activations": 20.0,
-                                      "logits": 0.5, "total": 40.0}}
+    plans = {
+        ("qwen3.5-9b", "lora"): {
+            "parameters": 15.5,
+            "gradients_and_optimizer": 0.5,
+            "activations": 20.0,
+            "logits": 0.5,
+            "total": 40.0,
+        }
+    }
     out = summarize(records, plans, 1000.0, "test", argparse.Namespace(budget=32768))
     ctx = next(c for c in out["cases"] if c["workload"] == "ctx32768")
     assert ctx["plan_error"] == pytest.approx(0.15) and ctx["speed_ratio"] == 2.0
     assert ctx["memory_ratio"] == pytest.approx(0.92) and ctx["memrl"]["mfu"] == pytest.approx(0.1)
-    assert ctx["plan_terms_gib"] == {"parameters": (15.0, 15.5), "optimizer_states_between_steps": (1.0, 0.5),
-                                     "step_transient": (30.0, 20.5)}
+    assert ctx["plan_terms_gib"] == {
+        "parameters": (15.0, 15.5),
+        "optimizer_states_between_steps": (1.0, 0.5),
+        "step_transient": (30.0, 20.5),
+    }
     s = out["summary"]
     assert s["max_abs_plan_error"] == pytest.approx(0.25) and s["min_speed_ratio_equal"] == 2.0
     assert s["min_speed_ratio_mix"] is None and s["ooms"] == 1 and s["oom_9b_lora_32k"] is False

@@ -56,9 +56,18 @@ def test_chunked_loss_matches_fp32_autograd(device: torch.device, dtype: torch.d
 
     def token_loss(logprobs: torch.Tensor, sl: slice) -> torch.Tensor:
         # the trainer's own loss (train/surrogate.py), token-mean over the n tokens
-        terms = surrogate_loss(logprobs, old[sl], advantages[sl], row_lengths[sl], aggregation="token-mean",
-                               normalizer=float(n), clip_low=0.2, clip_high=0.28, rollout_logprobs=rollout[sl],
-                               tis_cap=2.0)
+        terms = surrogate_loss(
+            logprobs,
+            old[sl],
+            advantages[sl],
+            row_lengths[sl],
+            aggregation="token-mean",
+            normalizer=float(n),
+            clip_low=0.2,
+            clip_high=0.28,
+            rollout_logprobs=rollout[sl],
+            tis_cap=2.0,
+        )
         return terms.weighted
 
     # fp32 autograd reference over the full [n, vocab] logits, on the inputs rounded to ``dtype`` and upcast
@@ -72,8 +81,9 @@ def test_chunked_loss_matches_fp32_autograd(device: torch.device, dtype: torch.d
     entropy_ref = -(log_probs.exp() * log_probs).sum(-1).detach()
 
     h = hidden.to(dtype).clone().requires_grad_(True)
-    loss, lp, entropy = token_loss_and_logprobs(h, head, targets, token_loss, chunk_tokens=CHUNK, with_entropy=True,
-                                                fused=fused)
+    loss, lp, entropy = token_loss_and_logprobs(
+        h, head, targets, token_loss, chunk_tokens=CHUNK, with_entropy=True, fused=fused
+    )
     loss.backward()
 
     tol = TOLERANCE[dtype]

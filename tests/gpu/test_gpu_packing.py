@@ -35,8 +35,13 @@ ATTENTION = [
 ]
 
 
-def packed_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], *, restart_positions: bool = True,
-                    chunk_tokens: int = 64) -> list[torch.Tensor]:
+def packed_logprobs(
+    model: torch.nn.Module,
+    rows: list[tuple[list[int], list[int]]],
+    *,
+    restart_positions: bool = True,
+    chunk_tokens: int = 64,
+) -> list[torch.Tensor]:
     """The trainer's scoring path: packed rows, hidden states at the response positions, chunked LM head."""
     device = next(model.parameters()).device
     batch = pack_rows(rows, device)

@@ -61,10 +61,16 @@ def fixed_groups(vocab: int, n_groups: int = 2, samples: int = 4) -> list[Group]
         prompt = torch.randint(3, vocab, (20 + 30 * k,), generator=g).tolist()
         rewards = [float(i) for i in range(samples)]
         responses = [torch.randint(3, vocab, (4 + 7 * i,), generator=g).tolist() for i in range(samples)]
-        groups.append(Group(group_id=f"g{k}", prompt_ids=prompt, samples=[
-            GroupSample(response_ids=r, reward=w, advantage=a)
-            for r, w, a in zip(responses, rewards, group_advantages(rewards), strict=True)
-        ]))
+        groups.append(
+            Group(
+                group_id=f"g{k}",
+                prompt_ids=prompt,
+                samples=[
+                    GroupSample(response_ids=r, reward=w, advantage=a)
+                    for r, w, a in zip(responses, rewards, group_advantages(rewards), strict=True)
+                ],
+            )
+        )
     return groups
 
 
@@ -119,8 +125,12 @@ def test_bf16_steps_are_finite_deterministic_and_learn(
     for step in metrics:
         # scalars, and per optimizer step the diagnostics of each (``optimizer_steps``: a list of dicts)
         scalars = {k: v for k, v in step.items() if not isinstance(v, list)}
-        per_step = [(f"optimizer_steps[{i}].{k}", v) for i, s in enumerate(step.get("optimizer_steps", []))
-                    for k, v in s.items() if isinstance(v, (int, float))]
+        per_step = [
+            (f"optimizer_steps[{i}].{k}", v)
+            for i, s in enumerate(step.get("optimizer_steps", []))
+            for k, v in s.items()
+            if isinstance(v, (int, float))
+        ]
         bad = {k: v for k, v in [*scalars.items(), *per_step] if not math.isfinite(v)}
         assert not bad, f"non-finite metrics: {bad}"
         assert step["rows"] == 8 and step["grad_norm"] > 0 and "skipped" not in step
@@ -139,8 +149,9 @@ def test_bf16_steps_are_finite_deterministic_and_learn(
     assert all(torch.equal(weights[n], again_weights[n]) for n in weights)
 
 
-def test_hybrid_model_rows_are_scored_one_per_forward(tiny_model_dir: Path, fresh_accelerate_state: object,
-                                                      tmp_path: Path) -> None:
+def test_hybrid_model_rows_are_scored_one_per_forward(
+    tiny_model_dir: Path, fresh_accelerate_state: object, tmp_path: Path
+) -> None:
     """Qwen3.5's linear-attention layers would carry one packed row's state into the next (the strict xfail in
     test_gpu_packing.py): the trainer gives each row of such a model a forward of its own, so its log-probs equal
     the padded per-row forward, while a dense model's rows still share packed micro-batches."""

@@ -39,8 +39,11 @@ def main() -> int:
     if args.fsize is not None:  # listing is small, but leave the limit out of it
         resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
     root = Path(args.list)
-    left = {str(p.relative_to(root)): (p.stat().st_size if p.is_file() else -1)
-            for p in sorted(root.rglob("*"))} if root.is_dir() else {}
+    left = (
+        {str(p.relative_to(root)): (p.stat().st_size if p.is_file() else -1) for p in sorted(root.rglob("*"))}
+        if root.is_dir()
+        else {}
+    )
     print("LEFT " + json.dumps(left), flush=True)
     return code
 

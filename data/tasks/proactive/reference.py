@@ -131,8 +131,14 @@ def find_pivot(turns: list[tuple[str, str]], k: int) -> dict[str, Any] | None:
     value = fact_value(sub.fact, "\n".join(f"{a}\n{o}" for a, o in turns))
     if value is None or fact_value(sub.fact, visible) is not None:
         return None
-    return {"step": len(turns) - 1, "subtask": nxt[1], "name": sub.name, "fact": sub.fact,
-            "requirement": sub.fact in REQUIREMENTS, "reminder": FACTS[sub.fact].sentence(value)}
+    return {
+        "step": len(turns) - 1,
+        "subtask": nxt[1],
+        "name": sub.name,
+        "fact": sub.fact,
+        "requirement": sub.fact in REQUIREMENTS,
+        "reminder": FACTS[sub.fact].sentence(value),
+    }
 
 
 def simulate_proactive(

@@ -34,8 +34,14 @@ from memrl.data.tasks.proactive.world import (
 __all__ = ["ProactiveTask"]
 
 
-@register_task("proactive", params=ProactiveParams, section="proactive", reasoner="action_agent", memory="proactive",
-               oracle="memrl.data.experts.proactive:ProactiveOracle")
+@register_task(
+    "proactive",
+    params=ProactiveParams,
+    section="proactive",
+    reasoner="action_agent",
+    memory="proactive",
+    oracle="memrl.data.experts.proactive:ProactiveOracle",
+)
 class ProactiveTask(SpecTask):
     """One proactive episode (see :mod:`memrl.data.tasks.proactive`); implements the agent loop's task interface."""
 
@@ -65,7 +71,6 @@ class ProactiveTask(SpecTask):
         self.pivots = reference.pivots
         self.max_steps = reference.steps + self.params.slack
         self.reset()
-
 
     # ------------------------------------------------------------------------------------------------ building
     def _planted_facts(self) -> list[str]:
@@ -129,8 +134,18 @@ class ProactiveTask(SpecTask):
 
     def reset(self) -> str:
         """Start the episode; the first observation is the task statement."""
-        self.s = TermState(files={"README.md", "config.yaml", "run.py", "log.txt", "src/app.py", "build/tmp",
-                                  f"{self.values['protected']}/tmp", f"{self.values['protected']}/part1.csv"})
+        self.s = TermState(
+            files={
+                "README.md",
+                "config.yaml",
+                "run.py",
+                "log.txt",
+                "src/app.py",
+                "build/tmp",
+                f"{self.values['protected']}/tmp",
+                f"{self.values['protected']}/part1.csv",
+            }
+        )
         return f"{self.task}\n{self._next_line()}"
 
     def step(self, action: str) -> tuple[str, bool]:

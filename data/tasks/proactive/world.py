@@ -53,18 +53,24 @@ FACTS: dict[str, Fact] = {
         "interpreter", re.compile(r"use (python3\.\d+)"), lambda v: f"requirement: use {v}, not python", "knowledge"
     ),
     "output": Fact(
-        "output", re.compile(r"write the result to (\S+)"), lambda v: f"requirement: write the result to {v}",
+        "output",
+        re.compile(r"write the result to (\S+)"),
+        lambda v: f"requirement: write the result to {v}",
         "knowledge",
     ),
     "protected": Fact(
         "protected", re.compile(r"never touch (\S+)"), lambda v: f"requirement: never touch {v}", "knowledge"
     ),
     "install_flag": Fact(
-        "install_flag", re.compile(r"pip install (--[a-z-]+)"),
-        lambda v: f"pip install fails without {v}: use pip install {v} PKG", "procedural",
+        "install_flag",
+        re.compile(r"pip install (--[a-z-]+)"),
+        lambda v: f"pip install fails without {v}: use pip install {v} PKG",
+        "procedural",
     ),
     "db_port": Fact(
-        "db_port", re.compile(r"db_port: (\d+)"), lambda v: f"environment: db_port: {v} (from config.yaml)",
+        "db_port",
+        re.compile(r"db_port: (\d+)"),
+        lambda v: f"environment: db_port: {v} (from config.yaml)",
         "knowledge",
     ),
 }
@@ -145,8 +151,12 @@ class ProactiveParams(ConfigModel):
     slack: int = Field(2, ge=0, description="steps allowed beyond the perfect-memory run")
     extra_installs: int = Field(1, ge=0, le=4, description="later installs that need the diagnosed flag")
     fatal_pivots: int | None = Field(
-        None, ge=1, le=len(REQUIREMENTS), description="requirements planted per task, each a fatal pivot (drawn by the "
-        "task's seed from the requirement kinds in facts); None: every requirement kind in facts")
+        None,
+        ge=1,
+        le=len(REQUIREMENTS),
+        description="requirements planted per task, each a fatal pivot (drawn by the "
+        "task's seed from the requirement kinds in facts); None: every requirement kind in facts",
+    )
 
     @field_validator("facts")
     @classmethod
@@ -160,8 +170,9 @@ class ProactiveParams(ConfigModel):
     def _enough_requirements(self) -> ProactiveParams:
         listed = [k for k in self.facts if k in REQUIREMENTS]
         if self.fatal_pivots is not None and self.fatal_pivots > len(listed):
-            raise ValueError(f"fatal_pivots: {self.fatal_pivots} requirements asked, facts lists {len(listed)} "
-                             f"({listed})")
+            raise ValueError(
+                f"fatal_pivots: {self.fatal_pivots} requirements asked, facts lists {len(listed)} ({listed})"
+            )
         return self
 
 
@@ -174,4 +185,3 @@ class TermState:
     done: int = 0  # subtasks completed
     steps: int = 0
     violations: list[str] = field(default_factory=list)
-
