@@ -34,7 +34,9 @@ Settings of the RL variants that differ from memrl's defaults are listed in the 
 the reason for each. ``--select`` chooses the learning rate and KL weight on the dev split only: ``oat``
 under each entry of the pre-declared :data:`SELECT_GRID`, scored on dev tasks paired with the SFT start, picked by
 :func:`pick_setting`; the choice goes to ``<work>/<setting>/<quick|full>/selected_on_dev.json``, which a later
-test-split run reads and lists with its dev figures.
+test-split run reads and lists with its dev figures. ``--selection-scale quick`` lets a full run apply the quick
+selection's choice (the full selection costs about as much as the full run); the JSON names the file, its scale and
+its dev tasks.
 
 Unattended and resumable: every finished (variant, seed) is a line of ``progress.jsonl`` with the key of the settings
 it ran under; rerunning the same command skips those and restarts only the unfinished one. ``--jobs N`` runs N
@@ -51,6 +53,7 @@ from the measured rates (``full_estimate``).
     python benchmarks/ablations.py --quick            # 48 test tasks x 2 samples, 2 seeds
     python benchmarks/ablations.py --select --jobs 2  # the same choice at the full scale (300 dev tasks)
     python benchmarks/ablations.py --jobs 2           # 300 test tasks x 4 samples, 5 seeds, >= 100 optimizer steps
+    python benchmarks/ablations.py --jobs 2 --selection-scale quick   # the full run under the quick dev choice
     python benchmarks/ablations.py --setting deferring_expert --select --jobs 2   # the other setting, the same way
     python benchmarks/ablations.py --recompute docs/figures/ablations_full.json  # the intervals from the records
 
@@ -1026,7 +1029,8 @@ def settings_chosen_on_dev(selection: dict[str, Any], file_name: str) -> tuple[R
             non_default[f"{RL_KEYS[k]}={value(getattr(rl, k))}"] = "held fixed on the --select grid (not chosen on dev)"
     if varied:
         non_default[chosen] = (
-            f"chosen on dev ({file_name}; {selection['rule']}): dev success by "
+            f"chosen on dev ({file_name}: {selection.get('scale', '?')} scale, {selection.get('dev_tasks', '?')} "
+            f"dev tasks; {selection['rule']}): dev success by "
             f"{'/'.join(RL_KEYS[k] for k in varied)}: {figures}; SFT "
             f"{100 * selection['sft_dev_success']:.1f}%"
         )
@@ -1399,6 +1403,12 @@ def main() -> None:
         "(one thread, AVX2 kernels: CPU_PROFILE); faster on a large machine, but the figures then "
         "depend on the machine",
     )
+    parser.add_argument(
+        "--selection-scale",
+        choices=["quick", "full"],
+        default=None,
+        help="apply the dev choice that --select made at this scale (default: the run's own); the JSON names it",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1451,7 +1461,9 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
     """The selection or the ablation proper, on the prepared checkpoint (a ``--worker`` only computes runs)."""
     variants = [v for v in args.variants.split(",") if v]
     seeds = args.seeds or bench.scale.seeds
-    chosen_file = selection_file(bench.work, bench.scale.name)
+    if args.select and args.selection_scale not in (None, bench.scale.name):
+        raise SystemExit(f"[ablations] --selection-scale {args.selection_scale}: --select chooses at its own scale")
+    chosen_file = selection_file(bench.work, args.selection_scale or bench.scale.name)
     non_default = dict(NON_DEFAULT_SETTINGS)
     claims = Claims(bench.runs / "claims")
     if args.select:
@@ -1485,7 +1497,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
                 f"[ablations] {chosen_file} was chosen from the SFT weights {selection['sft_weights']}, "
                 f"but {bench.sft_dir} holds {bench.start['sft_weights']}: run --select again"
             )
-        bench.rl, non_default = settings_chosen_on_dev(selection, chosen_file.name)
+        bench.rl, non_default = settings_chosen_on_dev(selection, str(chosen_file.relative_to(bench.work)))
         say(f"RL settings chosen on dev: {bench.rl}")
     else:
         non_default[", ".join(RL_KEYS.values())] = (

@@ -133,6 +133,12 @@ def test_settings_chosen_on_dev_list_what_the_grid_varied_and_what_it_held_fixed
     ]
     rl, listed = settings_chosen_on_dev({**selection, "chosen": varied[1], "candidates": varied}, "s.json")
     assert (rl.advantage, rl.lr, rl.steps_per_epoch) == ("dr_grpo_gated", 1e-4, 2)
+    # the scale and dev tasks the choice was made on are named (a full run may apply the quick selection)
+    rl, listed = settings_chosen_on_dev(
+        {**selection, "chosen": varied[1], "candidates": varied, "scale": "quick", "dev_tasks": 48},
+        "quick/selected_on_dev.json",
+    )
+    assert "quick/selected_on_dev.json: quick scale, 48 dev tasks" in " ".join(listed.values())
     key = (
         "trainer.lr=0.0001, trainer.update_epochs=2, credit.advantage=dr_grpo_gated, "
         "trainer.optimizer_steps_per_epoch=2"
