@@ -65,6 +65,8 @@ from typing import Any
 
 import torch
 
+from memrl.launch.plan import ASSUMED_SHAPES
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "oat_grpo_sam_qwen3.5-9b.yaml"
 GIB = 2**30
@@ -73,18 +75,9 @@ MIX_PROMPT = (1024, 16384)  # prompt tokens of a memory call (log-uniform)
 MIX_RESPONSE = (10, 400)  # its answer's tokens (uniform)
 SIBLINGS = 4  # rows of a mix group (the recipe's branch_factor)
 
-# Qwen3 (dense) configs: the 9B as memrl plan's ASSUMED_SHAPES["qwen3.5-9b"], Qwen3-4B's published shape, a tiny one.
+# Qwen3 (dense) configs: the 9B is memrl plan's assumed shape (one table), Qwen3-4B's published shape, a tiny one.
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3.5-9b": dict(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        vocab_size=248_320,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        head_dim=256,
-        intermediate_size=12_288,
-        tie_word_embeddings=False,
-    ),
+    "qwen3.5-9b": ASSUMED_SHAPES["qwen3.5-9b"].to_hf_config(),
     "qwen3-4b": dict(
         hidden_size=2560,
         num_hidden_layers=36,

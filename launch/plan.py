@@ -108,6 +108,19 @@ class ModelShape:
             tied_embeddings=bool(c.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
         )
 
+    def to_hf_config(self) -> dict[str, Any]:
+        """The transformers ``config.json`` keys of this shape (the inverse of :meth:`from_hf_config`)."""
+        return {
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "vocab_size": self.vocab,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "tie_word_embeddings": self.tied_embeddings,
+        }
+
 
 # Shapes assumed for the recipes' bases when no config.json is on disk (every layer counted as full attention, which
 # over-states the KV cache of hybrid-attention models); pass --model-config with the real checkpoint's to replace them.

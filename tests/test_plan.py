@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memrl.launch.cli import main
-from memrl.launch.plan import GIB, ModelShape, measure_trainer_peak, trainer_memory
+from memrl.launch.plan import ASSUMED_SHAPES, GIB, ModelShape, measure_trainer_peak, trainer_memory
 from memrl.train.group_trainer import GroupTrainerConfig
 from memrl.train.policy import LoraSettings
 
@@ -95,3 +95,12 @@ def test_the_kl_reference_copy_is_counted() -> None:
         return trainer_memory(shape, cfg, nodes=1, gpus_per_node=1, dtype="bfloat16", default_tokens=128).parameters
 
     assert parameters(kl_coef=0.1) - parameters() == shape.params * 2
+
+
+def test_a_shape_round_trips_through_its_transformers_config() -> None:
+    """One table of shapes: the GPU benchmark builds its 9B from the plan's assumed shape via ``to_hf_config``."""
+    from benchmarks.gpu_trainer import SHAPES
+
+    for shape in ASSUMED_SHAPES.values():
+        assert ModelShape.from_hf_config(shape.to_hf_config()) == shape
+    assert ModelShape.from_hf_config(SHAPES["qwen3.5-9b"]) == ASSUMED_SHAPES["qwen3.5-9b"]
