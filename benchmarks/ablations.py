@@ -1435,6 +1435,8 @@ def main() -> None:
         parser.error(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
     if "oat" not in variants:
         parser.error("the budget is what 'oat' seed 0 spends: keep 'oat' in --variants")
+    if args.select and args.selection_scale:
+        parser.error("--selection-scale applies an earlier dev choice to a test run; --select makes its own")
 
     t_start = time.perf_counter()
     bench = Bench(args)
@@ -1461,8 +1463,6 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
     """The selection or the ablation proper, on the prepared checkpoint (a ``--worker`` only computes runs)."""
     variants = [v for v in args.variants.split(",") if v]
     seeds = args.seeds or bench.scale.seeds
-    if args.select and args.selection_scale not in (None, bench.scale.name):
-        raise SystemExit(f"[ablations] --selection-scale {args.selection_scale}: --select chooses at its own scale")
     chosen_file = selection_file(bench.work, args.selection_scale or bench.scale.name)
     non_default = dict(NON_DEFAULT_SETTINGS)
     claims = Claims(bench.runs / "claims")
