@@ -90,8 +90,8 @@ COMMITTED = ROOT / "docs" / "figures" / "pivot_learning_full.json"  # the commit
 SELECT_DEV_OFFSET = 10_000  # --select scores on dev tasks from DEV_START + this (the curves use DEV_START ...)
 # --select's grid, declared before it ran (issue 39 item 7): dotted GRPO overrides, every advantage preset of
 # memrl.rewards.advantage (memrl's default first, then the paper's group-std formula) x the reminder cost (the
-# recipe's 0.1, or none) x the learning rate (the recipe's 3e-4, or a third of it); the recipe's own settings first,
-# so a tie keeps them
+# recipe's 0.1, or none) x the learning rate (the recipe's 3e-4, or a third of it); the recipe's settings as they were
+# before the selection first, so a tie keeps them (the recipe now carries the choice: dr_grpo, lr 1e-4)
 SELECT_ADVANTAGES = ("informative_only", "grpo_std", "dr_grpo", "dr_grpo_gated", "std_floor", "batch_outcome_std")
 SELECT_GRID: tuple[dict[str, Any], ...] = tuple(
     {"reward.advantage": advantage, "reward.reminder_cost": cost, "trainer.lr": lr}

@@ -87,7 +87,7 @@ def test_the_select_grid_crosses_every_advantage_preset_with_the_costs_and_learn
     from memrl.rewards.advantage import ADVANTAGE_PRESETS, AdvantageConfig
     from memrl.rewards.pivot import PivotRewardConfig
 
-    # the recipe's own settings first (configs/pivot_grpo_tiny.yaml leaves the advantage at memrl's default)
+    # the recipe's settings before the selection first (memrl's default advantage, lr 3e-4)
     assert SELECT_GRID[0] == {
         "reward.advantage": AdvantageConfig().preset,
         "reward.reminder_cost": 0.1,
