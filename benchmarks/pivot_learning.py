@@ -631,7 +631,7 @@ def select(
     best = max(range(len(candidates)), key=lambda i: (candidates[i]["dev_pass_rate"], -i))
     return {
         "rule": "the highest mean dev pass rate of the pivot variant over F and the selection seeds; ties to the "
-        "entry listed first (the recipe's own settings)",
+        "entry listed first (the recipe's settings before the selection)",
         "split": "dev",
         "dev_tasks_per_fatal": args.test_tasks,
         "samples": args.samples,

@@ -17,8 +17,8 @@ apply. Malformed outputs are scored, never raised.
 The outcome is the term the costs and penalties shape: :func:`pivot_terms` splits r into (outcome, shaping), and the
 iteration's groups get their advantages together from
 :func:`memrl.rewards.advantage.shaped_batch_advantages` under ``advantage`` (memrl's default preset,
-``informative_only``, and the other presets keep a cost from setting a unit-size advantage in a group whose
-continuations all pass or all fail; the paper's GRPO formula stays selectable as ``grpo_std``). In ``phase1+2`` groups
+``informative_only``, and every other preset but the paper's GRPO formula ``grpo_std``, which stays selectable, keep
+a cost from setting a unit-size advantage in a group whose continuations all pass or all fail). In ``phase1+2`` groups
 the sampled Phase 1 outputs form the group; each sample's own Phase 2 call becomes a one-sample group carrying the same
 advantage (as trajectories do in flat mode), so both phases learn from the branch's outcome.
 """
