@@ -121,7 +121,7 @@ class QuickstartConfig(ConfigModel):
     trainer: GroupTrainerConfig = GroupTrainerConfig(lr=2e-4, kl_coef=0.05, lora=LoraSettings(enabled=False))
     loop: LoopConfig = LoopConfig(iterations=24, checkpoint_every=12)
     eval_samples: int = Field(2, ge=0, le=1000)  # sampled eval runs per task (plus one greedy)
-    evaluate_untrained: bool = True  # also evaluate the untrained model (greedy) as a baseline
+    evaluate_untrained: bool = True  # also evaluate the untrained model (greedy) as a baseline, and pair it
     export: bool = True  # export the RL model as a HF checkpoint + model card at the end
 
     @field_validator("task_family")
@@ -438,7 +438,7 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     if cfg.paired_eval:
         if not cfg.export:
             raise ConfigError("paired_eval runs the exported RL model: set export: true")
-        if "untrained" not in greedy_outcomes:
+        if cfg.evaluate_untrained and "untrained" not in greedy_outcomes:  # a resumed run kept only its figures
             stages.run(
                 "eval-untrained",
                 "the untrained model (greedy, paired)",
