@@ -82,6 +82,12 @@ def test_report_sentences_follow_the_config_and_the_checks(tmp_path: Path) -> No
     assert "leaves the fact out (90% of the time, `expert.defer_to_later`)" in report
     assert "r = V(n) + 0.5 (c(n) - c_bar)" in report and "Export:" not in report
 
+    textworld = QuickstartConfig.model_validate({"task_family": "ms_textworld", "task_params": {"max_steps": 40}})
+    report = write_report(tmp_path, textworld, fake_summary(0, None), [{"iteration": 0}]).read_text()
+    assert "leaves the fact out" not in report and "writes every fact" not in report
+    assert "the ms_textworld family's own oracle, which sees the true state" in report
+    assert "from a privileged oracle expert" in report
+
     against_base = dict(
         export,
         differs_from_base=dict(export["differs_from_base"], base="/m/base", differs=False),
