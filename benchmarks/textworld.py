@@ -360,7 +360,10 @@ class Bench:
                 flat_group_size=s.flat_group_size,
             ),
             trainer=GroupTrainerConfig(
-                lr=lr, lora=LoraSettings(enabled=self.args.model == "smollm2"), bf16=self.args.model == "smollm2"
+                lr=lr,
+                lora=LoraSettings(enabled=self.args.model == "smollm2"),
+                bf16=self.args.model == "smollm2",
+                seed=seed,  # each training seed draws its own fresh LoRA adapter
             ),
             loop=LoopConfig(iterations=s.iterations, eval_every=0, checkpoint_every=s.iterations, keep_checkpoints=1),
             eval_samples=0,

@@ -291,3 +291,22 @@ def test_kl_to_the_initial_policy_after_a_resume_is_to_the_run_s_start(tiny_mode
     logger.close()
     assert probed == [False, False, True]
     assert run("stopped", None, resume=True) == pytest.approx(uninterrupted[1:], rel=1e-4)
+
+
+def test_a_fresh_lora_adapter_is_drawn_from_the_trainer_seed(tiny_model_dir: Path) -> None:
+    """Two trainers with one seed start from the same adapter, another seed from another; the caller's torch RNG is
+    not consumed."""
+
+    def lora_a(seed: int) -> dict[str, torch.Tensor]:
+        trainer = GroupTrainer(
+            PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4), seed=seed)
+        )
+        return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_A" in n}
+
+    torch.manual_seed(123)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(123)
+    first, again, other = lora_a(7), lora_a(7), lora_a(8)
+    assert torch.equal(torch.rand(3), expected_draw)
+    assert first and all(torch.equal(first[n], again[n]) for n in first)
+    assert not any(torch.equal(first[n], other[n]) for n in first)

@@ -98,7 +98,7 @@ class GroupTrainerConfig(ConfigModel):
     bf16: bool = False  # autocast forward passes (several times faster on recent CPUs and on GPUs)
     deepspeed: str | None = None  # a configs/deepspeed name (zero2, zero3, zero2_cpu, ...) or a JSON path
     lora: LoraSettings = LoraSettings()
-    seed: int = Field(0, ge=0, lt=2**32)  # RNG seed of the row shuffling
+    seed: int = Field(0, ge=0, lt=2**32)  # RNG seed of the row shuffling and of a fresh LoRA adapter's init
 
     @model_validator(mode="after")
     def _decay_has_a_length(self) -> GroupTrainerConfig:
@@ -249,7 +249,7 @@ class GroupTrainer:
                 f"the accelerator accumulates {self.accelerator.gradient_accumulation_steps} steps but "
                 f"micro_batches is {cfg.micro_batches}"
             )
-        model, self.tokenizer = load_policy(policy, cfg.lora)
+        model, self.tokenizer = load_policy(policy, cfg.lora, init_seed=cfg.seed)
         self.packs_rows = rows_can_share_a_sequence(model.config)
         self.is_peft = hasattr(model, "disable_adapter")
         if cfg.gradient_checkpointing:

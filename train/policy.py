@@ -42,9 +42,13 @@ class PolicySpec(ConfigModel):
     trust_remote_code: bool = False  # allow the checkpoint's custom modelling code
 
 
-def load_policy(spec: PolicySpec, lora: LoraSettings, *, trainable: bool = True) -> tuple[Any, Any]:
+def load_policy(
+    spec: PolicySpec, lora: LoraSettings, *, trainable: bool = True, init_seed: int | None = None
+) -> tuple[Any, Any]:
     """(model, tokenizer): the base, with the spec's adapter loaded (trainable) or a fresh LoRA when ``lora``
-    is enabled and no adapter is given; plain full weights otherwise."""
+    is enabled and no adapter is given; plain full weights otherwise. ``init_seed`` draws a fresh adapter's initial
+    weights from that seed (the global torch RNG is left as it was); None draws them from the global RNG."""
+    import torch
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from memrl.data.checks import check_adapter_dir, check_model_ref
@@ -57,16 +61,17 @@ def load_policy(spec: PolicySpec, lora: LoraSettings, *, trainable: bool = True)
     if spec.adapter:
         model = PeftModel.from_pretrained(model, spec.adapter, is_trainable=trainable)
     elif lora.enabled:
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
-                task_type="CAUSAL_LM",
-            ),
+        config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
         )
+        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
+            if init_seed is not None:
+                torch.manual_seed(init_seed)
+            model = get_peft_model(model, config)
     return model, tokenizer
 
 
