@@ -438,12 +438,6 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
     if cfg.paired_eval:
         if not cfg.export:
             raise ConfigError("paired_eval runs the exported RL model: set export: true")
-        if cfg.evaluate_untrained and "untrained" not in greedy_outcomes:  # a resumed run kept only its figures
-            stages.run(
-                "eval-untrained",
-                "the untrained model (greedy, paired)",
-                lambda: evaluate_with(Path(base), 0, keep_as="untrained"),
-            )
         stages.run(
             "eval-sft",
             "the SFT model (greedy, paired)",

@@ -97,15 +97,18 @@ def sampled_sentence(cfg: Any) -> str:
     return f"*Sampled*: the memory model as it is trained ({_role_decoding(cfg)}; {runs} per task)."
 
 
-def _sam_expert(cfg: Any) -> bool:
-    """Whether the run's expert is SAM's oracle (the one ``cfg.expert`` configures in full)."""
-    return getattr(cfg, "task_family", "sam") in ("sam", "dialogue")
+def _sam_style(cfg: Any) -> bool:
+    """Whether the run's family is SAM-style (sized by horizons; its expert is SAM's oracle, which ``cfg.expert``
+    configures in full)."""
+    from memrl.launch.quickstart import _SAM_STYLE
+
+    return getattr(cfg, "task_family", "sam") in _SAM_STYLE
 
 
 def expert_sentence(cfg: Any) -> str:
     """What the privileged expert does with a fact a later page restates, from ``cfg.expert.defer_to_later``; for
     another family, that its own oracle is the expert (it takes only ``expert.error_rate`` from that section)."""
-    if not _sam_expert(cfg):
+    if not _sam_style(cfg):
         return (
             f" The expert is the {cfg.task_family} family's own oracle, which sees the true state"
             " (`expert.defer_to_later` is SAM's and does not apply to it)."
@@ -174,7 +177,7 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
             else "A tiny random-initialised Qwen3 memory model"
         )
         + " learns SAM's two memory roles (cue writing, intent-driven recall)"
-        f" from {'a privileged' if cfg.expert.defer_to_later or not _sam_expert(cfg) else 'an'} oracle expert, then"
+        f" from {'a privileged' if cfg.expert.defer_to_later or not _sam_style(cfg) else 'an'} oracle expert, then"
         " OAT-GRPO trains its"
         f" {' and '.join({'consolidate': 'cue writing'}.get(r, r) for r in cfg.tree.branch_roles)} inside SAM with a"
         f" frozen scripted reasoner (tasks: {getattr(cfg, 'task_family', 'sam')}).",
@@ -183,7 +186,7 @@ def write_report(run_dir: Path, cfg: Any, summary: dict[str, Any], history: list
         "",
         (
             f"{len(cfg.eval_horizons)} horizons x {cfg.eval_tasks_per_horizon} held-out tasks."
-            if getattr(cfg, "task_family", "sam") in ("sam", "dialogue")
+            if _sam_style(cfg)
             else f"{cfg.eval_tasks_per_horizon} held-out {cfg.task_family} tasks ({json.dumps(cfg.task_params)})."
         )
         + f" {sampled_sentence(cfg)}"
