@@ -124,6 +124,11 @@ class QuickstartConfig(ConfigModel):
     evaluate_untrained: bool = True  # also evaluate the untrained model (greedy) as a baseline, and pair it
     export: bool = True  # export the RL model as a HF checkpoint + model card at the end
 
+    @property
+    def sam_style(self) -> bool:
+        """Whether the family is SAM-style: sized by horizons, its expert SAM's oracle."""
+        return self.task_family in _SAM_STYLE
+
     @field_validator("task_family")
     @classmethod
     def _family(cls, family: str) -> str:

@@ -99,10 +99,8 @@ def sampled_sentence(cfg: Any) -> str:
 
 def _sam_style(cfg: Any) -> bool:
     """Whether the run's family is SAM-style (sized by horizons; its expert is SAM's oracle, which ``cfg.expert``
-    configures in full)."""
-    from memrl.launch.quickstart import _SAM_STYLE
-
-    return getattr(cfg, "task_family", "sam") in _SAM_STYLE
+    configures in full): the config says so (``QuickstartConfig.sam_style``)."""
+    return getattr(cfg, "sam_style", True)
 
 
 def expert_sentence(cfg: Any) -> str:
