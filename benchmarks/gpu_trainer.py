@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +300,16 @@ def probe_device(device: str, quick: str) -> None:
             }
         )
     )
+
+
+def child_env(device: str, parent: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a measuring child: this checkout first on its path, then the caller's ``PYTHONPATH`` (where
+    tests/gpu/run.sh put the carried wheels: the first H200 run lost them and failed on ``import pydantic``)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), parent.get("PYTHONPATH")]))
+    env = {**parent, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the trainer's accelerator takes CUDA whenever it sees one
+    return env
 
 
 def in_child(function: str, arguments: list[str], env: dict[str, str]) -> str:
@@ -629,9 +640,7 @@ def main() -> None:
     mix_tokens = args.mix_tokens or args.budget
     started = time.perf_counter()
     deadline = time.time() + args.time_budget_s
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-    if args.device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # the trainer's accelerator takes CUDA whenever it sees one
+    env = child_env(args.device, os.environ)
     # Every CUDA context lives in a child: one held here would take GPU memory from the measured processes.
     device = json.loads(in_child("probe_device", [args.device, str(args.quick)], env).splitlines()[-1])
     device_name, peak_tflops = device["name"], device["peak_bf16_tflops"]

@@ -24,6 +24,9 @@ site="${MEMRL_GPU_SITE:-/tmp/memrl-gpu-site}"
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 export PYTHONUNBUFFERED=1
+# The image holds JAX, which some import on the way pulls in: by default it would take 75% of the GPU at import, in
+# every process (the first H200 run ran out of memory loading a 4B model beside it).
+export JAX_PLATFORMS=cpu XLA_PYTHON_CLIENT_PREALLOCATE=false
 # Deterministic cuBLAS (the trainer test compares two runs bit for bit); set before any CUDA context exists.
 export CUBLAS_WORKSPACE_CONFIG=:4096:8
 
