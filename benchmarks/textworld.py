@@ -36,6 +36,13 @@ a new instance, with the logged commands, and every observation compared: the co
     python benchmarks/textworld.py --quick             # 2 cells x 8 test games, tiny model, 2 seeds (< 15 min)
     python benchmarks/textworld.py --quick --select    # choose the learning rate on dev first
     python benchmarks/textworld.py --model smollm2     # the powered setting: 9 cells x 30 test games, 3 seeds
+    python benchmarks/textworld.py --quick --sft-steps 1500 --sft-games 96 --dev-games 12 --iterations 8 \
+        --test-games 225 --seeds 3 --work runs/bench-textworld-powered   # the tiny model's powered run (--select first)
+
+``--seeds``, ``--test-games``, ``--cells``, ``--dev-games``, ``--sft-games``, ``--sft-steps`` and ``--iterations``
+change one field of the chosen scale each (the JSON's ``scale`` records the result); a run at another scale needs its
+own ``--work`` (the SFT checkpoint, RL runs and evaluations are cached by folder: reusing one exits 2, naming the
+fields).
 
 Everything is cached under ``--work`` (games under the shared game cache): a rerun skips finished stages. The last
 line is one JSON object.
@@ -476,6 +483,26 @@ def figures(
     return {"table": table, "paired": paired}
 
 
+# Scale fields that only add test or dev games or training seeds: every cached stage stays valid when they change.
+ADDITIVE_FIELDS = ("test_games", "dev_games", "seeds")
+
+
+def check_scale(work: Path, scale: Scale) -> None:
+    """Exit 2 if ``work`` caches stages of another scale (its SFT checkpoint, RL runs and evaluations would be reused
+    under the wrong settings); record the scale on a folder's first run."""
+    path = work / "scale.json"
+    wanted = {k: v for k, v in asdict(scale).items() if k not in ADDITIVE_FIELDS}
+    if not path.exists():
+        path.write_text(json.dumps(wanted, indent=1) + "\n")
+        return
+    cached = json.loads(path.read_text())
+    changed = sorted(k for k in wanted.keys() | cached.keys() if wanted.get(k) != cached.get(k))
+    if changed:
+        detail = ", ".join(f"{k} {cached.get(k)!r} -> {wanted.get(k)!r}" for k in changed)
+        say(f"{work} holds a run at another scale ({detail}): give this one its own --work")
+        raise SystemExit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 cells x 8 test games, tiny model, 2 seeds")
@@ -490,6 +517,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None, help="training seeds (default: the scale's)")
     parser.add_argument("--test-games", type=int, default=None, help="test games per cell (default: the scale's)")
     parser.add_argument("--cells", default=None, help="comma-separated challenge/size cells (default: the scale's)")
+    parser.add_argument("--dev-games", type=int, default=None, help="dev games per cell (default: the scale's)")
+    parser.add_argument("--sft-games", type=int, default=None, help="expert episodes distilled (default: the scale's)")
+    parser.add_argument("--sft-steps", type=int, default=None, help="SFT optimizer steps (default: the scale's)")
+    parser.add_argument("--iterations", type=int, default=None, help="RL iterations per run (default: the scale's)")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-textworld"))
     parser.add_argument("--game-cache", default=str(ROOT / ".cache" / "textworld"))
     parser.add_argument("--model-cache", default=str(ROOT / ".cache" / "models"))
@@ -510,8 +541,12 @@ def main() -> None:
         scale.test_games = args.test_games
     if args.cells:
         scale.cells = args.cells.split(",")
+    for name in ("dev_games", "sft_games", "sft_steps", "iterations"):
+        if getattr(args, name) is not None:
+            setattr(scale, name, getattr(args, name))
     work = Path(args.work) / ("quick" if args.quick else "full") / args.model
     work.mkdir(parents=True, exist_ok=True)
+    check_scale(work, scale)
     bench = Bench(args, scale, work)
     t_start = time.perf_counter()
     load = os.getloadavg()[0]

@@ -10,13 +10,27 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("textworld", reason="the textworld extra is not installed")
-
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_work_folder_refuses_another_scale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A work folder caches its SFT checkpoint, RL runs and evaluations: another training scale in it exits 2 naming
+    the fields, while more test games, dev games or seeds reuse it."""
+    from dataclasses import replace
+
+    from benchmarks.textworld import QUICK, check_scale
+
+    check_scale(tmp_path, QUICK)
+    check_scale(tmp_path, replace(QUICK, test_games=225, dev_games=12, seeds=3))
+    with pytest.raises(SystemExit) as exit_info:
+        check_scale(tmp_path, replace(QUICK, sft_steps=1500, iterations=8))
+    assert exit_info.value.code == 2
+    assert "iterations 2 -> 8, sft_steps 30 -> 1500" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_textworld_benchmark_smallest_setting(tmp_path: Path) -> None:
+    pytest.importorskip("textworld", reason="the textworld extra is not installed")
     cmd = [
         sys.executable,
         str(ROOT / "benchmarks" / "textworld.py"),
