@@ -17,7 +17,8 @@ Variants, every one on the same test games (so differences are paired by game):
   from);
 - ``sam_untrained``, ``sam_sft``, ``sam_oat``, ``sam_flat``: SAM with the memory model untrained, after SFT on the
   expert's traces (rejection-sampled), after SFT + OAT-GRPO (trees branching at recalls), and after SFT + flat GRPO
-  (vanilla GRPO over whole trajectories) at the same number of iterations.
+  (vanilla GRPO over whole trajectories) at the same number of iterations, both with the recipe's dynamic sampling
+  (up to ``max_extra_trees`` more games per iteration until one group's outcomes differ).
 
 One memory model is trained across every cell of the run (``mix``): one SFT checkpoint, then OAT-GRPO and flat GRPO
 from it under each training seed. Greedy evaluation (every memory call at temperature 0). Paired differences (OAT vs
@@ -100,6 +101,10 @@ class Scale:
     branch_factor: int = 2
     max_leaves: int = 4
     flat_group_size: int = 2
+    # dynamic sampling, as the recipe: more trees until a batch holds this many outcome-informative groups (without
+    # it the tiny model's RL runs at the quick scale made no update at all: every group tied)
+    informative_groups: int = 1
+    max_extra_trees: int = 3
     max_steps: int = 60  # game commands per episode
     lr_sft: float = 2e-3
     max_length: int = 768
@@ -365,6 +370,8 @@ class Bench:
                 branch_factor=s.branch_factor,
                 max_leaves=s.max_leaves,
                 flat_group_size=s.flat_group_size,
+                informative_groups=s.informative_groups,
+                max_extra_trees=s.max_extra_trees,
             ),
             trainer=GroupTrainerConfig(
                 lr=lr,
@@ -385,6 +392,7 @@ class Bench:
             "iterations": result["iterations_run"],
             "lora": result["lora"],
             "informative_groups": sum(h.get("informative_groups", 0) for h in history),
+            "extra_trees": sum(h.get("extra_trees", 0) for h in history),
             "trained_tokens": sum(h.get("trained_tokens", 0) for h in history),
             "reasoner_tokens": sum(h.get("reasoner_tokens", 0) for h in history),
             "success_train": [h.get("success") for h in history],
