@@ -609,8 +609,12 @@ def main() -> None:
             for seed in seeds:
                 policy = bench.rl(mode, seed, lr, f"{mode}-s{seed}")
                 evals[variant][seed] = bench.evaluate(variant, policy, test, f"test-s{seed}")
-                rl_runs[f"{variant}/{seed}"] = json.loads((work / "rl" / f"{mode}-s{seed}.json").read_text())
-                say(f"{variant} seed {seed}: {evals[variant][seed]['success']:.1%}")
+                run = json.loads((work / "rl" / f"{mode}-s{seed}.json").read_text())
+                run["same_weights_as_sft"] = digest(policy) == digest(sft)
+                rl_runs[f"{variant}/{seed}"] = run
+                say(f"{variant} seed {seed}: {evals[variant][seed]['success']:.1%} ({run['updates']} updates)")
+                if run["same_weights_as_sft"]:
+                    say(f"{variant} seed {seed} kept the SFT weights: its differences from SFT measure nothing")
     replay = bench.replay_check(test)
     say(
         f"replay re-entry exact on {replay['exact']} of {replay['games']} test games "
