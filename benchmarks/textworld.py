@@ -230,10 +230,18 @@ class Bench:
         from memrl.rollout.evaluation.tasks import evaluate_memory
         from memrl.rollout.loop import EngineSet
 
-        key = f"{tag}-{variant}-{digest(model) if model is not None else 'scripted'}-{len(tasks)}-{tasks[0].task_id}"
+        weights = digest(model) if model is not None else "scripted"
+        key = f"{tag}-{variant}-{weights}-{len(tasks)}-{tasks[0].task_id}"
         cache = self.work / "evals" / f"{key}.json"
         if cache.exists():
             return json.loads(cache.read_text())
+        if model is not None:  # the same weights on the same games under SAM (an RL run that made no update): the
+            # greedy evaluation is the same computation, so its result is reused and says where it came from
+            for twin in sorted((self.work / "evals").glob(f"*-{weights}-{len(tasks)}-{tasks[0].task_id}.json")):
+                if any(f"-{name}-{weights}-" in twin.name for name in MODELS):
+                    out = {**json.loads(twin.read_text()), "same_weights_as": twin.stem}
+                    cache.write_text(json.dumps(out))
+                    return out
         t0 = time.perf_counter()
         if model is not None:
             backend = "vllm" if self.args.engine == "vllm" else "hf"

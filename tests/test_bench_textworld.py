@@ -66,3 +66,35 @@ def test_textworld_benchmark_smallest_setting(tmp_path: Path) -> None:
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)  # everything cached
     assert rerun.returncode == 0 and json.loads(rerun.stdout.strip().splitlines()[-1])["table"] == table
     assert "games ready in 0 s" in rerun.stderr
+
+
+def test_an_unchanged_policy_reuses_its_weights_evaluation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An RL run that made no update has the SFT weights: its greedy evaluation on the same games is the same
+    computation, so the cached one is reused (and named); other weights are evaluated."""
+    from types import SimpleNamespace
+
+    from benchmarks.textworld import QUICK, Bench, digest
+
+    model = tmp_path / "policy"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    weights = digest(model)
+    (tmp_path / "evals").mkdir()
+    sft = {"success": 0.5, "games": {"test-400000": {"won": 1.0}}, "seconds": 9.0}
+    (tmp_path / "evals" / f"test-sam_sft-{weights}-2-test-400000.json").write_text(json.dumps(sft))
+    bench = Bench(SimpleNamespace(engine="hf"), QUICK, tmp_path)
+    games = [SimpleNamespace(task_id="test-400000"), SimpleNamespace(task_id="test-400001")]
+    reused = bench.evaluate("sam_oat", model, games, "test-s1")
+    assert reused["success"] == 0.5 and reused["same_weights_as"] == f"test-sam_sft-{weights}-2-test-400000"
+    assert (tmp_path / "evals" / f"test-s1-sam_oat-{weights}-2-test-400000.json").exists()
+    (model / "model.safetensors").write_bytes(b"other weights")
+
+    class EvaluationStarted(Exception):
+        pass
+
+    def build_engine(*_args: object, **_kwargs: object) -> None:
+        raise EvaluationStarted
+
+    monkeypatch.setattr("memrl.rollout.engines.factory.build_engine", build_engine)
+    with pytest.raises(EvaluationStarted):  # other weights: a real evaluation starts
+        bench.evaluate("sam_oat", model, games, "test-s2")
