@@ -101,8 +101,8 @@ class Scale:
     branch_factor: int = 2
     max_leaves: int = 4
     flat_group_size: int = 2
-    # dynamic sampling, as the recipe: more trees until a batch holds this many outcome-informative groups (without
-    # it the tiny model's RL runs at the quick scale made no update at all: every group tied)
+    # dynamic sampling, as the recipe (whose first run made no update without it): more trees until a batch holds
+    # this many outcome-informative groups, or max_extra_trees more games were played
     informative_groups: int = 1
     max_extra_trees: int = 3
     max_steps: int = 60  # game commands per episode
@@ -509,6 +509,9 @@ def check_scale(work: Path, scale: Scale) -> None:
     path = work / "scale.json"
     wanted = {k: v for k, v in asdict(scale).items() if k not in ADDITIVE_FIELDS}
     if not path.exists():
+        if any((work / stage).exists() for stage in ("sft", "rl", "evals")):
+            say(f"{work} holds cached stages of an unrecorded scale: give this run its own --work")
+            raise SystemExit(2)
         path.write_text(json.dumps(wanted, indent=1) + "\n")
         return
     cached = json.loads(path.read_text())

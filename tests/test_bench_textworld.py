@@ -26,6 +26,11 @@ def test_a_work_folder_refuses_another_scale(tmp_path: Path, capsys: pytest.Capt
         check_scale(tmp_path, replace(QUICK, sft_steps=1500, iterations=8))
     assert exit_info.value.code == 2
     assert "iterations 2 -> 8, sft_steps 30 -> 1500" in capsys.readouterr().err
+    older = tmp_path / "older"  # stages cached before the folder recorded its scale
+    (older / "rl").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        check_scale(older, QUICK)
+    assert "cached stages of an unrecorded scale" in capsys.readouterr().err
 
 
 @pytest.mark.slow
