@@ -615,13 +615,14 @@ def main() -> None:
         sft_eval = bench.evaluate("sam_sft", sft, test, "test")
         evals["sam_sft"] = dict.fromkeys(seeds, sft_eval)
         say(f"untrained {untrained['success']:.1%}, SFT {sft_eval['success']:.1%}")
+        sft_weights = digest(sft)
         for variant, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
             evals[variant] = {}
             for seed in seeds:
                 policy = bench.rl(mode, seed, lr, f"{mode}-s{seed}")
                 evals[variant][seed] = bench.evaluate(variant, policy, test, f"test-s{seed}")
                 run = json.loads((work / "rl" / f"{mode}-s{seed}.json").read_text())
-                run["same_weights_as_sft"] = digest(policy) == digest(sft)
+                run["same_weights_as_sft"] = digest(policy) == sft_weights
                 rl_runs[f"{variant}/{seed}"] = run
                 say(f"{variant} seed {seed}: {evals[variant][seed]['success']:.1%} ({run['updates']} updates)")
                 if run["same_weights_as_sft"]:
