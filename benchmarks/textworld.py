@@ -45,6 +45,11 @@ change one field of the chosen scale each (the JSON's ``scale`` records the resu
 own ``--work`` (the SFT checkpoint, RL runs and evaluations are cached by folder: reusing one exits 2, naming the
 fields).
 
+With ``--model smollm2`` the SFT stage takes the recipe's settings (:data:`SMOLLM2_SFT`) at either scale. ``--skip
+sam_untrained,sam_flat`` leaves those trained variants out where a budget cannot hold them (the untrained SmolLM2
+writes every cue and recall to its token limit; flat GRPO doubles the RL runs): the JSON's ``skipped`` names them and
+their comparisons are absent.
+
 Everything is cached under ``--work`` (games under the shared game cache): a rerun skips finished stages. The last
 line is one JSON object.
 """
@@ -58,7 +63,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +113,12 @@ class Scale:
     max_steps: int = 60  # game commands per episode
     lr_sft: float = 2e-3
     max_length: int = 768
+
+
+# SmolLM2's SFT settings are the recipe's (configs/textworld_smollm2.yaml: full weights, bf16): the tiny model's
+# learning rate would wreck a pretrained model's weights in a few steps, and its chat template needs the longer rows
+SMOLLM2_SFT = {"lr_sft": 2e-4, "max_length": 1024}
+SKIPPABLE = ("sam_untrained", "sam_flat")
 
 
 QUICK = Scale(
@@ -367,7 +378,14 @@ class Bench:
         cfg = OATGRPOConfig(
             run=RunConfig(output_dir=str(self.work / "rl"), name=name, seed=seed),
             policy=PolicySpec(base=str(sft)),
-            engine=EngineConfig(backend=backend, name="policy", model=str(sft), dtype="float32", batch_size=64),
+            engine=EngineConfig(
+                backend=backend,
+                name="policy",
+                model=str(sft),
+                dtype="float32",
+                batch_size=64,
+                max_model_len=4096 if backend == "vllm" else None,
+            ),
             memory=self.memory_config("sam"),
             train_tasks=self.task_set("train", 0, s.train_games),
             eval_tasks=TaskSetConfig(family="ms_textworld", params=self.params(), count=0),
@@ -522,6 +540,15 @@ def check_scale(work: Path, scale: Scale) -> None:
         raise SystemExit(2)
 
 
+def skipped_variants(text: str) -> tuple[str, ...]:
+    """``--skip``'s value: trained variants a run leaves out (an unknown name is a usage error, exit 2)."""
+    names = tuple(n for n in text.split(",") if n)
+    unknown = [n for n in names if n not in SKIPPABLE]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variant {unknown[0]!r} (skippable: {', '.join(SKIPPABLE)})")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 cells x 8 test games, tiny model, 2 seeds")
@@ -540,6 +567,12 @@ def main() -> None:
     parser.add_argument("--sft-games", type=int, default=None, help="expert episodes distilled (default: the scale's)")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT optimizer steps (default: the scale's)")
     parser.add_argument("--iterations", type=int, default=None, help="RL iterations per run (default: the scale's)")
+    parser.add_argument(
+        "--skip",
+        type=skipped_variants,
+        default=(),
+        help=f"comma-separated trained variants left out to fit a budget (of {', '.join(SKIPPABLE)}); the JSON says so",
+    )
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-textworld"))
     parser.add_argument("--game-cache", default=str(ROOT / ".cache" / "textworld"))
     parser.add_argument("--model-cache", default=str(ROOT / ".cache" / "models"))
@@ -554,6 +587,8 @@ def main() -> None:
 
     require_textworld()
     scale = QUICK if args.quick else FULL
+    if args.model == "smollm2":
+        scale = replace(scale, **SMOLLM2_SFT)
     if args.seeds is not None:
         scale.seeds = args.seeds
     if args.test_games is not None:
@@ -609,14 +644,18 @@ def main() -> None:
         say(f"{variant}: {result['success']:.1%} ({result['seconds']:.0f} s)")
     rl_runs: dict[str, Any] = {}
     if args.model != "none":
-        untrained = bench.evaluate("sam_untrained", bench.base_model(), test, "test")
-        evals["sam_untrained"] = dict.fromkeys(seeds, untrained)
+        if "sam_untrained" not in args.skip:
+            untrained = bench.evaluate("sam_untrained", bench.base_model(), test, "test")
+            evals["sam_untrained"] = dict.fromkeys(seeds, untrained)
+            say(f"untrained: {untrained['success']:.1%}")
         sft = bench.sft()
         sft_eval = bench.evaluate("sam_sft", sft, test, "test")
         evals["sam_sft"] = dict.fromkeys(seeds, sft_eval)
-        say(f"untrained {untrained['success']:.1%}, SFT {sft_eval['success']:.1%}")
+        say(f"SFT: {sft_eval['success']:.1%}")
         sft_weights = digest(sft)
         for variant, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
+            if variant in args.skip:
+                continue
             evals[variant] = {}
             for seed in seeds:
                 policy = bench.rl(mode, seed, lr, f"{mode}-s{seed}")
@@ -639,6 +678,7 @@ def main() -> None:
         "engine": args.engine,
         "scale": asdict(scale),
         "lr": lr,
+        "skipped": sorted(args.skip),
         "settings_chosen_on_dev": selection,
         **figures(evals, names, cells, seeds),
         "replay": replay,

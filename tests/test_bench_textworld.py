@@ -103,3 +103,31 @@ def test_an_unchanged_policy_reuses_its_weights_evaluation(tmp_path: Path, monke
     monkeypatch.setattr("memrl.rollout.engines.factory.build_engine", build_engine)
     with pytest.raises(EvaluationStarted):  # other weights: a real evaluation starts
         bench.evaluate("sam_oat", model, games, "test-s2")
+
+
+def test_skip_names_only_trained_variants_and_smollm2_takes_the_recipes_sft() -> None:
+    """``--skip`` accepts the skippable trained variants and rejects anything else (a usage error); SmolLM2's SFT
+    settings are the recipe's, not the tiny model's learning rate."""
+    import argparse
+
+    import yaml
+
+    from benchmarks.textworld import QUICK, SMOLLM2_SFT, skipped_variants
+
+    assert skipped_variants("sam_untrained,sam_flat") == ("sam_untrained", "sam_flat")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown variant 'sam_oat'"):
+        skipped_variants("sam_flat,sam_oat")
+    recipe = yaml.safe_load((ROOT / "configs" / "textworld_smollm2.yaml").read_text())
+    assert {"lr_sft": recipe["sft"]["lr"], "max_length": recipe["sft"]["max_length"]} == SMOLLM2_SFT
+    assert QUICK.lr_sft != SMOLLM2_SFT["lr_sft"]
+
+
+def test_an_unknown_skipped_variant_exits_2_naming_the_flag() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "textworld.py"), "--skip", "sam_sft"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2 and "--skip: unknown variant 'sam_sft'" in out.stderr
