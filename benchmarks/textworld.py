@@ -39,6 +39,8 @@ a new instance, with the logged commands, and every observation compared: the co
     python benchmarks/textworld.py --model smollm2     # the powered setting: 9 cells x 30 test games, 3 seeds
     python benchmarks/textworld.py --quick --sft-steps 1500 --sft-games 96 --dev-games 12 --iterations 8 \
         --test-games 225 --seeds 3 --work runs/bench-textworld-powered   # the tiny model's powered run (--select first)
+    python benchmarks/textworld.py --quick --model smollm2 --skip sam_untrained,sam_flat --sft-games 60 --sft-steps 16 \
+        --iterations 2 --test-games 60 --seeds 3 --work runs/bench-textworld-smollm2   # SmolLM2, what one session held
 
 ``--seeds``, ``--test-games``, ``--cells``, ``--dev-games``, ``--sft-games``, ``--sft-steps`` and ``--iterations``
 change one field of the chosen scale each (the JSON's ``scale`` records the result); a run at another scale needs its
