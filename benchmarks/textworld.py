@@ -233,11 +233,25 @@ class Bench:
             },
         }
 
+    def engine_config(self, name: str, model: Path) -> Any:
+        """The engine serving ``model`` (the memory model in evaluation, the policy in RL): float32, and a
+        4096-token context on vLLM."""
+        from memrl.rollout.engines.config import EngineConfig
+
+        backend = "vllm" if self.args.engine == "vllm" else "hf"
+        return EngineConfig(
+            backend=backend,
+            name=name,
+            model=str(model),
+            dtype="float32",
+            batch_size=64,
+            max_model_len=4096 if backend == "vllm" else None,
+        )
+
     def evaluate(self, variant: str, model: Path | None, tasks: list[Any], tag: str) -> dict[str, Any]:
         """Greedy success and steps per game of one variant (cached by variant, weights and games)."""
         from memrl.data.experts.ms_textworld import TwOracle
         from memrl.data.tasks.ms_textworld import TwReasoner
-        from memrl.rollout.engines.config import EngineConfig
         from memrl.rollout.engines.factory import build_engine
         from memrl.rollout.engines.scripted import ScriptedEngine
         from memrl.rollout.evaluation.tasks import evaluate_memory
@@ -257,17 +271,7 @@ class Bench:
                     return out
         t0 = time.perf_counter()
         if model is not None:
-            backend = "vllm" if self.args.engine == "vllm" else "hf"
-            memory = build_engine(
-                EngineConfig(
-                    backend=backend,
-                    name="memory",
-                    model=str(model),
-                    dtype="float32",
-                    batch_size=64,
-                    max_model_len=4096 if backend == "vllm" else None,
-                )
-            )
+            memory = build_engine(self.engine_config("memory", model))
         else:
             memory = ScriptedEngine(TwOracle(), name="expert")
         try:
@@ -365,7 +369,6 @@ class Bench:
         from memrl.data.config import RunConfig
         from memrl.data.run_dir import prepare_run_dir
         from memrl.data.tasks import TaskSetConfig
-        from memrl.rollout.engines.config import EngineConfig
         from memrl.rollout.tree import TreeConfig
         from memrl.train.group_trainer import GroupTrainerConfig
         from memrl.train.oat_grpo import OATGRPOConfig, train_oat_grpo
@@ -376,18 +379,10 @@ class Bench:
         if done.exists():
             return Path(json.loads(done.read_text())["policy_dir"])
         s, sft = self.scale, self.sft()
-        backend = "vllm" if self.args.engine == "vllm" else "hf"
         cfg = OATGRPOConfig(
             run=RunConfig(output_dir=str(self.work / "rl"), name=name, seed=seed),
             policy=PolicySpec(base=str(sft)),
-            engine=EngineConfig(
-                backend=backend,
-                name="policy",
-                model=str(sft),
-                dtype="float32",
-                batch_size=64,
-                max_model_len=4096 if backend == "vllm" else None,
-            ),
+            engine=self.engine_config("policy", sft),
             memory=self.memory_config("sam"),
             train_tasks=self.task_set("train", 0, s.train_games),
             eval_tasks=TaskSetConfig(family="ms_textworld", params=self.params(), count=0),
