@@ -47,10 +47,10 @@ change one field of the chosen scale each (the JSON's ``scale`` records the resu
 own ``--work`` (the SFT checkpoint, RL runs and evaluations are cached by folder: reusing one exits 2, naming the
 fields).
 
-With ``--model smollm2`` the SFT stage takes the recipe's settings (:data:`SMOLLM2_SFT`) at either scale. ``--skip
-sam_untrained,sam_flat`` leaves those trained variants out where a budget cannot hold them (the untrained SmolLM2
-writes every cue and recall to its token limit; flat GRPO doubles the RL runs): the JSON's ``skipped`` names them and
-their comparisons are absent.
+With ``--model smollm2`` the SFT stage takes the recipe's settings (:func:`smollm2_sft` reads them) at either
+scale. ``--skip sam_untrained,sam_flat`` leaves those trained variants out where a budget cannot hold them (the
+untrained SmolLM2 writes every cue and recall to its token limit; flat GRPO doubles the RL runs): the JSON's
+``skipped`` names them and their comparisons are absent.
 
 Everything is cached under ``--work`` (games under the shared game cache): a rerun skips finished stages. The last
 line is one JSON object.
@@ -117,9 +117,6 @@ class Scale:
     max_length: int = 768
 
 
-# SmolLM2's SFT settings are the recipe's (configs/textworld_smollm2.yaml: full weights, bf16): the tiny model's
-# learning rate would wreck a pretrained model's weights in a few steps, and its chat template needs the longer rows
-SMOLLM2_SFT = {"lr_sft": 2e-4, "max_length": 1024}
 SKIPPABLE = ("sam_untrained", "sam_flat")
 
 
@@ -152,6 +149,17 @@ FULL = Scale(
     flat_group_size=4,
     max_steps=100,
 )
+
+
+def smollm2_sft() -> dict[str, Any]:
+    """SmolLM2's SFT settings, read from its recipe (configs/textworld_smollm2.yaml: full weights, bf16): the tiny
+    model's learning rate would wreck a pretrained model's weights in a few steps, and its chat template needs the
+    longer rows."""
+    from memrl.data.config import load_config
+    from memrl.launch.quickstart import QuickstartConfig
+
+    sft = load_config(QuickstartConfig, ROOT / "configs" / "textworld_smollm2.yaml").sft
+    return {"lr_sft": sft.lr, "max_length": sft.max_length}
 
 
 def say(message: str) -> None:
@@ -585,7 +593,7 @@ def main() -> None:
     require_textworld()
     scale = QUICK if args.quick else FULL
     if args.model == "smollm2":
-        scale = replace(scale, **SMOLLM2_SFT)
+        scale = replace(scale, **smollm2_sft())
     if args.seeds is not None:
         scale.seeds = args.seeds
     if args.test_games is not None:

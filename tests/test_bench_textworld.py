@@ -112,14 +112,14 @@ def test_skip_names_only_trained_variants_and_smollm2_takes_the_recipes_sft() ->
 
     import yaml
 
-    from benchmarks.textworld import QUICK, SMOLLM2_SFT, skipped_variants
+    from benchmarks.textworld import QUICK, skipped_variants, smollm2_sft
 
     assert skipped_variants("sam_untrained,sam_flat") == ("sam_untrained", "sam_flat")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown variant 'sam_oat'"):
         skipped_variants("sam_flat,sam_oat")
     recipe = yaml.safe_load((ROOT / "configs" / "textworld_smollm2.yaml").read_text())
-    assert {"lr_sft": recipe["sft"]["lr"], "max_length": recipe["sft"]["max_length"]} == SMOLLM2_SFT
-    assert QUICK.lr_sft != SMOLLM2_SFT["lr_sft"]
+    assert {"lr_sft": recipe["sft"]["lr"], "max_length": recipe["sft"]["max_length"]} == smollm2_sft()
+    assert QUICK.lr_sft != smollm2_sft()["lr_sft"]
 
 
 def test_an_unknown_skipped_variant_exits_2_naming_the_flag() -> None:
