@@ -277,7 +277,20 @@ def assign_flat_credit(tree: MemoryCallTree, cfg: CreditConfig) -> CreditStats:
     trajectory's trained calls m_i under ``flat_weighting: per_trajectory`` (module docstring)."""
     _, outcomes, _ = _flat_group(tree)
     _set_flat_advantages(tree, shaped_group_advantages(outcomes, [0.0] * len(outcomes), cfg.advantage), cfg)
-    return CreditStats(groups=1, zero_variance_groups=int(is_zero_variance(outcomes)), rewards=outcomes)
+    return _flat_stats(outcomes)
+
+
+def _flat_stats(outcomes: list[float]) -> CreditStats:
+    """A flat group's diagnostics: its G trajectories are the group, outcome-informative when their outcomes differ."""
+    tie = is_zero_variance(outcomes)
+    several = len(outcomes) > 1
+    return CreditStats(
+        groups=1,
+        zero_variance_groups=int(tie),
+        outcome_tie_groups=int(several and tie),
+        informative_groups=int(several and not tie),
+        rewards=outcomes,
+    )
 
 
 def _shuffle_outcomes(trees: Sequence[MemoryCallTree], seed: int) -> None:
@@ -312,7 +325,7 @@ def assign_batch_credit(
         stats = []
         for tree, outcomes, advs in zip(trees, flat, advantages, strict=True):
             _set_flat_advantages(tree, advs, cfg)
-            stats.append(CreditStats(groups=1, zero_variance_groups=int(is_zero_variance(outcomes)), rewards=outcomes))
+            stats.append(_flat_stats(outcomes))
     else:
         terms = build_terms(cfg)
         per_tree = [_tree_groups(t, cfg, terms) for t in trees]

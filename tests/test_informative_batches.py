@@ -174,3 +174,25 @@ def test_flat_grpo_counts_each_trajectory_once() -> None:
 
     assert mean_row_advantage("per_trajectory") == pytest.approx(0.0, abs=1e-6)
     assert mean_row_advantage("per_call") < -0.4
+
+
+def test_flat_mode_counts_a_task_whose_trajectories_differ_as_informative() -> None:
+    """In flat mode a task's G trajectories are the group: the credit metrics count it informative when their outcomes
+    differ and an outcome tie when they do not (they read 0 whatever happened before)."""
+
+    def flat_tree(task: str, outcomes: list[float]) -> MemoryCallTree:
+        nodes = [TreeNode(node_id="root", kind="root", children=[f"m{i}" for i in range(len(outcomes))])]
+        for i, outcome in enumerate(outcomes):
+            nodes.append(
+                TreeNode(
+                    node_id=f"m{i}", parent_id="root", kind="memory", call=recall(f"m{i}", [i]), children=[f"l{i}"]
+                )
+            )
+            nodes.append(TreeNode(node_id=f"l{i}", parent_id=f"m{i}", kind="leaf", outcome=outcome))
+        return MemoryCallTree(tree_id=task, task_id=task, root_id="root", nodes=nodes)
+
+    trees = [flat_tree("won-lost", [1.0, 0.0]), flat_tree("both-won", [1.0, 1.0]), flat_tree("both-lost", [0.0, 0.0])]
+    _, metrics = credit_and_groups(trees, CreditConfig(), mode="flat", seed=0)
+    assert metrics["informative_groups"] == 1
+    assert metrics["outcome_tie_fraction"] == pytest.approx(2 / 3)
+    assert informative_groups(trees) == 1  # what dynamic sampling counts agrees
