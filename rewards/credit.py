@@ -47,7 +47,8 @@ and branch where they first differ (:func:`memrl.rollout.tree.branch_at_first_di
 trained twice against itself with opposite advantages.
 
 Diagnostics (:class:`CreditStats`): a sibling group is *outcome-informative* when its members' V(n) differ; an
-*outcome tie* is one whose V(n) are all equal, whatever the committee term then adds to r(n).
+*outcome tie* is one whose V(n) are all equal, whatever the committee term then adds to r(n). In flat mode the group
+is a task's G trajectories and V is each one's outcome.
 """
 
 from __future__ import annotations
