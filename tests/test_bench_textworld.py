@@ -118,8 +118,9 @@ def test_skip_names_only_trained_variants_and_smollm2_takes_the_recipes_sft() ->
     with pytest.raises(argparse.ArgumentTypeError, match="unknown variant 'sam_oat'"):
         skipped_variants("sam_flat,sam_oat")
     recipe = yaml.safe_load((ROOT / "configs" / "textworld_smollm2.yaml").read_text())
-    assert {"lr_sft": recipe["sft"]["lr"], "max_length": recipe["sft"]["max_length"]} == smollm2_sft()
-    assert QUICK.lr_sft != smollm2_sft()["lr_sft"]
+    sft = smollm2_sft()
+    assert {"lr_sft": recipe["sft"]["lr"], "max_length": recipe["sft"]["max_length"]} == sft
+    assert QUICK.lr_sft != sft["lr_sft"]
 
 
 def test_an_unknown_skipped_variant_exits_2_naming_the_flag() -> None:
