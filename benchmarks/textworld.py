@@ -52,8 +52,11 @@ scale. ``--skip sam_untrained,sam_flat`` leaves those trained variants out where
 untrained SmolLM2 writes every cue and recall to its token limit; flat GRPO doubles the RL runs): the JSON's
 ``skipped`` names them and their comparisons are absent.
 
-Everything is cached under ``--work`` (games under the shared game cache): a rerun skips finished stages. The last
-line is one JSON object.
+Everything is cached under ``--work`` (games under the shared game cache): a rerun skips finished stages, and a run
+stopped part way loses little: evaluations are cached per chunk of :data:`EVAL_CHUNK` games (the batch one call plays
+at once, so the same computation), the distillation, SFT and RL runs resume from their newest checkpoint (RL every
+:data:`RL_CHECKPOINT_EVERY` iterations), and more ``--test-games`` evaluate only the chunks they change. So a run
+longer than one sitting is the same command run again. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -88,6 +91,10 @@ PAIRS = (
 )
 SELECT_GRID = (1e-4, 3e-4, 1e-3)
 DEFAULT_LR = 3e-4
+# games played at once in one evaluation batch (evaluate_memory's tasks_per_batch), and the unit of its cache: a chunk
+# is the batch a single call over all the games would run, so chunked results are the same computation
+EVAL_CHUNK = 256
+RL_CHECKPOINT_EVERY = 5  # RL iterations between checkpoints: a stopped RL run resumes from the newest
 ALL_CELLS = [f"{c}/{s}" for c in ("treasure_hunter", "coin_collector", "cooking") for s in ("small", "medium", "large")]
 
 
@@ -257,59 +264,99 @@ class Bench:
         )
 
     def evaluate(self, variant: str, model: Path | None, tasks: list[Any], tag: str) -> dict[str, Any]:
-        """Greedy success and steps per game of one variant (cached by variant, weights and games)."""
-        from memrl.data.experts.ms_textworld import TwOracle
+        """Greedy success and steps per game of one variant, computed in chunks of :data:`EVAL_CHUNK` games, each
+        cached by variant, weights and games: a stopped run resumes at its next unfinished chunk, and more test games
+        (the list only grows at its end) evaluate only the chunks that changed."""
+        weights = digest(model) if model is not None else "scripted"
+        whole = self.cached(variant, weights, tasks, tag)
+        if whole is not None:
+            return whole
+        parts = [tasks[start : start + EVAL_CHUNK] for start in range(0, len(tasks), EVAL_CHUNK)]
+        results = [self.cached(variant, weights, part, tag) for part in parts]
+        missing = [i for i, result in enumerate(results) if result is None]
+        if missing:
+            from memrl.data.experts.ms_textworld import TwOracle
+            from memrl.rollout.engines.factory import build_engine
+            from memrl.rollout.engines.scripted import ScriptedEngine
+
+            if model is not None:
+                memory = build_engine(self.engine_config("memory", model))
+            else:
+                memory = ScriptedEngine(TwOracle(), name="expert")
+            try:
+                for i in missing:
+                    desc = f"eval {variant}" + (f" {i + 1}/{len(parts)}" if len(parts) > 1 else "")
+                    results[i] = self.evaluate_chunk(variant, memory, parts[i], desc)
+                    self.store(self.cache_path(variant, weights, parts[i], tag), results[i])
+                    self.phases[f"eval_{variant}"] = self.phases.get(f"eval_{variant}", 0.0) + results[i]["seconds"]
+            finally:
+                if model is not None:
+                    memory.close()
+        if len(parts) == 1:
+            return results[0]
+        games = {name: game for result in results for name, game in result["games"].items()}
+        out: dict[str, Any] = {
+            "success": statistics.fmean(game["won"] for game in games.values()),
+            "games": games,
+            "seconds": round(sum(result["seconds"] for result in results), 1),
+        }
+        twins = {result.get("same_weights_as") for result in results}
+        if None not in twins:
+            out["same_weights_as"] = ", ".join(sorted(twins))
+        self.store(self.cache_path(variant, weights, tasks, tag), out)
+        return out
+
+    def cache_path(self, variant: str, weights: str, tasks: list[Any], tag: str) -> Path:
+        return self.work / "evals" / f"{tag}-{variant}-{weights}-{len(tasks)}-{tasks[0].task_id}.json"
+
+    @staticmethod
+    def store(path: Path, result: dict[str, Any]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(path)
+
+    def cached(self, variant: str, weights: str, tasks: list[Any], tag: str) -> dict[str, Any] | None:
+        """The cached evaluation of these games, or None. The same weights on the same games under SAM (an RL run
+        that made no update) are the same greedy computation: that result is reused and says where it came from."""
+        path = self.cache_path(variant, weights, tasks, tag)
+        if path.exists():
+            return json.loads(path.read_text())
+        if weights == "scripted":
+            return None
+        for twin in sorted((self.work / "evals").glob(f"*-{weights}-{len(tasks)}-{tasks[0].task_id}.json")):
+            if any(f"-{name}-{weights}-" in twin.name for name in MODELS):
+                out = {**json.loads(twin.read_text()), "same_weights_as": twin.stem}
+                self.store(path, out)
+                return out
+        return None
+
+    def evaluate_chunk(self, variant: str, memory: Any, tasks: list[Any], desc: str) -> dict[str, Any]:
+        """One batch of games played greedily with ``memory`` as the memory model: per game won, cell and steps."""
         from memrl.data.tasks.ms_textworld import TwReasoner
-        from memrl.rollout.engines.factory import build_engine
         from memrl.rollout.engines.scripted import ScriptedEngine
         from memrl.rollout.evaluation.tasks import evaluate_memory
         from memrl.rollout.loop import EngineSet
 
-        weights = digest(model) if model is not None else "scripted"
-        key = f"{tag}-{variant}-{weights}-{len(tasks)}-{tasks[0].task_id}"
-        cache = self.work / "evals" / f"{key}.json"
-        if cache.exists():
-            return json.loads(cache.read_text())
-        if model is not None:  # the same weights on the same games under SAM (an RL run that made no update): the
-            # greedy evaluation is the same computation, so its result is reused and says where it came from
-            for twin in sorted((self.work / "evals").glob(f"*-{weights}-{len(tasks)}-{tasks[0].task_id}.json")):
-                if any(f"-{name}-{weights}-" in twin.name for name in MODELS):
-                    out = {**json.loads(twin.read_text()), "same_weights_as": twin.stem}
-                    cache.write_text(json.dumps(out))
-                    return out
         t0 = time.perf_counter()
-        if model is not None:
-            memory = build_engine(self.engine_config("memory", model))
-        else:
-            memory = ScriptedEngine(TwOracle(), name="expert")
-        try:
-            result = evaluate_memory(
-                tasks,
-                EngineSet(reasoner=ScriptedEngine(TwReasoner(), name="reasoner"), memory=memory),
-                self.memory_config(variant),
-                samples=0,
-                progress=f"eval {variant}",
-            )
-        finally:
-            if model is not None:
-                memory.close()
+        result = evaluate_memory(
+            tasks,
+            EngineSet(reasoner=ScriptedEngine(TwReasoner(), name="reasoner"), memory=memory),
+            self.memory_config(variant),
+            samples=0,
+            tasks_per_batch=EVAL_CHUNK,
+            progress=desc,
+        )
         games = {}
         for r in result["records"]:
-            won = float(r["outcome"] or 0.0)
             games[r["episode_id"]] = {
-                "won": won,
+                "won": float(r["outcome"] or 0.0),
                 "cell": r["horizon"],
                 "steps": r["stats"].get("env_steps"),
                 "reasoner_tokens": r["reasoner_tokens"]["spent"],
                 "peak_context": r["peak_context_tokens"],
             }
-        out = {"success": result["success_greedy"], "games": games, "seconds": round(time.perf_counter() - t0, 1)}
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(out))
-        tmp.replace(cache)
-        self.phases[f"eval_{variant}"] = self.phases.get(f"eval_{variant}", 0.0) + out["seconds"]
-        return out
+        return {"success": result["success_greedy"], "games": games, "seconds": round(time.perf_counter() - t0, 1)}
 
     # ------------------------------------------------------------------------------------------------ training
     def base_model(self) -> Path:
@@ -338,7 +385,9 @@ class Bench:
         t0 = time.perf_counter()
         distill(
             DistillRunConfig(
-                run=RunConfig(output_dir=str(self.work), name="distill", seed=0),
+                run=RunConfig(
+                    output_dir=str(self.work), name="distill", seed=0, resume=(self.work / "distill").exists()
+                ),
                 tasks=self.task_set("sft", 0, s.sft_games),
                 memory=self.memory_config("sam"),
                 tokenizer=str(base),
@@ -349,7 +398,7 @@ class Bench:
         t0 = time.perf_counter()
         run_sft(
             SFTRunConfig(
-                run=RunConfig(output_dir=str(self.work), name="sft", seed=0),
+                run=RunConfig(output_dir=str(self.work), name="sft", seed=0, resume=(self.work / "sft").exists()),
                 model=PolicySpec(base=str(base)),
                 lora=LoraSettings(enabled=False),
                 data=SFTDataConfig(
@@ -388,7 +437,10 @@ class Bench:
             return Path(json.loads(done.read_text())["policy_dir"])
         s, sft = self.scale, self.sft()
         cfg = OATGRPOConfig(
-            run=RunConfig(output_dir=str(self.work / "rl"), name=name, seed=seed),
+            # a run stopped part way continues from its newest checkpoint (every RL_CHECKPOINT_EVERY iterations)
+            run=RunConfig(
+                output_dir=str(self.work / "rl"), name=name, seed=seed, resume=(self.work / "rl" / name).exists()
+            ),
             policy=PolicySpec(base=str(sft)),
             engine=self.engine_config("policy", sft),
             memory=self.memory_config("sam"),
@@ -410,7 +462,12 @@ class Bench:
                 bf16=self.args.model == "smollm2",
                 seed=seed,  # each training seed draws its own fresh LoRA adapter
             ),
-            loop=LoopConfig(iterations=s.iterations, eval_every=0, checkpoint_every=s.iterations, keep_checkpoints=1),
+            loop=LoopConfig(
+                iterations=s.iterations,
+                eval_every=0,
+                checkpoint_every=min(s.iterations, RL_CHECKPOINT_EVERY),
+                keep_checkpoints=1,
+            ),
             eval_samples=0,
         )
         t0 = time.perf_counter()

@@ -132,3 +132,43 @@ def test_an_unknown_skipped_variant_exits_2_naming_the_flag() -> None:
         cwd=ROOT,
     )
     assert out.returncode == 2 and "--skip: unknown variant 'sam_sft'" in out.stderr
+
+
+def test_an_evaluation_resumes_at_its_next_chunk_and_more_games_add_only_new_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evaluations are cached per chunk of games: a run stopped mid-evaluation redoes only the unfinished chunks, a
+    longer game list (more test games) only the chunks that changed, and the result is the same as in one go."""
+    from types import SimpleNamespace
+
+    import benchmarks.textworld as tw
+
+    monkeypatch.setattr(tw, "EVAL_CHUNK", 2)
+    played: list[list[str]] = []
+
+    class Stopped(Exception):
+        pass
+
+    def evaluate_chunk(variant: str, memory: object, tasks: list[object], desc: str) -> dict[str, object]:
+        names = [t.task_id for t in tasks]
+        if "test-4" in names and not played.count(["stop"]):
+            played.append(["stop"])
+            raise Stopped
+        played.append(names)
+        games = {n: {"won": float(int(n.split("-")[1]) % 3 == 0), "cell": "c", "steps": 1} for n in names}
+        return {"success": sum(g["won"] for g in games.values()) / len(games), "games": games, "seconds": 1.0}
+
+    bench = tw.Bench(SimpleNamespace(engine="hf"), tw.QUICK, tmp_path)
+    monkeypatch.setattr(bench, "evaluate_chunk", evaluate_chunk)
+    games = [SimpleNamespace(task_id=f"test-{i}") for i in range(5)]
+    with pytest.raises(Stopped):  # stopped in the third chunk
+        bench.evaluate("bm25", None, games, "test")
+    assert played == [["test-0", "test-1"], ["test-2", "test-3"], ["stop"]]
+    result = bench.evaluate("bm25", None, games, "test")
+    assert played[3:] == [["test-4"]]  # resumed at the unfinished chunk
+    assert result["success"] == pytest.approx(2 / 5) and list(result["games"]) == [f"test-{i}" for i in range(5)]
+    assert bench.evaluate("bm25", None, games, "test") == result and len(played) == 4  # cached whole
+    more = [*games, SimpleNamespace(task_id="test-5"), SimpleNamespace(task_id="test-6")]
+    grown = bench.evaluate("bm25", None, more, "test")
+    assert played[4:] == [["test-4", "test-5"], ["test-6"]]  # only the chunks that changed
+    assert grown["success"] == pytest.approx(3 / 7) and grown["seconds"] == 4.0  # its four chunks' compute
