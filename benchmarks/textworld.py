@@ -54,9 +54,10 @@ untrained SmolLM2 writes every cue and recall to its token limit; flat GRPO doub
 
 Everything is cached under ``--work`` (games under the shared game cache): a rerun skips finished stages, and a run
 stopped part way loses little: evaluations are cached per chunk of :data:`EVAL_CHUNK` games (the batch one call plays
-at once, so the same computation), the distillation, SFT and RL runs resume from their newest checkpoint (RL every
-:data:`RL_CHECKPOINT_EVERY` iterations), and more ``--test-games`` evaluate only the chunks they change. So a run
-longer than one sitting is the same command run again. The last line is one JSON object.
+at once, so the same computation); distillation resumes at its next game, SFT and RL from their newest checkpoint
+(every :data:`SFT_CHECKPOINT_EVERY` steps and :data:`RL_CHECKPOINT_EVERY` iterations); more ``--test-games``
+evaluate only the chunks they change. So a run longer than one sitting is the same command run again. The last
+line is one JSON object.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ DEFAULT_LR = 3e-4
 # is the batch a single call over all the games would run, so chunked results are the same computation
 EVAL_CHUNK = 256
 RL_CHECKPOINT_EVERY = 5  # RL iterations between checkpoints: a stopped RL run resumes from the newest
+SFT_CHECKPOINT_EVERY = 250  # SFT steps between checkpoints, likewise
 ALL_CELLS = [f"{c}/{s}" for c in ("treasure_hunter", "coin_collector", "cooking") for s in ("small", "medium", "large")]
 
 
@@ -412,7 +414,8 @@ class Bench:
                     lr=s.lr_sft,
                     warmup=0.05,
                     max_length=s.max_length,
-                    save_steps=0,
+                    save_steps=SFT_CHECKPOINT_EVERY,
+                    save_total_limit=1,
                     logging_steps=10,
                     bf16=self.args.model == "smollm2",
                 ),
