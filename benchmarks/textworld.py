@@ -269,6 +269,8 @@ class Bench:
         """Greedy success and steps per game of one variant, computed in chunks of :data:`EVAL_CHUNK` games, each
         cached by variant, weights and games: a stopped run resumes at its next unfinished chunk, and more test games
         (the list only grows at its end) evaluate only the chunks that changed."""
+        from memrl.data.io import atomic_write_text
+
         weights = digest(model) if model is not None else "scripted"
         whole = self.cached(variant, weights, tasks, tag)
         if whole is not None:
@@ -289,7 +291,7 @@ class Bench:
                 for i in missing:
                     desc = f"eval {variant}" + (f" {i + 1}/{len(parts)}" if len(parts) > 1 else "")
                     results[i] = self.evaluate_chunk(variant, memory, parts[i], desc)
-                    self.store(self.cache_path(variant, weights, parts[i], tag), results[i])
+                    atomic_write_text(self.cache_path(variant, weights, parts[i], tag), json.dumps(results[i]))
                     self.phases[f"eval_{variant}"] = self.phases.get(f"eval_{variant}", 0.0) + results[i]["seconds"]
             finally:
                 if model is not None:
@@ -305,22 +307,17 @@ class Bench:
         twins = {result.get("same_weights_as") for result in results}
         if None not in twins:
             out["same_weights_as"] = ", ".join(sorted(twins))
-        self.store(self.cache_path(variant, weights, tasks, tag), out)
+        atomic_write_text(self.cache_path(variant, weights, tasks, tag), json.dumps(out))
         return out
 
     def cache_path(self, variant: str, weights: str, tasks: list[Any], tag: str) -> Path:
         return self.work / "evals" / f"{tag}-{variant}-{weights}-{len(tasks)}-{tasks[0].task_id}.json"
 
-    @staticmethod
-    def store(path: Path, result: dict[str, Any]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(result))
-        tmp.replace(path)
-
     def cached(self, variant: str, weights: str, tasks: list[Any], tag: str) -> dict[str, Any] | None:
         """The cached evaluation of these games, or None. The same weights on the same games under SAM (an RL run
         that made no update) are the same greedy computation: that result is reused and says where it came from."""
+        from memrl.data.io import atomic_write_text
+
         path = self.cache_path(variant, weights, tasks, tag)
         if path.exists():
             return json.loads(path.read_text())
@@ -329,7 +326,7 @@ class Bench:
         for twin in sorted((self.work / "evals").glob(f"*-{weights}-{len(tasks)}-{tasks[0].task_id}.json")):
             if any(f"-{name}-{weights}-" in twin.name for name in MODELS):
                 out = {**json.loads(twin.read_text()), "same_weights_as": twin.stem}
-                self.store(path, out)
+                atomic_write_text(path, json.dumps(out))
                 return out
         return None
 
