@@ -124,7 +124,10 @@ memrl_setup() {
   else
     echo "[memrl setup] installing memrl[$MEMRL_EXTRA,dev,docs${extras:+,$extras}] into $VENV (first run: a few minutes)"
     "${upgrade_pip[@]}"
-    "${install[@]}" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+    # setuptools' editable install always adds a note ("Editable installation ... folders in your working directory
+    # with the same name as your package"): memrl's import finder maps memrl.* onto these folders by design.
+    PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation" "${install[@]}" 2>&1 \
+      | grep -v "is ignored: it is neither a file nor a directory" || true
     "$py" -c "import data, rollout, rewards, train, launch" \
       || { echo "[memrl setup] install failed" >&2; return 1; }
     if [ "$MEMRL_EXTRA" = cpu ]; then

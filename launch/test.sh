@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine: set up .venv (skipped when done), then ruff (lint, and `ruff format --check`:
 # run `ruff format .` before committing), the import-layer contract
-# (import-linter), the documentation site's strict build (launch/docs.sh), the fast suite and the slow suite.
+# (import-linter), the documentation site's strict build (launch/docs.sh), the fast suite and the slow suite. Each
+# step prints its wall time and each suite its 25 slowest tests.
 #
 #   bash launch/test.sh [--dry-run] [PYTEST ARGS ...]
 #
@@ -12,6 +13,7 @@ set -euo pipefail
 
 # shellcheck source=launch/setup.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/setup.sh"  # takes out --dry-run
+setup_seconds=$SECONDS
 offline=(HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false)
 pytest=("$VENV/bin/python" -m pytest)
 
@@ -44,14 +46,21 @@ if [ "${#MEMRL_ARGS[@]}" -gt 0 ]; then
   run_pytest "${MEMRL_ARGS[@]}"
   exit $?
 fi
-[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] ruff (lint and format)"
-step "$VENV/bin/ruff" check .
-step "$VENV/bin/ruff" format --check .
-[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] import layers (import-linter)"
-step "$VENV/bin/python" tests/lint_imports.py
-[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] documentation site (mkdocs build --strict)"
-step bash "$MEMRL_ROOT/launch/docs.sh" build --quiet
-[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] fast suite"
-run_pytest -m "not slow" -q
-[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] slow suite"
-run_pytest -m "slow" -q
+# timed NAME CMD...: run a step under its name, then print its wall time (a dry run prints the command only).
+timed() {
+  local name=$1 start=$SECONDS rc=0
+  shift
+  [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] $name"
+  "$@" || rc=$?
+  [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] $name: $((SECONDS - start)) s"
+  return "$rc"
+}
+
+[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] set-up: ${setup_seconds} s"
+timed "ruff (lint)" step "$VENV/bin/ruff" check .
+timed "ruff (format)" step "$VENV/bin/ruff" format --check .
+timed "import layers (import-linter)" step "$VENV/bin/python" tests/lint_imports.py
+timed "documentation site (mkdocs build --strict)" step bash "$MEMRL_ROOT/launch/docs.sh" build --quiet
+timed "fast suite" run_pytest -m "not slow" -q --durations=25
+timed "slow suite" run_pytest -m "slow" -q --durations=25
+[ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] all steps: ${SECONDS} s"

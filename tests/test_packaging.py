@@ -3,7 +3,11 @@ its layering contract (data <- rollout <- rewards <- train <- launch) checked by
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,16 +20,68 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("data", "rollout", "rewards", "train", "launch")
 
 
-def test_every_python_folder_is_a_listed_package():
+def _shipped_folders() -> tuple[set[str], set[str]]:
+    """(packages of folders holding Python files, packages of folders holding only shipped data files)."""
+    python, data = {"memrl", "memrl.configs"}, set()
+    for part in ("configs", *LAYERS):
+        for file in (ROOT / part).rglob("*"):
+            if file.is_file() and "__pycache__" not in file.parts:
+                package = "memrl." + ".".join(file.parent.relative_to(ROOT).parts)
+                (python if file.suffix == ".py" else data).add(package)
+    return python, data - python
+
+
+def test_every_python_or_data_folder_is_a_listed_package():
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(setuptools["packages"])
-    found = {"memrl", "memrl.configs"}
-    for layer in LAYERS:
-        for init in (ROOT / layer).rglob("*.py"):
-            found.add("memrl." + ".".join(init.parent.relative_to(ROOT).parts))
-    assert found == listed, f"[tool.setuptools] packages: missing {found - listed}, extra {listed - found}"
-    for folder in found - {"memrl"}:
+    python, data = _shipped_folders()
+    assert python | data == listed, (
+        f"[tool.setuptools] packages: missing {(python | data) - listed}, extra {listed - (python | data)}"
+    )
+    for folder in python - {"memrl"}:
         assert (ROOT / folder.removeprefix("memrl.").replace(".", "/") / "__init__.py").is_file(), folder
+
+
+def test_wheel_builds_without_warnings_and_ships_every_config_and_script(tmp_path):
+    """A setuptools warning in the build (a data folder missing from ``packages``) fails; the wheel holds every data
+    file of configs/ and launch/ (recipes, DeepSpeed and Accelerate configs, shell and Slurm scripts)."""
+    src = tmp_path / "src"
+    for part in ("memrl", "configs", *LAYERS):
+        shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # its "byte-compiling" notes
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--outdir",
+            "dist",
+            ".",
+        ],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    warnings = [line for line in (built.stdout + built.stderr).splitlines() if "warning" in line.lower()]
+    assert not warnings, "\n".join(warnings)
+    (wheel,) = (src / "dist").glob("memrl-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        f"memrl/{file.relative_to(ROOT).as_posix()}"
+        for part in ("configs", "launch")
+        for file in (ROOT / part).rglob("*")
+        if file.is_file() and file.suffix != ".py" and "__pycache__" not in file.parts
+    }
+    assert expected - shipped == set(), expected - shipped
+    assert "memrl/launch/slurm/memrl.sbatch" in shipped and "memrl/configs/deepspeed/zero2.json" in shipped
 
 
 def test_layers_contract_holds_and_catches_an_upward_import(tmp_path):
