@@ -7,9 +7,10 @@ log-probs (and the KL reference's) with the current weights; then it runs ``upda
 runs).
 
 Memory scales with the response, not the context: a micro-batch is its rows packed end to end without padding
-(:mod:`memrl.train.logprobs`), the LM head runs only on positions that predict response tokens, a chunk of tokens at a
-time,
-and micro-batches are cut by a token budget (``max_tokens_per_micro_batch``) or into ``micro_batches`` row slices.
+(:mod:`memrl.train.logprobs`), each row attending to itself alone through a variable-length kernel with no square mask
+(:mod:`memrl.train.attention`), the LM head runs only on positions that predict response tokens, a chunk of tokens at
+a time, and micro-batches are cut by a token budget (``max_tokens_per_micro_batch``) or into ``micro_batches`` row
+slices.
 
 Distributed runs (DDP or DeepSpeed ZeRO-2/3 through accelerate) split the rows across processes, balancing tokens: each
 process scores pi_old / pi_ref on its own share (the per-token results, a few floats per token, are then all-gathered)
@@ -34,12 +35,12 @@ from pydantic import Field, model_validator
 from memrl.data.config import ConfigModel
 from memrl.data.schemas import Group
 from memrl.train import surrogate
+from memrl.train.attention import rows_can_share_a_sequence, use_packed_attention
 from memrl.train.logprobs import (
     PackedBatch,
     pack_rows,
     packed_hidden_states,
     response_token_logprobs,
-    rows_can_share_a_sequence,
     token_loss_and_logprobs,
 )
 from memrl.train.policy import LoraSettings, PolicySpec, load_policy, save_policy
@@ -251,6 +252,7 @@ class GroupTrainer:
             )
         model, self.tokenizer = load_policy(policy, cfg.lora, init_seed=cfg.seed)
         self.packs_rows = rows_can_share_a_sequence(model.config)
+        use_packed_attention(model)
         self.is_peft = hasattr(model, "disable_adapter")
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

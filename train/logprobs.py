@@ -1,10 +1,10 @@
 """Log-probs of response tokens only, from packed rows, in chunks over tokens.
 
 A micro-batch is one packed sequence: its rows laid end to end with position ids restarting at 0 per row (no padding),
-so a flash-attention model runs them as variable-length sequences and transformers' SDPA / eager attention builds the
-equivalent block-diagonal causal mask from the position ids. The LM head is applied only to the positions that predict
-a response token, ``chunk_tokens`` positions at a time: no ``[tokens, vocab]`` tensor over the whole micro-batch ever
-exists, and the prompt's logits are never computed.
+and its forward carries the rows' cumulative lengths, so each row attends to itself alone through a variable-length
+kernel and no ``[L, L]`` mask is built (:mod:`memrl.train.attention`). The LM head is applied only to the positions
+that predict a response token, ``chunk_tokens`` positions at a time: no ``[tokens, vocab]`` tensor over the whole
+micro-batch ever exists, and the prompt's logits are never computed.
 
 For the training pass the surrogate loss is separable over tokens (``loss = sum_t token_loss_t(log pi_theta(y_t))``),
 so :class:`FusedTokenLoss` computes each chunk's gradient with respect to the hidden states and the LM-head weight
@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from memrl.train.attention import packed_forward
+
 __all__ = [
     "FusedTokenLoss",
     "PackedBatch",
@@ -31,7 +33,6 @@ __all__ = [
     "pack_rows",
     "packed_hidden_states",
     "response_token_logprobs",
-    "rows_can_share_a_sequence",
     "token_loss_and_logprobs",
 ]
 
@@ -44,7 +45,7 @@ class PackedBatch:
     """Rows packed into one sequence, and where their response tokens are.
 
     ``positions[k]`` is the packed position whose logits predict response token ``targets[k]``; ``token_row[k]`` is the
-    row (index into the packed rows) it belongs to.
+    row (index into the packed rows) it belongs to. Row ``i`` spans ``cu_seqlens[i]:cu_seqlens[i + 1]``.
     """
 
     input_ids: torch.Tensor  # [1, total tokens]
@@ -53,22 +54,13 @@ class PackedBatch:
     targets: torch.Tensor  # [response tokens]
     token_row: torch.Tensor  # [response tokens]
     response_lengths: list[int]
+    cu_seqlens: torch.Tensor  # [rows + 1] int32: where each row starts, then the packed length
+    max_length: int  # the longest row
 
     @property
     def n_tokens(self) -> int:
         """Packed length (every token of every row)."""
         return int(self.input_ids.shape[1])
-
-
-def rows_can_share_a_sequence(config: Any) -> bool:
-    """Whether a model with this config can read several rows packed into one sequence.
-
-    Attention layers restart at every row through the position ids, but recurrent layers do not: Qwen3.5's gated
-    delta net (``layer_types`` entries ``linear_attention``) carries its state and conv window from one row into the
-    next, so each row of such a model gets a micro-batch of its own.
-    """
-    configs = [config, getattr(config, "text_config", None)]
-    return not any("linear_attention" in (getattr(c, "layer_types", None) or ()) for c in configs if c is not None)
 
 
 def pack_rows(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], device: torch.device | str) -> PackedBatch:
@@ -78,6 +70,7 @@ def pack_rows(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], device: 
     positions: list[int] = []
     targets: list[int] = []
     token_row: list[int] = []
+    starts: list[int] = [0]
     for row, (prompt, response) in enumerate(sequences):
         if not prompt:
             raise ValueError(f"row {row} has an empty prompt: its first response token has no position predicting it")
@@ -89,6 +82,7 @@ def pack_rows(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], device: 
         positions.extend(range(start, start + len(response)))
         targets.extend(response)
         token_row.extend([row] * len(response))
+        starts.append(len(ids))
 
     def as_tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
@@ -100,6 +94,8 @@ def pack_rows(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], device: 
         as_tensor(targets),
         as_tensor(token_row),
         [len(r) for _, r in sequences],
+        torch.tensor(starts, dtype=torch.int32, device=device),
+        max((len(p) + len(r) for p, r in sequences), default=0),
     )
 
 
@@ -122,13 +118,19 @@ def packed_hidden_states(model: Any, head: torch.nn.Module, batch: PackedBatch, 
     """[response tokens, hidden]: the final hidden states at ``batch.positions``.
 
     ``model`` is called as prepared (DDP / DeepSpeed wrappers run their hooks); ``head`` is its output-embedding module.
-    No attention mask is passed, so the model reads the row boundaries from the position ids (flash-attention varlen on
-    GPU, a block-diagonal causal mask in SDPA / eager attention). ``forward_kwargs`` go to the model (PEFT's
+    No attention mask is passed: the forward carries the row boundaries (:func:`memrl.train.attention.packed_forward`),
+    so each row attends to itself through a variable-length kernel. ``forward_kwargs`` go to the model (PEFT's
     ``adapter_names``).
     """
     store: dict[str, torch.Tensor] = {}
-    with _capture_head_input(head, store):
-        model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **forward_kwargs)
+    with _capture_head_input(head, store), packed_forward(model, batch.cu_seqlens, batch.max_length) as rows_kwargs:
+        model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            **rows_kwargs,
+            **forward_kwargs,
+        )
     return store["hidden"][0].index_select(0, batch.positions)
 
 

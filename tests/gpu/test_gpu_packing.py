@@ -1,7 +1,8 @@
 """Packed rows (position ids restarting per row, no padding, no mask) give the same log-probs as a padded batch.
 
-The trainer's micro-batch is its rows laid end to end (memrl.train.logprobs.pack_rows); the attention kernels must
-read the row boundaries from the position ids alone. Checked on rows of very different lengths through SDPA and eager
+The trainer's micro-batch is its rows laid end to end (memrl.train.logprobs.pack_rows); RoPE reads the restarting
+position ids and attention the rows' boundaries (memrl.train.attention; flash-attention reads them from the position
+ids). Checked on rows of very different lengths through SDPA and eager
 attention (and flash-attention 2 where it is installed), in fp32 (CPU and CUDA) and bf16 (CUDA; bf16 CPU attention
 kernels are too slow to be worth it), with the packed path's own response-only LM head against the full logits.
 """
@@ -47,6 +48,8 @@ def packed_logprobs(
     batch = pack_rows(rows, device)
     if not restart_positions:  # one long causal sequence: rows see their neighbours (what the test must catch)
         batch.position_ids = torch.arange(batch.n_tokens, device=device).unsqueeze(0)
+        batch.cu_seqlens = torch.tensor([0, batch.n_tokens], dtype=torch.int32, device=device)
+        batch.max_length = batch.n_tokens
     head = model.get_output_embeddings()
     with torch.no_grad():
         hidden = packed_hidden_states(model, head, batch)
@@ -117,16 +120,9 @@ def test_response_only_logprobs_equal_full_logits(device: torch.device) -> None:
             assert diff <= tolerance, f"{dtype}, chunk {chunk}: response-only vs full-logits log-probs differ by {diff}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="without a varlen kernel, transformers' SDPA path reads packed rows through a dense [1, 1, L, L] mask with "
-    "is_causal=False: the whole L x L square is computed (on an H200 at the Qwen3-4B LoRA shape the trainer ran at "
-    "0.34x the padded reference's tokens/s, docs/results/benchmarks.md); fixed when packed rows reach the kernel "
-    "without one",
-)
 def test_packed_rows_reach_sdpa_without_a_dense_mask(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The trainer's packed forward should not hand SDPA a mask as large as the packed sequence squared."""
+    """The trainer's packed forward hands SDPA no mask as large as the packed sequence squared (before the packed
+    attention path, transformers' SDPA read packed rows through a dense [1, 1, L, L] mask with is_causal=False)."""
     import transformers.integrations.sdpa_attention as sdpa_attention
 
     model = tiny_causal_lm("qwen3", "sdpa", torch.device("cpu"), torch.float32)
