@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from memrl.data.config import ConfigError
-from memrl.data.user_code import user_code_error
+from memrl.data.user_code import add_user_module, user_code_error
 
 __all__ = [
     "REASONERS",
@@ -89,6 +89,7 @@ def import_entry(path: str, what: str = "component") -> Any:
         ) from None
     except (Exception, SystemExit) as exc:  # the user's module raised while it ran: a syntax error, any exception
         raise _import_failed(what, path, module_name, exc) from None
+    add_user_module(obj)  # a traceback through it later is the user's code (memrl.data.user_code.user_fault)
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ComponentError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}")

@@ -20,6 +20,7 @@ import concurrent.futures
 import inspect
 import logging
 import queue
+import sys
 import sysconfig
 import threading
 import traceback
@@ -45,6 +46,38 @@ log = logging.getLogger(__name__)
 _OWN = Path(__file__).resolve().parents[1]  # memrl's checkout (its layers are top-level folders there)
 _OWN_DIRS = tuple(str(_OWN / d) for d in ("data", "rollout", "rewards", "train", "launch", "memrl"))
 _STDLIB = sysconfig.get_paths().get("stdlib", "\0")
+
+
+USER_PATHS: set[str] = set()
+"""Where the user's modules live: the file of each module a config named by import path, or its top-level package's
+folder (:func:`~memrl.data.registry.import_entry` adds them); a traceback through one of them is the user's code."""
+
+
+def add_user_module(module: Any) -> None:
+    """Record where ``module`` (imported from a config's import path) lives, unless it is memrl's own."""
+    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    where = getattr(top, "__file__", None)
+    if not where:
+        return
+    path = str(Path(where).resolve().parent if Path(where).name == "__init__.py" else Path(where).resolve())
+    if not path.startswith((*_OWN_DIRS, _STDLIB)):
+        USER_PATHS.add(path)
+
+
+def user_fault(exc: BaseException) -> UserCodeError | None:
+    """A :class:`UserCodeError` for an exception memrl did not expect whose traceback runs through the user's modules
+    (:data:`USER_PATHS`): it names the user's innermost function and line; None when the traceback never enters them
+    (a bug of memrl's)."""
+    paths = tuple(USER_PATHS)
+    theirs = [
+        (f, n) for f, n in traceback.walk_tb(exc.__traceback__) if paths and f.f_code.co_filename.startswith(paths)
+    ]
+    if not theirs:
+        return None
+    frame, line = theirs[-1]
+    code = frame.f_code
+    where = f"{frame.f_globals.get('__name__', '?')}:{code.co_qualname}"
+    return user_code_error(f"your code raised in {where} ({code.co_filename}, line {line})", exc)
 
 
 def describe(exc: BaseException) -> str:

@@ -91,6 +91,7 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
     run = getattr(config, "run", None)
     from memrl.data.run_dir import release_run_dirs
     from memrl.data.tracking import run_log_path
+    from memrl.data.user_code import user_fault
 
     try:
         with _created_only_on_success(Path(run.output_dir) if run is not None else None):
@@ -108,6 +109,10 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
                     fault = _runtime_fault(exc, Path(run.output_dir) if run is not None else Path("."))
                     if fault is not None:
                         raise fault from exc
+                    theirs = user_fault(exc)  # an exception raised inside the user's own component
+                    if theirs is not None:
+                        theirs.run_log = run_log_path()  # type: ignore[attr-defined]
+                        raise theirs from exc
                     raise _Bug(exc, _save_traceback()) from exc
     finally:
         release_run_dirs()

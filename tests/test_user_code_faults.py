@@ -3,7 +3,8 @@ error naming the component, the call and the episode, or fails that episode alon
 traceback, a hang or a run "done" on nothing. Classes: a module that does not import (an exception at import, a
 syntax error, a missing dependency, ``sys.exit``), a constructor that raises or params it does not take, a ``step()``
 that blocks, a reward term that raises or returns NaN, an HTTP agent process that dies, memory calls under a role
-nothing trains, a ``restore()`` that does not restore, every episode failing."""
+nothing trains, a ``restore()`` that does not restore, every episode failing; and an OpenAI-compatible reasoner that
+answers 10 MB to a request of 8 tokens."""
 
 from __future__ import annotations
 
@@ -237,10 +238,12 @@ async def summarising(task: Any, memory: Any, reasoner: Any) -> float:
     return 1.0
 
 
-def test_memory_calls_under_a_role_memory_sampling_does_not_name_are_warned(caplog: pytest.LogCaptureFixture) -> None:
+def test_memory_calls_under_a_role_memory_sampling_does_not_name_are_warned(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from memrl.rollout import episodes
 
-    episodes._WARNED_ROLES.discard("summary")
+    monkeypatch.setattr(episodes, "_WARNED_ROLES", set(), raising=False)  # warned once per process
     with caplog.at_level(logging.WARNING, logger="memrl.rollout.episodes"):
         built = episode_trees(TaskSetConfig(entry="test_user_code_faults:summarising", count=2))
     warned = [r.getMessage() for r in caplog.records if "'summary'" in r.getMessage()]
@@ -314,3 +317,47 @@ def setup_module() -> None:
     from memrl.rollout.memory.registry import parse_memory_config
 
     EXTERNAL_CFG = parse_memory_config(EXTERNAL)
+
+
+# --------------------------------------------------------------------------------------------- endpoint answers
+def test_a_10_mb_answer_is_cut_to_max_tokens_before_anything_tokenises_it(caplog: pytest.LogCaptureFixture) -> None:
+    from memrl.data.schemas import Message
+    from memrl.rollout.engines import EndpointConfig, GenerationRequest, SamplingParams
+    from memrl.rollout.engines.openai_engine import MAX_CHARS_PER_TOKEN, OpenAIEngine
+    from tests.fault_server import PlanServer
+
+    server = PlanServer()
+    engine = OpenAIEngine([EndpointConfig(url=server.url("big", "huge"), model="m")], api="chat", max_retries=0)
+    try:
+        request = GenerationRequest(
+            messages=[Message(role="user", content="where?")], sampling=SamplingParams(max_tokens=8)
+        )
+        with caplog.at_level(logging.WARNING, logger="memrl.rollout.engines.openai_engine"):
+            (result,) = engine.generate([request, request])[:1]
+    finally:
+        engine.close()
+        server.close()
+    completion = result.completions[0]
+    assert len(completion.text) == 8 * MAX_CHARS_PER_TOKEN and completion.finish_reason == "length"
+    warned = [r.getMessage() for r in caplog.records if "ignores max_tokens" in r.getMessage()]
+    assert (
+        len(warned) == 1
+        and "answered 10,080,000 characters (0 token ids) to a request of at most 8 tokens" in warned[0]
+    )
+
+
+def test_a_committee_judge_no_term_weights_is_refused(tmp_path: Path) -> None:
+    from memrl.data.config import ConfigError, load_config
+    from memrl.train.oat_grpo import OATGRPOConfig, check_inputs
+
+    judge = '{backend: scripted, name: judge, scripted_policy: "memrl.data.tasks.sam:SamReasoner"}'
+    path = tmp_path / "c.yaml"
+    path.write_text(f"policy: {{base: m}}\ncommittee: {{references: [], judge: {judge}}}\n")
+    check_inputs(load_config(OATGRPOConfig, path, []))  # the default terms weight the committee: the judge is used
+    cfg = load_config(OATGRPOConfig, path, ["credit.terms=[{name: length, weight: 0.1}]"])
+    with pytest.raises(
+        ConfigError,
+        match=r"committee.judge is set but no reward term weights the committee "
+        r"\(credit.terms: length\), so it would never be called",
+    ):
+        check_inputs(cfg)

@@ -195,6 +195,18 @@ def check_inputs(cfg: OATGRPOConfig) -> None:
             except ConfigError as exc:
                 raise ConfigError(f"{key}: {exc}") from None
     committee_used = bool(cfg.credit.weight_of("committee"))
+    unused = [
+        k
+        for k, v in (("committee.judge", cfg.committee.judge), ("committee.references", cfg.committee.references))
+        if v
+    ]
+    if unused and not committee_used:
+        raise ConfigError(
+            f"{' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} set but no reward term weights the "
+            f"committee (credit.terms: {', '.join(t.label for t in cfg.credit.terms) or 'none'}), so "
+            f"{'it' if len(unused) == 1 else 'they'} would never be called: add {{name: committee, weight: 0.5}} to "
+            f"credit.terms, or remove {' and '.join(unused)}"
+        )
     if committee_used and not cfg.committee.references and not cfg.placement.committee and not reg.extra.get("oracle"):
         raise ConfigError(
             f"credit: the committee term needs reference engines, and task family "
