@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from memrl.data.config import ConfigError
+from memrl.data.user_code import add_user_module, user_code_error
 
 __all__ = [
     "REASONERS",
@@ -79,16 +80,30 @@ def import_entry(path: str, what: str = "component") -> Any:
     module_name, _, attr = path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if not _names_the_module(exc, module_name):  # the module exists; something it imports does not
+            raise _import_failed(what, path, module_name, exc) from None
         raise ComponentError(
             f"{what} {path!r}: cannot import module {module_name!r} ({exc}); is its package "
             f"installed or on PYTHONPATH (sys.path[0] = {sys.path[0]!r})?"
         ) from None
+    except (Exception, SystemExit) as exc:  # the user's module raised while it ran: a syntax error, any exception
+        raise _import_failed(what, path, module_name, exc) from None
+    add_user_module(obj)  # a traceback through it later is the user's code (memrl.data.user_code.user_fault)
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ComponentError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _names_the_module(exc: ModuleNotFoundError, module_name: str) -> bool:
+    """Whether ``exc`` says ``module_name`` itself (or a package above it) is missing."""
+    return exc.name is None or module_name == exc.name or module_name.startswith(f"{exc.name}.")
+
+
+def _import_failed(what: str, path: str, module_name: str, exc: BaseException) -> Exception:
+    return user_code_error(f"{what} {path!r}: importing module {module_name!r} failed", exc)
 
 
 def entry_of(obj: Any) -> str:

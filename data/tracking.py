@@ -273,7 +273,9 @@ class ConsoleHandler(logging.Handler):
         self.out, self.err = out, err
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Write one record to the console."""
+        """Write one record to the console (not one marked for the run's log only: a user's traceback)."""
+        if getattr(record, "run_log_only", False):
+            return
         try:
             text = self.format(record)
             if record.levelno >= logging.WARNING:

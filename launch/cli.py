@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.data.config import ConfigError
-from memrl.data.errors import RunFault, UserError
+from memrl.data.errors import RunFault, UserCodeError, UserError
 from memrl.launch.jobs import JOBS, Job
 from memrl.launch.model_commands import add_model_commands
 
@@ -90,6 +90,8 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
         job.load("checks")(config)
     run = getattr(config, "run", None)
     from memrl.data.run_dir import release_run_dirs
+    from memrl.data.tracking import run_log_path
+    from memrl.data.user_code import user_fault
 
     try:
         with _created_only_on_success(Path(run.output_dir) if run is not None else None):
@@ -98,12 +100,19 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
             with console(verbose=bool(args.verbose or os.environ.get("MEMRL_VERBOSE"))):
                 try:
                     code = job.load("runner")(config)
+                except UserCodeError as exc:
+                    exc.run_log = run_log_path()  # type: ignore[attr-defined] # kept when the run folder stays
+                    raise
                 except (UserError, KeyboardInterrupt):
                     raise
                 except Exception as exc:
                     fault = _runtime_fault(exc, Path(run.output_dir) if run is not None else Path("."))
                     if fault is not None:
                         raise fault from exc
+                    theirs = user_fault(exc)  # an exception raised inside the user's own component
+                    if theirs is not None:
+                        theirs.run_log = run_log_path()  # type: ignore[attr-defined]
+                        raise theirs from exc
                     raise _Bug(exc, _save_traceback()) from exc
     finally:
         release_run_dirs()
@@ -137,8 +146,11 @@ def _save_traceback() -> Path:
     """Append the current traceback to the run's log (a temporary file when the run has none yet)."""
     from memrl.data.tracking import run_log_path
 
-    text = traceback.format_exc()
-    path = run_log_path()
+    return _save_text(traceback.format_exc(), run_log_path())
+
+
+def _save_text(text: str, path: Path | None) -> Path:
+    """Append ``text`` to ``path`` (a temporary file when it is None or its folder is gone); where it went."""
     fallback = Path(tempfile.gettempdir()) / f"memrl-crash-{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
     if path is None or not path.parent.is_dir() or path.parent == Path(tempfile.gettempdir()):
         path = fallback
@@ -151,6 +163,35 @@ def _save_traceback() -> Path:
             continue
     sys.__stderr__.write(text)
     return Path("<stderr>")
+
+
+def _keep_run_log(exc: UserError, run_dir: Path) -> None:
+    """A run stopped by the user's own code keeps its log (the tracebacks of the episodes it failed) in the temporary
+    folder when its run folder is removed; the error's ``run_log`` says where."""
+    log = run_dir / "run.log"
+    if isinstance(exc, UserCodeError) and log.is_file():
+        kept = Path(tempfile.gettempdir()) / f"memrl-{run_dir.name}-{datetime.datetime.now():%Y%m%d-%H%M%S}-run.log"
+        with contextlib.suppress(OSError):
+            shutil.move(log, kept)
+            exc.run_log = kept  # type: ignore[attr-defined]
+
+
+def _user_log(exc: UserCodeError) -> str:
+    """Append the user's whole traceback to the run's log (a temporary file when the run has none or it was
+    removed); the line saying where it is."""
+    log = getattr(exc, "run_log", None)
+    if log is not None and not Path(log).is_file():
+        log = None
+    if exc.details:
+        try:
+            if log is None:
+                raise OSError
+            with open(log, "a", encoding="utf-8") as fh:
+                fh.write(exc.details)
+        except OSError:
+            log = _save_text(exc.details, None)
+        return f"\nthe whole traceback is in {log}"
+    return f"\nthe run's log (each failed episode's traceback) is in {log}" if log is not None else ""
 
 
 def _has_complete_checkpoint(folder: Path) -> bool:
@@ -174,12 +215,13 @@ def _created_only_on_success(output_dir: Path | None) -> Iterator[None]:
         yield
     except RunFault:
         raise  # the run had started: what it saved stays for --resume
-    except UserError:
+    except UserError as exc:
         from memrl.data.run_dir import created_run_dirs, release_run_dirs
 
         for run_dir in created_run_dirs():
             if not _has_complete_checkpoint(run_dir):
                 release_run_dirs(run_dir)
+                _keep_run_log(exc, run_dir)
                 shutil.rmtree(run_dir, ignore_errors=True)
         for folder in missing:  # deepest first
             with contextlib.suppress(OSError):
@@ -351,6 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with handle_signals():  # SIGTERM ends every command as Ctrl-C does (launch/shutdown.py)
             code = handler(args)
+    except UserCodeError as exc:
+        _say(f"memrl: error: {exc}" + (f"\n{exc.frames}" if exc.frames else "") + _user_log(exc))
+        return 2
     except ConfigError as exc:
         _say(f"memrl: config error: {_own_words(exc)}")
         return 2

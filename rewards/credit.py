@@ -69,7 +69,7 @@ from memrl.rewards.advantage import (
     shaped_batch_advantages,
     shaped_group_advantages,
 )
-from memrl.rewards.terms import RewardTermConfig, build_term
+from memrl.rewards.terms import RewardTermConfig, build_term, score_term
 from memrl.rollout.tree import branch_at_first_difference
 
 __all__ = [
@@ -178,7 +178,7 @@ def _shaping(
     for term, score in terms:
         if term.weight == 0:
             continue
-        scores = [score(m, tree) for m in members]
+        scores = [score_term(term, score, m, tree) for m in members]
         if any(s is None for s in scores):
             stats.term_dropped_groups[term.label] = stats.term_dropped_groups.get(term.label, 0) + 1
             stats.committee_dropped_groups += term.label == "committee"

@@ -17,6 +17,7 @@ entry's ``params`` as keyword arguments.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
@@ -24,10 +25,20 @@ from typing import Any, Literal, Protocol
 from pydantic import Field, model_validator
 
 from memrl.data.config import ConfigModel
+from memrl.data.errors import UserCodeError
 from memrl.data.registry import ComponentError, Registration, Registry, check_protocol, is_entry
 from memrl.data.schemas import MemoryCallTree, TreeNode
+from memrl.data.user_code import check_params, user_code_error
 
-__all__ = ["REWARD_TERMS", "RewardTerm", "RewardTermConfig", "build_term", "register_reward", "term_registration"]
+__all__ = [
+    "REWARD_TERMS",
+    "RewardTerm",
+    "RewardTermConfig",
+    "build_term",
+    "register_reward",
+    "score_term",
+    "term_registration",
+]
 
 
 class RewardTerm(Protocol):
@@ -127,7 +138,9 @@ class RewardTermConfig(ConfigModel):
     def _named(self) -> RewardTermConfig:
         if (self.name is None) == (self.entry is None):
             raise ValueError("a reward term needs exactly one of 'name' (registered) and 'entry' (import path)")
-        term_registration(self)  # an unknown name or an unimportable entry is an error now, not mid-run
+        obj = term_registration(self).obj  # an unknown name or an unimportable entry is an error now, not mid-run
+        if inspect.isclass(obj):  # a term class's constructor takes params: checked now too
+            check_params(obj, self.params, "the reward term", "params")
         return self
 
     @property
@@ -151,9 +164,37 @@ def build_term(cfg: RewardTermConfig) -> Callable[[TreeNode, MemoryCallTree], fl
     """The callable of a term config (a class is constructed with ``params``)."""
     obj = term_registration(cfg).obj
     if inspect.isclass(obj):
-        return obj(**cfg.params)
+        try:
+            return obj(**cfg.params)
+        except Exception as exc:
+            raise user_code_error(
+                f"reward term {cfg.label}: its constructor {obj.__qualname__}(**{cfg.params}) raised", exc
+            ) from None
+
     if cfg.params:
         raise ComponentError(
             f"reward term {cfg.label}: params are given but it is a function (params go to a term class's constructor)"
         )
     return obj
+
+
+def score_term(
+    cfg: RewardTermConfig, term: Callable[[TreeNode, MemoryCallTree], Any], node: TreeNode, tree: MemoryCallTree
+) -> float | None:
+    """``term(node, tree)`` checked: a finite number or None. A term that raises or returns anything else stops the
+    run with a :class:`~memrl.data.errors.UserCodeError` naming the term, the memory action and the task (it would
+    score every action the same broken way; a NaN would poison every advantage of the batch)."""
+    where = (
+        f"reward term {cfg.label} ({cfg.entry or cfg.name}) on memory action {node.node_id!r} of task {tree.task_id!r}"
+    )
+    try:
+        value = term(node, tree)
+    except Exception as exc:
+        raise user_code_error(f"{where} raised", exc) from None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserCodeError(
+            f"{where} returned {value!r}; a term returns a finite number (or None: no score for this action)"
+        )
+    return float(value)

@@ -15,13 +15,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from memrl.data.registry import ComponentError
+from memrl.data.errors import UserCodeError
 from memrl.data.schemas import Message
 from memrl.data.tasks.external import Outcome
 from memrl.rollout.engines.base import Completion
 from memrl.rollout.loop import as_messages
 
 __all__ = [
+    "BadOutcome",
     "CallChannel",
     "EpisodeCancelled",
     "ExternalCall",
@@ -34,6 +35,10 @@ __all__ = [
 
 MAX_MESSAGES = 1024  # messages per model call at most
 MAX_CHARS = 2_000_000  # characters per model call at most
+
+
+class BadOutcome(ValueError):
+    """An episode ended with a score outside [0, 1] (or NaN): that episode fails (``episode_bad_outcomes``)."""
 
 
 class EpisodeCancelled(Exception):
@@ -148,9 +153,9 @@ def episode_outcome(value: Any, where: str) -> Outcome:
     elif isinstance(value, dict) and "score" in value:
         out = Outcome(score=value["score"], answer=value.get("answer"), info=dict(value.get("info") or {}))
     else:
-        raise ComponentError(
+        raise UserCodeError(
             f"{where} returned {type(value).__name__}; it must return an Outcome(score=...) or a number in [0, 1]"
         )
     if isinstance(out.score, bool) or not isinstance(out.score, (int, float)) or not 0 <= out.score <= 1:
-        raise ComponentError(f"{where} returned the score {out.score!r}; a score is a number in [0, 1]")
+        raise BadOutcome(f"{where} returned the score {out.score!r}; a score is a number in [0, 1]")
     return out

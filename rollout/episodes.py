@@ -43,11 +43,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from memrl.data.envs.gym import ReplayMismatchError
+from memrl.data.errors import UserError
 from memrl.data.registry import ComponentError, check_protocol, import_entry, register_reasoner
 from memrl.data.schemas import EpisodeTrace, MemoryCall, Message, TokenUsage
 from memrl.data.tasks.external import ExternalTask, Outcome
+from memrl.data.user_code import describe, log_user_traceback
 from memrl.rollout.engines.base import Completion, GenerationRequest, GenerationResult, SamplingParams, to_memory_call
 from memrl.rollout.episode_calls import (
+    BadOutcome,
     CallChannel,
     EpisodeCancelled,
     ExternalCall,
@@ -98,7 +101,9 @@ class FunctionDriver:
         def main() -> None:
             try:
                 value = asyncio.run(self.fn(task.info, MemoryClient(channel), ReasonerClient(channel)))
-                channel.items.put(("done", episode_outcome(value, f"episode function {self.entry}")))
+                channel.items.put(
+                    ("done", episode_outcome(value, f"episode function {self.entry} (episode {episode_id})"))
+                )
             except BaseException as exc:  # the episode's own failure: it ends as failed, the run goes on
                 channel.items.put(("error", exc))
 
@@ -216,7 +221,7 @@ class EpisodeRollout:
             if kind == "done":
                 self._finish(value)
             elif kind == "error":
-                self._fail("episode_errors", value)
+                self._fail("episode_bad_outcomes" if isinstance(value, BadOutcome) else "episode_errors", value)
             else:
                 self._take(value)
         return self._pending
@@ -254,6 +259,7 @@ class EpisodeRollout:
 
     def _request(self, call: ExternalCall, index: int) -> PendingCall:
         if call.kind == "memory":
+            _warn_unnamed_role(call.role, self.sampling, self.task)
             s = self.sampling.role(call.role)
         else:
             s = RoleSampling(temperature=0.0, max_tokens=128)
@@ -360,12 +366,14 @@ class EpisodeRollout:
         self._stop()
 
     def _fail(self, key: str, exc: BaseException) -> None:
-        if isinstance(exc, (ComponentError, ReplayMismatchError)):
+        if isinstance(exc, (ComponentError, UserError)):  # every episode would fail so (replay mismatches too)
             self._stop()
             raise exc
         self.stats[key] = self.stats.get(key, 0) + 1
-        self.metadata["failure"] = f"{type(exc).__name__}: {exc}"
-        log.warning(f"episode {self.episode_id}: {type(exc).__name__}: {exc} (counted as failed)")
+        self.metadata["failure"] = describe(exc)
+        log.warning(f"episode {self.episode_id}: {describe(exc)} (counted as failed, {key})")
+        if key == "episode_errors" and exc.__traceback__ is not None:
+            log_user_traceback(f"episode {self.episode_id} ({self.task.entry or self.task.family}) raised", exc)
         self.outcome, self._done = 0.0, True
         if self._call is not None:
             self._call.reply.set_exception(EpisodeCancelled(str(exc)))
@@ -400,6 +408,22 @@ class EpisodeRollout:
             stats=dict(self.stats),
             metadata=dict(self.metadata),
         )
+
+
+_WARNED_ROLES: set[str] = set()
+
+
+def _warn_unnamed_role(role: str, sampling: ExternalMemoryConfig, task: ExternalTask) -> None:
+    """One warning per process for memory calls under a role ``memory.sampling`` does not name: they are sampled
+    with the defaults and no tree branches on them, so nothing is trained on them."""
+    if role in sampling.sampling or role in _WARNED_ROLES:
+        return
+    _WARNED_ROLES.add(role)
+    named = ", ".join(sorted(sampling.sampling)) or "none"
+    log.warning(
+        f"{task.entry or task.family} calls the memory model with role {role!r}, which memory.sampling does not name "
+        f"(it names: {named}): those calls are not trained; add {role!r} to memory.sampling and tree.branch_roles"
+    )
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

@@ -51,9 +51,10 @@ from typing import Any
 
 import httpx
 
+from memrl.data.errors import UserCodeError
 from memrl.data.registry import ComponentError
 from memrl.data.tasks.external import ExternalTask, HttpAgentParams
-from memrl.rollout.episode_calls import CallChannel, EpisodeCancelled, episode_outcome
+from memrl.rollout.episode_calls import BadOutcome, CallChannel, EpisodeCancelled, episode_outcome
 
 __all__ = ["HttpAgentDriver", "ModelEndpoint"]
 
@@ -318,9 +319,9 @@ class HttpAgentDriver:
             if self.process is not None and self.process.poll() is not None:
                 tail = self._tail()
                 self.close()
-                raise ComponentError(
-                    f"the HTTP agent exited with code {self.process.returncode} before it answered "
-                    f"GET /health; its output ends with:\n{tail}"
+                raise UserCodeError(
+                    f"the HTTP agent ({' '.join(self.params.command or [])}) exited with code "
+                    f"{self.process.returncode} before it answered GET /health; its output ends with:\n{tail}"
                 )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
@@ -330,7 +331,7 @@ class HttpAgentDriver:
                 last = f"{type(exc).__name__}"
             time.sleep(0.2)
         self.close()
-        raise ComponentError(
+        raise UserCodeError(
             f"the HTTP agent at {self.url} did not answer GET /health with 200 within "
             f"{self.params.start_timeout_s:g} s ({last})"
         )
@@ -354,21 +355,32 @@ class HttpAgentDriver:
                 if not isinstance(body, dict):
                     raise RuntimeError("POST /episodes answered JSON that is not an object")
                 score = body.get("outcome", body.get("score"))
-                channel.items.put(
-                    (
-                        "done",
-                        episode_outcome(
-                            {"score": score, "answer": body.get("answer")},
-                            f"the HTTP agent's POST /episodes (episode {episode_id})",
-                        ),
-                    )
-                )
-            except ComponentError as exc:  # a malformed outcome: the agent breaks the protocol
+                where = f"the HTTP agent's POST /episodes (episode {episode_id})"
+                try:
+                    outcome = episode_outcome({"score": score, "answer": body.get("answer")}, where)
+                except UserCodeError as exc:  # a malformed outcome fails this episode only (the agent's protocol)
+                    raise BadOutcome(str(exc)) from None
+                channel.items.put(("done", outcome))
+            except BadOutcome as exc:
                 channel.items.put(("error", exc))
             except Exception as exc:
-                channel.items.put(("error", exc))
+                channel.items.put(("error", self._exited(episode_id, exc) or exc))
 
         threading.Thread(target=main, name=f"memrl-agent-{episode_id}", daemon=True).start()
+
+    def _exited(self, episode_id: str, exc: Exception) -> UserCodeError | None:
+        """The error that stops the run when the agent process memrl started has exited (every later episode would
+        fail the same way), None while it runs (or when memrl did not start it)."""
+        if self.process is None:
+            return None
+        try:  # a dropped or refused connection: the process may be on its way out
+            self.process.wait(timeout=2.0 if isinstance(exc, httpx.TransportError) else 0.0)
+        except subprocess.TimeoutExpired:
+            return None
+        return UserCodeError(
+            f"the HTTP agent ({' '.join(self.params.command or [])}, pid {self.process.pid}) exited with code "
+            f"{self.process.returncode} during episode {episode_id}; its output ends with:\n{self._tail()}"
+        )
 
     def stop(self, episode_id: str) -> None:
         """Refuse the episode's later calls."""

@@ -7,8 +7,8 @@ server's sleep and the client's timeout on a loaded machine), the rest get a 200
 candidate. The server stops answering after ``max_requests`` and the whole thing is bounded by ``max_seconds``.
 
 :class:`PlanServer` is the other kind: each fault planned per request (redirects, a redirect loop, 429 with an absurd
-``Retry-After``, a gzip bomb, an HTML page with 200, a wrong JSON schema, ``NaN`` usage, a drip-fed body), for the
-runtime-fault tests (tests/test_runtime_faults.py).
+``Retry-After``, a gzip bomb, a 10 MB answer, an HTML page with 200, a wrong JSON schema, ``NaN`` usage, a drip-fed
+body), for the runtime-fault tests (tests/test_runtime_faults.py).
 """
 
 from __future__ import annotations
@@ -250,6 +250,13 @@ class PlanServer:
                         {**ok, "usage": {"prompt_tokens": float("nan"), "completion_tokens": float("nan")}}
                     )
                     self._send(200, body.encode())
+                elif action == "huge":  # a 10 MB answer to a request of a few tokens (max_tokens ignored)
+                    text = "the key is in drawer 5. " * 420_000
+                    body = {
+                        **ok,
+                        "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                    }
+                    self._send(200, json.dumps(body).encode())
                 elif action == "bomb":
                     self._send(200, gzip_bomb(), {"Content-Encoding": "gzip"})
                 elif action == "drip":

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "episode_fn"))
 
 from memrl.data.envs.gym import ReplayMismatchError  # noqa: E402
+from memrl.data.errors import UserCodeError  # noqa: E402
 from memrl.data.registry import ComponentError  # noqa: E402
 from memrl.data.tasks import TaskSetConfig, load_tasks  # noqa: E402
 from memrl.data.tasks.external import Outcome  # noqa: E402
@@ -135,7 +136,10 @@ def test_an_episode_that_raises_or_times_out_fails_alone() -> None:
 
 
 def test_protocol_errors_name_the_function() -> None:
-    with pytest.raises(ComponentError, match="test_episode_shapes:says_yes returned str; it must return an Outcome"):
+    with pytest.raises(
+        UserCodeError,
+        match=r"test_episode_shapes:says_yes \(episode t-0--r--\w+\) returned str; it must return an Outcome",
+    ):
         trees(TaskSetConfig(entry="test_episode_shapes:says_yes", count=1))
     with pytest.raises(
         ValueError, match="test_episode_shapes:plain is a plain function: an episode function must be 'async def run"
@@ -177,7 +181,7 @@ def test_an_agent_that_never_gets_healthy_is_named_and_stopped() -> None:
         params={"command": [sys.executable, "-c", "import time; time.sleep(60)"], "start_timeout_s": 1.0},
     )
     (task,) = load_tasks(cfg, "t")
-    with pytest.raises(ComponentError, match=r"did not answer GET /health with 200 within 1 s"):
+    with pytest.raises(UserCodeError, match=r"did not answer GET /health with 200 within 1 s"):
         task_rollout(task, MEMORY)
 
 

@@ -19,7 +19,7 @@ from components import VaultPlayer  # noqa: E402
 from vault_game import VaultGame  # noqa: E402
 
 from memrl.data.envs.gym import GymTask, ReplayMismatchError  # noqa: E402
-from memrl.data.registry import ComponentError  # noqa: E402
+from memrl.data.errors import UserCodeError  # noqa: E402
 from memrl.data.tasks import TaskSetConfig, load_tasks  # noqa: E402
 from memrl.rollout.agents import task_rollout  # noqa: E402
 from memrl.rollout.engines.scripted import ScriptedEngine  # noqa: E402
@@ -165,7 +165,7 @@ def test_a_wrong_step_return_names_the_protocol() -> None:
 
     task.__init__(GymFactory(Bad), seed=0, task_id="x")
     task.reset()
-    with pytest.raises(ComponentError, match=r"step\(action\) returned str; the protocol is"):
+    with pytest.raises(UserCodeError, match=r"step\(action\) returned str \(episode 'x'\); the protocol is"):
         task.step("go north")
 
 

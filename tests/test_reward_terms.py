@@ -105,7 +105,7 @@ def test_names_are_checked_when_the_config_loads() -> None:
         RewardTermConfig(name="comittee")
     with pytest.raises(ValueError, match="exactly one of 'name'"):
         RewardTermConfig(name="committee", entry="test_reward_terms:Scaled")
-    assert RewardTermConfig(name="test_reward_terms:Scaled").entry == "test_reward_terms:Scaled"
+    assert RewardTermConfig(name="test_reward_terms:Scaled", params={"factor": 2}).entry == "test_reward_terms:Scaled"
 
 
 def test_the_old_committee_weight_key_names_the_new_one(tmp_path: Any) -> None:

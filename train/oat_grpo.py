@@ -37,6 +37,7 @@ import torch
 from pydantic import Field, model_validator
 
 from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
+from memrl.data.errors import UserCodeError
 from memrl.data.io import atomic_write_text, write_jsonl
 from memrl.data.registry import ComponentError
 from memrl.data.schemas import MemoryCallTree
@@ -194,6 +195,18 @@ def check_inputs(cfg: OATGRPOConfig) -> None:
             except ConfigError as exc:
                 raise ConfigError(f"{key}: {exc}") from None
     committee_used = bool(cfg.credit.weight_of("committee"))
+    unused = [
+        k
+        for k, v in (("committee.judge", cfg.committee.judge), ("committee.references", cfg.committee.references))
+        if v
+    ]
+    if unused and not committee_used:
+        raise ConfigError(
+            f"{' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} set but no reward term weights the "
+            f"committee (credit.terms: {', '.join(t.label for t in cfg.credit.terms) or 'none'}), so "
+            f"{'it' if len(unused) == 1 else 'they'} would never be called: add {{name: committee, weight: 0.5}} to "
+            f"credit.terms, or remove {' and '.join(unused)}"
+        )
     if committee_used and not cfg.committee.references and not cfg.placement.committee and not reg.extra.get("oracle"):
         raise ConfigError(
             f"credit: the committee term needs reference engines, and task family "
@@ -359,9 +372,10 @@ def collection_metrics(batch: list[Any], results: list[FleetResult]) -> dict[str
         "reasoner_tokens": sum(t.reasoner_usage.spent for t in trees),
         "rerun_tasks": sum(r.reruns for r in results),
     }
-    for key in (*FAILURE_STATS, "agent_rejected_requests"):  # failed episodes (each a failed leaf), refused requests
-        if count := sum(int(n.metadata.get("stats", {}).get(key, 0)) for n in leaves):
-            metrics[key] = count
+    for key in FAILURE_STATS:  # failed episodes by kind (each a failed leaf): always there, 0 when none failed
+        metrics[key] = sum(int(n.metadata.get("stats", {}).get(key, 0)) for n in leaves)
+    if count := sum(int(n.metadata.get("stats", {}).get("agent_rejected_requests", 0)) for n in leaves):
+        metrics["agent_rejected_requests"] = count
     for r in results:
         for key, value in r.metrics.items():
             metrics[key] = metrics.get(key, 0) + value if isinstance(value, (int, float)) else value
@@ -370,6 +384,41 @@ def collection_metrics(batch: list[Any], results: list[FleetResult]) -> dict[str
         if count:  # a mean over nothing is absent, not 0
             metrics["committee_score_mean"] = total / count
     return metrics
+
+
+def check_collection(trees: list[MemoryCallTree], iteration: int) -> None:
+    """Stop a run whose every episode of an iteration failed (an environment or agent that fails every episode the
+    same way: nothing would be trained, and "done" would be a lie), naming the kinds of failure."""
+    leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
+    kinds: dict[str, int] = {}
+    for n in leaves:
+        stats = n.metadata.get("stats", {})
+        for key in FAILURE_STATS:
+            if stats.get(key):
+                kinds[key] = kinds.get(key, 0) + 1
+    failed = sum(1 for n in leaves if any(n.metadata.get("stats", {}).get(k) for k in FAILURE_STATS))
+    if leaves and failed == len(leaves):
+        counts = ", ".join(f"{k} {v}" for k, v in kinds.items())
+        raise UserCodeError(
+            f"every episode of iteration {iteration} failed ({len(leaves)} of {len(leaves)}: {counts}), so there is "
+            f"nothing to train on; the warnings above name each episode's failure and the run's log has the "
+            f"tracebacks"
+        )
+
+
+def untrained_cause(trees: list[MemoryCallTree], tree: TreeConfig, memory: Any) -> str:
+    """Why an iteration trained no memory call (one line for the warning)."""
+    actions = sum(1 for t in trees for n in t.nodes if n.kind == "memory")
+    if not trees:
+        return "no tree was built (no tasks ran)"
+    if actions:
+        return f"its {actions} memory actions got no advantage (credit.advantage and the sibling groups' rewards)"
+    name = getattr(memory, "name", None) or getattr(memory, "entry", None) or "the memory system"
+    return (
+        f"no memory call was made under a trained role (tree.branch_roles: {', '.join(tree.branch_roles)}): "
+        f"{name} either never calls the memory model or calls it under other roles (memory.sampling names "
+        f"{', '.join(sorted(getattr(memory, 'sampling', {}) or {})) or 'none'})"
+    )
 
 
 def extra_tasks(tasks: list[Any], taken: set[str], size: int, seed: int, iteration: int, round_: int) -> list[Any]:
@@ -617,14 +666,22 @@ def train_oat_grpo(
         cfg, run_dir, logger=logger, eval_tasks=eval_tasks, accelerator=accelerator, initial_eval=initial_eval
     )
     loop, main = run.loop, run.trainer.accelerator.is_main_process
+    warned = False
     try:
         for iteration in loop.start(run.launch, run.evaluate):
             # collect: trees under the current policy (k ahead with max_staleness), dynamic sampling included
             trees, metrics = loop.collected(iteration, run.launch)
             groups, credit = None, {}
             if main:
+                check_collection(trees, iteration)
                 # credit: V(n), c(n), r(n) and sibling advantages over the whole batch; groups: the trainer's rows
                 groups, credit = credit_and_groups(trees, cfg.credit, cfg.tree.mode, job_seed(cfg, iteration))
+                if trees and not credit["memory_calls_trained"] and not warned:
+                    warned = True  # once per run: the same cause holds for the iterations after
+                    log.warning(
+                        f"[oat-grpo] iteration {iteration} trained no memory call (memory_calls_trained 0): "
+                        f"{untrained_cause(trees, cfg.tree, cfg.memory)}"
+                    )
                 if trees:
                     write_jsonl(run_dir / "trees_last.jsonl", trees)
             update = loop.update(groups)  # every process: pi_old / pi_ref scoring, optimizer steps

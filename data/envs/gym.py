@@ -33,10 +33,13 @@ import copy
 import hashlib
 import logging
 import math
+import pickle
+import time
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from memrl.data.errors import UserError
+from memrl.data.errors import UserCodeError, UserError
 from memrl.data.registry import ComponentError, entry_of, import_entry
+from memrl.data.user_code import CallTimeout, UserThread, describe, log_user_traceback, user_code_error
 
 __all__ = ["GymEnv", "GymFactory", "GymTask", "ReentryMode", "ReplayMismatchError", "observation_digest"]
 
@@ -71,6 +74,20 @@ def observation_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _same_state(a: Any, b: Any) -> bool:
+    """Whether two snapshots are the same state: equal by ``==``, or pickled to the same bytes (an object without
+    value equality, such as a ``random.Random``); True when neither can tell."""
+    try:
+        if (a == b) is True:
+            return True
+    except Exception:  # an array's ambiguous truth value, a comparison that raises
+        pass
+    try:
+        return pickle.dumps(a) == pickle.dumps(b)  # dumps only: nothing is unpickled
+    except Exception:
+        return True
+
+
 def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
@@ -92,8 +109,17 @@ class GymFactory:
         return self._cls
 
     def __call__(self) -> Any:
-        """A new environment instance."""
-        return self.cls(**self.params)
+        """A new environment instance; a constructor that raises is a :class:`UserCodeError` (every episode would
+        fail the same way)."""
+        cls = self.cls
+        try:
+            return cls(**self.params)
+        except Exception as exc:
+            raise user_code_error(
+                f"Gym-style environment {self.entry!r}: its constructor {cls.__qualname__}(**{self.params}) raised, "
+                f"so every episode would fail the same way",
+                exc,
+            ) from None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"entry": self.entry, "params": self.params, "_cls": None}
@@ -115,6 +141,7 @@ class GymTask:
         max_steps: int | None = None,
         reentry: ReentryMode = "auto",
         params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
     ):
         self.make = make
         self.seed = seed
@@ -136,6 +163,10 @@ class GymTask:
         self.env_steps = 0
         self.env_resets = 0
         self.reentries = {"snapshot": 0, "replay": 0}
+        self.timeout_s = timeout_s  # the time the environment's calls of one episode may take in all (None: no limit)
+        self.env_time = 0.0  # seconds spent in the environment's calls so far
+        self.timed_out = False
+        self._thread = UserThread(task_id)  # every call into this copy's environment instance runs there
 
     # ----------------------------------------------------------------------------------------------------- helpers
     @property
@@ -145,8 +176,17 @@ class GymTask:
 
     def _instance(self) -> Any:
         if self.env is None:
-            self.env = self.make()
+            self.env = self._call(self.make, what=f"{self.label}(**{self.params})")
         return self.env
+
+    def _call(self, fn: Any, *args: Any, what: str) -> Any:
+        """``fn(*args)`` on this copy's environment thread, bounded by what is left of ``timeout_s``."""
+        left = None if self.timeout_s is None else self.timeout_s - self.env_time
+        started = time.monotonic()
+        try:
+            return self._thread.call(fn, *args, timeout=left, what=what)
+        finally:
+            self.env_time += time.monotonic() - started
 
     @property
     def task(self) -> str:
@@ -167,24 +207,24 @@ class GymTask:
         return value if isinstance(value, str) and value else None
 
     def _reset(self, env: Any) -> tuple[str, dict[str, Any]]:
-        out = env.reset(self.seed)
+        out = self._call(env.reset, self.seed, what=f"{self.label}.reset({self.seed})")
         self.env_resets += 1
         info: dict[str, Any] = {}
         if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
             out, info = out
         if not isinstance(out, str):
-            raise ComponentError(
-                f"{self.label}.reset(seed) returned {type(out).__name__}; the protocol is "
+            raise UserCodeError(
+                f"{self.label}.reset(seed) returned {type(out).__name__} (episode {self.task_id!r}); the protocol is "
                 f"reset(seed) -> str (the first observation) or (str, dict)"
             )
         return out, info
 
     def _step(self, env: Any, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        out = env.step(action)
+        out = self._call(env.step, action, what=f"{self.label}.step({_short(action, 80)!r})")
         self.env_steps += 1
         if not (isinstance(out, tuple) and len(out) == 4):
-            raise ComponentError(
-                f"{self.label}.step(action) returned {type(out).__name__}; the protocol is "
+            raise UserCodeError(
+                f"{self.label}.step(action) returned {type(out).__name__} (episode {self.task_id!r}); the protocol is "
                 f"step(action) -> (observation: str, reward: float, done: bool, info: dict)"
             )
         obs, reward, done, info = out
@@ -195,16 +235,26 @@ class GymTask:
             or not isinstance(reward, (int, float))
             or not math.isfinite(reward)
         ):
-            raise ComponentError(
+            raise UserCodeError(
                 f"{self.label}.step(action) returned ({type(obs).__name__}, {reward!r}, {type(done).__name__}, "
-                f"{type(info).__name__}); expected (observation: str, reward: finite float, done: bool, info: dict)"
+                f"{type(info).__name__}) (episode {self.task_id!r}); expected (observation: str, reward: finite "
+                f"float, done: bool, info: dict)"
             )
         return obs, float(reward), bool(done), info
 
     def _fail(self, where: str, exc: BaseException) -> str:
-        self.failure = f"{where}: {type(exc).__name__}: {exc}"
+        self.failure = f"{where}: {describe(exc)}"
         self.over = True
-        log.warning(f"episode {self.task_id!r}: the environment raised in {self.failure} (counted as failed)")
+        self._thread.close()
+        if isinstance(exc, CallTimeout):
+            self.timed_out = True
+            log.warning(
+                f"episode {self.task_id!r}: {exc} (the episode's environment calls may take episode_timeout_s "
+                f"{self.timeout_s:g} s in all; counted as failed, env_timeouts)"
+            )
+            return "error: the environment did not answer in time"
+        log.warning(f"episode {self.task_id!r}: {self.label} raised in {self.failure} (counted as failed, env_errors)")
+        log_user_traceback(f"episode {self.task_id!r}: {self.label} raised in {where}", exc)
         return f"error: the environment failed ({type(exc).__name__})"
 
     # --------------------------------------------------------------------------------------------- task interface
@@ -213,7 +263,7 @@ class GymTask:
         try:
             env = self._instance()
             self.first, self.info = self._reset(env)
-        except ComponentError:
+        except (ComponentError, UserCodeError):
             raise
         except Exception as exc:  # the environment's own failure: this episode fails, the run goes on
             return self._fail("reset", exc)
@@ -228,7 +278,7 @@ class GymTask:
             raise RuntimeError(f"episode {self.task_id!r}: step() before reset()")
         try:
             obs, reward, done, info = self._step(self.env, action)
-        except ComponentError:
+        except (ComponentError, UserCodeError):
             raise
         except Exception as exc:
             return self._fail(f"step {len(self.log) + 1} ({action!r})", exc), True
@@ -239,6 +289,7 @@ class GymTask:
             self.won = bool(info["won"])
         if done:
             self.over = True
+            self._thread.close()
             if "outcome" in info:
                 outcome = info["outcome"]
                 if isinstance(outcome, bool) or not isinstance(outcome, (int, float)) or not 0 <= outcome <= 1:
@@ -268,7 +319,10 @@ class GymTask:
     @property
     def stats(self) -> dict[str, int]:
         """Counts for the run's metrics."""
-        out = {"env_steps": self.env_steps, "env_errors": int(self.failure is not None)}
+        failed = self.failure is not None
+        out = {"env_steps": self.env_steps, "env_errors": int(failed and not self.timed_out)}
+        if self.timed_out:
+            out["env_timeouts"] = 1
         out.update({f"env_reentry_{k}": v for k, v in self.reentries.items() if v})
         if self.won is not None:
             out["env_won"] = int(self.won)
@@ -295,19 +349,42 @@ class GymTask:
         twin.log, twin.rewards = list(self.log), list(self.rewards)
         twin.info, twin.reentries = copy.deepcopy(self.info, memo), dict(self.reentries)
         twin.env = None
+        twin._thread = UserThread(self.task_id)
         if not self.started or self.over:
             return twin  # nothing to re-enter: a fresh task, or a finished one (its outcome is copied)
-        env = self.make()
         mode = self.mode()
-        if mode == "snapshot":
-            state = copy.deepcopy(self.env.snapshot())
-            twin._reset(env)
-            env.restore(state)
-        else:
-            twin._replay(env)
+        try:
+            env = twin._call(self.make, what=f"{self.label}(**{self.params})")
+            if mode == "snapshot":
+                state = copy.deepcopy(self._call(self.env.snapshot, what=f"{self.label}.snapshot()"))
+                twin._reset(env)
+                twin._call(env.restore, state, what=f"{self.label}.restore(state)")
+                twin._check_restored(env, state)
+            else:
+                twin._replay(env)
+        except (ComponentError, UserError):
+            raise
+        except Exception as exc:  # the environment failed (or blocked) while re-entering: the copy's episode fails
+            twin._fail(f"re-entry by {mode}", exc)
+            return twin
+        finally:
+            twin.env_time = self.env_time  # re-entry is bounded by the time left, not charged to the episode
         twin.env = env
         twin.reentries[mode] += 1
         return twin
+
+    def _check_restored(self, env: Any, state: Any) -> None:
+        """After ``restore(state)`` the environment's own ``snapshot()`` must give ``state`` back (equal, or pickled
+        to the same bytes): a ``restore()`` that leaves part of the state behind would build a wrong tree silently."""
+        again = self._call(env.snapshot, what=f"{self.label}.snapshot()")
+        if _same_state(state, again):
+            return
+        raise ReplayMismatchError(
+            f"snapshot/restore of episode {self.task_id!r} (seed {self.seed}, {self.label}) at step {len(self.log)}: "
+            f"after restore(state) on a new instance its snapshot() is {_short(repr(again))!r}, not the state "
+            f"restored {_short(repr(state))!r}. restore() must bring back the whole state snapshot() gave (fix it, "
+            f"or set reentry: replay)"
+        )
 
     def _replay(self, env: Any) -> None:
         """Reset ``env`` and replay the logged actions, comparing observation digests step by step."""

@@ -31,6 +31,7 @@ from memrl.data.tasks.proactive import ActionAgent, ProactiveParams, ProactiveTa
 from memrl.data.tasks.sam import SamReasoner, SamTask, SamTaskParams
 from memrl.data.tasks.sam_reference import simulate_sam
 from memrl.data.tracking import progress_bar
+from memrl.data.user_code import check_params
 
 __all__ = [
     "TASK_FAMILIES",
@@ -86,7 +87,8 @@ class TaskSetConfig(ConfigModel):
     params: dict[str, Any] = {}  # a family's parameters (no section of its own): a Gym class's constructor kwargs
     max_steps: int | None = Field(None, ge=1, le=10**6)  # reasoner steps per episode of a Gym/episode family
     reentry: ReentryMode = "auto"  # Gym env: re-enter a state by snapshot/restore when it has them (auto), or replay
-    episode_timeout_s: float = Field(300.0, gt=0, le=86_400)  # an episode function running longer fails
+    # an episode function running longer fails; a Gym env: the time its calls of one episode may take in all
+    episode_timeout_s: float = Field(300.0, gt=0, le=86_400)
     episodes: str | None = None  # JSONL of episodes to load; None: generate count tasks
     count: int = Field(64, ge=0, le=10**6)  # tasks to generate, or at most this many from episodes (there 0: all)
     seed: int = Field(0, ge=0, lt=2**32)  # seed of the first generated task (then seed + 1, ...)
@@ -106,6 +108,8 @@ class TaskSetConfig(ConfigModel):
                 reg.config.model_validate(self.params)
             except Exception as exc:
                 raise ValueError(f"params: not valid for task family {self.family!r}: {exc}") from None
+        if reg.extra.get("kind") == "gym":  # its constructor's keyword arguments: checked now, not at every reset
+            check_params(reg.obj, _family_params(self, reg, as_kwargs=True), "the Gym-style environment", "params")
         return self
 
 
@@ -132,11 +136,14 @@ def family_of(cfg: TaskSetConfig) -> Registration[Any]:
     return TASK_FAMILIES.get(cfg.family)
 
 
-def _family_params(cfg: TaskSetConfig, reg: Registration[Any]) -> Any:
+def _family_params(cfg: TaskSetConfig, reg: Registration[Any], as_kwargs: bool = False) -> Any:
     section = reg.extra.get("section", "params")
     if section != "params":
         return getattr(cfg, section)
-    return reg.config.model_validate(cfg.params) if reg.config is not None else dict(cfg.params)
+    params = reg.config.model_validate(cfg.params) if reg.config is not None else dict(cfg.params)
+    if as_kwargs and isinstance(params, ConfigModel):
+        return params.model_dump(mode="json")
+    return params
 
 
 def load_tasks(cfg: TaskSetConfig, prefix: str = "task") -> list[Any]:
@@ -170,6 +177,7 @@ def load_tasks(cfg: TaskSetConfig, prefix: str = "task") -> list[Any]:
                 family=cfg.family,
                 max_steps=max_steps,
                 reentry=cfg.reentry,
+                timeout_s=cfg.episode_timeout_s,
             )
         if kind == "episode":
             return ExternalTask(

@@ -70,6 +70,7 @@ RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 
 REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 MAX_REDIRECTS = 5  # redirects followed per attempt
 MAX_BODY_BYTES = 64 << 20  # an answer larger than this once decompressed is refused (a gzip bomb)
+MAX_CHARS_PER_TOKEN = 64  # an answer's text is cut at max_tokens times this before anything tokenises it
 
 
 class EndpointError(EngineError, RunFault):
@@ -151,6 +152,7 @@ class _Endpoint:
     assigned: int = 0
     stats: EndpointStats = field(default_factory=EndpointStats)
     warned_usage: bool = False
+    warned_length: bool = False
 
     @property
     def label(self) -> str:
@@ -563,6 +565,27 @@ class OpenAIEngine(Engine):
             )
         return fallback
 
+    def _bounded(
+        self, ep: _Endpoint, max_tokens: int, text: str, ids: list[int], logprobs: list[float], finish: str
+    ) -> tuple[str, list[int], list[float], str]:
+        """An answer longer than the ``max_tokens`` asked for (more token ids, or more than
+        :data:`MAX_CHARS_PER_TOKEN` characters a token), cut there before anything tokenises it (finish_reason
+        ``length``), with one warning per endpoint: a server that ignores ``max_tokens`` would otherwise stall the
+        reasoner's context on megabytes of text."""
+        limit = max_tokens * MAX_CHARS_PER_TOKEN
+        if len(ids) <= max_tokens and len(text) <= limit:
+            return text, ids, logprobs, finish
+        if not ep.warned_length:
+            ep.warned_length = True
+            log.warning(
+                f"{self.name}: {ep.label} answered {len(text):,} characters ({len(ids):,} token ids) to a request of "
+                f"at most {max_tokens} tokens; cut to {max_tokens} tokens ({limit:,} characters) and finish_reason "
+                f"'length' (this endpoint ignores max_tokens; said once)"
+            )
+        if len(ids) > max_tokens and self.tokenizer is not None:  # the text of the token ids kept
+            return self.tokenizer.decode(ids[:max_tokens]), ids[:max_tokens], logprobs[:max_tokens], "length"
+        return text[:limit], ids[:max_tokens], logprobs[:max_tokens], "length"
+
     def _parse(
         self, ep: _Endpoint, body: dict[str, Any], prompt_ids: list[int], sp: SamplingParams, estimate: int
     ) -> _Sample:
@@ -591,6 +614,7 @@ class OpenAIEngine(Engine):
             cached = self._count(ep, details.get("cached_tokens") if isinstance(details, dict) else None, 0)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise _Retry(f"HTTP 200 with an unexpected body ({type(exc).__name__}: {exc})") from None
+        text, ids, logprobs, finish = self._bounded(ep, sp.max_tokens, text, ids, logprobs, finish)
         cost = ep.cost(prompt_tokens, cached, completion_tokens)
         stats = ep.stats
         stats.requests += 1

@@ -25,8 +25,9 @@ from memrl.rollout.memory.sam import TokenCounter
 
 __all__ = ["FAILURE_STATS", "evaluate_memory", "evaluate_sam_memory", "run_tasks"]
 
-FAILURE_STATS = ("env_errors", "episode_errors", "episode_timeouts")
-"""Run statistics that mark an episode as failed (its environment or agent raised or timed out)."""
+FAILURE_STATS = ("env_errors", "env_timeouts", "episode_errors", "episode_timeouts", "episode_bad_outcomes")
+"""Run statistics that mark an episode as failed, by kind: its environment raised or outlived ``episode_timeout_s``,
+its episode function or agent raised or outlived it, or ended with a score outside [0, 1]."""
 
 
 def _with_temperature(memory: MemoryConfig, temperature: float | None) -> MemoryConfig:
