@@ -36,6 +36,7 @@ import math
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from memrl.data.errors import UserError
+from memrl.data.formats import render_admissible_actions
 from memrl.data.registry import ComponentError, entry_of, import_entry
 
 __all__ = ["GymEnv", "GymFactory", "GymTask", "ReentryMode", "ReplayMismatchError", "observation_digest"]
@@ -263,7 +264,7 @@ class GymTask:
         actions = self.info.get("admissible_actions")
         if not actions or self.over:
             return None
-        return "admissible actions:\n" + "\n".join(str(a) for a in actions)
+        return render_admissible_actions(actions)
 
     @property
     def stats(self) -> dict[str, int]:
