@@ -26,6 +26,7 @@ __all__ = [
     "ConfigError",
     "ConfigModel",
     "EndpointURL",
+    "FieldError",
     "LoggingConfig",
     "PlacementConfig",
     "PolicyPlacement",
@@ -48,7 +49,7 @@ class ConfigError(UserError, ValueError):
     """A configuration problem, reported before any work starts."""
 
 
-class _FieldError(ValueError):
+class FieldError(ValueError):
     """A field's error found by a model-level validator (reported at the field's own key)."""
 
     def __init__(self, field: str, value: Any, message: str) -> None:
@@ -74,7 +75,7 @@ class ConfigModel(BaseModel):
         if isinstance(data, dict):
             for name, value in data.items():
                 if isinstance(name, str) and name in cls.renamed_keys:
-                    raise _FieldError(name, value, f"this key was renamed: {cls.renamed_keys[name]}")
+                    raise FieldError(name, value, f"this key was renamed: {cls.renamed_keys[name]}")
         return data
 
     @model_validator(mode="before")
@@ -86,7 +87,7 @@ class ConfigModel(BaseModel):
                 if isinstance(value, bool) and field is not None:
                     kinds = _unwrap(field.annotation)
                     if bool not in kinds and any(k in (int, float) for k in kinds):
-                        raise _FieldError(name, value, "expected a number, got a boolean")
+                        raise FieldError(name, value, "expected a number, got a boolean")
         return data
 
 
@@ -493,7 +494,7 @@ def _format_validation_error(
     messages = []
     for err in exc.errors():
         loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
-        if isinstance(field_error := err.get("ctx", {}).get("error"), _FieldError):
+        if isinstance(field_error := err.get("ctx", {}).get("error"), FieldError):
             loc = [*loc, field_error.field]
             err = {**err, "input": field_error.value, "msg": str(field_error)}
         dotted = ".".join(str(p) for p in loc)

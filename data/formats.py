@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "ACTION_AGENT_SYSTEM",
+    "ADMISSIBLE_ACTIONS_PREFIX",
     "CONSOLIDATE_SYSTEM",
     "LONG_CONTEXT_REASONER_SYSTEM",
     "MEMORY_CONTEXT_PREFIX",
@@ -24,8 +25,15 @@ __all__ = [
     "RETRIEVAL_REASONER_SYSTEM",
     "SAM_FAILED_PAGES_PREFIX",
     "SAM_REASONER_SYSTEM",
+    "SAM_TOOLS",
+    "TOOL_ERROR_PREFIX",
     "BankView",
     "ParsedToolCalls",
+    "SamConsolidatePrompt",
+    "SamContext",
+    "SamRecallFailed",
+    "SamRecallPrompt",
+    "SamRecalled",
     "ToolCall",
     "parse_bank",
     "parse_intervention",
@@ -36,8 +44,11 @@ __all__ = [
     "parse_sam_recall_failures",
     "parse_sam_recall_prompt",
     "parse_sam_recalled",
+    "parse_sam_tool_result",
     "parse_tool_calls",
     "parse_window",
+    "read_sam_context",
+    "render_admissible_actions",
     "render_bank",
     "render_intervention",
     "render_memory_context",
@@ -48,6 +59,7 @@ __all__ = [
     "render_sam_recall_prompt",
     "render_sam_recalled",
     "render_tool_call",
+    "render_tool_error",
     "render_window",
 ]
 
@@ -214,19 +226,36 @@ def _last_user(messages: list[Any]) -> str:
     return ""
 
 
-def parse_sam_consolidate_prompt(messages: list[Any]) -> tuple[int, str] | None:
+class SamConsolidatePrompt(NamedTuple):
+    """What a ``consolidate`` call asks the memory model: write the cue of page ``page_id`` from its text."""
+
+    page_id: int
+    page_text: str
+
+
+class SamRecallPrompt(NamedTuple):
+    """What a ``recall`` call asks the memory model: read page ``page_id`` under ``intent`` and return the updated
+    extraction (``so_far`` is the extraction of the pages read before it in this recall; empty for the first)."""
+
+    intent: str
+    page_id: int
+    page_text: str
+    so_far: str
+
+
+def parse_sam_consolidate_prompt(messages: list[Any]) -> SamConsolidatePrompt | None:
     """(page id, page text) from consolidation messages, or None when they are not one."""
     m = _CONSOLIDATE_RE.match(_last_user(messages))
-    return (int(m.group(1)), m.group(2)) if m else None
+    return SamConsolidatePrompt(int(m.group(1)), m.group(2)) if m else None
 
 
-def parse_sam_recall_prompt(messages: list[Any]) -> tuple[str, int, str, str] | None:
+def parse_sam_recall_prompt(messages: list[Any]) -> SamRecallPrompt | None:
     """(intent, page id, page text, extraction so far) from recall messages, or None when they are not one."""
     m = _RECALL_RE.match(_last_user(messages))
     if not m:
         return None
     so_far = m.group(4)
-    return m.group(1), int(m.group(2)), m.group(3), "" if so_far == NOTHING_RELEVANT else so_far
+    return SamRecallPrompt(m.group(1), int(m.group(2)), m.group(3), "" if so_far == NOTHING_RELEVANT else so_far)
 
 
 SAM_REASONER_SYSTEM = (
@@ -293,6 +322,153 @@ def parse_sam_recall_failures(text: str) -> list[str]:
     """The failed-page notes of :func:`render_sam_recalled` output (empty when every page was read)."""
     m = _RECALLED_RE.match(text)
     return m.group(3).split("; ") if m and m.group(3) else []
+
+
+TOOL_ERROR_PREFIX = "error: "
+"""How a tool error reaches the reasoner: ``error: <what went wrong>`` as the observation of its call."""
+
+
+def render_tool_error(message: str) -> str:
+    """The observation the reasoner gets for a tool call that failed (``error: <message>``)."""
+    return f"{TOOL_ERROR_PREFIX}{message}"
+
+
+SAM_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "act",
+            "description": "act in the environment",
+            "parameters": {
+                "type": "object",
+                "properties": {"action": {"type": "string"}},
+                "required": ["action"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "memory",
+            "description": "recall what earlier pages (listed under 'memory cues' as pN: cue) hold about an intent",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "intent": {"type": "string", "description": "what to recall"},
+                    "page_ids": {
+                        "type": "array",
+                        "items": {"type": "integer"},
+                        "description": "page numbers from the memory cues (p3 is 3)",
+                    },
+                },
+                "required": ["intent", "page_ids"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "answer",
+            "description": "end the task with an answer",
+            "parameters": {
+                "type": "object",
+                "properties": {"answer": {"type": "string"}},
+                "required": ["answer"],
+            },
+        },
+    },
+]
+"""The tools SAM's reasoner has (:data:`SAM_REASONER_SYSTEM` names them), as OpenAI function schemas. A reply calls
+one as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (:func:`render_tool_call`)."""
+
+
+@dataclass(frozen=True)
+class SamRecalled:
+    """A recall that came back: what the memory model extracted from ``page_ids`` under ``intent`` (``content`` is
+    :data:`NOTHING_RELEVANT` when it found nothing) and the pages it could not read (``p3 (empty output)``): those
+    may be asked for again."""
+
+    intent: str
+    page_ids: list[int]
+    content: str
+    failed_pages: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SamRecallFailed:
+    """A ``memory`` call that gave nothing: the call was invalid (no intent, unknown pages, too many pages, an empty
+    memory) or the memory model failed on every page. ``error`` says which; asking again with other arguments (or
+    acting on) is the reasoner's choice, the recall did happen."""
+
+    error: str
+
+
+def parse_sam_tool_result(text: str) -> SamRecalled | SamRecallFailed | None:
+    """The result of a ``memory`` call from the message that carries it back to the reasoner (a ``user`` message
+    after the assistant's ``memory`` call): :class:`SamRecalled`, :class:`SamRecallFailed` (``error: ...``), or None
+    when ``text`` is neither."""
+    if text.startswith(TOOL_ERROR_PREFIX):
+        return SamRecallFailed(text[len(TOOL_ERROR_PREFIX) :])
+    parsed = parse_sam_recalled(text)
+    if parsed is None:
+        return None
+    return SamRecalled(parsed[0], parsed[1], parsed[2], parse_sam_recall_failures(text))
+
+
+ADMISSIBLE_ACTIONS_PREFIX = "admissible actions:\n"
+
+
+def render_admissible_actions(actions: list[str]) -> str:
+    """The transient message that lists the actions the environment accepts now (a Gym environment's
+    ``info["admissible_actions"]``), shown with the reasoner's next call only."""
+    return ADMISSIBLE_ACTIONS_PREFIX + "\n".join(str(a) for a in actions)
+
+
+@dataclass
+class SamContext:
+    """SAM's reasoner context read back (:func:`read_sam_context`): the task and cue bank of the first user message,
+    the observations in order (``act`` results, the first observation), the ``memory`` calls the reasoner made and
+    their results in order, the admissible actions of this call (empty when the environment gives none), and the
+    system prompt."""
+
+    system: str = ""
+    task: str = ""
+    cues: dict[int, str] = field(default_factory=dict)
+    observations: list[str] = field(default_factory=list)
+    memory_calls: list[ToolCall] = field(default_factory=list)
+    recalls: list[SamRecalled | SamRecallFailed] = field(default_factory=list)
+    admissible_actions: list[str] = field(default_factory=list)
+    last_result: SamRecalled | SamRecallFailed | None = None  # the latest call's result when it was ``memory``
+
+
+def read_sam_context(messages: list[Any]) -> SamContext:
+    """Everything a reasoner under SAM is shown, read from its messages (dicts or ``Message`` objects): the system
+    prompt, the task and cue bank (:func:`render_sam_memory_block`), observations (``tool`` messages and the first
+    observation), its own ``memory`` calls (assistant messages) and their results (:func:`parse_sam_tool_result`),
+    and the transient admissible actions. The live context keeps only recent turns: older ones are in pages, which
+    only a ``memory`` call reads."""
+    out = SamContext()
+    after_memory_call = False
+    for m in messages:
+        role = m["role"] if isinstance(m, dict) else m.role
+        text = m["content"] if isinstance(m, dict) else m.content
+        if role == "system":
+            out.system = text
+        elif role == "assistant":
+            calls = parse_tool_calls(text).calls[:1]  # the loop runs a reply's first call
+            after_memory_call = bool(calls) and calls[0].name == "memory"
+            out.memory_calls += [c for c in calls if c.name == "memory"]
+        elif role == "user" and text.startswith("task: ") and not out.task:
+            out.task, out.cues = parse_sam_memory_block(text)
+        elif role == "user" and text.startswith(ADMISSIBLE_ACTIONS_PREFIX):
+            out.admissible_actions = text[len(ADMISSIBLE_ACTIONS_PREFIX) :].split("\n")
+        elif role == "user" and after_memory_call and (result := parse_sam_tool_result(text)) is not None:
+            out.recalls.append(result)
+            out.last_result, after_memory_call = result, False
+        else:
+            out.observations.append(text)
+            out.last_result, after_memory_call = None, False
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

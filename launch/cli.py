@@ -61,12 +61,6 @@ def _add_job_arguments(parser: argparse.ArgumentParser, job: Job) -> None:
 
 
 def _run_job(job: Job, args: argparse.Namespace) -> int:
-    from memrl.data.config import load_config
-    from memrl.data.registry import add_search_path
-
-    # a component named by import path (task: {entry: "mypkg.env:MyGame"}) resolves beside the config or here
-    add_search_path(*([Path(args.config).parent] if args.config else []), Path.cwd())
-
     overrides = list(args.overrides)
     if getattr(args, "resume", False):
         overrides.append("run.resume=true")
@@ -79,7 +73,7 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
         value = getattr(args, f"flag:{key}", None)
         if value is not None:
             overrides.append(f"{key}={value}")
-    config = load_config(job.load("config"), args.config, overrides)
+    config = job.load_config(args.config, overrides)
     if getattr(args, "dry_run", False):
         # a dry run reports what is missing, so it runs before the checks that would stop at the first missing file
         return int(job.load("dry_run")(config) or 0)
@@ -232,7 +226,7 @@ def _created_only_on_success(output_dir: Path | None) -> Iterator[None]:
 def _config_show(args: argparse.Namespace) -> int:
     """Print the resolved config of a YAML file (its ``command`` key picks the schema)."""
 
-    from memrl.data.config import config_to_yaml, load_config, read_config_yaml
+    from memrl.data.config import config_to_yaml, read_config_yaml
 
     by_name = {" ".join(j.path): j for j in JOBS}
     command = args.command
@@ -243,7 +237,7 @@ def _config_show(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot tell which command the config is for: give --command (one of {sorted(by_name)})")
     if command not in by_name:
         raise ConfigError(f"unknown command {command!r}; one of {sorted(by_name)}")
-    config = load_config(by_name[command].load("config"), args.config, args.overrides)
+    config = by_name[command].load_config(args.config, args.overrides)
     sys.stdout.write(config_to_yaml(config))
     return 0
 

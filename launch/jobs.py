@@ -7,10 +7,12 @@ too, so it lives apart from the CLI and none of them imports the CLI.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["JOBS", "Job"]
+__all__ = ["JOBS", "Job", "load_command_config"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,23 @@ class Job:
         """Import ``module:name``."""
         module, name = getattr(self, attr).split(":")
         return getattr(importlib.import_module(module), name)
+
+    def load_config(self, path: str | Path | None, overrides: Sequence[str] = ()) -> Any:
+        """The command's validated config from ``path`` (a YAML file or a shipped recipe's name, None: the defaults)
+        plus dotted overrides. Every command that reads a config loads it here: the config file's folder and the
+        working directory go on the import path first, so components named by import path (``entry:
+        "components:MyGame"``) resolve the same for ``config show``, ``plan`` and every job."""
+        return load_command_config(self.load("config"), path, overrides)
+
+
+def load_command_config(cls: type, path: str | Path | None, overrides: Sequence[str] = ()) -> Any:
+    """``cls`` loaded from ``path`` and ``overrides`` (:func:`memrl.data.config.load_config`) with the config file's
+    folder and the working directory on the import path (:func:`memrl.data.registry.add_search_path`)."""
+    from memrl.data.config import config_file, load_config
+    from memrl.data.registry import add_search_path
+
+    add_search_path(*([config_file(path).parent] if path is not None else []), Path.cwd())
+    return load_config(cls, path, overrides)
 
 
 JOBS: list[Job] = [

@@ -555,19 +555,17 @@ def measure_trainer_peak(model_dir: str | Path, trainer: Any, *, context: int, r
 
 def run_plan(args: Any) -> int:
     """The ``memrl plan`` command: print the plan (and JSON with ``--json``); exit 1 when the recipe does not fit."""
-    import yaml
-
-    from memrl.data.config import load_config
+    from memrl.data.config import read_config_yaml
     from memrl.launch.jobs import JOBS
 
-    with open(args.config, encoding="utf-8") as fh:
-        command = (yaml.safe_load(fh) or {}).get("command")
+    loaded = read_config_yaml(Path(args.config))[0]
+    command = loaded.get("command") if isinstance(loaded, dict) else None
     jobs = {" ".join(j.path): j for j in JOBS if j.path in (("train", "oat-grpo"), ("train", "pivot-grpo"))}
     if command not in jobs:
         raise ConfigError(
             f"{args.config}: memrl plan sizes GRPO recipes (command one of {sorted(jobs)}), got command {command!r}"
         )
-    cfg = load_config(jobs[command].load("config"), args.config, args.overrides)
+    cfg = jobs[command].load_config(args.config, args.overrides)
     plan = plan_recipe(
         cfg,
         nodes=args.nodes,

@@ -33,7 +33,7 @@ from memrl.rollout.loop import EngineSet, Rollout
 from memrl.rollout.memory.base import MemorySystem, RoleSampling
 from memrl.rollout.memory.embedders import Embedder
 from memrl.rollout.memory.proactive import ProactiveConfig
-from memrl.rollout.memory.registry import MemoryConfig, build_memory, parse_memory_config
+from memrl.rollout.memory.registry import MemoryConfig, build_memory, family_memory, parse_memory_config
 from memrl.rollout.memory.sam import TokenCounter
 
 __all__ = ["build_proactive_rollout", "sam_engines", "sam_rollout", "task_rollout"]
@@ -66,7 +66,7 @@ def task_rollout(
 
         return external_rollout(task, memory, seed=seed, rollout_id=rollout_id, metadata=metadata)
     if memory is None:
-        memory = {"name": TASK_FAMILIES.get(task.family).extra.get("memory") or "long_context"}
+        memory = {"name": family_memory(TASK_FAMILIES.get(task.family))}
     if isinstance(memory, MemorySystem):
         system, config = memory, None
     else:

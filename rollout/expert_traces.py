@@ -32,7 +32,7 @@ from memrl.rollout.engines.factory import build_engine
 from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.loop import EngineSet, run_rollouts
 from memrl.rollout.memory.proactive import ProactiveConfig
-from memrl.rollout.memory.registry import MemoryConfig
+from memrl.rollout.memory.registry import MemoryConfig, family_memory
 from memrl.rollout.memory.sam import SamConfig
 from memrl.rollout.models import load_tokenizer
 
@@ -86,6 +86,11 @@ def check_inputs(cfg: DistillRunConfig) -> None:
             f"tasks: family {cfg.tasks.family!r} has no oracle expert: set expert (an engine, e.g. a "
             f"frontier model behind an OpenAI-compatible endpoint)"
         )
+    if cfg.memory is None:
+        try:
+            family_memory(reg)  # a family without a default memory system: the config must name one
+        except ConfigError as exc:
+            raise ConfigError(f"memory: {exc}") from None
     if reg.extra.get("kind", "env") in ("env", "gym") and cfg.reasoner is None and not reg.extra.get("reasoner"):
         raise ConfigError(
             f"tasks: family {cfg.tasks.family!r} has no registered reasoner: set reasoner (an engine; "

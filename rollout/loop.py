@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from memrl.data.formats import parse_tool_calls
+from memrl.data.formats import parse_tool_calls, render_tool_error
 from memrl.data.schemas import EpisodeTrace, MemoryCall, Message, TokenUsage, TraceEvent
 from memrl.data.tracking import progress_bar
 from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, to_memory_call
@@ -254,7 +254,7 @@ class Rollout:
         if not parsed.calls:
             error = parsed.errors[0] if parsed.errors else "no tool call in the reply"
             self._count("reasoner_malformed")
-            self._record_turn("error", reply, f"error: {error}", error=error, **usage_fields)
+            self._record_turn("error", reply, render_tool_error(error), error=error, **usage_fields)
         else:
             tool = parsed.calls[0]
             if tool.name == "answer":
@@ -281,7 +281,7 @@ class Rollout:
             else:
                 error = f"unknown tool {tool.name!r}"
                 self._count("reasoner_unknown_tool")
-                self._record_turn("error", reply, f"error: {error}", error=error, **usage_fields)
+                self._record_turn("error", reply, render_tool_error(error), error=error, **usage_fields)
         if not self.done and self._tool_started_at is None and self.step >= self.env.max_steps:
             self.events.append(TraceEvent(step=self.step, kind="limit", observation="step limit reached"))
             self._finish(None)
@@ -294,7 +294,7 @@ class Rollout:
             return
         if result.error:
             self._count("memory_tool_errors")
-        observation = result.content if not result.error else f"error: {result.error}"
+        observation = result.content if not result.error else render_tool_error(result.error)
         self._record_turn(
             "memory_tool",
             self._tool_reply,

@@ -80,7 +80,9 @@ def run_block(block: Block, work: Path, index: int, env: dict[str, str]) -> None
         )
     code = block.script()
     if block.get("write"):
-        (work / block.get("write")[-1]).write_text(code)
+        target = work / block.get("write")[-1]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(code)
         return
     if block.language == "python":
         path = work / f"_tutorial_block_{index}.py"

@@ -36,7 +36,15 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig, ServedModel, config_hash
+from memrl.data.config import (
+    ConfigError,
+    ConfigModel,
+    FieldError,
+    PlacementConfig,
+    RunConfig,
+    ServedModel,
+    config_hash,
+)
 from memrl.data.errors import UserCodeError
 from memrl.data.io import atomic_write_text, write_jsonl
 from memrl.data.registry import ComponentError
@@ -54,7 +62,7 @@ from memrl.rollout.evaluation.tasks import FAILURE_STATS, evaluate_memory
 from memrl.rollout.fleet import FleetConfig, FleetResult, build_fleet
 from memrl.rollout.loop import EngineSet, Rollout
 from memrl.rollout.memory.base import RoleSampling
-from memrl.rollout.memory.registry import MemoryConfig, parse_memory_config
+from memrl.rollout.memory.registry import MemoryConfig, family_memory, parse_memory_config
 from memrl.rollout.tree import TreeConfig, check_trained_sampling
 from memrl.rollout.worker import Scorer, WorkerSpec
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
@@ -112,7 +120,10 @@ class OATGRPOConfig(ConfigModel):
         ):
             tasks = data.get("train_tasks", {})
             tasks = tasks if isinstance(tasks, TaskSetConfig) else TaskSetConfig.model_validate(tasks or {})
-            data = {**data, "memory": {"name": default_memory(tasks), **memory}}
+            try:
+                data = {**data, "memory": {"name": default_memory(tasks), **memory}}
+            except ComponentError as exc:
+                raise FieldError("memory", memory, str(exc)) from None
         return data
 
     @model_validator(mode="after")
@@ -124,7 +135,10 @@ class OATGRPOConfig(ConfigModel):
             keys = ("family", "entry", "params", "max_steps", "reentry", "episode_timeout_s")
             self.eval_tasks = self.eval_tasks.model_copy(update={k: getattr(self.train_tasks, k) for k in keys})
         if self.memory is None:
-            self.memory = parse_memory_config({"name": default_memory(self.train_tasks)})
+            try:
+                self.memory = parse_memory_config({"name": default_memory(self.train_tasks)})
+            except ComponentError as exc:
+                raise FieldError("memory", None, str(exc)) from None
         return self
 
     @model_validator(mode="after")
@@ -144,10 +158,7 @@ class OATGRPOConfig(ConfigModel):
 def default_memory(tasks: TaskSetConfig) -> str:
     """The memory system a task family runs by default (an episode function or an HTTP agent owns its memory:
     ``external`` only carries the sampling of its roles)."""
-    reg = family_of(tasks)
-    if reg.extra.get("kind") in ("episode", "http"):
-        return "external"
-    return reg.extra.get("memory") or "long_context"
+    return family_memory(family_of(tasks))
 
 
 def load_sam_tasks(cfg: TaskSetConfig, prefix: str) -> list[Any]:

@@ -38,6 +38,7 @@ import time
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from memrl.data.errors import UserCodeError, UserError
+from memrl.data.formats import render_admissible_actions
 from memrl.data.registry import ComponentError, entry_of, import_entry
 from memrl.data.user_code import CallTimeout, UserThread, describe, log_user_traceback, user_code_error
 
@@ -314,7 +315,7 @@ class GymTask:
         actions = self.info.get("admissible_actions")
         if not actions or self.over:
             return None
-        return "admissible actions:\n" + "\n".join(str(a) for a in actions)
+        return render_admissible_actions(actions)
 
     @property
     def stats(self) -> dict[str, int]:

@@ -40,6 +40,7 @@ __all__ = [
     "MemoryConfigBase",
     "RegisteredConfig",
     "build_memory",
+    "family_memory",
     "memory_names",
     "memory_registration",
     "parse_memory_config",
@@ -53,6 +54,25 @@ def memory_names(builtin_only: bool = False) -> list[str]:
     if builtin_only:
         return sorted(r.name for r in MEMORY_SYSTEMS.items() if r.entry.startswith("memrl."))
     return MEMORY_SYSTEMS.names()
+
+
+def family_memory(family: Registration[Any], key: str = "memory") -> str:
+    """The memory system a task family runs when the config names none: ``external`` for an episode function or an
+    HTTP agent (its loop owns its memory), else the family's registered default (``@register_task(memory=...)``). A
+    family without one is a :class:`ComponentError` naming ``key`` and the choices: memrl never picks a system that
+    leaves the memory model uncalled for the user."""
+    if family.extra.get("kind") in ("episode", "http"):
+        return "external"
+    default = family.extra.get("memory")
+    if default:
+        return str(default)
+    label = repr(family.name) if family.name else f"{family.entry!r}"
+    choices = [n for n in memory_names() if n != "external"]
+    raise ComponentError(
+        f"task family {label} has no default memory system, so the config must name one: {key}: {{name: "
+        f"NAME}} with NAME one of {', '.join(choices)}, or your own as {key}: {{entry: 'package.module:Class'}} "
+        f"(long_context keeps the whole history in the reasoner's context and never calls the memory model)"
+    )
 
 
 def memory_registration(cfg: Any) -> Registration[Any]:
