@@ -6,14 +6,20 @@
 2. ``on_page_content``: the code's docstrings use reStructuredText roles (``:func:`x```, ``:class:`~a.b.C```); rendered
    as Markdown they would show the role's name. The role is dropped and ``~a.b.C`` is shortened to ``C``, as Sphinx
    shows it.
+3. ``on_files``: the results pages' plots, drawn by ``docs/scripts/plots.py`` from the JSON in ``docs/figures`` at
+   every build and served as ``figures/plots/<name>.svg`` (never written into the source tree).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
+
+from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGE = ROOT / "build" / "docs-api"
@@ -59,6 +65,21 @@ def strip_roles(html: str) -> str:
 def on_startup(command: str, dirty: bool) -> None:
     """Stage the package before mkdocstrings' handler looks for it."""
     stage_package()
+
+
+def load_plots_module() -> Any:
+    """``docs/scripts/plots.py`` as a module (the scripts folder is not a package)."""
+    spec = importlib.util.spec_from_file_location("memrl_docs_plots", ROOT / "docs" / "scripts" / "plots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def on_files(files: Files, config: Any) -> Files:
+    """Add the plots, drawn now from the committed JSON, as generated files of the site."""
+    for name, content in load_plots_module().render_all().items():
+        files.append(File.generated(config, f"figures/plots/{name}", content=content))
+    return files
 
 
 def on_page_content(html: str, page: object, config: object, files: object) -> str:

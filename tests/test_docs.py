@@ -1,5 +1,6 @@
-"""The documentation (issue 40): generated pages are current, citations resolve, nothing cites a file outside the
-repository, and the README links to every page of the site.
+"""The documentation: generated pages are current, citations resolve, nothing cites a file outside the
+repository, the README links to every page of the site, and the results pages open
+with their claim and a plot drawn from the committed JSON.
 
 The site's strict build itself (every internal link and anchor) is a step of the test command (launch/docs.sh, run
 by launch/test.sh); the tutorials' code runs in tests/test_tutorials.py.
@@ -145,3 +146,65 @@ def test_the_advantage_preset_marked_default_is_the_default() -> None:
     )
     rows = set(re.findall(r"^\| `(\w+)`(?: \(default\))? \|", page, flags=re.M))
     assert set(ADVANTAGE_PRESETS) <= rows, f"presets missing from the page's table: {set(ADVANTAGE_PRESETS) - rows}"
+
+
+def plots_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memrl_docs_plots", DOCS / "scripts" / "plots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RESULTS_PAGES = sorted((DOCS / "results").glob("*.md"))
+PLOT_LINK = re.compile(r"!\[[^\]]+\]\(\.\./figures/plots/([\w-]+)\.svg\)")
+
+
+@pytest.mark.parametrize("page", RESULTS_PAGES, ids=lambda p: p.name)
+def test_each_results_page_opens_with_its_claim_then_a_drawn_plot(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    blocks = [b.strip() for b in text.split("\n\n") if b.strip()]
+    assert blocks[0].startswith("# "), f"{page.name} does not start with its title"
+    claim = blocks[1]
+    assert not claim.startswith(("|", "!", "#", "??", "```")), f"{page.name}: the first paragraph is not a claim"
+    sentences = re.split(r"(?<=[.!?])\*{0,2}\s+(?=[A-Z*(])", re.sub(r"\s+", " ", claim))
+    assert len(sentences) <= 2, f"{page.name}: the opening claim is {len(sentences)} sentences, not one or two"
+    plots = PLOT_LINK.findall(text)
+    assert plots, f"{page.name} shows no plot drawn from the committed JSON (../figures/plots/<name>.svg)"
+    assert text.index("](../figures/plots/") < text.index("\n## ") if "\n## " in text else True
+    unknown = set(plots) - set(plots_module().PLOTS)
+    assert not unknown, f"{page.name} shows plots docs/scripts/plots.py does not draw: {unknown}"
+
+
+def test_plots_are_drawn_only_from_committed_json_and_the_same_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    plots = plots_module()
+    read: set[str] = set()
+    load = plots.load
+
+    def recording_load(name: str) -> dict:
+        read.add(name)
+        return load(name)
+
+    monkeypatch.setattr(plots, "load", recording_load)
+    first = plots.render_all()
+    assert first == plots.render_all(), "the same JSON drew different SVG bytes"
+    assert all(content.startswith(b"<?xml") and b"<svg" in content for content in first.values())
+    committed = {p.name for p in tracked("docs/figures/*.json")}
+    assert read and read <= committed, f"plots read files that are not committed: {sorted(read - committed)}"
+
+
+# Words about how the project was made, which no user-facing text carries (the changelog is the history).
+PROCESS_WORDS = re.compile(r"issue [0-9]|this wave|lease|acceptance [0-9]", re.IGNORECASE)
+
+
+def test_no_page_speaks_of_how_the_project_was_made() -> None:
+    pages = [ROOT / "README.md", *[p for p in tracked("docs/*") if p.name != "changelog.md"]]
+    offenders = [
+        f"{page.relative_to(ROOT)}:{n}: {line.strip()[:100]}"
+        for page in pages
+        if page.suffix in {".md", ".json", ".sh", ".py", ".yml"}
+        for n, line in enumerate(page.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if PROCESS_WORDS.search(line)
+    ]
+    assert not offenders, "\n".join(offenders)

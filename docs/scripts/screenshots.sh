@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Screenshots of three pages of the built site (issue 40, acceptance 5): home, the OAT-GRPO concept page and the
-# own-agent tutorial, written to docs/figures/screenshots/. Builds the site first (launch/docs.sh), then renders each
+# Screenshots of pages of the built site: home, the OAT-GRPO concept page, the own-agent tutorial, the results index
+# and two results pages, written to docs/figures/screenshots/. Builds the site first (launch/docs.sh), then renders each
 # page's file:// URL in headless Chromium (Debian's `chromium`; `apt-get install -y chromium`), offline, at a fixed
 # window size (a screenshot is the window, so the height is chosen to show the page's first sections).
 #
@@ -21,4 +21,7 @@ shoot() {  # PAGE NAME WIDTH,HEIGHT
 shoot index home 1280,1800
 shoot concepts/oat_grpo oat_grpo 1280,2400
 shoot own_agent own_agent 1280,2300
+shoot results/index results_index 1280,1500
+shoot results/learning results_learning 1280,2000
+shoot results/textworld results_textworld 1280,2000
 ls -l "$out"
