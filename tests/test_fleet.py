@@ -360,6 +360,8 @@ def sample_differences(mine: list[Any], reference: list[Any]) -> tuple[int, int,
     return samples, differing, worst
 
 
+# protects: a Ray fleet of vLLM engines: 1 and 2 workers build identical SAM groups (tokens and log-probs); LoRA and
+# full-weight syncs reach every worker
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_fleet_two_workers_match_one_and_weight_syncs_reach_every_worker(

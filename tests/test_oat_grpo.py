@@ -100,6 +100,8 @@ def test_slurm_placement_overrides_replace_the_engines() -> None:
 # (a) end to end
 
 
+# protects: `memrl train oat-grpo` as a process on the tiny model: config, metrics, the two newest checkpoints, policy
+# versions, summary and committee cache
 @pytest.mark.slow
 def test_cli_run_writes_config_metrics_checkpoints_policies_and_summary(uninterrupted: Path) -> None:
     run_dir = uninterrupted

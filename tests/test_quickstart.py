@@ -76,6 +76,7 @@ def check_quickstart_run(run_dir: Path) -> None:
     for key in ("success_sft", "success_rl", "success_sft_greedy", "success_rl_greedy"):
         assert 0.0 <= summary[key] <= 1.0
     assert summary["export"] is not None and summary["reasoner_tokens_rl"] > 0
+    assert figures["export"]["ok"] and figures["export"]["differs_from_base"]["differs"]  # verified in vLLM too
     # The resolved config holds the overrides; the report and every plot exist; metrics.jsonl has one parseable JSON
     # object per line; the export is a loadable checkpoint.
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())

@@ -389,6 +389,8 @@ def _final_weights(final: Path) -> dict[str, torch.Tensor]:
     return load_file(final / name)
 
 
+# protects: sft (the HF Trainer under DeepSpeed) with 2 real processes equals 1 process: ZeRO-2 full weights and ZeRO-3
+# LoRA
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize(

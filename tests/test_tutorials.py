@@ -101,6 +101,7 @@ def run_block(block: Block, work: Path, index: int, env: dict[str, str]) -> None
     )
 
 
+# protects: every tutorial page's commands run as written, at the tiny scale its comments set
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # a page is several commands (each block has its own limit); on a loaded 2-core machine the
 #                             cluster page took 11 minutes
