@@ -33,6 +33,8 @@ def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     )
 
 
+# protects: benchmarks/ablations.py end to end at --smoke: its JSON last line, --recompute from the records alone, a
+# rerun reusing every finished run
 @pytest.mark.slow
 def test_smoke_run_keeps_the_records_recomputes_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
     common = [
@@ -93,6 +95,8 @@ print(torch.get_num_threads(), weights_digest(out / "sft" / "final"))
 """
 
 
+# protects: the shared SFT start's weights do not depend on the caller's thread count (a real distil and SFT in
+# processes started with 1 and 2 threads); the fast test checks only that the count is pinned
 @pytest.mark.slow
 def test_the_sft_start_has_one_digest_with_1_and_2_threads(tmp_path: Path, tiny_model_dir: Path) -> None:
     """The shared SFT start built by processes that start with 1 and with 2 torch threads (OMP_NUM_THREADS): the

@@ -14,6 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# protects: benchmarks/advantage_shares.py's JSON at its smallest setting: every advantage option on the same SAM trees,
+# with the trainer's diagnostics
 @pytest.mark.slow
 def test_advantage_shares_compares_every_option_on_one_batch(tmp_path: Path) -> None:
     from memrl.rewards.advantage import ADVANTAGE_PRESETS
@@ -55,6 +57,8 @@ def test_advantage_shares_compares_every_option_on_one_batch(tmp_path: Path) -> 
     )
 
 
+# protects: benchmarks/advantage_shares.py on proactive pivot groups: the paper's advantage pushes outcome-tied groups
+# toward silence, informative_only trains none of them
 @pytest.mark.slow
 def test_advantage_shares_of_pivot_groups_show_the_cost_only_push_toward_silence() -> None:
     cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))

@@ -14,6 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# protects: benchmarks/credit_accuracy.py's JSON at its smallest setting: every credit method and the committee scored
+# against replayed values
 @pytest.mark.slow
 def test_credit_accuracy_scores_every_method_on_all_and_on_tied_groups(tmp_path: Path) -> None:
     cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))

@@ -8,6 +8,7 @@ import pytest
 from tests.bench_run import run_benchmark
 
 
+# protects: benchmarks/gpu_trainer.py --quick on the CPU: memrl's and the reference step run and its JSON last line
 @pytest.mark.slow
 def test_gpu_trainer_quick_on_cpu() -> None:
     record = run_benchmark(

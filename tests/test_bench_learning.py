@@ -7,6 +7,7 @@ import pytest
 from tests.bench_run import run_benchmark
 
 
+# protects: benchmarks/learning.py's JSON at --smoke (the quickstart pipeline run as a benchmark)
 @pytest.mark.slow
 def test_learning_smoke(tmp_path) -> None:
     record = run_benchmark("learning", ["--smoke", "--iterations", "1", "--eval-samples", "1", "--work", str(tmp_path)])

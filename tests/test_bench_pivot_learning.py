@@ -65,23 +65,6 @@ def _run(*args: str) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.slow
-def test_select_chooses_on_dev_with_two_jobs(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from benchmarks.pivot_learning import SELECT_GRID
-
-    selection = _run("--work", str(tmp_path / "w"), "--select", "--select-entries", "0", "3", "--jobs", "2")[-1]
-    assert selection["benchmark"] == "pivot_learning-select" and selection["split"] == "dev"
-    assert [c["overrides"] for c in selection["candidates"]] == [SELECT_GRID[0], SELECT_GRID[3]]
-    assert selection["grid_entries"] == [0, 3]
-    best = max(c["dev_pass_rate"] for c in selection["candidates"])
-    assert selection["chosen"] == next(c for c in selection["candidates"] if c["dev_pass_rate"] == best)  # ties: first
-    saved = json.loads((tmp_path / "w" / "clean_long" / "selected_on_dev.json").read_text())
-    assert saved["chosen"] == selection["chosen"] and saved["start_weights"] == selection["start_weights"]
-    assert sorted(
-        p.parts[-4] for p in (tmp_path / "w" / "clean_long" / "select").glob("c*/F1/seed0/pivot.dev.json")
-    ) == ["c0", "c3"]
-
-
 def test_the_select_grid_crosses_every_advantage_preset_with_the_costs_and_learning_rates() -> None:
     from benchmarks.pivot_learning import SELECT_GRID
     from memrl.rewards.advantage import ADVANTAGE_PRESETS, AdvantageConfig
@@ -99,8 +82,16 @@ def test_the_select_grid_crosses_every_advantage_preset_with_the_costs_and_learn
         PivotRewardConfig(advantage=entry["reward.advantage"], reminder_cost=entry["reward.reminder_cost"])
 
 
+# protects: the benchmark's own processes end to end (the start built once and shared, --jobs 2, --reuse, --select on
+# dev) and its JSON last line at its smallest setting; the fast tests check the selection grid and overrides only
 @pytest.mark.slow
-def test_two_jobs_share_the_runs_and_a_rerun_reads_them_back(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_two_jobs_share_the_runs_a_rerun_reads_them_back_and_select_chooses_on_dev(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """One work folder, so the start (teacher tasks and SFT) is built once: a test run with two processes and two seeds,
+    its rerun read back, then ``--select`` on dev with two processes."""
+    from benchmarks.pivot_learning import SELECT_GRID
+
     work = str(tmp_path / "w")
     lines = _run("--work", work, "--seeds", "0", "1", "--jobs", "2")
     record = lines[-1]
@@ -118,6 +109,19 @@ def test_two_jobs_share_the_runs_and_a_rerun_reads_them_back(tmp_path: Path, tin
 
     again = _run("--work", work, "--seeds", "0", "1", "--reuse")[-1]
     assert again["by_fatal_pivots"] == record["by_fatal_pivots"] and again["runs"] == record["runs"]
+
+    # settings chosen on dev (the runs above were not: no selection file existed then), from the same start (--reuse)
+    selection = _run("--work", work, "--reuse", "--select", "--select-entries", "0", "3", "--jobs", "2")[-1]
+    assert selection["benchmark"] == "pivot_learning-select" and selection["split"] == "dev"
+    assert [c["overrides"] for c in selection["candidates"]] == [SELECT_GRID[0], SELECT_GRID[3]]
+    assert selection["grid_entries"] == [0, 3]
+    best = max(c["dev_pass_rate"] for c in selection["candidates"])
+    assert selection["chosen"] == next(c for c in selection["candidates"] if c["dev_pass_rate"] == best)  # ties: first
+    saved = json.loads((tmp_path / "w" / "clean_long" / "selected_on_dev.json").read_text())
+    assert saved["chosen"] == selection["chosen"] and saved["start_weights"] == selection["start_weights"]
+    assert sorted(
+        p.parts[-4] for p in (tmp_path / "w" / "clean_long" / "select").glob("c*/F1/seed0/pivot.dev.json")
+    ) == ["c0", "c3"]
 
 
 def test_settings_chosen_on_dev_are_applied_before_the_command_line_and_key_the_runs(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ import pytest
 from tests.bench_run import run_benchmark
 
 
+# protects: benchmarks/resume_faults.py: a SIGKILL in the first checkpoint write (staleness 0) resumes to the
+# uninterrupted run's weights, no orphan process; its JSON
 @pytest.mark.slow
 def test_resume_faults_one_trial(tmp_path: Path) -> None:
     record = run_benchmark(

@@ -8,6 +8,7 @@ import pytest
 from tests.bench_run import run_benchmark
 
 
+# protects: benchmarks/rollout_scaling.py's JSON at its smallest setting (fleet, one-step-off and async figures)
 @pytest.mark.slow
 def test_rollout_scaling_smallest() -> None:
     record = run_benchmark("rollout_scaling", ["--tasks", "2", "--iterations", "2", "--latency-ms", "5", "--skip-vllm"])

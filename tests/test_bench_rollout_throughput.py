@@ -7,6 +7,7 @@ import pytest
 from tests.bench_run import run_benchmark
 
 
+# protects: benchmarks/rollout_throughput.py's JSON: vLLM's and transformers' tokens per second
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_rollout_throughput_smallest() -> None:

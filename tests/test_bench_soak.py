@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# protects: benchmarks/soak.py's JSON: the driver's and a Ray worker's memory and open files per iteration
 @pytest.mark.slow
 def test_soak_prints_memory_and_open_files_of_driver_and_workers(tiny_model_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.run(

@@ -33,6 +33,7 @@ def test_a_work_folder_refuses_another_scale(tmp_path: Path, capsys: pytest.Capt
     assert "cached stages of an unrecorded scale" in capsys.readouterr().err
 
 
+# protects: benchmarks/textworld.py's JSON at its smallest setting on a generated Microsoft TextWorld game
 @pytest.mark.slow
 def test_textworld_benchmark_smallest_setting(tmp_path: Path) -> None:
     pytest.importorskip("textworld", reason="the textworld extra is not installed")

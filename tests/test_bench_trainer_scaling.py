@@ -7,6 +7,8 @@ import pytest
 from tests.bench_run import run_benchmark
 
 
+# protects: benchmarks/trainer_scaling.py's JSON: memrl's step against the reference at the real vocabulary, log-probs
+# within 1e-3
 @pytest.mark.slow
 def test_trainer_scaling_one_context() -> None:
     record = run_benchmark(

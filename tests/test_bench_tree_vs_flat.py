@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# protects: benchmarks/tree_vs_flat.py's JSON: token ratios and reasoner tokens per correctly-signed action from replays
 @pytest.mark.slow
 def test_tree_vs_flat_reports_tokens_per_correctly_signed_action() -> None:
     out = subprocess.run(

@@ -352,6 +352,8 @@ def _forward_logprobs(model: Any, prompt: list[int], response: list[int]) -> tor
     return logp[len(prompt) - 1 :].gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
 
 
+# protects: the OpenAI engine against a real vLLM server: prompt ids, sampled tokens and log-probs (equal to
+# transformers'), usage and prefix-cache hits; the fast tests use a fake server
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_token_in_token_out_against_vllm_server(vllm_server: str, tiny_model_dir: Path) -> None:

@@ -1,5 +1,8 @@
 """The real vLLM CPU engine on the tiny model: log-probs against transformers, samples and seeds, stop handling,
-prefix-cache accounting against the simulator, LoRA hot-swap and in-place full-weight updates."""
+prefix-cache accounting against the simulator, LoRA hot-swap (PEFT's adapters and the one ``memrl sft`` saves) and
+in-place full-weight updates. One engine serves the module: starting vLLM is most of its cost.
+
+protects: the real vLLM engine's token-in/token-out contract; no fast test starts vLLM."""
 
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ def engine(tiny_model_dir: Path):
         max_model_len=1024,
         block_size=32,
         enable_lora=True,
-        max_lora_rank=8,
+        max_lora_rank=16,  # the trainer's default LoRA rank (the sync check's adapters)
     )
     eng = build_engine(cfg)
     yield eng
@@ -221,6 +224,58 @@ def test_lora_hot_swap(engine, hf_model, tiny_model_dir, tmp_path) -> None:
     assert all(r.policy_version == 0 for r in restored)
 
 
+def test_an_sft_lora_adapter_serves_its_weights(engine, tiny_model_dir, tmp_path) -> None:
+    """The adapter ``memrl sft`` saves (LoRA on the recall role) hot-loads into the engine: its greedy log-probs are
+    transformers' with the adapter, far from the base model's."""
+    from peft import PeftModel
+    from test_sft import make_cfg, sam_traces
+
+    from memrl.data.distill import distill_traces
+    from memrl.data.formats import render_sam_recall_prompt
+    from memrl.train.sft import run_sft
+
+    distill_traces(sam_traces(40), tmp_path / "data", progress=False)
+    cfg = make_cfg(
+        tiny_model_dir,
+        tmp_path,
+        "lora",
+        data={"dir": str(tmp_path / "data"), "roles": ["recall"]},
+        lora={"enabled": True, "r": 8, "alpha": 16},
+        train={"max_steps": 8, "lr": 5e-3},
+    )
+    run_sft(cfg)
+    adapter = tmp_path / "lora" / "final"
+    prompt = [
+        Message(**m)
+        for m in render_sam_recall_prompt(
+            "where is the red key?", 3, "t3> open drawer 5\nthe red key is in drawer 5", ""
+        )
+    ]
+    request = GenerationRequest(messages=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=8, logprobs=True))
+    engine.load_adapter(adapter, version=1)
+    try:
+        assert engine.policy_version == 1
+        out = engine.generate([request])[0]
+    finally:
+        engine.use_base()
+    tuned = out.completions[0]
+    peft_model = PeftModel.from_pretrained(load_causal_lm(tiny_model_dir), str(adapter)).eval()
+    ids = torch.tensor([out.prompt_ids + tuned.response_ids])
+    start = len(out.prompt_ids) - 1
+
+    def hf_logprobs() -> torch.Tensor:
+        with torch.no_grad():
+            logp = torch.log_softmax(peft_model(input_ids=ids).logits[0, :-1].float(), -1)
+        return logp[start:].gather(-1, ids[0, start + 1 :, None]).squeeze(-1)
+
+    with_adapter = hf_logprobs()
+    with peft_model.disable_adapter():
+        base = hf_logprobs()
+    served = torch.tensor(tuned.logprobs)
+    assert torch.allclose(served, with_adapter, atol=2e-3), (served, with_adapter)
+    assert (served - base).abs().max() > 0.1, (served, base)
+
+
 def test_full_weight_update(engine, tiny_model_dir) -> None:
     requests = seeded(n=2)
     base = engine.generate(requests)
@@ -241,3 +296,44 @@ def test_full_weight_update(engine, tiny_model_dir) -> None:
     assert restored[0].policy_version == 4
     with pytest.raises(EngineError, match="safetensors"):
         engine.update_weights(str(tiny_model_dir / "no-such-dir"), version=5)
+
+
+def test_a_sync_check_passes_taken_syncs_and_stops_on_an_ignored_one(engine, tiny_model_dir, tmp_path, monkeypatch):
+    """The weight-sync check on this engine, LoRA hot-swap and the in-place full-weight reload: taken syncs pass (the
+    fp32 gap is at rounding level), an ignored one stops the run (tests/test_sync_check.py checks the HF engine).
+    Last in the module: it leaves the trainer's weights in the engine until it reloads the tiny model's."""
+    from test_sync_check import trainer_groups
+
+    from memrl.rollout.engines.vllm_engine import VLLMEngine
+    from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+    from memrl.train.online import sync_policy
+    from memrl.train.policy import LoraSettings, PolicySpec
+    from memrl.train.weight_sync import SyncCheckConfig, SyncCheckError, SyncVerifier
+
+    try:
+        for lora in (True, False):
+            torch.manual_seed(0)
+            trainer = GroupTrainer(
+                PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lr=1e-3, lora=LoraSettings(enabled=lora))
+            )
+            verifier = SyncVerifier(trainer, SyncCheckConfig())
+            root = tmp_path / ("lora" if lora else "full")
+            sync_policy(trainer, engine, root)
+            assert verifier.check(engine)["sync_check_gap"] < 1e-5
+            trainer.step(trainer_groups(verifier.prompts))
+            sync_policy(trainer, engine, root)
+            assert verifier.check(engine)["sync_check_gap"] < 1e-5
+            trainer.step(trainer_groups(verifier.prompts))
+            with monkeypatch.context() as patch:
+                patch.setattr(
+                    VLLMEngine,
+                    "load_adapter" if lora else "update_weights",
+                    lambda self, path, version: setattr(self, "policy_version", version),
+                )
+                sync_policy(trainer, engine, root)
+                with pytest.raises(SyncCheckError, match=f"engine {engine.name} at policy version 2 answers the probe"):
+                    verifier.check(engine)
+            engine.use_base(0)
+    finally:
+        engine.use_base(0)
+        engine.update_weights(str(tiny_model_dir), version=0)

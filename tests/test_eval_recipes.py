@@ -99,6 +99,8 @@ def test_a_system_that_surfaces_nothing_is_reported_as_needing_a_real_model(
 # The LoCoMo recipe against a real vLLM OpenAI-compatible server on the tiny model (one server for the three roles)
 
 
+# protects: the LoCoMo eval recipe end to end with reasoner, memory model and judge behind one real vLLM server (16K
+# context)
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, model_cache: Path) -> None:

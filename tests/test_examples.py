@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 MEMRL = [sys.executable, "-m", "memrl.launch.cli"]
 
+# protects: each worked example trains, distils and evaluates through `memrl` as a user runs it (its own files)
 pytestmark = pytest.mark.slow
 
 

@@ -144,6 +144,8 @@ def test_push_to_hub_fails_before_any_work_without_token_or_network(
     assert not (tmp_path / "cli").exists()
 
 
+# protects: an export with a merged LoRA adapter loads and generates in vLLM, its first greedy token equal to
+# transformers'
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_export_loads_and_generates_in_vllm(tmp_path: Path, tiny_model_dir: Path, adapter_dir: Path) -> None:

@@ -235,6 +235,7 @@ def test_fork_at_a_pending_call_shares_the_embedder_and_nothing_else() -> None:
     assert mem.support.count("[turn ") == 1 and twin.support.count("[turn ") == 4
 
 
+# protects: the packaged MiniLM embedder loads offline and ranks by meaning (the fast tests use cheaper embedders)
 @pytest.mark.slow
 def test_packaged_minilm_loads_offline_and_ranks_by_meaning() -> None:
     embedder = MiniLMEmbedder()

@@ -731,18 +731,6 @@ def test_a_transformers_memory_model_runs_in_the_loop(tiny_model_dir: Path, toke
     _run_with_model_memory(engine, tokenizer)
 
 
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_a_vllm_memory_model_runs_in_the_loop(tiny_model_dir: Path, tokenizer: Any) -> None:
-    from memrl.rollout.engines import EngineConfig, build_engine
-
-    engine = build_engine(EngineConfig(backend="vllm", model=str(tiny_model_dir), dtype="float32", max_model_len=1024))
-    try:
-        _run_with_model_memory(engine, tokenizer)
-    finally:
-        engine.close()
-
-
 def test_the_tree_builder_branches_sam_recalls_built_by_sam_rollout() -> None:
     from memrl.rollout.tree import TreeConfig, build_trees
 

@@ -230,6 +230,7 @@ def test_reasoner_and_expert_win_through_sam_and_a_fork_replays(tw_cache: Path) 
         copy.deepcopy(rollout.env)
 
 
+# protects: a real generated TextWorld game: played, re-entered by replay and trained one OAT-GRPO iteration
 @pytest.mark.slow
 def test_acceptance_generated_game_played_replayed_and_one_oat_grpo_iteration(
     tmp_path: Path, tiny_model_dir: Path

@@ -1,18 +1,16 @@
-"""``memrl train oat-grpo`` end to end on the tiny config: outputs, SIGKILL + ``--resume``, and placement endpoints.
+"""``memrl train oat-grpo`` end to end on the tiny config: outputs and placement endpoints.
 
 The runs are subprocesses of the real CLI on the tiny model (transformers rollout engine, scripted reasoner, the
-oracle committee with the offline judge): 2 SAM tasks per iteration, a 6-step tour, K = 2, 3 iterations. The
-uninterrupted run is shared by the end-to-end test and the resume test. The 2-process DeepSpeed run is in
-tests/test_distributed.py.
+oracle committee with the offline judge): 2 SAM tasks per iteration, a 6-step tour, K = 2, 3 iterations. SIGKILL
+and ``--resume`` are in tests/test_resume_faults.py and tests/test_bench_resume_faults.py, the 2-process DeepSpeed
+run in tests/test_distributed.py.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +100,8 @@ def test_slurm_placement_overrides_replace_the_engines() -> None:
 # (a) end to end
 
 
+# protects: `memrl train oat-grpo` as a process on the tiny model: config, metrics, the two newest checkpoints, policy
+# versions, summary and committee cache
 @pytest.mark.slow
 def test_cli_run_writes_config_metrics_checkpoints_policies_and_summary(uninterrupted: Path) -> None:
     run_dir = uninterrupted
@@ -139,60 +139,3 @@ def test_cli_run_writes_config_metrics_checkpoints_policies_and_summary(uninterr
     assert ckpts == [f"ckpt-{ITERATIONS - 2:06d}", f"ckpt-{ITERATIONS - 1:06d}"]
     assert all((run_dir / "checkpoints" / c / "COMPLETE").exists() for c in ckpts)
     assert any((run_dir / "committee_cache").rglob("*"))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# (b) SIGKILL mid-run, then --resume
-
-
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            raise AssertionError(f"the run ended before {path} appeared:\n{out[-2000:]}\n{err[-4000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path} did not appear within {timeout} s")
-        time.sleep(0.05)
-
-
-@pytest.mark.slow
-def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(
-    uninterrupted: Path, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    args = tiny_overrides(tiny_model_dir, tmp_path, "killed")
-    run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(
-        cli(*args), cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        wait_for(run_dir / "checkpoints" / f"ckpt-{0:06d}" / "COMPLETE", proc)
-        proc.send_signal(signal.SIGKILL)  # inside iteration 1: its rollouts have started
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL
-    assert not (run_dir / "summary.json").exists()
-    assert not (run_dir / "checkpoints" / f"ckpt-{ITERATIONS - 1:06d}").exists()  # the run had not finished
-
-    resumed = run_cli(*args, "--resume")
-    assert "resumed from ckpt-" in resumed.stdout
-    ref, got = iterations_of(uninterrupted), iterations_of(run_dir)
-    assert sorted(got) == sorted(ref) == list(range(ITERATIONS))
-    # The same data order and the same number of updates as the uninterrupted run.
-    assert [got[i]["tasks"] for i in range(ITERATIONS)] == [ref[i]["tasks"] for i in range(ITERATIONS)]
-    assert [got[i]["updates"] for i in range(ITERATIONS)] == [ref[i]["updates"] for i in range(ITERATIONS)]
-    assert [got[i].get("policy_version") for i in range(ITERATIONS)] == [
-        ref[i].get("policy_version") for i in range(ITERATIONS)
-    ]
-    summary, ref_summary = (json.loads((d / "summary.json").read_text()) for d in (run_dir, uninterrupted))
-    assert summary["updates"] == ref_summary["updates"] >= 1
-    assert summary["policy_version"] == ref_summary["policy_version"] >= 1
-    assert [h["iteration"] for h in summary["history"]] == list(range(ITERATIONS))
-    # Restored weights, optimizer and rollout seeds: the resumed iterations roll out and learn the same way.
-    for i in range(ITERATIONS):
-        assert got[i]["reward_mean"] == pytest.approx(ref[i]["reward_mean"], abs=1e-9)
-        assert ("loss" in got[i]) == ("loss" in ref[i])
-        if "loss" in ref[i]:
-            assert got[i]["loss"] == pytest.approx(ref[i]["loss"], rel=1e-4, abs=1e-7)

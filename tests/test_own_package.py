@@ -133,6 +133,7 @@ eval_samples: 0
 """
 
 
+# protects: a built wheel in a fresh venv trains a user's own package
 @pytest.mark.slow
 def test_a_wheel_trains_a_package_of_your_own(tmp_path: Path, tiny_model_dir: Path) -> None:
     python, _ = wheel_venv(tmp_path)

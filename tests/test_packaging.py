@@ -98,6 +98,8 @@ def test_layers_contract_holds_and_catches_an_upward_import(tmp_path):
     assert "memrl.data.io -> memrl.train.surrogate" in report
 
 
+# protects: the built wheel installed in a fresh venv: one memrl namespace beside a user's data/ and train.py, the
+# console script and the shipped configs work
 @pytest.mark.slow
 def test_built_wheel_installs_one_namespace(tmp_path):
     """Build the wheel, install it (no dependencies) into a fresh venv that borrows this venv's third-party packages,

@@ -170,6 +170,8 @@ def test_a_non_deterministic_environment_is_named_with_both_observations() -> No
         )
 
 
+# protects: `memrl train pivot-grpo` on the Gym vault example: pivots found, the tiny model updated, a resume reloading
+# the pool
 @pytest.mark.slow
 def test_pivot_grpo_trains_on_the_gym_example_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
     """``memrl train pivot-grpo`` on the vault game: the tiny model is the proactive agent's Phase 2 (its untagged

@@ -75,6 +75,7 @@ def real_vocab_model(out: Path, tokenizer_dir: Path) -> Path:
     return out
 
 
+# protects: memrl plan's trainer memory estimate against a measured CPU step at the real vocabulary (within 25%)
 @pytest.mark.slow
 def test_trainer_estimate_within_25_percent_of_a_measured_cpu_run(tiny_model_dir: Path, tmp_path: Path) -> None:
     model = real_vocab_model(tmp_path / "model", tiny_model_dir)

@@ -12,6 +12,8 @@ import pytest
 from benchmarks import resume_faults as bench
 
 
+# protects: OAT-GRPO killed in its first and last checkpoint writes and at a random moment, one step off, resumes to the
+# uninterrupted run's weights
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_the_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
     """One-step-off rollouts (``loop.max_staleness=1``, in the driver): kills in the first and in the last checkpoint

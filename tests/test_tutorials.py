@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_quickstart import check_quickstart_run
 from tests.tutorial_blocks import ROOT, Block, append_to_memrl_commands, parse_page, tutorial_pages
 
 PAGES = tutorial_pages()
+# A page whose run is also checked in full, so its pipeline runs once in the suite: the quickstart page's
+# `memrl quickstart` (the shrunken config that tests/test_quickstart.py checks).
+RUN_CHECKS = {"quickstart": lambda work: check_quickstart_run(work / "runs" / "quickstart-tutorial")}
 NOT_LINKED = {".git", "runs", "site", "build", ".venv", ".pytest_cache", ".ruff_cache", "wandb"}
 
 
@@ -99,6 +103,7 @@ def run_block(block: Block, work: Path, index: int, env: dict[str, str]) -> None
     )
 
 
+# protects: every tutorial page's commands run as written, at the tiny scale its comments set
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # a page is several commands (each block has its own limit); on a loaded 2-core machine the
 #                             cluster page took 11 minutes
@@ -118,3 +123,5 @@ def test_tutorial_page_runs(page: Path, tmp_path: Path) -> None:
     }
     for index, block in enumerate(b for b in parse_page(page) if b.runs):
         run_block(block, work, index, env)
+    if page.stem in RUN_CHECKS:
+        RUN_CHECKS[page.stem](work)

@@ -26,6 +26,7 @@ STEPS = 3
 # (LoRA, gradient checkpointing): the whole grid on CUDA; on CPU (a minute of the slow suite) the two diagonal cases,
 # which between them cover LoRA and full weights, checkpointing on and off.
 GRID = [(True, False), (True, True), (False, False), (False, True)]
+# protects: (the cpu cases) the bf16 trainer step's finiteness, determinism and learning without a GPU machine
 CASES = [
     pytest.param(device, lora, ckpt, marks=mark, id=f"{device}-{'lora' if lora else 'full'}-{'ckpt' if ckpt else 'no'}")
     for device, mark, grid in [("cuda", pytest.mark.gpu, GRID), ("cpu", pytest.mark.slow, [GRID[0], GRID[3]])]
