@@ -1,13 +1,14 @@
 """``memrl plan``: per-rank GPU memory of a GRPO recipe, estimated before launch.
 
 For the trainer ranks: the model states (parameters, gradients, optimizer) under the recipe's ZeRO stage from
-DeepSpeed's own estimators (``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``;
-plain DDP and the LoRA adapter's own states counted as PyTorch keeps them), the activations of one micro-batch at the
-token budget (``trainer.max_tokens_per_micro_batch``; with gradient checkpointing one layer's worth plus every layer's
-input), and the logits of the chunked response log-probs (``trainer.logit_chunk_tokens`` positions at a time). For
-the policy's vLLM engine: its memory share (``placement.policy.gpu_memory_utilization``) split into weights and KV
-cache. A colocated engine shares rank 0's GPU: its share counts during rollouts and, unless it sleeps, during updates.
-A recipe that cannot fit is flagged with the key to change.
+DeepSpeed's own estimators (``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``; plain
+DDP and the LoRA adapter's own states counted as PyTorch keeps them), the activations of one micro-batch at the token
+budget (``trainer.max_tokens_per_micro_batch``; with gradient checkpointing one layer's worth plus every layer's input;
+packed rows build no attention mask, so nothing grows with the budget squared), and the logits of the chunked response
+log-probs (``trainer.logit_chunk_tokens`` positions at a time). For the policy's vLLM engine: its memory share
+(``placement.policy.gpu_memory_utilization``) split into weights and KV cache. A colocated engine shares rank 0's GPU:
+its share counts during rollouts and, unless it sleeps, during updates. A recipe that cannot fit is flagged with the key
+to change.
 
 The model's shape comes from ``--model-config`` (a ``config.json``), the base checkpoint's own ``config.json`` when it
 is on disk, or, for the recipes' bases before their SFT runs exist, the assumed shapes in :data:`ASSUMED_SHAPES`.
@@ -253,6 +254,14 @@ def trainer_memory(
     # What autograd keeps per token and layer with a fused (flash / SDPA) attention: norm inputs and outputs, q/k/v
     # before and after their norms and rotary, the attention output, the residuals, and the SwiGLU's four tensors.
     per_token_layer = act_bytes * (6 * shape.hidden + 4 * q + 4 * kv + 4 * shape.intermediate)
+    # Packed rows reach attention with their boundaries and no mask (memrl.train.attention): no term in L^2, only the
+    # kernel's fp32 log-sum-exp per head, and on GPU, where the installed varlen_attn has no grouped-query option, the
+    # keys and values repeated to every query head that its backward keeps.
+    per_token_layer += 4 * shape.heads
+    from memrl.train.attention import repeats_kv_heads
+
+    if gpu and kv < q and repeats_kv_heads():
+        per_token_layer += act_bytes * 2 * q
     if trainer.gradient_checkpointing:
         activations = tokens * (shape.layers * shape.hidden * act_bytes + per_token_layer)
     else:

@@ -105,3 +105,31 @@ def test_a_shape_round_trips_through_its_transformers_config() -> None:
     for shape in ASSUMED_SHAPES.values():
         assert ModelShape.from_hf_config(shape.to_hf_config()) == shape
     assert ModelShape.from_hf_config(SHAPES["qwen3.5-9b"]) == ASSUMED_SHAPES["qwen3.5-9b"]
+
+
+def test_the_packed_attention_transient_is_linear_in_tokens_with_repeated_kv_where_varlen_needs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Packed rows build no mask: the activations grow with the budget, plus the kernel's log-sum-exp per head and,
+    on GPU with a varlen_attn that has no grouped-query option, the repeated keys and values its backward keeps."""
+    import memrl.train.attention as attention
+
+    shape = ModelShape(hidden=256, layers=3, vocab=1000, heads=4, kv_heads=1, head_dim=64, intermediate=512)
+
+    def activations(tokens: int, *, gpu: bool = True) -> int:
+        cfg = GroupTrainerConfig(lora=LoraSettings(enabled=False), max_tokens_per_micro_batch=tokens, bf16=True)
+        estimate = trainer_memory(
+            shape, cfg, nodes=1, gpus_per_node=1, dtype="bfloat16", default_tokens=tokens, gpu=gpu
+        )
+        return estimate.activations
+
+    monkeypatch.setattr(attention, "_varlen", lambda: (object(), frozenset({"window_size", "enable_gqa"})))
+    native = activations(1024)
+    assert activations(4096) == 4 * native
+    per_token_layer = 2 * (6 * 256 + 4 * 256 + 4 * 64 + 4 * 512) + 4 * 4
+    assert native == 1024 * 3 * per_token_layer
+    monkeypatch.setattr(attention, "_varlen", lambda: (object(), frozenset({"is_causal"})))
+    assert activations(1024) - native == 1024 * 3 * 2 * 2 * 256  # K and V repeated to 4 heads of 64, bf16
+    assert activations(1024, gpu=False) == native  # the CPU path runs per-row SDPA, which repeats nothing
+    monkeypatch.setattr(attention, "_varlen", lambda: None)
+    assert activations(1024) == native

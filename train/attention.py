@@ -45,6 +45,7 @@ __all__ = [
     "document_block_mask",
     "packed_forward",
     "packed_kernel_for",
+    "repeats_kv_heads",
     "rows_can_share_a_sequence",
     "use_packed_attention",
 ]
@@ -89,6 +90,13 @@ def packed_kernel_for(device: torch.device, dtype: torch.dtype, dropout: float =
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and dropout == 0.0:
         return "varlen" if _varlen() is not None else "flex"
     return "per_row_sdpa"
+
+
+def repeats_kv_heads() -> bool:
+    """Whether grouped-query keys and values are repeated to every query head before ``varlen_attn`` (the installed
+    torch's has no ``enable_gqa``): the repeated copies are then saved for its backward."""
+    found = _varlen()
+    return found is not None and "enable_gqa" not in found[1]
 
 
 def _groups(query: torch.Tensor, key: torch.Tensor) -> int:

@@ -53,16 +53,22 @@ def tiny_causal_lm(arch: str, attn_implementation: str, device: torch.device, dt
     return model.to(device=device, dtype=dtype).eval()
 
 
-def padded_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-    """Per row, the log-probs of its response tokens from one right-padded batch with an attention mask and the full
-    [rows, length, vocab] logits: the reference the packed, response-only path must equal."""
-    device = next(model.parameters()).device
+def padded_batch(rows: list[tuple[list[int], list[int]]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask) of ``rows`` right-padded to the longest."""
     longest = max(len(p) + len(r) for p, r in rows)
     ids = torch.zeros(len(rows), longest, dtype=torch.long, device=device)
     mask = torch.zeros_like(ids)
     for i, (p, r) in enumerate(rows):
         ids[i, : len(p) + len(r)] = torch.tensor(p + r, device=device)
         mask[i, : len(p) + len(r)] = 1
+    return ids, mask
+
+
+def padded_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """Per row, the log-probs of its response tokens from one right-padded batch with an attention mask and the full
+    [rows, length, vocab] logits: the reference the packed, response-only path must equal."""
+    device = next(model.parameters()).device
+    ids, mask = padded_batch(rows, device)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
     out = []

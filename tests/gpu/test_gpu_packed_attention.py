@@ -29,7 +29,7 @@ from memrl.train.attention import (
     use_packed_attention,
 )
 from memrl.train.logprobs import pack_rows, packed_hidden_states, token_loss_and_logprobs
-from tests.gpu.models import ROW_LENGTHS, random_rows, tiny_causal_lm
+from tests.gpu.models import ROW_LENGTHS, padded_batch, random_rows, tiny_causal_lm
 
 TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (0.05, 2e-2)}  # (log-prob absolute, gradient relative)
 # (kernel, dtype) per device: what the trainer runs there, plus FlexAttention where varlen_attn is missing.
@@ -80,12 +80,7 @@ def padded_loss(model: torch.nn.Module, rows: list, weights: torch.Tensor) -> tu
     """The reference: one right-padded batch with an attention mask, full logits, the same weighted sum; backward."""
     model.zero_grad(set_to_none=True)
     device = weights.device
-    longest = max(len(p) + len(r) for p, r in rows)
-    ids = torch.zeros(len(rows), longest, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for i, (p, r) in enumerate(rows):
-        ids[i, : len(p) + len(r)] = torch.tensor(p + r, device=device)
-        mask[i, : len(p) + len(r)] = 1
+    ids, mask = padded_batch(rows, device)
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
     lps = []
     for i, (p, r) in enumerate(rows):
@@ -231,11 +226,7 @@ def test_unpacked_forwards_run_the_model_s_own_attention(implementation: str) ->
     wrapped = tiny_causal_lm("qwen3", implementation, torch.device("cpu"), torch.float32)
     assert use_packed_attention(wrapped) and use_packed_attention(wrapped)  # idempotent
     assert wrapped.config._attn_implementation == f"memrl_packed_{implementation}"
-    ids = torch.zeros(2, 35, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, (p, r) in enumerate(rows):
-        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        mask[i, : len(p) + len(r)] = 1
+    ids, mask = padded_batch(rows, torch.device("cpu"))
     with torch.no_grad():
         assert torch.equal(
             plain(input_ids=ids, attention_mask=mask).logits, wrapped(input_ids=ids, attention_mask=mask).logits
