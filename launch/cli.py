@@ -420,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         stop_children()
         code = exit_code(interrupt)
-        what = "terminated (SIGTERM)" if code == 143 else "interrupted (SIGINT)"
+        what = {143: "terminated (SIGTERM)", 129: "hung up (SIGHUP)"}.get(code, "interrupted (SIGINT)")
         resumable = getattr(args, "resume", None) is not None
         _say(
             f"memrl: {what}: stopped"

@@ -194,6 +194,12 @@ def build_trees(
                 bar.update(1)
         return running
 
+    for b in branches:  # an episode over before its first model call (it failed at once): a leaf all the same
+        if b.rollout.done:
+            _close_leaf(b)
+            if b.tree.live == 0:
+                bar.update(1)
+    branches = [b for b in branches if not b.rollout.done]
     try:
         if cfg.scheduler == "wavefront":
             _run_wavefronts(branches, engines, cfg, stats, advance)

@@ -232,6 +232,50 @@ def test_an_agent_process_that_dies_stops_the_run_saying_so(tmp_path: Path) -> N
         close_drivers()
 
 
+SCORER = textwrap.dedent(
+    """
+    import json, os
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, body):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send({})
+
+        def do_POST(self):
+            seed = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["seed"]
+            self._send({"outcome": 1.5 if seed == 0 else 1.0})
+
+    ThreadingHTTPServer(("127.0.0.1", int(os.environ["MEMRL_AGENT_PORT"])), Handler).serve_forever()
+    """
+)
+
+
+def test_an_http_agent_score_out_of_range_fails_that_episode_only(tmp_path: Path) -> None:
+    (tmp_path / "agent.py").write_text(SCORER)
+    cfg = TaskSetConfig(
+        family="http_agent", count=2, params={"command": [sys.executable, "-S", str(tmp_path / "agent.py")]}
+    )
+    from memrl.rollout.episodes import close_drivers
+
+    try:
+        built = episode_trees(cfg)
+    finally:
+        close_drivers()
+    leaves = {t.task_id: [n for n in t.nodes if n.kind == "leaf"] for t in built}
+    assert [n.metadata["stats"].get("episode_bad_outcomes") for n in leaves["t-0"]] == [1]
+    assert [n.outcome for n in leaves["t-1"]] == [1.0] and not leaves["t-1"][0].metadata["stats"]
+
+
 # ------------------------------------------------------------------------------------------------- roles, restore
 async def summarising(task: Any, memory: Any, reasoner: Any) -> float:
     await memory.generate([{"role": "user", "content": f"summarise {task.seed}"}], role="summary")
@@ -278,7 +322,8 @@ def test_a_restore_that_does_not_restore_is_one_clear_error() -> None:
 
 # -------------------------------------------------------------------------------------------- failures in metrics
 async def always_raising(task: Any, memory: Any, reasoner: Any) -> float:
-    await memory.generate([{"role": "user", "content": "hello"}], role="note")
+    if task.seed % 2:  # one fails after a memory call, the other before any call: each is a failed leaf
+        await memory.generate([{"role": "user", "content": "hello"}], role="note")
     raise RuntimeError("the episode's own bug")
 
 
@@ -286,7 +331,8 @@ def test_every_episode_failing_stops_the_run_and_the_kinds_are_counted() -> None
     from memrl.train.oat_grpo import check_collection, collection_metrics
 
     built = episode_trees(TaskSetConfig(entry="test_user_code_faults:always_raising", count=2))
-    with pytest.raises(UserCodeError, match=r"every episode of iteration 3 failed \(\d+ of \d+: episode_errors \d+\)"):
+    assert all(any(n.kind == "leaf" for n in t.nodes) for t in built)
+    with pytest.raises(UserCodeError, match=r"every episode of iteration 3 failed \((\d+) of \1: episode_errors \1\)"):
         check_collection(built, 3)
 
     class Result:
@@ -361,3 +407,88 @@ def test_a_committee_judge_no_term_weights_is_refused(tmp_path: Path) -> None:
         r"\(credit.terms: length\), so it would never be called",
     ):
         check_inputs(cfg)
+
+
+# ---------------------------------------------------------------------------------------------------- messages
+def test_a_locomo_turn_too_large_is_named_as_the_file_names_it(tmp_path: Path) -> None:
+    import json
+
+    from memrl.data.loaders.common import MAX_TURN_CHARS
+    from memrl.data.loaders.formats import load_locomo
+
+    def sample(size: int) -> dict[str, Any]:
+        turns = [
+            {"speaker": "A", "dia_id": "D1:1", "text": "hi"},
+            {"speaker": "B", "dia_id": "D1:2", "text": "x" * size},
+        ]
+        conversation = {"speaker_a": "A", "speaker_b": "B", "session_1": turns}
+        return {"sample_id": "s1", "conversation": conversation, "qa": []}
+
+    path = tmp_path / "locomo.json"
+    path.write_text(json.dumps([sample(MAX_TURN_CHARS - 1)]))  # the edge: speaker + text = MAX_TURN_CHARS
+    load_locomo(path)
+    path.write_text(json.dumps([sample(MAX_TURN_CHARS)]))
+    with pytest.raises(ValueError, match=r"locomo.json:1: field 'conversation.session_1\[1\].text': a turn of "):
+        load_locomo(path)
+
+
+def test_resume_with_nothing_saved_yet_says_so(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from memrl.data.tracking import MetricsLogger
+    from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+    from memrl.train.online import LoopConfig, OnlineLoop
+    from memrl.train.policy import LoraSettings, PolicySpec
+
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4, alpha=8)))
+    logger = MetricsLogger(tmp_path, None, {}, name="r", console=False)
+    loop = OnlineLoop(
+        trainer=trainer, engine=None, cfg=LoopConfig(iterations=1), run_dir=tmp_path, resume=True, logger=logger
+    )
+    with caplog.at_level(logging.WARNING, logger="memrl.train.online"):
+        assert list(loop.start(lambda i: None, None)) == [0]
+    logger.close()
+    assert any(
+        "--resume: no complete checkpoint was saved yet in" in r.getMessage()
+        and "starting from iteration 0" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+HANGUP = """
+import os, signal, sys, time
+from memrl.launch import cli, shutdown
+
+def hung_up(args):
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(5)
+    return 0
+
+shutdown.stop_children = lambda grace_s=0: None
+cli._config_show = hung_up
+sys.exit(cli.main(["config", "show", "--command", "sft"]))
+"""
+
+
+def test_sighup_ends_a_command_like_sigterm() -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", HANGUP], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 129, done.stderr[-2000:]
+    assert done.stderr.strip() == "memrl: hung up (SIGHUP): stopped"
+
+
+def test_a_benchmark_reuse_checks_what_it_reads_back(tmp_path: Path) -> None:
+    import argparse
+
+    from benchmarks.pivot_learning import choose_start
+
+    folder = tmp_path / "starts" / "weak"
+    folder.mkdir(parents=True)
+    (folder / "dev.json").write_text('{"weights": "0123456789abcdef", "dev": {')  # cut short by a kill
+    args = argparse.Namespace(reuse=True, starts=["weak"])
+    with pytest.raises(SystemExit, match=r"--reuse: .*dev.json is damaged \(JSONDecodeError: .*\); delete it"):
+        choose_start(None, args, tmp_path, tmp_path, [])
+    (folder / "dev.json").write_text('{"weights": "0123456789abcdef", "dev": {}}')
+    with pytest.raises(SystemExit, match=r"records SFT weights '0123456789abcdef' but .*final holds 'no weights'"):
+        choose_start(None, args, tmp_path, tmp_path, [])
