@@ -157,8 +157,9 @@ class UserThread:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["name"])  # type: ignore[misc]
 
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[Any]) -> None:
+        while (job := jobs.get()) is not None:
             fn, args, future = job
             if future.set_running_or_notify_cancel():
                 try:
@@ -173,7 +174,9 @@ class UserThread:
         if timeout is not None and timeout <= 0:
             raise CallTimeout(f"{what}: no time left")
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name=f"memrl-user-{self.name}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._serve, args=(self._jobs,), name=f"memrl-user-{self.name}", daemon=True
+            )
             self._thread.start()
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._jobs.put((fn, args, future))
@@ -186,6 +189,7 @@ class UserThread:
             raise
 
     def close(self) -> None:
-        """Let the thread end after its current call (nothing when it never started)."""
+        """Let the thread end after its current call (nothing when it never started); a later call starts another."""
         if self._thread is not None:
             self._jobs.put(None)
+            self._thread, self._jobs = None, queue.SimpleQueue()

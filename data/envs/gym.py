@@ -22,9 +22,14 @@ step by step: a replay that diverges raises :class:`ReplayMismatchError` naming 
 observations, never a silently wrong tree. ``reentry: replay`` forces replay even when the environment snapshots (the
 benchmark and the tests compare the two).
 
-**Failures.** An exception raised by ``reset`` or ``step`` ends that episode as failed (outcome 0, counted in the
-run's stats as ``env_errors``; the tree and the run go on). A return value of the wrong shape is a protocol error
-(:class:`~memrl.data.registry.ComponentError`) naming the class and the method.
+**Failures.** Every call into the environment (its constructor, ``reset``, ``step``, ``snapshot``, ``restore``) runs
+on a thread of its own (:class:`~memrl.data.user_code.UserThread`), bounded by what is left of the episode's
+``episode_timeout_s``. An exception raised by ``reset`` or ``step`` ends that episode as failed (outcome 0, counted in
+the run's stats as ``env_errors``, its traceback in the run's log; the tree and the run go on), and so does a call
+that outlives its time (``env_timeouts``). A constructor that raises, a return value of the wrong shape and a
+``restore()`` after which ``snapshot()`` is not the state restored stop the run (a
+:class:`~memrl.data.errors.UserCodeError` or a :class:`ReplayMismatchError` naming the class, the method and the
+episode): every episode would meet them.
 """
 
 from __future__ import annotations
@@ -197,6 +202,8 @@ class GymTask:
                 value = getattr(self._instance(), "task", "")
             except Exception:  # the constructor's failure is reported by reset() (the episode fails)
                 value = ""
+            if not self.started:
+                self._thread.close()  # a task read before its episode (then copied): no thread left waiting
         return str(value or "")
 
     @property
@@ -293,8 +300,9 @@ class GymTask:
             if "outcome" in info:
                 outcome = info["outcome"]
                 if isinstance(outcome, bool) or not isinstance(outcome, (int, float)) or not 0 <= outcome <= 1:
-                    raise ComponentError(
-                        f"{self.label}.step: info['outcome'] must be a number in [0, 1], got {outcome!r}"
+                    raise UserCodeError(
+                        f"{self.label}.step: info['outcome'] must be a number in [0, 1], got {outcome!r} (episode "
+                        f"{self.task_id!r})"
                     )
                 self.final = float(outcome)
         return obs, done
