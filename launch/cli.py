@@ -191,7 +191,7 @@ def _user_log(exc: UserCodeError) -> str:
         except OSError:
             log = _save_text(exc.details, None)
         return f"\nthe whole traceback is in {log}"
-    return f"\nthe run's log (each failed episode's traceback) is in {log}" if log is not None else ""
+    return f"\nthe run's log is in {log}" if log is not None else ""
 
 
 def _has_complete_checkpoint(folder: Path) -> bool:

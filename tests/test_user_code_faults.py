@@ -492,3 +492,26 @@ def test_a_benchmark_reuse_checks_what_it_reads_back(tmp_path: Path) -> None:
     (folder / "dev.json").write_text('{"weights": "0123456789abcdef", "dev": {}}')
     with pytest.raises(SystemExit, match=r"records SFT weights '0123456789abcdef' but .*final holds 'no weights'"):
         choose_start(None, args, tmp_path, tmp_path, [])
+
+
+def test_a_run_stopped_by_a_reward_term_exits_2_and_leaves_no_run_folder(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """End to end through the CLI: the reward term's NaN stops the run at its first credit (exit 2, one message, not
+    "unexpected error"), the run folder it created is removed and its log kept where the message says."""
+    terms = '[{entry: "test_user_code_faults:nan_term", weight: 0.3}]'
+    code = main(
+        [
+            "train", "oat-grpo", "--config", str(ROOT / "examples" / "gym_env" / "config.yaml"),
+            f"policy.base={tiny_model_dir}", f"engine.model={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}",
+            "loop.iterations=1", "eval_tasks.count=1", "tasks_per_iteration=1", f"credit.terms={terms}",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("memrl:")]
+    assert len(lines) == 1 and "Traceback" not in err
+    assert lines[0].startswith("memrl: error: reward term nan_term (test_user_code_faults:nan_term) on memory action")
+    assert not (tmp_path / "runs").exists()
+    kept = Path(err.strip().splitlines()[-1].split("the run's log is in ")[1])
+    assert kept.is_file() and "weight sync check" in kept.read_text()  # the run's own log, moved out of the folder

@@ -401,7 +401,7 @@ def check_collection(trees: list[MemoryCallTree], iteration: int) -> None:
         counts = ", ".join(f"{k} {v}" for k, v in kinds.items())
         raise UserCodeError(
             f"every episode of iteration {iteration} failed ({len(leaves)} of {len(leaves)}: {counts}), so there is "
-            f"nothing to train on; the warnings above name each episode's failure and the run's log has the "
+            f"nothing to train on; the warnings above name each episode's failure and the run's log has their "
             f"tracebacks"
         )
 
