@@ -136,7 +136,7 @@ def test_a_blocking_step_fails_its_episode_after_episode_timeout_s() -> None:
     out: dict[str, Any] = {}
 
     def build() -> None:
-        out["trees"] = trees_of("test_user_code_faults:StuckVault", count=4, timeout=1.0)
+        out["trees"] = trees_of("test_user_code_faults:StuckVault", count=2, timeout=0.5)  # seed 1 sticks
 
     started = time.monotonic()
     worker = threading.Thread(target=build, daemon=True)
@@ -369,7 +369,7 @@ def setup_module() -> None:
 def test_a_10_mb_answer_is_cut_to_max_tokens_before_anything_tokenises_it(caplog: pytest.LogCaptureFixture) -> None:
     from memrl.data.schemas import Message
     from memrl.rollout.engines import EndpointConfig, GenerationRequest, SamplingParams
-    from memrl.rollout.engines.openai_engine import MAX_CHARS_PER_TOKEN, OpenAIEngine
+    from memrl.rollout.engines.openai_engine import OpenAIEngine
     from tests.fault_server import PlanServer
 
     server = PlanServer()
@@ -384,7 +384,7 @@ def test_a_10_mb_answer_is_cut_to_max_tokens_before_anything_tokenises_it(caplog
         engine.close()
         server.close()
     completion = result.completions[0]
-    assert len(completion.text) == 8 * MAX_CHARS_PER_TOKEN and completion.finish_reason == "length"
+    assert len(completion.text) == 8 * 64 and completion.finish_reason == "length"  # 64 characters a token at most
     warned = [r.getMessage() for r in caplog.records if "ignores max_tokens" in r.getMessage()]
     assert (
         len(warned) == 1
