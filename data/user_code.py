@@ -17,6 +17,7 @@ in one call (a socket, an SQLite connection) is used from the same thread in the
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import inspect
 import logging
 import queue
@@ -24,7 +25,7 @@ import sys
 import sysconfig
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "UserThread",
     "check_params",
     "describe",
+    "in_episode",
     "log_user_traceback",
     "user_code_error",
     "user_frames",
@@ -77,7 +79,22 @@ def user_fault(exc: BaseException) -> UserCodeError | None:
     frame, line = theirs[-1]
     code = frame.f_code
     where = f"{frame.f_globals.get('__name__', '?')}:{code.co_qualname}"
-    return user_code_error(f"your code raised in {where} ({code.co_filename}, line {line})", exc)
+    episode = next((f" {n}" for n in getattr(exc, "__notes__", ()) if n.startswith(_EPISODE_NOTE)), "")
+    return user_code_error(f"your code raised in {where} ({code.co_filename}, line {line}){episode}", exc)
+
+
+@contextlib.contextmanager
+def in_episode(task_id: str, rollout_id: str) -> Iterator[None]:
+    """Mark an exception raised within the block with the episode it happened in (a note :func:`user_fault` names)."""
+    try:
+        yield
+    except Exception as exc:
+        if not any(note.startswith(_EPISODE_NOTE) for note in getattr(exc, "__notes__", ())):
+            exc.add_note(f"{_EPISODE_NOTE}{task_id!r} (rollout {rollout_id})")
+        raise
+
+
+_EPISODE_NOTE = "in episode "
 
 
 def describe(exc: BaseException) -> str:

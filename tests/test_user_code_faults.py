@@ -16,15 +16,17 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "gym_env"))
 
+from components import NotesConfig, NotesMemory  # noqa: E402
 from vault_game import VaultGame  # noqa: E402
 
+from memrl.api import register_memory  # noqa: E402
 from memrl.data.envs.gym import ReplayMismatchError  # noqa: E402
 from memrl.data.errors import UserCodeError  # noqa: E402
 from memrl.data.schemas import MemoryCall, MemoryCallTree, TreeNode  # noqa: E402
@@ -274,6 +276,37 @@ def test_an_http_agent_score_out_of_range_fails_that_episode_only(tmp_path: Path
     leaves = {t.task_id: [n for n in t.nodes if n.kind == "leaf"] for t in built}
     assert [n.metadata["stats"].get("episode_bad_outcomes") for n in leaves["t-0"]] == [1]
     assert [n.outcome for n in leaves["t-1"]] == [1.0] and not leaves["t-1"][0].metadata["stats"]
+
+
+# ------------------------------------------------------------------------------------------------ memory systems
+class BadNotesConfig(NotesConfig):
+    name: Literal["bad_notes"] = "bad_notes"
+
+
+@register_memory("bad_notes", config=BadNotesConfig)
+class BadNotes(NotesMemory):
+    """Raises on the second turn (a parser of the user's that meets an observation it did not expect)."""
+
+    def on_turn(self, turn: Any) -> None:
+        if turn.step == 2:
+            raise ValueError(f"cannot parse {turn.observation[:12]!r}")
+        super().on_turn(turn)
+
+
+def test_a_memory_system_that_raises_is_named_with_its_function_and_episode() -> None:
+    from memrl.data.user_code import user_fault
+    from memrl.rollout.loop import run_rollouts
+
+    (task,) = load_tasks(TaskSetConfig(entry="vault_game:VaultGame", params={"corridor": 3}, count=1), "t")
+    rollout = task_rollout(task, {"entry": "test_user_code_faults:BadNotes"}, seed=0)
+    with pytest.raises(ValueError) as err:
+        run_rollouts([rollout], engines())
+    fault = user_fault(err.value)
+    assert fault is not None
+    assert str(fault).startswith(
+        "your code raised in test_user_code_faults:BadNotes.on_turn (" + __file__ + ", line "
+    ) and str(fault).endswith(") in episode 't-0' (rollout r): ValueError: cannot parse 'You are in t'")
+    assert "raise ValueError" in fault.frames and "Traceback" in fault.details
 
 
 # ------------------------------------------------------------------------------------------------- roles, restore
