@@ -20,6 +20,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import logging
+import os
 import queue
 import sys
 import sysconfig
@@ -33,20 +34,25 @@ from memrl.data.config import ConfigError
 from memrl.data.errors import UserCodeError
 
 __all__ = [
+    "USER_PATHS",
     "CallTimeout",
     "UserThread",
+    "add_user_module",
     "check_params",
     "describe",
     "in_episode",
     "log_user_traceback",
     "user_code_error",
+    "user_fault",
     "user_frames",
 ]
 
 log = logging.getLogger(__name__)
 
-_OWN = Path(__file__).resolve().parents[1]  # memrl's checkout (its layers are top-level folders there)
-_OWN_DIRS = tuple(str(_OWN / d) for d in ("data", "rollout", "rewards", "train", "launch", "memrl"))
+_OWN = Path(__file__).resolve().parents[1]  # memrl's checkout (its layers are top-level folders), or installed package
+_OWN_DIRS = tuple(
+    str(_OWN / d) for d in ("data", "rollout", "rewards", "train", "launch", "memrl", "api.py", "__init__.py")
+)
 _STDLIB = sysconfig.get_paths().get("stdlib", "\0")
 
 
@@ -61,9 +67,10 @@ def add_user_module(module: Any) -> None:
     where = getattr(top, "__file__", None)
     if not where:
         return
-    path = str(Path(where).resolve().parent if Path(where).name == "__init__.py" else Path(where).resolve())
-    if not path.startswith((*_OWN_DIRS, _STDLIB)):
-        USER_PATHS.add(path)
+    for file in (Path(where), Path(where).resolve()):  # as tracebacks name it, and without links
+        path = str(file.parent) + os.sep if file.name == "__init__.py" else str(file)
+        if not path.startswith((*_OWN_DIRS, _STDLIB)):
+            USER_PATHS.add(path)
 
 
 def user_fault(exc: BaseException) -> UserCodeError | None:

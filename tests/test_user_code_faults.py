@@ -113,6 +113,24 @@ def test_constructor_params_are_checked_against_its_signature_when_the_config_lo
     TaskSetConfig(entry="vault_game:VaultGame", params={"corridor": 3})  # the edge: exactly what it takes
 
 
+def test_scripted_policy_kwargs_are_checked_against_its_constructor(tmp_path: Path) -> None:
+    from memrl.data.config import ConfigError, load_config
+    from memrl.train.oat_grpo import OATGRPOConfig, check_inputs
+
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "policy: {base: m}\nreasoner: {backend: scripted, name: r, scripted_policy: sam, "
+        "scripted_kwargs: {max_pages: 2, recall_budgett: 2}}\n"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"reasoner.scripted_kwargs: the scripted policy .*SamReasoner cannot be "
+        r"constructed with .*unexpected keyword argument 'recall_budgett'",
+    ):
+        check_inputs(load_config(OATGRPOConfig, path, []))
+    check_inputs(load_config(OATGRPOConfig, path, ["reasoner.scripted_kwargs={max_pages: 2, recall_budget: 2}"]))
+
+
 def test_a_constructor_that_raises_stops_the_run_naming_the_class() -> None:
     (task,) = load_tasks(TaskSetConfig(entry="test_user_code_faults:NeedsServer", count=1), "t")
     with pytest.raises(

@@ -43,6 +43,7 @@ from memrl.data.registry import ComponentError
 from memrl.data.schemas import MemoryCallTree
 from memrl.data.tasks import TaskSetConfig, family_of, load_tasks
 from memrl.data.tracking import MetricsLogger
+from memrl.data.user_code import check_params
 from memrl.rewards.committee import Committee, CommitteeConfig
 from memrl.rewards.credit import CreditConfig, informative_groups
 from memrl.rewards.groups import credit_and_groups
@@ -191,9 +192,10 @@ def check_inputs(cfg: OATGRPOConfig) -> None:
     for key, engine in engines:
         if engine is not None and engine.backend == "scripted" and engine.scripted_policy:
             try:
-                scripted_policy_class(engine.scripted_policy)
+                policy = scripted_policy_class(engine.scripted_policy)
             except ConfigError as exc:
                 raise ConfigError(f"{key}: {exc}") from None
+            check_params(policy, engine.scripted_kwargs, "the scripted policy", f"{key}.scripted_kwargs")
     committee_used = bool(cfg.credit.weight_of("committee"))
     unused = [
         k
