@@ -394,7 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with handle_signals():  # SIGTERM ends every command as Ctrl-C does (launch/shutdown.py)
             code = handler(args)
     except UserCodeError as exc:
-        _say(f"memrl: error: {exc}" + (f"\n{exc.frames}" if exc.frames else "") + _user_log(exc))
+        cause = getattr(exc, "cause", None)  # raised in a Ray rollout worker: Ray's wrapper around it
+        own = cause if type(exc).__name__.startswith("RayTaskError") and isinstance(cause, UserCodeError) else exc
+        own.run_log = getattr(exc, "run_log", None)  # type: ignore[attr-defined]
+        _say(f"memrl: error: {own}" + (f"\n{own.frames}" if own.frames else "") + _user_log(own))
         return 2
     except ConfigError as exc:
         _say(f"memrl: config error: {_own_words(exc)}")

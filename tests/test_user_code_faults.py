@@ -566,3 +566,36 @@ def test_a_run_stopped_by_a_reward_term_exits_2_and_leaves_no_run_folder(
     assert not (tmp_path / "runs").exists()
     kept = Path(err.strip().splitlines()[-1].split("the run's log is in ")[1])
     assert kept.is_file() and "weight sync check" in kept.read_text()  # the run's own log, moved out of the folder
+
+
+def test_a_run_that_trains_no_memory_call_says_why_and_its_metrics_say_so(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The memory system calls the model under role 'note', the tree trains 'summary' only: the run ends, but one
+    warning names the cause, and every metrics row has memory_calls_trained and the failure counts."""
+    import json
+
+    code = main(
+        [
+            "train", "oat-grpo", "--config", str(ROOT / "examples" / "gym_env" / "config.yaml"),
+            f"policy.base={tiny_model_dir}", f"engine.model={tiny_model_dir}", f"run.output_dir={tmp_path}",
+            "run.name=r", "loop.iterations=2", "eval_tasks.count=1", "tasks_per_iteration=1",
+            "tree.branch_roles=[summary]",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    warned = [line for line in err.splitlines() if "trained no memory call" in line]
+    assert len(warned) == 1, err[-3000:]  # once per run
+    assert (
+        "iteration 0 trained no memory call (memory_calls_trained 0): no memory call was made under a trained "
+        "role (tree.branch_roles: summary)"
+        in warned[0]
+        and "memory.sampling names note" in warned[0]
+    )
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] >= 0]
+    assert len(steps) == 2
+    for row in steps:
+        assert row["memory_calls_trained"] == 0
+        assert row["env_errors"] == row["env_timeouts"] == row["episode_errors"] == 0
