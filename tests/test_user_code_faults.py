@@ -234,22 +234,25 @@ AGENT = textwrap.dedent(
 )
 
 
-def test_an_agent_process_that_dies_stops_the_run_saying_so(tmp_path: Path) -> None:
-    (tmp_path / "agent.py").write_text(AGENT)
-    cfg = TaskSetConfig(
-        family="http_agent", count=2, params={"command": [sys.executable, "-S", str(tmp_path / "agent.py")]}
-    )
+def agent_trees(folder: Path, script: str) -> list[Any]:
+    """The trees of two tasks played by the agent ``script`` (started by memrl, stopped after)."""
     from memrl.rollout.episodes import close_drivers
 
+    (folder / "agent.py").write_text(script)
+    command = [sys.executable, "-S", str(folder / "agent.py")]
     try:
-        with pytest.raises(
-            UserCodeError,
-            match=r"the HTTP agent \(.*agent.py, pid \d+\) exited with code 3 during "
-            r"episode t-0--r--\w+; its output ends with:\nout of memory in the agent",
-        ):
-            episode_trees(cfg)
+        return episode_trees(TaskSetConfig(family="http_agent", count=2, params={"command": command}))
     finally:
         close_drivers()
+
+
+def test_an_agent_process_that_dies_stops_the_run_saying_so(tmp_path: Path) -> None:
+    with pytest.raises(
+        UserCodeError,
+        match=r"the HTTP agent \(.*agent.py, pid \d+\) exited with code 3 during "
+        r"episode t-0--r--\w+; its output ends with:\nout of memory in the agent",
+    ):
+        agent_trees(tmp_path, AGENT)
 
 
 SCORER = textwrap.dedent(
@@ -281,16 +284,7 @@ SCORER = textwrap.dedent(
 
 
 def test_an_http_agent_score_out_of_range_fails_that_episode_only(tmp_path: Path) -> None:
-    (tmp_path / "agent.py").write_text(SCORER)
-    cfg = TaskSetConfig(
-        family="http_agent", count=2, params={"command": [sys.executable, "-S", str(tmp_path / "agent.py")]}
-    )
-    from memrl.rollout.episodes import close_drivers
-
-    try:
-        built = episode_trees(cfg)
-    finally:
-        close_drivers()
+    built = agent_trees(tmp_path, SCORER)
     leaves = {t.task_id: [n for n in t.nodes if n.kind == "leaf"] for t in built}
     assert [n.metadata["stats"].get("episode_bad_outcomes") for n in leaves["t-0"]] == [1]
     assert [n.outcome for n in leaves["t-1"]] == [1.0] and not leaves["t-1"][0].metadata["stats"]
