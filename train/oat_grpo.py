@@ -390,7 +390,8 @@ def collection_metrics(batch: list[Any], results: list[FleetResult]) -> dict[str
 
 def check_collection(trees: list[MemoryCallTree], iteration: int) -> None:
     """Stop a run whose every episode of an iteration failed (an environment or agent that fails every episode the
-    same way: nothing would be trained, and "done" would be a lie), naming the kinds of failure."""
+    same way: nothing would be trained, and "done" would be a lie), naming the kinds of failure (the caller logs the
+    iteration's metrics first, so ``metrics.jsonl`` counts them too)."""
     leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
     kinds: dict[str, int] = {}
     for n in leaves:
@@ -675,7 +676,11 @@ def train_oat_grpo(
             trees, metrics = loop.collected(iteration, run.launch)
             groups, credit = None, {}
             if main:
-                check_collection(trees, iteration)
+                try:
+                    check_collection(trees, iteration)
+                except UserCodeError:
+                    run.logger.log(iteration, metrics)  # the failures by kind, in metrics.jsonl as well
+                    raise
                 # credit: V(n), c(n), r(n) and sibling advantages over the whole batch; groups: the trainer's rows
                 groups, credit = credit_and_groups(trees, cfg.credit, cfg.tree.mode, job_seed(cfg, iteration))
                 if trees and not credit["memory_calls_trained"] and not warned:
