@@ -40,6 +40,7 @@ import logging
 import math
 import pickle
 import time
+import weakref
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from memrl.data.errors import UserCodeError, UserError
@@ -171,7 +172,7 @@ class GymTask:
         self.timeout_s = timeout_s  # the time the environment's calls of one episode may take in all (None: no limit)
         self.env_time = 0.0  # seconds spent in the environment's calls so far
         self.timed_out = False
-        self._thread = UserThread(task_id)  # every call into this copy's environment instance runs there
+        self._thread = self._new_thread()  # every call into this copy's environment instance runs there
 
     # ----------------------------------------------------------------------------------------------------- helpers
     @property
@@ -183,6 +184,12 @@ class GymTask:
         if self.env is None:
             self.env = self._call(self.make, what=f"{self.label}(**{self.params})")
         return self.env
+
+    def _new_thread(self) -> UserThread:
+        """A thread for this copy's environment, ended when the copy is garbage (a task never run to its end)."""
+        thread = UserThread(self.task_id)
+        weakref.finalize(self, thread.close)
+        return thread
 
     def _call(self, fn: Any, *args: Any, what: str) -> Any:
         """``fn(*args)`` on this copy's environment thread, bounded by what is left of ``timeout_s``."""
@@ -202,8 +209,6 @@ class GymTask:
                 value = getattr(self._instance(), "task", "")
             except Exception:  # the constructor's failure is reported by reset() (the episode fails)
                 value = ""
-            if not self.started:
-                self._thread.close()  # a task read before its episode (then copied): no thread left waiting
         return str(value or "")
 
     @property
@@ -357,7 +362,7 @@ class GymTask:
         twin.log, twin.rewards = list(self.log), list(self.rewards)
         twin.info, twin.reentries = copy.deepcopy(self.info, memo), dict(self.reentries)
         twin.env = None
-        twin._thread = UserThread(self.task_id)
+        twin._thread = twin._new_thread()
         if not self.started or self.over:
             return twin  # nothing to re-enter: a fresh task, or a finished one (its outcome is copied)
         mode = self.mode()
