@@ -332,6 +332,38 @@ def train_start(name: str, cfg: Any, args: argparse.Namespace, model_dir: Path, 
     }
 
 
+def reused_json(path: Path) -> dict[str, Any]:
+    """A record an earlier run left in --work, read back for --reuse: a damaged one (cut short, not a JSON object)
+    stops the benchmark naming the file, never read as if it were whole."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        value = exc
+    if not isinstance(value, dict):
+        what = f"{type(value).__name__}: {value}" if isinstance(value, Exception) else "not a JSON object"
+        raise SystemExit(
+            f"[pivot_learning] --reuse: {path} is damaged ({what}); delete it to have it computed again, or run "
+            f"without --reuse"
+        )
+    return value
+
+
+def reused_start(path: Path, model: Path) -> dict[str, Any]:
+    """A start's record read back for --reuse, checked against the SFT model it describes: the weights in ``model``
+    must be the ones it recorded (a model folder replaced or cut short since is refused, naming both)."""
+    record = reused_json(path)
+    try:
+        found = weights_digest(model)[:16] if any(model.glob("*.safetensors")) else "no weights"
+    except Exception as exc:  # a damaged safetensors file
+        found = f"unreadable weights ({type(exc).__name__})"
+    if found != record.get("weights"):
+        raise SystemExit(
+            f"[pivot_learning] --reuse: {path} records SFT weights {record.get('weights')!r} but {model} holds "
+            f"{found!r}; delete {path.parent} to train the start again, or run without --reuse"
+        )
+    return record
+
+
 def choose_start(
     cfg: Any, args: argparse.Namespace, model_dir: Path, work: Path, dev: list[ProactiveTask]
 ) -> tuple[str, dict[str, Any]]:
@@ -341,10 +373,10 @@ def choose_start(
     for name in args.starts:
         path, trained_path = work / "starts" / name / "dev.json", work / "starts" / name / "start.json"
         if args.reuse and path.is_file():
-            report[name] = json.loads(path.read_text())
+            report[name] = reused_start(path, work / "starts" / name / "sft" / "final")
         else:
             if args.reuse and trained_path.is_file():  # the SFT model is there; its dev measurement is not
-                trained = json.loads(trained_path.read_text())
+                trained = reused_start(trained_path, work / "starts" / name / "sft" / "final")
             else:
                 trained = train_start(name, cfg, args, model_dir, work)
                 trained_path.write_text(json.dumps(trained, indent=1) + "\n")
@@ -401,7 +433,7 @@ def run_variant(
         if resume:
             emit({"stage": "resume", "run": str(run_root / variant)})
         run_pivot_grpo(cfg)
-    summary = json.loads(done.read_text())
+    summary = reused_json(done)
     history = summary["history"]
     return {
         "policy_dir": summary["policy_dir"],

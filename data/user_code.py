@@ -17,14 +17,16 @@ in one call (a socket, an SQLite connection) is used from the same thread in the
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import inspect
 import logging
+import os
 import queue
 import sys
 import sysconfig
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +34,25 @@ from memrl.data.config import ConfigError
 from memrl.data.errors import UserCodeError
 
 __all__ = [
+    "USER_PATHS",
     "CallTimeout",
     "UserThread",
+    "add_user_module",
     "check_params",
     "describe",
+    "in_episode",
     "log_user_traceback",
     "user_code_error",
+    "user_fault",
     "user_frames",
 ]
 
 log = logging.getLogger(__name__)
 
-_OWN = Path(__file__).resolve().parents[1]  # memrl's checkout (its layers are top-level folders there)
-_OWN_DIRS = tuple(str(_OWN / d) for d in ("data", "rollout", "rewards", "train", "launch", "memrl"))
+_OWN = Path(__file__).resolve().parents[1]  # memrl's checkout (its layers are top-level folders), or installed package
+_OWN_DIRS = tuple(
+    str(_OWN / d) for d in ("data", "rollout", "rewards", "train", "launch", "memrl", "api.py", "__init__.py")
+)
 _STDLIB = sysconfig.get_paths().get("stdlib", "\0")
 
 
@@ -59,9 +67,10 @@ def add_user_module(module: Any) -> None:
     where = getattr(top, "__file__", None)
     if not where:
         return
-    path = str(Path(where).resolve().parent if Path(where).name == "__init__.py" else Path(where).resolve())
-    if not path.startswith((*_OWN_DIRS, _STDLIB)):
-        USER_PATHS.add(path)
+    for file in (Path(where), Path(where).resolve()):  # as tracebacks name it, and without links
+        path = str(file.parent) + os.sep if file.name == "__init__.py" else str(file)
+        if not path.startswith((*_OWN_DIRS, _STDLIB)):
+            USER_PATHS.add(path)
 
 
 def user_fault(exc: BaseException) -> UserCodeError | None:
@@ -77,7 +86,22 @@ def user_fault(exc: BaseException) -> UserCodeError | None:
     frame, line = theirs[-1]
     code = frame.f_code
     where = f"{frame.f_globals.get('__name__', '?')}:{code.co_qualname}"
-    return user_code_error(f"your code raised in {where} ({code.co_filename}, line {line})", exc)
+    episode = next((f" {n}" for n in getattr(exc, "__notes__", ()) if n.startswith(_EPISODE_NOTE)), "")
+    return user_code_error(f"your code raised in {where} ({code.co_filename}, line {line}){episode}", exc)
+
+
+@contextlib.contextmanager
+def in_episode(task_id: str, rollout_id: str) -> Iterator[None]:
+    """Mark an exception raised within the block with the episode it happened in (a note :func:`user_fault` names)."""
+    try:
+        yield
+    except Exception as exc:
+        if not any(note.startswith(_EPISODE_NOTE) for note in getattr(exc, "__notes__", ())):
+            exc.add_note(f"{_EPISODE_NOTE}{task_id!r} (rollout {rollout_id})")
+        raise
+
+
+_EPISODE_NOTE = "in episode "
 
 
 def describe(exc: BaseException) -> str:
@@ -157,8 +181,9 @@ class UserThread:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["name"])  # type: ignore[misc]
 
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[Any]) -> None:
+        while (job := jobs.get()) is not None:
             fn, args, future = job
             if future.set_running_or_notify_cancel():
                 try:
@@ -173,7 +198,9 @@ class UserThread:
         if timeout is not None and timeout <= 0:
             raise CallTimeout(f"{what}: no time left")
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name=f"memrl-user-{self.name}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._serve, args=(self._jobs,), name=f"memrl-user-{self.name}", daemon=True
+            )
             self._thread.start()
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._jobs.put((fn, args, future))
@@ -186,6 +213,7 @@ class UserThread:
             raise
 
     def close(self) -> None:
-        """Let the thread end after its current call (nothing when it never started)."""
+        """Let the thread end after its current call (nothing when it never started); a later call starts another."""
         if self._thread is not None:
             self._jobs.put(None)
+            self._thread, self._jobs = None, queue.SimpleQueue()

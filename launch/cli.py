@@ -185,7 +185,7 @@ def _user_log(exc: UserCodeError) -> str:
         except OSError:
             log = _save_text(exc.details, None)
         return f"\nthe whole traceback is in {log}"
-    return f"\nthe run's log (each failed episode's traceback) is in {log}" if log is not None else ""
+    return f"\nthe run's log is in {log}" if log is not None else ""
 
 
 def _has_complete_checkpoint(folder: Path) -> bool:
@@ -388,7 +388,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with handle_signals():  # SIGTERM ends every command as Ctrl-C does (launch/shutdown.py)
             code = handler(args)
     except UserCodeError as exc:
-        _say(f"memrl: error: {exc}" + (f"\n{exc.frames}" if exc.frames else "") + _user_log(exc))
+        cause = getattr(exc, "cause", None)  # raised in a Ray rollout worker: Ray's wrapper around it
+        own = cause if type(exc).__name__.startswith("RayTaskError") and isinstance(cause, UserCodeError) else exc
+        own.run_log = getattr(exc, "run_log", None)  # type: ignore[attr-defined]
+        _say(f"memrl: error: {own}" + (f"\n{own.frames}" if own.frames else "") + _user_log(own))
         return 2
     except ConfigError as exc:
         _say(f"memrl: config error: {_own_words(exc)}")
@@ -414,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         stop_children()
         code = exit_code(interrupt)
-        what = "terminated (SIGTERM)" if code == 143 else "interrupted (SIGINT)"
+        what = {143: "terminated (SIGTERM)", 129: "hung up (SIGHUP)"}.get(code, "interrupted (SIGINT)")
         resumable = getattr(args, "resume", None) is not None
         _say(
             f"memrl: {what}: stopped"

@@ -1,12 +1,13 @@
-"""One shutdown path for every command: SIGINT and SIGTERM end a run the same way.
+"""One shutdown path for every command: SIGINT, SIGTERM and SIGHUP (the terminal closed) end a run the same way.
 
-:func:`handle_signals` turns SIGTERM into :class:`Terminated` (a ``KeyboardInterrupt``, as Python turns SIGINT), raised
+:func:`handle_signals` turns SIGTERM and SIGHUP into :class:`Terminated` (a ``KeyboardInterrupt``, as Python turns
+SIGINT), raised
 in the main thread wherever it is: the current step is abandoned, and since checkpoints are written into a
 temporary folder and renamed into place, the run folder keeps its newest complete checkpoint (``--resume`` continues
 from it). :func:`stop_children` then stops the Ray fleet this process started (``ray.shutdown``) and every child
 process left (vLLM engine processes, accelerate helpers), walking the process tree; the CLI prints one line and exits
-130 (SIGINT) or 143 (SIGTERM), decided by the signal received (Ray's ``ray.get`` re-raises the interrupt as a plain
-``KeyboardInterrupt``). A second signal during the shutdown skips what is left of it.
+130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP), decided by the signal received (Ray's ``ray.get`` re-raises the
+interrupt as a plain ``KeyboardInterrupt``). A second signal during the shutdown skips what is left of it.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def exit_code(interrupt: KeyboardInterrupt) -> int:
 
 @contextlib.contextmanager
 def handle_signals() -> Iterator[None]:
-    """Within the block SIGTERM raises :class:`Terminated` and SIGINT ``KeyboardInterrupt``; the first signal starts
-    the shutdown, a second one during it ends the process at once (children are still stopped)."""
+    """Within the block SIGTERM and SIGHUP raise :class:`Terminated` and SIGINT ``KeyboardInterrupt``; the first
+    signal starts the shutdown, a second one during it ends the process at once (children are still stopped)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -59,9 +60,9 @@ def handle_signals() -> Iterator[None]:
             stop_children(grace_s=0.5)
             os._exit(128 + received[0])
         received.append(signum)
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        raise Terminated() if signum in (signal.SIGTERM, signal.SIGHUP) else KeyboardInterrupt()
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

@@ -25,7 +25,9 @@ both requests, never a silently wrong tree.
 
 **Failures.** An episode that raises, runs past its time limit (``episode_timeout_s``) or makes more than ``max_steps``
 model calls ends as failed: outcome 0, counted in the leaf's stats (``episode_errors`` / ``episode_timeouts``) and
-the iteration's metrics; the run goes on.
+the iteration's metrics, its traceback in the run's log; so does one whose score is outside [0, 1]
+(``episode_bad_outcomes``); the run goes on. A return value that is not an outcome at all, and an HTTP agent process
+that exited, stop the run (:class:`~memrl.data.errors.UserCodeError`): every later episode would fail the same way.
 """
 
 from __future__ import annotations

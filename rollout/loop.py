@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol
 from memrl.data.formats import parse_tool_calls, render_tool_error
 from memrl.data.schemas import EpisodeTrace, MemoryCall, Message, TokenUsage, TraceEvent
 from memrl.data.tracking import progress_bar
+from memrl.data.user_code import in_episode
 from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, to_memory_call
 from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn
 
@@ -362,7 +363,8 @@ def run_rollouts(
     while active:
         batches: dict[int, tuple[Engine, list[tuple[Rollout, PendingCall]]]] = {}
         for rollout in active:
-            call = rollout.pending()
+            with in_episode(rollout.env.task_id, rollout.rollout_id):
+                call = rollout.pending()
             assert call is not None
             engine = engines.for_call(call)
             batches.setdefault(id(engine), (engine, []))[1].append((rollout, call))
@@ -371,7 +373,8 @@ def run_rollouts(
             for (rollout, call), result in zip(items, results, strict=True):
                 if on_result is not None:
                     on_result(rollout, call, result)
-                record = rollout.advance(result)
+                with in_episode(rollout.env.task_id, rollout.rollout_id):
+                    record = rollout.advance(result)
                 if record is not None and on_memory_call is not None:
                     on_memory_call(rollout, record)
         still = [r for r in active if not r.done]

@@ -67,6 +67,7 @@ from pydantic import Field
 from memrl.data.config import ConfigModel
 from memrl.data.schemas import MemoryCall, MemoryCallTree, TokenUsage, TreeNode
 from memrl.data.tracking import progress_bar
+from memrl.data.user_code import in_episode
 from memrl.rollout.engines.base import Engine, GenerationResult
 from memrl.rollout.loop import EngineSet, PendingCall, Rollout
 
@@ -185,7 +186,9 @@ def build_trees(
 
     def advance(branch: _Branch, call: PendingCall, result: GenerationResult, n: int) -> list[_Branch]:
         running = []
-        for b in _advance(branch, call, result, n, cfg, on_action):
+        with in_episode(branch.rollout.env.task_id, branch.rollout.rollout_id):
+            advanced = _advance(branch, call, result, n, cfg, on_action)
+        for b in advanced:
             if not b.rollout.done:
                 running.append(b)
                 continue
@@ -194,6 +197,12 @@ def build_trees(
                 bar.update(1)
         return running
 
+    for b in branches:  # an episode over before its first model call (it failed at once): a leaf all the same
+        if b.rollout.done:
+            _close_leaf(b)
+            if b.tree.live == 0:
+                bar.update(1)
+    branches = [b for b in branches if not b.rollout.done]
     try:
         if cfg.scheduler == "wavefront":
             _run_wavefronts(branches, engines, cfg, stats, advance)
@@ -443,7 +452,8 @@ def _continues_action(call: PendingCall) -> bool:
 
 def _next_call(branch: _Branch, cfg: TreeConfig) -> tuple[PendingCall, int]:
     """The branch's pending call, with the number of samples it draws (K where the branch may branch, else 1)."""
-    call = branch.rollout.pending()
+    with in_episode(branch.rollout.env.task_id, branch.rollout.rollout_id):
+        call = branch.rollout.pending()
     assert call is not None
     n = _samples_for(call, branch, cfg)
     call.request.sampling.n = n

@@ -16,15 +16,17 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "gym_env"))
 
+from components import NotesConfig, NotesMemory  # noqa: E402
 from vault_game import VaultGame  # noqa: E402
 
+from memrl.api import register_memory  # noqa: E402
 from memrl.data.envs.gym import ReplayMismatchError  # noqa: E402
 from memrl.data.errors import UserCodeError  # noqa: E402
 from memrl.data.schemas import MemoryCall, MemoryCallTree, TreeNode  # noqa: E402
@@ -111,6 +113,24 @@ def test_constructor_params_are_checked_against_its_signature_when_the_config_lo
     TaskSetConfig(entry="vault_game:VaultGame", params={"corridor": 3})  # the edge: exactly what it takes
 
 
+def test_scripted_policy_kwargs_are_checked_against_its_constructor(tmp_path: Path) -> None:
+    from memrl.data.config import ConfigError, load_config
+    from memrl.train.oat_grpo import OATGRPOConfig, check_inputs
+
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "policy: {base: m}\nreasoner: {backend: scripted, name: r, scripted_policy: sam, "
+        "scripted_kwargs: {max_pages: 2, recall_budgett: 2}}\n"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"reasoner.scripted_kwargs: the scripted policy .*SamReasoner cannot be "
+        r"constructed with .*unexpected keyword argument 'recall_budgett'",
+    ):
+        check_inputs(load_config(OATGRPOConfig, path, []))
+    check_inputs(load_config(OATGRPOConfig, path, ["reasoner.scripted_kwargs={max_pages: 2, recall_budget: 2}"]))
+
+
 def test_a_constructor_that_raises_stops_the_run_naming_the_class() -> None:
     (task,) = load_tasks(TaskSetConfig(entry="test_user_code_faults:NeedsServer", count=1), "t")
     with pytest.raises(
@@ -136,7 +156,7 @@ def test_a_blocking_step_fails_its_episode_after_episode_timeout_s() -> None:
     out: dict[str, Any] = {}
 
     def build() -> None:
-        out["trees"] = trees_of("test_user_code_faults:StuckVault", count=4, timeout=1.0)
+        out["trees"] = trees_of("test_user_code_faults:StuckVault", count=2, timeout=0.5)  # seed 1 sticks
 
     started = time.monotonic()
     worker = threading.Thread(target=build, daemon=True)
@@ -214,22 +234,91 @@ AGENT = textwrap.dedent(
 )
 
 
-def test_an_agent_process_that_dies_stops_the_run_saying_so(tmp_path: Path) -> None:
-    (tmp_path / "agent.py").write_text(AGENT)
-    cfg = TaskSetConfig(
-        family="http_agent", count=2, params={"command": [sys.executable, "-S", str(tmp_path / "agent.py")]}
-    )
+def agent_trees(folder: Path, script: str) -> list[Any]:
+    """The trees of two tasks played by the agent ``script`` (started by memrl, stopped after)."""
     from memrl.rollout.episodes import close_drivers
 
+    (folder / "agent.py").write_text(script)
+    command = [sys.executable, "-S", str(folder / "agent.py")]
     try:
-        with pytest.raises(
-            UserCodeError,
-            match=r"the HTTP agent \(.*agent.py, pid \d+\) exited with code 3 during "
-            r"episode t-0--r--\w+; its output ends with:\nout of memory in the agent",
-        ):
-            episode_trees(cfg)
+        return episode_trees(TaskSetConfig(family="http_agent", count=2, params={"command": command}))
     finally:
         close_drivers()
+
+
+def test_an_agent_process_that_dies_stops_the_run_saying_so(tmp_path: Path) -> None:
+    with pytest.raises(
+        UserCodeError,
+        match=r"the HTTP agent \(.*agent.py, pid \d+\) exited with code 3 during "
+        r"episode t-0--r--\w+; its output ends with:\nout of memory in the agent",
+    ):
+        agent_trees(tmp_path, AGENT)
+
+
+SCORER = textwrap.dedent(
+    """
+    import json, os
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, body):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send({})
+
+        def do_POST(self):
+            seed = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["seed"]
+            self._send({"outcome": 1.5 if seed == 0 else 1.0})
+
+    ThreadingHTTPServer(("127.0.0.1", int(os.environ["MEMRL_AGENT_PORT"])), Handler).serve_forever()
+    """
+)
+
+
+def test_an_http_agent_score_out_of_range_fails_that_episode_only(tmp_path: Path) -> None:
+    built = agent_trees(tmp_path, SCORER)
+    leaves = {t.task_id: [n for n in t.nodes if n.kind == "leaf"] for t in built}
+    assert [n.metadata["stats"].get("episode_bad_outcomes") for n in leaves["t-0"]] == [1]
+    assert [n.outcome for n in leaves["t-1"]] == [1.0] and not leaves["t-1"][0].metadata["stats"]
+
+
+# ------------------------------------------------------------------------------------------------ memory systems
+class BadNotesConfig(NotesConfig):
+    name: Literal["bad_notes"] = "bad_notes"
+
+
+@register_memory("bad_notes", config=BadNotesConfig)
+class BadNotes(NotesMemory):
+    """Raises on the second turn (a parser of the user's that meets an observation it did not expect)."""
+
+    def on_turn(self, turn: Any) -> None:
+        if turn.step == 2:
+            raise ValueError(f"cannot parse {turn.observation[:12]!r}")
+        super().on_turn(turn)
+
+
+def test_a_memory_system_that_raises_is_named_with_its_function_and_episode() -> None:
+    from memrl.data.user_code import user_fault
+    from memrl.rollout.loop import run_rollouts
+
+    (task,) = load_tasks(TaskSetConfig(entry="vault_game:VaultGame", params={"corridor": 3}, count=1), "t")
+    rollout = task_rollout(task, {"entry": "test_user_code_faults:BadNotes"}, seed=0)
+    with pytest.raises(ValueError) as err:
+        run_rollouts([rollout], engines())
+    fault = user_fault(err.value)
+    assert fault is not None
+    assert str(fault).startswith(
+        "your code raised in test_user_code_faults:BadNotes.on_turn (" + __file__ + ", line "
+    ) and str(fault).endswith(") in episode 't-0' (rollout r): ValueError: cannot parse 'You are in t'")
+    assert "raise ValueError" in fault.frames and "Traceback" in fault.details
 
 
 # ------------------------------------------------------------------------------------------------- roles, restore
@@ -278,7 +367,8 @@ def test_a_restore_that_does_not_restore_is_one_clear_error() -> None:
 
 # -------------------------------------------------------------------------------------------- failures in metrics
 async def always_raising(task: Any, memory: Any, reasoner: Any) -> float:
-    await memory.generate([{"role": "user", "content": "hello"}], role="note")
+    if task.seed % 2:  # one fails after a memory call, the other before any call: each is a failed leaf
+        await memory.generate([{"role": "user", "content": "hello"}], role="note")
     raise RuntimeError("the episode's own bug")
 
 
@@ -286,7 +376,8 @@ def test_every_episode_failing_stops_the_run_and_the_kinds_are_counted() -> None
     from memrl.train.oat_grpo import check_collection, collection_metrics
 
     built = episode_trees(TaskSetConfig(entry="test_user_code_faults:always_raising", count=2))
-    with pytest.raises(UserCodeError, match=r"every episode of iteration 3 failed \(\d+ of \d+: episode_errors \d+\)"):
+    assert all(any(n.kind == "leaf" for n in t.nodes) for t in built)
+    with pytest.raises(UserCodeError, match=r"every episode of iteration 3 failed \((\d+) of \1: episode_errors \1\)"):
         check_collection(built, 3)
 
     class Result:
@@ -323,7 +414,7 @@ def setup_module() -> None:
 def test_a_10_mb_answer_is_cut_to_max_tokens_before_anything_tokenises_it(caplog: pytest.LogCaptureFixture) -> None:
     from memrl.data.schemas import Message
     from memrl.rollout.engines import EndpointConfig, GenerationRequest, SamplingParams
-    from memrl.rollout.engines.openai_engine import MAX_CHARS_PER_TOKEN, OpenAIEngine
+    from memrl.rollout.engines.openai_engine import OpenAIEngine
     from tests.fault_server import PlanServer
 
     server = PlanServer()
@@ -338,7 +429,7 @@ def test_a_10_mb_answer_is_cut_to_max_tokens_before_anything_tokenises_it(caplog
         engine.close()
         server.close()
     completion = result.completions[0]
-    assert len(completion.text) == 8 * MAX_CHARS_PER_TOKEN and completion.finish_reason == "length"
+    assert len(completion.text) == 8 * 64 and completion.finish_reason == "length"  # 64 characters a token at most
     warned = [r.getMessage() for r in caplog.records if "ignores max_tokens" in r.getMessage()]
     assert (
         len(warned) == 1
@@ -361,3 +452,144 @@ def test_a_committee_judge_no_term_weights_is_refused(tmp_path: Path) -> None:
         r"\(credit.terms: length\), so it would never be called",
     ):
         check_inputs(cfg)
+
+
+# ---------------------------------------------------------------------------------------------------- messages
+def test_a_locomo_turn_too_large_is_named_as_the_file_names_it(tmp_path: Path) -> None:
+    import json
+
+    from memrl.data.loaders.common import MAX_TURN_CHARS
+    from memrl.data.loaders.formats import load_locomo
+
+    def sample(size: int) -> dict[str, Any]:
+        turns = [
+            {"speaker": "A", "dia_id": "D1:1", "text": "hi"},
+            {"speaker": "B", "dia_id": "D1:2", "text": "x" * size},
+        ]
+        conversation = {"speaker_a": "A", "speaker_b": "B", "session_1": turns}
+        return {"sample_id": "s1", "conversation": conversation, "qa": []}
+
+    path = tmp_path / "locomo.json"
+    path.write_text(json.dumps([sample(MAX_TURN_CHARS - 1)]))  # the edge: speaker + text = MAX_TURN_CHARS
+    load_locomo(path)
+    path.write_text(json.dumps([sample(MAX_TURN_CHARS)]))
+    with pytest.raises(ValueError, match=r"locomo.json:1: field 'conversation.session_1\[1\].text': a turn of "):
+        load_locomo(path)
+
+
+def test_resume_with_nothing_saved_yet_says_so(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from memrl.data.tracking import MetricsLogger
+    from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
+    from memrl.train.online import LoopConfig, OnlineLoop
+    from memrl.train.policy import LoraSettings, PolicySpec
+
+    trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(r=4, alpha=8)))
+    logger = MetricsLogger(tmp_path, None, {}, name="r", console=False)
+    loop = OnlineLoop(
+        trainer=trainer, engine=None, cfg=LoopConfig(iterations=1), run_dir=tmp_path, resume=True, logger=logger
+    )
+    with caplog.at_level(logging.WARNING, logger="memrl.train.online"):
+        assert list(loop.start(lambda i: None, None)) == [0]
+    logger.close()
+    assert any(
+        "--resume: no complete checkpoint was saved yet in" in r.getMessage()
+        and "starting from iteration 0" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+HANGUP = """
+import os, signal, sys, time
+from memrl.launch import cli, shutdown
+
+def hung_up(args):
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(5)
+    return 0
+
+shutdown.stop_children = lambda grace_s=0: None
+cli._config_show = hung_up
+sys.exit(cli.main(["config", "show", "--command", "sft"]))
+"""
+
+
+def test_sighup_ends_a_command_like_sigterm() -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", HANGUP], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 129, done.stderr[-2000:]
+    assert done.stderr.strip() == "memrl: hung up (SIGHUP): stopped"
+
+
+def test_a_benchmark_reuse_checks_what_it_reads_back(tmp_path: Path) -> None:
+    import argparse
+
+    from benchmarks.pivot_learning import choose_start
+
+    folder = tmp_path / "starts" / "weak"
+    folder.mkdir(parents=True)
+    (folder / "dev.json").write_text('{"weights": "0123456789abcdef", "dev": {')  # cut short by a kill
+    args = argparse.Namespace(reuse=True, starts=["weak"])
+    with pytest.raises(SystemExit, match=r"--reuse: .*dev.json is damaged \(JSONDecodeError: .*\); delete it"):
+        choose_start(None, args, tmp_path, tmp_path, [])
+    (folder / "dev.json").write_text('{"weights": "0123456789abcdef", "dev": {}}')
+    with pytest.raises(SystemExit, match=r"records SFT weights '0123456789abcdef' but .*final holds 'no weights'"):
+        choose_start(None, args, tmp_path, tmp_path, [])
+
+
+def test_a_run_stopped_by_a_reward_term_exits_2_and_leaves_no_run_folder(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """End to end through the CLI: the reward term's NaN stops the run at its first credit (exit 2, one message, not
+    "unexpected error"), the run folder it created is removed and its log kept where the message says."""
+    terms = '[{entry: "test_user_code_faults:nan_term", weight: 0.3}]'
+    code = main(
+        [
+            "train", "oat-grpo", "--config", str(ROOT / "examples" / "gym_env" / "config.yaml"),
+            f"policy.base={tiny_model_dir}", f"engine.model={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}",
+            "loop.iterations=1", "eval_tasks.count=1", "tasks_per_iteration=1", f"credit.terms={terms}",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("memrl:")]
+    assert len(lines) == 1 and "Traceback" not in err
+    assert lines[0].startswith("memrl: error: reward term nan_term (test_user_code_faults:nan_term) on memory action")
+    assert not (tmp_path / "runs").exists()
+    kept = Path(err.strip().splitlines()[-1].split("the run's log is in ")[1])
+    assert kept.is_file() and "weight sync check" in kept.read_text()  # the run's own log, moved out of the folder
+
+
+def test_a_run_that_trains_no_memory_call_says_why_and_its_metrics_say_so(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The memory system calls the model under role 'note', the tree trains 'summary' only: the run ends, but one
+    warning names the cause, and every metrics row has memory_calls_trained and the failure counts."""
+    import json
+
+    code = main(
+        [
+            "train", "oat-grpo", "--config", str(ROOT / "examples" / "gym_env" / "config.yaml"),
+            f"policy.base={tiny_model_dir}", f"engine.model={tiny_model_dir}", f"run.output_dir={tmp_path}",
+            "run.name=r", "loop.iterations=2", "eval_tasks.count=1", "tasks_per_iteration=1",
+            "tree.branch_roles=[summary]",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    warned = [line for line in err.splitlines() if "trained no memory call" in line]
+    assert len(warned) == 1, err[-3000:]  # once per run
+    assert (
+        "iteration 0 trained no memory call (memory_calls_trained 0): no memory call was made under a trained "
+        "role (tree.branch_roles: summary)"
+        in warned[0]
+        and "memory.sampling names note" in warned[0]
+    )
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] >= 0]
+    assert len(steps) == 2
+    for row in steps:
+        assert row["memory_calls_trained"] == 0
+        assert row["env_errors"] == row["env_timeouts"] == row["episode_errors"] == 0

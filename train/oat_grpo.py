@@ -51,6 +51,7 @@ from memrl.data.registry import ComponentError
 from memrl.data.schemas import MemoryCallTree
 from memrl.data.tasks import TaskSetConfig, family_of, load_tasks
 from memrl.data.tracking import MetricsLogger
+from memrl.data.user_code import check_params
 from memrl.rewards.committee import Committee, CommitteeConfig
 from memrl.rewards.credit import CreditConfig, informative_groups
 from memrl.rewards.groups import credit_and_groups
@@ -202,9 +203,10 @@ def check_inputs(cfg: OATGRPOConfig) -> None:
     for key, engine in engines:
         if engine is not None and engine.backend == "scripted" and engine.scripted_policy:
             try:
-                scripted_policy_class(engine.scripted_policy)
+                policy = scripted_policy_class(engine.scripted_policy)
             except ConfigError as exc:
                 raise ConfigError(f"{key}: {exc}") from None
+            check_params(policy, engine.scripted_kwargs, "the scripted policy", f"{key}.scripted_kwargs")
     committee_used = bool(cfg.credit.weight_of("committee"))
     unused = [
         k
@@ -399,7 +401,8 @@ def collection_metrics(batch: list[Any], results: list[FleetResult]) -> dict[str
 
 def check_collection(trees: list[MemoryCallTree], iteration: int) -> None:
     """Stop a run whose every episode of an iteration failed (an environment or agent that fails every episode the
-    same way: nothing would be trained, and "done" would be a lie), naming the kinds of failure."""
+    same way: nothing would be trained, and "done" would be a lie), naming the kinds of failure (the caller logs the
+    iteration's metrics first, so ``metrics.jsonl`` counts them too)."""
     leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
     kinds: dict[str, int] = {}
     for n in leaves:
@@ -412,7 +415,7 @@ def check_collection(trees: list[MemoryCallTree], iteration: int) -> None:
         counts = ", ".join(f"{k} {v}" for k, v in kinds.items())
         raise UserCodeError(
             f"every episode of iteration {iteration} failed ({len(leaves)} of {len(leaves)}: {counts}), so there is "
-            f"nothing to train on; the warnings above name each episode's failure and the run's log has the "
+            f"nothing to train on; the warnings above name each episode's failure and the run's log has their "
             f"tracebacks"
         )
 
@@ -684,7 +687,11 @@ def train_oat_grpo(
             trees, metrics = loop.collected(iteration, run.launch)
             groups, credit = None, {}
             if main:
-                check_collection(trees, iteration)
+                try:
+                    check_collection(trees, iteration)
+                except UserCodeError:
+                    run.logger.log(iteration, metrics)  # the failures by kind, in metrics.jsonl as well
+                    raise
                 # credit: V(n), c(n), r(n) and sibling advantages over the whole batch; groups: the trainer's rows
                 groups, credit = credit_and_groups(trees, cfg.credit, cfg.tree.mode, job_seed(cfg, iteration))
                 if trees and not credit["memory_calls_trained"] and not warned:

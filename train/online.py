@@ -299,6 +299,11 @@ class OnlineLoop:
             # A start from scratch (also a --resume that finds no complete checkpoint, e.g. after a kill during the
             # first checkpoint write) logs every step again, the eval before training (step -1) included.
             self.logger.truncate_after(-2)
+            if self.resume:
+                log.warning(
+                    f"[{self.desc}] --resume: no complete checkpoint was saved yet in {self.ckpt.root}; starting "
+                    f"from iteration 0"
+                )
         self.policy_dir = sync_policy(
             trainer, self.engine, self.policy_root, self.in_memory, save=self.cfg.max_staleness > 0
         )

@@ -531,6 +531,11 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
             f"sft: {len(train_rows)} train rows from {counts}, {len(eval_rows)} eval rows; "
             f"{'LoRA' if cfg.lora.enabled or cfg.model.adapter else 'full'} on {cfg.model.base}; run dir {run_dir}"
             + (f"; resuming from {resume_from.name}" if resume_from else "")
+            + (
+                "; --resume found no complete checkpoint yet: starting from step 0"
+                if cfg.run.resume and not resume_from
+                else ""
+            )
         )
         if "wandb" in args.report_to:
             _init_wandb(cfg.run.wandb, run_dir, cfg.model_dump(mode="json"))

@@ -22,9 +22,14 @@ step by step: a replay that diverges raises :class:`ReplayMismatchError` naming 
 observations, never a silently wrong tree. ``reentry: replay`` forces replay even when the environment snapshots (the
 benchmark and the tests compare the two).
 
-**Failures.** An exception raised by ``reset`` or ``step`` ends that episode as failed (outcome 0, counted in the
-run's stats as ``env_errors``; the tree and the run go on). A return value of the wrong shape is a protocol error
-(:class:`~memrl.data.registry.ComponentError`) naming the class and the method.
+**Failures.** Every call into the environment (its constructor, ``reset``, ``step``, ``snapshot``, ``restore``) runs
+on a thread of its own (:class:`~memrl.data.user_code.UserThread`), bounded by what is left of the episode's
+``episode_timeout_s``. An exception raised by ``reset`` or ``step`` ends that episode as failed (outcome 0, counted in
+the run's stats as ``env_errors``, its traceback in the run's log; the tree and the run go on), and so does a call
+that outlives its time (``env_timeouts``). A constructor that raises, a return value of the wrong shape and a
+``restore()`` after which ``snapshot()`` is not the state restored stop the run (a
+:class:`~memrl.data.errors.UserCodeError` or a :class:`ReplayMismatchError` naming the class, the method and the
+episode): every episode would meet them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import logging
 import math
 import pickle
 import time
+import weakref
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from memrl.data.errors import UserCodeError, UserError
@@ -167,7 +173,7 @@ class GymTask:
         self.timeout_s = timeout_s  # the time the environment's calls of one episode may take in all (None: no limit)
         self.env_time = 0.0  # seconds spent in the environment's calls so far
         self.timed_out = False
-        self._thread = UserThread(task_id)  # every call into this copy's environment instance runs there
+        self._thread = self._new_thread()  # every call into this copy's environment instance runs there
 
     # ----------------------------------------------------------------------------------------------------- helpers
     @property
@@ -179,6 +185,12 @@ class GymTask:
         if self.env is None:
             self.env = self._call(self.make, what=f"{self.label}(**{self.params})")
         return self.env
+
+    def _new_thread(self) -> UserThread:
+        """A thread for this copy's environment, ended when the copy is garbage (a task never run to its end)."""
+        thread = UserThread(self.task_id)
+        weakref.finalize(self, thread.close)
+        return thread
 
     def _call(self, fn: Any, *args: Any, what: str) -> Any:
         """``fn(*args)`` on this copy's environment thread, bounded by what is left of ``timeout_s``."""
@@ -294,8 +306,9 @@ class GymTask:
             if "outcome" in info:
                 outcome = info["outcome"]
                 if isinstance(outcome, bool) or not isinstance(outcome, (int, float)) or not 0 <= outcome <= 1:
-                    raise ComponentError(
-                        f"{self.label}.step: info['outcome'] must be a number in [0, 1], got {outcome!r}"
+                    raise UserCodeError(
+                        f"{self.label}.step: info['outcome'] must be a number in [0, 1], got {outcome!r} (episode "
+                        f"{self.task_id!r})"
                     )
                 self.final = float(outcome)
         return obs, done
@@ -350,7 +363,7 @@ class GymTask:
         twin.log, twin.rewards = list(self.log), list(self.rewards)
         twin.info, twin.reentries = copy.deepcopy(self.info, memo), dict(self.reentries)
         twin.env = None
-        twin._thread = UserThread(self.task_id)
+        twin._thread = twin._new_thread()
         if not self.started or self.over:
             return twin  # nothing to re-enter: a fresh task, or a finished one (its outcome is copied)
         mode = self.mode()

@@ -70,9 +70,11 @@ class Where:
                 raise self.error(f"{prefix}{field}[{i}]", f"expected string, got {_json_type(value)}")
         return list(values)
 
-    def episode(self, data: dict[str, Any]) -> Episode:
+    def episode(self, data: dict[str, Any], turn_fields: list[str] | None = None) -> Episode:
         """Validate an :class:`Episode`, reporting the first problem against this location: a turn longer than
-        :data:`MAX_TURN_CHARS` and a question id used twice are errors too."""
+        :data:`MAX_TURN_CHARS` and a question id used twice are errors too. ``turn_fields``: each turn's field as the
+        source file names it (LoCoMo's ``conversation.session_1[0].text``), for those errors; default
+        ``trajectory[i]``."""
         try:
             episode = Episode.model_validate(data)
         except ValidationError as exc:
@@ -83,7 +85,7 @@ class Where:
             size = len(turn.action) + len(turn.observation)
             if size > MAX_TURN_CHARS:
                 raise self.error(
-                    f"trajectory[{i}]",
+                    turn_fields[i] if turn_fields is not None else f"trajectory[{i}]",
                     f"a turn of {size:,} characters (more than {MAX_TURN_CHARS:,}, "
                     "far beyond any context window): split it into several turns, or leave it out",
                 )

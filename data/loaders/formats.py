@@ -168,6 +168,7 @@ def load_locomo(path: str | Path) -> list[Episode]:
         ]
         sessions = sorted((int(m.group(1)), k) for k in conv if (m := _SESSION.match(k)))
         turns: list[dict[str, Any]] = []
+        fields: list[str] = []  # each turn's field in the file, for errors
         by_dia: dict[str, int] = {}
         dia_meta: dict[str, dict[str, Any]] = {}
         dates: dict[str, str] = {}
@@ -192,6 +193,7 @@ def load_locomo(path: str | Path) -> list[Episode]:
                     **{k: v for k, v in utt.items() if k not in _UTTERANCE_FIELDS},
                 }
                 turns.append({"turn_idx": len(turns), "action": speaker, "observation": text})
+                fields.append(f"{prefix}text")
         if not turns:
             raise where.error("conversation", "empty trajectory (no session_N utterances)")
         qas = []
@@ -254,7 +256,7 @@ def load_locomo(path: str | Path) -> list[Episode]:
                 **{k: v for k, v in obj.items() if k not in ("sample_id", "conversation", "qa")},
             },
         }
-        out.append((where, where.episode(data)))
+        out.append((where, where.episode(data, fields)))
     return unique_episodes(out)
 
 

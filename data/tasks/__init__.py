@@ -87,8 +87,7 @@ class TaskSetConfig(ConfigModel):
     params: dict[str, Any] = {}  # a family's parameters (no section of its own): a Gym class's constructor kwargs
     max_steps: int | None = Field(None, ge=1, le=10**6)  # reasoner steps per episode of a Gym/episode family
     reentry: ReentryMode = "auto"  # Gym env: re-enter a state by snapshot/restore when it has them (auto), or replay
-    # an episode function running longer fails; a Gym env: the time its calls of one episode may take in all
-    episode_timeout_s: float = Field(300.0, gt=0, le=86_400)
+    episode_timeout_s: float = Field(300.0, gt=0, le=86_400)  # an episode (a Gym env: its calls in all) longer fails
     episodes: str | None = None  # JSONL of episodes to load; None: generate count tasks
     count: int = Field(64, ge=0, le=10**6)  # tasks to generate, or at most this many from episodes (there 0: all)
     seed: int = Field(0, ge=0, lt=2**32)  # seed of the first generated task (then seed + 1, ...)
