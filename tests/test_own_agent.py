@@ -182,14 +182,13 @@ def test_won_outcome_and_truncated_are_kept_apart() -> None:
 def test_reentries_are_counted_per_iteration_and_shown() -> None:
     sys.path.insert(0, str(ROOT / "examples" / "gym_env"))
     try:
-        from tests.test_gym_env import engines
-
         from memrl.data.tasks import TaskSetConfig, load_tasks
         from memrl.data.tracking import format_metrics
         from memrl.rollout.agents import task_rollout
         from memrl.rollout.fleet import FleetResult
         from memrl.rollout.tree import TreeConfig, build_trees
         from memrl.train.oat_grpo import collection_metrics
+        from tests.test_gym_env import engines
 
         memory = {"entry": "components:NotesMemory", "every": 1, "window": 1}
         cfg = TreeConfig(branch_roles=["note"], branch_factor=2, max_leaves=4, max_branch_depth=2)
