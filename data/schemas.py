@@ -44,6 +44,7 @@ __all__ = [
     "TraceEvent",
     "TreeNode",
     "Turn",
+    "episode_won",
     "turn_steps",
 ]
 
@@ -334,6 +335,14 @@ class EpisodeTrace(Record):
     peak_context_tokens: int = Field(0, ge=0)
     stats: dict[str, int] = {}
     metadata: JsonDict = {}
+
+
+def episode_won(outcome: float | None, stats: dict[str, int]) -> bool:
+    """Whether an episode was won: the environment's word when it gave one (``env_won`` in the run's stats, a
+    Gym-style environment's ``info["won"]``), else an outcome of 1 (a verifier's exact answer)."""
+    if "env_won" in stats:
+        return bool(stats["env_won"])
+    return outcome is not None and outcome >= 1.0
 
 
 # Roles whose empty reply is itself a decision the model learns (the end-of-sequence token): the proactive agent's

@@ -54,6 +54,11 @@ log = logging.getLogger(__name__)
 _CONSOLE_KEYS = (
     "reward_mean",
     "success",
+    "mean_outcome",
+    "reentry_snapshot",
+    "reentry_replay",
+    "replayed_steps",
+    "replay_verified",
     "loss",
     "clip_fraction",
     "approx_kl",

@@ -197,6 +197,7 @@ class EpisodeRollout:
         self.peak_context_tokens = 0
         self.log: list[_Logged] = []
         self._replay = list(replay or [])
+        self.last_reentry: dict[str, Any] | None = None  # set by fork(): how this run re-entered its state
         self._pending: PendingCall | None = None
         self._call: ExternalCall | None = None
         self._driver = driver or _driver(task)
@@ -358,6 +359,7 @@ class EpisodeRollout:
                 f"{_render(self._call.messages)!r} but the replay sent {sent!r}"
             )
         twin.stats["episode_replayed_calls"] = twin.stats.get("episode_replayed_calls", 0) + len(self.log)
+        twin.last_reentry = {"mode": "replay", "replayed_steps": len(self.log)}
         return twin
 
     # ---------------------------------------------------------------------------------------------------------

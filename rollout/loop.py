@@ -188,6 +188,12 @@ class Rollout:
         self.step = max(self.step, turn.step)
         self.memory.on_turn(turn)
 
+    @property
+    def last_reentry(self) -> dict[str, Any] | None:
+        """How this fork re-entered its state (``mode``: snapshot or replay, ``replayed_steps``) when its task
+        re-enters one (a Gym environment); None for a task copied in memory."""
+        return getattr(self.env, "last_reentry", None)
+
     def fork(self, rollout_id: str) -> Rollout:
         """A deep copy that continues independently (used to branch at a pending memory call)."""
         # Records already made (events, memory calls) are never mutated: the twin shares them instead of copying.
@@ -318,6 +324,9 @@ class Rollout:
         self.answer = answer
         self.outcome = float(self.env.finish(answer))
         self.done = True
+        partial = getattr(self.env, "partial_outcome", None)  # a Gym env's rewards so far: the outcome with partial
+        if isinstance(partial, float):  # credit, beside the configured one (evaluation reports both)
+            self.metadata = {**self.metadata, "partial_outcome": partial}
         env_stats = getattr(self.env, "stats", None)
         if isinstance(env_stats, dict):  # an adapter's counts (env steps, env errors, ...): into the leaf's stats
             for key, value in env_stats.items():

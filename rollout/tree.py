@@ -131,6 +131,7 @@ class _TreeState:
     nodes: dict[str, TreeNode]
     usage: TokenUsage = field(default_factory=TokenUsage)
     live: int = 1  # branches still running: the tree is done at 0
+    reentry: dict[str, int] = field(default_factory=dict)  # states re-entered by the forks (count_reentries)
 
 
 @dataclass
@@ -222,7 +223,12 @@ def build_trees(
                 nodes=_in_path_order(t.nodes),
                 reasoner_usage=t.usage,
                 config_hash=config_hash,
-                metadata={"mode": cfg.mode, "branched_nodes": branched, "merged_siblings": merged},
+                metadata={
+                    "mode": cfg.mode,
+                    "branched_nodes": branched,
+                    "merged_siblings": merged,
+                    **({"reentry": t.reentry} if t.reentry else {}),
+                },
             )
         )
     return out, stats
@@ -532,6 +538,20 @@ def _add_child(tree: _TreeState, node: TreeNode) -> None:
     tree.nodes[node.parent_id].children.append(node.node_id)
 
 
+def count_reentries(counts: dict[str, int], forks: list[Any]) -> None:
+    """Add the forks' re-entries to ``counts``: ``snapshot`` / ``replay`` (states re-entered each way),
+    ``replayed_steps`` (environment steps or model calls replayed) and ``replay_verified`` (replays whose every
+    observation or request matched the log: a replay that does not is a ReplayMismatchError and never gets here)."""
+    for fork in forks:
+        record = getattr(fork, "last_reentry", None)
+        if not record:
+            continue
+        counts[record["mode"]] = counts.get(record["mode"], 0) + 1
+        if record["mode"] == "replay":
+            counts["replayed_steps"] = counts.get("replayed_steps", 0) + record["replayed_steps"]
+            counts["replay_verified"] = counts.get("replay_verified", 0) + 1
+
+
 def _branch_out(branch: _Branch, result: GenerationResult, n: int) -> list[_Branch]:
     """The n samples of a trainable action: one sibling node each, each on its own fork of the rollout.
 
@@ -543,6 +563,7 @@ def _branch_out(branch: _Branch, result: GenerationResult, n: int) -> list[_Bran
     rollout_id = branch.rollout.rollout_id
     group_id = f"g:{rollout_id}:{parent.depth + 1}"
     children = [branch.rollout.fork(f"{rollout_id}.{k}") for k in range(n - 1)] + [branch.rollout]
+    count_reentries(tree.reentry, children[:-1])
     if n > 1:
         branch.rollout.rollout_id = f"{rollout_id}.{n - 1}"
     out = []

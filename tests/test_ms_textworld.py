@@ -105,7 +105,10 @@ class _Holder(ConfigModel):
 @pytest.mark.parametrize(
     ("overrides", "key", "says"),
     [
-        (["params.challenge=zork"], "params.challenge", "treasure_hunter"),
+        (["params.challenge=zork"], "params.challenge", "tw-make generates coin_collector, cooking, simple"),
+        (["params.challenge=zork"], "params.challenge", "game_files: [path/to/game.z8]"),
+        (["params.rewards=dense"], "params.rewards", "sets the simple challenge, not treasure_hunter"),
+        (["params.challenge=simple", "params.recipe=2"], "params.recipe", "sizes the cooking challenge"),
         (["params.challenge=cooking", "params.recipe=2", "params.take=3"], "params.take", "at most 'recipe' (2)"),
         (["params.challenge=cooking", "params.go=5"], "params.go", "1, 6, 9, 12 rooms"),
         (["params.level=31"], "params.level", "levels run from 1 to 30"),
@@ -135,7 +138,7 @@ def _memrl(*args: str, hide_textworld: bool = False, cwd: Path | None = None) ->
 @pytest.mark.parametrize(
     ("override", "says"),
     [
-        ("task_params.challenge=zork", ["key 'task_params'", "challenge: Input should be 'treasure_hunter'"]),
+        ("task_params.challenge=zork", ["key 'task_params'", "unknown TextWorld challenge 'zork'", "game_files"]),
         (
             "task_params={challenge: cooking, recipe: 2, take: 3}",
             ["key 'task_params'", "take:", "at most 'recipe' (2)"],
@@ -300,3 +303,38 @@ def test_acceptance_generated_game_played_replayed_and_one_oat_grpo_iteration(
     assert all(leaf["metadata"]["stats"]["env_steps"] >= 1 for leaf in leaves)
     history = result["history"][0]
     assert history["committee_scored_groups"] == 1 and history["memory_calls_trained"] >= 2
+
+
+def test_any_tw_make_challenge_and_games_of_your_own(tw_cache: Path, tmp_path: Path) -> None:
+    """tw-simple (an errand told step by step) is generated and won by the family's reasoner with full context and
+    through SAM with its expert; a game file of your own is played as it is, its walkthrough read from the game."""
+    from memrl.data.experts.ms_textworld import TwOracle
+    from memrl.data.tasks import TaskSetConfig, load_tasks
+    from memrl.data.tasks.ms_textworld import TwReasoner
+    from memrl.rollout.agents import task_rollout
+    from memrl.rollout.engines.scripted import ScriptedEngine
+    from memrl.rollout.loop import EngineSet, run_rollouts
+
+    simple = MsTextWorldParams(challenge="tw-simple", rewards="dense", goal="detailed")
+    assert simple.tw_make_command(3) == "tw-make tw-simple --rewards dense --goal detailed --seed 3"
+    engines = EngineSet(reasoner=ScriptedEngine(TwReasoner()), memory=ScriptedEngine(TwOracle()))
+    params = {"challenge": "simple", "rewards": "dense", "goal": "detailed", "cache_dir": str(tw_cache)}
+    (task,) = load_tasks(TaskSetConfig(family="ms_textworld", params=params, count=1, seed=400_000))
+    for memory in ({"name": "long_context", "window_tokens": 100_000}, {"name": "sam"}):
+        (trace,) = run_rollouts([task_rollout(task, memory)], engines)
+        assert trace.stats["env_won"] == 1 and trace.outcome == 1.0, memory
+    own = tmp_path / "games"
+    own.mkdir()
+    folder = GameCache(tw_cache).folder(MsTextWorldParams(**SMALL), 0)
+    (own / "mine.z8").write_bytes((folder / "game.z8").read_bytes())  # as tw-make writes it: the game and its
+    (own / "mine.json").write_bytes((folder / "game.json").read_bytes())  # metadata (the walkthrough) beside it
+    files = {"game_files": [str(own / "*.z8")], "cache_dir": str(tw_cache)}
+    (mine,) = load_tasks(TaskSetConfig(family="ms_textworld", params=files, count=1, seed=7))
+    assert mine.record().walkthrough == GameCache(tw_cache).record(MsTextWorldParams(**SMALL), 0).walkthrough
+    assert mine.horizon_label == "files/files"
+    (trace,) = run_rollouts([task_rollout(mine, {"name": "long_context", "window_tokens": 100_000})], engines)
+    assert trace.stats["env_won"] == 1
+    with pytest.raises(ConfigError, match=r"game_files: '.*nothing\*\.ulx' names no game file"):
+        load_config(_Holder, overrides=[f"params.game_files=['{own}/nothing*.ulx']"])
+    with pytest.raises(ConfigError, match="game_files plays your own games: set no challenge"):
+        load_config(_Holder, overrides=[f"params.game_files=['{own}/*.z8']", "params.challenge=cooking"])

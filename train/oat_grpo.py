@@ -48,7 +48,7 @@ from memrl.data.config import (
 from memrl.data.errors import UserCodeError
 from memrl.data.io import atomic_write_text, write_jsonl
 from memrl.data.registry import ComponentError
-from memrl.data.schemas import MemoryCallTree
+from memrl.data.schemas import MemoryCallTree, episode_won
 from memrl.data.tasks import TaskSetConfig, family_of, load_tasks
 from memrl.data.tracking import MetricsLogger
 from memrl.data.user_code import check_params
@@ -133,7 +133,7 @@ class OATGRPOConfig(ConfigModel):
             self.eval_tasks.family,
             self.eval_tasks.entry,
         ) != (self.train_tasks.family, self.train_tasks.entry):
-            keys = ("family", "entry", "params", "max_steps", "reentry", "episode_timeout_s")
+            keys = ("family", "entry", "params", "max_steps", "reentry", "episode_timeout_s", "partial_credit")
             self.eval_tasks = self.eval_tasks.model_copy(update={k: getattr(self.train_tasks, k) for k in keys})
         if self.memory is None:
             try:
@@ -312,6 +312,8 @@ def summarize_eval(result: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "success": result["success_sampled"],
         "success_greedy": result["success_greedy"],
+        "mean_outcome": result["mean_outcome_sampled"],
+        "mean_outcome_greedy": result["mean_outcome_greedy"],
         "reasoner_tokens_per_task": result["reasoner_tokens_per_task"],
         "memory_tokens_per_task": result["memory_tokens_per_task"],
     }
@@ -380,11 +382,15 @@ def collection_metrics(batch: list[Any], results: list[FleetResult]) -> dict[str
     leaves = [n for t in trees for n in t.nodes if n.kind == "leaf"]
     metrics: dict[str, Any] = {
         "tasks": [t.task_id for t in batch],  # the data order, checked against an uninterrupted run on resume
-        "success": sum(n.metadata.get("true_outcome", n.outcome) or 0.0 for n in leaves) / max(len(leaves), 1),
+        **leaf_outcome_metrics(leaves),
         "leaves": len(leaves),
         "reasoner_tokens": sum(t.reasoner_usage.spent for t in trees),
         "rerun_tasks": sum(r.reruns for r in results),
     }
+    for tree in trees:  # states re-entered at the branch points: reentry_snapshot, reentry_replay, replayed_steps, ...
+        for key, value in tree.metadata.get("reentry", {}).items():
+            name = f"reentry_{key}" if key in ("snapshot", "replay") else key
+            metrics[name] = metrics.get(name, 0) + value
     for key in FAILURE_STATS:  # failed episodes by kind (each a failed leaf): always there, 0 when none failed
         metrics[key] = sum(int(n.metadata.get("stats", {}).get(key, 0)) for n in leaves)
     if count := sum(int(n.metadata.get("stats", {}).get("agent_rejected_requests", 0)) for n in leaves):
@@ -433,6 +439,22 @@ def untrained_cause(trees: list[MemoryCallTree], tree: TreeConfig, memory: Any) 
         f"{name} either never calls the memory model or calls it under other roles (memory.sampling names "
         f"{', '.join(sorted(getattr(memory, 'sampling', {}) or {})) or 'none'})"
     )
+
+
+def leaf_outcome_metrics(leaves: list[Any]) -> dict[str, float | int]:
+    """``success``: the share of leaves (episodes) won (:func:`~memrl.data.schemas.episode_won`: the environment's
+    word, else an outcome of 1); ``mean_outcome``: their mean outcome in [0, 1] (partial credit included where the
+    family gives it); ``episodes_truncated``: episodes cut before the environment ended them (when any)."""
+    n = max(len(leaves), 1)
+    outcomes = [leaf.metadata.get("true_outcome", leaf.outcome) or 0.0 for leaf in leaves]
+    stats = [leaf.metadata.get("stats", {}) for leaf in leaves]
+    out: dict[str, float | int] = {
+        "success": sum(episode_won(o, s) for o, s in zip(outcomes, stats, strict=True)) / n,
+        "mean_outcome": sum(outcomes) / n,
+    }
+    if truncated := sum(int(s.get("env_truncated", 0)) for s in stats):
+        out["episodes_truncated"] = truncated
+    return out
 
 
 def extra_tasks(tasks: list[Any], taken: set[str], size: int, seed: int, iteration: int, round_: int) -> list[Any]:

@@ -11,8 +11,17 @@ The protocol a user implements (plain Python, no memrl import; :class:`GymEnv`):
 
 Conventions of ``info``: ``info["admissible_actions"]: list[str]`` when the environment knows them (shown to the
 reasoner beside the current observation as transient context, never stored in the turn the memory system keeps);
-``info["outcome"]: float in [0, 1]`` on the step that ends the episode when the environment knows it (else the outcome
-is the sum of the rewards clipped to [0, 1]); ``info["won"]`` may be set too (recorded in the run's stats).
+``info["outcome"]: float in [0, 1]`` when the environment knows how well the episode went; ``info["won"]`` when it
+knows whether it was won.
+
+**Outcome semantics.** Three things are kept apart: ``won`` (the environment's ``info["won"]``; without it, an
+episode the environment ended with outcome 1), ``outcome`` in [0, 1] and ``truncated`` (the episode ended before the
+environment said ``done``: memrl's step limit ``max_steps``, or the reasoner's ``answer``). An episode the
+environment ended scores its latest ``info["outcome"]``, else the sum of its rewards clipped to [0, 1]. A truncated
+episode scores the environment's latest ``info["outcome"]`` when it gave one, else 0, unless the task set asks for
+partial credit (``partial_credit: true``: the sum of the rewards so far, clipped). ``partial_outcome`` is that partial
+credit whatever the setting, so an evaluation reports both. The run's stats count ``env_won`` and
+``env_truncated``; metrics report ``success`` (won) and ``mean_outcome`` apart.
 
 **Re-entry** (a memory-call tree samples the memory model K times at one state, so every sibling needs its own copy
 of the environment in that state; :meth:`GymTask.__deepcopy__`, which :meth:`memrl.rollout.loop.Rollout.fork` calls):
@@ -149,6 +158,7 @@ class GymTask:
         reentry: ReentryMode = "auto",
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
+        partial_credit: bool = False,
     ):
         self.make = make
         self.seed = seed
@@ -164,8 +174,10 @@ class GymTask:
         self.rewards: list[float] = []
         self.info: dict[str, Any] = {}
         self.over = False
-        self.final: float | None = None  # info["outcome"] of the last step
-        self.won: bool | None = None
+        self.final: float | None = None  # info["outcome"] of the latest step that gave one
+        self.won: bool | None = None  # info["won"] of the latest step that gave one
+        self.partial_credit = partial_credit
+        self.truncated = False  # set by finish(): the episode ended before the environment said done
         self.failure: str | None = None
         self.env_steps = 0
         self.env_resets = 0
@@ -174,6 +186,7 @@ class GymTask:
         self.env_time = 0.0  # seconds spent in the environment's calls so far
         self.timed_out = False
         self._thread = self._new_thread()  # every call into this copy's environment instance runs there
+        self.last_reentry: dict[str, Any] | None = None  # how this copy re-entered its state (None: it did not)
 
     # ----------------------------------------------------------------------------------------------------- helpers
     @property
@@ -300,27 +313,49 @@ class GymTask:
         self.info = info
         if "won" in info:
             self.won = bool(info["won"])
+        if "outcome" in info:
+            outcome = info["outcome"]
+            if isinstance(outcome, bool) or not isinstance(outcome, (int, float)) or not 0 <= outcome <= 1:
+                raise UserCodeError(
+                    f"{self.label}.step: info['outcome'] must be a number in [0, 1], got {outcome!r} (episode "
+                    f"{self.task_id!r})"
+                )
+            self.final = float(outcome)
         if done:
             self.over = True
             self._thread.close()
-            if "outcome" in info:
-                outcome = info["outcome"]
-                if isinstance(outcome, bool) or not isinstance(outcome, (int, float)) or not 0 <= outcome <= 1:
-                    raise UserCodeError(
-                        f"{self.label}.step: info['outcome'] must be a number in [0, 1], got {outcome!r} (episode "
-                        f"{self.task_id!r})"
-                    )
-                self.final = float(outcome)
         return obs, done
 
     def finish(self, answer: str | None) -> float:
-        """The episode's outcome in [0, 1]: 0 after a failure, else ``info["outcome"]`` of the last step, else the
-        sum of rewards clipped to [0, 1] (``answer`` is not used: a Gym environment ends by ``done``)."""
+        """The episode's outcome in [0, 1] (module docstring, "Outcome semantics"): 0 after a failure; the
+        environment's ``info["outcome"]``; else, when the environment ended the episode or partial credit is asked
+        for, the sum of rewards clipped to [0, 1]; else 0. Ending here without ``done`` marks it ``truncated``
+        (``answer`` is not used: a Gym environment ends by ``done``)."""
+        self.truncated = self.failure is None and not self.over
+        return self.outcome
+
+    @property
+    def outcome(self) -> float:
+        """The outcome :meth:`finish` returns."""
         if self.failure is not None:
             return 0.0
         if self.final is not None:
             return self.final
-        return min(max(sum(self.rewards), 0.0), 1.0)
+        return self.partial_outcome if (self.over or self.partial_credit) else 0.0
+
+    @property
+    def partial_outcome(self) -> float:
+        """The sum of the rewards so far, clipped to [0, 1] (0 after a failure)."""
+        return 0.0 if self.failure is not None else min(max(sum(self.rewards), 0.0), 1.0)
+
+    @property
+    def episode_won(self) -> bool:
+        """Whether the episode was won: the environment's ``info["won"]``, else ended by it with outcome 1."""
+        if self.failure is not None:
+            return False
+        if self.won is not None:
+            return self.won
+        return self.over and self.outcome >= 1.0
 
     def transient_context(self) -> str | None:
         """The admissible actions of the current state (``info["admissible_actions"]``), for the reasoner's next call
@@ -338,8 +373,9 @@ class GymTask:
         if self.timed_out:
             out["env_timeouts"] = 1
         out.update({f"env_reentry_{k}": v for k, v in self.reentries.items() if v})
-        if self.won is not None:
-            out["env_won"] = int(self.won)
+        if self.started:
+            out["env_won"] = int(self.episode_won)
+            out["env_truncated"] = int(self.truncated)
         return out
 
     # -------------------------------------------------------------------------------------------------- re-entry
@@ -364,6 +400,7 @@ class GymTask:
         twin.info, twin.reentries = copy.deepcopy(self.info, memo), dict(self.reentries)
         twin.env = None
         twin._thread = twin._new_thread()
+        twin.last_reentry = None
         if not self.started or self.over:
             return twin  # nothing to re-enter: a fresh task, or a finished one (its outcome is copied)
         mode = self.mode()
@@ -385,6 +422,8 @@ class GymTask:
             twin.env_time = self.env_time  # re-entry is bounded by the time left, not charged to the episode
         twin.env = env
         twin.reentries[mode] += 1
+        replayed = len(self.log) if mode == "replay" else 0
+        twin.last_reentry = {"mode": mode, "replayed_steps": replayed}
         return twin
 
     def _check_restored(self, env: Any, state: Any) -> None:

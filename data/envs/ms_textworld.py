@@ -13,7 +13,12 @@ own Z-machine backend (Jericho), with nothing of memrl in the game.
 - ``coin_collector`` (``tw-make tw-coin_collector --level L``, 1-300: a chain of ``(L - 1) % 100 + 1`` rooms, with
   ``(L - 1) // 100`` distractor rooms per chain room): find the coin and take it;
 - ``cooking`` (``tw-make tw-cooking --recipe R --take T --go G [--open] [--cook] [--cut] [--drop]``): find the
-  cookbook, gather its ingredients from ``G`` rooms, prepare them as it says, prepare the meal and eat it.
+  cookbook, gather its ingredients from ``G`` rooms, prepare them as it says, prepare the meal and eat it;
+- ``simple`` (``tw-make tw-simple --rewards dense|balanced|sparse --goal detailed|brief|none``): an errand in a
+  small house (open, unlock, take, walk, put or insert), its goal told step by step, briefly or not at all;
+- any other challenge TextWorld has registered (``textworld.challenges.CHALLENGES``), its settings in ``options``;
+- or games of your own: ``game_files`` (paths or glob patterns of ``.z8`` / ``.ulx`` files, made by ``tw-make``,
+  TextWorld's API or Inform 7): game ``seed`` is file ``seed % len(files)`` of the sorted list, played as it is.
 
 :class:`GameCache` generates each game once, in this process through TextWorld's challenge generator and Inform 7
 compiler (what ``tw-make`` does), into a folder keyed by (challenge, settings, seed, textworld version): the game is
@@ -36,6 +41,7 @@ game file and the commands, so a state is re-entered by replaying the commands f
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -63,18 +69,23 @@ __all__ = [
     "MsTextWorldParams",
     "TextWorldMissing",
     "clean_observation",
+    "file_record",
+    "game_files",
     "require_textworld",
+    "textworld_challenges",
 ]
 
 log = logging.getLogger(__name__)
 
 TEXTWORLD_EXTRA = "textworld"
-CHALLENGES = ("treasure_hunter", "coin_collector", "cooking")
-"""The TextWorld challenges this module generates (TextWorld's ``tw-<name>``)."""
+CHALLENGES = ("treasure_hunter", "coin_collector", "cooking", "simple")
+"""The TextWorld challenges whose settings this module knows (TextWorld's ``tw-<name>``); any other challenge
+TextWorld has registered is generated from ``options``."""
 
 _LEVELS = {"treasure_hunter": (1, 30), "coin_collector": (1, 300)}
 _COOKING_ROOMS = (1, 6, 9, 12)
 _COOKING_FLAGS = ("open", "cook", "cut", "drop")
+_GAME_FILE_SUFFIXES = (".z8", ".ulx")
 _SEED_ATTEMPTS = 16  # derived seeds tried when a seed's map admits no quest (QuestGenerationError)
 DEFAULT_CACHE = ".cache/textworld"
 
@@ -100,21 +111,48 @@ def require_textworld() -> Any:
     return textworld
 
 
+def textworld_challenges() -> list[str]:
+    """The challenges TextWorld has registered (``tw-make tw-<name>``), by name without the ``tw-`` prefix."""
+    textworld = require_textworld()
+    return sorted(name.removeprefix("tw-") for name in textworld.challenges.CHALLENGES)
+
+
+def game_files(patterns: Sequence[str]) -> list[Path]:
+    """The game files that ``patterns`` (paths or glob patterns) name, sorted; a pattern that names no ``.z8`` /
+    ``.ulx`` file is a :class:`ConfigError` naming it."""
+    import glob
+
+    found: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(pattern), recursive=True))
+        games = [m for m in matches if m.is_file() and m.suffix in _GAME_FILE_SUFFIXES]
+        if not games:
+            raise ConfigError(
+                f"game_files: {pattern!r} names no game file (.z8 or .ulx"
+                + (f"; it matches {', '.join(str(m) for m in matches[:3])}" if matches else "")
+                + ")"
+            )
+        found += games
+    return sorted(dict.fromkeys(p.resolve() for p in found))
+
+
 def textworld_version() -> str:
     """The installed TextWorld version (part of every cache key)."""
     return str(require_textworld().__version__)
 
 
 class MsTextWorldParams(ConfigModel):
-    """One TextWorld challenge at one size, and how its games are played.
+    """One TextWorld challenge at one size, and how its games are played (or games of your own: ``game_files``).
 
     ``level`` sizes ``treasure_hunter`` (1-30) and ``coin_collector`` (1-300, at most 100 rooms); ``recipe``,
-    ``take``, ``go``, ``open``, ``cook``, ``cut`` and ``drop`` size ``cooking`` (TextWorld's ``tw-make`` flags of the
-    same names). Setting a knob of another challenge, or a combination TextWorld cannot generate (``take`` above
-    ``recipe``, ``go`` other than 1, 6, 9 or 12, a level out of range), is an error naming the key.
+    ``take``, ``go``, ``open``, ``cook``, ``cut`` and ``drop`` size ``cooking``; ``rewards`` and ``goal`` set
+    ``simple`` (TextWorld's ``tw-make`` flags of the same names); ``options`` holds the settings of any other
+    challenge TextWorld has registered. Setting a knob of another challenge, or a combination TextWorld cannot
+    generate (``take`` above ``recipe``, ``go`` other than 1, 6, 9 or 12, a level out of range), is an error naming
+    the key.
     """
 
-    challenge: Literal["treasure_hunter", "coin_collector", "cooking"] = "treasure_hunter"  # TextWorld challenge
+    challenge: str = Field("treasure_hunter", description="a TextWorld challenge (tw-make tw-<challenge>)")
     level: int | None = Field(None, description="treasure_hunter: 1-30; coin_collector: 1-300 (default 10)")
     recipe: int | None = Field(None, description="cooking: ingredients in the recipe, 1-5 (default 1)")
     take: int | None = Field(None, description="cooking: ingredients to find elsewhere, 0-recipe (default 0)")
@@ -123,11 +161,29 @@ class MsTextWorldParams(ConfigModel):
     cook: bool | None = Field(None, description="cooking: some ingredients must be cooked")
     cut: bool | None = Field(None, description="cooking: some ingredients must be cut")
     drop: bool | None = Field(None, description="cooking: the inventory holds few items")
+    rewards: Literal["dense", "balanced", "sparse"] | None = Field(None, description="simple: reward frequency")
+    goal: Literal["detailed", "brief", "none"] | None = Field(None, description="simple: how the goal is told")
+    options: dict[str, Any] = Field({}, description="the settings of another registered challenge (tw-make flags)")
+    game_files: list[str] | None = Field(
+        None, min_length=1, description="your own games instead: .z8 / .ulx paths or glob patterns"
+    )
     max_steps: int = Field(100, ge=1, le=100_000, description="game commands before the episode ends unwon")
     cache_dir: str = Field(DEFAULT_CACHE, description="where generated games are kept (keyed; reused across runs)")
 
     # Field validators, so an impossible value is reported at its own key (fields are validated in order: the
     # challenge, then level, recipe, take, go, then the flags).
+    @field_validator("challenge")
+    @classmethod
+    def _known_challenge(cls, challenge: str) -> str:
+        known = textworld_challenges()
+        if challenge.removeprefix("tw-") not in known:
+            raise ValueError(
+                f"unknown TextWorld challenge {challenge!r}: tw-make generates {', '.join(known)}; a game of your "
+                f"own (a .z8 or .ulx file, from tw-make, TextWorld's API or Inform 7) is played with game_files: "
+                f"[path/to/game.z8] instead"
+            )
+        return challenge.removeprefix("tw-")
+
     @field_validator("level")
     @classmethod
     def _level(cls, level: int | None, info: ValidationInfo) -> int | None:
@@ -155,10 +211,8 @@ class MsTextWorldParams(ConfigModel):
         knob = info.field_name
         if value is None:
             return value
-        if info.data.get("challenge") in _LEVELS:
-            raise ValueError(
-                f"'{knob}' sizes the cooking challenge, not {info.data['challenge']} (which takes 'level')"
-            )
+        if info.data.get("challenge") != "cooking":
+            raise ValueError(f"'{knob}' sizes the cooking challenge, not {info.data.get('challenge')}")
         if knob == "recipe" and not 1 <= value <= 5:
             raise ValueError("cooking recipes have 1 to 5 ingredients")
         if knob == "take":
@@ -169,15 +223,53 @@ class MsTextWorldParams(ConfigModel):
             raise ValueError(f"cooking games have {', '.join(map(str, _COOKING_ROOMS))} rooms")
         return value
 
-    @model_validator(mode="after")
-    def _installed(self) -> MsTextWorldParams:
-        require_textworld()  # before any run folder: a missing extra is one paragraph naming it
-        return self
+    @field_validator("rewards", "goal")
+    @classmethod
+    def _simple(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("challenge") != "simple":
+            raise ValueError(f"'{info.field_name}' sets the simple challenge, not {info.data.get('challenge')}")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _other(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if options and info.data.get("challenge") in CHALLENGES:
+            raise ValueError(f"{info.data.get('challenge')} takes its own keys, not options")
+        return options
+
+    @field_validator("game_files")
+    @classmethod
+    def _files(cls, patterns: list[str] | None) -> list[str] | None:
+        if patterns is not None:
+            game_files(patterns)  # every pattern names a game, before any run folder
+        return patterns
+
+    @model_validator(mode="before")
+    @classmethod
+    def _installed(cls, data: Any) -> Any:
+        require_textworld()  # before anything else: a missing extra is one paragraph naming it
+        if isinstance(data, dict) and data.get("game_files") is not None:
+            knobs = ("challenge", "level", "recipe", "take", "go", *_COOKING_FLAGS, "rewards", "goal", "options")
+            defaults = {k: cls.model_fields[k].default for k in knobs}  # a dump of the model carries them
+            if given := [k for k in knobs if data.get(k) not in (None, {}, defaults[k])]:
+                raise ValueError(f"game_files plays your own games: set no {', '.join(given)}")
+        return data
+
+    @property
+    def files(self) -> list[Path]:
+        """The game files of ``game_files`` (sorted), empty for generated games."""
+        return game_files(self.game_files) if self.game_files else []
 
     def settings(self) -> dict[str, Any]:
         """The challenge's settings as TextWorld's generator takes them (defaults filled in)."""
+        if self.game_files:
+            return {"game_files": list(self.game_files)}
         if self.challenge in _LEVELS:
             return {"level": self.level if self.level is not None else 10}
+        if self.challenge == "simple":
+            return {"rewards": self.rewards or "dense", "goal": self.goal or "detailed", "test": False}
+        if self.challenge != "cooking":
+            return dict(self.options)
         return {
             "recipe": self.recipe or 1,
             "take": self.take or 0,
@@ -190,8 +282,14 @@ class MsTextWorldParams(ConfigModel):
     def size_label(self) -> str:
         """A short name of the settings, e.g. ``level10`` or ``recipe3-take3-go6-open-cook-cut``."""
         s = self.settings()
+        if self.game_files:
+            return "files"
         if "level" in s:
             return f"level{s['level']}"
+        if self.challenge == "simple":
+            return f"{s['rewards']}-{s['goal']}"
+        if self.challenge != "cooking":
+            return "-".join(f"{k}{v}" for k, v in sorted(s.items())) or "default"
         flags = [f for f in _COOKING_FLAGS if s[f]]
         return "-".join([f"recipe{s['recipe']}", f"take{s['take']}", f"go{s['go']}", *flags])
 
@@ -200,6 +298,11 @@ class MsTextWorldParams(ConfigModel):
         s = self.settings()
         if "level" in s:
             return f"tw-make tw-{self.challenge} --level {s['level']} --seed {seed}"
+        if self.challenge != "cooking":
+            flags = " ".join(
+                f"--{k} {v}" if v is not True else f"--{k}" for k, v in s.items() if v not in (False, None)
+            )
+            return f"tw-make tw-{self.challenge} {flags} --seed {seed}"
         flags = " ".join(f"--{f}" for f in _COOKING_FLAGS if s[f])
         return f"tw-make tw-cooking --recipe {s['recipe']} --take {s['take']} --go {s['go']} {flags} --seed {seed}"
 
@@ -254,12 +357,18 @@ class GameCache:
         return self.root / self.key(params, seed)
 
     def record(self, params: MsTextWorldParams, seed: int) -> GameRecord:
-        """The game's record, generating the game first when the cache does not hold it."""
+        """The game's record, generating the game first when the cache does not hold it (a game of your own: read
+        from the game, its walkthrough being TextWorld's ``extra.walkthrough`` when the game has one)."""
+        if params.game_files:
+            return file_record(self.game_file(params, seed), seed)
         folder = self.ensure(params, seed)
         return GameRecord.model_validate_json((folder / "game.meta.json").read_text())
 
     def game_file(self, params: MsTextWorldParams, seed: int) -> Path:
-        """The compiled game (``game.z8``), generated first when missing."""
+        """The compiled game (``game.z8``), generated first when missing; a game of your own: file ``seed % n``."""
+        if params.game_files:
+            files = params.files
+            return files[seed % len(files)]
         return self.ensure(params, seed) / "game.z8"
 
     def ensure(self, params: MsTextWorldParams, seed: int) -> Path:
@@ -274,6 +383,8 @@ class GameCache:
         from memrl.data.tracking import progress_bar
 
         seeds = list(seeds)
+        if params.game_files:
+            return [self.game_file(params, s).parent for s in seeds]
         missing = [s for s in seeds if not (self.folder(params, s) / "game.meta.json").is_file()]
         if missing:
             bar = progress_bar(
@@ -341,6 +452,39 @@ class GameCache:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+@functools.lru_cache(maxsize=256)
+def _file_facts(path: str, mtime: float) -> tuple[list[str], str, str]:
+    """(walkthrough, objective, sha256) of a game file, read by starting it once."""
+    textworld = require_textworld()
+    infos = textworld.EnvInfos(objective=True, extras=["walkthrough"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = textworld.gym.make(textworld.gym.register_game(path, request_infos=infos))
+        try:
+            _, first = env.reset()
+        finally:
+            env.close()
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return list(first.get("extra.walkthrough") or []), str(first.get("objective") or ""), digest
+
+
+def file_record(path: Path, seed: int) -> GameRecord:
+    """The record of a game of your own (``game_files``): its walkthrough (TextWorld's ``extra.walkthrough``, empty
+    for a game without one) and objective, read from the game."""
+    walkthrough, objective, digest = _file_facts(str(path), path.stat().st_mtime)
+    return GameRecord(
+        challenge="game_files",
+        settings={"file": str(path)},
+        seed=seed,
+        game_seed=seed,
+        textworld=textworld_version(),
+        walkthrough=walkthrough,
+        objective=objective,
+        z8_sha256=digest,
+        command="",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -426,10 +570,9 @@ class MsTextWorldEnv:
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
         """Start the game of ``(params, seed)``: (its opening text: the objective, then the first room; ``info`` with
         the first state's ``admissible_actions``), the Gymnasium form the environment API accepts."""
-        folder = self.cache.ensure(self.params, int(seed))
         self.seed = int(seed)
-        self.record = GameRecord.model_validate_json((folder / "game.meta.json").read_text())
-        env = self._game_env(str(folder / "game.z8"))
+        self.record = self.cache.record(self.params, self.seed)
+        env = self._game_env(str(self.cache.game_file(self.params, self.seed)))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             obs, infos = env.reset()

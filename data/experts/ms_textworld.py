@@ -171,7 +171,12 @@ class TwOracle:
                 objective = text if recalled is not None else (objective_of(text) if not action else None)
                 if objective:
                     sentences = [s.strip() for s in _SENTENCE.findall(objective) if s.strip()]
-                    keep = [s for s in sentences if any(re.search(rf"\b{re.escape(g)}\b", s.lower()) for g in gold)]
+                    keep = [  # the steps that name a thing the walkthrough uses, or a direction to go
+                        s
+                        for s in sentences
+                        if any(re.search(rf"\b{re.escape(g)}\b", s.lower()) for g in gold)
+                        or re.search(r"\b(north|east|south|west)\b", s.lower())
+                    ]
                     out += keep or sentences
             else:
                 wanted = [w for w in re.findall(r"[a-z]+", intent) if len(w) > 3]

@@ -88,6 +88,7 @@ class TaskSetConfig(ConfigModel):
     max_steps: int | None = Field(None, ge=1, le=10**6)  # reasoner steps per episode of a Gym/episode family
     reentry: ReentryMode = "auto"  # Gym env: re-enter a state by snapshot/restore when it has them (auto), or replay
     episode_timeout_s: float = Field(300.0, gt=0, le=86_400)  # an episode (a Gym env: its calls in all) longer fails
+    partial_credit: bool = False  # Gym env: an episode cut by max_steps scores its rewards so far (clipped), not 0
     episodes: str | None = None  # JSONL of episodes to load; None: generate count tasks
     count: int = Field(64, ge=0, le=10**6)  # tasks to generate, or at most this many from episodes (there 0: all)
     seed: int = Field(0, ge=0, lt=2**32)  # seed of the first generated task (then seed + 1, ...)
@@ -177,6 +178,7 @@ def load_tasks(cfg: TaskSetConfig, prefix: str = "task") -> list[Any]:
                 max_steps=max_steps,
                 reentry=cfg.reentry,
                 timeout_s=cfg.episode_timeout_s,
+                partial_credit=cfg.partial_credit,
             )
         if kind == "episode":
             return ExternalTask(

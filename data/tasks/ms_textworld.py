@@ -110,6 +110,22 @@ _EXAMINE_VERBS = ("check", "read", "examine", "consult", "look at")
 _EAT_VERBS = ("eat", "enjoy")
 _TAKE_VERBS = ("take", "pick up", "pick-up", "retrieve", "recover", "lift", "grab", "get", "got", "picked up")
 _SAFE_VERBS = ("go", "open", "examine", "look", "inventory")
+# How a goal's sentences say each TextWorld command verb ("rest the milk on the stove" is ``put milk on stove``): the
+# synonyms of TextWorld's instruction grammar (text_grammars/house_instruction.twg), plus a few common ones.
+_VERB_WORDS: dict[str, tuple[str, ...]] = {
+    "open": ("open", "opened", "ajar"),
+    "close": ("close", "closed", "shut"),
+    "unlock": ("unlock", "unlocked"),
+    "lock": ("lock", "locked"),
+    "take": _TAKE_VERBS,
+    "put": ("put", "rest", "place", "set", "sit", "leave", "deposit", "stick"),
+    "insert": ("insert", "put", "place", "stick", "deposit", "leave", "stow"),
+    "drop": ("drop", "ditch", "throw", "toss", "leave"),
+    "go": ("go", "head", "travel", "walk", "move", "venture", "proceed", "make your way", "trip", "journey", "step"),
+    "eat": _EAT_VERBS,
+    "drink": ("drink",),
+    "examine": _EXAMINE_VERBS,
+}
 
 
 def size_params(challenge: str, size: str) -> dict[str, Any]:
@@ -390,6 +406,7 @@ class _Knowledge:
     recalled: dict[str, int] = field(default_factory=dict)  # live recalls per intent
     last_move: str | None = None
     examined: set[str] = field(default_factory=set)
+    actions: list[str] = field(default_factory=list)  # the game commands sent so far (pages' cues, then live turns)
 
 
 def _memory_mode(system: str | None) -> Literal["cues", "intent", "none"]:
@@ -490,6 +507,8 @@ class TwReasoner:
                 if cue.content:
                     self._take_text(know, cue.content)
             return
+        if cue.action and cue.action != "look":
+            know.actions.append(cue.action)
         if cue.room:
             self._move(know, cue.action, cue.room)
             if cue.exits:
@@ -505,6 +524,8 @@ class TwReasoner:
             know.seen.setdefault(know.room, set()).update(cue.seen)
 
     def _take_obs(self, know: _Knowledge, action: str | None, text: str) -> None:
+        if action and action != "start":
+            know.actions.append(action)
         if action == "start" and (objective := objective_of(text)):
             know.goal.append(objective)
         room = room_of(text)
@@ -620,6 +641,10 @@ class TwReasoner:
             command = self._cook(know, admissible, by_verb)
             if command is not None:
                 return command
+        if goal_text and know.recipe is None:
+            errand = self._errand_step(know, admissible, goal_text)
+            if errand is not None:
+                return errand
         if goal_text:
             sentences = [x.lower() for x in _SENTENCE.findall(goal_text)]
 
@@ -642,6 +667,50 @@ class TwReasoner:
                     if obj not in know.examined and said(_EXAMINE_VERBS, obj):
                         return c
         return None
+
+    @staticmethod
+    def _says(sentence: str, command: str) -> int:
+        """How well a goal sentence asks for ``command``: 0 unless it names its verb (:data:`_VERB_WORDS`) and its
+        object (``go D``: a moving verb and D); 2 when it names the instrument too (``from`` / ``with`` / ``on`` /
+        ``into`` what) or the command has none, else 1 ("unlock the door" asks for ``unlock door with key``)."""
+        verb, obj = command_object(command)
+        words = _VERB_WORDS.get(verb)
+        if words is None or not any(re.search(rf"\b{w}\b", sentence) for w in words):
+            return 0
+        if verb == "go":
+            return 2 * (re.search(rf"\b{re.escape(obj)}\b", sentence) is not None)
+        if not _mentions(sentence, obj):
+            return 0
+        instrument = command_instrument(command)
+        return 2 if instrument is None or _mentions(sentence, instrument) else 1
+
+    def _errand_step(self, know: _Knowledge, admissible: list[str], goal_text: str) -> str | None:
+        """The next step of a goal told step by step (TextWorld's detailed goals: "open the trunk. Then, take the
+        key from the trunk. ... rest the milk on the stove"): the goal's sentences in order, each done once a
+        command it asks for was sent after the one before it; the first sentence not done whose command is
+        admissible now. None when the goal gives no such step (then the map and the things seen decide)."""
+        sentences = [x.lower() for x in _SENTENCE.findall(goal_text)]
+        asks = [x for x in sentences if any(self._says(x, c) for c in admissible) or self._is_step(x)]
+        sent = 0
+        for sentence in asks:
+            done = next((i for i in range(sent, len(know.actions)) if self._says(sentence, know.actions[i])), None)
+            if done is not None:
+                sent = done + 1
+                continue
+            fits = [(self._says(sentence, c), c) for c in admissible]
+            best = max(fits, default=(0, ""))
+            return best[1] if best[0] else None
+        return None
+
+    @staticmethod
+    def _is_step(sentence: str) -> bool:
+        """Whether a sentence reads as one command (a verb of :data:`_VERB_WORDS` with a thing or a direction)."""
+        return any(
+            re.search(rf"\b{w}\b", sentence)
+            for words in _VERB_WORDS.values()
+            for w in words
+            if w not in ("set", "leave", "get", "got", "check")
+        ) and bool(re.search(r"\b(the|a|an|some|north|east|south|west)\b", sentence))
 
     def _cook(self, know: _Knowledge, admissible: list[str], by_verb: dict[str, list[tuple[str, str]]]) -> str | None:
         recipe = know.recipe
@@ -682,7 +751,7 @@ class TwReasoner:
         takes = [command_object(c)[1] for c in admissible if c.startswith("take ")]
         cooking = any(c.startswith(("cook ", "prepare ", "slice ", "dice ", "chop ")) for c in admissible)
         needs: list[tuple[str, list[int]]] = []
-        if not goal_text and takes:
+        if not goal_text:
             needs.append((GOAL_INTENT, know.goal_pages or [0]))  # the opening text is the first page
         if know.recipe is None and (cooking or (takes and know.recipe_pages)):
             needs.append((RECIPE_INTENT, know.recipe_pages))
@@ -800,7 +869,8 @@ class MsTextWorldTask(GymTask):
             max_steps=self.settings.reasoner_steps(),
             reentry="replay",
         )
-        self.horizon_label = f"{game.challenge}/{self.settings.size or game.size_label()}"
+        kind = "files" if game.game_files else game.challenge
+        self.horizon_label = f"{kind}/{self.settings.size or game.size_label()}"
 
     @property
     def task(self) -> str:
@@ -818,7 +888,7 @@ class MsTextWorldTask(GymTask):
             "page_turns": 1,
             "live_capacity_turns": 4,
             "keep_recent_turns": 3,
-            "max_cue_tokens": 64,
+            "max_cue_tokens": 192,
             "expert_metadata": ["gold_entities"],
         }
         fields = getattr(type(config), "model_fields", {})

@@ -80,6 +80,19 @@ class EvalEngines:
             engine.close()
 
 
+def task_scores(record: dict[str, Any]) -> dict[str, float]:
+    """A task record's scores: ``success`` (the episode was won), ``outcome`` (the verifier's, in [0, 1]),
+    ``partial_outcome`` (with partial credit), ``truncated`` (cut by the step limit) and ``steps``."""
+    outcome = verifier_outcome(record.get("outcome"))
+    return {
+        "success": float(record.get("won", outcome >= 1.0)),
+        "outcome": outcome,
+        "partial_outcome": verifier_outcome(record.get("partial_outcome", outcome)),
+        "truncated": float(bool(record.get("truncated"))),
+        "steps": float(record.get("steps", 0)),
+    }
+
+
 def make_scorer(ama_judge: JudgeScorer, locomo_judge: JudgeScorer | None) -> Scorer:
     """The scorer the harness calls per batch: lexical metrics, LoCoMo category scores and judges for QA records,
     the verifier's outcome for task records."""
@@ -88,7 +101,7 @@ def make_scorer(ama_judge: JudgeScorer, locomo_judge: JudgeScorer | None) -> Sco
         out: list[dict[str, float]] = []
         for r in records:
             if r["mode"] != "qa":
-                out.append({"success": verifier_outcome(r.get("outcome"))})
+                out.append(task_scores(r))
                 continue
             scores = lexical_scores(r["answer"], r["golds"])
             scores["ama_em"] = best_of(ama_exact_match, r["answer"], r["golds"])

@@ -20,6 +20,11 @@ READER_NOTE = (
     "otherwise says the answer is not mentioned. Its scores measure what each memory system surfaced to the reasoner, "
     "not language ability."
 )
+TASK_COLUMNS = (
+    "An episode ends by the environment: success is the share won (the environment's word, else an outcome of 1); "
+    "outcome is the verifier's score in [0, 1] as configured, and with partial credit the rewards so far for an "
+    "episode cut by the step limit (truncated: the share cut); steps and tokens are per episode."
+)
 TOKENS_NOT_COUNTED = (
     "Token columns are left out: no tokenizer counted the scripted engines' tokens (`tokenizer: null`); set "
     "`tokenizer: tiny` or use model engines to count them."
@@ -166,6 +171,46 @@ def _health_lines(cfg: EvalConfig, entry: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _task_health_lines(entry: dict[str, Any]) -> list[str]:
+    """What a task dataset's scores stand on: episodes that failed for a reason (an environment or agent error, a
+    memory-model output the system could not use, a malformed reasoner reply), and a flag on a score resting on
+    them."""
+    rows = entry.get("health") or []
+    if not rows:
+        return []
+    header = ["system", "model", "episodes", "env/agent errors", "memory-output errors", "malformed reasoner replies"]
+    header += ["failed for a reason", "score rests on them"]
+    body = [
+        [
+            h["system"],
+            h["model"],
+            h["items"],
+            h["env_failures"],
+            h["memory_errors"],
+            h["malformed_items"],
+            h["failed"],
+            "**yes**" if h["rests_on_failures"] else "no",
+        ]
+        for h in rows
+    ]
+    lines = [
+        "",
+        "What the scores stand on (episodes with each kind of error; an episode failed for a reason when it was "
+        "not won and met one):",
+        "",
+        *_table(header, body),
+    ]
+    for h in rows:
+        if h["rests_on_failures"]:
+            lines += [
+                "",
+                f"**{h['system']} x {h['model']}: the score rests on failures** ({h['failed']} of {h['items']} "
+                f"episodes failed for a reason; at least {RESTS_ON_SHARE:.0%}): it says more about the environment, "
+                "the reasoner's reply format or the memory model's output format than about the memory system.",
+            ]
+    return lines
+
+
 def _adversarial_note(cfg: EvalConfig, entry: dict[str, Any]) -> list[str]:
     """LoCoMo's adversarial category rewards 'not mentioned': say how many of its answers said so, and that the
     programmatic reader says so for every adversarial question."""
@@ -238,6 +283,10 @@ def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> 
                     r["n"],
                     _ci(r, "success"),
                     _ci(sampled.get((r["system"], r["model"]), {}), "success"),
+                    _ci(r, "outcome"),
+                    _ci(r, "partial_outcome"),
+                    _fmt(r.get("truncated")),
+                    _fmt(r.get("steps"), 1),
                     _tokens(r["reasoner_tokens"]),
                     _tokens(r["memory_tokens"]),
                 ]
@@ -247,21 +296,25 @@ def write_report(cfg: EvalConfig, summary: dict[str, Any], path: str | Path) -> 
                 [
                     "system",
                     "model",
-                    "tasks",
+                    "episodes",
                     "success (greedy)",
                     "success (sampled)",
-                    "reasoner tok/task",
-                    "memory tok/task",
+                    "outcome",
+                    "outcome (partial credit)",
+                    "truncated",
+                    "steps/episode",
+                    "reasoner tok/episode",
+                    "memory tok/episode",
                 ],
                 rows,
                 entry.get("tokens_counted", True),
             )
-            lines += _table(header, rows)
+            lines += [TASK_COLUMNS, "", *_table(header, rows)]
             if not entry.get("tokens_counted", True):
                 lines += ["", TOKENS_NOT_COUNTED]
             values, pivot = _pivot(entry["by_horizon"], "horizon", "success")
             lines += ["", "Success (greedy) by horizon:", "", *_table(["system", "model", *values], pivot)]
-            lines += [*_health_lines(cfg, entry), ""]
+            lines += [*_task_health_lines(entry), ""]
             continue
         metric, column, what = OFFICIAL[entry["kind"]]
         lines += [f"**Official metric: {what}.**", ""]

@@ -9,8 +9,18 @@ from memrl.launch.evaluation.config import TASK_SYSTEMS, EvalConfig
 from memrl.rewards.scorers import LOCOMO_CATEGORY_NAMES, locomo_category
 from memrl.rollout.evaluation.reader import NOT_IN_CONTEXT
 from memrl.rollout.evaluation.stats import aggregate
+from memrl.rollout.evaluation.tasks import FAILURE_STATS
 
-__all__ = ["MALFORMED_STATS", "NEEDS_MODEL_NOTE", "OFFICIAL", "RESTS_ON_SHARE", "health", "summarize"]
+__all__ = [
+    "MALFORMED_STATS",
+    "NEEDS_MODEL_NOTE",
+    "OFFICIAL",
+    "RESTS_ON_SHARE",
+    "health",
+    "memory_output_errors",
+    "summarize",
+    "task_health",
+]
 
 MALFORMED_STATS = ("reasoner_malformed", "reasoner_unknown_tool")
 """Record stats that count reasoner replies the harness could not use (no parseable tool call, an unknown tool)."""
@@ -96,6 +106,52 @@ def health(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def memory_output_errors(stats: dict[str, Any]) -> int:
+    """Memory-model outputs a memory system could not use in one episode: its per-role errors (``sam_recall_errors``
+    ...) and unparsed / malformed outputs; the reasoner's own malformed replies and tool-call errors are not counted."""
+    return sum(
+        int(v)
+        for k, v in stats.items()
+        if isinstance(v, (int, float))
+        and k not in MALFORMED_STATS
+        and k not in FAILURE_STATS
+        and (k.endswith(("_unparsed", "_malformed")) or (k.endswith("_errors") and not k.endswith("tool_errors")))
+    )
+
+
+def task_health(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (system, model) of a task dataset: what the score stands on. Task episodes end by the environment, not by
+    an answer, so only an episode that failed for a reason counts: ``env_failures`` (the environment or the agent
+    raised or timed out), ``memory_errors`` (episodes with a memory-model output the system could not use),
+    ``malformed_items`` (episodes with a reasoner reply without a usable tool call); ``failed``: episodes not won
+    with one of those; ``rests_on_failures``: at least :data:`RESTS_ON_SHARE` of the episodes are ``failed``."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["system"], r["model"]), []).append(r)
+    out = []
+    for (system, model), items in groups.items():
+        stats = [r.get("stats") or {} for r in items]
+        env = [any(s.get(k) for k in FAILURE_STATS) for s in stats]
+        memory = [memory_output_errors(s) > 0 for s in stats]
+        malformed = [sum(int(s.get(k, 0)) for k in MALFORMED_STATS) > 0 for s in stats]
+        failed = sum(
+            1 for r, e, m, b in zip(items, env, memory, malformed, strict=True) if not r.get("won") and (e or m or b)
+        )
+        out.append(
+            {
+                "system": system,
+                "model": model,
+                "items": len(items),
+                "env_failures": sum(env),
+                "memory_errors": sum(memory),
+                "malformed_items": sum(malformed),
+                "failed": failed,
+                "rests_on_failures": failed >= RESTS_ON_SHARE * len(items),
+            }
+        )
+    return out
+
+
 def _fallback_phrase(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """LoCoMo's adversarial category scores 1 for an answer saying the information is not mentioned: per (system,
     model) the adversarial questions, how many answers say so (``fallback``) and how many of those are the
@@ -177,7 +233,7 @@ def summarize(cfg: EvalConfig, records: list[dict[str, Any]], skipped: list[str]
                 for r in entry["overall"]
                 if r.get("evidence_in_context") == 0.0 and _scripted(cfg, r["model"]) and r["memory_tokens"]
             ]
-        entry["health"] = health(rows)
+        entry["health"] = task_health(rows) if spec.kind in TASK_SYSTEMS else health(rows)
         entry["tokens_counted"] = any(
             r.get("reasoner_tokens", {}).get("spent") or r.get("memory_tokens_answer", {}).get("prompt") for r in rows
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from memrl.data.schemas import EpisodeTrace, episode_won
 from memrl.data.tasks.proactive import ProactiveTask
 from memrl.data.tasks.sam import SamTask
 from memrl.rollout.agents import task_rollout
@@ -23,7 +24,7 @@ from memrl.rollout.memory.proactive import ProactiveConfig
 from memrl.rollout.memory.registry import MemoryConfig
 from memrl.rollout.memory.sam import TokenCounter
 
-__all__ = ["FAILURE_STATS", "evaluate_memory", "evaluate_sam_memory", "run_tasks"]
+__all__ = ["FAILURE_STATS", "episode_fields", "evaluate_memory", "evaluate_sam_memory", "run_tasks"]
 
 FAILURE_STATS = ("env_errors", "env_timeouts", "episode_errors", "episode_timeouts", "episode_bad_outcomes")
 """Run statistics that mark an episode as failed, by kind: its environment raised or outlived ``episode_timeout_s``,
@@ -92,6 +93,7 @@ def run_tasks(
                     "sampled": run != "greedy",
                     "answer": trace.answer,
                     "outcome": trace.outcome,
+                    **episode_fields(trace),
                     "horizon": _task_horizon(task),
                     "reasoner_tokens": usage_dict(trace.reasoner_usage),
                     "memory_tokens_answer": usage_dict(trace.memory_usage),
@@ -102,6 +104,20 @@ def run_tasks(
                 }
             )
         yield from scored(records, scorer, on_progress)
+
+
+def episode_fields(trace: EpisodeTrace) -> dict[str, Any]:
+    """What a task record says about its episode beside the outcome: ``won`` (the environment's word, else an
+    outcome of 1), ``truncated`` (cut before the environment ended it: the step limit), ``partial_outcome`` (the
+    outcome with partial credit: a Gym environment's rewards so far, clipped; else the outcome) and ``steps`` (the
+    reasoner's calls)."""
+    truncated = bool(trace.stats.get("env_truncated")) or any(e.kind == "limit" for e in trace.events)
+    return {
+        "won": episode_won(trace.outcome, trace.stats),
+        "truncated": truncated,
+        "partial_outcome": trace.metadata.get("partial_outcome", trace.outcome),
+        "steps": trace.reasoner_usage.calls,
+    }
 
 
 def _task_rollout(
@@ -155,6 +171,9 @@ def evaluate_memory(
     sampled = [r for r in records if r["sampled"]]
 
     def success(rows: list[dict[str, Any]]) -> float | None:
+        return mean_or_none([float(r["won"]) for r in rows])
+
+    def mean_outcome(rows: list[dict[str, Any]]) -> float | None:
         return mean_or_none([float(r["outcome"] or 0.0) for r in rows])
 
     horizons = sorted({r["horizon"] for r in records})
@@ -162,6 +181,8 @@ def evaluate_memory(
     return {
         "success_greedy": success(greedy),
         "success_sampled": success(sampled),
+        "mean_outcome_greedy": mean_outcome(greedy),
+        "mean_outcome_sampled": mean_outcome(sampled),
         "reasoner_tokens_per_task": mean_or_none([r["reasoner_tokens"]["spent"] for r in greedy]),
         "memory_tokens_per_task": mean_or_none(
             [r["memory_tokens_answer"]["prompt"] + r["memory_tokens_answer"]["completion"] for r in greedy]
