@@ -48,12 +48,17 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from memrl.data.envs.gym import GymFactory, GymTask
 from memrl.data.envs.ms_textworld import GameCache, GameRecord, MsTextWorldEnv, MsTextWorldParams
-from memrl.data.formats import parse_sam_memory_block, parse_sam_recalled, parse_tool_calls, render_tool_call
+from memrl.data.formats import (
+    ADMISSIBLE_ACTIONS_PREFIX,
+    parse_sam_memory_block,
+    parse_sam_recalled,
+    parse_tool_calls,
+    render_tool_call,
+)
 from memrl.data.registry import register_reasoner, register_task
 from memrl.data.tasks.common import content_of, role_of
 
 __all__ = [
-    "ADMISSIBLE_PREFIX",
     "GOAL_INTENT",
     "MS_TEXTWORLD_SIZES",
     "MS_TEXTWORLD_SPLITS",
@@ -96,7 +101,6 @@ MS_TEXTWORLD_SIZES: dict[str, dict[str, dict[str, Any]]] = {
 }
 """Three named sizes per challenge (``size: small|medium|large``): the benchmark's difficulty axis."""
 
-ADMISSIBLE_PREFIX = "admissible actions:"
 GOAL_INTENT = "what is the goal: the task or quest the game gave at the start"
 RECIPE_INTENT = "what does the recipe say: its ingredients and directions"
 DIRECTIONS = ("north", "east", "south", "west")
@@ -416,9 +420,9 @@ def _memory_mode(system: str | None) -> Literal["cues", "intent", "none"]:
 
 
 def _admissible(text: str) -> list[str] | None:
-    if not text.startswith(ADMISSIBLE_PREFIX):
+    if not text.startswith(ADMISSIBLE_ACTIONS_PREFIX):
         return None
-    return [line.strip() for line in text[len(ADMISSIBLE_PREFIX) :].split("\n") if line.strip()]
+    return [line.strip() for line in text[len(ADMISSIBLE_ACTIONS_PREFIX) :].split("\n") if line.strip()]
 
 
 @register_reasoner("ms_textworld")

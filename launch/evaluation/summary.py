@@ -57,6 +57,13 @@ NEEDS_MODEL_NOTE = (
 )
 
 
+def _by_system_model(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["system"], r["model"]), []).append(r)
+    return groups
+
+
 def health(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (system, model): what the score stands on. ``no_answer``: items the reasoner never answered (they score
     as a wrong or empty answer); ``malformed_replies``: reasoner replies without a usable tool call, and
@@ -65,11 +72,8 @@ def health(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by token F1 instead); ``judge_unparsed``: judge replies that did not parse (token-F1 fallback too);
     ``memory_unparsed``: memory-model outputs a system could not parse (its ``*_unparsed`` / ``*_malformed`` stats);
     ``rests_on_failures``: at least :data:`RESTS_ON_SHARE` of the items got no answer or met a failed request."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["system"], r["model"]), []).append(r)
     out = []
-    for (system, model), items in groups.items():
+    for (system, model), items in _by_system_model(rows).items():
         stats = [r.get("stats") or {} for r in items]
         scores = [r.get("scores") or {} for r in items]
         malformed = [sum(int(s.get(k, 0)) for k in MALFORMED_STATS) for s in stats]
@@ -125,11 +129,8 @@ def task_health(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     raised or timed out), ``memory_errors`` (episodes with a memory-model output the system could not use),
     ``malformed_items`` (episodes with a reasoner reply without a usable tool call); ``failed``: episodes not won
     with one of those; ``rests_on_failures``: at least :data:`RESTS_ON_SHARE` of the episodes are ``failed``."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["system"], r["model"]), []).append(r)
     out = []
-    for (system, model), items in groups.items():
+    for (system, model), items in _by_system_model(rows).items():
         stats = [r.get("stats") or {} for r in items]
         env = [any(s.get(k) for k in FAILURE_STATS) for s in stats]
         memory = [memory_output_errors(s) > 0 for s in stats]
