@@ -35,7 +35,7 @@ def test_textworld_challenges_benchmark_smallest(tmp_path: Path) -> None:
             str(tmp_path / "games"),
             "--work",
             str(tmp_path / "work"),
-        ],  # fmt: skip
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
