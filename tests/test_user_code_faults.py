@@ -3,8 +3,10 @@ error naming the component, the call and the episode, or fails that episode alon
 traceback, a hang or a run "done" on nothing. Classes: a module that does not import (an exception at import, a
 syntax error, a missing dependency, ``sys.exit``), a constructor that raises or params it does not take, a ``step()``
 that blocks, a reward term that raises or returns NaN, an HTTP agent process that dies, memory calls under a role
-nothing trains, a ``restore()`` that does not restore, every episode failing; and an OpenAI-compatible reasoner that
-answers 10 MB to a request of 8 tokens."""
+nothing trains, a ``restore()`` that does not restore, every episode failing, a memory system that raises; an
+OpenAI-compatible reasoner that answers 10 MB to a request of 8 tokens; and the messages: an HTTP agent's score out of
+range, a committee judge nothing uses, a LoCoMo turn named as the file names it, ``--resume`` with nothing saved,
+SIGHUP, a benchmark's ``--reuse`` of a damaged folder."""
 
 from __future__ import annotations
 
