@@ -8,7 +8,7 @@
 #   suite   pytest tests/gpu (the CUDA tests and their CPU twins): junit XML + log          (~3 min on an H100)
 #   bench   python benchmarks/gpu_trainer.py ARGS: per-case lines + the last JSON line      (see its --help)
 #   all     suite, then bench with ARGS (default)
-#   check   the GPU check, one device call of at most 9 minutes (MEMRL_GPU_CHECK_S seconds of work, default 500):
+#   check   the GPU check, one device call of at most 9 minutes (MEMRL_GPU_CHECK_S seconds of work, default 460):
 #           the suite (cut at MEMRL_GPU_SUITE_S, default 200), then the benchmark at the Qwen3-4B shape, LoRA and
 #           full weights, on the length mix and equal 16K rows, the padded reference beside each (gpu-check-4b.*),
 #           then the 9B shape with LoRA at 32K if time is left (gpu-check-9b.*); --time-budget-s keeps each inside,
@@ -19,7 +19,7 @@
 #   bash tests/gpu/run.sh suite
 #   bash tests/gpu/run.sh bench --shapes qwen3.5-9b --modes lora --time-budget-s 400
 #   bash tests/gpu/run.sh bench --shapes qwen3-4b --time-budget-s 400
-#   bash tests/gpu/run.sh check                 # everything in one 9-minute call (timeout_s 580)
+#   bash tests/gpu/run.sh check                 # everything in one 9-minute call (timeout_s 540)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 stage="${1:-all}"
@@ -64,7 +64,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 
 rc=0
 if [ "$stage" = check ]; then
-  check_s="${MEMRL_GPU_CHECK_S:-500}"
+  check_s="${MEMRL_GPU_CHECK_S:-460}"
   quick=0
   for arg in "$@"; do [ "$arg" = --quick ] && quick=1; done
   if [ "$quick" = 1 ]; then
