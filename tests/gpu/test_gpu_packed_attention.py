@@ -133,6 +133,24 @@ def test_packed_logprobs_and_gradients_equal_padded_rows(
     assert gradient_error(grads, ref_grads) <= grad_tol
 
 
+def test_gradient_checkpointing_recomputes_through_the_packed_path() -> None:
+    """The row boundaries travel with the forward's keyword arguments, so the layers' recomputation in backward sees
+    them again (a recompute that lost them would attend across rows and change the gradients)."""
+    model = tiny_causal_lm("qwen3", "sdpa", torch.device("cpu"), torch.float32)
+    rows = rows_for("cpu")
+    weights = token_weights(rows, torch.device("cpu"))
+    ref_lp, ref_grads = padded_loss(model, rows, weights)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()  # transformers checkpoints its layers in training mode only (the model has no dropout)
+    recomputed: list[int] = []
+    hook = model.model.layers[0].register_forward_pre_hook(lambda *_: recomputed.append(1))
+    lp, grads = packed_loss(model, rows, weights)
+    hook.remove()
+    assert len(recomputed) == 2, "the layer ran once in forward and once more in backward"
+    assert float((lp - ref_lp).abs().max()) <= TOLERANCE[torch.float32][0]
+    assert gradient_error(grads, ref_grads) <= TOLERANCE[torch.float32][1]
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_forward_equals_padded_rows_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """FlexAttention's forward with the document block mask (its backward needs a GPU: the CUDA cases above)."""
