@@ -35,6 +35,7 @@ __all__ = [
     "created_run_dirs",
     "prepare_run_dir",
     "run_dir_of",
+    "shared_run_dir",
     "unlock_run_dirs",
 ]
 
@@ -218,3 +219,22 @@ def unlock_run_dirs(*only: Path) -> None:
         entry = _held.pop(path, None)
         if entry is not None:
             entry[0].close()
+
+
+def shared_run_dir(cfg: BaseModel, run: RunConfig, command: str, state: Any) -> Path:
+    """The run directory, prepared (and its resolved config written) by the main process only and agreed on by every
+    process of a distributed run: otherwise the other ranks would find the main rank's fresh config and refuse to
+    start ("already holds a run"). ``state`` is an accelerate ``Accelerator`` or ``PartialState``."""
+    payload: list[str | None] = [None, None]  # [run directory, config error]
+    if state.is_main_process:
+        try:
+            payload[0] = str(prepare_run_dir(cfg, run, command))
+        except ConfigError as exc:
+            payload[1] = str(exc)
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(payload, from_process=0)
+    if payload[1] is not None:
+        raise ConfigError(payload[1])
+    return Path(str(payload[0]))

@@ -45,7 +45,8 @@ from memrl.rollout.engines.base import (
     GenerationRequest,
     GenerationResult,
     Usage,
-    chat_prompt_ids,
+    register_engine,
+    request_prompt_ids,
     sample_seed,
     torch_threads,
 )
@@ -85,6 +86,7 @@ def _modules_hidden_from_vllm_kernel_scan() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
+@register_engine("vllm")
 class VLLMEngine(Engine):
     """A ``vllm.LLM`` behind the engine interface, with LoRA hot-swap and in-place full-weight updates."""
 
@@ -191,22 +193,10 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
 
         llm = self._running()
-        prompts: list[list[int]] = []
+        prompts = request_prompt_ids(requests, self.tokenizer, self.chat_template_kwargs, self.max_model_len, self.name)
         batch: list[Any] = []
         params: list[Any] = []
-        for r, req in enumerate(requests):
-            ids = (
-                list(req.prompt_ids)
-                if req.prompt_ids is not None
-                else chat_prompt_ids(self.tokenizer, req.messages or [], self.chat_template_kwargs)
-            )
-            if not ids:
-                raise EngineError(f"{self.name}: request {r} has an empty prompt")
-            if len(ids) >= self.max_model_len:
-                raise EngineError(
-                    f"{self.name}: request {r} has {len(ids)} prompt tokens, max_model_len is {self.max_model_len}"
-                )
-            prompts.append(ids)
+        for ids, req in zip(prompts, requests, strict=True):
             sp = req.sampling
             seed = self.request_seed(sp)
             for i in range(sp.n):

@@ -57,6 +57,20 @@ from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_o
 __all__ = ["AMAConfig", "AMAMemory", "AMAMemoryConfig", "StateNode"]
 
 
+@dataclass
+class StateNode:
+    """A state node of the causality graph."""
+
+    turn: int
+    action: str
+    observation: str
+    state: str = ""
+    objects: list[str] = field(default_factory=list)
+    causes: list[int] = field(default_factory=list)  # directed edges cause -> this node
+    effects: list[int] = field(default_factory=list)  # directed edges this node -> effect
+    associations: list[int] = field(default_factory=list)  # undirected edges
+
+
 class AMAConfig(ConfigModel):
     """AMA-Agent's switches (the paper's ablations), retrieval limits and sandbox limits."""
 
@@ -82,20 +96,6 @@ class AMAConfig(ConfigModel):
     }
 
 
-@dataclass
-class StateNode:
-    """A state node of the causality graph."""
-
-    turn: int
-    action: str
-    observation: str
-    state: str = ""
-    objects: list[str] = field(default_factory=list)
-    causes: list[int] = field(default_factory=list)  # directed edges cause -> this node
-    effects: list[int] = field(default_factory=list)  # directed edges this node -> effect
-    associations: list[int] = field(default_factory=list)  # undirected edges
-
-
 class AMAMemoryConfig(AMAConfig):
     """:class:`AMAConfig` selectable by ``name: ama_agent``."""
 
@@ -109,23 +109,19 @@ class AMAMemory(JobQueueMemory):
     name = "ama"
     tools = ("retrieve",)
 
-    def __init__(self, config: AMAConfig | None = None, embedder: Embedder | None = None) -> None:
-        self.config = config or AMAConfig()
-        self.embedder = embedder or make_embedder(self.config.embedder)
-        super().__init__(self.config.sampling)
-        self._reset_graph()
+    config: AMAConfig
 
-    def _reset_graph(self) -> None:
+    def __init__(self, config: AMAConfig | None = None, embedder: Embedder | None = None) -> None:
+        super().__init__(config or AMAConfig())
+        self.embedder = embedder or make_embedder(self.config.embedder)
+
+    def _clear(self) -> None:
+        super()._clear()
         self.nodes: dict[int, StateNode] = {}
         self._vectors: dict[int, np.ndarray] = {}
         self._objects: dict[str, list[int]] = {}
         self.recent: list[int] = []
         self.support = ""
-
-    def reset(self, task: str, metadata: dict[str, Any]) -> None:
-        """Start a new episode with an empty graph."""
-        super().reset(task, metadata)
-        self._reset_graph()
 
     # ---------------------------------------------------------------------------------------------------------
     # The causality graph

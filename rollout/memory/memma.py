@@ -144,13 +144,14 @@ class MemMAMemory(JobQueueMemory):
     name = "memma"
     tools = ("memory",)
 
-    def __init__(self, config: MemMAConfig | None = None, embedder: Embedder | None = None) -> None:
-        self.config = config or MemMAConfig()
-        self.embedder = embedder or make_embedder(self.config.embedder)
-        super().__init__(self.config.sampling)
-        self._reset_bank()
+    config: MemMAConfig
 
-    def _reset_bank(self) -> None:
+    def __init__(self, config: MemMAConfig | None = None, embedder: Embedder | None = None) -> None:
+        super().__init__(config or MemMAConfig())
+        self.embedder = embedder or make_embedder(self.config.embedder)
+
+    def _clear(self) -> None:
+        super()._clear()
         self.entries: dict[str, Entry] = {}
         self._vectors: dict[str, np.ndarray] = {}
         self._matrix: tuple[list[str], np.ndarray] | None = None  # stacked vectors, rebuilt after a write
@@ -161,11 +162,6 @@ class MemMAMemory(JobQueueMemory):
         self.recent: list[tuple[int, str, str]] = []
         self.support = ""  # the last query loop's result shown to the reasoner
         self.sessions_evolved = 0
-
-    def reset(self, task: str, metadata: dict[str, Any]) -> None:
-        """Start a new episode with an empty memory bank."""
-        super().reset(task, metadata)
-        self._reset_bank()
 
     # ---------------------------------------------------------------------------------------------------------
     # The memory bank

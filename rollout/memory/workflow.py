@@ -89,15 +89,19 @@ class JobQueueMemory(MemorySystem):
     """A memory system whose work is a queue of jobs over buffered turns (see the module docstring).
 
     Subclasses implement :meth:`_ingest`, :meth:`_request`, :meth:`_consume`, :meth:`_start_tool` and
-    :meth:`reasoner_messages`; they finish a tool with :meth:`_finish_tool`.
+    :meth:`reasoner_messages`; they finish a tool with :meth:`_finish_tool`. ``config`` is the system's settings (its
+    ``sampling`` holds each memory role's sampling); a subclass empties its own per-episode structures in
+    :meth:`_clear` (calling ``super()._clear()``), which runs at construction and at every :meth:`reset`.
     """
 
-    def __init__(self, sampling: dict[str, RoleSampling] | None = None) -> None:
+    def __init__(self, config: Any) -> None:
         super().__init__()
-        self._role_sampling = dict(sampling or {})
-        self._clear_queue()
+        self.config = config
+        self._role_sampling: dict[str, RoleSampling] = dict(config.sampling)
+        self._clear()
 
-    def _clear_queue(self) -> None:
+    def _clear(self) -> None:
+        """Empty the job queue, the inbox and the episode's state."""
         self.task = ""
         self.start_observation = ""
         self.question: str | None = None
@@ -179,8 +183,8 @@ class JobQueueMemory(MemorySystem):
     # MemorySystem interface
 
     def reset(self, task: str, metadata: dict[str, Any]) -> None:
-        """Start a new episode."""
-        self._clear_queue()
+        """Start a new episode with empty memory."""
+        self._clear()
         self.task = task
 
     def on_turn(self, turn: Turn) -> None:
