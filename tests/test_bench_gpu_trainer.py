@@ -38,6 +38,8 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path) -> None:
     tail = proc.stdout[-4000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, tail
     assert "no carried wheels: this environment has what the check needs" in proc.stdout
+    benchmark = "benchmarks/gpu_trainer.py"
+    assert f"[gpu] check: python {benchmark}" in proc.stdout  # the check ran the benchmark after the suite
     assert "tests collected" in (tmp_path / "gpu-suite.log").read_text()
     for name, modes, workloads in [("4b", {"lora"}, {"mix", "ctx256"}), ("9b", {"full"}, {"ctx512"})]:
         summary = json.loads((tmp_path / f"gpu-check-{name}-summary.json").read_text())

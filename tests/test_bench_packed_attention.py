@@ -73,6 +73,7 @@ def test_summary_reads_growth_against_rows_and_budget_squared() -> None:
     assert s["failed"] == 2 and s["padded"]["step_time"]["growth"] == {}  # padded failed at both budgets
 
 
+# protects: benchmarks/packed_attention.py end to end (its three paths' subprocesses and JSON last line)
 @pytest.mark.slow
 def test_packed_attention_benchmark_smallest_setting() -> None:
     record = run_benchmark(
