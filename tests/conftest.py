@@ -14,6 +14,30 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The slow tier runs on two pytest-xdist workers (launch/test.sh: -n 2 --dist loadgroup). A test is its own unit of
+# work unless it shares with other tests what is costly to start (a module-scoped fixture: an engine, a Ray cluster,
+# a reference run; a session fixture named here) or must not overlap them (builds of the source tree's wheel write
+# build/ in the tree): those run on one worker, one after the other.
+SHARED_SESSION_FIXTURES = ("vllm_server_16k",)
+SERIAL_MODULES = {"test_packaging": "wheel-build", "test_own_package": "wheel-build"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's ``xdist_group`` (read by ``--dist loadgroup`` only)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") or not isinstance(item, pytest.Function):
+            continue
+        module = item.module.__name__.rpartition(".")[2]
+        shared = [name for name in SHARED_SESSION_FIXTURES if name in item.fixturenames]
+        scopes = {defs[-1].scope for defs in item._fixtureinfo.name2fixturedefs.values() if defs}
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+        elif module in SERIAL_MODULES:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_MODULES[module]))
+        elif scopes & {"module", "class", "package"}:
+            item.add_marker(pytest.mark.xdist_group(module))
+
 
 @pytest.fixture(scope="session")
 def model_cache() -> Path:
