@@ -1,8 +1,8 @@
 """Where an OAT-GRPO update's advantage comes from, under each advantage option, on the same trees (issue 39 items 1-3).
 
-One batch of memory-call trees as the ``oat`` variant of ``benchmarks/ablations.py`` builds them (the ``multihop``
+One batch of memory-call trees as the ``oat`` variant of ``benchmarks.ablations`` builds them (the ``multihop``
 setting's training tasks, K = 4 siblings per recall, at most 16 leaves, the oracle committee with the offline judge,
-lambda 0.5) from one policy: the shared SFT checkpoint of ``benchmarks/ablations.py`` (built there when missing), a
+lambda 0.5) from one policy: the shared SFT checkpoint of ``benchmarks.ablations`` (built there when missing), a
 model directory, or ``noisy-oracle`` (the scripted SAM expert with recall noise: a smoke run without a checkpoint).
 Then, without training, every option's credit on copies of those trees (:func:`memrl.rewards.groups.credit_and_groups`
 and the trainer's rows, :func:`memrl.train.rows.rows_from_groups`):
@@ -28,8 +28,8 @@ fail, some remind) the mean advantage of reminding and of staying silent: the pu
 sets (the audit: A(remind) = -1.73, A(silent) = +0.58 under ``grpo_std``, such groups carrying 81% of the all-turn
 runs' advantage mass).
 
-    python benchmarks/advantage_shares.py [--tasks 32] [--policy DIR | noisy-oracle] [--criterion recoverability]
-    python benchmarks/advantage_shares.py --family proactive [--tasks 12 --fatal 3]
+    python -m benchmarks.advantage_shares [--tasks 32] [--policy DIR | noisy-oracle] [--criterion recoverability]
+    python -m benchmarks.advantage_shares --family proactive [--tasks 12 --fatal 3]
 
 A table, then one JSON line last.
 """
@@ -40,12 +40,9 @@ import argparse
 import copy
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.ablations when run as a script
 
 NOISY_ORACLE = {"error_rate": 0.3, "verbatim": 1.0, "omission": 0.5}
 
@@ -80,7 +77,8 @@ def option_shares(
 
 def build_batch(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     """The trees of one batch (module docstring) and what they were built from."""
-    from benchmarks.ablations import Bench, weights_digest
+    from benchmarks.ablations import AblationBench
+    from benchmarks.harness import weights_digest
     from memrl.data.tasks import TaskSetConfig, load_tasks
     from memrl.rewards.committee import Committee, CommitteeConfig
     from memrl.rollout.agents import sam_rollout
@@ -91,7 +89,7 @@ def build_batch(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     from memrl.rollout.tree import TreeConfig, build_trees
     from memrl.train.oat_grpo import default_oracle
 
-    bench = Bench(
+    bench = AblationBench(
         argparse.Namespace(quick=True, setting=args.setting, work=args.work, split="dev", model_cache=args.model_cache)
     )
     if args.policy is None:
@@ -277,7 +275,7 @@ def main() -> None:
     parser.add_argument(
         "--policy",
         default=None,
-        help="a model directory, or 'noisy-oracle'; default: benchmarks/ablations.py's SFT start",
+        help="a model directory, or 'noisy-oracle'; default: benchmarks.ablations's SFT start",
     )
     parser.add_argument("--work", default="runs/ablations", help="where the shared SFT checkpoint lives")
     parser.add_argument("--model-cache", default=".cache/models")

@@ -23,8 +23,8 @@ tokens around each message, 3 for the generation prompt) and counts text with
 (``--tokenizer tiny``) encodes about 90K tokens/s here, too slow for a 32K window re-read at each of thousands of
 steps. The memory systems count with the same counter, so the long-context prompt never exceeds the window.
 
-    python benchmarks/context_scaling.py                  # 8K..128K, default task count
-    python benchmarks/context_scaling.py --quick          # 2K, 4K, 8K with 2 tasks: seconds
+    python -m benchmarks.context_scaling                  # 8K..128K, default task count
+    python -m benchmarks.context_scaling --quick          # 2K, 4K, 8K with 2 tasks: seconds
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 of tree credit ("SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent", arXiv 2605.24468, section 2.3)
 without a learning run.
 
-On the ``multihop`` SAM setting, the shared SFT checkpoint of benchmarks/ablations.py (built there when missing) plays
+On the ``multihop`` SAM setting, the shared SFT checkpoint of benchmarks.ablations (built there when missing) plays
 the SFT policy's own episodes on dev tasks; every recall it makes is a *state* (the rollout is forked just before the
 recall call: the environment and memory snapshot make the continuation exact). At each state the policy samples 8
 recall actions (temperature 1, as trained), and the SAM oracle expert answers the same request. An *action* is the
@@ -40,8 +40,8 @@ method's 0 counts one half), and the Spearman rank correlation of the two over a
 the tied groups alone; the reasoner tokens each method spends per group; each committee's rank correlation with Q, and
 the expert's value gap.
 
-    python benchmarks/credit_accuracy.py --quick      # under 15 min on 2 CPU cores
-    python benchmarks/credit_accuracy.py              # >= 500 recall actions
+    python -m benchmarks.credit_accuracy --quick      # under 15 min on 2 CPU cores
+    python -m benchmarks.credit_accuracy              # >= 500 recall actions
 
 One JSON line last.
 """
@@ -53,13 +53,10 @@ import copy
 import json
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.ablations when run as a script
 
 KS = (2, 4, 8)
 NOISY_ORACLE = {"error_rate": 0.3, "verbatim": 1.0, "omission": 0.5}  # --policy noisy-oracle (as tree_vs_flat's)
@@ -273,11 +270,12 @@ def main() -> None:
     n_tasks = args.tasks or (8 if args.quick else 24)
     replays = args.replays or (8 if args.quick else 16)
 
-    from benchmarks.ablations import Bench, weights_digest
+    from benchmarks.ablations import AblationBench
+    from benchmarks.harness import weights_digest
     from memrl.data.tasks import TaskSetConfig, load_tasks
 
     t_start = time.perf_counter()
-    bench = Bench(
+    bench = AblationBench(
         argparse.Namespace(quick=True, setting=args.setting, work=args.work, split="dev", model_cache=args.model_cache)
     )
     if args.policy is None:

@@ -9,7 +9,7 @@ it is trained (``success_*``: mean of ``--eval-samples`` runs per task) and full
 One JSON line last: ``success_before``, ``success_after``, the greedy pair, the gain against the 10-point target,
 reasoner tokens spent by RL, wall times.
 
-    .venv/bin/python benchmarks/learning.py [--iterations 40] [--work runs/learning] [--smoke]
+    .venv/bin/python -m benchmarks.learning [--iterations 40] [--work runs/learning] [--smoke]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ probability ``--distraction``). The step budget of a task is its perfect-memory 
 the slack shows how each variant's pass rate depends on how many wasted steps the budget forgives. Prints one line per
 run and one JSON object last.
 
-    .venv/bin/python benchmarks/proactive_ablations.py [--tasks 32] [--slack 2] [--distraction 0.3] [--sweep 1,2,4,8]
+    .venv/bin/python -m benchmarks.proactive_ablations [--tasks 32] [--slack 2] [--distraction 0.3] [--sweep 1,2,4,8]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Per horizon and mode: seconds per branch (median over ``--repeats`` runs of ``--
 steps per branch (the steps the re-entry itself ran). Every branch is checked: the next action gives the same
 observation in the branch as in the original. Prints one JSON line.
 
-    .venv/bin/python benchmarks/reentry.py [--quick] [--horizons 8,32,128,512,2048] [--branches 8] [--repeats 5]
+    .venv/bin/python -m benchmarks.reentry [--quick] [--horizons 8,32,128,512,2048] [--branches 8] [--repeats 5]
 """
 
 from __future__ import annotations

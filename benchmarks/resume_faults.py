@@ -15,8 +15,8 @@ run is resumed to completion (a kill that lands after the run finished, or after
 Prints one line per trial, then ``resumes_equal: N/M``, the same count for the kills that landed in a checkpoint
 write, and one JSON line with what the kills hit.
 
-    .venv/bin/python benchmarks/resume_faults.py --trials 20 --work /tmp/resume-faults
-    .venv/bin/python benchmarks/resume_faults.py --trials 20 --in-write 0.5   # half the kills aimed at writes
+    .venv/bin/python -m benchmarks.resume_faults --trials 20 --work /tmp/resume-faults
+    .venv/bin/python -m benchmarks.resume_faults --trials 20 --in-write 0.5   # half the kills aimed at writes
 """
 
 from __future__ import annotations

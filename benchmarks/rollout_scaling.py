@@ -23,7 +23,7 @@
 
 Prints one JSON object last.
 
-    .venv/bin/python benchmarks/rollout_scaling.py [--tasks 8 --latency-ms 20 --iterations 4 --skip-vllm]
+    .venv/bin/python -m benchmarks.rollout_scaling [--tasks 8 --latency-ms 20 --iterations 4 --skip-vllm]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ tokens (end-of-sequence ignored) so both backends do the same work; the timed ca
 vLLM prefix cache is reset in between so neither backend reuses the other call's work. Prints one JSON object last:
 ``{"vllm_tokens_per_s": ..., "hf_tokens_per_s": ..., "ratio": ...}`` (ratio = vLLM / HF).
 
-    .venv/bin/python benchmarks/rollout_throughput.py [--prompts 64 --samples 4 --max-tokens 64 --model DIR]
+    .venv/bin/python -m benchmarks.rollout_throughput [--prompts 64 --samples 4 --max-tokens 64 --model DIR]
 
 Without ``--model`` the tiny test model is built (or reused) under .cache/models.
 """

@@ -1,8 +1,8 @@
 """SFT of the tiny CPU model on the SAM roles over one-turn pages: steps/s with and without bf16 autocast, and what
 full fine-tuning vs a high-rank LoRA learn per minute (held-out eval loss and greedy exact match of recall).
 
-    python benchmarks/sft_tiny.py --steps 20 --variants full-bf16 full-fp32      # speed only
-    python benchmarks/sft_tiny.py --steps 300 --variants full-bf16 lora128-bf16 --exact 64
+    python -m benchmarks.sft_tiny --steps 20 --variants full-bf16 full-fp32      # speed only
+    python -m benchmarks.sft_tiny --steps 300 --variants full-bf16 lora128-bf16 --exact 64
 
 Variants are ``{full,loraR}-{bf16,fp32}``. Prints one JSON object per variant and, last, one JSON object with all.
 """

@@ -13,8 +13,8 @@ the peak, and the growth per 100 iterations (least-squares slope of the end-of-i
 after ``--warmup``; the first iterations fill allocator pools, caches and the tokenizer's memo), the open files
 likewise, and ``bounded``: every slope at most ``--bound-mb`` per 100 iterations and no open-file growth.
 
-    .venv/bin/python benchmarks/soak.py [--iterations 300 --workers 2 --work /tmp/soak]
-    .venv/bin/python benchmarks/soak.py --iterations 4 --warmup 1 --workers 1     # the test's smallest setting
+    .venv/bin/python -m benchmarks.soak [--iterations 300 --workers 2 --work /tmp/soak]
+    .venv/bin/python -m benchmarks.soak --iterations 4 --warmup 1 --workers 1     # the test's smallest setting
 """
 
 from __future__ import annotations

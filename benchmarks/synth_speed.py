@@ -1,7 +1,7 @@
 """Synthetic data figures: token-length accuracy per bin (4K..128K), generation time of an episode with its QA, QA
 validity by replay, and the token counter's calibration against the tiny tokenizer. Prints one JSON object last.
 
-    .venv/bin/python benchmarks/synth_speed.py [--quick]
+    .venv/bin/python -m benchmarks.synth_speed [--quick]
 """
 
 from __future__ import annotations

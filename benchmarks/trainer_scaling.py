@@ -18,9 +18,9 @@ before the first step (imports, model weights and the batch excluded: what the s
 medians over repeats. On this shared CPU the times are noisy; the memory is not. A case that fails (out of memory or
 killed) counts in ``ooms``.
 
-    python benchmarks/trainer_scaling.py                         # 1K, 4K, 8K, 16K
-    python benchmarks/trainer_scaling.py --contexts 1024 --repeats 1
-    python benchmarks/trainer_scaling.py --rows 2 --summarize run.log   # summary of an interrupted run's lines
+    python -m benchmarks.trainer_scaling                         # 1K, 4K, 8K, 16K
+    python -m benchmarks.trainer_scaling --contexts 1024 --repeats 1
+    python -m benchmarks.trainer_scaling --rows 2 --summarize run.log   # summary of an interrupted run's lines
 
 The last line is one JSON object: per case both measurements, ``max_peak_ratio`` (memrl / reference step peak, worst
 context; target <= 1.2), ``max_time_ratio`` (target <= 1.1), ``ooms`` (target 0) and ``logprob_max_abs_diff`` (memrl's

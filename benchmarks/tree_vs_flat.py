@@ -17,7 +17,7 @@ The memory model is the SAM oracle expert: a noise-free one writes the cues (det
 would, so the flat trajectories of a task agree until their first recall) and a noisy one recalls (errors and
 omissions, so sibling recalls differ and outcomes vary). Committee rewards are off: they cost no reasoner tokens.
 
-    .venv/bin/python benchmarks/tree_vs_flat.py [--tasks 16 --horizon 12 --ks 2 4 8 --replays 8]
+    .venv/bin/python -m benchmarks.tree_vs_flat [--tasks 16 --horizon 12 --ks 2 4 8 --replays 8]
 
 Prints a table, then one JSON object last: for every K, tokens per credit-bearing action in each mode and their
 ratio ``flat_over_tree`` (> 1: trees spend fewer reasoner tokens per trained action); beside it the same ratio per

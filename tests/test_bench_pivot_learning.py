@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import bench_process, json_lines
+
 TINY = [
     "--quick",
     "--fatal",
@@ -46,23 +44,9 @@ TINY = [
 
 
 def _run(*args: str) -> list[dict]:
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "offline",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "pivot_learning.py"), *TINY, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
+    done = bench_process("pivot_learning", [*TINY, *args], timeout=3600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return json_lines(done)
 
 
 def test_the_select_grid_crosses_every_advantage_preset_with_the_costs_and_learning_rates() -> None:
