@@ -63,7 +63,6 @@ One JSON line last, with ``variants`` (per variant and seed) and ``paired`` (the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import math
@@ -71,17 +70,16 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
-    FIGURES,
     Claims,
     PhaseClock,
     Progress,
+    check_bench_inputs,
     cpu_profile,
     die_with_parent,
     pin_cpu_numerics,
@@ -90,6 +88,7 @@ from benchmarks.harness import (
     wait_for,
     weights_digest,
 )
+from benchmarks.sam_start import SFT_STEPS, SamStart, run_sft_stage
 
 VARIANTS = ("oat", "tree_lambda0", "flat", "sft_more", "no_signal", "lr0", "trl_grpo")
 DEFAULT_VARIANTS = VARIANTS[:-1]
@@ -127,11 +126,9 @@ NON_DEFAULT_SETTINGS = {
 }
 
 
-SFT_STEPS = 300  # the shared SFT checkpoint: the same for --quick and the full setting, so both can reuse it
-# torch threads of the shared SFT start's build and of every later run, whatever the machine has: no figure depends on
-# the machine's core count or on --jobs (one thread is also the fastest on a shared 2-core machine, where OpenMP
-# threads spin on a busy core)
-START_THREADS, RUN_THREADS = 1, 1
+# torch threads of every run after the shared SFT start, whatever the machine has: no figure depends on the machine's
+# core count or on --jobs (one thread is also the fastest on a shared 2-core machine)
+RUN_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -259,197 +256,43 @@ def pick_setting(scores: list[float]) -> int:
     return max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
-def build_sft_start(
-    work: Path,
-    setting: Any,
-    base: Path,
-    memory: Any,
-    steps: int = SFT_STEPS,
-    distill_tasks: int | None = None,
-    batch_size: int = 32,
-) -> dict[str, Any]:
-    """The shared SFT start of a SAM ``setting``: its expert distilled on ``distill_tasks`` (default: the
-    setting's) SFT tasks into ``work/distill``, then ``steps`` SFT steps into ``work/sft/final``. Built with
-    :data:`START_THREADS` torch threads whatever the machine or ``OMP_NUM_THREADS`` says: a float sum split over
-    another number of threads rounds differently, and the weights (and every figure downstream) would differ."""
-    from memrl.data.config import RunConfig
-    from memrl.data.experts.sam import SamOracleConfig
-    from memrl.data.tasks import TaskSetConfig
-    from memrl.rollout.engines.base import torch_threads
-    from memrl.rollout.expert_traces import DistillRunConfig, distill
-
-    tasks = TaskSetConfig(count=distill_tasks or setting.distill_tasks, seed=0, sam=setting.sft)
-    distill_cfg = DistillRunConfig(
-        run=RunConfig(output_dir=str(work), name="distill", seed=0),
-        tasks=tasks,
-        sam_oracle=SamOracleConfig(**setting.expert),
-        sam_memory=memory,
-        reasoner_max_pages=2,
-        tokenizer=str(base),
-    )
-    with torch_threads(START_THREADS):
-        stats = distill(distill_cfg, work / "distill")
-        run_sft_stage(work / "distill", base, work, "sft", steps, seed=0, batch_size=batch_size)
-    return stats
-
-
-def run_sft_stage(
-    data_dir: Path, base: Path, out: Path, name: str, steps: int, seed: int, lr: float = 2e-3, batch_size: int = 32
-) -> Path:
-    """``steps`` full-weight SFT steps of ``batch_size`` rows from ``base`` on the distilled rows in ``data_dir``
-    (cue writing 0.4, recall 0.6) into ``out/name/final``."""
-    from memrl.data.config import RunConfig
-    from memrl.train.policy import LoraSettings, PolicySpec
-    from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
-    from memrl.train.sft_data import SFTDataConfig
-
-    cfg = SFTRunConfig(
-        run=RunConfig(output_dir=str(out), name=name, seed=seed),
-        model=PolicySpec(base=str(base)),
-        lora=LoraSettings(enabled=False),
-        data=SFTDataConfig(
-            dir=str(data_dir), roles={"consolidate": 0.4, "recall": 0.6}, mixture_rows=steps * batch_size
-        ),
-        train=SFTTrainConfig(
-            max_steps=steps, batch_size=batch_size, lr=lr, warmup=0.05, max_length=512, save_steps=0, logging_steps=50
-        ),
-    )
-    run_sft(cfg)
-    return out / name / "final"
-
-
-def committed_starts(setting: str, figures: Path = FIGURES) -> dict[str, str]:
-    """The SFT-start digests the committed figures of ``setting`` report: ``{file name: sft_weights}`` over the
-    JSON files in ``figures`` whose ``setting`` is it and that record one."""
-    out = {}
-    for path in sorted(figures.glob("*.json")):
-        with contextlib.suppress(ValueError, OSError):
-            record = json.loads(path.read_text())
-            if isinstance(record, dict) and record.get("setting") == setting and record.get("sft_weights"):
-                out[path.name] = record["sft_weights"]
-    return out
-
-
-def start_mismatch(setting: str, digest: str, figures: Path = FIGURES) -> str | None:
-    """One line when the SFT start here (``digest``) is not the one the committed figures of ``setting`` started
-    from (their figures will not reproduce from it), else None."""
-    other = {name: d for name, d in committed_starts(setting, figures).items() if d != digest}
-    if not other:
-        return None
-    listed = ", ".join(f"{name} ({d})" for name, d in other.items())
-    return (
-        f"WARNING: this SFT start has weights {digest}, not the start of the committed figures {listed} "
-        f"in {figures}: figures from it will not match them"
-    )
-
-
 # ----------------------------------------------------------------------------------------------------------------
-def check_bench_inputs(work: Path, progress_files: list[Path]) -> None:
-    """Before anything is built: ``--work`` must be a folder that can be written, and the progress files it holds
-    must be JSONL objects; otherwise one line naming the path and exit 2 (not a traceback after the SFT start)."""
-    from memrl.data.checks import check_output_dir
-    from memrl.data.errors import UserError
-    from memrl.data.io import check_jsonl_file
-
-    try:
-        check_output_dir(str(work), "--work")
-        for path in progress_files:
-            check_jsonl_file(path, "--work")
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-
-
-class AblationBench:
-    """Shared state of one benchmark run: the setting, the SFT checkpoint, the test tasks, the engines' configs."""
+class AblationBench(SamStart):
+    """Shared state of one ablation run: the setting's SFT start (:class:`~benchmarks.sam_start.SamStart`), the
+    scale, the scored tasks, the training tasks and the evaluation cache."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         from memrl.data.tasks import TaskSetConfig, load_tasks
-        from memrl.data.tasks.sam import SAM_SETTINGS
-        from memrl.rollout.memory.base import RoleSampling
-        from memrl.rollout.memory.sam import SamConfig
 
-        self.args = args
-        self.scale = SMOKE if getattr(args, "smoke", False) else QUICK if args.quick else FULL
-        self.setting = SAM_SETTINGS[args.setting]
-        # one folder per setting: its shared SFT checkpoint, and the runs under quick/ or full/
-        self.work = Path(args.work) / args.setting
-        self.start_dir = self.work if self.scale.shares_start else self.work / f"start-{self.scale.name}"
-        self.runs = self.work / self.scale.name / args.split
+        scale = SMOKE if getattr(args, "smoke", False) else QUICK if args.quick else FULL
+        work = Path(args.work) / args.setting
+        super().__init__(
+            args.setting,
+            Path(args.work),
+            args.model_cache,
+            start_dir=None if scale.shares_start else work / f"start-{scale.name}",
+            steps=scale.sft_steps,
+            distill_tasks=scale.distill_tasks,
+            shared=scale.shares_start,
+        )
+        self.args, self.scale = args, scale
+        self.runs = self.work / scale.name / args.split  # the runs under quick/, full/ or smoke/
         check_bench_inputs(Path(args.work), [self.runs / "progress.jsonl", self.runs / "select_progress.jsonl"])
         self.runs.mkdir(parents=True, exist_ok=True)
-        self.memory = SamConfig(
-            page_turns=1,
-            live_capacity_turns=4,
-            keep_recent_turns=3,
-            sampling={
-                "consolidate": RoleSampling(temperature=0.0, max_tokens=48),
-                "recall": RoleSampling(temperature=1.0, max_tokens=64),
-            },
-        )
         seed = self.setting.test_seed if args.split == "test" else self.setting.dev_seed
         self.test_tasks = load_tasks(
-            TaskSetConfig(count=self.scale.test_tasks, seed=seed, sam=self.setting.test), args.split
+            TaskSetConfig(count=scale.test_tasks, seed=seed, sam=self.setting.test), args.split
         )
-        self.train_set = TaskSetConfig(
-            count=self.scale.train_tasks, seed=self.setting.train_seed, sam=self.setting.train
-        )
+        self.train_set = TaskSetConfig(count=scale.train_tasks, seed=self.setting.train_seed, sam=self.setting.train)
         # the learning curve's dev tasks (disjoint from the test tasks by seed, and from the final dev scoring)
         self.curve_tasks = load_tasks(
-            TaskSetConfig(count=self.scale.dev_curve_tasks, seed=self.setting.dev_seed + 1, sam=self.setting.test),
-            "curve",
+            TaskSetConfig(count=scale.dev_curve_tasks, seed=self.setting.dev_seed + 1, sam=self.setting.test), "curve"
         )
-        self.base: Path | None = None
-        self.sft_dir: Path | None = None
-        self.start: dict[str, str] = {}  # digests of the base and SFT weights: what every figure here starts from
         self.sft_evals: dict[int, dict[str, Any]] = {}
-        self.clock = PhaseClock()
         self.rl = ANALYSIS_SETTINGS  # replaced by --select's choice in main()
         # the SFT start's dev-curve figures per seed: every RL run of a seed starts from them (computed by the first)
         self.initial_curve: dict[int, dict[str, Any]] = {}
         self.eval_cache = self.runs / "eval_cache"  # evaluations keyed by weights, seed and tasks (deterministic)
-
-    # ------------------------------------------------------------------------------------------------ shared SFT
-    def prepare(self) -> dict[str, Any]:
-        """Tiny model, distillation of the setting's expert, SFT: the shared checkpoint (reused when present), built
-        with :data:`START_THREADS` torch threads whatever the machine's count (:func:`build_sft_start`); one line
-        when its weights differ from the start the committed figures of this setting report."""
-        from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
-
-        t0 = time.perf_counter()
-        self.base = ensure_tiny_model(self.args.model_cache, TinyModelSpec())
-        self.sft_dir = self.start_dir / "sft" / "final"
-        stats: dict[str, Any] = {}
-        built = not (self.sft_dir / "config.json").exists()
-        if built:
-            with self.clock("sft_checkpoint"):
-                stats = build_sft_start(
-                    self.start_dir,
-                    self.setting,
-                    self.base,
-                    self.memory,
-                    steps=self.scale.sft_steps,
-                    distill_tasks=self.scale.distill_tasks,
-                )
-        self.start = {"base_weights": weights_digest(self.base)[:16], "sft_weights": weights_digest(self.sft_dir)[:16]}
-        mismatch = start_mismatch(self.args.setting, self.start["sft_weights"])
-        if mismatch and self.scale.shares_start:
-            say(mismatch)
-        return {
-            "distill_traces": stats.get("traces"),
-            "distill_rows": stats.get("rows"),
-            **self.start,
-            "built": built,
-            "cpu": cpu_profile(),
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
-
-    def reasoner_config(self, seed: int) -> Any:
-        from memrl.train.oat_grpo import default_reasoner
-
-        return default_reasoner(str(self.base), seed).model_copy(
-            update={"scripted_kwargs": {"max_pages": 2, "recall_budget": 2}}
-        )
 
     def evaluate(self, model_dir: Path, seed: int) -> dict[str, Any]:
         """Held-out success of a saved memory model on the scored tasks: ``eval_samples`` sampled runs per task (as

@@ -77,8 +77,8 @@ def option_shares(
 
 def build_batch(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     """The trees of one batch (module docstring) and what they were built from."""
-    from benchmarks.ablations import AblationBench
     from benchmarks.harness import weights_digest
+    from benchmarks.sam_start import SamStart
     from memrl.data.tasks import TaskSetConfig, load_tasks
     from memrl.rewards.committee import Committee, CommitteeConfig
     from memrl.rollout.agents import sam_rollout
@@ -89,9 +89,7 @@ def build_batch(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     from memrl.rollout.tree import TreeConfig, build_trees
     from memrl.train.oat_grpo import default_oracle
 
-    bench = AblationBench(
-        argparse.Namespace(quick=True, setting=args.setting, work=args.work, split="dev", model_cache=args.model_cache)
-    )
+    bench = SamStart(args.setting, Path(args.work), args.model_cache)
     if args.policy is None:
         bench.prepare()
         policy_cfg = EngineConfig(backend="hf", name="policy", model=str(bench.sft_dir), dtype="float32", batch_size=64)

@@ -270,14 +270,12 @@ def main() -> None:
     n_tasks = args.tasks or (8 if args.quick else 24)
     replays = args.replays or (8 if args.quick else 16)
 
-    from benchmarks.ablations import AblationBench
     from benchmarks.harness import weights_digest
+    from benchmarks.sam_start import SamStart
     from memrl.data.tasks import TaskSetConfig, load_tasks
 
     t_start = time.perf_counter()
-    bench = AblationBench(
-        argparse.Namespace(quick=True, setting=args.setting, work=args.work, split="dev", model_cache=args.model_cache)
-    )
+    bench = SamStart(args.setting, Path(args.work), args.model_cache)
     if args.policy is None:
         bench.prepare()
     elif args.policy == "noisy-oracle":

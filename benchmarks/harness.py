@@ -31,6 +31,7 @@ __all__ = [
     "PhaseClock",
     "Progress",
     "bench_parser",
+    "check_bench_inputs",
     "cpu_profile",
     "cpu_seconds",
     "die_with_parent",
@@ -79,6 +80,22 @@ def emit(record: dict[str, Any], json_out: str | os.PathLike[str] | None = None)
     if json_out:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(line + "\n", encoding="utf-8")
+
+
+def check_bench_inputs(work: Path, progress_files: list[Path]) -> None:
+    """Before anything is built: ``--work`` must be a folder that can be written, and the progress files it holds
+    must be JSONL objects; otherwise one line naming the path and exit 2 (not a traceback after the SFT start)."""
+    from memrl.data.checks import check_output_dir
+    from memrl.data.errors import UserError
+    from memrl.data.io import check_jsonl_file
+
+    try:
+        check_output_dir(str(work), "--work")
+        for path in progress_files:
+            check_jsonl_file(path, "--work")
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 # ------------------------------------------------------------------------------------------------------------------

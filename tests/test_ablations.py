@@ -71,7 +71,7 @@ def test_records_keep_every_seed_and_task_and_recompute_the_paired_table() -> No
 def test_a_rebuilt_start_with_other_weights_is_named_in_one_line(tmp_path) -> None:
     import json
 
-    from benchmarks.ablations import committed_starts, start_mismatch
+    from benchmarks.sam_start import committed_starts, start_mismatch
 
     (tmp_path / "ablations_full.json").write_text(json.dumps({"setting": "multihop", "sft_weights": "41336ca2"}))
     (tmp_path / "other.json").write_text(json.dumps({"setting": "deferring_expert", "sft_weights": "aaaa"}))

@@ -70,7 +70,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {root!r})
 import torch
-from benchmarks.ablations import AblationBench, build_sft_start
+from benchmarks.sam_start import build_sft_start
 from benchmarks.harness import weights_digest
 from memrl.data.tasks.sam import SAM_SETTINGS
 from memrl.rollout.memory.base import RoleSampling
@@ -113,7 +113,7 @@ def test_the_sft_start_has_one_digest_with_1_and_2_threads(tmp_path: Path, tiny_
 def test_the_sft_start_is_built_with_the_pinned_thread_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    import benchmarks.ablations as ablations
+    import benchmarks.sam_start as sam_start
     from memrl.data.tasks.sam import SAM_SETTINGS
     from memrl.rollout.engines.base import set_torch_threads
     from memrl.rollout.memory.sam import SamConfig
@@ -122,15 +122,15 @@ def test_the_sft_start_is_built_with_the_pinned_thread_count(tmp_path: Path, mon
     monkeypatch.setattr(
         "memrl.rollout.expert_traces.distill", lambda *a, **k: seen.append(torch.get_num_threads()) or {}
     )
-    monkeypatch.setattr(ablations, "run_sft_stage", lambda *a, **k: seen.append(torch.get_num_threads()))
+    monkeypatch.setattr(sam_start, "run_sft_stage", lambda *a, **k: seen.append(torch.get_num_threads()))
     before = torch.get_num_threads()
     set_torch_threads(2)  # the caller's count differs from the pinned one
     try:
-        ablations.build_sft_start(tmp_path, SAM_SETTINGS["multihop"], tmp_path, SamConfig(), steps=1, distill_tasks=1)
+        sam_start.build_sft_start(tmp_path, SAM_SETTINGS["multihop"], tmp_path, SamConfig(), steps=1, distill_tasks=1)
         assert torch.get_num_threads() == 2  # given back
     finally:
         set_torch_threads(before)
-    assert seen == [1, 1] and ablations.START_THREADS == 1
+    assert seen == [1, 1] and sam_start.START_THREADS == 1
 
 
 def test_the_benchmark_process_computes_under_the_pinned_cpu_profile(tmp_path: Path) -> None:
