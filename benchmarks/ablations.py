@@ -79,10 +79,13 @@ from benchmarks.harness import (
     Claims,
     PhaseClock,
     Progress,
+    bench_parser,
     check_bench_inputs,
     cpu_profile,
     die_with_parent,
+    emit,
     pin_cpu_numerics,
+    pin_threads,
     seed_task_interval,
     start_workers,
     wait_for,
@@ -999,7 +1002,7 @@ WORKER_TAG = ""
 def main() -> None:
     global WORKER_TAG
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--quick", action="store_true", help="the small setting")
     parser.add_argument(
         "--smoke",
@@ -1053,6 +1056,7 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    pin_threads(args.threads)
     if args.recompute:
         record = json.loads(Path(args.recompute).read_text())
         if "records" not in record:
@@ -1060,7 +1064,7 @@ def main() -> None:
                 f"[ablations] {args.recompute} has no per-task records (written by versions before "
                 "two-level intervals): nothing to recompute from"
             )
-        print(json.dumps(paired_from_records(record["records"]), indent=1), flush=True)
+        emit(paired_from_records(record["records"]), indent=1)
         return
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
@@ -1131,7 +1135,7 @@ def run_benchmark(
             "cpu_seconds": round(PhaseClock._cpu(), 1),
         }
         chosen_file.write_text(json.dumps(record, indent=1) + "\n")
-        print(json.dumps(record), flush=True)
+        emit(record, args.json_out)
         return
     if chosen_file.exists() and args.split == "test":
         selection = json.loads(chosen_file.read_text())
@@ -1240,7 +1244,7 @@ def run_benchmark(
         "records": records,
     }
     (bench.runs / "ablations.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps(record), flush=True)
+    emit(record, args.json_out)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import bench_parser, emit, pin_threads
+
 NOISY_ORACLE = {"error_rate": 0.3, "verbatim": 1.0, "omission": 0.5}
 
 
@@ -252,7 +254,7 @@ def pivot_main(args: argparse.Namespace) -> None:
 def main() -> None:
     from memrl.rewards.advantage import ADVANTAGE_PRESETS
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument(
         "--tasks",
         type=int,
@@ -269,7 +271,6 @@ def main() -> None:
         help="the committee's question (rewards/committee.py)",
     )
     parser.add_argument("--setting", default="multihop")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--policy",
         default=None,
@@ -286,6 +287,7 @@ def main() -> None:
     parser.add_argument("--fatal", type=int, default=3, help="--family proactive: fatal pivots per task")
     parser.add_argument("--reminder-cost", type=float, default=0.1, help="--family proactive: reward.reminder_cost")
     args = parser.parse_args()
+    pin_threads(args.threads)
     if args.family == "proactive":
         args.tasks = args.tasks or 12
         pivot_main(args)
@@ -328,7 +330,7 @@ def main() -> None:
         "build_seconds": round(built_s, 1),
         "options": options,
     }
-    print(json.dumps(record), flush=True)
+    emit(record, args.json_out)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,6 @@ One JSON line last.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import random
@@ -57,6 +56,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import bench_parser, emit, pin_threads
 
 KS = (2, 4, 8)
 NOISY_ORACLE = {"error_rate": 0.3, "verbatim": 1.0, "omission": 0.5}  # --policy noisy-oracle (as tree_vs_flat's)
@@ -251,13 +252,12 @@ def group_advantages_by_method(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer states and replays (under 15 min on 2 cores)")
     parser.add_argument("--tasks", type=int, default=None, help="dev tasks whose episodes give the states")
     parser.add_argument("--states-per-task", type=int, default=3)
     parser.add_argument("--replays", type=int, default=None, help="continuations per action for the ground truth")
     parser.add_argument("--setting", default="multihop")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default="runs/ablations", help="where the shared SFT checkpoint lives")
     parser.add_argument("--model-cache", default=".cache/models")
     parser.add_argument(
@@ -267,6 +267,7 @@ def main() -> None:
         "or 'noisy-oracle': the scripted SAM expert with recall noise (no checkpoint: a smoke run)",
     )
     args = parser.parse_args()
+    pin_threads(args.threads)
     n_tasks = args.tasks or (8 if args.quick else 24)
     replays = args.replays or (8 if args.quick else 16)
 
@@ -422,7 +423,7 @@ def main() -> None:
     }
     out = Path(args.work) / ("credit_accuracy_quick.json" if args.quick else "credit_accuracy.json")
     out.write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps(record), flush=True)
+    emit(record, args.json_out)
 
 
 if __name__ == "__main__":

@@ -64,12 +64,14 @@ from typing import Any
 
 from benchmarks.harness import (
     Claims,
+    bench_parser,
     cpu_profile,
     cpu_seconds,
     die_with_parent,
     emit,
     mean_ci,
     pin_cpu_numerics,
+    pin_threads,
     seed_task_interval,
     start_workers,
     wait_for,
@@ -685,7 +687,7 @@ def start_mismatch(chosen: str, weights: str | None, committed: Path = COMMITTED
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--config", default=str(ROOT / "configs" / "pivot_grpo_tiny.yaml"))
     parser.add_argument("--work", default=None, help="output directory (default: a temporary one)")
     parser.add_argument("--quick", action="store_true", help="the setting sized for 15 minutes (see SETTINGS)")
@@ -733,6 +735,7 @@ def main() -> None:
             parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="override the setting's")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the GRPO config")
     args = parser.parse_args()
+    pin_threads(args.threads)
     setting = "quick" if args.quick else "full"
     for name, value in SETTINGS[setting].items():
         if getattr(args, name, None) is None:
@@ -952,7 +955,8 @@ def report(
             "seconds_by_stage": seconds_by_stage(starts, all_rows),
             "work": str(work),
             "runs": str(folder),
-        }
+        },
+        args.json_out,
     )
 
 

@@ -40,11 +40,12 @@ either method: the ratio divides each mode's own reasoner tokens by its correctl
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import bench_parser, emit, pin_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -252,13 +253,12 @@ def correctly_signed(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--tasks", type=int, default=16)
     parser.add_argument("--horizon", type=int, default=12, help="tour steps of every SAM task")
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--error-rate", type=float, default=0.3, help="recall noise of the memory model")
     parser.add_argument("--omission", type=float, default=0.5, help="weight of omissions among recall errors")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--replays",
         type=int,
@@ -266,6 +266,7 @@ def main() -> None:
         help="continuations per credited action for the replay ground truth (0: skip it)",
     )
     args = parser.parse_args()
+    pin_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -336,7 +337,7 @@ def main() -> None:
             for k, v in results.items()
         },
     }
-    print(json.dumps(summary))
+    emit(summary, args.json_out)
 
 
 if __name__ == "__main__":
