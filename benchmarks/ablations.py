@@ -88,6 +88,7 @@ from benchmarks.harness import (
     pin_threads,
     seed_task_interval,
     start_workers,
+    stop_workers,
     wait_for,
     weights_digest,
 )
@@ -1098,10 +1099,7 @@ def main() -> None:
     try:
         run_benchmark(args, bench, t_start, workers)
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.terminate()
-            w.wait()
+        stop_workers(workers)
 
 
 def run_benchmark(

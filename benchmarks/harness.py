@@ -43,6 +43,7 @@ __all__ = [
     "pin_threads",
     "seed_task_interval",
     "start_workers",
+    "stop_workers",
     "wait_for",
     "weights_digest",
 ]
@@ -393,6 +394,14 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     if os.getppid() == 1:  # the parent was already gone
         sys.exit(1)
+
+
+def stop_workers(workers: list[Any]) -> None:
+    """Terminate the workers still running (the benchmark failed or was interrupted) and reap every one."""
+    for w in workers:
+        if w.poll() is None:
+            w.terminate()
+        w.wait()
 
 
 def wait_for(workers: list[Any], name: str) -> None:

@@ -74,6 +74,7 @@ from benchmarks.harness import (
     pin_threads,
     seed_task_interval,
     start_workers,
+    stop_workers,
     wait_for,
     weights_digest,
 )
@@ -860,10 +861,7 @@ def main() -> None:
         wait_for(workers, "pivot_learning")
         report(args, setting, work, folder, chosen, starts, overrides, settings_report, clock, cpu_clock, load_before)
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.terminate()
-            w.wait()
+        stop_workers(workers)
 
 
 def report(

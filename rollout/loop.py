@@ -137,21 +137,24 @@ class Rollout:
     def _request_metadata(self, role: str) -> dict[str, Any]:
         return {"task_id": self.env.task_id, "role": role, "rollout_id": self.rollout_id, "step": self.step}
 
+    def _sampling(self, s: RoleSampling, logprobs: bool = True) -> SamplingParams:
+        """The engine's sampling settings of a role's next call, seeded by the rollout and the call's index."""
+        return SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=s.max_tokens,
+            stop=list(s.stop),
+            seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
+            logprobs=logprobs,
+        )
+
     def _next_call(self) -> PendingCall:
         self._calls_made += 1
         request = self.memory.next_memory_request()
         if request is not None:
-            s = request.sampling
-            params = SamplingParams(
-                temperature=s.temperature,
-                top_p=s.top_p,
-                max_tokens=s.max_tokens,
-                stop=list(s.stop),
-                seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
-            )
             gen = GenerationRequest(
                 messages=as_messages(request.messages),
-                sampling=params,
+                sampling=self._sampling(request.sampling),
                 metadata={**self._request_metadata(request.role), **request.metadata},
             )
             return PendingCall(kind="memory", role=request.role, request=gen, memory_request=request)
@@ -161,15 +164,7 @@ class Rollout:
         transient = getattr(self.env, "transient_context", None)
         if callable(transient) and (extra := transient()):  # e.g. a Gym env's admissible actions: this call only,
             messages = [*messages, Message(role="user", content=str(extra))]  # never a turn the memory keeps
-        s = self.reasoner_sampling
-        params = SamplingParams(
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_tokens=s.max_tokens,
-            stop=list(s.stop),
-            seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
-            logprobs=False,
-        )
+        params = self._sampling(self.reasoner_sampling, logprobs=False)
         gen = GenerationRequest(messages=messages, sampling=params, metadata=self._request_metadata("reasoner"))
         return PendingCall(kind="reasoner", role="reasoner", request=gen)
 
