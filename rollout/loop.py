@@ -22,7 +22,17 @@ from memrl.data.user_code import in_episode
 from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, to_memory_call
 from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn
 
-__all__ = ["EngineSet", "PendingCall", "Rollout", "TaskEnv", "as_messages", "call_seed", "run_rollouts"]
+__all__ = [
+    "EngineSet",
+    "PendingCall",
+    "Rollout",
+    "TaskEnv",
+    "as_messages",
+    "call_seed",
+    "memory_call_usage",
+    "reasoner_call_usage",
+    "run_rollouts",
+]
 
 
 class TaskEnv(Protocol):
@@ -82,6 +92,27 @@ def call_seed(*parts: Any) -> int:
     """The sampling seed of one model call, a pure function of its parts (rollout seed, task, rollout path, call)."""
     digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def memory_call_usage(record: MemoryCall, result: GenerationResult, sample: int) -> TokenUsage:
+    """The tokens of one memory call (sample ``sample`` of ``result``): the prompt's cached tokens count once, on the
+    request's first sample."""
+    return TokenUsage(
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        cached_prompt_tokens=result.usage.cached_prompt_tokens if sample == 0 else 0,
+        calls=1,
+    )
+
+
+def reasoner_call_usage(result: GenerationResult, sample: int) -> TokenUsage:
+    """The tokens of one reasoner call: the request's prompt (and its cached part) and the sample's response."""
+    return TokenUsage(
+        prompt_tokens=result.usage.prompt_tokens,
+        cached_prompt_tokens=result.usage.cached_prompt_tokens,
+        completion_tokens=len(result.completions[sample].response_ids) or result.usage.completion_tokens,
+        calls=1,
+    )
 
 
 class Rollout:
@@ -225,24 +256,14 @@ class Rollout:
         self.memory_calls.append(record)
         if self._tool_started_at is not None:
             self._tool_calls.append(call_id)
-        self.memory_usage = self.memory_usage + TokenUsage(
-            prompt_tokens=record.prompt_tokens,
-            completion_tokens=record.completion_tokens,
-            cached_prompt_tokens=result.usage.cached_prompt_tokens if sample == 0 else 0,
-            calls=1,
-        )
+        self.memory_usage = self.memory_usage + memory_call_usage(record, result, sample)
         self._finish_tool_if_ready()
         return record
 
     def _advance_reasoner(self, result: GenerationResult, sample: int) -> None:
         completion = result.completions[sample]
-        usage = result.usage
-        self.reasoner_usage = self.reasoner_usage + TokenUsage(
-            prompt_tokens=usage.prompt_tokens,
-            cached_prompt_tokens=usage.cached_prompt_tokens,
-            completion_tokens=len(completion.response_ids) or usage.completion_tokens,
-            calls=1,
-        )
+        usage = reasoner_call_usage(result, sample)
+        self.reasoner_usage = self.reasoner_usage + usage
         self.peak_context_tokens = max(self.peak_context_tokens, len(result.prompt_ids) or usage.prompt_tokens)
         self.memory.after_reasoner_call()
         self.step += 1
@@ -250,7 +271,7 @@ class Rollout:
         usage_fields = {
             "reasoner_prompt_tokens": usage.prompt_tokens,
             "reasoner_cached_tokens": usage.cached_prompt_tokens,
-            "reasoner_completion_tokens": len(completion.response_ids) or usage.completion_tokens,
+            "reasoner_completion_tokens": usage.completion_tokens,
         }
         parsed = parse_tool_calls(reply)
         if not parsed.calls:
