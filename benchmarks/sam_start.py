@@ -52,8 +52,8 @@ class SamStart:
         clock: PhaseClock | None = None,
     ) -> None:
         from memrl.data.tasks.sam import SAM_SETTINGS
+        from memrl.launch.quickstart import QuickstartConfig
         from memrl.rollout.memory.base import RoleSampling
-        from memrl.rollout.memory.sam import SamConfig
 
         check_bench_inputs(Path(work), [])
         self.setting_name = setting
@@ -63,15 +63,9 @@ class SamStart:
         self.model_cache = model_cache
         self.steps, self.distill_tasks, self.shared = steps, distill_tasks, shared
         self.clock = clock or PhaseClock()
-        self.memory = SamConfig(
-            page_turns=1,
-            live_capacity_turns=4,
-            keep_recent_turns=3,
-            sampling={
-                "consolidate": RoleSampling(temperature=0.0, max_tokens=48),
-                "recall": RoleSampling(temperature=1.0, max_tokens=64),
-            },
-        )
+        trained = QuickstartConfig().memory  # SAM as the quickstart trains inside it, with 48-token cues
+        cue = RoleSampling(temperature=0.0, max_tokens=48)
+        self.memory = trained.model_copy(update={"sampling": {**trained.sampling, "consolidate": cue}})
         self.base: Path | None = None
         self.sft_dir: Path | None = None
         self.start: dict[str, str] = {}  # digests of the base and SFT weights: what every figure here starts from

@@ -52,13 +52,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse.Namespace) -> dict[str, Any]:
     """Build trees (or flat groups) for ``tasks`` with fresh engines (an empty prefix cache) and count tokens."""
+    from memrl.launch.quickstart import QuickstartConfig
     from memrl.rewards.credit import CreditConfig, assign_credit, assign_flat_credit
     from memrl.rollout.agents import sam_rollout
     from memrl.rollout.engines.config import EngineConfig
     from memrl.rollout.engines.factory import build_engine
     from memrl.rollout.loop import EngineSet
-    from memrl.rollout.memory.base import RoleSampling
-    from memrl.rollout.memory.sam import SamConfig
     from memrl.rollout.tree import TreeConfig, build_trees
 
     def scripted(name: str, policy: str, kwargs: dict[str, Any]) -> Any:
@@ -80,15 +79,7 @@ def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse
         memory=scripted("recall", "memrl.data.experts.sam:SamOracle", noisy),
         by_role={"consolidate": scripted("consolidate", "memrl.data.experts.sam:SamOracle", {})},
     )
-    memory = SamConfig(
-        page_turns=1,
-        live_capacity_turns=4,
-        keep_recent_turns=3,
-        sampling={
-            "consolidate": RoleSampling(temperature=0.0, max_tokens=64),
-            "recall": RoleSampling(temperature=1.0, max_tokens=64),
-        },
-    )
+    memory = QuickstartConfig().memory  # SAM as the quickstart trains inside it
     cfg = TreeConfig(
         mode=mode, branch_roles=["recall"], branch_factor=k, max_branch_depth=2, max_leaves=k * k, flat_group_size=k
     )
