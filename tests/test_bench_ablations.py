@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -25,15 +26,8 @@ def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 # rerun reusing every finished run
 @pytest.mark.slow
 def test_smoke_run_keeps_the_records_recomputes_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
-    common = [
-        "--smoke",
-        "--variants",
-        "oat,sft_more",
-        "--work",
-        str(tmp_path / "w"),
-        "--model-cache",
-        str(tiny_model_dir.parent),
-    ]
+    common = [*shlex.split("--smoke --variants oat,sft_more"), "--work", str(tmp_path / "w")]
+    common += ["--model-cache", str(tiny_model_dir.parent)]
     first = _run(*common)
     assert first.returncode == 0, first.stderr[-3000:]
     record = json.loads(first.stdout.strip().splitlines()[-1])

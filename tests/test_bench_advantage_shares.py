@@ -3,6 +3,7 @@ option on the same trees, with the trainer's diagnostics."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -16,16 +17,7 @@ from tests.bench_run import model_cache, run_benchmark
 def test_advantage_shares_compares_every_option_on_one_batch(tmp_path: Path) -> None:
     from memrl.rewards.advantage import ADVANTAGE_PRESETS
 
-    args = [
-        "--policy",
-        "noisy-oracle",
-        "--tasks",
-        "4",
-        "--work",
-        str(tmp_path),
-        "--model-cache",
-        model_cache(),
-    ]
+    args = [*shlex.split("--policy noisy-oracle --tasks 4"), "--work", str(tmp_path), "--model-cache", model_cache()]
     record = run_benchmark("advantage_shares", args, timeout=900)
     options = record["options"]
     assert set(options) == {f"{p}/{s}" for p in ADVANTAGE_PRESETS for s in ("separate", "branch")}
@@ -46,14 +38,7 @@ def test_advantage_shares_compares_every_option_on_one_batch(tmp_path: Path) -> 
 # toward silence, informative_only trains none of them
 @pytest.mark.slow
 def test_advantage_shares_of_pivot_groups_show_the_cost_only_push_toward_silence() -> None:
-    args = [
-        "--family",
-        "proactive",
-        "--tasks",
-        "2",
-        "--model-cache",
-        model_cache(),
-    ]
+    args = [*shlex.split("--family proactive --tasks 2"), "--model-cache", model_cache()]
     options = run_benchmark("advantage_shares", args, timeout=900)["options"]
     paper, only = options["all_turns/grpo_std"], options["all_turns/informative_only"]
     assert paper["outcome_tied_groups"] > 0 and paper["tied_mixed_groups_advantage_remind"] < -0.5

@@ -4,6 +4,7 @@ every method, the recoverability committee, and the scores on outcome-tied group
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -15,21 +16,8 @@ from tests.bench_run import model_cache, run_benchmark
 # against replayed values
 @pytest.mark.slow
 def test_credit_accuracy_scores_every_method_on_all_and_on_tied_groups(tmp_path: Path) -> None:
-    args = [
-        "--quick",
-        "--policy",
-        "noisy-oracle",
-        "--tasks",
-        "2",
-        "--states-per-task",
-        "1",
-        "--replays",
-        "2",
-        "--work",
-        str(tmp_path),
-        "--model-cache",
-        model_cache(),
-    ]
+    args = shlex.split("--quick --policy noisy-oracle --tasks 2 --states-per-task 1 --replays 2")
+    args += ["--work", str(tmp_path), "--model-cache", model_cache()]
     record = run_benchmark("credit_accuracy", args, timeout=900)
     assert record == json.loads((tmp_path / "credit_accuracy_quick.json").read_text())
     assert record["states"] >= 1 and record["policy"].startswith("noisy-oracle")

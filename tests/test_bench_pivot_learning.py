@@ -8,39 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
 from tests.bench_run import bench_process, json_lines
 
-TINY = [
-    "--quick",
-    "--fatal",
-    "1",
-    "--starts",
-    "clean_long",
-    "--train-tasks",
-    "4",
-    "--sft-steps",
-    "2",
-    "--dev-tasks",
-    "1",
-    "--test-tasks",
-    "2",
-    "--samples",
-    "1",
-    "--iterations",
-    "1",
-    "--label-tasks",
-    "1",
-    "--pivots-per-iteration",
-    "1",
-    "--non-pivots-per-iteration",
-    "1",
-    "--group-size",
-    "2",
-]
+TINY = shlex.split(
+    "--quick --fatal 1 --starts clean_long --train-tasks 4 --sft-steps 2 --dev-tasks 1 --test-tasks 2 --samples 1 "
+    "--iterations 1 --label-tasks 1 --pivots-per-iteration 1 --non-pivots-per-iteration 1 --group-size 2"
+)
 
 
 def _run(*args: str) -> list[dict]:

@@ -4,6 +4,7 @@ the one JSON line with the driver's and the worker's RSS and open files per iter
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -14,18 +15,8 @@ from tests.bench_run import run_benchmark
 # protects: benchmarks/soak.py's JSON: the driver's and a Ray worker's memory and open files per iteration
 @pytest.mark.slow
 def test_soak_prints_memory_and_open_files_of_driver_and_workers(tiny_model_dir: Path, tmp_path: Path) -> None:
-    args = [
-        "--iterations",
-        "3",
-        "--warmup",
-        "1",
-        "--workers",
-        "1",
-        "--work",
-        str(tmp_path / "soak"),
-        "--model",
-        str(tiny_model_dir),
-    ]
+    args = [*shlex.split("--iterations 3 --warmup 1 --workers 1"), "--work", str(tmp_path / "soak")]
+    args += ["--model", str(tiny_model_dir)]
     summary = run_benchmark("soak", args, timeout=900)
     assert summary["benchmark"] == "soak" and summary["iterations"] == 3 and summary["workers"] == 1
     processes = summary["processes"]
