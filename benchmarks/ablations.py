@@ -1065,7 +1065,7 @@ def main() -> None:
                 f"[ablations] {args.recompute} has no per-task records (written by versions before "
                 "two-level intervals): nothing to recompute from"
             )
-        emit(paired_from_records(record["records"]), indent=1)
+        print(json.dumps(paired_from_records(record["records"]), indent=1), flush=True)
         return
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
