@@ -2,7 +2,7 @@
 ``run.log`` beside everything the run writes.
 
 A run folder is owned by one process: :func:`prepare_run_dir` takes an exclusive ``fcntl`` lock on its ``.lock`` file
-before it writes anything, and holds it until the process exits (or :func:`release_run_dirs`). A second start into a
+before it writes anything, and holds it until the process exits (or :func:`unlock_run_dirs`). A second start into a
 locked folder is a :class:`~memrl.data.config.ConfigError` that has touched nothing of the first run. The lock is
 re-entrant within one process (a test or the quickstart may prepare the same folder twice).
 
@@ -34,9 +34,9 @@ __all__ = [
     "config_changes",
     "created_run_dirs",
     "prepare_run_dir",
-    "release_run_dirs",
     "run_dir_of",
     "shared_run_dir",
+    "unlock_run_dirs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ def prepare_run_dir(cfg: BaseModel, run: RunConfig, command: str) -> Path:
     try:
         changes = check_run_dir(cfg, run, run_dir)  # again under the lock: another start may have won the race
     except ConfigError:
-        release_run_dirs(key)
+        unlock_run_dirs(key)
         raise
     handle = _held[key][0]
     handle.seek(0)
@@ -213,8 +213,8 @@ def created_run_dirs() -> list[Path]:
     return [path for path, (_, created) in _held.items() if created]
 
 
-def release_run_dirs(*only: Path) -> None:
-    """Release the locks this process holds (all, or those of ``only``)."""
+def unlock_run_dirs(*only: Path) -> None:
+    """Unlock the run folders this process holds (all, or those of ``only``)."""
     for path in list(_held) if not only else [p.absolute() for p in only]:
         entry = _held.pop(path, None)
         if entry is not None:

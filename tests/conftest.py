@@ -27,3 +27,19 @@ def tiny_model_dir(model_cache: Path) -> Path:
     from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
     return ensure_tiny_model(model_cache, TinyModelSpec())
+
+
+@pytest.fixture(scope="session")
+def vllm_server_16k(model_cache: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One real vLLM OpenAI-compatible server for the slow tests that talk to one (starting it is most of their
+    cost): the default tiny model with 16K positions (the LoCoMo recipe's replies pile up in its context), prompt-token
+    details on. Yields (the ``/v1`` base URL, the model's folder)."""
+    from served import vllm_server
+
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
+
+    model = ensure_tiny_model(model_cache, TinyModelSpec(max_position=16384))
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    args = ("--max-model-len", "16384", "--gpu-memory-utilization", "0.1", "--enable-prompt-tokens-details")
+    with vllm_server(model, log_path, *args) as url:
+        yield url, model

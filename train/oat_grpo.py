@@ -588,7 +588,7 @@ class OATRun:
         return result
 
     def close(self) -> None:
-        """Finish the logger this run opened and release the fleet."""
+        """Finish the logger this run opened and stop the fleet."""
         if self.own_logger:
             self.logger.close()
         if self.fleet is not None:

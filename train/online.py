@@ -78,7 +78,7 @@ class PolicyEngine(Protocol):
         """Reload full weights from ``path`` as policy version ``version``."""
 
     def sleep(self) -> None:
-        """Release accelerator memory until the next weight load (a no-op where nothing is held)."""
+        """Free accelerator memory until the next weight load (a no-op where nothing is held)."""
 
     def probe_logprobs(self, prompts: list[list[int]], max_tokens: int) -> list[Any]:
         """Greedy tokens and their log-probs for each prompt, one ``EngineProbe`` per engine (the sync check)."""

@@ -217,7 +217,7 @@ class Engine(abc.ABC):
         """Free accelerator memory between rollouts (the trainer updates meanwhile); the next use wakes the engine."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
-        """Release processes, sockets and memory held by the engine."""
+        """Free the processes, sockets and memory the engine holds."""
 
     def __enter__(self) -> Engine:
         return self

@@ -338,7 +338,7 @@ class VLLMEngine(Engine):
             self._asleep = self.sleep_level
 
     def close(self) -> None:
-        """Shut the engine core down and release its memory; safe to call twice."""
+        """Shut the engine core down and free its memory; safe to call twice."""
         llm, self.llm = self.llm, None
         if llm is None:
             return
