@@ -61,6 +61,7 @@ timed() {
 timed "ruff (lint)" step "$VENV/bin/ruff" check .
 timed "ruff (format)" step "$VENV/bin/ruff" format --check .
 timed "import layers (import-linter)" step "$VENV/bin/python" tests/lint_imports.py
+timed "duplicate code (pylint symilar against tests/duplicate_code_baseline.txt)" step "$VENV/bin/python" tests/lint_duplicates.py
 timed "documentation site (mkdocs build --strict)" step bash "$MEMRL_ROOT/launch/docs.sh" build --quiet
 timed "fast suite" run_pytest -m "not slow" -q --durations=25
 timed "slow suite" run_pytest -m "slow" -q --durations=25 -n 2 --dist loadgroup

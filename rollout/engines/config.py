@@ -130,6 +130,16 @@ class EngineConfig(ConfigModel):
             raise ValueError("sleep_level 2 drops the base weights a LoRA policy serves from: use sleep_level 1")
         return self
 
+    def load_tokenizer(self) -> Any:
+        """The tokenizer ``tokenizer`` names, else ``model``'s (None when neither is set), with the config's
+        ``trust_remote_code`` and ``revision``."""
+        name = self.tokenizer or self.model
+        if not name:
+            return None
+        from memrl.rollout.models import load_tokenizer
+
+        return load_tokenizer(name, trust_remote_code=self.trust_remote_code, revision=self.revision)
+
     @property
     def engine_name(self) -> str:
         """The label results carry in ``GenerationResult.engine``."""

@@ -102,19 +102,16 @@ class HFEngine(Engine):
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> HFEngine:
         """Load ``cfg.model`` (safetensors) and its tokenizer; device defaults to CUDA when available."""
-        from memrl.rollout.models import load_causal_lm, load_tokenizer
+        from memrl.rollout.models import load_causal_lm
 
         assert cfg.model is not None
         device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
         model = load_causal_lm(
             cfg.model, dtype=cfg.dtype, device=device, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
         )
-        tokenizer = load_tokenizer(
-            cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
-        )
         return cls(
             model,
-            tokenizer,
+            cfg.load_tokenizer(),
             seed=cfg.seed,
             name=cfg.engine_name,
             batch_size=cfg.batch_size,

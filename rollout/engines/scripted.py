@@ -66,16 +66,9 @@ class ScriptedEngine(Engine):
             if not cfg.scripted_policy:
                 raise ValueError("backend 'scripted' needs 'scripted_policy' in the config or a policy argument")
             policy = load_scripted_policy(cfg.scripted_policy, cfg.scripted_kwargs)
-        tokenizer = None
-        if cfg.tokenizer or cfg.model:
-            from memrl.rollout.models import load_tokenizer
-
-            tokenizer = load_tokenizer(
-                cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
-            )
         return cls(
             policy,
-            tokenizer=tokenizer,
+            tokenizer=cfg.load_tokenizer(),
             seed=cfg.seed,
             name=cfg.name,
             block_size=cfg.prefix_cache_block_size,

@@ -121,8 +121,6 @@ class VLLMEngine(Engine):
         """Start a ``vllm.LLM`` for ``cfg.model`` with the platform's defaults (see the module docstring)."""
         from vllm.platforms import current_platform
 
-        from memrl.rollout.models import load_tokenizer
-
         assert cfg.model is not None
         cpu = current_platform.is_cpu()
         in_process = cfg.in_process if cfg.in_process is not None else cpu
@@ -173,12 +171,9 @@ class VLLMEngine(Engine):
 
         with torch_threads(threads), _modules_hidden_from_vllm_kernel_scan(), _visible_gpus(cfg.cuda_devices):
             llm = LLM(**kwargs)
-        tokenizer = load_tokenizer(
-            cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
-        )
         return cls(
             llm,
-            tokenizer,
+            cfg.load_tokenizer(),
             name=cfg.engine_name,
             seed=cfg.seed,
             chat_template_kwargs=cfg.chat_template_kwargs,

@@ -40,7 +40,7 @@ import numpy as np
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
-from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, register_memory
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, Turn, register_memory
 from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
 from memrl.rollout.memory.prompts_ama import (
     AMA_REASONER_SYSTEM,
@@ -202,15 +202,11 @@ class AMAMemory(JobQueueMemory):
     # ---------------------------------------------------------------------------------------------------------
     # Turns and jobs
 
+    def _on_question(self, turn: Turn) -> None:
+        self._enqueue(self._new_job("retrieve", query=turn.observation, origin="question", phase="search"))
+
     def _ingest(self, item: Inbound) -> None:
         turn = item.turn
-        if item.kind == "start":
-            self.start_observation = turn.observation
-            return
-        if item.kind == "question":
-            self.question = turn.observation
-            self._enqueue(self._new_job("retrieve", query=turn.observation, origin="question", phase="search"))
-            return
         if turn.step in self.nodes:
             self.count("ama_duplicate_turn")
             return

@@ -41,7 +41,7 @@ from typing import Literal
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
-from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, register_memory
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, Turn, register_memory
 from memrl.rollout.memory.prompts_mage import (
     mage_reasoner_system,
     parse_mage_summary,
@@ -251,16 +251,11 @@ class MageMemory(JobQueueMemory):
         chars = sum(len(self.bottom[n].action) + len(self.bottom[n].observation) for n in self.R)
         return len(self.R) >= self.config.max_raw_turns or chars >= self.config.max_raw_chars
 
+    def _on_start(self, turn: Turn) -> None:
+        self.bottom[0].observation = turn.observation
+
     def _ingest(self, item: Inbound) -> None:
-        turn = item.turn
-        if item.kind == "start":
-            self.start_observation = turn.observation
-            self.bottom[0].observation = turn.observation
-            return
-        if item.kind == "question":
-            self.question = turn.observation
-            return
-        self.grow(action_of(turn.action_text), turn.observation)
+        self.grow(action_of(item.turn.action_text), item.turn.observation)
         if self.config.compress and not self._fallback_queued and self._raw_too_long():
             self._fallback_queued = True
             self._enqueue(

@@ -42,7 +42,7 @@ import numpy as np
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
-from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, register_memory
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, Turn, register_memory
 from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
 from memrl.rollout.memory.prompts_memma import (
     MEMMA_REASONER_SYSTEM,
@@ -217,16 +217,12 @@ class MemMAMemory(JobQueueMemory):
     # ---------------------------------------------------------------------------------------------------------
     # Turns
 
+    def _on_question(self, turn: Turn) -> None:
+        self._flush(session=True)
+        self._enqueue(self._new_job("query", question=turn.observation, origin="question", phase="search"))
+
     def _ingest(self, item: Inbound) -> None:
         turn = item.turn
-        if item.kind == "start":
-            self.start_observation = turn.observation
-            return
-        if item.kind == "question":
-            self.question = turn.observation
-            self._flush(session=True)
-            self._enqueue(self._new_job("query", question=turn.observation, origin="question", phase="search"))
-            return
         record = (turn.step, action_of(turn.action_text), turn.observation)
         self.recent = [*self.recent, record][-max(self.config.recent_turns, 1) :]
         self._chunk.append(record)

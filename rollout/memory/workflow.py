@@ -89,9 +89,10 @@ class JobQueueMemory(MemorySystem):
     """A memory system whose work is a queue of jobs over buffered turns (see the module docstring).
 
     Subclasses implement :meth:`_ingest`, :meth:`_request`, :meth:`_consume`, :meth:`_start_tool` and
-    :meth:`reasoner_messages`; they finish a tool with :meth:`_finish_tool`. ``config`` is the system's settings (its
-    ``sampling`` holds each memory role's sampling); a subclass empties its own per-episode structures in
-    :meth:`_clear` (calling ``super()._clear()``), which runs at construction and at every :meth:`reset`.
+    :meth:`reasoner_messages` (and :meth:`_on_start`, :meth:`_on_question` where the start or the question needs
+    work); they finish a tool with :meth:`_finish_tool`. ``config`` is the system's settings (its ``sampling`` holds
+    each memory role's sampling); a subclass empties its own per-episode structures in :meth:`_clear` (calling
+    ``super()._clear()``), which runs at construction and at every :meth:`reset`.
     """
 
     def __init__(self, config: Any) -> None:
@@ -118,7 +119,13 @@ class JobQueueMemory(MemorySystem):
 
     @abc.abstractmethod
     def _ingest(self, item: Inbound) -> None:
-        """Process one buffered turn (deterministic work, and queue jobs that need the memory model)."""
+        """Process one buffered environment turn (deterministic work, and queue jobs that need the memory model)."""
+
+    def _on_start(self, turn: Turn) -> None:
+        """The episode's start observation arrived (kept as ``start_observation``)."""
+
+    def _on_question(self, turn: Turn) -> None:
+        """The question arrived (kept as ``question``): queue the work that answers it."""
 
     @abc.abstractmethod
     def _request(self, job: Job) -> MemoryRequest | None:
@@ -157,6 +164,16 @@ class JobQueueMemory(MemorySystem):
     def _finish_tool(self, result: ToolResult) -> None:
         self._tool_result = result
 
+    def _take(self, item: Inbound) -> None:
+        if item.kind == "start":
+            self.start_observation = item.turn.observation
+            self._on_start(item.turn)
+        elif item.kind == "question":
+            self.question = item.turn.observation
+            self._on_question(item.turn)
+        else:
+            self._ingest(item)
+
     def _pump(self) -> MemoryRequest | None:
         while True:
             if self._jobs:
@@ -169,7 +186,7 @@ class JobQueueMemory(MemorySystem):
             if self._inbox:
                 item = self._inbox.pop(0)
                 if item.call is None:
-                    self._ingest(item)
+                    self._take(item)
                     continue
                 outcome = self._start_tool(item.call, item.turn.step)
                 if isinstance(outcome, ToolResult):
