@@ -21,8 +21,8 @@ step's transient memory, weights and gradients excluded; glibc's mmap threshold 
 freed blocks return to the system and each step's own peak shows). A case that fails (out of memory, killed) is
 recorded with ``failed``.
 
-    python benchmarks/packed_attention.py                       # 8K, 16K, 32K on one thread
-    python benchmarks/packed_attention.py --budgets 4096 8192 --threads 2
+    python -m benchmarks.packed_attention                       # 8K, 16K, 32K on one thread
+    python -m benchmarks.packed_attention --budgets 4096 8192 --threads 2
 
 The step's time also holds what grows linearly (the layers' matrix products, the LM head over the response tokens), so
 each case also times one attention layer alone (``attention_seconds``, ``attention_cpu_seconds``,
@@ -56,9 +56,9 @@ from typing import Any
 
 import torch
 
+from benchmarks.trainer_scaling import VOCAB, current_rss
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # benchmarks.trainer_scaling when run as a script
-from benchmarks.trainer_scaling import VOCAB, current_rss  # noqa: E402
 
 GIB = 2**30
 PATHS = ("packed", "dense_mask", "padded")
@@ -324,13 +324,13 @@ def main() -> None:
             if path not in args.paths:
                 case[path] = {"skipped": "not run"}
                 continue
-            child = [sys.executable, __file__, "--path", path, "--budget", str(budget)]
+            child = [sys.executable, "-m", "benchmarks.packed_attention", "--path", path, "--budget", str(budget)]
             child += ["--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab)]
             child += ["--steps", str(args.steps), "--threads", str(args.threads), "--seed", str(args.seed)]
             # a fixed mmap threshold: freed blocks over 128 KiB go back to the system, so RSS shows each step's own peak
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
             env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
-            proc = subprocess.run(child, capture_output=True, text=True, env=env)
+            proc = subprocess.run(child, capture_output=True, text=True, env=env, cwd=ROOT)
             lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
             if proc.returncode == 0 and lines:
                 record = json.loads(lines[-1])
