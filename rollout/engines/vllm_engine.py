@@ -88,6 +88,8 @@ def _modules_hidden_from_vllm_kernel_scan() -> Iterator[None]:
 class VLLMEngine(Engine):
     """A ``vllm.LLM`` behind the engine interface, with LoRA hot-swap and in-place full-weight updates."""
 
+    greedy_is_deterministic = True
+
     def __init__(
         self,
         llm: Any,
