@@ -367,6 +367,11 @@ class Bench:
                 engine.close()
         return games
 
+    def dev_success(self, tag: str, dev: list[Any], model: Callable[[], Path], weights: str) -> float:
+        """SAM with ``model`` on the dev games (stages ``eval/dev-<tag>/sam/...``): the share won."""
+        games = self.evaluate("sam_sft", f"dev-{tag}", dev, model, weights)
+        return statistics.fmean(g["won"] for g in games.values())
+
     def memory_engine(self, model: Callable[[], Path] | None) -> Any:
         from memrl.data.experts.ms_textworld import TwOracle
         from memrl.rollout.engines.factory import build_engine
@@ -531,10 +536,10 @@ class Bench:
         )
         return {"weights": digest_weights(out)}
 
-    def rl(self, mode: str, sft_seed: int, rl_seed: int, lr: float) -> tuple[Path, dict[str, Any]]:
+    def rl(self, mode: str, sft_seed: int, rl_seed: int, lr: float, tag: str = "") -> tuple[Path, dict[str, Any]]:
         """OAT-GRPO (``tree``) or flat GRPO (``flat``) from SFT seed ``sft_seed`` under RL seed ``rl_seed``: the
         stage ``rl/<mode>-sft<k>-rl<j>`` records the run's summary and weights digest (rebuilt when missing)."""
-        name = f"{mode}-sft{sft_seed}-rl{rl_seed}"
+        name = f"{tag}{mode}-sft{sft_seed}-rl{rl_seed}"
         s = self.scale
         inputs = {
             "mode": mode,
@@ -551,14 +556,16 @@ class Bench:
         if recorded is not None and (out / "config.json").exists():
             return out, recorded
         if recorded is None:
-            result = self.records.run(f"rl/{name}", inputs, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out))
+            result = self.records.run(
+                f"rl/{name}", inputs, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
+            )
             return out, result
-        rebuilt = self.train_rl(mode, sft_seed, rl_seed, lr, out)
+        rebuilt = self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
         if rebuilt["weights"] != recorded["weights"]:
             self.rebuilt_differs.append(f"rl/{name}")
         return out, recorded
 
-    def train_rl(self, mode: str, sft_seed: int, rl_seed: int, lr: float, out: Path) -> dict[str, Any]:
+    def train_rl(self, mode: str, sft_seed: int, rl_seed: int, lr: float, out: Path, name: str) -> dict[str, Any]:
         import shutil
 
         from memrl.data.config import RunConfig
@@ -571,7 +578,6 @@ class Bench:
         from memrl.train.policy import LoraSettings, PolicySpec
 
         s, sft = self.scale, self.sft(sft_seed)
-        name = f"{mode}-sft{sft_seed}-rl{rl_seed}"
         seed = 1000 * sft_seed + rl_seed
         smollm2 = self.args.model == "smollm2"
         cfg = OATGRPOConfig(
@@ -712,6 +718,42 @@ def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells
     return {"table": table, "paired": paired}
 
 
+def finished_so_far(records: Records) -> dict[str, Any]:
+    """Per variant and draw, over the test games its finished evaluation chunks cover: games, success, reasoner
+    tokens per game (a stopped run's partial figures; unpaired, the variants may cover different games)."""
+    out: dict[str, Any] = {}
+    for path in sorted((records.root / "eval").glob("*/*/*.json")):
+        draw, variant = path.parent.parent.name, path.parent.name
+        if draw.startswith("dev-"):
+            continue
+        games = json.loads(path.read_text())["result"]["games"]
+        entry = out.setdefault(variant, {}).setdefault(draw, {"games": 0, "won": 0.0, "reasoner_tokens": 0})
+        entry["games"] += len(games)
+        entry["won"] += sum(g["won"] for g in games.values())
+        entry["reasoner_tokens"] += sum(g["reasoner_tokens"] for g in games.values())
+    for draws in out.values():
+        for entry in draws.values():
+            entry["success"] = entry.pop("won") / entry["games"]
+            entry["reasoner_tokens_per_game"] = entry.pop("reasoner_tokens") / entry["games"]
+    return out
+
+
+SELECT_GRID = (1e-4, 3e-4, 1e-3)
+
+
+def select_lr(bench: Bench) -> dict[str, Any]:
+    """OAT-GRPO from SFT seed 0 under each learning rate of :data:`SELECT_GRID`, evaluated on the dev games: the
+    highest dev success wins (ties to the smaller rate). Every run and evaluation is a stage of its own."""
+    dev = bench.games("dev", bench.args.dev_games)
+    scores = {"sft": bench.dev_success("sam_sft", dev, lambda: bench.sft(0), bench.sft_weights(0))}
+    for lr in SELECT_GRID:
+        _, summary = bench.rl("tree", 0, 0, lr, tag=f"select-lr{lr:g}-")
+        policy = lambda lr=lr: bench.rl("tree", 0, 0, lr, tag=f"select-lr{lr:g}-")[0]  # noqa: E731
+        scores[f"{lr:g}"] = bench.dev_success(f"select-lr{lr:g}", dev, policy, summary["weights"])
+    best = max(SELECT_GRID, key=lambda lr: (scores[f"{lr:g}"], -lr))
+    return {"lr": best, "dev_success": scores, "dev_games": len(dev), "grid": list(SELECT_GRID)}
+
+
 def estimate_hours(records: Records, missing: dict[str, int]) -> dict[str, Any]:
     """Hours the missing stages will take, from the recorded seconds of stages of the same kind."""
     out: dict[str, Any] = {}
@@ -778,7 +820,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=25, help="games per evaluation stage")
     p.add_argument("--max-minutes", type=float, default=90.0, help="start no stage past this many minutes")
     p.add_argument("--max-stages", type=int, default=None, help="stop after running this many stages")
-    p.add_argument("--lr", type=float, default=DEFAULT_LR, help="RL learning rate")
+    p.add_argument("--lr", type=float, default=None, help="RL learning rate (default: chosen on dev, see --select)")
+    p.add_argument("--select", action="store_true", help="choose the RL learning rate on dev games first")
+    p.add_argument("--dev-games", type=int, default=24, help="dev games for --select (over all cells)")
     p.add_argument(
         "--skip", type=skipped_variants, default=(), help=f"trained variants left out (of {', '.join(TRAINED)})"
     )
@@ -865,13 +909,17 @@ def run(bench: Bench) -> dict[str, Any]:
         "engine": args.engine,
         "reasoner_tokenizer": args.reasoner_tokenizer,
         "variants": variants,
-        "lr": args.lr,
+        "lr": args.lr if args.lr is not None else "chosen on dev (or the default)",
     }
     records.root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(records.root / "run.json", json.dumps(config, indent=1) + "\n")
     evals: dict[str, dict[str, dict[str, Any]]] = {}
     rl_runs: dict[str, Any] = {}
+    selection: dict[str, Any] | None = None
     try:
+        if args.select:
+            selection = select_lr(bench)
+        lr = args.lr if args.lr is not None else selection["lr"] if selection else DEFAULT_LR
         test = bench.games("test", scale.test_games)
         for v in SCRIPTED:
             evals[v] = {"scripted": bench.evaluate(v, "scripted", test, None, "scripted")}
@@ -889,10 +937,10 @@ def run(bench: Bench) -> dict[str, Any]:
             evals[v] = {}
             for d in draws[v]:
                 k, j = (int(x) for x in d.removeprefix("sft").split("/rl"))
-                _, summary = bench.rl(mode, k, j, args.lr)
+                _, summary = bench.rl(mode, k, j, lr)
                 rl_runs[f"{v}/{d}"] = summary
                 evals[v][d] = bench.evaluate(
-                    v, d, test, lambda mode=mode, k=k, j=j: bench.rl(mode, k, j, args.lr)[0], summary["weights"]
+                    v, d, test, lambda mode=mode, k=k, j=j: bench.rl(mode, k, j, lr)[0], summary["weights"]
                 )
         replay = records.run("replay", {"games": [t.task_id for t in test]}, lambda: bench.replay_check(test))
     except Stopped as stop:
@@ -908,6 +956,7 @@ def run(bench: Bench) -> dict[str, Any]:
             "stopped_before": str(stop),
             "stages_recorded": len(done),
             "remaining": estimate_hours(records, {k: v for k, v in missing.items() if v}),
+            "finished_so_far": finished_so_far(records),
             "command": "python benchmarks/textworld.py " + " ".join(sys.argv[1:]),
         }
         atomic_write_text(records.root / "status.json", json.dumps(status, indent=1) + "\n")
@@ -920,6 +969,8 @@ def run(bench: Bench) -> dict[str, Any]:
         "run": records.root.name,
         "complete": True,
         **config,
+        "rl_lr": lr,
+        "settings_chosen_on_dev": selection,
         **figures(evals, names, cells),
         "replay": replay,
         "rl_runs": rl_runs,
