@@ -164,3 +164,21 @@ def test_a_stopped_run_resumes_from_its_committed_records_in_a_fresh_clone(tmp_p
     status = subprocess.run(["git", "-C", str(clone), "status", "--porcelain"], capture_output=True, text=True)
     modified = {line[3:] for line in status.stdout.splitlines() if not line.startswith("??")}
     assert modified == {"records/tiny/status.json"}  # every committed stage record was read, none rewritten
+
+
+def test_a_stopped_run_reports_what_its_finished_chunks_cover(tmp_path: Path) -> None:
+    from benchmarks.textworld import finished_so_far
+
+    rec = records(tmp_path)
+
+    def chunk(*games: tuple[str, float, int]) -> dict[str, object]:
+        return {"games": {g: {"won": won, "reasoner_tokens": tokens} for g, won, tokens in games}}
+
+    rec.run("eval/scripted/long_context/0000-0001", {}, lambda: chunk(("g0", 1.0, 100), ("g1", 0.0, 300)))
+    rec.run("eval/scripted/long_context/0002-0002", {}, lambda: chunk(("g2", 1.0, 200)))
+    rec.run("eval/sft0/sam_sft/0000-0001", {}, lambda: chunk(("g0", 1.0, 10), ("g1", 1.0, 30)))
+    rec.run("eval/dev-sft/sam_sft/0000-0000", {}, lambda: chunk(("d0", 0.0, 5)))  # dev: not a test figure
+    assert finished_so_far(rec) == {
+        "long_context": {"scripted": {"games": 3, "success": 2 / 3, "reasoner_tokens_per_game": 200.0}},
+        "sam_sft": {"sft0": {"games": 2, "success": 1.0, "reasoner_tokens_per_game": 20.0}},
+    }
