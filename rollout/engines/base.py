@@ -145,8 +145,9 @@ class Engine(abc.ABC):
     """True when requests are served independently and concurrently (an HTTP endpoint with continuous batching):
     the asynchronous tree scheduler then sends each request the moment it is ready instead of batching what waits."""
     greedy_is_deterministic: bool = False
-    """True when a greedy request (temperature 0) is a pure function of the prompt, the sampling limits and the served
-    weights (in-process model engines): the tree scheduler then computes equal greedy requests once per build."""
+    """True when a greedy request (temperature 0) is a function of the prompt, the sampling limits and the served
+    weights (in-process model engines; up to the batch's numerics on vLLM): the tree scheduler then computes equal
+    greedy requests once per build."""
 
     @abc.abstractmethod
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
