@@ -249,7 +249,7 @@ def git_commit() -> str | None:
 
 
 @dataclass
-class Bench:
+class TextWorldRun:
     """One run: its scale, its records, where its big artefacts live (``work``: rebuilt when missing)."""
 
     args: argparse.Namespace
@@ -741,7 +741,7 @@ def finished_so_far(records: Records) -> dict[str, Any]:
 SELECT_GRID = (1e-4, 3e-4, 1e-3)
 
 
-def select_lr(bench: Bench) -> dict[str, Any]:
+def select_lr(bench: TextWorldRun) -> dict[str, Any]:
     """OAT-GRPO from SFT seed 0 under each learning rate of :data:`SELECT_GRID`, evaluated on the dev games: the
     highest dev success wins (ties to the smaller rate). Every run and evaluation is a stage of its own."""
     dev = bench.games("dev", bench.args.dev_games)
@@ -860,7 +860,7 @@ def main() -> None:
         ran=[],
         commit=git_commit(),
     )
-    bench = Bench(args, scale, records, Path(args.work) / name)
+    bench = TextWorldRun(args, scale, records, Path(args.work) / name)
     t_start = time.perf_counter()
     try:
         result = run(bench)
@@ -875,7 +875,7 @@ def main() -> None:
     print(text)
 
 
-def run(bench: Bench) -> dict[str, Any]:
+def run(bench: TextWorldRun) -> dict[str, Any]:
     """Every stage in order (each read from its record when there is one); the figures when all are done, else
     what stopped, what is left and the hours it should take."""
     from memrl.data.io import atomic_write_text
