@@ -6,7 +6,8 @@ Games: TextWorld's own challenges generated locally (``treasure_hunter``, ``coin
 ``ms_textworld`` family's disjoint seed ranges (SFT data 0.., RL 100000.., dev 300000.., test 400000..), the test
 games cycling through the cells. The reasoner is the family's frozen programmatic reasoner behind an engine with a
 real tokenizer (``--reasoner-tokenizer``): every variant's window and every reasoner token reported are counted in
-that tokenizer's tokens. Success is TextWorld's own ``won``.
+that tokenizer's tokens (reasoner tokens per game: every token of every reasoner call, prompt and reply).
+Success is TextWorld's own ``won``.
 
 Variants, every one on the same test games (differences are paired by game):
 
@@ -406,7 +407,9 @@ class TextWorldRun:
                     "won": float(r["outcome"] or 0.0),
                     "cell": r["horizon"],
                     "steps": r["stats"].get("env_steps"),
-                    "reasoner_tokens": r["reasoner_tokens"]["spent"],
+                    # every token the reasoner read or wrote, and what of it a prefix cache would not have served
+                    "reasoner_tokens": r["reasoner_tokens"]["prompt"] + r["reasoner_tokens"]["completion"],
+                    "reasoner_tokens_spent": r["reasoner_tokens"]["spent"],
                     "peak_context": r["peak_context_tokens"],
                 }
                 for r in result["records"]
@@ -667,8 +670,9 @@ class TextWorldRun:
 
 
 def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells: dict[str, str]) -> dict[str, Any]:
-    """Per variant and cell: success, steps to win, reasoner tokens per game, and success at equal reasoner-token
-    cost (won on no more reasoner tokens than long context spent on the same game); paired differences with two-level
+    """Per variant and cell: success, steps to win, reasoner tokens per game (every prompt and generated token; and
+    ``spent``: what a prefix cache would not have served), and success at equal reasoner-token cost (won on no more
+    reasoner tokens than long context used on the same game); paired differences with two-level
     intervals over the draws (``evals[variant][draw]``: SFT seed, or SFT seed / RL seed) and games, and each draw's
     interval over games."""
     from memrl.rollout.evaluation.stats import task_level_interval, two_level_interval
@@ -688,6 +692,7 @@ def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells
                 "draws": len(draws),
                 "steps_to_win": statistics.fmean(p["steps"] for p in wins) if wins else None,
                 "reasoner_tokens_per_game": statistics.fmean(p["reasoner_tokens"] for p in per),
+                "reasoner_tokens_spent_per_game": statistics.fmean(p["reasoner_tokens_spent"] for p in per),
                 "peak_context": max(p["peak_context"] for p in per),
             }
             if budget is not None:  # won on no more reasoner tokens than long context spent on that game

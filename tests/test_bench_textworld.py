@@ -62,7 +62,13 @@ def test_figures_pair_each_draw_with_its_own_sft_and_count_tokens_at_equal_cost(
     games, cells = ["g0", "g1"], {"g0": "c", "g1": "c"}
 
     def game(won: float, tokens: int) -> dict[str, object]:
-        return {"won": won, "steps": 3, "reasoner_tokens": tokens, "peak_context": 10}
+        return {
+            "won": won,
+            "steps": 3,
+            "reasoner_tokens": tokens,
+            "reasoner_tokens_spent": tokens // 2,
+            "peak_context": 10,
+        }
 
     evals = {
         "long_context": {"scripted": {"g0": game(1.0, 100), "g1": game(0.0, 900)}},
@@ -78,6 +84,7 @@ def test_figures_pair_each_draw_with_its_own_sft_and_count_tokens_at_equal_cost(
     out = figures(evals, games, cells)
     sft = out["table"]["sam_sft"]["all"]
     assert sft["success"] == 0.75 and sft["draws"] == 2 and sft["reasoner_tokens_per_game"] == pytest.approx(62.75)
+    assert sft["reasoner_tokens_spent_per_game"] == pytest.approx(31.25)
     assert sft["success_at_long_context_cost"] == 0.5  # sft0/g0 spent 101 > 100; sft1 won both under the cost
     assert out["table"]["long_context"]["all"]["success_at_long_context_cost"] == 0.5
     oat_sft = out["paired"]["sam_oat-sam_sft"]["all"]
