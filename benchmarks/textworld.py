@@ -440,6 +440,7 @@ class TextWorldRun:
         out = self.work / "distill"
 
         def run() -> dict[str, Any]:
+            self.games("sft", self.scale.sft_games)  # generating them is a stage of its own
             stats = distill(
                 DistillRunConfig(
                     run=RunConfig(output_dir=str(self.work), name="distill", seed=0, resume=out.exists()),

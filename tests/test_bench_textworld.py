@@ -151,8 +151,8 @@ def test_a_stopped_run_resumes_from_its_committed_records_in_a_fresh_clone(tmp_p
         assert out.returncode == 0, out.stderr[-3000:]
         return out
 
-    # games, 4 scripted variants x 2 chunks, distill, SFT seed 0: stopped before SFT's first evaluation chunk
-    first = json.loads(bench(origin, "work-a", "--max-stages", "11").stdout.splitlines()[-1])
+    # test games, 4 scripted variants x 2 chunks, SFT games, distill, SFT seed 0: stopped before its first evaluation
+    first = json.loads(bench(origin, "work-a", "--max-stages", "12").stdout.splitlines()[-1])
     assert first["complete"] is False and first["stopped_before"] == "eval/sft0/sam_sft/0000-0000"
     assert first["remaining"]["eval/sft0/sam_sft"]["stages"] == 2
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
