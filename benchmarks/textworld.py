@@ -31,9 +31,9 @@ finished stage writes a small JSON record (its inputs, their digests, its result
 (commit that folder as it fills). The same command on any machine reads the records and runs only the stages missing;
 a checkpoint a later stage needs and this machine lacks is rebuilt from its recorded seed and inputs, and its weights
 digest is checked against the record. ``--max-minutes`` stops cleanly before a stage that would start past the limit
-(``--max-stages`` after that many stages): the last line then says what is left and the estimated hours, also in
-``<records>/status.json``. A record whose inputs differ from the command's (another scale in the same folder) exits
-2 naming the stage and the fields.
+(``--max-stages`` after that many stages; SIGTERM or Ctrl-C after the running stage): the last line then says what
+is left and the estimated hours, also in ``<records>/status.json``. A record whose inputs differ from the command's
+(another scale in the same folder) exits 2 naming the stage and the fields.
 
     python benchmarks/textworld.py --model none --run premise-scripted        # scripted variants, large cells
     python benchmarks/textworld.py --model smollm2 --run premise-smollm2 --skip sam_untrained,sam_oat,sam_flat \\
@@ -49,6 +49,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -183,6 +184,7 @@ class Records:
     max_stages: int | None
     ran: list[str]
     commit: str | None
+    stop_requested: bool = False  # SIGTERM / SIGINT: finish the running stage, start no other
 
     def path(self, stage: str) -> Path:
         return self.root / f"{stage}.json"
@@ -213,6 +215,8 @@ class Records:
         if self.deadline is not None and time.perf_counter() >= self.deadline:
             raise Stopped(stage)
         if self.max_stages is not None and len(self.ran) >= self.max_stages:
+            raise Stopped(stage)
+        if self.stop_requested:
             raise Stopped(stage)
         say(f"stage {stage}")
         t0 = time.perf_counter()
@@ -867,6 +871,15 @@ def main() -> None:
         commit=git_commit(),
     )
     bench = TextWorldRun(args, scale, records, Path(args.work) / name)
+
+    def stop_after_this_stage(signum: int, _frame: Any) -> None:
+        if records.stop_requested:  # a second signal: stop now (the running stage is lost, no record is half-written)
+            raise KeyboardInterrupt
+        records.stop_requested = True
+        say(f"signal {signum}: stopping after the running stage (send it again to stop now)")
+
+    signal.signal(signal.SIGTERM, stop_after_this_stage)
+    signal.signal(signal.SIGINT, stop_after_this_stage)
     t_start = time.perf_counter()
     try:
         result = run(bench)
