@@ -40,7 +40,7 @@ def test_a_recorded_stage_is_reused_and_other_inputs_are_refused_naming_them(tmp
 
 def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) -> None:
     """``--max-stages`` N runs N stages and stops before the next; ``--max-minutes`` stops before a stage that would
-    start past the deadline; recorded stages are read whatever the budget."""
+    start past the deadline, a signal before the next stage; recorded stages are read whatever the budget."""
     from benchmarks.textworld import Stopped
 
     rec = records(tmp_path, max_stages=1)
@@ -52,6 +52,10 @@ def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) 
     with pytest.raises(Stopped):
         late.run("b", {}, lambda: {"n": 2})
     assert not (tmp_path / "b.json").exists()
+    signalled = records(tmp_path)
+    signalled.stop_requested = True  # SIGTERM: the running stage finished, no other starts
+    with pytest.raises(Stopped):
+        signalled.run("b", {}, lambda: {"n": 2})
 
 
 def test_figures_pair_each_draw_with_its_own_sft_and_count_tokens_at_equal_cost() -> None:
