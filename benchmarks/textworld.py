@@ -674,6 +674,17 @@ class TextWorldRun:
 # figures
 
 
+def of_draw(by_draw: dict[str, dict[str, Any]], draw: str) -> dict[str, Any]:
+    """A variant's results under ``draw``: its own, its SFT start's (``sft1/rl0`` -> ``sft1``), or those of a variant
+    with one draw (scripted, untrained: nothing trained, the same games every draw)."""
+    found = by_draw.get(draw) or by_draw.get(draw.split("/")[0])
+    if found is None:
+        if len(by_draw) != 1:
+            raise KeyError(f"no results of draw {draw!r} among {sorted(by_draw)}")
+        found = next(iter(by_draw.values()))
+    return found
+
+
 def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells: dict[str, str]) -> dict[str, Any]:
     """Per variant and cell: success, steps to win, reasoner tokens per game (every prompt and generated token; and
     ``spent``: what a prefix cache would not have served), and success at equal reasoner-token cost (won on no more
@@ -713,10 +724,11 @@ def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells
             continue
         entry = {}
         for c in groups:
+            keys = list(evals[a]) if len(evals[a]) >= len(evals[b]) else list(evals[b])  # the trained side's draws
             rows = []
-            for draw, results in evals[a].items():
-                other = evals[b].get(draw) or evals[b].get(draw.split("/")[0]) or next(iter(evals[b].values()))
-                rows.append([results[g]["won"] - other[g]["won"] for g in chosen[c]])
+            for draw in keys:
+                mine, other = of_draw(evals[a], draw), of_draw(evals[b], draw)
+                rows.append([mine[g]["won"] - other[g]["won"] for g in chosen[c]])
             if len(chosen[c]) < 2:
                 entry[c] = None
                 continue

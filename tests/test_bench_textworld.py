@@ -76,6 +76,7 @@ def test_figures_pair_each_draw_with_its_own_sft_and_count_tokens_at_equal_cost(
 
     evals = {
         "long_context": {"scripted": {"g0": game(1.0, 100), "g1": game(0.0, 900)}},
+        "sam_expert": {"scripted": {"g0": game(1.0, 90), "g1": game(1.0, 95)}},
         "sam_sft": {
             "sft0": {"g0": game(1.0, 101), "g1": game(0.0, 50)},
             "sft1": {"g0": game(1.0, 40), "g1": game(1.0, 60)},
@@ -93,6 +94,8 @@ def test_figures_pair_each_draw_with_its_own_sft_and_count_tokens_at_equal_cost(
     assert out["table"]["long_context"]["all"]["success_at_long_context_cost"] == 0.5
     oat_sft = out["paired"]["sam_oat-sam_sft"]["all"]
     assert oat_sft["per_seed_mean"] == [0.0, 0.0] and oat_sft["seeds"] == 2
+    expert_sft = out["paired"]["sam_expert-sam_sft"]["all"]  # the expert against each SFT seed, not the first only
+    assert expert_sft["per_seed_mean"] == [0.5, 0.0] and expert_sft["seeds"] == 2
 
 
 def test_usage_errors_name_the_flag() -> None:
