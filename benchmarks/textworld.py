@@ -317,13 +317,15 @@ class TextWorldRun:
             return {"name": "long_context", "window_tokens": self.scale.window}
         if name == "bm25":
             return {"name": "bm25", **paging, "top_k": 2}
+        # the family's cue length: a large game's opening text tells a route of 20 and more moves, which a shorter
+        # cue or recall cuts off (SAM with the expert then loses the games it otherwise wins)
         return {
             "name": "sam",
             **paging,
-            "max_cue_tokens": 64,
+            "max_cue_tokens": 192,
             "sampling": {
-                "consolidate": {"temperature": 0.0, "max_tokens": 64},
-                "recall": {"temperature": 1.0, "max_tokens": 96},
+                "consolidate": {"temperature": 0.0, "max_tokens": 192},
+                "recall": {"temperature": 1.0, "max_tokens": 256},
             },
         }
 

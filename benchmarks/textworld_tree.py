@@ -106,10 +106,10 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "page_turns": 1,
         "live_capacity_turns": 4,
         "keep_recent_turns": 3,
-        "max_cue_tokens": 64,
+        "max_cue_tokens": 192,
         "sampling": {
-            "consolidate": {"temperature": 0.0, "max_tokens": 64},
-            "recall": {"temperature": 1.0, "max_tokens": 96},
+            "consolidate": {"temperature": 0.0, "max_tokens": 192},
+            "recall": {"temperature": 1.0, "max_tokens": 256},
         },
     }
     memory = memory_engine(args.model, args.engine, args.model_cache)
