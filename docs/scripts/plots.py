@@ -206,7 +206,8 @@ def textworld_premise() -> Any:
     ax.set_xlabel("reasoner tokens per game (thousands, SmolLM2's tokenizer)")
     ax.set_ylabel("games won (%)")
     ax.set_ylim(-5, 105)
-    ax.set_xlim(left=0)
+    most = max((e["reasoner_tokens_per_game"] for draws in points.values() for e in draws.values()), default=1000)
+    ax.set_xlim(0, most / 1000 * 1.45)  # room for the rightmost point's label
     ax.grid(color="#ddd", linewidth=0.6)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
