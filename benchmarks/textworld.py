@@ -929,7 +929,10 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
     for v in variants:
         for d in draws.get(v, []):
             todo[f"eval/{d}/{v}"] = chunks
-    for k in range(scale.sft_seeds) if "sam_sft" in variants or {"sam_oat", "sam_flat"} & set(variants) else []:
+    trains = "sam_sft" in variants or bool({"sam_oat", "sam_flat"} & set(variants))
+    if trains:
+        todo.update({"games/test": 1, "games/sft": 1, "distill": 1})
+    for k in range(scale.sft_seeds) if trains else []:
         todo[f"sft/seed{k}"] = 1
     for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
         if v in variants:
