@@ -49,13 +49,13 @@ core count or instruction set; a rebuilt start whose digest differs from the one
 wall and CPU seconds with the load average (``phases``) and, for ``--quick``, the full setting's time extrapolated
 from the measured rates (``full_estimate``).
 
-    python benchmarks/ablations.py --quick --select   # choose the RL settings on dev (13 settings, seed 0)
-    python benchmarks/ablations.py --quick            # 48 test tasks x 2 samples, 2 seeds
-    python benchmarks/ablations.py --select --jobs 2  # the same choice at the full scale (300 dev tasks)
-    python benchmarks/ablations.py --jobs 2           # 300 test tasks x 4 samples, 5 seeds, >= 100 optimizer steps
-    python benchmarks/ablations.py --jobs 2 --selection-scale quick   # the full run under the quick dev choice
-    python benchmarks/ablations.py --setting deferring_expert --select --jobs 2   # the other setting, the same way
-    python benchmarks/ablations.py --recompute docs/figures/ablations_full.json  # the intervals from the records
+    python -m benchmarks.ablations --quick --select   # choose the RL settings on dev (13 settings, seed 0)
+    python -m benchmarks.ablations --quick            # 48 test tasks x 2 samples, 2 seeds
+    python -m benchmarks.ablations --select --jobs 2  # the same choice at the full scale (300 dev tasks)
+    python -m benchmarks.ablations --jobs 2           # 300 test tasks x 4 samples, 5 seeds, >= 100 optimizer steps
+    python -m benchmarks.ablations --jobs 2 --selection-scale quick   # the full run under the quick dev choice
+    python -m benchmarks.ablations --setting deferring_expert --select --jobs 2   # the other setting, the same way
+    python -m benchmarks.ablations --recompute docs/figures/ablations_full.json  # the intervals from the records
 
 One JSON line last, with ``variants`` (per variant and seed) and ``paired`` (the differences).
 """
@@ -63,21 +63,36 @@ One JSON line last, with ``variants`` (per variant and seed) and ``paired`` (the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import math
 import os
 import random
-import resource
 import statistics
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import (
+    Claims,
+    PhaseClock,
+    Progress,
+    bench_parser,
+    check_bench_inputs,
+    cpu_profile,
+    die_with_parent,
+    emit,
+    pin_cpu_numerics,
+    pin_threads,
+    seed_task_interval,
+    start_workers,
+    stop_workers,
+    wait_for,
+    weights_digest,
+)
+from benchmarks.sam_start import SFT_STEPS, SamStart, run_sft_stage
 
 VARIANTS = ("oat", "tree_lambda0", "flat", "sft_more", "no_signal", "lr0", "trl_grpo")
 DEFAULT_VARIANTS = VARIANTS[:-1]
@@ -115,30 +130,13 @@ NON_DEFAULT_SETTINGS = {
 }
 
 
-SFT_STEPS = 300  # the shared SFT checkpoint: the same for --quick and the full setting, so both can reuse it
-# torch threads of the shared SFT start's build and of every later run, whatever the machine has: no figure depends on
-# the machine's core count or on --jobs (one thread is also the fastest on a shared 2-core machine, where OpenMP
-# threads spin on a busy core)
-START_THREADS, RUN_THREADS = 1, 1
-# Pinned CPU numerics (issue 39 item 5). Measured on this project's machines (docs/results/evidence.md): the shared
-# SFT start's weights do not depend on the thread count but do depend on the host CPU's instruction set (this start
-# built with AVX-512 kernels and with AVX2 kernels on one machine: two digests), and the machines a session is given
-# differ. So the benchmark computes everything under one profile: one thread, and AVX2 kernels in ATen, MKL (with its
-# conditional numerical reproducibility) and oneDNN, which every x86-64 machine of the last decade runs. The
-# variables act only when the libraries load, so the process re-executes itself under them (pin_cpu_numerics).
-CPU_PROFILE = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-    "MKL_CBWR": "AVX2",
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
-}
-FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"  # the committed figures
+# torch threads of every run after the shared SFT start, whatever the machine has: no figure depends on the machine's
+# core count or on --jobs (one thread is also the fastest on a shared 2-core machine)
+RUN_THREADS = 1
 
 
 @dataclass(frozen=True)
-class Scale:
+class AblationScale:
     """Sizes of one benchmark setting."""
 
     test_tasks: int
@@ -164,7 +162,7 @@ class Scale:
         return self.sft_steps == SFT_STEPS and self.distill_tasks is None
 
 
-QUICK = Scale(
+QUICK = AblationScale(
     name="quick",
     test_tasks=48,
     train_tasks=128,
@@ -180,7 +178,7 @@ QUICK = Scale(
     dev_curve_tasks=16,
     seeds=2,
 )
-FULL = Scale(
+FULL = AblationScale(
     test_tasks=300,
     train_tasks=1024,
     tasks_per_iteration=8,
@@ -196,7 +194,7 @@ FULL = Scale(
     seeds=5,
 )
 # the smallest setting (its own tiny SFT start): runs every stage to check the machinery, measures nothing
-SMOKE = Scale(
+SMOKE = AblationScale(
     name="smoke",
     test_tasks=3,
     train_tasks=8,
@@ -262,268 +260,43 @@ def pick_setting(scores: list[float]) -> int:
     return max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
-class PhaseClock:
-    """Wall and CPU seconds (this process's threads plus waited-for children) and the 1-minute load average per
-    benchmark phase: where a run's time goes, and how busy the machine was meanwhile."""
-
-    def __init__(self) -> None:
-        self.phases: dict[str, dict[str, Any]] = {}
-
-    @staticmethod
-    def _cpu() -> float:
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return time.process_time() + children.ru_utime + children.ru_stime
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        wall, cpu, load = time.perf_counter(), self._cpu(), os.getloadavg()[0]
-        try:
-            yield
-        finally:
-            p = self.phases.setdefault(phase, {"wall_s": 0.0, "cpu_s": 0.0, "count": 0, "load": []})
-            p["wall_s"] += time.perf_counter() - wall
-            p["cpu_s"] += self._cpu() - cpu
-            p["count"] += 1
-            p["load"] += [load, os.getloadavg()[0]]
-
-    def summary(self) -> dict[str, dict[str, float]]:
-        """Per phase: wall and CPU seconds, how many times it ran, the mean load average sampled at its edges."""
-        return {
-            name: {
-                "wall_s": round(p["wall_s"], 1),
-                "cpu_s": round(p["cpu_s"], 1),
-                "count": p["count"],
-                "load_avg": round(statistics.fmean(p["load"]), 2),
-            }
-            for name, p in self.phases.items()
-        }
-
-
-def weights_digest(model_dir: Path) -> str:
-    """SHA-256 over a saved model's tensors (names and bytes, whatever file metadata says): equal for equal
-    weights, so an evaluation of the same weights under the same seed is computed once."""
-    import torch
-    from safetensors import safe_open
-
-    digest = hashlib.sha256()
-    for file in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as f:
-            for name in sorted(f.keys()):
-                digest.update(name.encode())
-                digest.update(f.get_tensor(name).contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def build_sft_start(
-    work: Path,
-    setting: Any,
-    base: Path,
-    memory: Any,
-    steps: int = SFT_STEPS,
-    distill_tasks: int | None = None,
-    batch_size: int = 32,
-) -> dict[str, Any]:
-    """The shared SFT start of a SAM ``setting``: its expert distilled on ``distill_tasks`` (default: the
-    setting's) SFT tasks into ``work/distill``, then ``steps`` SFT steps into ``work/sft/final``. Built with
-    :data:`START_THREADS` torch threads whatever the machine or ``OMP_NUM_THREADS`` says: a float sum split over
-    another number of threads rounds differently, and the weights (and every figure downstream) would differ."""
-    from memrl.data.config import RunConfig
-    from memrl.data.experts.sam import SamOracleConfig
-    from memrl.data.tasks import TaskSetConfig
-    from memrl.rollout.engines.base import torch_threads
-    from memrl.rollout.expert_traces import DistillRunConfig, distill
-
-    tasks = TaskSetConfig(count=distill_tasks or setting.distill_tasks, seed=0, sam=setting.sft)
-    distill_cfg = DistillRunConfig(
-        run=RunConfig(output_dir=str(work), name="distill", seed=0),
-        tasks=tasks,
-        sam_oracle=SamOracleConfig(**setting.expert),
-        sam_memory=memory,
-        reasoner_max_pages=2,
-        tokenizer=str(base),
-    )
-    with torch_threads(START_THREADS):
-        stats = distill(distill_cfg, work / "distill")
-        run_sft_stage(work / "distill", base, work, "sft", steps, seed=0, batch_size=batch_size)
-    return stats
-
-
-def run_sft_stage(
-    data_dir: Path, base: Path, out: Path, name: str, steps: int, seed: int, lr: float = 2e-3, batch_size: int = 32
-) -> Path:
-    """``steps`` full-weight SFT steps of ``batch_size`` rows from ``base`` on the distilled rows in ``data_dir``
-    (cue writing 0.4, recall 0.6) into ``out/name/final``."""
-    from memrl.data.config import RunConfig
-    from memrl.train.policy import LoraSettings, PolicySpec
-    from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
-    from memrl.train.sft_data import SFTDataConfig
-
-    cfg = SFTRunConfig(
-        run=RunConfig(output_dir=str(out), name=name, seed=seed),
-        model=PolicySpec(base=str(base)),
-        lora=LoraSettings(enabled=False),
-        data=SFTDataConfig(
-            dir=str(data_dir), roles={"consolidate": 0.4, "recall": 0.6}, mixture_rows=steps * batch_size
-        ),
-        train=SFTTrainConfig(
-            max_steps=steps, batch_size=batch_size, lr=lr, warmup=0.05, max_length=512, save_steps=0, logging_steps=50
-        ),
-    )
-    run_sft(cfg)
-    return out / name / "final"
-
-
-def pin_cpu_numerics(native: bool = False) -> str:
-    """Make this process compute under :data:`CPU_PROFILE`: replace it (``execve``, same arguments) by one started
-    with those variables unless they are set already (they act only when torch, MKL and oneDNN load), or, with
-    ``native``, leave the machine's own kernels and thread count (faster on a large machine; figures then depend on the
-    machine). Returns the profile's name."""
-    if native:
-        return "native"
-    if any(os.environ.get(k) != v for k, v in CPU_PROFILE.items()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **CPU_PROFILE})
-    return "avx2-1thread"
-
-
-def cpu_profile() -> str:
-    """The CPU profile this process computes under: ``avx2-1thread`` (:data:`CPU_PROFILE`) or ``native``."""
-    return "avx2-1thread" if all(os.environ.get(k) == v for k, v in CPU_PROFILE.items()) else "native"
-
-
-def committed_starts(setting: str, figures: Path = FIGURES) -> dict[str, str]:
-    """The SFT-start digests the committed figures of ``setting`` report: ``{file name: sft_weights}`` over the
-    JSON files in ``figures`` whose ``setting`` is it and that record one."""
-    out = {}
-    for path in sorted(figures.glob("*.json")):
-        with contextlib.suppress(ValueError, OSError):
-            record = json.loads(path.read_text())
-            if isinstance(record, dict) and record.get("setting") == setting and record.get("sft_weights"):
-                out[path.name] = record["sft_weights"]
-    return out
-
-
-def start_mismatch(setting: str, digest: str, figures: Path = FIGURES) -> str | None:
-    """One line when the SFT start here (``digest``) is not the one the committed figures of ``setting`` started
-    from (their figures will not reproduce from it), else None."""
-    other = {name: d for name, d in committed_starts(setting, figures).items() if d != digest}
-    if not other:
-        return None
-    listed = ", ".join(f"{name} ({d})" for name, d in other.items())
-    return (
-        f"WARNING: this SFT start has weights {digest}, not the start of the committed figures {listed} "
-        f"in {figures}: figures from it will not match them"
-    )
-
-
 # ----------------------------------------------------------------------------------------------------------------
-def check_bench_inputs(work: Path, progress_files: list[Path]) -> None:
-    """Before anything is built: ``--work`` must be a folder that can be written, and the progress files it holds
-    must be JSONL objects; otherwise one line naming the path and exit 2 (not a traceback after the SFT start)."""
-    from memrl.data.checks import check_output_dir
-    from memrl.data.errors import UserError
-    from memrl.data.io import check_jsonl_file
-
-    try:
-        check_output_dir(str(work), "--work")
-        for path in progress_files:
-            check_jsonl_file(path, "--work")
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-
-
-class Bench:
-    """Shared state of one benchmark run: the setting, the SFT checkpoint, the test tasks, the engines' configs."""
+class AblationBench(SamStart):
+    """Shared state of one ablation run: the setting's SFT start (:class:`~benchmarks.sam_start.SamStart`), the
+    scale, the scored tasks, the training tasks and the evaluation cache."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         from memrl.data.tasks import TaskSetConfig, load_tasks
-        from memrl.data.tasks.sam import SAM_SETTINGS
-        from memrl.rollout.memory.base import RoleSampling
-        from memrl.rollout.memory.sam import SamConfig
 
-        self.args = args
-        self.scale = SMOKE if getattr(args, "smoke", False) else QUICK if args.quick else FULL
-        self.setting = SAM_SETTINGS[args.setting]
-        # one folder per setting: its shared SFT checkpoint, and the runs under quick/ or full/
-        self.work = Path(args.work) / args.setting
-        self.start_dir = self.work if self.scale.shares_start else self.work / f"start-{self.scale.name}"
-        self.runs = self.work / self.scale.name / args.split
+        scale = SMOKE if getattr(args, "smoke", False) else QUICK if args.quick else FULL
+        work = Path(args.work) / args.setting
+        super().__init__(
+            args.setting,
+            Path(args.work),
+            args.model_cache,
+            start_dir=None if scale.shares_start else work / f"start-{scale.name}",
+            steps=scale.sft_steps,
+            distill_tasks=scale.distill_tasks,
+            shared=scale.shares_start,
+        )
+        self.args, self.scale = args, scale
+        self.runs = self.work / scale.name / args.split  # the runs under quick/, full/ or smoke/
         check_bench_inputs(Path(args.work), [self.runs / "progress.jsonl", self.runs / "select_progress.jsonl"])
         self.runs.mkdir(parents=True, exist_ok=True)
-        self.memory = SamConfig(
-            page_turns=1,
-            live_capacity_turns=4,
-            keep_recent_turns=3,
-            sampling={
-                "consolidate": RoleSampling(temperature=0.0, max_tokens=48),
-                "recall": RoleSampling(temperature=1.0, max_tokens=64),
-            },
-        )
         seed = self.setting.test_seed if args.split == "test" else self.setting.dev_seed
         self.test_tasks = load_tasks(
-            TaskSetConfig(count=self.scale.test_tasks, seed=seed, sam=self.setting.test), args.split
+            TaskSetConfig(count=scale.test_tasks, seed=seed, sam=self.setting.test), args.split
         )
-        self.train_set = TaskSetConfig(
-            count=self.scale.train_tasks, seed=self.setting.train_seed, sam=self.setting.train
-        )
+        self.train_set = TaskSetConfig(count=scale.train_tasks, seed=self.setting.train_seed, sam=self.setting.train)
         # the learning curve's dev tasks (disjoint from the test tasks by seed, and from the final dev scoring)
         self.curve_tasks = load_tasks(
-            TaskSetConfig(count=self.scale.dev_curve_tasks, seed=self.setting.dev_seed + 1, sam=self.setting.test),
-            "curve",
+            TaskSetConfig(count=scale.dev_curve_tasks, seed=self.setting.dev_seed + 1, sam=self.setting.test), "curve"
         )
-        self.base: Path | None = None
-        self.sft_dir: Path | None = None
-        self.start: dict[str, str] = {}  # digests of the base and SFT weights: what every figure here starts from
         self.sft_evals: dict[int, dict[str, Any]] = {}
-        self.clock = PhaseClock()
         self.rl = ANALYSIS_SETTINGS  # replaced by --select's choice in main()
         # the SFT start's dev-curve figures per seed: every RL run of a seed starts from them (computed by the first)
         self.initial_curve: dict[int, dict[str, Any]] = {}
         self.eval_cache = self.runs / "eval_cache"  # evaluations keyed by weights, seed and tasks (deterministic)
-
-    # ------------------------------------------------------------------------------------------------ shared SFT
-    def prepare(self) -> dict[str, Any]:
-        """Tiny model, distillation of the setting's expert, SFT: the shared checkpoint (reused when present), built
-        with :data:`START_THREADS` torch threads whatever the machine's count (:func:`build_sft_start`); one line
-        when its weights differ from the start the committed figures of this setting report."""
-        from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
-
-        t0 = time.perf_counter()
-        self.base = ensure_tiny_model(self.args.model_cache, TinyModelSpec())
-        self.sft_dir = self.start_dir / "sft" / "final"
-        stats: dict[str, Any] = {}
-        built = not (self.sft_dir / "config.json").exists()
-        if built:
-            with self.clock("sft_checkpoint"):
-                stats = build_sft_start(
-                    self.start_dir,
-                    self.setting,
-                    self.base,
-                    self.memory,
-                    steps=self.scale.sft_steps,
-                    distill_tasks=self.scale.distill_tasks,
-                )
-        self.start = {"base_weights": weights_digest(self.base)[:16], "sft_weights": weights_digest(self.sft_dir)[:16]}
-        mismatch = start_mismatch(self.args.setting, self.start["sft_weights"])
-        if mismatch and self.scale.shares_start:
-            say(mismatch)
-        return {
-            "distill_traces": stats.get("traces"),
-            "distill_rows": stats.get("rows"),
-            **self.start,
-            "built": built,
-            "cpu": cpu_profile(),
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
-
-    def reasoner_config(self, seed: int) -> Any:
-        from memrl.train.oat_grpo import default_reasoner
-
-        return default_reasoner(str(self.base), seed).model_copy(
-            update={"scripted_kwargs": {"max_pages": 2, "recall_budget": 2}}
-        )
 
     def evaluate(self, model_dir: Path, seed: int) -> dict[str, Any]:
         """Held-out success of a saved memory model on the scored tasks: ``eval_samples`` sampled runs per task (as
@@ -937,26 +710,24 @@ def paired_difference(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str
     seed-level t); the task-level interval reported before (seeds averaged first, tasks as the only unit) is kept
     beside it as ``ci95_tasks_only``. Seeds are matched where both sides have them, tasks where every matched seed
     of both sides has them."""
-    from memrl.rollout.evaluation.stats import two_level_interval
-
     seeds = sorted({r["seed"] for r in a} & {r["seed"] for r in b})
     if not seeds:
         return {}
     a_by, b_by = {r["seed"]: r[key] for r in a}, {r["seed"]: r[key] for r in b}
-    tasks = sorted(set.intersection(*(set(a_by[s]) & set(b_by[s]) for s in seeds)))
-    rows = [[100 * (a_by[s][t] - b_by[s][t]) for t in tasks] for s in seeds]
-    iv = two_level_interval(rows)
+    iv = seed_task_interval(
+        {s: {t: 100 * (a_by[s][t] - b_by[s][t]) for t in set(a_by[s]) & set(b_by[s])} for s in seeds}
+    )
     return {
         "difference": iv["mean"],
-        "ci95": iv["interval"],
+        "ci95": iv["ci95"],
         "half_width": iv["half_width"],
-        "ci95_two_level_bootstrap": iv["two_level_bootstrap"],
-        "ci95_seed_t": iv["seed_level_t"],
-        "ci95_tasks_only": iv["task_level"],
-        "per_seed": iv["per_seed_mean"],
-        "tasks": len(tasks),
+        "ci95_two_level_bootstrap": iv["ci95_two_level_bootstrap"],
+        "ci95_seed_t": iv["ci95_seed_t"],
+        "ci95_tasks_only": iv["ci95_tasks_only"],
+        "per_seed": iv["per_seed"],
+        "tasks": iv["tasks"],
         "seeds": seeds,
-        "interval": iv["rule"],
+        "interval": iv["interval"],
     }
 
 
@@ -1078,9 +849,10 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], sft: float, path: Path, s
     plt.close(fig)
 
 
-def run_key(args: argparse.Namespace, scale: Scale, rl: RLSettings, start: dict[str, str]) -> str:
+def run_key(args: argparse.Namespace, scale: AblationScale, rl: RLSettings, start: dict[str, str]) -> str:
     """What a finished (variant, seed) row of progress.jsonl was computed under: a row is reused on a rerun only
-    when every one of these is unchanged, the weights it started from (``start``: Bench.start's digests) included."""
+    when every one of these is unchanged, the weights it started from (``start``: AblationBench.start's digests)
+    included."""
     inputs = {
         "scale": asdict(scale),
         "rl": asdict(rl),
@@ -1092,105 +864,6 @@ def run_key(args: argparse.Namespace, scale: Scale, rl: RLSettings, start: dict[
         "cpu": cpu_profile(),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class Progress:
-    """progress.jsonl: one line per finished (variant, seed) with its run key; a rerun of the same command skips
-    the finished ones (an unfinished one's folder is removed and it runs again from its start). Several processes
-    may share one file (``--jobs``): each line is one ``write`` to a file opened for appending, and :meth:`get`
-    reads lines the others have added since."""
-
-    def __init__(self, path: Path, key: str) -> None:
-        self.path, self.key = path, key
-        self.done: dict[tuple[str, int], dict[str, Any]] = {}
-        self._read = 0  # bytes of the file already parsed
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Parse the lines appended since the last read (complete lines only)."""
-        if not self.path.exists():
-            return
-        with self.path.open("rb") as f:
-            f.seek(self._read)
-            data = f.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self._read += len(complete)
-        for line in complete.decode().splitlines():
-            row = json.loads(line) if line.strip() else {}
-            if row.get("key") == self.key:
-                self.done[(row["variant"], row["seed"])] = {k: v for k, v in row.items() if k not in ("key", "variant")}
-
-    def get(self, variant: str, seed: int) -> dict[str, Any] | None:
-        self.refresh()
-        return self.done.get((variant, seed))
-
-    def add(self, variant: str, seed: int, row: dict[str, Any]) -> None:
-        line = json.dumps({"key": self.key, "variant": variant, "seed": seed, **row}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())  # one append: other processes' lines never interleave with it
-        finally:
-            os.close(fd)
-        self.refresh()
-
-
-class Claims:
-    """Which process is computing which (variant, seed): a file per claim, created exclusively, holding the
-    claimant's PID. A claim whose process has died is taken over, so a killed worker's run is computed again."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def _file(self, variant: str, seed: int) -> Path:
-        return self.folder / f"{variant}-s{seed}.pid"
-
-    def take(self, variant: str, seed: int) -> bool:
-        """True when this process now holds the claim (newly, or it already did)."""
-        path, me = self._file(variant, seed), str(os.getpid())
-        mine = path.with_name(f"{path.name}.{me}.tmp")
-        mine.write_text(me)
-        try:
-            for _ in range(2):
-                try:
-                    os.link(mine, path)  # created whole, PID inside, or not at all
-                    return True
-                except FileExistsError:
-                    holder = path.read_text().strip() if path.exists() else ""
-                    if holder == me:
-                        return True
-                    if holder and _alive(int(holder)):
-                        return False
-                    self._drop_stale(path, holder)
-            return False
-        finally:
-            mine.unlink(missing_ok=True)
-
-    @staticmethod
-    def _drop_stale(path: Path, holder: str) -> None:
-        """Remove a dead holder's claim, unless another process has replaced it meanwhile."""
-        aside = path.with_name(f"{path.name}.{os.getpid()}.stale")
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return
-        if aside.read_text().strip() != holder:  # a live process's fresh claim: put it back
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, path)
-        aside.unlink()
-
-    def release(self, variant: str, seed: int) -> None:
-        self._file(variant, seed).unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def run_all(
@@ -1236,7 +909,7 @@ def selection_file(work: Path, scale: str) -> Path:
     return work / scale / "selected_on_dev.json"
 
 
-def select(bench: Bench, progress: Progress, claims: Claims, seed: int = 0) -> dict[str, Any] | None:
+def select(bench: AblationBench, progress: Progress, claims: Claims, seed: int = 0) -> dict[str, Any] | None:
     """``--select``: ``oat`` under each of :data:`SELECT_GRID` on the dev split only (one seed, the SFT start's
     figures on the same dev tasks as the pair), the choice by :func:`pick_setting`. A ``--worker`` computes its
     share of the runs and returns None."""
@@ -1287,7 +960,7 @@ def select(bench: Bench, progress: Progress, claims: Claims, seed: int = 0) -> d
 
 
 def full_estimate(
-    runs: dict[str, list[dict[str, Any]]], phases: dict[str, dict[str, float]], scale: Scale
+    runs: dict[str, list[dict[str, Any]]], phases: dict[str, dict[str, float]], scale: AblationScale
 ) -> dict[str, Any]:
     """The full setting's time on this machine, extrapolated from this run's measured rates: seconds per tree (or
     flat group) built and trained, and per evaluation episode (a task's sampled or greedy run)."""
@@ -1327,38 +1000,10 @@ def say(message: str) -> None:
 WORKER_TAG = ""
 
 
-def start_workers(jobs: int) -> list[subprocess.Popen]:
-    """``jobs - 1`` copies of this command as ``--worker`` processes on the same work folder; each dies with its
-    parent (Linux's parent-death signal), so killing the benchmark leaves no worker behind."""
-    argv, skip = [], False
-    for a in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif a == "--jobs":
-            skip = True
-        elif not a.startswith("--jobs="):
-            argv.append(a)
-    return [
-        subprocess.Popen([sys.executable, sys.argv[0], *argv, "--worker", f"--worker-index={i}"])
-        for i in range(1, jobs)
-    ]
-
-
-def die_with_parent() -> None:
-    """Ask Linux to send this process SIGTERM when its parent exits (prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the parent was already gone
-        sys.exit(1)
-
-
 def main() -> None:
     global WORKER_TAG
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--quick", action="store_true", help="the small setting")
     parser.add_argument(
         "--smoke",
@@ -1412,6 +1057,7 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    pin_threads(args.threads)
     if args.recompute:
         record = json.loads(Path(args.recompute).read_text())
         if "records" not in record:
@@ -1439,7 +1085,7 @@ def main() -> None:
         parser.error("--selection-scale applies an earlier dev choice to a test run; --select makes its own")
 
     t_start = time.perf_counter()
-    bench = Bench(args)
+    bench = AblationBench(args)
     prep = bench.prepare()  # before any worker starts: they reuse the checkpoint
     say(f"shared SFT checkpoint {bench.sft_dir} ({prep})")
     if args.prepare_only:
@@ -1453,13 +1099,12 @@ def main() -> None:
     try:
         run_benchmark(args, bench, t_start, workers)
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.terminate()
-            w.wait()
+        stop_workers(workers)
 
 
-def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, workers: list[subprocess.Popen]) -> None:
+def run_benchmark(
+    args: argparse.Namespace, bench: AblationBench, t_start: float, workers: list[subprocess.Popen]
+) -> None:
     """The selection or the ablation proper, on the prepared checkpoint (a ``--worker`` only computes runs)."""
     variants = [v for v in args.variants.split(",") if v]
     seeds = args.seeds or bench.scale.seeds
@@ -1473,7 +1118,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
         selection = select(bench, progress, claims)
         if selection is None:  # a worker
             return
-        wait_for(workers)
+        wait_for(workers, "ablations")
         record = {
             "benchmark": "ablations-select",
             "setting": args.setting,
@@ -1488,7 +1133,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
             "cpu_seconds": round(PhaseClock._cpu(), 1),
         }
         chosen_file.write_text(json.dumps(record, indent=1) + "\n")
-        print(json.dumps(record), flush=True)
+        emit(record, args.json_out)
         return
     if chosen_file.exists() and args.split == "test":
         selection = json.loads(chosen_file.read_text())
@@ -1556,7 +1201,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
     )
     if args.worker:
         return
-    wait_for(workers)
+    wait_for(workers, "ablations")
     reused = [key for key in finished_before if key[0] in ("sft", *variants) and key[1] < seeds]
     sft_runs = [{**progress.get("sft", seed), "seed": seed} for seed in range(seeds)]  # type: ignore[dict-item]
     runs = {
@@ -1597,17 +1242,7 @@ def run_benchmark(args: argparse.Namespace, bench: Bench, t_start: float, worker
         "records": records,
     }
     (bench.runs / "ablations.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps(record), flush=True)
-
-
-def wait_for(workers: list[subprocess.Popen]) -> None:
-    """Every run is finished when this is called: let the workers exit, and fail loudly if one crashed."""
-    for w in workers:
-        if w.wait() != 0:
-            raise SystemExit(
-                f"[ablations] worker {w.pid} exited with {w.returncode}; its runs were finished by "
-                "another process, but check its output above"
-            )
+    emit(record, args.json_out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Where an OAT-GRPO update's advantage comes from, under each advantage option, on the same trees (issue 39 items 1-3).
 
-One batch of memory-call trees as the ``oat`` variant of ``benchmarks/ablations.py`` builds them (the ``multihop``
+One batch of memory-call trees as the ``oat`` variant of ``benchmarks.ablations`` builds them (the ``multihop``
 setting's training tasks, K = 4 siblings per recall, at most 16 leaves, the oracle committee with the offline judge,
-lambda 0.5) from one policy: the shared SFT checkpoint of ``benchmarks/ablations.py`` (built there when missing), a
+lambda 0.5) from one policy: the shared SFT checkpoint of ``benchmarks.ablations`` (built there when missing), a
 model directory, or ``noisy-oracle`` (the scripted SAM expert with recall noise: a smoke run without a checkpoint).
 Then, without training, every option's credit on copies of those trees (:func:`memrl.rewards.groups.credit_and_groups`
 and the trainer's rows, :func:`memrl.train.rows.rows_from_groups`):
@@ -28,8 +28,8 @@ fail, some remind) the mean advantage of reminding and of staying silent: the pu
 sets (the audit: A(remind) = -1.73, A(silent) = +0.58 under ``grpo_std``, such groups carrying 81% of the all-turn
 runs' advantage mass).
 
-    python benchmarks/advantage_shares.py [--tasks 32] [--policy DIR | noisy-oracle] [--criterion recoverability]
-    python benchmarks/advantage_shares.py --family proactive [--tasks 12 --fatal 3]
+    python -m benchmarks.advantage_shares [--tasks 32] [--policy DIR | noisy-oracle] [--criterion recoverability]
+    python -m benchmarks.advantage_shares --family proactive [--tasks 12 --fatal 3]
 
 A table, then one JSON line last.
 """
@@ -40,12 +40,11 @@ import argparse
 import copy
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.ablations when run as a script
+from benchmarks.harness import bench_parser, emit, pin_threads
 
 NOISY_ORACLE = {"error_rate": 0.3, "verbatim": 1.0, "omission": 0.5}
 
@@ -80,7 +79,8 @@ def option_shares(
 
 def build_batch(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     """The trees of one batch (module docstring) and what they were built from."""
-    from benchmarks.ablations import Bench, weights_digest
+    from benchmarks.harness import weights_digest
+    from benchmarks.sam_start import SamStart
     from memrl.data.tasks import TaskSetConfig, load_tasks
     from memrl.rewards.committee import Committee, CommitteeConfig
     from memrl.rollout.agents import sam_rollout
@@ -91,9 +91,7 @@ def build_batch(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     from memrl.rollout.tree import TreeConfig, build_trees
     from memrl.train.oat_grpo import default_oracle
 
-    bench = Bench(
-        argparse.Namespace(quick=True, setting=args.setting, work=args.work, split="dev", model_cache=args.model_cache)
-    )
+    bench = SamStart(args.setting, Path(args.work), args.model_cache)
     if args.policy is None:
         bench.prepare()
         policy_cfg = EngineConfig(backend="hf", name="policy", model=str(bench.sft_dir), dtype="float32", batch_size=64)
@@ -256,7 +254,7 @@ def pivot_main(args: argparse.Namespace) -> None:
 def main() -> None:
     from memrl.rewards.advantage import ADVANTAGE_PRESETS
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument(
         "--tasks",
         type=int,
@@ -273,11 +271,10 @@ def main() -> None:
         help="the committee's question (rewards/committee.py)",
     )
     parser.add_argument("--setting", default="multihop")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--policy",
         default=None,
-        help="a model directory, or 'noisy-oracle'; default: benchmarks/ablations.py's SFT start",
+        help="a model directory, or 'noisy-oracle'; default: benchmarks.ablations's SFT start",
     )
     parser.add_argument("--work", default="runs/ablations", help="where the shared SFT checkpoint lives")
     parser.add_argument("--model-cache", default=".cache/models")
@@ -290,6 +287,7 @@ def main() -> None:
     parser.add_argument("--fatal", type=int, default=3, help="--family proactive: fatal pivots per task")
     parser.add_argument("--reminder-cost", type=float, default=0.1, help="--family proactive: reward.reminder_cost")
     args = parser.parse_args()
+    pin_threads(args.threads)
     if args.family == "proactive":
         args.tasks = args.tasks or 12
         pivot_main(args)
@@ -332,7 +330,7 @@ def main() -> None:
         "build_seconds": round(built_s, 1),
         "options": options,
     }
-    print(json.dumps(record), flush=True)
+    emit(record, args.json_out)
 
 
 if __name__ == "__main__":

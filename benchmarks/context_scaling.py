@@ -23,19 +23,19 @@ tokens around each message, 3 for the generation prompt) and counts text with
 (``--tokenizer tiny``) encodes about 90K tokens/s here, too slow for a 32K window re-read at each of thousands of
 steps. The memory systems count with the same counter, so the long-context prompt never exceeds the window.
 
-    python benchmarks/context_scaling.py                  # 8K..128K, default task count
-    python benchmarks/context_scaling.py --quick          # 2K, 4K, 8K with 2 tasks: seconds
+    python -m benchmarks.context_scaling                  # 8K..128K, default task count
+    python -m benchmarks.context_scaling --quick          # 2K, 4K, 8K with 2 tasks: seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import bench_parser, emit, pin_threads
 from memrl.data.envs.base import count_tokens
 from memrl.data.experts.sam import SamOracle
 from memrl.data.tasks.sam import SamReasoner, SamTask
@@ -158,7 +158,7 @@ def run_method(method: str, tasks: list[SamTask], args: argparse.Namespace, toke
 
 def main() -> None:
     """Run the benchmark and print the JSON summary last."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--horizons", default=",".join(map(str, DEFAULT_HORIZONS)), help="trajectory tokens")
     parser.add_argument("--tasks", type=int, default=6, help="tasks per horizon (1-hop and 2-hop alternate)")
     parser.add_argument("--lc-tasks", type=int, default=2, help="of which long-context runs the first N")
@@ -171,8 +171,8 @@ def main() -> None:
     parser.add_argument("--max-cue-tokens", type=int, default=48)
     parser.add_argument("--cue-entities", type=int, default=4, help="oracle cue size (0: every entity of the page)")
     parser.add_argument("--tokenizer", choices=["approx", "tiny"], default="approx")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    pin_threads(args.threads)
     horizons = [2048, 4096, 8192] if args.quick else [int(h) for h in args.horizons.split(",")]
     n_tasks = 2 if args.quick else args.tasks
     lc_tasks = min(n_tasks, args.lc_tasks)
@@ -212,7 +212,7 @@ def main() -> None:
         growth = cells[last][method]["peak_context_tokens"] / max(1, cells[first][method]["peak_context_tokens"])
         summary[f"{method}_context_growth"] = round(growth, 3)
     summary["seconds"] = round(time.perf_counter() - begin, 1)
-    print(json.dumps(summary))
+    emit(summary, args.json_out)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 of tree credit ("SAM: State-Adaptive Memory for Long-Horizon Reasoning Agent", arXiv 2605.24468, section 2.3)
 without a learning run.
 
-On the ``multihop`` SAM setting, the shared SFT checkpoint of benchmarks/ablations.py (built there when missing) plays
+On the ``multihop`` SAM setting, the shared SFT checkpoint of benchmarks.ablations (built there when missing) plays
 the SFT policy's own episodes on dev tasks; every recall it makes is a *state* (the rollout is forked just before the
 recall call: the environment and memory snapshot make the continuation exact). At each state the policy samples 8
 recall actions (temperature 1, as trained), and the SAM oracle expert answers the same request. An *action* is the
@@ -40,26 +40,24 @@ method's 0 counts one half), and the Spearman rank correlation of the two over a
 the tied groups alone; the reasoner tokens each method spends per group; each committee's rank correlation with Q, and
 the expert's value gap.
 
-    python benchmarks/credit_accuracy.py --quick      # under 15 min on 2 CPU cores
-    python benchmarks/credit_accuracy.py              # >= 500 recall actions
+    python -m benchmarks.credit_accuracy --quick      # under 15 min on 2 CPU cores
+    python -m benchmarks.credit_accuracy              # >= 500 recall actions
 
 One JSON line last.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.ablations when run as a script
+from benchmarks.harness import bench_parser, emit, pin_threads
 
 KS = (2, 4, 8)
 NOISY_ORACLE = {"error_rate": 0.3, "verbatim": 1.0, "omission": 0.5}  # --policy noisy-oracle (as tree_vs_flat's)
@@ -254,13 +252,12 @@ def group_advantages_by_method(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer states and replays (under 15 min on 2 cores)")
     parser.add_argument("--tasks", type=int, default=None, help="dev tasks whose episodes give the states")
     parser.add_argument("--states-per-task", type=int, default=3)
     parser.add_argument("--replays", type=int, default=None, help="continuations per action for the ground truth")
     parser.add_argument("--setting", default="multihop")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default="runs/ablations", help="where the shared SFT checkpoint lives")
     parser.add_argument("--model-cache", default=".cache/models")
     parser.add_argument(
@@ -270,16 +267,16 @@ def main() -> None:
         "or 'noisy-oracle': the scripted SAM expert with recall noise (no checkpoint: a smoke run)",
     )
     args = parser.parse_args()
+    pin_threads(args.threads)
     n_tasks = args.tasks or (8 if args.quick else 24)
     replays = args.replays or (8 if args.quick else 16)
 
-    from benchmarks.ablations import Bench, weights_digest
+    from benchmarks.harness import weights_digest
+    from benchmarks.sam_start import SamStart
     from memrl.data.tasks import TaskSetConfig, load_tasks
 
     t_start = time.perf_counter()
-    bench = Bench(
-        argparse.Namespace(quick=True, setting=args.setting, work=args.work, split="dev", model_cache=args.model_cache)
-    )
+    bench = SamStart(args.setting, Path(args.work), args.model_cache)
     if args.policy is None:
         bench.prepare()
     elif args.policy == "noisy-oracle":
@@ -426,7 +423,7 @@ def main() -> None:
     }
     out = Path(args.work) / ("credit_accuracy_quick.json" if args.quick else "credit_accuracy.json")
     out.write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps(record), flush=True)
+    emit(record, args.json_out)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ Models: random-initialised, bf16, built on the machine (no download) with the sh
 ``configs/oat_grpo_sam_qwen3.5-9b.yaml``'s base as ``memrl plan`` assumes it (``qwen3.5-9b``: hidden 4096, 32 layers,
 vocab 248,320, every layer full attention) and Qwen3-4B's (``qwen3-4b``, the 1.7B-4B class); ``--quick`` a tiny one.
 Trainer settings: the recipe's ``trainer`` section (token budget ``max_tokens_per_micro_batch`` 32768, logit chunks,
-gradient checkpointing, bf16, clip ranges) with ``deepspeed`` off (one GPU), LoRA or full weights, one optimizer step
-per step; the plan is ``memrl plan``'s (``plan_recipe``) for exactly that config, one node of one GPU,
-``--model-config`` the built model's ``config.json``.
+bf16, clip ranges) with ``deepspeed`` off (one GPU), LoRA or full weights, one optimizer step per step, gradient
+checkpointing only where ``memrl plan`` says the run does not fit without it (``--gradient-checkpointing auto``); the
+plan is ``memrl plan``'s (``plan_recipe``) for exactly that config, one node of one GPU, ``--model-config`` the built
+model's ``config.json``.
 
 Workloads, each a list of groups (advantages from rewards 0/1/2/..., so no group is dropped):
 
@@ -18,7 +19,8 @@ Workloads, each a list of groups (advantages from rewards 0/1/2/..., so no group
 
 Implementations, each in its own process per (shape, mode) (the mix, then the contexts from the longest):
 
-- ``memrl``: ``GroupTrainer.step`` (scores pi_old, then one clipped-surrogate optimizer step over packed micro-batches).
+- ``memrl``: ``GroupTrainer.step`` (scores pi_old, then one clipped-surrogate optimizer step over packed micro-batches,
+  each row attending to itself through memrl.train.attention; each record names the path and kernel in ``attention``).
 - ``reference``: TRL's GRPO log-prob path: prompts left-padded and completions right-padded to the longest in the
   micro-batch, ``model(..., attention_mask, logits_to_keep=C + 1)``, ``logits[:, :-1]``,
   ``trl.trainer.utils.selective_log_softmax`` (entropy under no grad, as TRL logs it), the same clipped token-mean
@@ -205,9 +207,10 @@ def step_flops(shape: Any, rows: list[tuple[int, int]], lora: bool) -> float:
 
 # --------------------------------------------------------------------------------------------------------------------
 # Recipe, plan and model
-def recipe_config(mode: str, budget: int | None, quick: bool) -> Any:
+def recipe_config(mode: str, budget: int | None, quick: bool, checkpointing: bool | None = None) -> Any:
     """The recipe's OAT-GRPO config with the trainer on one GPU: no DeepSpeed, LoRA or full, one optimizer step, the
-    token budget ``budget`` (None: the recipe's)."""
+    token budget ``budget`` (None: the recipe's), gradient checkpointing as ``checkpointing`` says (None: the
+    recipe's)."""
     from memrl.data.config import load_config
     from memrl.launch.cli import JOBS
 
@@ -223,7 +226,17 @@ def recipe_config(mode: str, budget: int | None, quick: bool) -> Any:
         overrides.append(f"trainer.max_tokens_per_micro_batch={budget}")
     if quick:
         overrides.append("trainer.logit_chunk_tokens=64")
+    if checkpointing is not None:
+        overrides.append(f"trainer.gradient_checkpointing={str(checkpointing).lower()}")
     return load_config(job.load("config"), RECIPE, overrides)
+
+
+def needs_checkpointing(mode: str, budget: int, quick: bool, model_dir: Path, gpu_gib: float, choice: str) -> bool:
+    """Gradient checkpointing only where memory needs it: ``auto`` turns it on when ``memrl plan`` of the run without
+    it exceeds 90% of the GPU (the rest for the CUDA context and the allocator); ``on`` / ``off`` as said."""
+    if choice != "auto":
+        return choice == "on"
+    return plan_terms(recipe_config(mode, budget, quick, False), model_dir, gpu_gib)["total"] > 0.9 * gpu_gib
 
 
 def plan_terms(cfg: Any, model_dir: Path, gpu_gib: float) -> dict[str, float]:
@@ -460,7 +473,7 @@ def run_child(args: argparse.Namespace) -> None:
     from memrl.launch.plan import model_shape
 
     device, model_dir = args.device, Path(args.model_dir)
-    cfg = recipe_config(args.mode, args.budget, args.quick)
+    cfg = recipe_config(args.mode, args.budget, args.quick, args.gradient_checkpointing == "on")
     shape, _ = model_shape("", str(model_dir / "config.json"))
     import accelerate  # noqa: F401  library imports before the CPU baseline
     import peft  # noqa: F401
@@ -473,6 +486,13 @@ def run_child(args: argparse.Namespace) -> None:
     impl = MemrlTrainer(model_dir, cfg) if args.impl == "memrl" else ReferenceTrainer(model_dir, cfg, device)
     load_s = time.perf_counter() - start
     weights_gib = memory.allocated_gib()
+    attention = "padded, the model's sdpa with a padding mask"
+    if args.impl == "memrl":
+        from memrl.train.attention import packed_kernel_for
+
+        dtype = torch.bfloat16 if cfg.trainer.bf16 else torch.float32
+        attention = impl.trainer.accelerator.unwrap_model(impl.trainer.model).config._attn_implementation
+        attention += f" ({packed_kernel_for(torch.device(device), dtype)} kernel)"
     workloads = json.loads(Path(args.workloads).read_text())
     for name, workload in workloads.items():
         record: dict[str, Any] = {
@@ -482,6 +502,8 @@ def run_child(args: argparse.Namespace) -> None:
             "workload": name,
             "weights_gib": weights_gib,
             "load_s": load_s,
+            "gradient_checkpointing": cfg.trainer.gradient_checkpointing,
+            "attention": attention,
         }
         if time.time() > args.deadline:
             record["skipped"] = "--time-budget-s spent"
@@ -607,6 +629,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="timed steps per workload (median; default 2, quick 1)")
     parser.add_argument("--gpu-gib", type=float, help="the plan's GPU size (default: the device's)")
     parser.add_argument(
+        "--gradient-checkpointing",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="auto (default): on only where memrl plan says the run without it does not fit the GPU",
+    )
+    parser.add_argument(
         "--fit-only",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -673,9 +701,13 @@ def main() -> None:
             model_dir = args.out / f"model-{shape_name}"
             in_child("build_model", [shape_name, str(model_dir), args.device], env)
             for mode in args.modes:
-                plan = plan_terms(recipe_config(mode, args.budget, args.quick), model_dir, gpu_gib)
+                checkpointing = needs_checkpointing(
+                    mode, args.budget, args.quick, model_dir, gpu_gib, args.gradient_checkpointing
+                )
+                plan = plan_terms(recipe_config(mode, args.budget, args.quick, checkpointing), model_dir, gpu_gib)
                 plans[(shape_name, mode)] = plan
-                print(json.dumps({"shape": shape_name, "mode": mode, "plan_gib": plan}), flush=True)
+                line = {"shape": shape_name, "mode": mode, "gradient_checkpointing": checkpointing, "plan_gib": plan}
+                print(json.dumps(line), flush=True)
                 if args.fit_only and args.device == "cuda" and plan["total"] > gpu_gib:
                     record = {
                         "shape": shape_name,
@@ -717,6 +749,8 @@ def main() -> None:
                         str(args.steps),
                         "--deadline",
                         str(deadline),
+                        "--gradient-checkpointing",
+                        "on" if checkpointing else "off",
                     ]
                     if args.quick:
                         cmd.append("--quick")

@@ -9,17 +9,17 @@ it is trained (``success_*``: mean of ``--eval-samples`` runs per task) and full
 One JSON line last: ``success_before``, ``success_after``, the greedy pair, the gain against the 10-point target,
 reasoner tokens spent by RL, wall times.
 
-    .venv/bin/python benchmarks/learning.py [--iterations 40] [--work runs/learning] [--smoke]
+    .venv/bin/python -m benchmarks.learning [--iterations 40] [--work runs/learning] [--smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.harness import bench_parser, emit, pin_threads
 from memrl.data.config import RunConfig
 from memrl.launch.quickstart import QuickstartConfig, run_quickstart
 from memrl.train.online import LoopConfig
@@ -28,17 +28,17 @@ TARGET_GAIN_POINTS = 10.0  # issue 9: OAT-GRPO raises held-out success (sampled)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--iterations", type=int, default=40, help="OAT-GRPO iterations (one update each)")
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--work", default=None, help="output directory (default: a temporary one)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--smoke",
         action="store_true",
         help="the smallest setting (the test suite's): 40 expert tasks, 4 SFT steps, 4 held-out tasks",
     )
     args = parser.parse_args()
+    pin_threads(args.threads)
 
     work = Path(args.work or tempfile.mkdtemp(prefix="memrl-learning-"))
     cfg = QuickstartConfig(
@@ -82,7 +82,7 @@ def main() -> None:
         "wall_seconds": round(time.perf_counter() - t0, 1),
         "work": str(work / "learning"),
     }
-    print(json.dumps(record), flush=True)
+    emit(record, args.json_out)
 
 
 if __name__ == "__main__":

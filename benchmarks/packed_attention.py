@@ -13,7 +13,9 @@ micro-batch: forward, the fused chunked log-prob loss over response tokens (:fun
 - ``padded``: the rows right-padded to the longest, with an attention mask (a TRL-style batch).
 
 Each (path, budget) runs in a fresh process with ``--threads`` torch threads: a warm-up step on a 512-token batch
-(so the weights' gradients exist), then ``--steps`` timed steps at the budget. ``seconds_per_step`` is their median;
+(so the weights' gradients exist), then ``--steps`` timed steps at the budget. ``seconds_per_step`` is their median
+wall time, ``cpu_seconds_per_step`` their median CPU time of the computing thread (with one torch thread, the time
+other processes on a shared machine do not change: the growth ratios and speed ratios below are read from it);
 ``step_peak_gib`` the peak RSS during the timed steps above the RSS before them (sampled every millisecond: the
 step's transient memory, weights and gradients excluded; glibc's mmap threshold is fixed at 128 KiB in the cases so
 freed blocks return to the system and each step's own peak shows). A case that fails (out of memory, killed) is
@@ -23,7 +25,8 @@ recorded with ``failed``.
     python benchmarks/packed_attention.py --budgets 4096 8192 --threads 2
 
 The step's time also holds what grows linearly (the layers' matrix products, the LM head over the response tokens), so
-each case also times one attention layer alone (``attention_seconds``, ``attention_peak_gib``): forward and backward on
+each case also times one attention layer alone (``attention_seconds``, ``attention_cpu_seconds``,
+``attention_peak_gib``): forward and backward on
 random queries, keys and values of the micro-batch's shape (2 query heads, 1 key/value head), through the packed
 path's kernel, or through the mask transformers builds for the packed sequence or the padded batch and its SDPA call.
 
@@ -32,7 +35,8 @@ path the figures above) and ``summary``: per path and for the attention layer's 
 budget over the smallest budget's), ``over_sum_sq`` (that growth over the growth of sum_sq_rows) and ``over_budget_sq``
 (over the growth of the budget squared): a cost that follows the rows reads ~1 on the first at every budget, one that
 computes the whole square ~1 on the second; at the largest budget ``packed_step_peak_over_dense`` (target <= 0.25),
-``packed_attention_peak_over_dense``, and the dense-mask and padded steps' times over the packed one's.
+``packed_attention_peak_over_dense``, and the dense-mask and padded steps' CPU times (and the dense-mask attention
+layer's) over the packed one's.
 """
 
 from __future__ import annotations
@@ -205,6 +209,25 @@ def attention_pass(path: str, model: Any, pairs: list[tuple[list[int], list[int]
     out.sum().backward()
 
 
+def timed(fn: Any, repeats: int) -> dict[str, float]:
+    """Medians over ``repeats`` calls of ``fn``: wall seconds, the calling thread's CPU seconds (where one torch
+    thread computes: what other processes on a shared machine do not change), and the peak RSS above the level
+    before the calls, in GiB."""
+    walls, cpus = [], []
+    before = current_rss()
+    with PeakSampler() as sampler:
+        for _ in range(repeats):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            fn()
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.thread_time() - cpu)
+    return {
+        "seconds": statistics.median(walls),
+        "cpu_seconds": statistics.median(cpus),
+        "peak_gib": (sampler.peak - before) / GIB,
+    }
+
+
 def run_case(args: argparse.Namespace) -> dict[str, Any]:
     """One (path, budget) in this process: warm up, then the timed steps; the record printed as the last line."""
     torch.set_num_threads(args.threads)
@@ -212,28 +235,18 @@ def run_case(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(args.hidden, args.layers, max(args.budget, PROMPT[1] + RESPONSE[1]), args.vocab)
     training_pass(args.path, model, token_ids(mixed_rows(WARMUP_TOKENS, args.seed + 1), args.vocab, 1))
     pairs = token_ids(rows, args.vocab, args.seed)
-    times = []
-    before = current_rss()
-    with PeakSampler() as sampler:
-        for _ in range(args.steps):
-            start = time.perf_counter()
-            training_pass(args.path, model, pairs)
-            times.append(time.perf_counter() - start)
-    attention_times = []
+    step = timed(lambda: training_pass(args.path, model, pairs), args.steps)
     attention_pass(args.path, model, token_ids(mixed_rows(WARMUP_TOKENS, args.seed + 1), args.vocab, 1))
-    before_attention = current_rss()
-    with PeakSampler() as attention_sampler:
-        for _ in range(args.steps):
-            start = time.perf_counter()
-            attention_pass(args.path, model, pairs)
-            attention_times.append(time.perf_counter() - start)
+    attention = timed(lambda: attention_pass(args.path, model, pairs), args.steps)
     return {
         "path": args.path,
         "budget": args.budget,
-        "seconds_per_step": statistics.median(times),
-        "step_peak_gib": (sampler.peak - before) / GIB,
-        "attention_seconds": statistics.median(attention_times),
-        "attention_peak_gib": (attention_sampler.peak - before_attention) / GIB,
+        "seconds_per_step": step["seconds"],
+        "cpu_seconds_per_step": step["cpu_seconds"],
+        "step_peak_gib": step["peak_gib"],
+        "attention_seconds": attention["seconds"],
+        "attention_cpu_seconds": attention["cpu_seconds"],
+        "attention_peak_gib": attention["peak_gib"],
     }
 
 
@@ -260,8 +273,8 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
     last = max(cases, key=lambda c: c["budget"])
     out: dict[str, Any] = {
         path: {
-            "attention_time": growth(cases, path, "attention_seconds"),
-            "step_time": growth(cases, path, "seconds_per_step"),
+            "attention_time": growth(cases, path, "attention_cpu_seconds"),
+            "step_time": growth(cases, path, "cpu_seconds_per_step"),
         }
         for path in PATHS
     }
@@ -273,8 +286,9 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
     out["largest_budget"] = last["budget"]
     out["packed_step_peak_over_dense"] = ratio("step_peak_gib", "packed", "dense_mask")
     out["packed_attention_peak_over_dense"] = ratio("attention_peak_gib", "packed", "dense_mask")
-    out["dense_step_time_over_packed"] = ratio("seconds_per_step", "dense_mask", "packed")
-    out["padded_step_time_over_packed"] = ratio("seconds_per_step", "padded", "packed")
+    out["dense_step_time_over_packed"] = ratio("cpu_seconds_per_step", "dense_mask", "packed")
+    out["padded_step_time_over_packed"] = ratio("cpu_seconds_per_step", "padded", "packed")
+    out["dense_attention_time_over_packed"] = ratio("attention_cpu_seconds", "dense_mask", "packed")
     out["failed"] = sum(1 for c in cases for p in PATHS if c[p].get("failed"))
     return out
 

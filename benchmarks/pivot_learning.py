@@ -35,14 +35,14 @@ weights is refused); without it the JSON says the settings were NOT chosen on de
 ``--quick`` is sized to finish within 15 minutes on the 2 shared cores (one start, fewer seeds, tasks and
 iterations); the default (full) setting runs 5 seeds.
 
-    .venv/bin/python benchmarks/pivot_learning.py [--quick] [--work DIR] [--seeds 0 1 2 3 4] [--fatal 1 2 3]
+    .venv/bin/python -m benchmarks.pivot_learning [--quick] [--work DIR] [--seeds 0 1 2 3 4] [--fatal 1 2 3]
                                                   [--select] [--jobs 2] [dotted GRPO overrides]
 
 With ``--reuse`` an interrupted run is completed: SFT models, dev measurements and finished (F, seed, variant) runs
 are read back from ``--work``, and a GRPO run that was interrupted continues from its last iteration (every iteration
 is checkpointed). The runs live under a folder keyed by their settings, so a rerun under other settings never reads
 them back. ``--jobs N`` (with ``--work``; implies ``--reuse``) runs N processes that share the runs through claim
-files. Everything is computed under one CPU profile (``benchmarks.ablations.CPU_PROFILE``: one torch thread, AVX2
+files. Everything is computed under one CPU profile (``benchmarks.harness.CPU_PROFILE``: one torch thread, AVX2
 kernels; ``--native-cpu`` opts out), so figures move neither with ``--jobs`` nor with the machine's core count or
 instruction set; the starts' digests are recorded, and a rebuilt start whose digest differs from the committed
 figures' is named in one line. The last line also gives the wall time,
@@ -56,17 +56,28 @@ import copy
 import hashlib
 import json
 import os
-import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.ablations when run as a script
-
-from benchmarks.ablations import Claims, cpu_profile, die_with_parent, pin_cpu_numerics, start_workers, weights_digest
+from benchmarks.harness import (
+    Claims,
+    bench_parser,
+    cpu_profile,
+    cpu_seconds,
+    die_with_parent,
+    emit,
+    mean_ci,
+    pin_cpu_numerics,
+    pin_threads,
+    seed_task_interval,
+    start_workers,
+    stop_workers,
+    wait_for,
+    weights_digest,
+)
 from memrl.data.config import load_config
 from memrl.data.distill import RejectionConfig, distill_traces
 from memrl.data.experts import ProactiveOracle
@@ -76,7 +87,6 @@ from memrl.rollout.agents import build_proactive_rollout
 from memrl.rollout.engines.base import set_torch_threads, torch_threads
 from memrl.rollout.engines.factory import build_engine
 from memrl.rollout.engines.scripted import ScriptedEngine
-from memrl.rollout.evaluation.stats import t_interval, two_level_interval
 from memrl.rollout.loop import EngineSet, run_rollouts
 from memrl.rollout.models import TinyModelSpec, ensure_tiny_model, load_tokenizer
 from memrl.rollout.pivots import fatal_misses
@@ -141,26 +151,6 @@ GRPO_KEYS = {
 }
 
 
-def emit(record: dict[str, Any]) -> None:
-    print(json.dumps(record), flush=True)
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its finished children (every core counted)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def mean_ci(values: list[float]) -> dict[str, Any]:
-    """Mean and 95% t-interval over ``values`` (one per seed); a single value has no interval."""
-    interval = t_interval(values)
-    return {
-        "mean": round(statistics.fmean(values), 4),
-        "ci95": interval and [round(x, 4) for x in interval],
-        "n": len(values),
-    }
-
-
 def split(cfg: Any, start: int, count: int, fatal: list[int]) -> list[ProactiveTask]:
     """``count`` tasks of the config's family from seed ``start``, F cycling through ``fatal``."""
     return [
@@ -221,25 +211,21 @@ def per_task_pass(rollouts: list[Any]) -> dict[str, float]:
 
 
 def two_level(by_seed: dict[int, dict[str, float]]) -> dict[str, Any]:
-    """Mean and 95% two-level interval over seeds and test tasks
-    (:func:`~memrl.rollout.evaluation.stats.two_level_interval`: the wider of the bootstrap over both and the
-    seed-level t) of per-(seed, task) values, on the tasks every seed has; the seed-level t and the task-level
-    interval beside it."""
-    seeds = sorted(by_seed)
-    tasks = sorted(set.intersection(*(set(by_seed[s]) for s in seeds)))
-    iv = two_level_interval([[by_seed[s][t] for t in tasks] for s in seeds])
+    """Mean and 95% two-level interval over seeds and test tasks (:func:`benchmarks.harness.seed_task_interval`) of
+    per-(seed, task) values, rounded, with the seed-level t and the task-level interval beside it."""
+    iv = seed_task_interval(by_seed)
 
     def rounded(x: list[float] | None) -> list[float] | None:
         return x and [round(v, 4) for v in x]
 
     return {
         "mean": round(iv["mean"], 4),
-        "ci95": rounded(iv["interval"]),
-        "ci95_seed_t": rounded(iv["seed_level_t"]),
-        "ci95_two_level_bootstrap": rounded(iv["two_level_bootstrap"]),
-        "ci95_tasks_only": rounded(iv["task_level"]),
-        "n": len(seeds),
-        "tasks": len(tasks),
+        "ci95": rounded(iv["ci95"]),
+        "ci95_seed_t": rounded(iv["ci95_seed_t"]),
+        "ci95_two_level_bootstrap": rounded(iv["ci95_two_level_bootstrap"]),
+        "ci95_tasks_only": rounded(iv["ci95_tasks_only"]),
+        "n": len(iv["seeds"]),
+        "tasks": iv["tasks"],
     }
 
 
@@ -702,7 +688,7 @@ def start_mismatch(chosen: str, weights: str | None, committed: Path = COMMITTED
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--config", default=str(ROOT / "configs" / "pivot_grpo_tiny.yaml"))
     parser.add_argument("--work", default=None, help="output directory (default: a temporary one)")
     parser.add_argument("--quick", action="store_true", help="the setting sized for 15 minutes (see SETTINGS)")
@@ -740,7 +726,7 @@ def main() -> None:
         "--native-cpu",
         action="store_true",
         help="compute with this machine's own kernels and thread count instead of the pinned profile "
-        "(benchmarks.ablations.CPU_PROFILE: one thread, AVX2 kernels); the figures then depend on "
+        "(benchmarks.harness.CPU_PROFILE: one thread, AVX2 kernels); the figures then depend on "
         "the machine",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -750,6 +736,7 @@ def main() -> None:
             parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="override the setting's")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the GRPO config")
     args = parser.parse_args()
+    pin_threads(args.threads)
     setting = "quick" if args.quick else "full"
     for name, value in SETTINGS[setting].items():
         if getattr(args, name, None) is None:
@@ -817,7 +804,7 @@ def main() -> None:
         if args.select:
             selection = select(args, base, final, work, chosen, claims)
             if selection is not None:
-                wait_for(workers)
+                wait_for(workers, "pivot_learning")
                 write_json(
                     selection_file(work, chosen),
                     {
@@ -871,13 +858,10 @@ def main() -> None:
         run_items(items, claims)
         if args.worker:
             return
-        wait_for(workers)
+        wait_for(workers, "pivot_learning")
         report(args, setting, work, folder, chosen, starts, overrides, settings_report, clock, cpu_clock, load_before)
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.terminate()
-            w.wait()
+        stop_workers(workers)
 
 
 def report(
@@ -969,18 +953,9 @@ def report(
             "seconds_by_stage": seconds_by_stage(starts, all_rows),
             "work": str(work),
             "runs": str(folder),
-        }
+        },
+        args.json_out,
     )
-
-
-def wait_for(workers: list[Any]) -> None:
-    """Every run is finished when this is called: let the workers exit, and fail loudly if one crashed."""
-    for w in workers:
-        if w.wait() != 0:
-            raise SystemExit(
-                f"[pivot_learning] worker {w.pid} exited with {w.returncode}; its runs were finished by "
-                "another process, but check its output above"
-            )
 
 
 if __name__ == "__main__":

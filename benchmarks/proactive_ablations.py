@@ -9,15 +9,14 @@ probability ``--distraction``). The step budget of a task is its perfect-memory 
 the slack shows how each variant's pass rate depends on how many wasted steps the budget forgives. Prints one line per
 run and one JSON object last.
 
-    .venv/bin/python benchmarks/proactive_ablations.py [--tasks 32] [--slack 2] [--distraction 0.3] [--sweep 1,2,4,8]
+    .venv/bin/python -m benchmarks.proactive_ablations [--tasks 32] [--slack 2] [--distraction 0.3] [--sweep 1,2,4,8]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
+from benchmarks.harness import bench_parser, emit, pin_threads
 from memrl.data.experts import ProactiveOracle
 from memrl.data.tasks import ActionAgent, ProactiveParams, ProactiveTask
 from memrl.rollout.agents import build_proactive_rollout
@@ -65,7 +64,7 @@ def make_tasks(count: int, n_subtasks: int, slack: int, seed: int) -> list[Proac
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--tasks", type=int, default=32)
     parser.add_argument("--n-subtasks", type=int, default=16)
     parser.add_argument(
@@ -81,14 +80,14 @@ def main() -> None:
         help="probability that an irrelevant reminder costs the action agent a step",
     )
     parser.add_argument("--sweep", default="0,1,2,3,4,8", help="slack values for the sweep ('' to skip)")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    pin_threads(args.threads)
 
     tasks = make_tasks(args.tasks, args.n_subtasks, args.slack, args.seed)
     variants = {}
     for variant in VARIANTS:
         variants[variant] = run_variant(tasks, variant, args.distraction)
-        print(json.dumps({"slack": args.slack, "variant": variant, **variants[variant]}), flush=True)
+        emit({"slack": args.slack, "variant": variant, **variants[variant]})
     lo, hi = variants["no_memory"]["pass_rate"], variants["full"]["pass_rate"]
     between = {v: lo < variants[v]["pass_rate"] < hi for v in VARIANTS[2:]}
 
@@ -99,22 +98,21 @@ def main() -> None:
         for variant in VARIANTS:
             figures = variants[variant] if slack == args.slack else run_variant(swept, variant, args.distraction)
             sweep[str(slack)][variant] = figures["pass_rate"]
-        print(json.dumps({"sweep_slack": slack, **sweep[str(slack)]}), flush=True)
+        emit({"sweep_slack": slack, **sweep[str(slack)]})
 
-    print(
-        json.dumps(
-            {
-                "benchmark": "proactive_ablations",
-                "tasks": args.tasks,
-                "n_subtasks": args.n_subtasks,
-                "slack": args.slack,
-                "distraction": args.distraction,
-                "pivots": sum(len(t.pivots) for t in tasks),
-                "variants": variants,
-                "strictly_between": between,
-                "pass_rate_by_slack": sweep,
-            }
-        )
+    emit(
+        {
+            "benchmark": "proactive_ablations",
+            "tasks": args.tasks,
+            "n_subtasks": args.n_subtasks,
+            "slack": args.slack,
+            "distraction": args.distraction,
+            "pivots": sum(len(t.pivots) for t in tasks),
+            "variants": variants,
+            "strictly_between": between,
+            "pass_rate_by_slack": sweep,
+        },
+        args.json_out,
     )
 
 

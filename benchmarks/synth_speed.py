@@ -1,15 +1,14 @@
 """Synthetic data figures: token-length accuracy per bin (4K..128K), generation time of an episode with its QA, QA
 validity by replay, and the token counter's calibration against the tiny tokenizer. Prints one JSON object last.
 
-    .venv/bin/python benchmarks/synth_speed.py [--quick]
+    .venv/bin/python -m benchmarks.synth_speed [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
+from benchmarks.harness import bench_parser, emit, pin_threads
 from memrl.data.envs import count_tokens
 from memrl.data.qa import check_qa, replay_views
 from memrl.data.tasks import ProactiveTask, SamTask, make_ama_episode
@@ -18,9 +17,10 @@ BINS = [4096, 8192, 16384, 32768, 65536, 131072]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--quick", action="store_true", help="bins up to 16K, no tokenizer calibration")
     args = parser.parse_args()
+    pin_threads(args.threads)
     bins = BINS[:3] if args.quick else BINS
     rows = []
     qa_total = qa_wrong = 0
@@ -46,7 +46,7 @@ def main() -> None:
                     "seconds": round(seconds, 3),
                 }
             )
-            print(json.dumps(rows[-1]), flush=True)
+            emit(rows[-1])
         for target in bins:
             start = time.perf_counter()
             ep = SamTask({"horizon_steps": None, "target_tokens": target}, seed=target).episode()
@@ -60,7 +60,7 @@ def main() -> None:
                     "seconds": round(time.perf_counter() - start, 3),
                 }
             )
-            print(json.dumps(rows[-1]), flush=True)
+            emit(rows[-1])
     start = time.perf_counter()
     ProactiveTask({"n_subtasks": 200}, seed=0).episode()
     proactive_s = time.perf_counter() - start
@@ -90,7 +90,7 @@ def main() -> None:
         "tiny_tokenizer_tokens_per_counted_token": calibration,
         "bins": bins,
     }
-    print(json.dumps(summary))
+    emit(summary, args.json_out)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ before the first step (imports, model weights and the batch excluded: what the s
 medians over repeats. On this shared CPU the times are noisy; the memory is not. A case that fails (out of memory or
 killed) counts in ``ooms``.
 
-    python benchmarks/trainer_scaling.py                         # 1K, 4K, 8K, 16K
-    python benchmarks/trainer_scaling.py --contexts 1024 --repeats 1
-    python benchmarks/trainer_scaling.py --rows 2 --summarize run.log   # summary of an interrupted run's lines
+    python -m benchmarks.trainer_scaling                         # 1K, 4K, 8K, 16K
+    python -m benchmarks.trainer_scaling --contexts 1024 --repeats 1
+    python -m benchmarks.trainer_scaling --rows 2 --summarize run.log   # summary of an interrupted run's lines
 
 The last line is one JSON object: per case both measurements, ``max_peak_ratio`` (memrl / reference step peak, worst
 context; target <= 1.2), ``max_time_ratio`` (target <= 1.1), ``ooms`` (target 0) and ``logprob_max_abs_diff`` (memrl's
@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks.harness import bench_parser, emit, pin_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 151_936
@@ -289,7 +291,7 @@ def summarize_log(path: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, seed=False)
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
     parser.add_argument("--response", type=int, default=256, help="response tokens per row")
     parser.add_argument("--rows", type=int, default=4, help="rows of the group")
@@ -303,8 +305,9 @@ def main() -> None:
         "--summarize", metavar="LOG", help="only summarise the per-case lines of an earlier run's output"
     )
     args = parser.parse_args()
+    pin_threads(args.threads)
     if args.summarize:
-        print(json.dumps(summarize_log(args.summarize, args)))
+        emit(summarize_log(args.summarize, args))
         return
     if args.case:
         run_case(args)
@@ -312,7 +315,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trainer-scaling-") as tmp:
         model_dir = build_model(Path(tmp) / "model", max(args.contexts) + 1)
         diff = logprob_difference(model_dir, min(args.contexts), args.response, args.rows)
-        print(json.dumps({"logprob_max_abs_diff": diff}), flush=True)
+        emit({"logprob_max_abs_diff": diff})
         runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
         ooms = []
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -322,7 +325,8 @@ def main() -> None:
                 for case in order:
                     cmd = [
                         sys.executable,
-                        __file__,
+                        "-m",
+                        "benchmarks.trainer_scaling",
                         "--case",
                         case,
                         "--context",
@@ -350,12 +354,12 @@ def main() -> None:
                                 "error": (proc.stderr[-800:] if proc else "timeout"),
                             }
                         )
-                        print(json.dumps(ooms[-1]), flush=True)
+                        emit(ooms[-1])
                         continue
                     result = json.loads(proc.stdout.strip().splitlines()[-1])
                     runs.setdefault((context, case), []).append(result)
-                    print(json.dumps({**result, "repeat": rep}), flush=True)
-    print(json.dumps(summarize(runs, ooms, diff, args)))
+                    emit({**result, "repeat": rep})
+    emit(summarize(runs, ooms, diff, args), args.json_out)
 
 
 if __name__ == "__main__":

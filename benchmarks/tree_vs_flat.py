@@ -17,7 +17,7 @@ The memory model is the SAM oracle expert: a noise-free one writes the cues (det
 would, so the flat trajectories of a task agree until their first recall) and a noisy one recalls (errors and
 omissions, so sibling recalls differ and outcomes vary). Committee rewards are off: they cost no reasoner tokens.
 
-    .venv/bin/python benchmarks/tree_vs_flat.py [--tasks 16 --horizon 12 --ks 2 4 8 --replays 8]
+    .venv/bin/python -m benchmarks.tree_vs_flat [--tasks 16 --horizon 12 --ks 2 4 8 --replays 8]
 
 Prints a table, then one JSON object last: for every K, tokens per credit-bearing action in each mode and their
 ratio ``flat_over_tree`` (> 1: trees spend fewer reasoner tokens per trained action); beside it the same ratio per
@@ -40,24 +40,24 @@ either method: the ratio divides each mode's own reasoner tokens by its correctl
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import bench_parser, emit, pin_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse.Namespace) -> dict[str, Any]:
     """Build trees (or flat groups) for ``tasks`` with fresh engines (an empty prefix cache) and count tokens."""
+    from memrl.launch.quickstart import QuickstartConfig
     from memrl.rewards.credit import CreditConfig, assign_credit, assign_flat_credit
     from memrl.rollout.agents import sam_rollout
     from memrl.rollout.engines.config import EngineConfig
     from memrl.rollout.engines.factory import build_engine
     from memrl.rollout.loop import EngineSet
-    from memrl.rollout.memory.base import RoleSampling
-    from memrl.rollout.memory.sam import SamConfig
     from memrl.rollout.tree import TreeConfig, build_trees
 
     def scripted(name: str, policy: str, kwargs: dict[str, Any]) -> Any:
@@ -79,15 +79,7 @@ def run_mode(tasks: list[Any], mode: str, k: int, tokenizer: str, args: argparse
         memory=scripted("recall", "memrl.data.experts.sam:SamOracle", noisy),
         by_role={"consolidate": scripted("consolidate", "memrl.data.experts.sam:SamOracle", {})},
     )
-    memory = SamConfig(
-        page_turns=1,
-        live_capacity_turns=4,
-        keep_recent_turns=3,
-        sampling={
-            "consolidate": RoleSampling(temperature=0.0, max_tokens=64),
-            "recall": RoleSampling(temperature=1.0, max_tokens=64),
-        },
-    )
+    memory = QuickstartConfig().memory  # SAM as the quickstart trains inside it
     cfg = TreeConfig(
         mode=mode, branch_roles=["recall"], branch_factor=k, max_branch_depth=2, max_leaves=k * k, flat_group_size=k
     )
@@ -252,13 +244,12 @@ def correctly_signed(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--tasks", type=int, default=16)
     parser.add_argument("--horizon", type=int, default=12, help="tour steps of every SAM task")
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--error-rate", type=float, default=0.3, help="recall noise of the memory model")
     parser.add_argument("--omission", type=float, default=0.5, help="weight of omissions among recall errors")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--replays",
         type=int,
@@ -266,6 +257,7 @@ def main() -> None:
         help="continuations per credited action for the replay ground truth (0: skip it)",
     )
     args = parser.parse_args()
+    pin_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -336,7 +328,7 @@ def main() -> None:
             for k, v in results.items()
         },
     }
-    print(json.dumps(summary))
+    emit(summary, args.json_out)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ __all__ = [
     "SamRecallPrompt",
     "SamRecalled",
     "ToolCall",
+    "answer_body",
+    "json_answer",
     "parse_bank",
     "parse_intervention",
     "parse_memory_context",
@@ -132,6 +134,25 @@ def _parse_one(body: str) -> ToolCall | str:
     except json.JSONDecodeError as exc:
         return f"tool call is not valid JSON ({exc.msg}): {body_stripped[:80]!r}"
     return _from_json_object(obj, body)
+
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def answer_body(text: Any) -> str:
+    """A model's answer without its ``<think>`` blocks, stripped ("" for a non-string)."""
+    return _THINK.sub("", text).strip() if isinstance(text, str) else ""
+
+
+def json_answer(body: str, kind: type[dict] | type[list]) -> Any:
+    """The JSON object (``kind`` dict) or list (``kind`` list) an answer body is, or None when it is not one."""
+    if not body.startswith("{" if kind is dict else "["):
+        return None
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, kind) else None
 
 
 def parse_tool_calls(text: str) -> ParsedToolCalls:

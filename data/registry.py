@@ -12,8 +12,8 @@ run (a Ray rollout worker, a torchrun rank) imports the same module and sees the
 names the class and the missing method or field.
 
 The registries of this layer live here: :data:`TASK_FAMILIES` (data), :data:`REASONERS` (scripted frozen agents).
-Memory systems register in :mod:`memrl.rollout.memory.base`, reward terms in :mod:`memrl.rewards.terms`; the
-user-facing decorators are gathered in :mod:`memrl.api`.
+Memory systems register in :mod:`memrl.rollout.memory.base`, engine backends in :mod:`memrl.rollout.engines.base`,
+reward terms in :mod:`memrl.rewards.terms`; the user-facing decorators are gathered in :mod:`memrl.api`.
 """
 
 from __future__ import annotations

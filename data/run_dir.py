@@ -2,7 +2,7 @@
 ``run.log`` beside everything the run writes.
 
 A run folder is owned by one process: :func:`prepare_run_dir` takes an exclusive ``fcntl`` lock on its ``.lock`` file
-before it writes anything, and holds it until the process exits (or :func:`release_run_dirs`). A second start into a
+before it writes anything, and holds it until the process exits (or :func:`unlock_run_dirs`). A second start into a
 locked folder is a :class:`~memrl.data.config.ConfigError` that has touched nothing of the first run. The lock is
 re-entrant within one process (a test or the quickstart may prepare the same folder twice).
 
@@ -34,8 +34,9 @@ __all__ = [
     "config_changes",
     "created_run_dirs",
     "prepare_run_dir",
-    "release_run_dirs",
     "run_dir_of",
+    "shared_run_dir",
+    "unlock_run_dirs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ def prepare_run_dir(cfg: BaseModel, run: RunConfig, command: str) -> Path:
     try:
         changes = check_run_dir(cfg, run, run_dir)  # again under the lock: another start may have won the race
     except ConfigError:
-        release_run_dirs(key)
+        unlock_run_dirs(key)
         raise
     handle = _held[key][0]
     handle.seek(0)
@@ -212,9 +213,28 @@ def created_run_dirs() -> list[Path]:
     return [path for path, (_, created) in _held.items() if created]
 
 
-def release_run_dirs(*only: Path) -> None:
-    """Release the locks this process holds (all, or those of ``only``)."""
+def unlock_run_dirs(*only: Path) -> None:
+    """Unlock the run folders this process holds (all, or those of ``only``)."""
     for path in list(_held) if not only else [p.absolute() for p in only]:
         entry = _held.pop(path, None)
         if entry is not None:
             entry[0].close()
+
+
+def shared_run_dir(cfg: BaseModel, run: RunConfig, command: str, state: Any) -> Path:
+    """The run directory, prepared (and its resolved config written) by the main process only and agreed on by every
+    process of a distributed run: otherwise the other ranks would find the main rank's fresh config and refuse to
+    start ("already holds a run"). ``state`` is an accelerate ``Accelerator`` or ``PartialState``."""
+    payload: list[str | None] = [None, None]  # [run directory, config error]
+    if state.is_main_process:
+        try:
+            payload[0] = str(prepare_run_dir(cfg, run, command))
+        except ConfigError as exc:
+            payload[1] = str(exc)
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(payload, from_process=0)
+    if payload[1] is not None:
+        raise ConfigError(payload[1])
+    return Path(str(payload[0]))

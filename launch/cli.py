@@ -83,7 +83,7 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
     if job.checks:
         job.load("checks")(config)
     run = getattr(config, "run", None)
-    from memrl.data.run_dir import release_run_dirs
+    from memrl.data.run_dir import unlock_run_dirs
     from memrl.data.tracking import run_log_path
     from memrl.data.user_code import user_fault
 
@@ -109,7 +109,7 @@ def _run_job(job: Job, args: argparse.Namespace) -> int:
                         raise theirs from exc
                     raise _Bug(exc, _save_traceback()) from exc
     finally:
-        release_run_dirs()
+        unlock_run_dirs()
     return int(code or 0)
 
 
@@ -210,11 +210,11 @@ def _created_only_on_success(output_dir: Path | None) -> Iterator[None]:
     except RunFault:
         raise  # the run had started: what it saved stays for --resume
     except UserError as exc:
-        from memrl.data.run_dir import created_run_dirs, release_run_dirs
+        from memrl.data.run_dir import created_run_dirs, unlock_run_dirs
 
         for run_dir in created_run_dirs():
             if not _has_complete_checkpoint(run_dir):
-                release_run_dirs(run_dir)
+                unlock_run_dirs(run_dir)
                 _keep_run_log(exc, run_dir)
                 shutil.rmtree(run_dir, ignore_errors=True)
         for folder in missing:  # deepest first

@@ -28,7 +28,7 @@ __all__ = ["console"]
 
 class _ConsoleStream(io.TextIOBase):
     """A text stream on what ``stream`` shows now (a duplicate of its file descriptor, unaffected by the redirection
-    of descriptors 1 and 2), which forwards to ``stream`` itself after :meth:`release`."""
+    of descriptors 1 and 2), which forwards to ``stream`` itself after :meth:`detach`."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
@@ -86,7 +86,7 @@ class _ConsoleStream(io.TextIOBase):
         """The console's encoding."""
         return getattr(self.stream, "encoding", None) or "utf-8"
 
-    def release(self) -> None:
+    def detach(self) -> None:
         """Close the duplicate; later writes go to the original stream."""
         own, self.own = self.own, None
         if own is not None:
@@ -134,5 +134,5 @@ def console(verbose: bool = False) -> Iterator[None]:
         logging.captureWarnings(False)
         for logger, level in levels.items():
             logger.setLevel(level)
-        out.release()
-        err.release()
+        out.detach()
+        err.detach()

@@ -53,6 +53,13 @@ memrl_stamp() {
   echo "$VENV/.memrl-installed-$key"
 }
 
+# memrl_pip CMD...: run a pip command, leaving out pip's notes about index folders of this machine's pip
+# configuration that do not exist ("Location 'file:///...' is ignored: it is neither a file nor a directory");
+# pip's own exit status stands.
+memrl_pip() {
+  "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
+
 memrl_setup() {
   local extra_why="MEMRL_EXTRA"
   if [ -z "${MEMRL_EXTRA:-}" ]; then
@@ -123,11 +130,10 @@ memrl_setup() {
     echo "[memrl setup] .venv is up to date ($MEMRL_EXTRA extra); skipping install"
   else
     echo "[memrl setup] installing memrl[$MEMRL_EXTRA,dev,docs${extras:+,$extras}] into $VENV (first run: a few minutes)"
-    "${upgrade_pip[@]}"
+    memrl_pip "${upgrade_pip[@]}"
     # setuptools' editable install always adds a note ("Editable installation ... folders in your working directory
     # with the same name as your package"): memrl's import finder maps memrl.* onto these folders by design.
-    PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation" "${install[@]}" 2>&1 \
-      | grep -v "is ignored: it is neither a file nor a directory" || true
+    PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation" memrl_pip "${install[@]}" || true
     "$py" -c "import data, rollout, rewards, train, launch" \
       || { echo "[memrl setup] install failed" >&2; return 1; }
     if [ "$MEMRL_EXTRA" = cpu ]; then
@@ -135,7 +141,7 @@ memrl_setup() {
       # `import transformers` fail ("operator torchvision::nms does not exist"). memrl needs none of them.
       "${uninstall[@]}" >/dev/null 2>&1 || true
     fi
-    "${smollm2[@]}"
+    memrl_pip "${smollm2[@]}"
     "$py" -c "import transformers, trl, peft" \
       || { echo "[memrl setup] transformers does not import after install" >&2; return 1; }
     if [[ ",$extras," == *,textworld,* ]]; then

@@ -37,6 +37,7 @@ from memrl.data.formats import (
 from memrl.data.registry import ComponentError, register_reasoner, register_task
 from memrl.data.tasks.external import Outcome, TaskInfo
 from memrl.rewards.terms import RewardTerm, register_reward
+from memrl.rollout.engines.base import Engine, register_engine
 from memrl.rollout.memory.base import (
     MemoryConfigBase,
     MemoryRequest,
@@ -52,6 +53,7 @@ __all__ = [
     "SAM_REASONER_SYSTEM",
     "SAM_TOOLS",
     "ComponentError",
+    "Engine",
     "GymEnv",
     "MemoryConfigBase",
     "MemoryRequest",
@@ -74,6 +76,7 @@ __all__ = [
     "parse_sam_tool_result",
     "parse_tool_calls",
     "read_sam_context",
+    "register_engine",
     "register_memory",
     "register_reasoner",
     "register_reward",

@@ -20,7 +20,7 @@ advantage at all.
 
 **Why the options.** Under ``group_std`` a group whose outcomes tie differs only in its shaping, and dividing by that
 group's std turns any shaping difference, however small (a committee score of 0.61 against 0.60, a 0.1 reminder cost),
-into an advantage of about +-1: the shaping term outvotes the outcome (audit of the powered runs, issue 39). Two more
+into an advantage of about +-1: the shaping term outvotes the outcome (an audit of the powered runs). Two more
 switches keep shaping from producing an update on its own:
 
 - ``tied_groups: zero``: shaping only inside outcome-informative groups; a group whose outcomes tie gets A = 0, so its
@@ -36,7 +36,7 @@ Named settings (:data:`ADVANTAGE_PRESETS`; a config may give the name instead of
 
 - ``informative_only`` (**the default**): group std, shaping only inside outcome-informative groups (so a batch
   without outcome signal trains nothing);
-- ``grpo_std``: the paper's formula (SAM, arXiv 2605.24468; GRPO), the default before issue 39: group std, no floor,
+- ``grpo_std``: the paper's formula (SAM, arXiv 2605.24468; GRPO), memrl's earlier default: group std, no floor,
   shaping in tied groups, every batch updates;
 - ``dr_grpo``: no std division, otherwise as ``grpo_std``;
 - ``dr_grpo_gated``: no std division, and no update from a batch without outcome signal;

@@ -102,22 +102,8 @@ def trees_to_groups(trees: Sequence[MemoryCallTree], *, source: Literal["oat", "
     return groups
 
 
-def _tree_sample(call: MemoryCall, node: TreeNode) -> GroupSample:
-    """A trainer sample: the call's tokens and log-probs with its node's reward and advantage."""
-    return GroupSample(
-        response_ids=list(call.response_ids),
-        rollout_logprobs=list(call.logprobs),
-        text=call.text,
-        finish_reason=call.finish_reason,
-        policy_version=call.policy_version,
-        reward=node.reward or 0.0,
-        advantage=node.advantage or 0.0,
-        node_id=node.node_id,
-    )
-
-
-def _pivot_sample(call: MemoryCall, reward: float, advantage: float, node_id: str, sample: PivotSample) -> GroupSample:
-    """A trainer sample of a pivot group: the call's tokens and log-probs with its sample's reward and advantage."""
+def _group_sample(call: MemoryCall, reward: float, advantage: float, node_id: str, **extra: Any) -> GroupSample:
+    """A trainer sample: the call's tokens and log-probs (as the engine returned them) with a reward and advantage."""
     return GroupSample(
         response_ids=list(call.response_ids),
         rollout_logprobs=list(call.logprobs),
@@ -127,12 +113,23 @@ def _pivot_sample(call: MemoryCall, reward: float, advantage: float, node_id: st
         reward=reward,
         advantage=advantage,
         node_id=node_id,
-        metadata={
-            "outcome": sample.outcome,
-            "reminder": sample.reminder is not None,
-            "reminders_after": sample.reminders_after,
-        },
+        **extra,
     )
+
+
+def _tree_sample(call: MemoryCall, node: TreeNode) -> GroupSample:
+    """A trainer sample: the call's tokens and log-probs with its node's reward and advantage."""
+    return _group_sample(call, node.reward or 0.0, node.advantage or 0.0, node.node_id)
+
+
+def _pivot_sample(call: MemoryCall, reward: float, advantage: float, node_id: str, sample: PivotSample) -> GroupSample:
+    """A trainer sample of a pivot group: the call's tokens and log-probs with its sample's reward and advantage."""
+    metadata = {
+        "outcome": sample.outcome,
+        "reminder": sample.reminder is not None,
+        "reminders_after": sample.reminders_after,
+    }
+    return _group_sample(call, reward, advantage, node_id, metadata=metadata)
 
 
 def pivot_groups(results: list[PivotGroupResult], cfg: PivotRewardConfig | None = None) -> list[Group]:

@@ -95,33 +95,16 @@ def task_rollout(
 
 
 def sam_rollout(
-    task: SamTask | Episode,
-    memory: MemoryConfig | dict[str, Any] | MemorySystem,
-    *,
-    seed: int = 0,
-    rollout_id: str = "r",
-    count_tokens: TokenCounter | None = None,
-    embedder: Embedder | None = None,
-    reasoner_sampling: RoleSampling | None = None,
-    metadata: dict[str, Any] | None = None,
+    task: SamTask | Episode, memory: MemoryConfig | dict[str, Any] | MemorySystem, **options: Any
 ) -> Rollout:
-    """A rollout of the frozen reasoner on a SAM task through the memory system ``memory`` (:func:`task_rollout` for
-    a task of the SAM families: the reasoner's system prompt is the memory system's own (SAM's ``memory(intent,
-    page_ids)``, intent-only retrieval, or no memory tool); the episode metadata carries ``gold_entities`` (the oracle
-    expert's view of the true state; other engines ignore it))."""
+    """A rollout of the frozen reasoner on a SAM task through the memory system ``memory`` (:func:`task_rollout`,
+    with its keyword ``options``, for a task of the SAM families: the reasoner's system prompt is the memory system's
+    own (SAM's ``memory(intent, page_ids)``, intent-only retrieval, or no memory tool); the episode metadata carries
+    ``gold_entities`` (the oracle expert's view of the true state; other engines ignore it))."""
     env = task_from_episode(task) if isinstance(task, Episode) else task
     if not isinstance(env, SamTask):
         raise TypeError(f"sam_rollout needs a SAM task, got {type(env).__name__}")
-    return task_rollout(
-        env,
-        memory,
-        seed=seed,
-        rollout_id=rollout_id,
-        count_tokens=count_tokens,
-        embedder=embedder,
-        reasoner_sampling=reasoner_sampling,
-        metadata=metadata,
-    )
+    return task_rollout(env, memory, **options)
 
 
 def sam_engines(

@@ -61,7 +61,7 @@ from memrl.rollout.episode_calls import (
     episode_outcome,
     request_digest,
 )
-from memrl.rollout.loop import PendingCall, call_seed
+from memrl.rollout.loop import PendingCall, call_seed, memory_call_usage, reasoner_call_usage
 from memrl.rollout.memory.base import MemoryRequest, RoleSampling
 from memrl.rollout.memory.external import ExternalMemoryConfig
 
@@ -310,19 +310,9 @@ class EpisodeRollout:
                 step=len(self.log) - 1,
             )
             self.memory_calls.append(record)
-            self.memory_usage = self.memory_usage + TokenUsage(
-                prompt_tokens=record.prompt_tokens,
-                completion_tokens=record.completion_tokens,
-                cached_prompt_tokens=result.usage.cached_prompt_tokens if sample == 0 else 0,
-                calls=1,
-            )
+            self.memory_usage = self.memory_usage + memory_call_usage(record, result, sample)
         else:
-            self.reasoner_usage = self.reasoner_usage + TokenUsage(
-                prompt_tokens=result.usage.prompt_tokens,
-                cached_prompt_tokens=result.usage.cached_prompt_tokens,
-                completion_tokens=len(completion.response_ids) or result.usage.completion_tokens,
-                calls=1,
-            )
+            self.reasoner_usage = self.reasoner_usage + reasoner_call_usage(result, sample)
             self.peak_context_tokens = max(
                 self.peak_context_tokens, len(result.prompt_ids) or result.usage.prompt_tokens
             )

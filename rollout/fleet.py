@@ -418,7 +418,7 @@ class RolloutFleet:
         return FleetWeightSyncClient([self.handles[w] for w in self.live()])
 
     def close(self) -> None:
-        """Stop the workers and release their placement group."""
+        """Stop the workers and remove their placement group."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -479,7 +479,7 @@ class LocalFleet:
         return self.worker.call(fn)
 
     def close(self) -> None:
-        """Release the engines."""
+        """Close the engines."""
         self.worker.close()
 
 

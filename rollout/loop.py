@@ -22,7 +22,17 @@ from memrl.data.user_code import in_episode
 from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams, to_memory_call
 from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, Turn
 
-__all__ = ["EngineSet", "PendingCall", "Rollout", "TaskEnv", "as_messages", "call_seed", "run_rollouts"]
+__all__ = [
+    "EngineSet",
+    "PendingCall",
+    "Rollout",
+    "TaskEnv",
+    "as_messages",
+    "call_seed",
+    "memory_call_usage",
+    "reasoner_call_usage",
+    "run_rollouts",
+]
 
 
 class TaskEnv(Protocol):
@@ -84,6 +94,27 @@ def call_seed(*parts: Any) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
+def memory_call_usage(record: MemoryCall, result: GenerationResult, sample: int) -> TokenUsage:
+    """The tokens of one memory call (sample ``sample`` of ``result``): the prompt's cached tokens count once, on the
+    request's first sample."""
+    return TokenUsage(
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        cached_prompt_tokens=result.usage.cached_prompt_tokens if sample == 0 else 0,
+        calls=1,
+    )
+
+
+def reasoner_call_usage(result: GenerationResult, sample: int) -> TokenUsage:
+    """The tokens of one reasoner call: the request's prompt (and its cached part) and the sample's response."""
+    return TokenUsage(
+        prompt_tokens=result.usage.prompt_tokens,
+        cached_prompt_tokens=result.usage.cached_prompt_tokens,
+        completion_tokens=len(result.completions[sample].response_ids) or result.usage.completion_tokens,
+        calls=1,
+    )
+
+
 class Rollout:
     """One agent-loop run of one task: reasoner + memory system + environment, advanced one model call at a time."""
 
@@ -137,21 +168,24 @@ class Rollout:
     def _request_metadata(self, role: str) -> dict[str, Any]:
         return {"task_id": self.env.task_id, "role": role, "rollout_id": self.rollout_id, "step": self.step}
 
+    def _sampling(self, s: RoleSampling, logprobs: bool = True) -> SamplingParams:
+        """The engine's sampling settings of a role's next call, seeded by the rollout and the call's index."""
+        return SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=s.max_tokens,
+            stop=list(s.stop),
+            seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
+            logprobs=logprobs,
+        )
+
     def _next_call(self) -> PendingCall:
         self._calls_made += 1
         request = self.memory.next_memory_request()
         if request is not None:
-            s = request.sampling
-            params = SamplingParams(
-                temperature=s.temperature,
-                top_p=s.top_p,
-                max_tokens=s.max_tokens,
-                stop=list(s.stop),
-                seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
-            )
             gen = GenerationRequest(
                 messages=as_messages(request.messages),
-                sampling=params,
+                sampling=self._sampling(request.sampling),
                 metadata={**self._request_metadata(request.role), **request.metadata},
             )
             return PendingCall(kind="memory", role=request.role, request=gen, memory_request=request)
@@ -161,15 +195,7 @@ class Rollout:
         transient = getattr(self.env, "transient_context", None)
         if callable(transient) and (extra := transient()):  # e.g. a Gym env's admissible actions: this call only,
             messages = [*messages, Message(role="user", content=str(extra))]  # never a turn the memory keeps
-        s = self.reasoner_sampling
-        params = SamplingParams(
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_tokens=s.max_tokens,
-            stop=list(s.stop),
-            seed=call_seed(self.seed, self.env.task_id, self.rollout_id, self._calls_made),
-            logprobs=False,
-        )
+        params = self._sampling(self.reasoner_sampling, logprobs=False)
         gen = GenerationRequest(messages=messages, sampling=params, metadata=self._request_metadata("reasoner"))
         return PendingCall(kind="reasoner", role="reasoner", request=gen)
 
@@ -230,24 +256,14 @@ class Rollout:
         self.memory_calls.append(record)
         if self._tool_started_at is not None:
             self._tool_calls.append(call_id)
-        self.memory_usage = self.memory_usage + TokenUsage(
-            prompt_tokens=record.prompt_tokens,
-            completion_tokens=record.completion_tokens,
-            cached_prompt_tokens=result.usage.cached_prompt_tokens if sample == 0 else 0,
-            calls=1,
-        )
+        self.memory_usage = self.memory_usage + memory_call_usage(record, result, sample)
         self._finish_tool_if_ready()
         return record
 
     def _advance_reasoner(self, result: GenerationResult, sample: int) -> None:
         completion = result.completions[sample]
-        usage = result.usage
-        self.reasoner_usage = self.reasoner_usage + TokenUsage(
-            prompt_tokens=usage.prompt_tokens,
-            cached_prompt_tokens=usage.cached_prompt_tokens,
-            completion_tokens=len(completion.response_ids) or usage.completion_tokens,
-            calls=1,
-        )
+        usage = reasoner_call_usage(result, sample)
+        self.reasoner_usage = self.reasoner_usage + usage
         self.peak_context_tokens = max(self.peak_context_tokens, len(result.prompt_ids) or usage.prompt_tokens)
         self.memory.after_reasoner_call()
         self.step += 1
@@ -255,7 +271,7 @@ class Rollout:
         usage_fields = {
             "reasoner_prompt_tokens": usage.prompt_tokens,
             "reasoner_cached_tokens": usage.cached_prompt_tokens,
-            "reasoner_completion_tokens": len(completion.response_ids) or usage.completion_tokens,
+            "reasoner_completion_tokens": usage.completion_tokens,
         }
         parsed = parse_tool_calls(reply)
         if not parsed.calls:

@@ -13,8 +13,10 @@ quantisation, the tokenizer and a chat template with ``{% generation %}`` marker
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,21 +185,19 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
     return out
 
 
-def ensure_tiny_model(cache_root: str | Path, spec: TinyModelSpec | None = None) -> Path:
-    """Build the tiny model under ``cache_root/tiny-<digest>`` unless it is already there; return its directory."""
+@contextlib.contextmanager
+def _published(root: Path, target: Path, prefix: str) -> Iterator[Path]:
+    """A fresh folder under ``root`` for the block to write, then renamed to ``target`` whole (a process that
+    finished first wins; the folder is removed either way, also when the block fails), so a half-written folder is
+    never found at ``target``."""
     import os
     import shutil
     import tempfile
 
-    spec = spec or TinyModelSpec()
-    root = Path(cache_root)
-    target = root / f"tiny-{spec.digest()}"
-    if (target / "memrl_tiny_spec.json").is_file():
-        return target
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
     try:
-        build_tiny_model(tmp, spec)
+        yield tmp
         try:
             os.replace(tmp, target)
         except OSError:  # another process finished first
@@ -205,6 +205,17 @@ def ensure_tiny_model(cache_root: str | Path, spec: TinyModelSpec | None = None)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ensure_tiny_model(cache_root: str | Path, spec: TinyModelSpec | None = None) -> Path:
+    """Build the tiny model under ``cache_root/tiny-<digest>`` unless it is already there; return its directory."""
+    spec = spec or TinyModelSpec()
+    root = Path(cache_root)
+    target = root / f"tiny-{spec.digest()}"
+    if (target / "memrl_tiny_spec.json").is_file():
+        return target
+    with _published(root, target, ".tiny-") as tmp:
+        build_tiny_model(tmp, spec)
     return target
 
 
@@ -401,9 +412,6 @@ def _smollm2_digest(gguf_file: Path) -> str:
 def ensure_smollm2(cache_root: str | Path) -> Path:
     """Convert SmolLM2-135M-Instruct under ``cache_root/smollm2-<fingerprint>`` unless it is already there (about a
     minute once; written to a temporary folder and renamed, so a half-written checkpoint is never found); return it."""
-    import os
-    import shutil
-    import tempfile
 
     gguf_file = smollm2_gguf_path()
     root = Path(cache_root)
@@ -411,16 +419,7 @@ def ensure_smollm2(cache_root: str | Path) -> Path:
     marker = "memrl_gguf_source.json"
     if (target / marker).is_file():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=root))
-    try:
+    with _published(root, target, ".smollm2-") as tmp:
         convert_gguf(gguf_file, tmp, chat_template=SMOLLM2_CHAT_TEMPLATE)
         (tmp / marker).write_text(json.dumps({"gguf": gguf_file.name, "package": SMOLLM2_PACKAGE}, indent=2) + "\n")
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return target

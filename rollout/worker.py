@@ -210,6 +210,6 @@ class RolloutWorker:
         return llm
 
     def close(self) -> None:
-        """Release the engines."""
+        """Close the engines."""
         self.engine.close()
         self.reasoner.close()

@@ -14,6 +14,30 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The slow tier runs on two pytest-xdist workers (launch/test.sh: -n 2 --dist loadgroup). A test is its own unit of
+# work unless it shares with other tests what is costly to start (a module-scoped fixture: an engine, a Ray cluster,
+# a reference run; a session fixture named here) or must not overlap them (builds of the source tree's wheel write
+# build/ in the tree): those run on one worker, one after the other.
+SHARED_SESSION_FIXTURES = ("vllm_server_16k",)
+SERIAL_MODULES = {"test_packaging": "wheel-build", "test_own_package": "wheel-build"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's ``xdist_group`` (read by ``--dist loadgroup`` only)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") or not isinstance(item, pytest.Function):
+            continue
+        module = item.module.__name__.rpartition(".")[2]
+        shared = [name for name in SHARED_SESSION_FIXTURES if name in item.fixturenames]
+        scopes = {defs[-1].scope for defs in item._fixtureinfo.name2fixturedefs.values() if defs}
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+        elif module in SERIAL_MODULES:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_MODULES[module]))
+        elif scopes & {"module", "class", "package"}:
+            item.add_marker(pytest.mark.xdist_group(module))
+
 
 @pytest.fixture(scope="session")
 def model_cache() -> Path:
@@ -27,3 +51,19 @@ def tiny_model_dir(model_cache: Path) -> Path:
     from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
     return ensure_tiny_model(model_cache, TinyModelSpec())
+
+
+@pytest.fixture(scope="session")
+def vllm_server_16k(model_cache: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One real vLLM OpenAI-compatible server for the slow tests that talk to one (starting it is most of their
+    cost): the default tiny model with 16K positions (the LoCoMo recipe's replies pile up in its context), prompt-token
+    details on. Yields (the ``/v1`` base URL, the model's folder)."""
+    from served import vllm_server
+
+    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
+
+    model = ensure_tiny_model(model_cache, TinyModelSpec(max_position=16384))
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    args = ("--max-model-len", "16384", "--gpu-memory-utilization", "0.1", "--enable-prompt-tokens-details")
+    with vllm_server(model, log_path, *args) as url:
+        yield url, model

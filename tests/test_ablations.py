@@ -71,7 +71,7 @@ def test_records_keep_every_seed_and_task_and_recompute_the_paired_table() -> No
 def test_a_rebuilt_start_with_other_weights_is_named_in_one_line(tmp_path) -> None:
     import json
 
-    from benchmarks.ablations import committed_starts, start_mismatch
+    from benchmarks.sam_start import committed_starts, start_mismatch
 
     (tmp_path / "ablations_full.json").write_text(json.dumps({"setting": "multihop", "sft_weights": "41336ca2"}))
     (tmp_path / "other.json").write_text(json.dumps({"setting": "deferring_expert", "sft_weights": "aaaa"}))
@@ -148,7 +148,7 @@ def test_settings_chosen_on_dev_list_what_the_grid_varied_and_what_it_held_fixed
 
 
 def test_progress_reuses_finished_runs_only_under_the_same_key(tmp_path) -> None:
-    from benchmarks.ablations import Progress
+    from benchmarks.harness import Progress
 
     path = tmp_path / "progress.jsonl"
     Progress(path, "k1").add("oat", 0, {"success": 0.5})
@@ -195,7 +195,7 @@ def test_claims_are_exclusive_and_a_dead_holder_s_claim_is_taken_over(tmp_path) 
     import subprocess
     import sys
 
-    from benchmarks.ablations import Claims
+    from benchmarks.harness import Claims
 
     claims = Claims(tmp_path / "claims")
     assert claims.take("oat", 0) and claims.take("oat", 0)  # taken, and still ours
@@ -224,7 +224,8 @@ def test_two_processes_share_the_runs_and_compute_each_once(tmp_path) -> None:
         import os, sys, time
         from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-        from benchmarks.ablations import Claims, Progress, run_all
+        from benchmarks.ablations import run_all
+        from benchmarks.harness import Claims, Progress
         work = Path({str(tmp_path)!r})
         progress = Progress(work / "progress.jsonl", "k")
         def compute(v, s):

@@ -738,7 +738,7 @@ def test_concurrent_start_into_one_run_folder_exits_2_and_touches_nothing(
     import sys
 
     from memrl.data.config import load_config
-    from memrl.data.run_dir import prepare_run_dir, release_run_dirs
+    from memrl.data.run_dir import prepare_run_dir, unlock_run_dirs
     from memrl.data.synth import SynthConfig
 
     argv = [
@@ -774,7 +774,7 @@ def test_concurrent_start_into_one_run_folder_exits_2_and_touches_nothing(
     assert (run / "config.yaml").is_file() and (run / "run.log").is_file() and (run / "train.jsonl").is_file()
     cfg = load_config(SynthConfig, None, [*argv[2:], "run.resume=true"])
     assert prepare_run_dir(cfg, cfg.run, "data synth") == run
-    release_run_dirs()
+    unlock_run_dirs()
 
 
 def test_resume_refuses_a_changed_config_unless_the_keys_are_named(

@@ -6,46 +6,28 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.bench_run import bench_process
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "offline",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    return subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "ablations.py"), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    return bench_process("ablations", list(args), cwd=cwd)
 
 
 # protects: benchmarks/ablations.py end to end at --smoke: its JSON last line, --recompute from the records alone, a
 # rerun reusing every finished run
 @pytest.mark.slow
 def test_smoke_run_keeps_the_records_recomputes_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
-    common = [
-        "--smoke",
-        "--variants",
-        "oat,sft_more",
-        "--work",
-        str(tmp_path / "w"),
-        "--model-cache",
-        str(tiny_model_dir.parent),
-    ]
+    common = [*shlex.split("--smoke --variants oat,sft_more"), "--work", str(tmp_path / "w")]
+    common += ["--model-cache", str(tiny_model_dir.parent)]
     first = _run(*common)
     assert first.returncode == 0, first.stderr[-3000:]
     record = json.loads(first.stdout.strip().splitlines()[-1])
@@ -82,7 +64,8 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {root!r})
 import torch
-from benchmarks.ablations import Bench, build_sft_start, weights_digest
+from benchmarks.sam_start import build_sft_start
+from benchmarks.harness import weights_digest
 from memrl.data.tasks.sam import SAM_SETTINGS
 from memrl.rollout.memory.base import RoleSampling
 from memrl.rollout.memory.sam import SamConfig
@@ -124,7 +107,7 @@ def test_the_sft_start_has_one_digest_with_1_and_2_threads(tmp_path: Path, tiny_
 def test_the_sft_start_is_built_with_the_pinned_thread_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    import benchmarks.ablations as ablations
+    import benchmarks.sam_start as sam_start
     from memrl.data.tasks.sam import SAM_SETTINGS
     from memrl.rollout.engines.base import set_torch_threads
     from memrl.rollout.memory.sam import SamConfig
@@ -133,36 +116,38 @@ def test_the_sft_start_is_built_with_the_pinned_thread_count(tmp_path: Path, mon
     monkeypatch.setattr(
         "memrl.rollout.expert_traces.distill", lambda *a, **k: seen.append(torch.get_num_threads()) or {}
     )
-    monkeypatch.setattr(ablations, "run_sft_stage", lambda *a, **k: seen.append(torch.get_num_threads()))
+    monkeypatch.setattr(sam_start, "run_sft_stage", lambda *a, **k: seen.append(torch.get_num_threads()))
     before = torch.get_num_threads()
     set_torch_threads(2)  # the caller's count differs from the pinned one
     try:
-        ablations.build_sft_start(tmp_path, SAM_SETTINGS["multihop"], tmp_path, SamConfig(), steps=1, distill_tasks=1)
+        sam_start.build_sft_start(tmp_path, SAM_SETTINGS["multihop"], tmp_path, SamConfig(), steps=1, distill_tasks=1)
         assert torch.get_num_threads() == 2  # given back
     finally:
         set_torch_threads(before)
-    assert seen == [1, 1] and ablations.START_THREADS == 1
+    assert seen == [1, 1] and sam_start.START_THREADS == 1
 
 
 def test_the_benchmark_process_computes_under_the_pinned_cpu_profile(tmp_path: Path) -> None:
-    """pin_cpu_numerics re-executes the process with CPU_PROFILE's variables: torch then runs its AVX2 kernels on one
-    thread whatever the machine has (this machine's own capability may be AVX512); ``native`` leaves it alone."""
-    script = tmp_path / "probe.py"
-    script.write_text(
+    """pin_cpu_numerics re-executes the process (a module run with -m, as benchmarks run, or a script) with
+    CPU_PROFILE's variables: torch then runs its AVX2 kernels on one thread whatever the machine has (this machine's
+    own capability may be AVX512); ``native`` leaves it alone."""
+    (tmp_path / "probe.py").write_text(
         "import sys\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
         "import torch\n"  # loaded before the pin: the re-executed process starts clean anyway
-        "from benchmarks.ablations import cpu_profile, pin_cpu_numerics\n"
+        "from benchmarks.harness import cpu_profile, pin_cpu_numerics\n"
         "name = pin_cpu_numerics(native=len(sys.argv) > 1)\n"
         "print(name, cpu_profile(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OMP_NUM_THREADS")}
-    env["OMP_NUM_THREADS"] = "2"
-    pinned = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert pinned.returncode == 0, pinned.stderr[-2000:]
-    assert pinned.stdout.split() == ["avx2-1thread", "avx2-1thread", "AVX2", "1"]
+    env.update(OMP_NUM_THREADS="2", PYTHONPATH=str(ROOT))
+    for how in (["-m", "probe"], [str(tmp_path / "probe.py")]):
+        pinned = subprocess.run(
+            [sys.executable, *how], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert pinned.returncode == 0, pinned.stderr[-2000:]
+        assert pinned.stdout.split() == ["avx2-1thread", "avx2-1thread", "AVX2", "1"]
     native = subprocess.run(
-        [sys.executable, str(script), "native"], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "probe", "native"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert native.returncode == 0, native.stderr[-2000:]
     assert native.stdout.split()[:2] == ["native", "native"] and native.stdout.split()[3] == "2"

@@ -3,15 +3,12 @@ option on the same trees, with the trainer's diagnostics."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import shlex
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import model_cache, run_benchmark
 
 
 # protects: benchmarks/advantage_shares.py's JSON at its smallest setting: every advantage option on the same SAM trees,
@@ -20,28 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_advantage_shares_compares_every_option_on_one_batch(tmp_path: Path) -> None:
     from memrl.rewards.advantage import ADVANTAGE_PRESETS
 
-    cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "advantage_shares.py"),
-            "--policy",
-            "noisy-oracle",
-            "--tasks",
-            "4",
-            "--work",
-            str(tmp_path),
-            "--model-cache",
-            cache,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    record = json.loads(out.stdout.strip().splitlines()[-1])
+    args = [*shlex.split("--policy noisy-oracle --tasks 4"), "--work", str(tmp_path), "--model-cache", model_cache()]
+    record = run_benchmark("advantage_shares", args, timeout=900)
     options = record["options"]
     assert set(options) == {f"{p}/{s}" for p in ADVANTAGE_PRESETS for s in ("separate", "branch")}
     for layout in ("separate", "branch"):
@@ -61,26 +38,8 @@ def test_advantage_shares_compares_every_option_on_one_batch(tmp_path: Path) -> 
 # toward silence, informative_only trains none of them
 @pytest.mark.slow
 def test_advantage_shares_of_pivot_groups_show_the_cost_only_push_toward_silence() -> None:
-    cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "advantage_shares.py"),
-            "--family",
-            "proactive",
-            "--tasks",
-            "2",
-            "--model-cache",
-            cache,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    options = json.loads(out.stdout.strip().splitlines()[-1])["options"]
+    args = [*shlex.split("--family proactive --tasks 2"), "--model-cache", model_cache()]
+    options = run_benchmark("advantage_shares", args, timeout=900)["options"]
     paper, only = options["all_turns/grpo_std"], options["all_turns/informative_only"]
     assert paper["outcome_tied_groups"] > 0 and paper["tied_mixed_groups_advantage_remind"] < -0.5
     assert paper["tied_mixed_groups_advantage_silent"] > 0 and paper["outcome_tied_advantage_fraction"] > 0.3

@@ -4,47 +4,21 @@ every method, the recoverability committee, and the scores on outcome-tied group
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import shlex
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import model_cache, run_benchmark
 
 
 # protects: benchmarks/credit_accuracy.py's JSON at its smallest setting: every credit method and the committee scored
 # against replayed values
 @pytest.mark.slow
 def test_credit_accuracy_scores_every_method_on_all_and_on_tied_groups(tmp_path: Path) -> None:
-    cache = os.environ.get("MEMRL_MODEL_CACHE", str(ROOT / ".cache" / "models"))
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "credit_accuracy.py"),
-            "--quick",
-            "--policy",
-            "noisy-oracle",
-            "--tasks",
-            "2",
-            "--states-per-task",
-            "1",
-            "--replays",
-            "2",
-            "--work",
-            str(tmp_path),
-            "--model-cache",
-            cache,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    record = json.loads(out.stdout.strip().splitlines()[-1])
+    args = shlex.split("--quick --policy noisy-oracle --tasks 2 --states-per-task 1 --replays 2")
+    args += ["--work", str(tmp_path), "--model-cache", model_cache()]
+    record = run_benchmark("credit_accuracy", args, timeout=900)
     assert record == json.loads((tmp_path / "credit_accuracy_quick.json").read_text())
     assert record["states"] >= 1 and record["policy"].startswith("noisy-oracle")
     for criterion in ("committee", "committee_recoverability"):

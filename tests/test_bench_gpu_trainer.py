@@ -1,24 +1,57 @@
-"""benchmarks/gpu_trainer.py at its smallest setting: ``--quick`` (the tiny shape, a 256-token context) on the CPU,
-LoRA only, without the length mix (tests/gpu runs it on a GPU)."""
+"""The GPU check (``bash tests/gpu/run.sh check``) dry-run on the CPU in its quick form: the suite collected, then
+benchmarks/gpu_trainer.py ``--quick`` (the tiny shape: LoRA on the length mix and a 256-token context, then full weights
+at 512 tokens as the 9B run's stand-in), each case beside the padded reference; and the benchmark's child
+environment."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from tests.bench_run import run_benchmark
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # protects: benchmarks/gpu_trainer.py --quick on the CPU: memrl's and the reference step run and its JSON last line
 @pytest.mark.slow
-def test_gpu_trainer_quick_on_cpu() -> None:
-    record = run_benchmark(
-        "gpu_trainer", ["--quick", "--device", "cpu", "--modes", "lora", "--no-mix", "--warmup", "0"]
+def test_gpu_check_dry_run_on_cpu(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "MEMRL_GPU_SITE": str(tmp_path / "site"),
+    }
+    proc = subprocess.run(
+        ["bash", "tests/gpu/run.sh", "check", "--device", "cpu", "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
-    assert record["cases"], record
-    for case in record["cases"]:
-        assert case["shape"] == "tiny" and case["mode"] == "lora"
-        for impl in ("memrl", "reference"):
-            assert not case[impl]["oom"] and case[impl]["seconds_per_step"] > 0 and case[impl]["tokens"] > 0
+    tail = proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, tail
+    assert "no carried wheels: this environment has what the check needs" in proc.stdout
+    benchmark = "benchmarks/gpu_trainer.py"
+    assert f"[gpu] check: python {benchmark}" in proc.stdout  # the check ran the benchmark after the suite
+    assert "tests collected" in (tmp_path / "gpu-suite.log").read_text()
+    for name, modes, workloads in [("4b", {"lora"}, {"mix", "ctx256"}), ("9b", {"full"}, {"ctx512"})]:
+        summary = json.loads((tmp_path / f"gpu-check-{name}-summary.json").read_text())
+        assert summary["summary"]["failed_processes"] == 0, summary
+        cases = summary["cases"]
+        assert {c["mode"] for c in cases} == modes and {c["workload"] for c in cases} == workloads
+        for case in cases:
+            assert case["shape"] == "tiny" and "plan_error" in case
+            for impl in ("memrl", "reference"):
+                assert not case[impl]["oom"] and case[impl]["tokens_per_s"] > 0, case
+            assert case["memrl"]["gradient_checkpointing"] is False  # the plan says the tiny run fits
+            assert case["memrl"]["attention"].startswith("memrl_packed_sdpa (per_row_sdpa")
 
 
 def test_children_keep_the_callers_python_path() -> None:

@@ -46,6 +46,7 @@ def test_a_case_reports_times_and_peaks(path: str) -> None:
     record = run_case(args)
     assert record["path"] == path and record["budget"] == 700
     assert record["seconds_per_step"] > 0 and record["attention_seconds"] > 0
+    assert record["cpu_seconds_per_step"] > 0 and record["attention_cpu_seconds"] > 0
     assert record["step_peak_gib"] >= 0 and record["attention_peak_gib"] >= 0
 
 
@@ -54,17 +55,17 @@ def test_summary_reads_growth_against_rows_and_budget_squared() -> None:
         return {
             "budget": budget,
             "sum_sq_rows": sum_sq,
-            "packed": {"seconds_per_step": packed, "attention_seconds": packed, "step_peak_gib": 1.0},
-            "dense_mask": {"seconds_per_step": dense, "attention_seconds": dense, "step_peak_gib": 5.0},
+            "packed": {"cpu_seconds_per_step": packed, "attention_cpu_seconds": packed, "step_peak_gib": 1.0},
+            "dense_mask": {"cpu_seconds_per_step": dense, "attention_cpu_seconds": dense, "step_peak_gib": 5.0},
             "padded": {"failed": "exit -9"},
         }
 
     # budget x4, sum of squared rows x4: the packed time x4 follows the rows, the dense x16 the square
     cases = [case(8, 25, 2.0, 1.0), case(32, 100, 8.0, 16.0)]
-    g = growth(cases, "packed", "seconds_per_step")
+    g = growth(cases, "packed", "cpu_seconds_per_step")
     assert g["growth"] == {"8": 1.0, "32": 4.0}
     assert g["over_sum_sq"]["32"] == pytest.approx(1.0) and g["over_budget_sq"]["32"] == pytest.approx(0.25)
-    dense = growth(cases, "dense_mask", "attention_seconds")
+    dense = growth(cases, "dense_mask", "attention_cpu_seconds")
     assert dense["over_budget_sq"]["32"] == pytest.approx(1.0) and dense["over_sum_sq"]["32"] == pytest.approx(4.0)
     s = summarize(cases)
     assert s["largest_budget"] == 32 and s["packed_step_peak_over_dense"] == pytest.approx(0.2)
@@ -72,6 +73,7 @@ def test_summary_reads_growth_against_rows_and_budget_squared() -> None:
     assert s["failed"] == 2 and s["padded"]["step_time"]["growth"] == {}  # padded failed at both budgets
 
 
+# protects: benchmarks/packed_attention.py end to end (its three paths' subprocesses and JSON last line)
 @pytest.mark.slow
 def test_packed_attention_benchmark_smallest_setting() -> None:
     record = run_benchmark(
@@ -80,4 +82,4 @@ def test_packed_attention_benchmark_smallest_setting() -> None:
     )
     (case,) = record["cases"]
     assert record["summary"]["failed"] == 0 and case["dense_mask"] == {"skipped": "not run"}
-    assert case["packed"]["seconds_per_step"] > 0 and case["sum_sq_rows"] > 0
+    assert case["packed"]["cpu_seconds_per_step"] > 0 and case["sum_sq_rows"] > 0

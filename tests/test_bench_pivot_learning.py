@@ -8,61 +8,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
+import shlex
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "--quick",
-    "--fatal",
-    "1",
-    "--starts",
-    "clean_long",
-    "--train-tasks",
-    "4",
-    "--sft-steps",
-    "2",
-    "--dev-tasks",
-    "1",
-    "--test-tasks",
-    "2",
-    "--samples",
-    "1",
-    "--iterations",
-    "1",
-    "--label-tasks",
-    "1",
-    "--pivots-per-iteration",
-    "1",
-    "--non-pivots-per-iteration",
-    "1",
-    "--group-size",
-    "2",
-]
+from tests.bench_run import bench_process, json_lines
+
+TINY = shlex.split(
+    "--quick --fatal 1 --starts clean_long --train-tasks 4 --sft-steps 2 --dev-tasks 1 --test-tasks 2 --samples 1 "
+    "--iterations 1 --label-tasks 1 --pivots-per-iteration 1 --non-pivots-per-iteration 1 --group-size 2"
+)
 
 
 def _run(*args: str) -> list[dict]:
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "offline",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "pivot_learning.py"), *TINY, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
+    done = bench_process("pivot_learning", [*TINY, *args], timeout=3600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return json_lines(done)
 
 
 def test_the_select_grid_crosses_every_advantage_preset_with_the_costs_and_learning_rates() -> None:

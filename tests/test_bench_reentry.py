@@ -3,25 +3,13 @@ branch, snapshot/restore none, and every branch continued as the original did (t
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import bench_process, json_lines
 
 
 def test_reentry_benchmark_quick() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "reentry.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = bench_process("reentry", ["--quick"], timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.strip()]
-    out = json.loads(line)
+    (out,) = json_lines(done)  # one line: the JSON record
     assert out["benchmark"] == "reentry" and out["horizons"] == [4, 16]
     assert out["replay"]["env_steps_per_branch"] == [4.0, 16.0]
     assert out["snapshot"]["env_steps_per_branch"] == [0.0, 0.0]

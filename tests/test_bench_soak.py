@@ -4,42 +4,20 @@ the one JSON line with the driver's and the worker's RSS and open files per iter
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import shlex
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import run_benchmark
 
 
 # protects: benchmarks/soak.py's JSON: the driver's and a Ray worker's memory and open files per iteration
 @pytest.mark.slow
 def test_soak_prints_memory_and_open_files_of_driver_and_workers(tiny_model_dir: Path, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "soak.py"),
-            "--iterations",
-            "3",
-            "--warmup",
-            "1",
-            "--workers",
-            "1",
-            "--work",
-            str(tmp_path / "soak"),
-            "--model",
-            str(tiny_model_dir),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"},
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    args = [*shlex.split("--iterations 3 --warmup 1 --workers 1"), "--work", str(tmp_path / "soak")]
+    args += ["--model", str(tiny_model_dir)]
+    summary = run_benchmark("soak", args, timeout=900)
     assert summary["benchmark"] == "soak" and summary["iterations"] == 3 and summary["workers"] == 1
     processes = summary["processes"]
     assert set(processes) == {"driver", "worker0"}  # the Ray actor process was found and measured
@@ -55,8 +33,7 @@ def test_soak_prints_memory_and_open_files_of_driver_and_workers(tiny_model_dir:
 def test_growth_slope_and_bound() -> None:
     """The growth figure is the least-squares slope per 100 iterations after the warm-up; bounded needs every slope
     within the bound and no open-file growth."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from soak import slope_per_100, summarize
+    from benchmarks.soak import slope_per_100, summarize
 
     assert slope_per_100([0, 1, 2, 3], [10, 10.5, 11, 11.5]) == pytest.approx(50.0)
 

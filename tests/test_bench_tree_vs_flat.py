@@ -3,30 +3,15 @@ correctly-signed credited action of both modes."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import run_benchmark
 
 
 # protects: benchmarks/tree_vs_flat.py's JSON: token ratios and reasoner tokens per correctly-signed action from replays
 @pytest.mark.slow
 def test_tree_vs_flat_reports_tokens_per_correctly_signed_action() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "tree_vs_flat.py"), "--tasks", "2", "--ks", "2", "--replays", "2"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = run_benchmark("tree_vs_flat", ["--tasks", "2", "--ks", "2", "--replays", "2"], timeout=600)
     assert summary["benchmark"] == "tree_vs_flat" and summary["replays_per_action"] == 2
     row = summary["per_k"]["2"]
     for mode in ("tree", "flat"):

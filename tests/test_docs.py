@@ -208,3 +208,17 @@ def test_no_page_speaks_of_how_the_project_was_made() -> None:
         if PROCESS_WORDS.search(line)
     ]
     assert not offenders, "\n".join(offenders)
+
+
+def test_no_library_docstring_speaks_of_how_the_project_was_made() -> None:
+    import ast
+
+    offenders = []
+    for path in tracked("data/*.py", "rollout/*.py", "rewards/*.py", "train/*.py", "launch/*.py", "memrl/*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                doc = ast.get_docstring(node, clean=False) or ""
+                offenders += [f"{path.relative_to(ROOT)}: {line.strip()[:100]}" for line in doc.splitlines()
+                              if PROCESS_WORDS.search(line)]  # fmt: skip
+    assert not offenders, "\n".join(offenders)

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import served
 import torch
 
 from memrl.data.schemas import Message
@@ -337,14 +336,6 @@ def test_rate_limits_apply_per_endpoint(faults) -> None:
 # A real vLLM OpenAI-compatible server on the tiny model
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tiny_model_dir: Path, tmp_path_factory):
-    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    args = ("--max-model-len", "1024", "--enable-prompt-tokens-details")
-    with served.vllm_server(tiny_model_dir, log_path, *args) as url:
-        yield url
-
-
 @torch.no_grad()
 def _forward_logprobs(model: Any, prompt: list[int], response: list[int]) -> torch.Tensor:
     ids = torch.tensor([prompt + response])
@@ -356,8 +347,10 @@ def _forward_logprobs(model: Any, prompt: list[int], response: list[int]) -> tor
 # transformers'), usage and prefix-cache hits; the fast tests use a fake server
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_token_in_token_out_against_vllm_server(vllm_server: str, tiny_model_dir: Path) -> None:
+def test_token_in_token_out_against_vllm_server(vllm_server_16k: tuple[str, Path]) -> None:
     from memrl.rollout.models import load_causal_lm
+
+    vllm_server, tiny_model_dir = vllm_server_16k  # the session's server (tests/conftest.py)
 
     cfg = EngineConfig(
         backend="openai",

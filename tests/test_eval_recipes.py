@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import served
 from benchmark_files import write_amabench, write_locomo, write_memoryarena
 
 from memrl.data.config import load_config
@@ -103,31 +102,28 @@ def test_a_system_that_surfaces_nothing_is_reported_as_needing_a_real_model(
 # context)
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, model_cache: Path) -> None:
-    from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
-
-    # the default tiny model with 16K positions: the untrained reasoner's replies pile up in its context
-    tiny_model_dir = ensure_tiny_model(model_cache, TinyModelSpec(max_position=16384))
-    server_args = ("--max-model-len", "16384", "--gpu-memory-utilization", "0.1")
-    with served.vllm_server(tiny_model_dir, tmp_path / "server.log", *server_args) as url:
-        endpoint = f"[{{url: '{url}', model: tiny, max_concurrency: 8}}]"
-        # 96 turns (about 2900 of the tiny model's tokens): over SAM's live capacity (2048 tokens)
-        write_locomo(tmp_path / "locomo10.json", turns_per_session=24)
-        cfg = load_config(
-            EvalConfig,
-            RECIPES["locomo"],
-            [
-                f"data_dir={tmp_path}",
-                f"run.output_dir={tmp_path / 'runs'}",
-                f"models=[{{name: trained, engine: {{backend: openai, name: memory, tokenizer: '{tiny_model_dir}', "
-                f"endpoints: {endpoint}}}}}]",
-                f"reasoner.endpoints={endpoint}",
-                f"judge.endpoints={endpoint}",
-                "judge_max_tokens=16",
-                f"tokenizer={tiny_model_dir}",
-            ],
-        )
-        summary = evaluate(cfg, tmp_path / "runs" / "eval-locomo")
+def test_locomo_recipe_end_to_end_against_a_vllm_server(tmp_path: Path, vllm_server_16k: tuple[str, Path]) -> None:
+    # the session's server (tests/conftest.py): the tiny model with 16K positions, as the untrained reasoner's
+    # replies pile up in its context
+    url, tiny_model_dir = vllm_server_16k
+    endpoint = f"[{{url: '{url}', model: tiny, max_concurrency: 8}}]"
+    # 96 turns (about 2900 of the tiny model's tokens): over SAM's live capacity (2048 tokens)
+    write_locomo(tmp_path / "locomo10.json", turns_per_session=24)
+    cfg = load_config(
+        EvalConfig,
+        RECIPES["locomo"],
+        [
+            f"data_dir={tmp_path}",
+            f"run.output_dir={tmp_path / 'runs'}",
+            f"models=[{{name: trained, engine: {{backend: openai, name: memory, tokenizer: '{tiny_model_dir}', "
+            f"endpoints: {endpoint}}}}}]",
+            f"reasoner.endpoints={endpoint}",
+            f"judge.endpoints={endpoint}",
+            "judge_max_tokens=16",
+            f"tokenizer={tiny_model_dir}",
+        ],
+    )
+    summary = evaluate(cfg, tmp_path / "runs" / "eval-locomo")
     entry = summary["datasets"]["locomo"]
     rows = {r["system"]: r for r in entry["overall"]}
     assert set(rows) == {"sam", "long_context", "bm25"} and all(r["n"] == 10 for r in rows.values())

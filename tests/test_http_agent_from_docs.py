@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+# protects: a second HTTP agent written from the docs alone trains through memrl as its own process (the docs'
+# protocol, not only the shipped example)
 pytestmark = pytest.mark.slow
 
 AGENT = r"""

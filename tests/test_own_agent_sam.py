@@ -16,6 +16,8 @@ import pytest
 
 from tests.tutorial_blocks import ROOT, parse_page
 
+# protects: a user's own Gym environment, reasoner and SAM expert (memrl.api only) from a folder outside the
+# repository through config show, distill, sft, train and eval on the CLI
 pytestmark = pytest.mark.slow
 
 

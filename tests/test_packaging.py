@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 import tomllib
 
 from tests.lint_imports import lint
-from tests.wheel_venv import wheel_venv
+from tests.wheel_venv import build_wheel, wheel_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("data", "rollout", "rewards", "train", "launch")
@@ -51,24 +50,7 @@ def test_wheel_builds_without_warnings_and_ships_every_config_and_script(tmp_pat
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # its "byte-compiling" notes
-    built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "build",
-            "--wheel",
-            "--no-isolation",
-            "--skip-dependency-check",
-            "--outdir",
-            "dist",
-            ".",
-        ],
-        cwd=src,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    built = build_wheel(src, src / "dist", env)
     assert built.returncode == 0, built.stderr
     warnings = [line for line in (built.stdout + built.stderr).splitlines() if "warning" in line.lower()]
     assert not warnings, "\n".join(warnings)

@@ -8,14 +8,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from memrl.data.config import ConfigError
 from memrl.data.registry import REASONERS, TASK_FAMILIES, ComponentError, Registry
+from memrl.data.schemas import Message
 from memrl.data.tasks import DialogueTask, ProactiveTask, SamTask, TaskSetConfig
 from memrl.data.tasks.proactive import ActionAgent
 from memrl.data.tasks.sam import SamReasoner
 from memrl.launch.cli import main
-from memrl.rollout.engines.config import load_scripted_policy, scripted_policy_class
+from memrl.rollout.engines import build_engine
+from memrl.rollout.engines.base import (
+    ENGINES,
+    Completion,
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    Usage,
+    register_engine,
+)
+from memrl.rollout.engines.config import EngineConfig, load_scripted_policy, scripted_policy_class
+from memrl.rollout.engines.scripted import ScriptedEngine
 from memrl.rollout.memory.base import MemorySystem, register_memory
 from memrl.rollout.memory.registry import MEMORY_SYSTEMS, build_memory, parse_memory_config
 from memrl.rollout.memory.sam import SamMemory
@@ -137,3 +150,45 @@ def test_the_cli_exits_2_before_any_run_folder(tmp_path: Path, capsys: pytest.Ca
     err = capsys.readouterr().err
     assert "halfmem:HalfMem does not implement the memory system protocol: missing method 'reasoner_messages'" in err
     assert not (tmp_path / "runs").exists()
+
+
+class EchoEngine(Engine):
+    """A user's engine: replies with the last message, named by import path or registered name."""
+
+    name = "echo"
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig) -> EchoEngine:
+        engine = cls()
+        engine.name = cfg.engine_name
+        return engine
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return [
+            GenerationResult([], [Completion([], [], req.messages[-1].content, "stop")], Usage(), self.name)
+            for req in requests
+        ]
+
+
+def test_engines_are_registered_components() -> None:
+    assert build_engine(EngineConfig(backend="scripted", scripted_policy="sam")).__class__.__name__ == "ScriptedEngine"
+    assert ENGINES.get("scripted").obj is ScriptedEngine
+    with pytest.raises(ValidationError, match=r"unknown engine backend 'vlm'; registered: hf, openai, scripted, vllm"):
+        EngineConfig(backend="vlm", model="m")
+    by_path = build_engine(EngineConfig(backend="test_registries:EchoEngine", name="mine"))
+    assert isinstance(by_path, EchoEngine) and by_path.name == "mine"
+    register_engine("test_echo")(EchoEngine)
+    reply = build_engine(EngineConfig(backend="test_echo")).generate(
+        [GenerationRequest([Message(role="user", content="hi")])]
+    )
+    assert reply[0].completions[0].text == "hi"
+    with pytest.raises(ValueError, match="a policy object only applies to the scripted backend, not 'test_echo'"):
+        build_engine(EngineConfig(backend="test_echo"), policy=SamReasoner())
+    with pytest.raises(ComponentError, match=r"engine .*Duck must subclass Engine"):
+
+        @register_engine("duck")
+        class Duck:
+            @classmethod
+            def from_config(cls, cfg: Any) -> None: ...
+
+            def generate(self, requests: Any) -> None: ...

@@ -725,7 +725,7 @@ def test_from_gguf_refuses_damaged_files(tmp_path: Path, capsys: pytest.CaptureF
 def test_benchmark_progress_files_are_checked_before_any_work(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from benchmarks.ablations import check_bench_inputs
+    from benchmarks.harness import check_bench_inputs
 
     good = tmp_path / "good.jsonl"
     good.write_text('{"key": "k", "variant": "oat", "seed": 0}\n{"key": "k", "variant": "sft", "se')  # torn tail ok
@@ -753,20 +753,22 @@ def test_benchmark_progress_files_are_checked_before_any_work(
 
 @pytest.mark.parametrize("script", ["ablations", "credit_accuracy"])
 def test_benchmarks_refuse_bad_work_folders_before_the_sft_start(script: str, tmp_path: Path) -> None:
-    """Both scripts that rebuild the shared SFT start stop in seconds: exit 2, one line, no traceback, no model."""
+    """Both scripts that rebuild the shared SFT start stop in seconds: exit 2, one line, no traceback, no model (the
+    ablation also checks its progress file)."""
     (tmp_path / "afile").write_text("x")
     split = "test" if script == "ablations" else "dev"
     damaged = tmp_path / "w" / "multihop" / "quick" / split  # one folder per setting (the default: multihop)
     damaged.mkdir(parents=True)
     (damaged / "progress.jsonl").write_text("[1, 2]\n")
-    for work, expected in (
-        (tmp_path / "afile", "a file, not a folder"),
-        (tmp_path / "w", "progress.jsonl:1: expected a JSON object"),
-    ):
+    cases = [(tmp_path / "afile", "a file, not a folder")]
+    if script == "ablations":
+        cases.append((tmp_path / "w", "progress.jsonl:1: expected a JSON object"))
+    for work, expected in cases:
         proc = subprocess.run(
             [
                 sys.executable,
-                str(ROOT / "benchmarks" / f"{script}.py"),
+                "-m",
+                f"benchmarks.{script}",
                 "--quick",
                 "--work",
                 str(work),

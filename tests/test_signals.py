@@ -179,23 +179,22 @@ def final_policy(run_dir: Path) -> Path:
     return sorted((run_dir / "policy").glob("v*"))[-1]
 
 
-# protects: a real Ray fleet run ended by SIGTERM (exit 143, one line) or kill -9 leaves no Ray process behind and
-# resumes to the uninterrupted run's weights (SIGINT takes the same shutdown path: the fast
-# test_sigterm_is_raised_like_ctrl_c_and_maps_to_143 checks its 130)
+# protects: a real Ray fleet run ended by SIGTERM (exit 143, one line) and, once resumed, by kill -9 leaves no Ray
+# process behind either time and resumes to the uninterrupted run's weights (SIGINT takes the same shutdown path: the
+# fast test_sigterm_is_raised_like_ctrl_c_and_maps_to_143 checks its 130)
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "KILL"])
-def test_fleet_run_stops_cleanly_and_resumes_equal(
-    oat_reference: Path, tiny_model_dir: Path, tmp_path: Path, sig: int
-) -> None:
+def test_fleet_run_stops_cleanly_and_resumes_equal(oat_reference: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """One run, signalled twice: SIGTERM once its first checkpoint is complete, then kill -9 of its resumed run once
+    the second is, then a resume to the end (one start less than a run per signal)."""
     run_dir = tmp_path / "signalled"
-    code, err, tree, commands = signal_when(
-        oat(tiny_model_dir, tmp_path, "signalled"), run_dir / "checkpoints" / "ckpt-000000" / "COMPLETE", sig
-    )
-    assert sum("RolloutWorker" in c for c in commands) == 2, f"both workers were up: {commands}"
-    check_ending(code, err, tree, sig)
-    assert not (run_dir / "summary.json").exists()
+    for sig, ready, resumed in [(signal.SIGTERM, 0, ()), (signal.SIGKILL, 1, ("--resume",))]:
+        cmd = oat(tiny_model_dir, tmp_path, "signalled", *resumed)
+        code, err, tree, commands = signal_when(cmd, run_dir / "checkpoints" / f"ckpt-{ready:06d}" / "COMPLETE", sig)
+        assert sum("RolloutWorker" in c for c in commands) == 2, f"both workers were up: {commands}"
+        check_ending(code, err, tree, sig)
+        assert not (run_dir / "summary.json").exists()
     resumed = _run(oat(tiny_model_dir, tmp_path, "signalled", "--resume"))
-    assert "resumed from ckpt-" in resumed.stdout + resumed.stderr
+    assert "resumed from ckpt-000001" in resumed.stdout + resumed.stderr
     assert steps(run_dir) == steps(oat_reference)
     assert same_weights(weights(final_policy(run_dir)), weights(final_policy(oat_reference)))
 

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from served import free_port
 
 from tests.test_quickstart import check_quickstart_run
-from tests.tutorial_blocks import ROOT, Block, append_to_memrl_commands, parse_page, tutorial_pages
+from tests.tutorial_blocks import ROOT, TUTORIALS, Block, append_to_memrl_commands, parse_page, tutorial_pages
 
 PAGES = tutorial_pages()
 # A page whose run is also checked in full, so its pipeline runs once in the suite: the quickstart page's
@@ -61,6 +62,21 @@ def test_bad_directives_are_errors(tmp_path: Path) -> None:
     block = Block("t.md", 1, "bash", "echo a\n", [("replace", "b => c")])
     with pytest.raises(ValueError, match="'b' is not in the block"):
         block.script()
+
+
+def test_the_own_agent_commands_train_the_model_the_page_builds() -> None:
+    """The own-agent page's training commands (run by tests/test_examples.py with the tiny model passed in) train,
+    as written, the folder the page tells the reader to build."""
+    import yaml
+
+    page = TUTORIALS.parent / "own_agent.md"
+    assert "memrl model tiny --out runs/tiny-model" in page.read_text()
+    block = next(b for b in parse_page(page) if b.language == "bash" and "memrl train oat-grpo" in b.code)
+    configs = [line.split("--config")[1].split()[0] for line in block.code.splitlines() if "--config" in line]
+    assert len(configs) == 3, block.code
+    for config in configs:
+        loaded = yaml.safe_load((ROOT / config).read_text())
+        assert loaded["policy"]["base"] == loaded["engine"]["model"] == "runs/tiny-model", config
 
 
 def scratch_root(tmp_path: Path) -> Path:
@@ -120,6 +136,7 @@ def test_tutorial_page_runs(page: Path, tmp_path: Path) -> None:
         "WANDB_MODE": "offline",
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
+        "MASTER_PORT": str(free_port()),  # torchrun's rendezvous, free beside a test on the other xdist worker
     }
     for index, block in enumerate(b for b in parse_page(page) if b.runs):
         run_block(block, work, index, env)

@@ -10,10 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def wheel_venv(tmp_path: Path) -> tuple[Path, Path]:
-    """Build the wheel, install it into ``tmp_path/venv``; (its python, its site-packages)."""
-    dist = tmp_path / "dist"
-    subprocess.run(
+def build_wheel(source: Path, outdir: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m build --wheel`` of ``source`` into ``outdir`` with this venv's setuptools (no isolation); its
+    output is captured, the exit status left to the caller."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -22,13 +22,22 @@ def wheel_venv(tmp_path: Path) -> tuple[Path, Path]:
             "--no-isolation",
             "--skip-dependency-check",
             "--outdir",
-            str(dist),
-            str(ROOT),
+            str(outdir),
+            str(source),
         ],
-        check=True,
+        env=env,
         capture_output=True,
         text=True,
+        check=False,
     )
+
+
+def wheel_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """Build the wheel, install it into ``tmp_path/venv``; (its python, its site-packages)."""
+    dist = tmp_path / "dist"
+    built = build_wheel(ROOT, dist)
+    if built.returncode != 0:
+        raise subprocess.CalledProcessError(built.returncode, built.args, built.stdout, built.stderr)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"

@@ -261,6 +261,10 @@ def attention_over_rows(
     value ``[1, H_kv, T, D]``), through ``kernel`` (default: :func:`packed_kernel_for` the query)."""
     if query.shape[0] != 1 or key.shape[2] != query.shape[2]:
         raise ValueError(f"packed rows are one sequence of queries and keys; got {tuple(query.shape)}")
+    device = query.device.type
+    if device == "cuda" and torch.is_autocast_enabled(device):  # fp32 weights under autocast: the autocast dtype
+        dtype = torch.get_autocast_dtype(device)
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     name = kernel or packed_kernel_for(query.device, query.dtype, dropout)
     return KERNELS[name](query, key, value, cu_seqlens, max_length, scaling, dropout)
 

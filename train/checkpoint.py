@@ -85,25 +85,24 @@ def verify_checkpoint(path: Path, *, checksums: bool = True) -> str | None:
             return f"{file}: {problem}"
         if checksums and _sha256(file) != entry["sha256"]:
             return f"{file} does not match its checksum in the manifest (changed or damaged)"
+    return _json_object_problem(path / "loop_state.json")
+
+
+def _json_object_problem(file: Path) -> str | None:
+    """What is wrong with a state file that must hold a JSON object, or None."""
     try:
-        state = json.loads((path / "loop_state.json").read_text())
+        state = json.loads(file.read_text())
     except (OSError, ValueError):
-        return f"{path / 'loop_state.json'} is missing or does not parse"
-    if not isinstance(state, dict):
-        return f"{path / 'loop_state.json'} is not a JSON object"
-    return None
+        return f"{file} is missing or does not parse"
+    return None if isinstance(state, dict) else f"{file} is not a JSON object"
 
 
 def verify_trainer_checkpoint(path: Path) -> str | None:
     """What is wrong with a Hugging Face Trainer ``checkpoint-N`` folder (SFT), which has no manifest: its
     ``trainer_state.json`` must parse, its safetensors weights be whole, its optimizer and scheduler states be there
     and not empty (DeepSpeed keeps its own under ``global_step*``), or None when it looks intact."""
-    try:
-        state = json.loads((path / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return f"{path / 'trainer_state.json'} is missing or does not parse"
-    if not isinstance(state, dict):
-        return f"{path / 'trainer_state.json'} is not a JSON object"
+    if problem := _json_object_problem(path / "trainer_state.json"):
+        return problem
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
         return f"{path} holds no weights (*.safetensors)"

@@ -308,18 +308,17 @@ def check_inputs(cfg: ExportConfig) -> None:
     folder is writable and not already holding files (the policy paths are checked by the generic preflight)."""
     from memrl.data.checks import check_existing_file, check_model_ref, check_output_dir
 
-    if cfg.recipe:
-        check_existing_file(cfg.recipe, "recipe", what="recipe (resolved config YAML)")
-        try:
-            yaml.safe_load(Path(cfg.recipe).read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"recipe: {cfg.recipe} is not readable YAML ({exc})") from None
-    if cfg.results:
-        check_existing_file(cfg.results, "results", what="results JSON")
-        try:
-            json.loads(Path(cfg.results).read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"results: {cfg.results} is not valid JSON ({exc})") from None
+    readers: list[tuple[str, str | None, str, Any, type[Exception], str]] = [
+        ("recipe", cfg.recipe, "recipe (resolved config YAML)", yaml.safe_load, yaml.YAMLError, "readable YAML"),
+        ("results", cfg.results, "results JSON", json.loads, json.JSONDecodeError, "valid JSON"),
+    ]
+    for key, file, what, parse, error, kind in readers:
+        if file:
+            check_existing_file(file, key, what=what)
+            try:
+                parse(Path(file).read_text(encoding="utf-8"))
+            except (error, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{key}: {file} is not {kind} ({exc})") from None
     if cfg.reference_base:
         check_model_ref(cfg.reference_base, "reference_base")
     if cfg.output:

@@ -73,7 +73,7 @@ class GroupTrainerConfig(ConfigModel):
     # re-scoring the probe is a forward over its rows: after every this many updates (and at an online loop's last
     # iteration) only, its cost logged as kl_probe_s
     probe_every: int = Field(10, ge=1, le=10**6)  # updates between two KL-to-initial probes
-    # 2 x 2 optimizer steps per batch (issue 39 item 8; the old default, 1 x 1, stays selectable): one step per batch
+    # 2 x 2 optimizer steps per batch (the old default, 1 x 1, stays selectable): one step per batch
     # never moves the policy away from pi_old inside an update, so approx_kl read ~1e-14 and clip_fraction 0
     update_epochs: int = Field(2, ge=1, le=1000)  # passes over each update's rows
     optimizer_steps_per_epoch: int = Field(2, ge=1, le=10**4)  # optimizer steps each pass is split into

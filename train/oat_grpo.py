@@ -42,12 +42,12 @@ from memrl.data.config import (
     FieldError,
     PlacementConfig,
     RunConfig,
-    ServedModel,
     config_hash,
 )
 from memrl.data.errors import UserCodeError
 from memrl.data.io import atomic_write_text, write_jsonl
 from memrl.data.registry import ComponentError
+from memrl.data.run_dir import shared_run_dir
 from memrl.data.schemas import MemoryCallTree, episode_won
 from memrl.data.tasks import TaskSetConfig, family_of, load_tasks
 from memrl.data.tracking import MetricsLogger
@@ -56,7 +56,7 @@ from memrl.rewards.committee import Committee, CommitteeConfig
 from memrl.rewards.credit import CreditConfig, informative_groups
 from memrl.rewards.groups import credit_and_groups
 from memrl.rollout.agents import task_rollout
-from memrl.rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine, scripted_policy_class
+from memrl.rollout.engines.config import EngineConfig, place_policy_engine, scripted_policy_class, served_engine
 from memrl.rollout.engines.factory import build_sticky_engine
 from memrl.rollout.episodes import close_drivers
 from memrl.rollout.evaluation.tasks import FAILURE_STATS, evaluate_memory
@@ -67,7 +67,7 @@ from memrl.rollout.memory.registry import MemoryConfig, family_memory, parse_mem
 from memrl.rollout.tree import TreeConfig, check_trained_sampling
 from memrl.rollout.worker import Scorer, WorkerSpec
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
-from memrl.train.online import LoopConfig, OnlineLoop, shared_run_dir, stale_sampling_tis
+from memrl.train.online import LoopConfig, OnlineLoop, stale_sampling_tis
 from memrl.train.policy import PolicySpec
 from memrl.train.weight_sync import InMemoryWeightSync
 
@@ -255,22 +255,6 @@ def default_oracle(tokenizer: str, seed: int, oracle: str = "memrl.data.experts.
     """The task family's oracle expert without noise (SAM's by default): the offline committee's reference."""
     name = "sam-oracle" if oracle.endswith(":SamOracle") else "oracle"
     return EngineConfig(backend="scripted", name=name, scripted_policy=oracle, tokenizer=tokenizer, seed=seed)
-
-
-def served_engine(served: ServedModel, client: EngineConfig | None, name: str) -> EngineConfig:
-    """An ``openai`` engine on the endpoints of a placement entry; ``client``, when it is an ``openai`` engine config,
-    lends its client settings (api, timeouts, retries, per-endpoint concurrency, chat template kwargs)."""
-    if not served.endpoints:
-        raise ConfigError(f"placement: {name} ({served.model}) lists no endpoints")
-    client = client if client is not None and client.backend == "openai" else None
-    template = client.endpoints[0] if client is not None else EndpointConfig(url=served.endpoints[0])
-    endpoints = [
-        template.model_copy(update={"url": url, "model": served.model, "api_key_env": served.api_key_env})
-        for url in served.endpoints
-    ]
-    if client is not None:
-        return client.model_copy(update={"name": name, "model": served.model, "endpoints": endpoints})
-    return EngineConfig(backend="openai", name=name, model=served.model, endpoints=endpoints)
 
 
 def resolve_engines(cfg: OATGRPOConfig) -> tuple[EngineConfig, list[EngineConfig], EngineConfig | None]:
@@ -604,7 +588,7 @@ class OATRun:
         return result
 
     def close(self) -> None:
-        """Finish the logger this run opened and release the fleet."""
+        """Finish the logger this run opened and stop the fleet."""
         if self.own_logger:
             self.logger.close()
         if self.fleet is not None:

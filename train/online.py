@@ -48,8 +48,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 
-from memrl.data.config import ConfigError, ConfigModel, RunConfig
-from memrl.data.run_dir import prepare_run_dir
+from memrl.data.config import ConfigError, ConfigModel
 from memrl.data.schemas import Group
 from memrl.data.tracking import MetricsLogger, progress_bar
 from memrl.train.checkpoint import CheckpointManager
@@ -64,7 +63,6 @@ __all__ = [
     "WeightSender",
     "broadcast_groups",
     "prune_policy_versions",
-    "shared_run_dir",
     "stale_sampling_tis",
     "sync_policy",
 ]
@@ -80,7 +78,7 @@ class PolicyEngine(Protocol):
         """Reload full weights from ``path`` as policy version ``version``."""
 
     def sleep(self) -> None:
-        """Release accelerator memory until the next weight load (a no-op where nothing is held)."""
+        """Free accelerator memory until the next weight load (a no-op where nothing is held)."""
 
     def probe_logprobs(self, prompts: list[list[int]], max_tokens: int) -> list[Any]:
         """Greedy tokens and their log-probs for each prompt, one ``EngineProbe`` per engine (the sync check)."""
@@ -131,25 +129,6 @@ class LoopResult:
     policy_dir: str
     history: list[dict[str, Any]]
     evals: list[dict[str, Any]]
-
-
-def shared_run_dir(cfg: ConfigModel, run: RunConfig, command: str, state: Any) -> Path:
-    """The run directory, prepared (and its resolved config written) by the main process only and agreed on by every
-    process of a distributed run: otherwise the other ranks would find the main rank's fresh config and refuse to
-    start ("already holds a run"). ``state`` is an accelerate ``Accelerator`` or ``PartialState``."""
-    payload: list[str | None] = [None, None]  # [run directory, config error]
-    if state.is_main_process:
-        try:
-            payload[0] = str(prepare_run_dir(cfg, run, command))
-        except ConfigError as exc:
-            payload[1] = str(exc)
-    if state.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        broadcast_object_list(payload, from_process=0)
-    if payload[1] is not None:
-        raise ConfigError(payload[1])
-    return Path(str(payload[0]))
 
 
 def sync_policy(

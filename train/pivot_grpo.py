@@ -59,6 +59,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from memrl.data.config import ConfigError, ConfigModel, PlacementConfig, RunConfig
 from memrl.data.io import atomic_write_text, read_jsonl, write_jsonl
+from memrl.data.run_dir import shared_run_dir
 from memrl.data.schemas import Episode, TokenUsage
 from memrl.data.tasks import ProactiveTask, TaskSetConfig, family_of, load_tasks, task_from_episode
 from memrl.data.tracking import MetricsLogger
@@ -66,7 +67,7 @@ from memrl.rewards.groups import pivot_groups
 from memrl.rewards.pivot import PivotRewardConfig
 from memrl.rollout.agents import task_rollout
 from memrl.rollout.engines.base import Engine
-from memrl.rollout.engines.config import EndpointConfig, EngineConfig, place_policy_engine
+from memrl.rollout.engines.config import EngineConfig, place_policy_engine, served_engine
 from memrl.rollout.engines.factory import build_engine
 from memrl.rollout.loop import EngineSet, run_rollouts
 from memrl.rollout.memory.base import RoleSampling
@@ -85,7 +86,7 @@ from memrl.rollout.pivots import (
     sample_pivot_groups,
 )
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
-from memrl.train.online import LoopConfig, OnlineLoop, shared_run_dir, stale_sampling_tis
+from memrl.train.online import LoopConfig, OnlineLoop, stale_sampling_tis
 from memrl.train.policy import PolicySpec
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,8 @@ __all__ = [
     "PivotTaskSet",
     "ProactiveTaskSetConfig",
     "draw_sites",
-    "evaluate_memory",
     "evaluate_policy",
+    "evaluate_proactive",
     "group_metrics",
     "load_task_set",
     "refresh_pool",
@@ -247,21 +248,7 @@ def _reasoner_config(cfg: PivotGRPOConfig) -> EngineConfig:
     """The frozen action agent: ``placement.reasoner``'s endpoints when set (with ``cfg.reasoner``'s client settings
     when it is an ``openai`` engine), else ``cfg.reasoner``."""
     served = cfg.placement.reasoner
-    if served is None:
-        return cfg.reasoner
-    if not served.endpoints:
-        raise ConfigError("placement.reasoner lists no endpoints")
-    client = cfg.reasoner if cfg.reasoner.backend == "openai" else None
-    template = client.endpoints[0] if client is not None else EndpointConfig(url=served.endpoints[0])
-    endpoints = [
-        template.model_copy(update={"url": url, "model": served.model, "api_key_env": served.api_key_env})
-        for url in served.endpoints
-    ]
-    if client is not None:
-        return client.model_copy(update={"model": served.model, "endpoints": endpoints})
-    return EngineConfig(
-        backend="openai", name=cfg.reasoner.name or "action-agent", model=served.model, endpoints=endpoints
-    )
+    return cfg.reasoner if served is None else served_engine(served, cfg.reasoner, cfg.reasoner.name or "action-agent")
 
 
 def _with_truths(engine: Engine, tasks: list[Any]) -> Engine:
@@ -291,7 +278,7 @@ def _at_temperature(memory: ProactiveConfig, temperature: float | None) -> Proac
     return memory.model_copy(update={"sampling": sampling})
 
 
-def evaluate_memory(
+def evaluate_proactive(
     tasks: list[Any],
     engines: EngineSet,
     memory: ProactiveConfig,
@@ -437,7 +424,7 @@ def evaluate_policy(
     baselines: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
 
     def run(memory: ProactiveConfig) -> dict[str, float]:
-        return evaluate_memory(
+        return evaluate_proactive(
             tasks, engines, memory, seed=cfg.run.seed, repeats=cfg.eval.repeats, reasoner_sampling=cfg.reasoner_sampling
         )
 

@@ -52,7 +52,7 @@ def rows_from_groups(groups: list[Group], *, skip_zero_advantage: bool = True) -
 
 
 def advantage_shares(rows: list[Row]) -> dict[str, float]:
-    """Where an update's advantage comes from (issue 39's diagnostics), over the rows it trains:
+    """Where an update's advantage comes from, over the rows it trains:
 
     - ``outcome_tied_row_fraction`` / ``outcome_tied_advantage_fraction``: the share of rows, and of the total |A|,
       from groups whose outcomes tie (their advantage is set by shaping alone);

@@ -47,7 +47,7 @@ from memrl.data.config import (
     resolve_deepspeed_config,
 )
 from memrl.data.io import atomic_write_text, storage_error
-from memrl.data.run_dir import prepare_run_dir
+from memrl.data.run_dir import shared_run_dir
 from memrl.data.schemas import SFTExample
 from memrl.data.tracking import progress_bar
 from memrl.train.checkpoint import record_saved, resume_point, verify_trainer_checkpoint
@@ -461,23 +461,6 @@ def _init_wandb(wandb_cfg: WandbConfig, run_dir: Path, config: dict[str, Any]) -
     )
 
 
-def _shared_run_dir(cfg: SFTRunConfig, state: Any) -> Path:
-    """The run directory, prepared by the main process and agreed on by every process."""
-    from accelerate.utils import broadcast_object_list
-
-    payload: list[Any] = [None]
-    if state.is_main_process:
-        try:
-            payload = [str(prepare_run_dir(cfg, cfg.run, "sft"))]
-        except ConfigError as exc:
-            payload = [exc]
-    if state.num_processes > 1:
-        broadcast_object_list(payload)
-    if isinstance(payload[0], ConfigError):
-        raise payload[0]
-    return Path(payload[0])
-
-
 def _save_final(trainer: Any, cfg: SFTRunConfig, final: Path, roles: list[str]) -> None:
     """Write the final adapter or full weights (safetensors), tokenizer and chat template into ``final``."""
     from peft import PeftModel
@@ -516,7 +499,7 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
     provisional = Path(cfg.run.output_dir) / (cfg.run.name or "sft") / "checkpoints"
     args = sft_args(cfg, provisional, bool(eval_rows))  # initialises the process group
     state = args.distributed_state
-    run_dir = _shared_run_dir(cfg, state)
+    run_dir = shared_run_dir(cfg, cfg.run, "sft", state)
     ckpt_dir = run_dir / "checkpoints"
     args.output_dir = str(ckpt_dir)
     main = state.is_main_process

@@ -125,9 +125,36 @@ class Env(abc.ABC):
     def reset(self) -> str:
         """Build the initial state from the seed; return the first observation (the answer to ``look``)."""
 
-    @abc.abstractmethod
     def step(self, action: str) -> str:
-        """Apply ``action``; return the observation. ``self.events`` then holds what happened."""
+        """Apply ``action``; return the observation. ``self.events`` then holds what happened; an impossible action
+        fails with a diagnostic and leaves the state unchanged. A met goal-chain step advances the chain; at
+        verbosity 2 the observation ends with what the agent carries and the goal."""
+        s: Any = self.s  # type: ignore[attr-defined]
+        world: Any = self
+        self.events = []
+        s.last_failure = None
+        lines = self._act(action.strip())
+        if isinstance(lines, str):
+            return lines
+        done = s.goal is not None and world.step_met(s.goal) and self._advance_goal(lines)
+        if not done and self.params.verbosity >= 2:  # type: ignore[attr-defined]
+            lines += [self._carry_line(), f"goal: {world.goal_text()}{self._progress()}"]
+        return "\n".join(lines)
+
+    @abc.abstractmethod
+    def _act(self, action: str) -> list[str] | str:
+        """The observation lines of ``action`` applied to the state, or (a str) the diagnostic of an impossible
+        action (:meth:`_fail`)."""
+
+    @abc.abstractmethod
+    def _carry_line(self) -> str:
+        """What the agent carries, as the line verbose observations end with."""
+
+    def _fail(self, action: str, reason: str) -> str:
+        """Record a failed action (``last_failure``, a ``fail`` event); its diagnostic observation."""
+        self.s.last_failure = reason  # type: ignore[attr-defined]
+        self.events.append(Event("fail", (action, reason)))
+        return f"you cannot {action}: {reason}." if self.params.verbosity else f"failed: {reason}"  # type: ignore[attr-defined]
 
     @abc.abstractmethod
     def optimal_action(self) -> str:

@@ -283,17 +283,9 @@ class GridWorldEnv(Env):
         return self.room_of(s.agent) == step[1]
 
     # ------------------------------------------------------------------------------------------------ stepping
-    def _fail(self, action: str, reason: str) -> str:
-        self.s.last_failure = reason
-        self.events.append(Event("fail", (action, reason)))
-        return f"you cannot {action}: {reason}." if self.params.verbosity else f"failed: {reason}"
-
-    def step(self, action: str) -> str:
-        """Apply ``action`` and return the observation."""
+    def _act(self, action: str) -> list[str] | str:
+        """The observation lines of ``action`` applied, or the diagnostic of an impossible one."""
         s, v = self.s, self.params.verbosity
-        self.events = []
-        s.last_failure = None
-        action = action.strip()
         before = self.room_of(s.agent)
         if m := re.fullmatch(r"go (north|south|east|west)", action):
             dx, dy = _MOVES[m.group(1)]
@@ -347,11 +339,10 @@ class GridWorldEnv(Env):
             lines = self._describe(full=True)
         else:
             return self._fail(action, "unknown action")
-        done = s.goal is not None and self.step_met(s.goal) and self._advance_goal(lines)
-        if not done and v >= 2:
-            lines.append(f"you carry the {s.carrying}." if s.carrying else "you carry nothing.")
-            lines.append(f"goal: {self.goal_text()}{self._progress()}")
-        return "\n".join(lines)
+        return lines
+
+    def _carry_line(self) -> str:
+        return f"you carry the {self.s.carrying}." if self.s.carrying else "you carry nothing."
 
     # ------------------------------------------------------------------------------------------------ policy
     def _bfs(self, targets: set[Cell], ignore_locks: bool = False) -> list[Cell] | None:

@@ -288,17 +288,9 @@ class TextWorldEnv(Env):
         return s.loc[step[1]] == step[2]
 
     # ------------------------------------------------------------------------------------------------ stepping
-    def _fail(self, action: str, reason: str) -> str:
-        self.s.last_failure = reason
-        self.events.append(Event("fail", (action, reason)))
-        return f"you cannot {action}: {reason}." if self.params.verbosity else f"failed: {reason}"
-
-    def step(self, action: str) -> str:
-        """Apply ``action`` and return the observation."""
+    def _act(self, action: str) -> list[str] | str:
+        """The observation lines of ``action`` applied, or the diagnostic of an impossible one."""
         s, v = self.s, self.params.verbosity
-        self.events = []
-        s.last_failure = None
-        action = action.strip()
         kind, m = next(((k, r.match(action)) for k, r in _ACTION_RE if r.match(action)), (None, None))
         lines: list[str]
         if kind is None or m is None:
@@ -389,12 +381,10 @@ class TextWorldEnv(Env):
         else:
             carried = sorted(self._contents(INVENTORY))
             lines = [f"you carry: {', '.join(carried) or 'nothing'}." if v else f"carry: {' '.join(carried) or '-'}"]
-        done = s.goal is not None and self.step_met(s.goal) and self._advance_goal(lines)
-        if not done and v >= 2:
-            carried = sorted(self._contents(INVENTORY))
-            lines.append(f"you carry: {', '.join(carried) or 'nothing'}.")
-            lines.append(f"goal: {self.goal_text()}{self._progress()}")
-        return "\n".join(lines)
+        return lines
+
+    def _carry_line(self) -> str:
+        return f"you carry: {', '.join(sorted(self._contents(INVENTORY))) or 'nothing'}."
 
     # ------------------------------------------------------------------------------------------------ policy
     def _path_step(self, target_room: str) -> str | None:

@@ -40,6 +40,14 @@ class Where:
             raise self.error(name, f"expected {_names(kinds)}, got {_json_type(value)}")
         return value
 
+    def objects(self, obj: dict[str, Any], field: str, prefix: str = "") -> Iterator[tuple[int, str, dict[str, Any]]]:
+        """The objects of the array ``obj[field]``: (index, the field prefix ``field[i].``, object); an element that
+        is not an object is an error naming it."""
+        for i, item in enumerate(self.get(obj, field, list, prefix)):
+            if not isinstance(item, dict):
+                raise self.error(f"{prefix}{field}[{i}]", "expected an object")
+            yield i, f"{prefix}{field}[{i}].", item
+
     def text(self, obj: dict[str, Any], field: str, prefix: str = "") -> str:
         """A string field; integers and floats (some benchmarks store numeric answers) become text."""
         value = self.get(obj, field, (str, int, float), prefix)

@@ -57,10 +57,7 @@ def load_amabench(path: str | Path) -> list[Episode]:
         defaults: list[str] = []
         turns = []
         unnumbered: list[int] = []
-        for i, turn in enumerate(where.get(obj, "trajectory", list)):
-            prefix = f"trajectory[{i}]."
-            if not isinstance(turn, dict):
-                raise where.error(f"trajectory[{i}]", "expected an object")
+        for i, prefix, turn in where.objects(obj, "trajectory"):
             if "turn_idx" in turn:
                 turn_idx = where.get(turn, "turn_idx", int, prefix)
             else:
@@ -77,10 +74,7 @@ def load_amabench(path: str | Path) -> list[Episode]:
         if not turns:
             raise where.error("trajectory", "empty trajectory")
         qas = []
-        for i, qa in enumerate(where.get(obj, "qa_pairs", list)):
-            prefix = f"qa_pairs[{i}]."
-            if not isinstance(qa, dict):
-                raise where.error(f"qa_pairs[{i}]", "expected an object")
+        for _, prefix, qa in where.objects(obj, "qa_pairs"):
             qa_defaults: list[str] = []
             answer = _default(where, qa, "answer", "", f"{prefix}answer", qa_defaults)
             meta: dict[str, Any] = {k: v for k, v in qa.items() if k not in _AMA_QA_FIELDS}
@@ -176,10 +170,7 @@ def load_locomo(path: str | Path) -> list[Episode]:
             date_key = f"{key}_date_time"
             date = where.text(conv, date_key, "conversation.") if date_key in conv else ""
             dates[str(number)] = date
-            for i, utt in enumerate(where.get(conv, key, list, "conversation.")):
-                prefix = f"conversation.{key}[{i}]."
-                if not isinstance(utt, dict):
-                    raise where.error(f"conversation.{key}[{i}]", "expected an object")
+            for i, prefix, utt in where.objects(conv, key, "conversation."):
                 speaker = where.text(utt, "speaker", prefix)
                 dia_id = where.text(utt, "dia_id", prefix)
                 caption = where.optional_text(utt, "blip_caption", None, prefix)
@@ -197,10 +188,7 @@ def load_locomo(path: str | Path) -> list[Episode]:
         if not turns:
             raise where.error("conversation", "empty trajectory (no session_N utterances)")
         qas = []
-        for i, qa in enumerate(where.get(obj, "qa", list)):
-            prefix = f"qa[{i}]."
-            if not isinstance(qa, dict):
-                raise where.error(f"qa[{i}]", "expected an object")
+        for i, prefix, qa in where.objects(obj, "qa"):
             category = where.get(qa, "category", int, prefix)
             if category not in LOCOMO_CATEGORIES:
                 raise where.error(f"{prefix}category", f"expected 1-5, got {category}")

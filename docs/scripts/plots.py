@@ -279,6 +279,29 @@ def gpu_trainer() -> Any:
     return fig
 
 
+@plot("packed_attention_cpu")
+def packed_attention_cpu() -> Any:
+    """CPU seconds of one attention layer (forward and backward) over a packed micro-batch, per path, against the
+    token budget: the packed path follows the rows' squared lengths, the dense mask the budget's square."""
+    data = load("packed_attention_cpu.json")
+    cases = data["cases"]
+    budgets = [c["budget"] for c in cases]
+    fig, ax = plt.subplots(figsize=(6.5, 2.8))
+    for key, label, colour in (("packed", "packed rows, no mask", BLUE), ("dense_mask", "dense [L, L] mask", RED),
+                               ("padded", "padded rows", GREY)):  # fmt: skip
+        ax.plot(budgets, [c[key]["attention_cpu_seconds"] for c in cases], "o-", color=colour, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(budgets, [f"{b // 1024}K" for b in budgets])
+    ax.set_xlabel("tokens in the packed micro-batch (rows of mixed lengths)")
+    ax.set_ylabel("CPU s, one attention layer")
+    ax.legend(fontsize=8, frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
 @plot("reentry")
 def reentry() -> Any:
     """Seconds to re-enter a state against the steps already taken, by replay and by snapshot/restore."""

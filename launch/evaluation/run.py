@@ -134,6 +134,16 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
                     bar = progress_bar(
                         total=items_of(spec, data), desc=f"{spec.name} {system.name} {model.name}", leave=False
                     )
+                    common: dict[str, Any] = {
+                        "dataset": spec.name,
+                        "system": system.name,
+                        "model": model.name,
+                        "skip": done,
+                        "scorer": scorer,
+                        "count_tokens": count_tokens,
+                        "seed": cfg.run.seed,
+                        "on_progress": bar.update,
+                    }
                     if spec.kind in QA_KINDS:
                         memory = engines.memory_model(model) or engines.scripted(ExtractiveMemoryModel(), "extractive")
                         reasoner = qa_reasoner or engines.scripted(reader, "reader")
@@ -141,19 +151,12 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
                             data,
                             system.memory,
                             EngineSet(reasoner=reasoner, memory=memory),
-                            dataset=spec.name,
-                            system=system.name,
-                            model=model.name,
                             reader=reader,
-                            skip=done,
-                            scorer=scorer,
-                            count_tokens=count_tokens,
                             episodes_per_batch=cfg.episodes_per_batch,
                             slack_steps=cfg.slack_steps,
-                            seed=cfg.run.seed,
                             max_questions=spec.max_questions,
-                            on_progress=bar.update,
                             free_text_answers=cfg.free_text_answers,
+                            **common,
                         )
                     else:
                         engine_set = task_engines(spec, data, engines, engines.memory_model(model))
@@ -161,16 +164,9 @@ def evaluate(cfg: EvalConfig, run_dir: str | Path) -> dict[str, Any]:
                             data,
                             system.memory,
                             engine_set,
-                            dataset=spec.name,
-                            system=system.name,
-                            model=model.name,
                             samples=spec.samples,
                             temperature=spec.temperature,
-                            skip=done,
-                            scorer=scorer,
-                            count_tokens=count_tokens,
-                            seed=cfg.run.seed,
-                            on_progress=bar.update,
+                            **common,
                         )
                     for record in records:
                         if record["key"] in done:

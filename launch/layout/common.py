@@ -463,6 +463,18 @@ def launcher_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def launcher_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str], example: str = "sft --config FILE"
+) -> tuple[argparse.Namespace, list[str]]:
+    """``[launcher options] [--] COMMAND...`` parsed: the options and the command. Without ``--help``, a launcher of
+    the memrl CLI (``--module`` left at ``memrl.launch.cli``, or none) needs a command (the error shows ``example``)."""
+    own, command = split_command(argv)
+    args = parser.parse_args(own)
+    if not args.help and not command and getattr(args, "module", "memrl.launch.cli") == "memrl.launch.cli":
+        raise LaunchError(f"give the memrl command to run after the options, e.g. -- {example}")
+    return args, command
+
+
 def help_plan(parser: argparse.ArgumentParser) -> Plan:
     """The plan that prints ``parser``'s help and starts nothing."""
     return Plan(parser.format_help().rstrip().splitlines(), {}, {"help": True}, dry_run=True)

@@ -17,9 +17,9 @@ from memrl.launch.layout.common import (
     add_device_argument,
     command_kind,
     help_plan,
+    launcher_args,
     launcher_parser,
     shell_command,
-    split_command,
     training_env,
 )
 from memrl.launch.layout.hosts import (
@@ -80,12 +80,9 @@ def _deepspeed_parser() -> argparse.ArgumentParser:
 def plan_deepspeed(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     """Plan ``launch/deepspeed.sh [options] [--] COMMAND...``."""
     parser = _deepspeed_parser()
-    own, command = split_command(argv)
-    args = parser.parse_args(own)
+    args, command = launcher_args(parser, argv)
     if args.help:
         return help_plan(parser)
-    if not command and args.module == "memrl.launch.cli":
-        raise LaunchError("give the memrl command to run after the options, e.g. -- sft --config FILE")
     if args.hostfile and args.hosts:
         raise LaunchError("give --hostfile or --hosts, not both")
     slurm = SlurmEnv.from_env(env)

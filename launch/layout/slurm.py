@@ -25,9 +25,9 @@ from memrl.launch.layout.common import (
     index_range,
     is_resumable,
     launch_view,
+    launcher_args,
     launcher_parser,
     shell_command,
-    split_command,
     text_table,
     train_layout,
 )
@@ -131,12 +131,9 @@ def _services(args: argparse.Namespace, stage: str) -> tuple[str, list[tuple[str
 def plan_slurm(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     """Plan ``launch/slurm/memrl.sbatch [options] [--] COMMAND...`` for the whole allocation."""
     parser = _slurm_parser()
-    own, command = split_command(argv)
-    args = parser.parse_args(own)
+    args, command = launcher_args(parser, argv, "train oat-grpo --config FILE")
     if args.help:
         return help_plan(parser)
-    if not command:
-        raise LaunchError("give the memrl command to run after the options, e.g. -- train oat-grpo --config FILE")
     slurm = SlurmEnv.from_env(env)
     if slurm is None and not args.dry_run:
         raise LaunchError("not inside a Slurm allocation: submit with sbatch, or plan with --dry-run")

@@ -19,14 +19,11 @@ from memrl.launch.layout.common import (
     command_kind,
     help_plan,
     launch_view,
+    launcher_args,
     launcher_parser,
     shell_command,
-    split_command,
     train_layout,
     training_env,
-)
-from memrl.launch.layout.hosts import (
-    LaunchError,
 )
 
 
@@ -71,12 +68,9 @@ def plan_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> Plan:
     """Plan ``launch/torchrun.sh [options] [--] COMMAND...`` for this node. A command that is not distributed runs
     as one plain process on node rank 0, and the other nodes start nothing."""
     parser = _torchrun_parser()
-    own, command = split_command(argv)
-    args = parser.parse_args(own)
+    args, command = launcher_args(parser, argv)
     if args.help:
         return help_plan(parser)
-    if not command and args.module == "memrl.launch.cli":
-        raise LaunchError("give the memrl command to run after the options, e.g. -- sft --config FILE")
     memrl = MemrlCommand(command)
     kind = command_kind(args.module, memrl)
     layout = train_layout(

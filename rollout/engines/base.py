@@ -22,14 +22,18 @@ import abc
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.data.registry import ComponentError, Registration, Registry, check_protocol, is_entry
 from memrl.data.schemas import MemoryCall, Message
 
 __all__ = [
+    "BUILTIN_ENGINES",
+    "ENGINES",
     "Completion",
     "Engine",
     "EngineError",
@@ -39,11 +43,15 @@ __all__ = [
     "SamplingParams",
     "Usage",
     "chat_prompt_ids",
+    "engine_registration",
     "find_stop",
+    "register_engine",
+    "request_prompt_ids",
     "sample_seed",
     "set_torch_threads",
     "to_memory_call",
     "torch_threads",
+    "unknown_backend",
 ]
 
 
@@ -213,7 +221,7 @@ class Engine(abc.ABC):
         """Free accelerator memory between rollouts (the trainer updates meanwhile); the next use wakes the engine."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
-        """Release processes, sockets and memory held by the engine."""
+        """Free the processes, sockets and memory the engine holds."""
 
     def __enter__(self) -> Engine:
         return self
@@ -243,6 +251,79 @@ def chat_prompt_ids(
         **(chat_template_kwargs or {}),
     )
     return [int(i) for i in ids]
+
+
+def _check_engine(obj: Any) -> None:
+    check_protocol(obj, "engine", methods=("from_config", "generate"))
+    if not (isinstance(obj, type) and issubclass(obj, Engine)):
+        raise ComponentError(f"engine {getattr(obj, '__module__', '?')}:{obj.__qualname__} must subclass Engine")
+
+
+ENGINES: Registry[Any] = Registry("engine backend", _check_engine)
+"""Engine backends by name (``EngineConfig.backend``): a registered :class:`Engine` subclass with a
+``from_config(cfg)`` classmethod (``from_config(cfg, policy)`` where a scripted policy object can be passed in)."""
+
+BUILTIN_ENGINES = {
+    "vllm": "memrl.rollout.engines.vllm_engine",
+    "hf": "memrl.rollout.engines.hf_engine",
+    "openai": "memrl.rollout.engines.openai_engine",
+    "scripted": "memrl.rollout.engines.scripted",
+}
+"""The built-in backends and the modules that register them: a module is imported when its backend is first built,
+so a run imports only the heavy dependencies (vLLM, transformers, httpx) of the engines it uses."""
+
+
+def register_engine(name: str) -> Any:
+    """Class decorator: an :class:`Engine` subclass selectable by ``engine: {backend: NAME}``."""
+    return ENGINES.decorator(name)
+
+
+def unknown_backend(backend: str) -> str | None:
+    """Why ``backend`` names no engine (None when it is a built-in, a registered name or an import path)."""
+    if is_entry(backend) or backend in BUILTIN_ENGINES or backend in ENGINES:
+        return None
+    known = sorted({*BUILTIN_ENGINES, *ENGINES.names()})
+    return (
+        f"unknown engine backend {backend!r}; registered: {', '.join(known)} "
+        f"(or your own Engine subclass by import path, 'package.module:Class')"
+    )
+
+
+def engine_registration(backend: str) -> Registration[Any]:
+    """The registration of ``backend``: a built-in name (its module imported first), a registered name, or an import
+    path ``package.module:Class``; a :class:`~memrl.data.registry.ComponentError` saying what is wrong otherwise."""
+    if error := unknown_backend(backend):
+        raise ComponentError(error)
+    if backend in BUILTIN_ENGINES and backend not in ENGINES:
+        importlib.import_module(BUILTIN_ENGINES[backend])
+    reg = ENGINES.get(backend)
+    if not reg.name:  # an unregistered class named by import path
+        _check_engine(reg.obj)
+    return reg
+
+
+def request_prompt_ids(
+    requests: list[GenerationRequest],
+    tokenizer: Any,
+    chat_template_kwargs: dict[str, Any] | None,
+    max_model_len: int,
+    engine: str,
+) -> list[list[int]]:
+    """Each request's prompt token ids: its own ``prompt_ids``, else its messages rendered with the chat template. An
+    :class:`EngineError` naming ``engine`` and the request when a prompt is empty or leaves no room to generate."""
+    prompts: list[list[int]] = []
+    for r, req in enumerate(requests):
+        ids = (
+            list(req.prompt_ids)
+            if req.prompt_ids is not None
+            else chat_prompt_ids(tokenizer, req.messages or [], chat_template_kwargs)
+        )
+        if not ids:
+            raise EngineError(f"{engine}: request {r} has an empty prompt")
+        if len(ids) >= max_model_len:
+            raise EngineError(f"{engine}: request {r} has {len(ids)} prompt tokens, max_model_len is {max_model_len}")
+        prompts.append(ids)
+    return prompts
 
 
 def set_torch_threads(n: int) -> None:

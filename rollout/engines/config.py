@@ -10,12 +10,20 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from memrl.data.config import ConfigError, ConfigModel, EndpointURL, PolicyPlacement
+from memrl.data.config import ConfigError, ConfigModel, EndpointURL, PolicyPlacement, ServedModel
 from memrl.data.schemas import ScriptedPolicy
+from memrl.rollout.engines.base import unknown_backend
 
-__all__ = ["EndpointConfig", "EngineConfig", "load_scripted_policy", "place_policy_engine", "scripted_policy_class"]
+__all__ = [
+    "EndpointConfig",
+    "EngineConfig",
+    "load_scripted_policy",
+    "place_policy_engine",
+    "scripted_policy_class",
+    "served_engine",
+]
 
 
 class EndpointConfig(ConfigModel):
@@ -46,7 +54,7 @@ class EngineConfig(ConfigModel):
     thread while generating). ``prefix_cache_*`` size the scripted backend's simulated vLLM prefix cache.
     """
 
-    backend: Literal["vllm", "hf", "openai", "scripted"]  # vllm, hf (transformers), openai (HTTP) or scripted
+    backend: str  # vllm, hf (transformers), openai (HTTP), scripted, or a registered engine (name or import path)
     name: str | None = None  # label in results and logs; None: the backend name
     model: str | None = None  # checkpoint path or hub id; openai: the served model name
     tokenizer: str | None = None  # tokenizer path or hub id; None: model's (vllm, hf)
@@ -94,6 +102,13 @@ class EngineConfig(ConfigModel):
     prefix_cache_block_size: int = Field(16, ge=1)  # block size (tokens) of the simulated prefix cache
     prefix_cache_tokens: int = Field(1 << 22, ge=1)  # capacity (tokens) of the simulated prefix cache
 
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        if error := unknown_backend(backend):
+            raise ValueError(error)
+        return backend
+
     @model_validator(mode="after")
     def _backend_needs(self) -> EngineConfig:
         if self.backend in ("vllm", "hf") and not self.model:
@@ -114,6 +129,16 @@ class EngineConfig(ConfigModel):
         if self.sleep_level == 2 and self.enable_lora:
             raise ValueError("sleep_level 2 drops the base weights a LoRA policy serves from: use sleep_level 1")
         return self
+
+    def load_tokenizer(self) -> Any:
+        """The tokenizer ``tokenizer`` names, else ``model``'s (None when neither is set), with the config's
+        ``trust_remote_code`` and ``revision``."""
+        name = self.tokenizer or self.model
+        if not name:
+            return None
+        from memrl.rollout.models import load_tokenizer
+
+        return load_tokenizer(name, trust_remote_code=self.trust_remote_code, revision=self.revision)
 
     @property
     def engine_name(self) -> str:
@@ -185,3 +210,19 @@ def load_scripted_policy(path: str, kwargs: dict[str, Any] | None = None) -> Scr
     """Instantiate a scripted policy (a reasoner registered with ``@register_reasoner``, by name: ``sam``,
     ``action_agent``, ...; or any class by import path ``"package.module:Class"``) with keyword arguments."""
     return scripted_policy_class(path)(**(kwargs or {}))
+
+
+def served_engine(served: ServedModel, client: EngineConfig | None, name: str) -> EngineConfig:
+    """An ``openai`` engine on the endpoints of a placement entry; ``client``, when it is an ``openai`` engine config,
+    lends its client settings (api, timeouts, retries, per-endpoint concurrency, chat template kwargs)."""
+    if not served.endpoints:
+        raise ConfigError(f"placement: {name} ({served.model}) lists no endpoints")
+    client = client if client is not None and client.backend == "openai" else None
+    template = client.endpoints[0] if client is not None else EndpointConfig(url=served.endpoints[0])
+    endpoints = [
+        template.model_copy(update={"url": url, "model": served.model, "api_key_env": served.api_key_env})
+        for url in served.endpoints
+    ]
+    if client is not None:
+        return client.model_copy(update={"name": name, "model": served.model, "endpoints": endpoints})
+    return EngineConfig(backend="openai", name=name, model=served.model, endpoints=endpoints)

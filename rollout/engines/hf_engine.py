@@ -28,8 +28,9 @@ from memrl.rollout.engines.base import (
     GenerationResult,
     SamplingParams,
     Usage,
-    chat_prompt_ids,
     find_stop,
+    register_engine,
+    request_prompt_ids,
     sample_seed,
     torch_threads,
 )
@@ -67,6 +68,7 @@ class _SeededSampler(LogitsProcessor):
         return forced.scatter_(-1, chosen[:, None], 0.0)
 
 
+@register_engine("hf")
 class HFEngine(Engine):
     """A transformers causal LM and its tokenizer behind the engine interface."""
 
@@ -102,19 +104,16 @@ class HFEngine(Engine):
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> HFEngine:
         """Load ``cfg.model`` (safetensors) and its tokenizer; device defaults to CUDA when available."""
-        from memrl.rollout.models import load_causal_lm, load_tokenizer
+        from memrl.rollout.models import load_causal_lm
 
         assert cfg.model is not None
         device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
         model = load_causal_lm(
             cfg.model, dtype=cfg.dtype, device=device, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
         )
-        tokenizer = load_tokenizer(
-            cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
-        )
         return cls(
             model,
-            tokenizer,
+            cfg.load_tokenizer(),
             seed=cfg.seed,
             name=cfg.engine_name,
             batch_size=cfg.batch_size,
@@ -128,21 +127,9 @@ class HFEngine(Engine):
         """Generate every sample of every request; rows with equal sampling settings are batched together."""
         if self.model is None:
             raise EngineError(f"{self.name}: the engine is closed")
-        prompts: list[list[int]] = []
+        prompts = request_prompt_ids(requests, self.tokenizer, self.chat_template_kwargs, self.max_model_len, self.name)
         rows: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
         for r, req in enumerate(requests):
-            ids = (
-                list(req.prompt_ids)
-                if req.prompt_ids is not None
-                else chat_prompt_ids(self.tokenizer, req.messages or [], self.chat_template_kwargs)
-            )
-            if not ids:
-                raise EngineError(f"{self.name}: request {r} has an empty prompt")
-            if len(ids) >= self.max_model_len:
-                raise EngineError(
-                    f"{self.name}: request {r} has {len(ids)} prompt tokens, max_model_len is {self.max_model_len}"
-                )
-            prompts.append(ids)
             sp = req.sampling
             key = (sp.temperature, sp.top_p, sp.top_k, tuple(sp.stop), sp.ignore_eos, sp.logprobs)
             seed = self.request_seed(sp)

@@ -58,6 +58,7 @@ from memrl.rollout.engines.base import (
     SamplingParams,
     Usage,
     chat_prompt_ids,
+    register_engine,
     sample_seed,
 )
 from memrl.rollout.engines.config import EndpointConfig, EngineConfig
@@ -183,6 +184,7 @@ class _Sample:
     cost: float
 
 
+@register_engine("openai")
 class OpenAIEngine(Engine):
     """Any OpenAI-compatible endpoints behind the engine interface (see the module docstring)."""
 

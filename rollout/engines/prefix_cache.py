@@ -6,7 +6,7 @@ that are cached, but never the last prompt token (its logits must be computed), 
 ``(L - 1) // block_size`` blocks hit. Blocks are cached as soon as their KV is computed: the prompt's full blocks at
 scheduling time (a later request in the same batch already hits them) and the generated tokens' full blocks as they
 are produced (every generated token but the last is fed back through the model). Eviction is least recently used,
-and a request's blocks are released tail first (as vLLM frees them), so a shared prefix outlives its branches.
+and a request's blocks are freed tail first (as vLLM frees them), so a shared prefix outlives its branches.
 
 The scripted engine uses this so a frozen scripted reasoner's token accounting includes cached prefill exactly as a
 vLLM reasoner would report it (``RequestOutput.num_cached_tokens``); tests compare both on the same token streams.

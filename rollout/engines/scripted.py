@@ -27,14 +27,16 @@ from memrl.rollout.engines.base import (
     Usage,
     chat_prompt_ids,
     find_stop,
+    register_engine,
     sample_seed,
 )
-from memrl.rollout.engines.config import EngineConfig
+from memrl.rollout.engines.config import EngineConfig, load_scripted_policy
 from memrl.rollout.engines.prefix_cache import PrefixCacheSimulator
 
 __all__ = ["DelayedEngine", "DelayedPolicy", "ScriptedEngine"]
 
 
+@register_engine("scripted")
 class ScriptedEngine(Engine):
     """Answer requests with a :class:`ScriptedPolicy`; optional tokenizer for token ids and cache accounting."""
 
@@ -57,18 +59,16 @@ class ScriptedEngine(Engine):
         self.cache = PrefixCacheSimulator(block_size, cache_tokens)
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig, policy: ScriptedPolicy) -> ScriptedEngine:
-        """Build from an :class:`EngineConfig` (``tokenizer`` or ``model`` names the tokenizer, if any)."""
-        tokenizer = None
-        if cfg.tokenizer or cfg.model:
-            from memrl.rollout.models import load_tokenizer
-
-            tokenizer = load_tokenizer(
-                cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
-            )
+    def from_config(cls, cfg: EngineConfig, policy: ScriptedPolicy | None = None) -> ScriptedEngine:
+        """Build from an :class:`EngineConfig` (``tokenizer`` or ``model`` names the tokenizer, if any); ``policy``
+        (default: the one ``scripted_policy`` names, with ``scripted_kwargs``) is the agent."""
+        if policy is None:
+            if not cfg.scripted_policy:
+                raise ValueError("backend 'scripted' needs 'scripted_policy' in the config or a policy argument")
+            policy = load_scripted_policy(cfg.scripted_policy, cfg.scripted_kwargs)
         return cls(
             policy,
-            tokenizer=tokenizer,
+            tokenizer=cfg.load_tokenizer(),
             seed=cfg.seed,
             name=cfg.name,
             block_size=cfg.prefix_cache_block_size,

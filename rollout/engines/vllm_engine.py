@@ -45,7 +45,8 @@ from memrl.rollout.engines.base import (
     GenerationRequest,
     GenerationResult,
     Usage,
-    chat_prompt_ids,
+    register_engine,
+    request_prompt_ids,
     sample_seed,
     torch_threads,
 )
@@ -85,6 +86,7 @@ def _modules_hidden_from_vllm_kernel_scan() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
+@register_engine("vllm")
 class VLLMEngine(Engine):
     """A ``vllm.LLM`` behind the engine interface, with LoRA hot-swap and in-place full-weight updates."""
 
@@ -120,8 +122,6 @@ class VLLMEngine(Engine):
     def from_config(cls, cfg: EngineConfig) -> VLLMEngine:
         """Start a ``vllm.LLM`` for ``cfg.model`` with the platform's defaults (see the module docstring)."""
         from vllm.platforms import current_platform
-
-        from memrl.rollout.models import load_tokenizer
 
         assert cfg.model is not None
         cpu = current_platform.is_cpu()
@@ -173,12 +173,9 @@ class VLLMEngine(Engine):
 
         with torch_threads(threads), _modules_hidden_from_vllm_kernel_scan(), _visible_gpus(cfg.cuda_devices):
             llm = LLM(**kwargs)
-        tokenizer = load_tokenizer(
-            cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
-        )
         return cls(
             llm,
-            tokenizer,
+            cfg.load_tokenizer(),
             name=cfg.engine_name,
             seed=cfg.seed,
             chat_template_kwargs=cfg.chat_template_kwargs,
@@ -193,22 +190,10 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
 
         llm = self._running()
-        prompts: list[list[int]] = []
+        prompts = request_prompt_ids(requests, self.tokenizer, self.chat_template_kwargs, self.max_model_len, self.name)
         batch: list[Any] = []
         params: list[Any] = []
-        for r, req in enumerate(requests):
-            ids = (
-                list(req.prompt_ids)
-                if req.prompt_ids is not None
-                else chat_prompt_ids(self.tokenizer, req.messages or [], self.chat_template_kwargs)
-            )
-            if not ids:
-                raise EngineError(f"{self.name}: request {r} has an empty prompt")
-            if len(ids) >= self.max_model_len:
-                raise EngineError(
-                    f"{self.name}: request {r} has {len(ids)} prompt tokens, max_model_len is {self.max_model_len}"
-                )
-            prompts.append(ids)
+        for ids, req in zip(prompts, requests, strict=True):
             sp = req.sampling
             seed = self.request_seed(sp)
             for i in range(sp.n):
@@ -355,7 +340,7 @@ class VLLMEngine(Engine):
             self._asleep = self.sleep_level
 
     def close(self) -> None:
-        """Shut the engine core down and release its memory; safe to call twice."""
+        """Shut the engine core down and free its memory; safe to call twice."""
         llm, self.llm = self.llm, None
         if llm is None:
             return

@@ -40,7 +40,7 @@ import numpy as np
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
-from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, register_memory
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, Turn, register_memory
 from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
 from memrl.rollout.memory.prompts_ama import (
     AMA_REASONER_SYSTEM,
@@ -55,6 +55,20 @@ from memrl.rollout.memory.sandbox import SandboxConfig, run_script
 from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
 
 __all__ = ["AMAConfig", "AMAMemory", "AMAMemoryConfig", "StateNode"]
+
+
+@dataclass
+class StateNode:
+    """A state node of the causality graph."""
+
+    turn: int
+    action: str
+    observation: str
+    state: str = ""
+    objects: list[str] = field(default_factory=list)
+    causes: list[int] = field(default_factory=list)  # directed edges cause -> this node
+    effects: list[int] = field(default_factory=list)  # directed edges this node -> effect
+    associations: list[int] = field(default_factory=list)  # undirected edges
 
 
 class AMAConfig(ConfigModel):
@@ -82,20 +96,6 @@ class AMAConfig(ConfigModel):
     }
 
 
-@dataclass
-class StateNode:
-    """A state node of the causality graph."""
-
-    turn: int
-    action: str
-    observation: str
-    state: str = ""
-    objects: list[str] = field(default_factory=list)
-    causes: list[int] = field(default_factory=list)  # directed edges cause -> this node
-    effects: list[int] = field(default_factory=list)  # directed edges this node -> effect
-    associations: list[int] = field(default_factory=list)  # undirected edges
-
-
 class AMAMemoryConfig(AMAConfig):
     """:class:`AMAConfig` selectable by ``name: ama_agent``."""
 
@@ -109,23 +109,19 @@ class AMAMemory(JobQueueMemory):
     name = "ama"
     tools = ("retrieve",)
 
-    def __init__(self, config: AMAConfig | None = None, embedder: Embedder | None = None) -> None:
-        self.config = config or AMAConfig()
-        self.embedder = embedder or make_embedder(self.config.embedder)
-        super().__init__(self.config.sampling)
-        self._reset_graph()
+    config: AMAConfig
 
-    def _reset_graph(self) -> None:
+    def __init__(self, config: AMAConfig | None = None, embedder: Embedder | None = None) -> None:
+        super().__init__(config or AMAConfig())
+        self.embedder = embedder or make_embedder(self.config.embedder)
+
+    def _clear(self) -> None:
+        super()._clear()
         self.nodes: dict[int, StateNode] = {}
         self._vectors: dict[int, np.ndarray] = {}
         self._objects: dict[str, list[int]] = {}
         self.recent: list[int] = []
         self.support = ""
-
-    def reset(self, task: str, metadata: dict[str, Any]) -> None:
-        """Start a new episode with an empty graph."""
-        super().reset(task, metadata)
-        self._reset_graph()
 
     # ---------------------------------------------------------------------------------------------------------
     # The causality graph
@@ -206,15 +202,11 @@ class AMAMemory(JobQueueMemory):
     # ---------------------------------------------------------------------------------------------------------
     # Turns and jobs
 
+    def _on_question(self, turn: Turn) -> None:
+        self._enqueue(self._new_job("retrieve", query=turn.observation, origin="question", phase="search"))
+
     def _ingest(self, item: Inbound) -> None:
         turn = item.turn
-        if item.kind == "start":
-            self.start_observation = turn.observation
-            return
-        if item.kind == "question":
-            self.question = turn.observation
-            self._enqueue(self._new_job("retrieve", query=turn.observation, origin="question", phase="search"))
-            return
         if turn.step in self.nodes:
             self.count("ama_duplicate_turn")
             return

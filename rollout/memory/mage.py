@@ -36,12 +36,12 @@ environment itself is not rolled back by Revise (as in the paper, the agent re-e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
-from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, register_memory
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, Turn, register_memory
 from memrl.rollout.memory.prompts_mage import (
     mage_reasoner_system,
     parse_mage_summary,
@@ -54,24 +54,6 @@ from memrl.rollout.memory.prompts_mage import (
 from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
 
 __all__ = ["BottomNode", "ExecutionState", "Hints", "MageConfig", "MageMemory", "MageMemoryConfig", "TopNode"]
-
-
-class MageConfig(ConfigModel):
-    """Mage's switches (the paper's ablations) and limits."""
-
-    compress: bool = True  # Compress on; false: w/o Compress (no Maintain, no Revise either)
-    maintain: bool = True  # Maintain validates each new summary; false: w/o Maintain
-    revise: bool = True  # Revise on a Maintain failure and the revise tool; false: only noted
-    agent_summaries: bool = True  # use the summary the reasoner passes to compress(); else the memory model writes it
-    max_raw_turns: int = 12  # fallback Compress once R holds this many turns
-    max_raw_chars: int = 8000  # ... or this many characters
-    max_notes: int = 4  # diagnostic notes kept in H
-    hint_chars: int = 200  # each hint line is cut to this length
-    observation_chars: int = 0  # observations in R cut to this length (0: whole)
-    sampling: dict[str, RoleSampling] = {
-        "mage_compress": RoleSampling(temperature=0.0, max_tokens=256),
-        "mage_maintain": RoleSampling(temperature=0.0, max_tokens=128),
-    }
 
 
 @dataclass
@@ -116,6 +98,24 @@ class ExecutionState:
     H: Hints
 
 
+class MageConfig(ConfigModel):
+    """Mage's switches (the paper's ablations) and limits."""
+
+    compress: bool = True  # Compress on; false: w/o Compress (no Maintain, no Revise either)
+    maintain: bool = True  # Maintain validates each new summary; false: w/o Maintain
+    revise: bool = True  # Revise on a Maintain failure and the revise tool; false: only noted
+    agent_summaries: bool = True  # use the summary the reasoner passes to compress(); else the memory model writes it
+    max_raw_turns: int = 12  # fallback Compress once R holds this many turns
+    max_raw_chars: int = 8000  # ... or this many characters
+    max_notes: int = 4  # diagnostic notes kept in H
+    hint_chars: int = 200  # each hint line is cut to this length
+    observation_chars: int = 0  # observations in R cut to this length (0: whole)
+    sampling: dict[str, RoleSampling] = {
+        "mage_compress": RoleSampling(temperature=0.0, max_tokens=256),
+        "mage_maintain": RoleSampling(temperature=0.0, max_tokens=128),
+    }
+
+
 class MageMemoryConfig(MageConfig):
     """:class:`MageConfig` selectable by ``name: mage``."""
 
@@ -128,14 +128,15 @@ class MageMemory(JobQueueMemory):
 
     name = "mage"
 
+    config: MageConfig
+
     def __init__(self, config: MageConfig | None = None) -> None:
-        self.config = config or MageConfig()
-        super().__init__(self.config.sampling)
+        super().__init__(config or MageConfig())
         revise = self.config.revise and self.config.compress  # without Compress there is no boundary to revise to
         self.tools = tuple(t for t, on in (("compress", self.config.compress), ("revise", revise)) if on)
-        self._reset_tree()
 
-    def _reset_tree(self) -> None:
+    def _clear(self) -> None:
+        super()._clear()
         self.bottom: dict[int, BottomNode] = {0: BottomNode(0, "", "", None)}
         self.top: dict[int, TopNode] = {0: TopNode(0, "", None, [0], None)}
         self.p_b = 0
@@ -145,11 +146,6 @@ class MageMemory(JobQueueMemory):
         self.R: list[int] = []
         self.H = Hints()
         self._fallback_queued = False
-
-    def reset(self, task: str, metadata: dict[str, Any]) -> None:
-        """Start a new episode with an empty tree."""
-        super().reset(task, metadata)
-        self._reset_tree()
 
     # ---------------------------------------------------------------------------------------------------------
     # Algorithm 1
@@ -255,16 +251,11 @@ class MageMemory(JobQueueMemory):
         chars = sum(len(self.bottom[n].action) + len(self.bottom[n].observation) for n in self.R)
         return len(self.R) >= self.config.max_raw_turns or chars >= self.config.max_raw_chars
 
+    def _on_start(self, turn: Turn) -> None:
+        self.bottom[0].observation = turn.observation
+
     def _ingest(self, item: Inbound) -> None:
-        turn = item.turn
-        if item.kind == "start":
-            self.start_observation = turn.observation
-            self.bottom[0].observation = turn.observation
-            return
-        if item.kind == "question":
-            self.question = turn.observation
-            return
-        self.grow(action_of(turn.action_text), turn.observation)
+        self.grow(action_of(item.turn.action_text), item.turn.observation)
         if self.config.compress and not self._fallback_queued and self._raw_too_long():
             self._fallback_queued = True
             self._enqueue(

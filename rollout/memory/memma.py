@@ -42,7 +42,7 @@ import numpy as np
 from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
-from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, register_memory
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, Turn, register_memory
 from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
 from memrl.rollout.memory.prompts_memma import (
     MEMMA_REASONER_SYSTEM,
@@ -144,13 +144,14 @@ class MemMAMemory(JobQueueMemory):
     name = "memma"
     tools = ("memory",)
 
-    def __init__(self, config: MemMAConfig | None = None, embedder: Embedder | None = None) -> None:
-        self.config = config or MemMAConfig()
-        self.embedder = embedder or make_embedder(self.config.embedder)
-        super().__init__(self.config.sampling)
-        self._reset_bank()
+    config: MemMAConfig
 
-    def _reset_bank(self) -> None:
+    def __init__(self, config: MemMAConfig | None = None, embedder: Embedder | None = None) -> None:
+        super().__init__(config or MemMAConfig())
+        self.embedder = embedder or make_embedder(self.config.embedder)
+
+    def _clear(self) -> None:
+        super()._clear()
         self.entries: dict[str, Entry] = {}
         self._vectors: dict[str, np.ndarray] = {}
         self._matrix: tuple[list[str], np.ndarray] | None = None  # stacked vectors, rebuilt after a write
@@ -161,11 +162,6 @@ class MemMAMemory(JobQueueMemory):
         self.recent: list[tuple[int, str, str]] = []
         self.support = ""  # the last query loop's result shown to the reasoner
         self.sessions_evolved = 0
-
-    def reset(self, task: str, metadata: dict[str, Any]) -> None:
-        """Start a new episode with an empty memory bank."""
-        super().reset(task, metadata)
-        self._reset_bank()
 
     # ---------------------------------------------------------------------------------------------------------
     # The memory bank
@@ -221,16 +217,12 @@ class MemMAMemory(JobQueueMemory):
     # ---------------------------------------------------------------------------------------------------------
     # Turns
 
+    def _on_question(self, turn: Turn) -> None:
+        self._flush(session=True)
+        self._enqueue(self._new_job("query", question=turn.observation, origin="question", phase="search"))
+
     def _ingest(self, item: Inbound) -> None:
         turn = item.turn
-        if item.kind == "start":
-            self.start_observation = turn.observation
-            return
-        if item.kind == "question":
-            self.question = turn.observation
-            self._flush(session=True)
-            self._enqueue(self._new_job("query", question=turn.observation, origin="question", phase="search"))
-            return
         record = (turn.step, action_of(turn.action_text), turn.observation)
         self.recent = [*self.recent, record][-max(self.config.recent_turns, 1) :]
         self._chunk.append(record)

@@ -4,9 +4,9 @@ routing, and trajectory-script / keyword generation. Parsers never raise."""
 
 from __future__ import annotations
 
-import json
 import re
 
+from memrl.data.formats import answer_body, json_answer
 from memrl.data.schemas import Message
 
 __all__ = [
@@ -63,32 +63,21 @@ def render_ama_search(question: str, missing: str, example: str) -> list[Message
     return [Message(role="system", content=_SEARCH_SYSTEM), Message(role="user", content=user)]
 
 
-def _clean(text: str) -> str:
-    if not isinstance(text, str):
-        return ""
-    return re.sub(r"<think>.*?</think>", "", text, flags=re.DOTALL).strip()
-
-
 def parse_ama_record(text: str) -> tuple[str, list[int] | None, list[str], bool]:
     """(state, causes, objects, readable) from a graph-build answer. ``causes`` is None when the answer names none
     (not even ``none``); ``readable`` is False when no field could be read."""
-    body = _clean(text)
+    body = answer_body(text)
     state, causes, objects, found = "", None, [], False
-    if body.startswith("{"):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict):
-            state = str(obj.get("state", "")).strip()
-            raw = obj.get("causes")
-            causes = [int(c) for c in raw if isinstance(c, int) or str(c).isdigit()] if isinstance(raw, list) else None
-            objects = (
-                [str(o).strip().lower() for o in obj.get("objects", []) if str(o).strip()]
-                if isinstance(obj.get("objects"), list)
-                else []
-            )
-            return state, causes, objects, bool(state or causes or objects)
+    if (obj := json_answer(body, dict)) is not None:
+        state = str(obj.get("state", "")).strip()
+        raw = obj.get("causes")
+        causes = [int(c) for c in raw if isinstance(c, int) or str(c).isdigit()] if isinstance(raw, list) else None
+        objects = (
+            [str(o).strip().lower() for o in obj.get("objects", []) if str(o).strip()]
+            if isinstance(obj.get("objects"), list)
+            else []
+        )
+        return state, causes, objects, bool(state or causes or objects)
     for line in body.splitlines():
         key, sep, value = line.partition(":")
         if not sep:
@@ -107,7 +96,7 @@ def parse_ama_record(text: str) -> tuple[str, list[int] | None, list[str], bool]
 
 def parse_ama_sufficiency(text: str) -> tuple[bool | None, str | None, str]:
     """(sufficient, route ``graph``/``keyword``/None, what is missing); sufficient is None when unreadable."""
-    body = _clean(text)
+    body = answer_body(text)
     match = re.search(r"\b(insufficient|not sufficient|sufficient)\b", body, re.IGNORECASE)
     if match is None:
         return None, None, ""
@@ -128,7 +117,7 @@ _CODE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|\Z)", re.DOTALL)
 def parse_ama_search(text: str) -> tuple[str | None, str | list[str]]:
     """(``script``, code) for a fenced Python block, (``keywords``, [words]) for a ``keywords:`` line, else
     (None, "")."""
-    body = _clean(text)
+    body = answer_body(text)
     code = _CODE.search(body)
     if code and code.group(1).strip():
         return "script", code.group(1)

@@ -4,10 +4,10 @@ model output."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
+from memrl.data.formats import answer_body, json_answer
 from memrl.data.schemas import Message
 
 __all__ = [
@@ -117,18 +117,13 @@ def parse_mage_verdict(text: str) -> tuple[bool | None, str]:
     ``pass``/``valid`` and ``diagnosis``/``feedback``. ``passed`` is None when the answer cannot be read."""
     if not isinstance(text, str):
         return None, ""
-    body = re.sub(r"<think>.*?</think>", "", text, flags=re.DOTALL).strip()
-    if body.startswith("{"):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict):
-            flag = next((obj[k] for k in ("pass", "passed", "valid", "ok") if k in obj), None)
-            diagnosis = next((str(obj[k]) for k in ("diagnosis", "feedback", "reason", "note") if k in obj), "")
-            if isinstance(flag, bool):
-                return flag, diagnosis.strip()
-            return None, diagnosis.strip()
+    body = answer_body(text)
+    if (obj := json_answer(body, dict)) is not None:
+        flag = next((obj[k] for k in ("pass", "passed", "valid", "ok") if k in obj), None)
+        diagnosis = next((str(obj[k]) for k in ("diagnosis", "feedback", "reason", "note") if k in obj), "")
+        if isinstance(flag, bool):
+            return flag, diagnosis.strip()
+        return None, diagnosis.strip()
     match = _VERDICT.match(body)
     if match is None:
         return None, ""

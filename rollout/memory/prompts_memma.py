@@ -4,11 +4,11 @@ self-evolution calls (probe QA, verify, repair, consolidate). Parsers never rais
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memrl.data.formats import answer_body, json_answer
 from memrl.data.schemas import Message
 
 __all__ = [
@@ -140,12 +140,6 @@ def render_memma_consolidate(candidate: str, closest: str) -> list[Message]:
 # Parsers
 
 
-def _clean(text: str) -> str:
-    if not isinstance(text, str):
-        return ""
-    return re.sub(r"<think>.*?</think>", "", text, flags=re.DOTALL).strip()
-
-
 @dataclass
 class Edit:
     """One atomic Memory Manager edit."""
@@ -161,28 +155,23 @@ _EDIT = re.compile(r"\A[-*\d.)\s]*(ADD|UPDATE|DELETE|NONE)\b\s*(\[?[A-Za-z]*\d+\
 def parse_memma_edits(text: str) -> tuple[list[Edit], list[str]]:
     """Edits from a Memory Manager answer: one per line (``ADD: fact``, ``UPDATE m3: fact``, ``DELETE m3``, ``NONE``)
     or a JSON list of ``{"op", "id", "text"}``; unreadable lines are reported as errors."""
-    body = _clean(text)
+    body = answer_body(text)
     edits: list[Edit] = []
     errors: list[str] = []
-    if body.startswith("["):
-        try:
-            items = json.loads(body)
-        except json.JSONDecodeError:
-            items = None
-        if isinstance(items, list):
-            for item in items:
-                if isinstance(item, dict) and str(item.get("op", "")).upper() in ("ADD", "UPDATE", "DELETE", "NONE"):
-                    entry = item.get("id")
-                    edits.append(
-                        Edit(
-                            str(item["op"]).upper(),
-                            str(entry) if entry is not None else None,
-                            str(item.get("text", "")).strip(),
-                        )
+    if (items := json_answer(body, list)) is not None:
+        for item in items:
+            if isinstance(item, dict) and str(item.get("op", "")).upper() in ("ADD", "UPDATE", "DELETE", "NONE"):
+                entry = item.get("id")
+                edits.append(
+                    Edit(
+                        str(item["op"]).upper(),
+                        str(entry) if entry is not None else None,
+                        str(item.get("text", "")).strip(),
                     )
-                else:
-                    errors.append(f"not an edit: {str(item)[:60]!r}")
-            return edits, errors
+                )
+            else:
+                errors.append(f"not an edit: {str(item)[:60]!r}")
+        return edits, errors
     for line in body.splitlines():
         if not line.strip():
             continue
@@ -207,14 +196,10 @@ def parse_memma_edits(text: str) -> tuple[list[Edit], list[str]]:
 
 def parse_memma_critique(text: str) -> tuple[bool | None, str]:
     """(answerable, diagnosis) from a retrieval critique; answerable is None when the answer cannot be read."""
-    body = _clean(text)
-    if body.startswith("{"):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict) and isinstance(obj.get("answerable"), bool):
-            return obj["answerable"], str(obj.get("diagnosis", "")).strip()
+    body = answer_body(text)
+    obj = json_answer(body, dict)
+    if obj is not None and isinstance(obj.get("answerable"), bool):
+        return obj["answerable"], str(obj.get("diagnosis", "")).strip()
     head = body.lower()
     match = re.search(r"\b(not[\s_-]*answerable|unanswerable|insufficient|answerable|sufficient)\b", head)
     if match is None:
@@ -238,12 +223,12 @@ def _first_line(body: str, prefixes: Sequence[str]) -> str:
 
 def parse_memma_query(text: str) -> str:
     """The next query (first non-empty line, a ``query:`` prefix dropped), or ""."""
-    return _first_line(_clean(text), ("next query:", "query:"))
+    return _first_line(answer_body(text), ("next query:", "query:"))
 
 
 def parse_memma_answer(text: str) -> str:
     """The Answer Agent's answer (an ``answer:`` prefix dropped), or ""."""
-    body = _clean(text)
+    body = answer_body(text)
     return re.sub(r"\Aanswer\s*:\s*", "", body, flags=re.IGNORECASE).strip()
 
 
@@ -254,18 +239,13 @@ _PAIR = re.compile(
 
 def parse_memma_probes(text: str, limit: int) -> list[tuple[str, str]]:
     """Up to ``limit`` (question, answer) pairs: ``Q: ... A: ...`` (same or next line) or a JSON list."""
-    body = _clean(text)
+    body = answer_body(text)
     pairs: list[tuple[str, str]] = []
-    if body.startswith("["):
-        try:
-            items = json.loads(body)
-        except json.JSONDecodeError:
-            items = None
-        if isinstance(items, list):
-            for item in items:
-                if isinstance(item, dict) and item.get("question") and item.get("answer"):
-                    pairs.append((str(item["question"]).strip(), str(item["answer"]).strip()))
-            return pairs[:limit]
+    if (items := json_answer(body, list)) is not None:
+        for item in items:
+            if isinstance(item, dict) and item.get("question") and item.get("answer"):
+                pairs.append((str(item["question"]).strip(), str(item["answer"]).strip()))
+        return pairs[:limit]
     for match in _PAIR.finditer(body):
         question, answer = match.group(1).strip(), match.group(2).strip().splitlines()[0].strip()
         if question and answer:
@@ -275,7 +255,7 @@ def parse_memma_probes(text: str, limit: int) -> list[tuple[str, str]]:
 
 def parse_yes_no(text: str) -> bool | None:
     """The last yes/no (or correct/incorrect) in ``text``, or None."""
-    words = re.findall(r"\b(yes|no|correct|incorrect|true|false)\b", _clean(text).lower())
+    words = re.findall(r"\b(yes|no|correct|incorrect|true|false)\b", answer_body(text).lower())
     if not words:
         return None
     return words[-1] in ("yes", "correct", "true")
@@ -283,7 +263,7 @@ def parse_yes_no(text: str) -> bool | None:
 
 def parse_memma_repair(text: str) -> tuple[str, str]:
     """(diagnosis, fact) from a repair proposal; a bare text is taken as the fact."""
-    body = _clean(text)
+    body = answer_body(text)
     diagnosis, fact = "", ""
     for line in body.splitlines():
         low = line.strip().lower()
@@ -303,7 +283,7 @@ _CONSOLIDATION = re.compile(
 
 def parse_memma_consolidation(text: str) -> tuple[str, str | None, str] | None:
     """(SKIP | MERGE | INSERT, entry id for MERGE, merged text) or None when unreadable."""
-    match = _CONSOLIDATION.match(_clean(text))
+    match = _CONSOLIDATION.match(answer_body(text))
     if match is None:
         return None
     action = match.group(1).upper()

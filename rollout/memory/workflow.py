@@ -89,15 +89,20 @@ class JobQueueMemory(MemorySystem):
     """A memory system whose work is a queue of jobs over buffered turns (see the module docstring).
 
     Subclasses implement :meth:`_ingest`, :meth:`_request`, :meth:`_consume`, :meth:`_start_tool` and
-    :meth:`reasoner_messages`; they finish a tool with :meth:`_finish_tool`.
+    :meth:`reasoner_messages` (and :meth:`_on_start`, :meth:`_on_question` where the start or the question needs
+    work); they finish a tool with :meth:`_finish_tool`. ``config`` is the system's settings (its ``sampling`` holds
+    each memory role's sampling); a subclass empties its own per-episode structures in :meth:`_clear` (calling
+    ``super()._clear()``), which runs at construction and at every :meth:`reset`.
     """
 
-    def __init__(self, sampling: dict[str, RoleSampling] | None = None) -> None:
+    def __init__(self, config: Any) -> None:
         super().__init__()
-        self._role_sampling = dict(sampling or {})
-        self._clear_queue()
+        self.config = config
+        self._role_sampling: dict[str, RoleSampling] = dict(config.sampling)
+        self._clear()
 
-    def _clear_queue(self) -> None:
+    def _clear(self) -> None:
+        """Empty the job queue, the inbox and the episode's state."""
         self.task = ""
         self.start_observation = ""
         self.question: str | None = None
@@ -114,7 +119,13 @@ class JobQueueMemory(MemorySystem):
 
     @abc.abstractmethod
     def _ingest(self, item: Inbound) -> None:
-        """Process one buffered turn (deterministic work, and queue jobs that need the memory model)."""
+        """Process one buffered environment turn (deterministic work, and queue jobs that need the memory model)."""
+
+    def _on_start(self, turn: Turn) -> None:
+        """The episode's start observation arrived (kept as ``start_observation``)."""
+
+    def _on_question(self, turn: Turn) -> None:
+        """The question arrived (kept as ``question``): queue the work that answers it."""
 
     @abc.abstractmethod
     def _request(self, job: Job) -> MemoryRequest | None:
@@ -153,6 +164,16 @@ class JobQueueMemory(MemorySystem):
     def _finish_tool(self, result: ToolResult) -> None:
         self._tool_result = result
 
+    def _take(self, item: Inbound) -> None:
+        if item.kind == "start":
+            self.start_observation = item.turn.observation
+            self._on_start(item.turn)
+        elif item.kind == "question":
+            self.question = item.turn.observation
+            self._on_question(item.turn)
+        else:
+            self._ingest(item)
+
     def _pump(self) -> MemoryRequest | None:
         while True:
             if self._jobs:
@@ -165,7 +186,7 @@ class JobQueueMemory(MemorySystem):
             if self._inbox:
                 item = self._inbox.pop(0)
                 if item.call is None:
-                    self._ingest(item)
+                    self._take(item)
                     continue
                 outcome = self._start_tool(item.call, item.turn.step)
                 if isinstance(outcome, ToolResult):
@@ -179,8 +200,8 @@ class JobQueueMemory(MemorySystem):
     # MemorySystem interface
 
     def reset(self, task: str, metadata: dict[str, Any]) -> None:
-        """Start a new episode."""
-        self._clear_queue()
+        """Start a new episode with empty memory."""
+        self._clear()
         self.task = task
 
     def on_turn(self, turn: Turn) -> None:
