@@ -35,10 +35,10 @@ digest is checked against the record. ``--max-minutes`` stops cleanly before a s
 is left and the estimated hours, also in ``<records>/status.json``. A record whose inputs differ from the command's
 (another scale in the same folder) exits 2 naming the stage and the fields.
 
-    python benchmarks/textworld.py --model none --run premise-scripted        # scripted variants, large cells
-    python benchmarks/textworld.py --model smollm2 --run premise-smollm2 --skip sam_untrained,sam_oat,sam_flat \\
+    python -m benchmarks.textworld --model none --run premise-scripted        # scripted variants, large cells
+    python -m benchmarks.textworld --model smollm2 --run premise-smollm2 --skip sam_untrained,sam_oat,sam_flat \\
         --max-minutes 85                                                      # SFT-level comparison, one sitting
-    python benchmarks/textworld.py --smoke --model tiny --run smoke-tiny      # small cells, every variant
+    python -m benchmarks.textworld --smoke --model tiny --run smoke-tiny      # small cells, every variant
 
 The last line is one JSON object.
 """
@@ -60,9 +60,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, this file's folder heads sys.path and this file would shadow the textworld package it benchmarks.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+from benchmarks.harness import ROOT, bench_parser, emit, pin_threads
+
 SCRIPTED = ("no_memory", "long_context", "bm25", "sam_expert")
 TRAINED = ("sam_untrained", "sam_sft", "sam_oat", "sam_flat")
 PAIRS = (
@@ -831,7 +830,8 @@ def run_name(text: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__, seed=False)
+    p.set_defaults(threads=max(1, min(2, os.cpu_count() or 1)))
     p.add_argument("--smoke", action="store_true", help="small cells where long context sees everything")
     p.add_argument("--model", choices=("tiny", "smollm2", "none"), default="tiny", help="the memory model trained")
     p.add_argument("--engine", choices=("hf", "vllm"), default=None, help="default: hf (tiny), vllm (smollm2)")
@@ -862,16 +862,13 @@ def parser() -> argparse.ArgumentParser:
         ("max-steps", "game commands per episode"),
     ):
         p.add_argument(f"--{name}", type=int, default=None, help=f"{help_text} (default: the setting's)")
-    p.add_argument("--out", default=None, help="also write the JSON here")
     return p
 
 
 def main() -> None:
     args = parser().parse_args()
     args.engine = args.engine or ("vllm" if args.model == "smollm2" else "hf")
-    import torch
-
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    pin_threads(args.threads)
     from memrl.data.envs.ms_textworld import require_textworld
 
     require_textworld()
@@ -902,10 +899,7 @@ def main() -> None:
         raise SystemExit(2) from None
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     result["stages_run"] = records.ran
-    text = json.dumps(result)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(text)
+    emit(result, args.json_out)
 
 
 def run(bench: TextWorldRun) -> dict[str, Any]:
@@ -993,7 +987,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
             "stages_recorded": len(done),
             "remaining": estimate_hours(records, {k: v for k, v in missing.items() if v}),
             "finished_so_far": finished_so_far(records),
-            "command": "python benchmarks/textworld.py " + " ".join(sys.argv[1:]),
+            "command": "python -m benchmarks.textworld " + " ".join(sys.argv[1:]),
         }
         atomic_write_text(records.root / "status.json", json.dumps(status, indent=1) + "\n")
         say(f"stopped before {stop}: about {status['remaining']['hours']} h of stages left (status.json)")

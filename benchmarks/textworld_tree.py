@@ -6,8 +6,8 @@ re-enters a state for a fork, and the rest (SAM's bookkeeping, the scheduler).
 Each tree is built twice, with and without ``tree.share_greedy_calls`` (equal greedy calls computed once per build),
 and the two builds' trees are compared: the JSON says whether they are identical, and the seconds per tree of each.
 
-    python benchmarks/textworld_tree.py --cell treasure_hunter/large --trees 6            # the tiny model
-    python benchmarks/textworld_tree.py --cell treasure_hunter/large --trees 2 --model smollm2 --engine vllm
+    python -m benchmarks.textworld_tree --cell treasure_hunter/large --trees 6            # the tiny model
+    python -m benchmarks.textworld_tree --cell treasure_hunter/large --trees 2 --model smollm2 --engine vllm
 
 The components are wall-clock seconds inside each call, summed over calls; the memory model and the reasoner run
 in threads of their own, so they overlap and their sum may exceed the build's wall time. The last line is one JSON
@@ -17,7 +17,6 @@ object.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,9 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, this file's folder heads sys.path and textworld*.py here would shadow the textworld package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+from benchmarks.harness import ROOT, bench_parser, emit, pin_threads
 
 
 @contextmanager
@@ -198,7 +195,8 @@ def dumped(tree: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
+    parser.set_defaults(threads=2)
     parser.add_argument("--cell", default="treasure_hunter/large", help="challenge/size")
     parser.add_argument("--trees", type=int, default=6, help="games, one tree each, built together")
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a checkpoint folder (the memory model)")
@@ -206,20 +204,13 @@ def main() -> None:
     parser.add_argument("--branch-factor", type=int, default=4)
     parser.add_argument("--max-leaves", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=100, help="game commands per episode")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--game-cache", default=str(ROOT / ".cache" / "textworld"))
     parser.add_argument("--model-cache", default=str(ROOT / ".cache" / "models"))
-    parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args()
-    import torch
-
-    torch.set_num_threads(args.threads)
+    pin_threads(args.threads)
     out = profile(args)
-    out["command"] = "python benchmarks/textworld_tree.py " + " ".join(sys.argv[1:])
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out))
+    out["command"] = "python -m benchmarks.textworld_tree " + " ".join(sys.argv[1:])
+    emit(out, args.json_out)
 
 
 if __name__ == "__main__":

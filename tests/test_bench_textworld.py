@@ -7,13 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import bench_process
 
 
 def records(root: Path, **budget: object) -> object:
@@ -118,9 +117,7 @@ def test_a_stopped_run_resumes_from_its_committed_records_in_a_fresh_clone(tmp_p
     subprocess.run(["git", "init", "-q", str(origin)], check=True)
 
     def bench(repo: Path, work: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        cmd = [
-            sys.executable,
-            str(ROOT / "benchmarks" / "textworld.py"),
+        args = [
             "--smoke",
             "--model",
             "tiny",
@@ -142,6 +139,8 @@ def test_a_stopped_run_resumes_from_its_committed_records_in_a_fresh_clone(tmp_p
             "20",
             "--reasoner-tokenizer",
             "tiny",
+            "--threads",
+            "1",
             "--run",
             "tiny",
             "--records",
@@ -154,7 +153,7 @@ def test_a_stopped_run_resumes_from_its_committed_records_in_a_fresh_clone(tmp_p
             str(tmp_path / "models"),
             *extra,
         ]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+        out = bench_process("textworld", args, timeout=900)
         assert out.returncode == 0, out.stderr[-3000:]
         return out
 

@@ -10,10 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = {"harness", "sam_start"}  # modules benchmarks import; not benchmarks themselves
-# sys.path edits their owners remove: textworld.py's keeps its own file from shadowing the textworld package when run
-# as a script (its documented commands say `python benchmarks/textworld.py`); packed_attention.py's imports
-# benchmarks.trainer_scaling when run as a script
-SYS_PATH_EDITS_TO_GO = {"textworld", "packed_attention"}
+# sys.path edits their owners remove: packed_attention.py's imports benchmarks.trainer_scaling when run as a script
+SYS_PATH_EDITS_TO_GO = {"packed_attention"}
 
 
 def _benchmarks() -> list[str]:

@@ -15,35 +15,35 @@ OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
 # The cooking grammar: what each recipe verb is as a command (cut with the knife; cook with an appliance).
 CUT_VERBS = ("slice", "dice", "chop")
 COOK_APPLIANCE = {"fry": "stove", "roast": "oven", "grill": "bbq"}
-_CUT_DONE = {"slice": "sliced", "dice": "diced", "chop": "chopped"}
-_COOK_DONE = {"fry": "fried", "roast": "roasted", "grill": "grilled"}
-_EXAMINE_VERBS = ("check", "read", "examine", "consult", "look at")
-_EAT_VERBS = ("eat", "enjoy")
-_TAKE_VERBS = ("take", "pick up", "pick-up", "retrieve", "recover", "lift", "grab", "get", "got", "picked up")
-_SAFE_VERBS = ("go", "open", "examine", "look", "inventory")
+CUT_DONE = {"slice": "sliced", "dice": "diced", "chop": "chopped"}
+COOK_DONE = {"fry": "fried", "roast": "roasted", "grill": "grilled"}
+EXAMINE_VERBS = ("check", "read", "examine", "consult", "look at")
+EAT_VERBS = ("eat", "enjoy")
+TAKE_VERBS = ("take", "pick up", "pick-up", "retrieve", "recover", "lift", "grab", "get", "got", "picked up")
+SAFE_VERBS = ("go", "open", "examine", "look", "inventory")
 # How a goal's sentences say each TextWorld command verb ("rest the milk on the stove" is ``put milk on stove``): the
 # synonyms of TextWorld's instruction grammar (text_grammars/house_instruction.twg), plus a few common ones.
-_VERB_WORDS: dict[str, tuple[str, ...]] = {
+VERB_WORDS: dict[str, tuple[str, ...]] = {
     "open": ("open", "opened", "ajar"),
     "close": ("close", "closed", "shut"),
     "unlock": ("unlock", "unlocked"),
     "lock": ("lock", "locked"),
-    "take": _TAKE_VERBS,
+    "take": TAKE_VERBS,
     "put": ("put", "rest", "place", "set", "sit", "leave", "deposit", "stick"),
     "insert": ("insert", "put", "place", "stick", "deposit", "leave", "stow"),
     "drop": ("drop", "ditch", "throw", "toss", "leave"),
     "go": ("go", "head", "travel", "walk", "move", "venture", "proceed", "make your way", "trip", "journey", "step"),
-    "eat": _EAT_VERBS,
+    "eat": EAT_VERBS,
     "drink": ("drink",),
-    "examine": _EXAMINE_VERBS,
+    "examine": EXAMINE_VERBS,
 }
 
 
 _HEADER = re.compile(r"^-= (.+?) =-$", re.MULTILINE)
 _DIR_WORD = re.compile(r"\b(north|east|south|west)\b")
-_SENTENCE = re.compile(r"[^.!?]+[.!?]?")
+SENTENCE = re.compile(r"[^.!?]+[.!?]?")
 _CARRYING = re.compile(r"You are carrying:?\s*(.*)", re.DOTALL)
-_PREP_RESULT = re.compile(r"\bYou (slice|dice|chop|roasted|fried|grilled) the (.+?)[.!]")
+PREP_RESULT = re.compile(r"\bYou (slice|dice|chop|roasted|fried|grilled) the (.+?)[.!]")
 _ARTICLE = re.compile(r"^(?:a|an|some|the)\s+")
 _SEPARATORS = (" from ", " with ", " into ", " on ")
 
@@ -89,7 +89,9 @@ def command_instrument(command: str) -> str | None:
     return None
 
 
-def _mentions(text: str, phrase: str) -> bool:
+def mentions(text: str, phrase: str) -> bool:
+    """Whether ``text`` names ``phrase`` as a whole word or phrase (any case; ``red potato`` is not in
+    ``red potatoes``)."""
     return bool(phrase) and re.search(rf"(?<![\w-]){re.escape(phrase)}(?![\w-])", text, re.IGNORECASE) is not None
 
 
@@ -138,7 +140,7 @@ def parse_recipe(text: str) -> Recipe | None:
     return recipe if recipe.ingredients or recipe.directions else None
 
 
-def _inventory(text: str) -> list[str] | None:
+def inventory_of(text: str) -> list[str] | None:
     """The item phrases of an inventory line (``a sliced red potato``), or None when the text is not one."""
     if "You are carrying nothing" in text:
         return []

@@ -19,27 +19,27 @@ from memrl.data.formats import (
 from memrl.data.registry import register_reasoner
 from memrl.data.tasks.common import content_of, role_of
 from memrl.data.tasks.ms_textworld.parsing import (
-    _COOK_DONE,
-    _CUT_DONE,
-    _EAT_VERBS,
-    _EXAMINE_VERBS,
-    _PREP_RESULT,
-    _SAFE_VERBS,
-    _SENTENCE,
-    _TAKE_VERBS,
-    _VERB_WORDS,
     COOK_APPLIANCE,
+    COOK_DONE,
+    CUT_DONE,
     CUT_VERBS,
+    EAT_VERBS,
+    EXAMINE_VERBS,
     GOAL_INTENT,
     OPPOSITE,
+    PREP_RESULT,
     RECIPE_INTENT,
+    SAFE_VERBS,
+    SENTENCE,
+    TAKE_VERBS,
+    VERB_WORDS,
     Recipe,
     TwCue,
-    _inventory,
-    _mentions,
     command_instrument,
     command_object,
     exits_of,
+    inventory_of,
+    mentions,
     objective_of,
     parse_recipe,
     parse_tw_cue,
@@ -200,7 +200,7 @@ class TwReasoner:
         self._take_text(know, text)
         if know.recipe is not None and know.recipe_room is None and parse_recipe(text) is not None:
             know.recipe_room = know.room
-        inv = _inventory(text)
+        inv = inventory_of(text)
         if inv is not None:
             know.inventory = inv
         elif know.inventory is not None:
@@ -237,8 +237,8 @@ class TwReasoner:
             know.inventory = [i for i in know.inventory if not i.endswith(obj)]
         elif action == "prepare meal" and text.startswith("Adding the meal"):
             know.inventory = ["meal"]
-        for m in _PREP_RESULT.finditer(text):
-            done = _CUT_DONE.get(m.group(1), m.group(1))
+        for m in PREP_RESULT.finditer(text):
+            done = CUT_DONE.get(m.group(1), m.group(1))
             item = m.group(2).lower()
             know.inventory = [f"{done} {i}" if i.endswith(item) else i for i in know.inventory]
 
@@ -269,12 +269,12 @@ class TwReasoner:
     def _wanted(self, know: _Knowledge, goal_text: str) -> list[str]:
         """Things worth walking to now: the goal's targets, the recipe's ingredients not held, the knife while a cut
         is pending, and, once everything is held, the appliance of the next cooking step."""
-        sentences = [x.lower() for x in _SENTENCE.findall(goal_text)]
+        sentences = [x.lower() for x in SENTENCE.findall(goal_text)]
         out = [
             thing
             for room_things in know.seen.values()
             for thing in room_things
-            if any(_mentions(x, thing) and any(re.search(rf"\b{v}\b", x) for v in _TAKE_VERBS) for x in sentences)
+            if any(mentions(x, thing) and any(re.search(rf"\b{v}\b", x) for v in TAKE_VERBS) for x in sentences)
         ]
         if know.recipe is None:
             return out
@@ -284,7 +284,7 @@ class TwReasoner:
         pending = [
             (v, i)
             for v, i in steps
-            if not any(h.endswith(i) and (_CUT_DONE.get(v) or _COOK_DONE.get(v, "")) in h.split() for h in held)
+            if not any(h.endswith(i) and (CUT_DONE.get(v) or COOK_DONE.get(v, "")) in h.split() for h in held)
         ]
         if any(v in CUT_VERBS for v, _ in pending) and not any(h.endswith("knife") for h in held):
             missing.append("knife")
@@ -306,50 +306,50 @@ class TwReasoner:
             if errand is not None:
                 return errand
         if goal_text:
-            sentences = [x.lower() for x in _SENTENCE.findall(goal_text)]
+            sentences = [x.lower() for x in SENTENCE.findall(goal_text)]
 
             def said(verbs: tuple[str, ...], obj: str) -> bool:
-                return any(_mentions(x, obj) and any(re.search(rf"\b{v}\b", x) for v in verbs) for x in sentences)
+                return any(mentions(x, obj) and any(re.search(rf"\b{v}\b", x) for v in verbs) for x in sentences)
 
             for obj, c in by_verb.get("take", []):
                 # a thing the goal names is part of the quest (TextWorld never names the thing that loses the game);
                 # one it says to read or check is examined instead
-                wanted = said(_TAKE_VERBS, obj) or (
-                    any(_mentions(x, obj) for x in sentences) and not said(_EXAMINE_VERBS, obj)
+                wanted = said(TAKE_VERBS, obj) or (
+                    any(mentions(x, obj) for x in sentences) and not said(EXAMINE_VERBS, obj)
                 )
                 if obj != "meal" and wanted and (know.recipe is None or obj in know.recipe.ingredients):
                     return c
             for obj, c in by_verb.get("eat", []):
-                if said(_EAT_VERBS, obj) and (know.recipe is None or obj == "meal"):
+                if said(EAT_VERBS, obj) and (know.recipe is None or obj == "meal"):
                     return c
             if know.recipe is None:
                 for obj, c in by_verb.get("examine", []):
-                    if obj not in know.examined and said(_EXAMINE_VERBS, obj):
+                    if obj not in know.examined and said(EXAMINE_VERBS, obj):
                         return c
         return None
 
     @staticmethod
     def _says(sentence: str, command: str) -> int:
-        """How well a goal sentence asks for ``command``: 0 unless it names its verb (:data:`_VERB_WORDS`) and its
+        """How well a goal sentence asks for ``command``: 0 unless it names its verb (:data:`VERB_WORDS`) and its
         object (``go D``: a moving verb and D); 2 when it names the instrument too (``from`` / ``with`` / ``on`` /
         ``into`` what) or the command has none, else 1 ("unlock the door" asks for ``unlock door with key``)."""
         verb, obj = command_object(command)
-        words = _VERB_WORDS.get(verb)
+        words = VERB_WORDS.get(verb)
         if words is None or not any(re.search(rf"\b{w}\b", sentence) for w in words):
             return 0
         if verb == "go":
             return 2 * (re.search(rf"\b{re.escape(obj)}\b", sentence) is not None)
-        if not _mentions(sentence, obj):
+        if not mentions(sentence, obj):
             return 0
         instrument = command_instrument(command)
-        return 2 if instrument is None or _mentions(sentence, instrument) else 1
+        return 2 if instrument is None or mentions(sentence, instrument) else 1
 
     def _errand_step(self, know: _Knowledge, admissible: list[str], goal_text: str) -> str | None:
         """The next step of a goal told step by step (TextWorld's detailed goals: "open the trunk. Then, take the
         key from the trunk. ... rest the milk on the stove"): the goal's sentences in order, each done once a
         command it asks for was sent after the one before it; the first sentence not done whose command is
         admissible now. None when the goal gives no such step (then the map and the things seen decide)."""
-        sentences = [x.lower() for x in _SENTENCE.findall(goal_text)]
+        sentences = [x.lower() for x in SENTENCE.findall(goal_text)]
         asks = [x for x in sentences if any(self._says(x, c) for c in admissible) or self._is_step(x)]
         sent = 0
         for sentence in asks:
@@ -364,10 +364,10 @@ class TwReasoner:
 
     @staticmethod
     def _is_step(sentence: str) -> bool:
-        """Whether a sentence reads as one command (a verb of :data:`_VERB_WORDS` with a thing or a direction)."""
+        """Whether a sentence reads as one command (a verb of :data:`VERB_WORDS` with a thing or a direction)."""
         return any(
             re.search(rf"\b{w}\b", sentence)
-            for words in _VERB_WORDS.values()
+            for words in VERB_WORDS.values()
             for w in words
             if w not in ("set", "leave", "get", "got", "check")
         ) and bool(re.search(r"\b(the|a|an|some|north|east|south|west)\b", sentence))
@@ -391,7 +391,7 @@ class TwReasoner:
             return None
         for verb, item in recipe.steps():
             state = next((h for h in held if h.endswith(item)), "")
-            done = _CUT_DONE.get(verb) or _COOK_DONE.get(verb)
+            done = CUT_DONE.get(verb) or COOK_DONE.get(verb)
             if done and done in state.split():
                 continue
             command = f"{verb} {item} with knife" if verb in CUT_VERBS else f"cook {item} with {COOK_APPLIANCE[verb]}"
@@ -431,16 +431,14 @@ class TwReasoner:
             return (
                 "look"
                 if "look" in admissible
-                else rng.choice([c for c in admissible if c.split(" ", 1)[0] in _SAFE_VERBS] or admissible)
+                else rng.choice([c for c in admissible if c.split(" ", 1)[0] in SAFE_VERBS] or admissible)
             )
         room = know.room
         if self.explore == "dfs" and room is not None:
             held = {command_object(c)[1] for c in admissible if c.startswith("drop ")}  # what can be dropped is held
             wanted = [w for w in self._wanted(know, goal_text) if w not in held]
             target_rooms = {r for r, things in know.seen.items() if any(w in things for w in wanted)}
-            target_rooms |= {
-                r for r, texts in know.texts.items() if any(_mentions(t, w) for t in texts for w in wanted)
-            }
+            target_rooms |= {r for r, texts in know.texts.items() if any(mentions(t, w) for t in texts for w in wanted)}
             if self._ready_to_prepare(know) and "prepare meal" not in admissible and know.recipe_room:
                 target_rooms = {know.recipe_room}  # everything is done: back to where the meal is made
             if target_rooms and room not in target_rooms:
@@ -472,7 +470,7 @@ class TwReasoner:
         if not all(any(h.endswith(i) for h in held) for i in know.recipe.ingredients):
             return False
         return all(
-            any(h.endswith(i) and (_CUT_DONE.get(v) or _COOK_DONE.get(v, "")) in h.split() for h in held)
+            any(h.endswith(i) and (CUT_DONE.get(v) or COOK_DONE.get(v, "")) in h.split() for h in held)
             for v, i in know.recipe.steps()
         )
 
