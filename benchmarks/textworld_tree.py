@@ -5,6 +5,7 @@ re-enters a state for a fork, and the rest (SAM's bookkeeping, the scheduler).
 
 Each tree is built twice, with and without ``tree.share_greedy_calls`` (equal greedy calls computed once per build),
 and the two builds' trees are compared: the JSON says whether they are identical, and the seconds per tree of each.
+Only engines whose greedy answer is a function of the request share (transformers; on vLLM both builds are the same).
 
     python -m benchmarks.textworld_tree --cell treasure_hunter/large --trees 6            # the tiny model
     python -m benchmarks.textworld_tree --cell treasure_hunter/large --trees 2 --model smollm2 --engine vllm

@@ -55,12 +55,12 @@ and so prefix-cache hits, differ.
 **Equal greedy calls are computed once** (``share_greedy_calls``, on by default). Siblings are copies of one rollout
 that differ in one sampled action: until their paths part, they make the same greedy calls (a consolidation of the
 same page under the same cue bank). On an engine whose greedy answer is a pure function of the request
-(``Engine.greedy_is_deterministic``: the in-process model engines), a greedy request equal to one already answered in
+(``Engine.greedy_is_deterministic``: the transformers engine), a greedy request equal to one already answered in
 this build (prompt, sampling limits, served weights; not the seed, which greedy decoding does not read) takes that
 answer instead of being generated again (``TreeRolloutStats.shared_greedy_calls`` counts them). On transformers the
 trees are those built without sharing: each branch receives the same tokens, log-probs and usage. vLLM's CPU kernels
-give a greedy answer that can depend on the batch it was computed in, so there two builds (shared or not, or any two
-schedules) can part where a near-tie flips.
+give a greedy answer that can depend on the batch it was computed in (a profile's shared and unshared builds parted
+where a near-tie flipped), so vLLM engines share nothing and their trees are those of a build without sharing.
 """
 
 from __future__ import annotations

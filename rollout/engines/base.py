@@ -154,8 +154,8 @@ class Engine(abc.ABC):
     the asynchronous tree scheduler then sends each request the moment it is ready instead of batching what waits."""
     greedy_is_deterministic: bool = False
     """True when a greedy request (temperature 0) is a function of the prompt, the sampling limits and the served
-    weights (in-process model engines; up to the batch's numerics on vLLM): the tree scheduler then computes equal
-    greedy requests once per build."""
+    weights (the transformers engine; not vLLM, whose greedy answer can depend on its batch): the tree scheduler then
+    computes equal greedy requests once per build."""
 
     @abc.abstractmethod
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
