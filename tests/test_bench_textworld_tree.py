@@ -1,5 +1,5 @@
 """benchmarks/textworld_tree.py at its smallest setting: one memory-call tree on a generated treasure_hunter game
-(the tiny model, 6 commands, 2 leaves), built with and without greedy sharing; the same tree both ways, fewer memory
+(the tiny model, 5 commands, 2 leaves), built with and without greedy sharing; the same tree both ways, fewer memory
 engine calls with sharing, the seconds split by component, one JSON line."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ pytest.importorskip("textworld", reason="the textworld extra is not installed")
 
 
 def test_textworld_tree_profile_smallest(tmp_path: Path) -> None:
-    args = ["--cell", "treasure_hunter/medium", "--trees", "1", "--max-steps", "6", "--branch-factor", "2"]
+    args = ["--cell", "treasure_hunter/medium", "--trees", "1", "--max-steps", "5", "--branch-factor", "2"]
     args += ["--max-leaves", "2", "--threads", "1", "--game-cache", str(tmp_path / "games")]
     record = run_benchmark("textworld_tree", [*args, "--model-cache", model_cache()], timeout=600)
-    assert record["benchmark"] == "textworld_tree" and record["trees"] == 1 and record["settings"]["max_steps"] == 6
+    assert record["benchmark"] == "textworld_tree" and record["trees"] == 1 and record["settings"]["max_steps"] == 5
     before, after = record["builds"]["without_sharing"], record["builds"]["with_sharing"]
     assert record["trees_identical"] is True
     assert before["shared_greedy_calls"] == 0 and after["shared_greedy_calls"] > 0
