@@ -1,63 +1,46 @@
-"""Microsoft TextWorld end to end: what does each memory system, and each stage of training SAM's memory model, do
-for a frozen agent in games nobody here wrote? (issue 38)
+"""Microsoft TextWorld end to end, in the regime a memory exists for: games that outgrow the frozen reasoner's
+window. What does each memory system, and SAM's memory model after SFT and RL, do for that reasoner, and at what
+cost in the reasoner's own tokens?
 
-Games: TextWorld's own challenges generated locally (``treasure_hunter``, ``coin_collector``, ``cooking``) at three
-sizes each (``memrl.data.tasks.ms_textworld.MS_TEXTWORLD_SIZES``), the ``ms_textworld`` task family's disjoint seed
-ranges (SFT data 0.., RL 100000.., dev 300000.., test 400000..). The agent is the family's frozen programmatic
-reasoner (it sees the current observation, the admissible commands and what its memory gives it); success is
-TextWorld's own ``won``; steps to win count game commands.
+Games: TextWorld's own challenges generated locally (``treasure_hunter``, ``coin_collector``, ``cooking``), the
+``ms_textworld`` family's disjoint seed ranges (SFT data 0.., RL 100000.., dev 300000.., test 400000..), the test
+games cycling through the cells. The reasoner is the family's frozen programmatic reasoner behind an engine with a
+real tokenizer (``--reasoner-tokenizer``): every variant's window and every reasoner token reported are counted in
+that tokenizer's tokens (reasoner tokens per game: every token of every reasoner call, prompt and reply).
+Success is TextWorld's own ``won``.
 
-Variants, every one on the same test games (so differences are paired by game):
+Variants, every one on the same test games (differences are paired by game):
 
-- ``no_memory``: the reasoner's own short context only (the most recent turns that fit 512 tokens, the few turns SAM
-  keeps raw too);
-- ``long_context``: the history truncated to the reasoner's window (2048 tokens);
+- ``no_memory``: the most recent turns that fit ``live_window`` reasoner tokens (the few turns SAM keeps raw);
+- ``long_context``: the history truncated to the reasoner's window (``window`` reasoner tokens);
 - ``bm25``: SAM's paging with BM25 retrieval over the raw pages (``memory(intent)``);
-- ``sam_expert``: SAM with the privileged expert as its memory model (the upper bound the memory model is distilled
-  from);
+- ``sam_expert``: SAM with the privileged expert as its memory model (the upper bound distilled from);
 - ``sam_untrained``, ``sam_sft``, ``sam_oat``, ``sam_flat``: SAM with the memory model untrained, after SFT on the
-  expert's traces (rejection-sampled), after SFT + OAT-GRPO (trees branching at recalls), and after SFT + flat GRPO
-  (vanilla GRPO over whole trajectories) at the same number of iterations, both with the recipe's dynamic sampling
-  (up to ``max_extra_trees`` more games per iteration until one group's outcomes differ).
+  expert's traces (one checkpoint per SFT seed), after SFT + OAT-GRPO and after SFT + flat GRPO (RL seeds under each
+  SFT seed, the recipe's dynamic sampling).
 
-One memory model is trained across every cell of the run (``mix``): one SFT checkpoint, then OAT-GRPO and flat GRPO
-from it under each training seed. Greedy evaluation (every memory call at temperature 0). Paired differences (OAT vs
-SFT, vs flat, vs BM25, vs long context, ...) get the two-level interval of
-:func:`memrl.rollout.evaluation.stats.two_level_interval` (training seeds and test games resampled; the wider of that
-bootstrap and a seed-level t), overall and per cell; a variant that does not train has the same row under every seed.
-The per-seed, per-game records are in the JSON (``records``: ``{games: [...], success: {variant: {seed: [...]}}}``).
+Settings: the default (``premise``) plays the large cells, where games outgrow the window; ``--smoke`` plays
+treasure_hunter small and medium (at most 40 commands), where long context sees everything (a smoke setting only).
 
-Settings are chosen on dev only: ``--select`` runs OAT-GRPO under each learning rate of :data:`SELECT_GRID` on the
-dev games (seed 0) and writes the winner to ``<work>/<quick|full>/selected_on_dev.json``, which a later run reads (and
-reports); without it the run uses :data:`DEFAULT_LR` and says so.
+**Stages and records.** The run is a list of stages, each built on the recipes' own code paths (the family's game
+cache, ``memrl data distill``'s :func:`~memrl.rollout.expert_traces.distill`, ``memrl train sft``'s
+:func:`~memrl.train.sft.run_sft`, ``memrl train oat-grpo``'s :func:`~memrl.train.oat_grpo.train_oat_grpo`, the
+harness's :func:`~memrl.rollout.evaluation.tasks.evaluate_memory`): the games of each split, the distilled traces,
+SFT per seed, every evaluation chunk (``--chunk`` games of one variant and seed), every RL run, the replay check. Each
+finished stage writes a small JSON record (its inputs, their digests, its result, its seconds) under ``--records``
+(commit that folder as it fills). The same command on any machine reads the records and runs only the stages missing;
+a checkpoint a later stage needs and this machine lacks is rebuilt from its recorded seed and inputs, and its weights
+digest is checked against the record. ``--max-minutes`` stops cleanly before a stage that would start past the limit
+(``--max-stages`` after that many stages; SIGTERM or Ctrl-C after the running stage): the last line then says what
+is left and the estimated hours, also in ``<records>/status.json``. A record whose inputs differ from the command's
+(another scale in the same folder) exits 2 naming the stage and the fields.
 
-Replay exactness (acceptance 4): every test game the expert played is replayed from ``reset`` through the adapter on
-a new instance, with the logged commands, and every observation compared: the count of exact games is printed.
+    python -m benchmarks.textworld --model none --run premise-scripted        # scripted variants, large cells
+    python -m benchmarks.textworld --model smollm2 --run premise-smollm2 --skip sam_untrained,sam_oat,sam_flat \\
+        --max-minutes 85                                                      # SFT-level comparison, one sitting
+    python -m benchmarks.textworld --smoke --model tiny --run smoke-tiny      # small cells, every variant
 
-    python benchmarks/textworld.py --quick             # 2 cells x 8 test games, tiny model, 2 seeds (< 15 min)
-    python benchmarks/textworld.py --quick --select    # choose the learning rate on dev first
-    python benchmarks/textworld.py --model smollm2     # the powered setting: 9 cells x 30 test games, 3 seeds
-    python benchmarks/textworld.py --quick --sft-steps 1500 --sft-games 96 --dev-games 12 --iterations 8 \
-        --test-games 225 --seeds 3 --work runs/bench-textworld-powered   # the tiny model's powered run (--select first)
-    python benchmarks/textworld.py --quick --model smollm2 --skip sam_untrained,sam_flat --sft-games 60 --sft-steps 16 \
-        --iterations 2 --test-games 60 --seeds 3 --work runs/bench-textworld-smollm2   # SmolLM2, what one session held
-
-``--seeds``, ``--test-games``, ``--cells``, ``--dev-games``, ``--sft-games``, ``--sft-steps`` and ``--iterations``
-change one field of the chosen scale each (the JSON's ``scale`` records the result); a run at another scale needs its
-own ``--work`` (the SFT checkpoint, RL runs and evaluations are cached by folder: reusing one exits 2, naming the
-fields).
-
-With ``--model smollm2`` the SFT stage takes the recipe's settings (:func:`smollm2_sft` reads them) at either
-scale. ``--skip sam_untrained,sam_flat`` leaves those trained variants out where a budget cannot hold them (the
-untrained SmolLM2 writes every cue and recall to its token limit; flat GRPO doubles the RL runs): the JSON's
-``skipped`` names them and their comparisons are absent.
-
-Everything is cached under ``--work`` (games under the shared game cache): a rerun skips finished stages, and a run
-stopped part way loses little: evaluations are cached per chunk of :data:`EVAL_CHUNK` games (the batch one call plays
-at once, so the same computation); distillation resumes at its next game, SFT and RL from their newest checkpoint
-(every :data:`SFT_CHECKPOINT_EVERY` steps and :data:`RL_CHECKPOINT_EVERY` iterations); more ``--test-games``
-evaluate only the chunks they change. So a run longer than one sitting is the same command run again. The last
-line is one JSON object.
+The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -66,104 +49,100 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, this file's folder heads sys.path and this file would shadow the textworld package it benchmarks.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+from benchmarks.harness import ROOT, bench_parser, emit, pin_threads
+
 SCRIPTED = ("no_memory", "long_context", "bm25", "sam_expert")
-MODELS = ("sam_untrained", "sam_sft", "sam_oat", "sam_flat")
+TRAINED = ("sam_untrained", "sam_sft", "sam_oat", "sam_flat")
 PAIRS = (
+    ("sam_sft", "long_context"),
+    ("sam_sft", "bm25"),
+    ("sam_sft", "no_memory"),
+    ("sam_sft", "sam_untrained"),
     ("sam_oat", "sam_sft"),
     ("sam_flat", "sam_sft"),
     ("sam_oat", "sam_flat"),
-    ("sam_sft", "sam_untrained"),
-    ("sam_oat", "bm25"),
     ("sam_oat", "long_context"),
-    ("sam_oat", "no_memory"),
     ("bm25", "no_memory"),
     ("long_context", "no_memory"),
-    ("sam_expert", "sam_oat"),
+    ("sam_expert", "sam_sft"),
 )
-SELECT_GRID = (1e-4, 3e-4, 1e-3)
 DEFAULT_LR = 3e-4
-# games played at once in one evaluation batch (evaluate_memory's tasks_per_batch), and the unit of its cache: a chunk
-# is the batch a single call over all the games would run, so chunked results are the same computation
-EVAL_CHUNK = 256
-RL_CHECKPOINT_EVERY = 5  # RL iterations between checkpoints: a stopped RL run resumes from the newest
-SFT_CHECKPOINT_EVERY = 250  # SFT steps between checkpoints, likewise
-ALL_CELLS = [f"{c}/{s}" for c in ("treasure_hunter", "coin_collector", "cooking") for s in ("small", "medium", "large")]
 
 
 @dataclass
 class Scale:
-    """How big a run is."""
+    """How big a run is (every field is an input of the stages it shapes)."""
 
     cells: list[str]
-    test_games: int  # per cell
-    dev_games: int  # per cell
+    test_games: int  # over all cells (game i is of cell i % len(cells))
     sft_games: int  # expert episodes distilled (over all cells)
     sft_steps: int
     sft_batch: int
+    sft_seeds: int
+    rl_seeds: int  # RL runs under each SFT seed
     train_games: int  # RL training games (over all cells)
     iterations: int
     tasks_per_iteration: int
-    seeds: int
-    branch_factor: int = 2
-    max_leaves: int = 4
-    flat_group_size: int = 2
-    # dynamic sampling, as the recipe (whose first run made no update without it): more trees until a batch holds
-    # this many outcome-informative groups, or max_extra_trees more games were played
+    max_steps: int  # game commands per episode
+    window: int  # the reasoner's window in its own tokens (long context truncates to it)
+    live_window: int  # no memory: the recent turns that fit this many reasoner tokens
+    branch_factor: int = 4
+    max_leaves: int = 8
+    flat_group_size: int = 4
     informative_groups: int = 1
     max_extra_trees: int = 3
-    max_steps: int = 60  # game commands per episode
     lr_sft: float = 2e-3
     max_length: int = 768
 
 
-SKIPPABLE = ("sam_untrained", "sam_flat")
-
-
-QUICK = Scale(
-    cells=["treasure_hunter/small", "treasure_hunter/medium"],
-    test_games=8,
-    dev_games=4,
-    sft_games=24,
-    sft_steps=30,
-    sft_batch=8,
-    train_games=16,
-    iterations=2,
-    tasks_per_iteration=2,
-    seeds=2,
-    max_steps=40,
-)
-FULL = Scale(
-    cells=ALL_CELLS,
-    test_games=30,
-    dev_games=12,
+PREMISE = Scale(
+    cells=["treasure_hunter/large", "coin_collector/large", "cooking/large"],
+    test_games=200,
     sft_games=270,
     sft_steps=400,
     sft_batch=16,
+    sft_seeds=3,
+    rl_seeds=1,
     train_games=540,
     iterations=30,
     tasks_per_iteration=6,
-    seeds=3,
-    branch_factor=4,
-    max_leaves=8,
-    flat_group_size=4,
     max_steps=100,
+    window=2048,
+    live_window=512,
+)
+SMOKE = Scale(
+    cells=["treasure_hunter/small", "treasure_hunter/medium"],
+    test_games=16,
+    sft_games=24,
+    sft_steps=30,
+    sft_batch=8,
+    sft_seeds=2,
+    rl_seeds=1,
+    train_games=16,
+    iterations=2,
+    tasks_per_iteration=2,
+    max_steps=40,
+    window=2048,
+    live_window=512,
+    branch_factor=2,
+    max_leaves=4,
+    flat_group_size=2,
 )
 
 
 def smollm2_sft() -> dict[str, Any]:
-    """SmolLM2's SFT settings, read from its recipe (configs/textworld_smollm2.yaml: full weights, bf16): the tiny
-    model's learning rate would wreck a pretrained model's weights in a few steps, and its chat template needs the
-    longer rows."""
+    """SmolLM2's SFT settings, read from its recipe (configs/textworld_smollm2.yaml: full weights, bf16)."""
     from memrl.data.config import load_config
     from memrl.launch.quickstart import QuickstartConfig
 
@@ -175,187 +154,272 @@ def say(message: str) -> None:
     print(f"[textworld] {message}", file=sys.stderr, flush=True)
 
 
-def digest(path: Path) -> str:
-    """A digest of a model folder's weights (evaluations are cached by it)."""
+def digest_weights(path: Path) -> str:
+    """A digest of a model folder's weights."""
     h = hashlib.sha256()
     for f in sorted(path.glob("*.safetensors")):
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 
+def digest_json(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Stopped(Exception):
+    """The sitting's budget (``--max-minutes`` / ``--max-stages``) is spent: stop before the next stage."""
+
+
+class RecordMismatch(Exception):
+    """A record's inputs differ from the command's."""
+
+
 @dataclass
-class Bench:
-    """One run: its scale, where it works, the model it trains."""
+class Records:
+    """The committed per-stage records of one run (``<root>/<stage>.json``) and the sitting's budget."""
+
+    root: Path
+    deadline: float | None  # perf_counter() past which no stage starts
+    max_stages: int | None
+    ran: list[str]
+    commit: str | None
+    stop_requested: bool = False  # SIGTERM / SIGINT: finish the running stage, start no other
+
+    def path(self, stage: str) -> Path:
+        return self.root / f"{stage}.json"
+
+    def get(self, stage: str, inputs: dict[str, Any]) -> dict[str, Any] | None:
+        """The recorded result of ``stage`` when its inputs are ``inputs``; None when not recorded."""
+        path = self.path(stage)
+        if not path.exists():
+            return None
+        record = json.loads(path.read_text())
+        wanted = json.loads(json.dumps(inputs))
+        if record["inputs"] != wanted:
+            changed = sorted(
+                k for k in wanted.keys() | record["inputs"].keys() if wanted.get(k) != record["inputs"].get(k)
+            )
+            raise RecordMismatch(
+                f"{path}: recorded with other inputs ({', '.join(changed)}): give this run its own --run"
+            )
+        return record["result"]
+
+    def run(self, stage: str, inputs: dict[str, Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The stage's recorded result, or (budget allowing) compute it now and record it."""
+        from memrl.data.io import atomic_write_text
+
+        found = self.get(stage, inputs)
+        if found is not None:
+            return found
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            raise Stopped(stage)
+        if self.max_stages is not None and len(self.ran) >= self.max_stages:
+            raise Stopped(stage)
+        if self.stop_requested:
+            raise Stopped(stage)
+        say(f"stage {stage}")
+        t0 = time.perf_counter()
+        result = compute()
+        record = {
+            "stage": stage,
+            "inputs": inputs,
+            "inputs_digest": digest_json(inputs),
+            "result": result,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "finished": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": self.commit,
+            "load_average": round(os.getloadavg()[0], 1),
+        }
+        self.path(stage).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path(stage), json.dumps(record, indent=1) + "\n")
+        self.ran.append(stage)
+        return result
+
+    def seconds(self, prefix: str) -> list[float]:
+        """Seconds of the recorded stages whose name starts with ``prefix``."""
+        return [
+            json.loads(p.read_text())["seconds"]
+            for p in sorted(self.root.glob("**/*.json"))
+            if str(p.relative_to(self.root).with_suffix("")).startswith(prefix)
+        ]
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+@dataclass
+class TextWorldRun:
+    """One run: its scale, its records, where its big artefacts live (``work``: rebuilt when missing)."""
 
     args: argparse.Namespace
     scale: Scale
+    records: Records
     work: Path
     base: Path | None = None
-    phases: dict[str, float] = field(default_factory=dict)
+    tokenizer: Any = None
+    rebuilt_differs: list[str] = field(default_factory=list)  # rebuilt checkpoints whose digest is not the record's
 
     # ------------------------------------------------------------------------------------------------ tasks
     def params(self) -> dict[str, Any]:
         return {"mix": list(self.scale.cells), "max_steps": self.scale.max_steps, "cache_dir": self.args.game_cache}
 
-    def task_set(self, split: str, per_cell: int, total: int | None = None) -> Any:
+    def task_set(self, split: str, count: int) -> Any:
         from memrl.data.tasks import TaskSetConfig
         from memrl.data.tasks.ms_textworld import MS_TEXTWORLD_SPLITS
 
-        count = total if total is not None else per_cell * len(self.scale.cells)
         return TaskSetConfig(family="ms_textworld", params=self.params(), count=count, seed=MS_TEXTWORLD_SPLITS[split])
 
-    def games(self, split: str, per_cell: int) -> list[Any]:
+    def games(self, split: str, count: int) -> list[Any]:
+        """The split's games, generated into the game cache (the stage ``games/<split>``: ids and digests)."""
         from memrl.data.tasks import load_tasks
-
-        return load_tasks(self.task_set(split, per_cell), split)
-
-    def generate(self) -> dict[str, Any]:
-        """Every game of the run, generated into the cache now (a bar per split), and how long it took."""
         from memrl.data.tracking import progress_bar
 
-        t0 = time.perf_counter()
-        counts = {}
-        s = self.scale
-        for split, n in (("test", s.test_games), ("dev", s.dev_games if self.args.select else 0)):
-            tasks = self.games(split, n) if n else []
-            for task in progress_bar(tasks, desc=f"games {split}", leave=False):
-                task.record()
-            counts[split] = len(tasks)
-        if self.args.model != "none":
-            from memrl.data.tasks import load_tasks
+        tasks = load_tasks(self.task_set(split, count), split)
 
-            for split, total in (("sft", s.sft_games), ("train", s.train_games)):
-                tasks = load_tasks(self.task_set(split, 0, total), split)
-                for task in progress_bar(tasks, desc=f"games {split}", leave=False):
-                    task.record()
-                counts[split] = len(tasks)
-        return {"games": counts, "seconds": round(time.perf_counter() - t0, 1)}
+        def generate() -> dict[str, Any]:
+            digests = {}
+            for task in progress_bar(tasks, desc=f"games {split}", leave=False):
+                digests[task.task_id] = task.record().z8_sha256[:16]
+            return {"games": len(tasks), "z8_sha256": digests}
+
+        inputs = {"cells": self.scale.cells, "max_steps": self.scale.max_steps, "count": count}
+        self.records.run(f"games/{split}", inputs, generate)
+        return tasks
 
     # ------------------------------------------------------------------------------------------------ engines
+    def reasoner_tokenizer(self) -> Any:
+        """The frozen reasoner's tokenizer: every window and reasoner token of the run is counted in it."""
+        from memrl.rollout.models import TinyModelSpec, ensure_smollm2, ensure_tiny_model, load_tokenizer
+
+        if self.tokenizer is None:
+            name = self.args.reasoner_tokenizer
+            path = (
+                ensure_smollm2(self.args.model_cache)
+                if name == "smollm2"
+                else ensure_tiny_model(self.args.model_cache, TinyModelSpec())
+                if name == "tiny"
+                else Path(name)
+            )
+            self.tokenizer = load_tokenizer(str(path))
+        return self.tokenizer
+
     def memory_config(self, name: str) -> dict[str, Any]:
         paging = {"page_turns": 1, "live_capacity_turns": 4, "keep_recent_turns": 3}
         if name == "no_memory":
-            return {"name": "long_context", "window_tokens": 512}
+            return {"name": "long_context", "window_tokens": self.scale.live_window}
         if name == "long_context":
-            return {"name": "long_context", "window_tokens": 2048}
+            return {"name": "long_context", "window_tokens": self.scale.window}
         if name == "bm25":
             return {"name": "bm25", **paging, "top_k": 2}
+        # the family's cue length: a large game's opening text tells a route of 20 and more moves, which a shorter
+        # cue or recall cuts off (SAM with the expert then loses the games it otherwise wins)
         return {
             "name": "sam",
             **paging,
-            "max_cue_tokens": 64,
+            "max_cue_tokens": 192,
             "sampling": {
-                "consolidate": {"temperature": 0.0, "max_tokens": 64},
-                "recall": {"temperature": 1.0, "max_tokens": 96},
+                "consolidate": {"temperature": 0.0, "max_tokens": 192},
+                "recall": {"temperature": 1.0, "max_tokens": 256},
             },
         }
 
     def engine_config(self, name: str, model: Path) -> Any:
-        """The engine serving ``model`` (the memory model in evaluation, the policy in RL): float32, and a
-        4096-token context on vLLM."""
         from memrl.rollout.engines.config import EngineConfig
 
-        backend = "vllm" if self.args.engine == "vllm" else "hf"
+        vllm = self.args.engine == "vllm"
         return EngineConfig(
-            backend=backend,
+            backend="vllm" if vllm else "hf",
             name=name,
             model=str(model),
             dtype="float32",
             batch_size=64,
-            max_model_len=4096 if backend == "vllm" else None,
+            max_model_len=4096 if vllm else None,
         )
 
-    def evaluate(self, variant: str, model: Path | None, tasks: list[Any], tag: str) -> dict[str, Any]:
-        """Greedy success and steps per game of one variant, computed in chunks of :data:`EVAL_CHUNK` games, each
-        cached by variant, weights and games: a stopped run resumes at its next unfinished chunk, and more test games
-        (the list only grows at its end) evaluate only the chunks that changed."""
-        from memrl.data.io import atomic_write_text
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def evaluate(
+        self, variant: str, tag: str, tasks: list[Any], model: Callable[[], Path] | None, weights: str
+    ) -> dict:
+        """Greedy per-game results of one variant (one SFT/RL draw: ``tag``), one stage per chunk of games."""
+        chunk = self.args.chunk
+        games: dict[str, Any] = {}
+        engine: Any = None
+        try:
+            for start in range(0, len(tasks), chunk):
+                part = tasks[start : start + chunk]
+                inputs = {
+                    "variant": variant,
+                    "memory": self.memory_config(variant),
+                    "weights": weights,
+                    "games": [t.task_id for t in part],
+                    "reasoner_tokenizer": self.args.reasoner_tokenizer,
+                }
 
-        weights = digest(model) if model is not None else "scripted"
-        whole = self.cached(variant, weights, tasks, tag)
-        if whole is not None:
-            return whole
-        parts = [tasks[start : start + EVAL_CHUNK] for start in range(0, len(tasks), EVAL_CHUNK)]
-        results = [self.cached(variant, weights, part, tag) for part in parts]
-        missing = [i for i, result in enumerate(results) if result is None]
-        if missing:
-            from memrl.data.experts.ms_textworld import TwOracle
-            from memrl.rollout.engines.factory import build_engine
-            from memrl.rollout.engines.scripted import ScriptedEngine
+                def play(part: list[Any] = part) -> dict[str, Any]:
+                    nonlocal engine
+                    if engine is None:
+                        engine = self.memory_engine(model)
+                    return self.play(variant, engine, part)
 
-            if model is not None:
-                memory = build_engine(self.engine_config("memory", model))
-            else:
-                memory = ScriptedEngine(TwOracle(), name="expert")
-            try:
-                for i in missing:
-                    desc = f"eval {variant}" + (f" {i + 1}/{len(parts)}" if len(parts) > 1 else "")
-                    results[i] = self.evaluate_chunk(variant, memory, parts[i], desc)
-                    atomic_write_text(self.cache_path(variant, weights, parts[i], tag), json.dumps(results[i]))
-                    self.phases[f"eval_{variant}"] = self.phases.get(f"eval_{variant}", 0.0) + results[i]["seconds"]
-            finally:
-                if model is not None:
-                    memory.close()
-        if len(parts) == 1:
-            return results[0]
-        games = {name: game for result in results for name, game in result["games"].items()}
-        out: dict[str, Any] = {
-            "success": statistics.fmean(game["won"] for game in games.values()),
-            "games": games,
-            "seconds": round(sum(result["seconds"] for result in results), 1),
-        }
-        twins = {result.get("same_weights_as") for result in results}
-        if None not in twins:
-            out["same_weights_as"] = ", ".join(sorted(twins))
-        atomic_write_text(self.cache_path(variant, weights, tasks, tag), json.dumps(out))
-        return out
+                stage = f"eval/{tag}/{variant}/{start:04d}-{start + len(part) - 1:04d}"
+                games.update(self.records.run(stage, inputs, play)["games"])
+        finally:
+            if engine is not None and model is not None:
+                engine.close()
+        return games
 
-    def cache_path(self, variant: str, weights: str, tasks: list[Any], tag: str) -> Path:
-        return self.work / "evals" / f"{tag}-{variant}-{weights}-{len(tasks)}-{tasks[0].task_id}.json"
+    def dev_success(self, tag: str, dev: list[Any], model: Callable[[], Path], weights: str) -> float:
+        """SAM with ``model`` on the dev games (stages ``eval/dev-<tag>/sam/...``): the share won."""
+        games = self.evaluate("sam_sft", f"dev-{tag}", dev, model, weights)
+        return statistics.fmean(g["won"] for g in games.values())
 
-    def cached(self, variant: str, weights: str, tasks: list[Any], tag: str) -> dict[str, Any] | None:
-        """The cached evaluation of these games, or None. The same weights on the same games under SAM (an RL run
-        that made no update) are the same greedy computation: that result is reused and says where it came from."""
-        from memrl.data.io import atomic_write_text
+    def memory_engine(self, model: Callable[[], Path] | None) -> Any:
+        from memrl.data.experts.ms_textworld import TwOracle
+        from memrl.rollout.engines.factory import build_engine
+        from memrl.rollout.engines.scripted import ScriptedEngine
 
-        path = self.cache_path(variant, weights, tasks, tag)
-        if path.exists():
-            return json.loads(path.read_text())
-        if weights == "scripted":
-            return None
-        for twin in sorted((self.work / "evals").glob(f"*-{weights}-{len(tasks)}-{tasks[0].task_id}.json")):
-            if any(f"-{name}-{weights}-" in twin.name for name in MODELS):
-                out = {**json.loads(twin.read_text()), "same_weights_as": twin.stem}
-                atomic_write_text(path, json.dumps(out))
-                return out
-        return None
+        if model is None:
+            return ScriptedEngine(TwOracle(), name="expert")
+        return build_engine(self.engine_config("memory", model()))
 
-    def evaluate_chunk(self, variant: str, memory: Any, tasks: list[Any], desc: str) -> dict[str, Any]:
-        """One batch of games played greedily with ``memory`` as the memory model: per game won, cell and steps."""
+    def play(self, variant: str, memory: Any, tasks: list[Any]) -> dict[str, Any]:
+        """One chunk of games played greedily: per game won, cell, steps, reasoner tokens, peak context."""
         from memrl.data.tasks.ms_textworld import TwReasoner
         from memrl.rollout.engines.scripted import ScriptedEngine
         from memrl.rollout.evaluation.tasks import evaluate_memory
         from memrl.rollout.loop import EngineSet
+        from memrl.rollout.memory.sam import TokenizerCounter
 
-        t0 = time.perf_counter()
+        tokenizer = self.reasoner_tokenizer()
+        reasoner = ScriptedEngine(TwReasoner(), tokenizer=tokenizer, name="reasoner")
         result = evaluate_memory(
             tasks,
-            EngineSet(reasoner=ScriptedEngine(TwReasoner(), name="reasoner"), memory=memory),
+            EngineSet(reasoner=reasoner, memory=memory),
             self.memory_config(variant),
             samples=0,
-            tasks_per_batch=EVAL_CHUNK,
-            progress=desc,
+            count_tokens=TokenizerCounter(tokenizer),
+            tasks_per_batch=len(tasks),
+            progress=f"eval {variant}",
         )
-        games = {}
-        for r in result["records"]:
-            games[r["episode_id"]] = {
-                "won": float(r["outcome"] or 0.0),
-                "cell": r["horizon"],
-                "steps": r["stats"].get("env_steps"),
-                "reasoner_tokens": r["reasoner_tokens"]["spent"],
-                "peak_context": r["peak_context_tokens"],
+        return {
+            "games": {
+                r["episode_id"]: {
+                    "won": float(r["outcome"] or 0.0),
+                    "cell": r["horizon"],
+                    "steps": r["stats"].get("env_steps"),
+                    # every token the reasoner read or wrote, and what of it a prefix cache would not have served
+                    "reasoner_tokens": r["reasoner_tokens"]["prompt"] + r["reasoner_tokens"]["completion"],
+                    "reasoner_tokens_spent": r["reasoner_tokens"]["spent"],
+                    "peak_context": r["peak_context_tokens"],
+                }
+                for r in result["records"]
             }
-        return {"success": result["success_greedy"], "games": games, "seconds": round(time.perf_counter() - t0, 1)}
+        }
 
     # ------------------------------------------------------------------------------------------------ training
     def base_model(self) -> Path:
@@ -369,41 +433,102 @@ class Bench:
             )
         return self.base
 
-    def sft(self) -> Path:
-        """Distil the expert on the SFT games (rejection sampling: won episodes only), then SFT: one checkpoint."""
+    def distill_inputs(self) -> dict[str, Any]:
+        return {"games": self.scale.sft_games, "cells": self.scale.cells, "max_steps": self.scale.max_steps}
+
+    def distilled(self) -> Path:
+        """The expert's traces on the SFT games (``memrl data distill``; rejection sampling keeps won episodes):
+        the stage ``distill`` records their counts and digest; the rows are rebuilt when this machine lacks them."""
         from memrl.data.config import RunConfig
         from memrl.rollout.expert_traces import DistillRunConfig, distill
+
+        out = self.work / "distill"
+
+        def run() -> dict[str, Any]:
+            self.games("sft", self.scale.sft_games)  # generating them is a stage of its own
+            stats = distill(
+                DistillRunConfig(
+                    run=RunConfig(output_dir=str(self.work), name="distill", seed=0, resume=out.exists()),
+                    tasks=self.task_set("sft", self.scale.sft_games),
+                    memory=self.memory_config("sam"),
+                    tokenizer=str(self.base_model()),
+                ),
+                out,
+            )
+            return {"stats": stats, "rows_digest": self.rows_digest(out)}
+
+        inputs = {**self.distill_inputs(), "tokenizer": self.args.model}
+        recorded = self.records.get("distill", inputs)
+        if recorded is not None and (out / "stats.json").exists():
+            return out
+        result = run() if recorded is not None else self.records.run("distill", inputs, run)
+        if recorded is not None and result["rows_digest"] != recorded["rows_digest"]:
+            say(f"distill rebuilt with rows {result['rows_digest']}, recorded {recorded['rows_digest']}")
+        return out
+
+    @staticmethod
+    def rows_digest(folder: Path) -> str:
+        h = hashlib.sha256()
+        for f in sorted(folder.glob("*.jsonl")):
+            if f.name.startswith("progress"):
+                continue
+            h.update(f.read_bytes())
+        return h.hexdigest()[:16]
+
+    def sft_inputs(self, seed: int) -> dict[str, Any]:
+        s = self.scale
+        return {
+            "seed": seed,
+            "model": self.args.model,
+            "distill": self.distill_inputs(),
+            "steps": s.sft_steps,
+            "batch": s.sft_batch,
+            "lr": s.lr_sft,
+            "max_length": s.max_length,
+        }
+
+    def sft(self, seed: int) -> Path:
+        """SFT seed ``seed`` (``memrl train sft``; full weights): the stage ``sft/seed<k>`` records its weights
+        digest; the checkpoint is rebuilt from the recorded seed when this machine lacks it (digest checked)."""
+        out = self.work / f"sft-s{seed}" / "final"
+        inputs = self.sft_inputs(seed)
+        recorded = self.records.get(f"sft/seed{seed}", inputs)
+        if recorded is not None and (out / "config.json").exists():
+            return out
+        if recorded is None:
+            self.records.run(f"sft/seed{seed}", inputs, lambda: self.train_sft(seed, out))
+        else:
+            rebuilt = self.train_sft(seed, out)
+            same = rebuilt["weights"] == recorded["weights"]
+            say(f"SFT seed {seed} rebuilt: weights {'match' if same else 'DIFFER from'} the record")
+            if not same:
+                self.rebuilt_differs.append(f"sft/seed{seed}")
+        return out
+
+    def sft_weights(self, seed: int) -> str:
+        """SFT seed ``seed``'s recorded weights digest (the SFT stage runs first when it is not recorded)."""
+        recorded = self.records.get(f"sft/seed{seed}", self.sft_inputs(seed))
+        if recorded is None:
+            self.sft(seed)
+            recorded = self.records.get(f"sft/seed{seed}", self.sft_inputs(seed))
+        assert recorded is not None
+        return str(recorded["weights"])
+
+    def train_sft(self, seed: int, out: Path) -> dict[str, Any]:
+        from memrl.data.config import RunConfig
         from memrl.train.policy import LoraSettings, PolicySpec
         from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
         from memrl.train.sft_data import SFTDataConfig
 
-        out = self.work / "sft" / "final"
-        if (out / "config.json").exists():
-            return out
-        s, base = self.scale, self.base_model()
-        t0 = time.perf_counter()
-        distill(
-            DistillRunConfig(
-                run=RunConfig(
-                    output_dir=str(self.work), name="distill", seed=0, resume=(self.work / "distill").exists()
-                ),
-                tasks=self.task_set("sft", 0, s.sft_games),
-                memory=self.memory_config("sam"),
-                tokenizer=str(base),
-            ),
-            self.work / "distill",
-        )
-        self.phases["distill"] = round(time.perf_counter() - t0, 1)
-        t0 = time.perf_counter()
+        s, base, data = self.scale, self.base_model(), self.distilled()
+        name = f"sft-s{seed}"
         run_sft(
             SFTRunConfig(
-                run=RunConfig(output_dir=str(self.work), name="sft", seed=0, resume=(self.work / "sft").exists()),
+                run=RunConfig(output_dir=str(self.work), name=name, seed=seed, resume=(self.work / name).exists()),
                 model=PolicySpec(base=str(base)),
                 lora=LoraSettings(enabled=False),
                 data=SFTDataConfig(
-                    dir=str(self.work / "distill"),
-                    roles={"consolidate": 0.5, "recall": 0.5},
-                    mixture_rows=s.sft_steps * s.sft_batch,
+                    dir=str(data), roles={"consolidate": 0.5, "recall": 0.5}, mixture_rows=s.sft_steps * s.sft_batch
                 ),
                 train=SFTTrainConfig(
                     max_steps=s.sft_steps,
@@ -411,18 +536,47 @@ class Bench:
                     lr=s.lr_sft,
                     warmup=0.05,
                     max_length=s.max_length,
-                    save_steps=SFT_CHECKPOINT_EVERY,
+                    save_steps=max(s.sft_steps, 1),
                     save_total_limit=1,
                     logging_steps=10,
                     bf16=self.args.model == "smollm2",
                 ),
             )
         )
-        self.phases["sft"] = round(time.perf_counter() - t0, 1)
-        return out
+        return {"weights": digest_weights(out)}
 
-    def rl(self, mode: str, seed: int, lr: float, name: str) -> Path:
-        """OAT-GRPO (``tree``) or flat GRPO (``flat``) from the SFT checkpoint under ``seed``; the final policy."""
+    def rl(self, mode: str, sft_seed: int, rl_seed: int, lr: float, tag: str = "") -> tuple[Path, dict[str, Any]]:
+        """OAT-GRPO (``tree``) or flat GRPO (``flat``) from SFT seed ``sft_seed`` under RL seed ``rl_seed``: the
+        stage ``rl/<mode>-sft<k>-rl<j>`` records the run's summary and weights digest (rebuilt when missing)."""
+        name = f"{tag}{mode}-sft{sft_seed}-rl{rl_seed}"
+        s = self.scale
+        inputs = {
+            "mode": mode,
+            "sft": self.sft_inputs(sft_seed),
+            "rl_seed": rl_seed,
+            "lr": lr,
+            "iterations": s.iterations,
+            "tasks_per_iteration": s.tasks_per_iteration,
+            "train_games": s.train_games,
+            "tree": [s.branch_factor, s.max_leaves, s.flat_group_size, s.informative_groups, s.max_extra_trees],
+        }
+        out = self.work / "rl" / f"{name}-final"
+        recorded = self.records.get(f"rl/{name}", inputs)
+        if recorded is not None and (out / "config.json").exists():
+            return out, recorded
+        if recorded is None:
+            result = self.records.run(
+                f"rl/{name}", inputs, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
+            )
+            return out, result
+        rebuilt = self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
+        if rebuilt["weights"] != recorded["weights"]:
+            self.rebuilt_differs.append(f"rl/{name}")
+        return out, recorded
+
+    def train_rl(self, mode: str, sft_seed: int, rl_seed: int, lr: float, out: Path, name: str) -> dict[str, Any]:
+        import shutil
+
         from memrl.data.config import RunConfig
         from memrl.data.run_dir import prepare_run_dir
         from memrl.data.tasks import TaskSetConfig
@@ -432,19 +586,17 @@ class Bench:
         from memrl.train.online import LoopConfig
         from memrl.train.policy import LoraSettings, PolicySpec
 
-        done = self.work / "rl" / f"{name}.json"
-        if done.exists():
-            return Path(json.loads(done.read_text())["policy_dir"])
-        s, sft = self.scale, self.sft()
+        s, sft = self.scale, self.sft(sft_seed)
+        seed = 1000 * sft_seed + rl_seed
+        smollm2 = self.args.model == "smollm2"
         cfg = OATGRPOConfig(
-            # a run stopped part way continues from its newest checkpoint (every RL_CHECKPOINT_EVERY iterations)
             run=RunConfig(
                 output_dir=str(self.work / "rl"), name=name, seed=seed, resume=(self.work / "rl" / name).exists()
             ),
             policy=PolicySpec(base=str(sft)),
             engine=self.engine_config("policy", sft),
             memory=self.memory_config("sam"),
-            train_tasks=self.task_set("train", 0, s.train_games),
+            train_tasks=self.task_set("train", s.train_games),
             eval_tasks=TaskSetConfig(family="ms_textworld", params=self.params(), count=0),
             tasks_per_iteration=s.tasks_per_iteration,
             tree=TreeConfig(
@@ -456,53 +608,39 @@ class Bench:
                 informative_groups=s.informative_groups,
                 max_extra_trees=s.max_extra_trees,
             ),
-            trainer=GroupTrainerConfig(
-                lr=lr,
-                lora=LoraSettings(enabled=self.args.model == "smollm2"),
-                bf16=self.args.model == "smollm2",
-                seed=seed,  # each training seed draws its own fresh LoRA adapter
-            ),
+            trainer=GroupTrainerConfig(lr=lr, lora=LoraSettings(enabled=smollm2), bf16=smollm2, seed=seed),
             loop=LoopConfig(
-                iterations=s.iterations,
-                eval_every=0,
-                checkpoint_every=min(s.iterations, RL_CHECKPOINT_EVERY),
-                keep_checkpoints=1,
+                iterations=s.iterations, eval_every=0, checkpoint_every=min(s.iterations, 5), keep_checkpoints=1
             ),
             eval_samples=0,
         )
-        t0 = time.perf_counter()
         result = train_oat_grpo(cfg, prepare_run_dir(cfg, cfg.run, "train-oat-grpo"))
-        self.phases[f"rl_{mode}"] = self.phases.get(f"rl_{mode}", 0.0) + round(time.perf_counter() - t0, 1)
+        policy = Path(result["policy_dir"])
+        if result["lora"]:  # a LoRA policy: evaluated merged on its base
+            from memrl.train.export import ExportConfig, VerifyConfig, export_model
+
+            export_model(
+                ExportConfig(
+                    run=RunConfig(output_dir=str(self.work / "rl"), name=f"{name}-export"),
+                    policy=PolicySpec(base=str(sft), adapter=str(policy)),
+                    verify=VerifyConfig(vllm=False),
+                ),
+                out,
+            )
+        else:
+            shutil.copytree(policy, out, dirs_exist_ok=True)
         history = result["history"]
-        summary = {
-            "policy_dir": result["policy_dir"],
+        return {
+            "weights": digest_weights(out),
+            "same_weights_as_sft": digest_weights(out) == digest_weights(sft),
             "updates": result["updates"],
             "iterations": result["iterations_run"],
-            "lora": result["lora"],
             "informative_groups": sum(h.get("informative_groups", 0) for h in history),
             "extra_trees": sum(h.get("extra_trees", 0) for h in history),
             "trained_tokens": sum(h.get("trained_tokens", 0) for h in history),
             "reasoner_tokens": sum(h.get("reasoner_tokens", 0) for h in history),
             "success_train": [h.get("success") for h in history],
         }
-        if result["lora"]:  # a LoRA policy: evaluate it merged on its base
-            from memrl.train.export import ExportConfig, export_model
-
-            merged = self.work / "rl" / f"{name}-merged"
-            from memrl.train.export import VerifyConfig
-
-            export_model(
-                ExportConfig(
-                    run=RunConfig(output_dir=str(self.work / "rl"), name=f"{name}-export"),
-                    policy=PolicySpec(base=str(sft), adapter=result["policy_dir"]),
-                    verify=VerifyConfig(vllm=False),
-                ),
-                merged,
-            )
-            summary["policy_dir"] = str(merged)
-        done.parent.mkdir(parents=True, exist_ok=True)
-        done.write_text(json.dumps(summary))
-        return Path(summary["policy_dir"])
 
     # ------------------------------------------------------------------------------------------------ replay
     def replay_check(self, tasks: list[Any]) -> dict[str, Any]:
@@ -537,233 +675,351 @@ class Bench:
 # figures
 
 
-def per_game(evals: dict[str, dict[int, dict[str, Any]]], games: list[str], seeds: list[int]) -> dict[str, Any]:
-    """``{variant: {seed: [won per game]}}`` in one game order."""
-    return {v: {str(s): [by_seed[s]["games"][g]["won"] for g in games] for s in seeds} for v, by_seed in evals.items()}
+def of_draw(by_draw: dict[str, dict[str, Any]], draw: str) -> dict[str, Any]:
+    """A variant's results under ``draw``: its own, its SFT start's (``sft1/rl0`` -> ``sft1``), or those of a variant
+    with one draw (scripted, untrained: nothing trained, the same games every draw)."""
+    found = by_draw.get(draw) or by_draw.get(draw.split("/")[0])
+    if found is None:
+        if len(by_draw) != 1:
+            raise KeyError(f"no results of draw {draw!r} among {sorted(by_draw)}")
+        found = next(iter(by_draw.values()))
+    return found
 
 
-def figures(
-    evals: dict[str, dict[int, dict[str, Any]]], games: list[str], cells: dict[str, str], seeds: list[int]
-) -> dict[str, Any]:
-    """Success and steps to win per variant and cell; paired differences with two-level intervals."""
-    from memrl.rollout.evaluation.stats import two_level_interval
+def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells: dict[str, str]) -> dict[str, Any]:
+    """Per variant and cell: success, steps to win, reasoner tokens per game (every prompt and generated token; and
+    ``spent``: what a prefix cache would not have served), and success at equal reasoner-token cost (won on no more
+    reasoner tokens than long context used on the same game); paired differences with two-level
+    intervals over the draws (``evals[variant][draw]``: SFT seed, or SFT seed / RL seed) and games, and each draw's
+    interval over games."""
+    from memrl.rollout.evaluation.stats import task_level_interval, two_level_interval
 
+    groups = [*sorted(set(cells.values())), "all"]
+    chosen = {c: [g for g in games if c in ("all", cells[g])] for c in groups}
+    budget = next(iter(evals["long_context"].values())) if "long_context" in evals else None
     table: dict[str, Any] = {}
-    for variant, by_seed in evals.items():
-        row: dict[str, Any] = {}
-        for cell in [*sorted(set(cells.values())), "all"]:
-            chosen = [g for g in games if cell in ("all", cells[g])]
-            wins = [by_seed[s]["games"][g]["won"] for s in seeds for g in chosen]
-            steps = [
-                by_seed[s]["games"][g]["steps"]
-                for s in seeds
-                for g in chosen
-                if by_seed[s]["games"][g]["won"] and by_seed[s]["games"][g]["steps"] is not None
-            ]
-            row[cell] = {
-                "success": statistics.fmean(wins),
-                "games": len(chosen),
-                "steps_to_win": statistics.fmean(steps) if steps else None,
+    for variant, draws in evals.items():
+        row = {}
+        for c in groups:
+            per = [d[g] for d in draws.values() for g in chosen[c]]
+            wins = [p for p in per if p["won"]]
+            row[c] = {
+                "success": statistics.fmean(p["won"] for p in per),
+                "games": len(chosen[c]),
+                "draws": len(draws),
+                "steps_to_win": statistics.fmean(p["steps"] for p in wins) if wins else None,
+                "reasoner_tokens_per_game": statistics.fmean(p["reasoner_tokens"] for p in per),
+                "reasoner_tokens_spent_per_game": statistics.fmean(p["reasoner_tokens_spent"] for p in per),
+                "peak_context": max(p["peak_context"] for p in per),
             }
+            if budget is not None:  # won on no more reasoner tokens than long context spent on that game
+                row[c]["success_at_long_context_cost"] = statistics.fmean(
+                    float(bool(d[g]["won"]) and d[g]["reasoner_tokens"] <= budget[g]["reasoner_tokens"])
+                    for d in draws.values()
+                    for g in chosen[c]
+                )
         table[variant] = row
     paired: dict[str, Any] = {}
     for a, b in PAIRS:
         if a not in evals or b not in evals:
             continue
         entry = {}
-        for cell in [*sorted(set(cells.values())), "all"]:
-            chosen = [g for g in games if cell in ("all", cells[g])]
-            rows = [[evals[a][s]["games"][g]["won"] - evals[b][s]["games"][g]["won"] for g in chosen] for s in seeds]
-            entry[cell] = two_level_interval(rows) if len(chosen) > 1 else None
+        for c in groups:
+            keys = list(evals[a]) if len(evals[a]) >= len(evals[b]) else list(evals[b])  # the trained side's draws
+            rows = []
+            for draw in keys:
+                mine, other = of_draw(evals[a], draw), of_draw(evals[b], draw)
+                rows.append([mine[g]["won"] - other[g]["won"] for g in chosen[c]])
+            if len(chosen[c]) < 2:
+                entry[c] = None
+                continue
+            entry[c] = {
+                **two_level_interval(rows),
+                "per_draw_interval": [task_level_interval([r]) for r in rows],
+            }
         paired[f"{a}-{b}"] = entry
     return {"table": table, "paired": paired}
 
 
-# Scale fields that only add test or dev games or training seeds: every cached stage stays valid when they change.
-ADDITIVE_FIELDS = ("test_games", "dev_games", "seeds")
+def finished_so_far(records: Records) -> dict[str, Any]:
+    """Per variant and draw, over the test games its finished evaluation chunks cover: games, success, reasoner
+    tokens per game (a stopped run's partial figures; unpaired, the variants may cover different games)."""
+    out: dict[str, Any] = {}
+    for path in sorted((records.root / "eval").glob("*/*/*.json")):
+        draw, variant = path.parent.parent.name, path.parent.name
+        if draw.startswith("dev-"):
+            continue
+        games = json.loads(path.read_text())["result"]["games"]
+        entry = out.setdefault(variant, {}).setdefault(draw, {"games": 0, "won": 0.0, "reasoner_tokens": 0})
+        entry["games"] += len(games)
+        entry["won"] += sum(g["won"] for g in games.values())
+        entry["reasoner_tokens"] += sum(g["reasoner_tokens"] for g in games.values())
+    for draws in out.values():
+        for entry in draws.values():
+            entry["success"] = entry.pop("won") / entry["games"]
+            entry["reasoner_tokens_per_game"] = entry.pop("reasoner_tokens") / entry["games"]
+    return out
 
 
-def check_scale(work: Path, scale: Scale) -> None:
-    """Exit 2 if ``work`` caches stages of another scale (its SFT checkpoint, RL runs and evaluations would be reused
-    under the wrong settings); record the scale on a folder's first run."""
-    path = work / "scale.json"
-    wanted = {k: v for k, v in asdict(scale).items() if k not in ADDITIVE_FIELDS}
-    if not path.exists():
-        if any((work / stage).exists() for stage in ("sft", "rl", "evals")):
-            say(f"{work} holds cached stages of an unrecorded scale: give this run its own --work")
-            raise SystemExit(2)
-        path.write_text(json.dumps(wanted, indent=1) + "\n")
-        return
-    cached = json.loads(path.read_text())
-    changed = sorted(k for k in wanted.keys() | cached.keys() if wanted.get(k) != cached.get(k))
-    if changed:
-        detail = ", ".join(f"{k} {cached.get(k)!r} -> {wanted.get(k)!r}" for k in changed)
-        say(f"{work} holds a run at another scale ({detail}): give this one its own --work")
-        raise SystemExit(2)
+SELECT_GRID = (1e-4, 3e-4, 1e-3)
+
+
+def select_lr(bench: TextWorldRun) -> dict[str, Any]:
+    """OAT-GRPO from SFT seed 0 under each learning rate of :data:`SELECT_GRID`, evaluated on the dev games: the
+    highest dev success wins (ties to the smaller rate). Every run and evaluation is a stage of its own."""
+    dev = bench.games("dev", bench.args.dev_games)
+    scores = {"sft": bench.dev_success("sam_sft", dev, lambda: bench.sft(0), bench.sft_weights(0))}
+    for lr in SELECT_GRID:
+        _, summary = bench.rl("tree", 0, 0, lr, tag=f"select-lr{lr:g}-")
+        policy = lambda lr=lr: bench.rl("tree", 0, 0, lr, tag=f"select-lr{lr:g}-")[0]  # noqa: E731
+        scores[f"{lr:g}"] = bench.dev_success(f"select-lr{lr:g}", dev, policy, summary["weights"])
+    best = max(SELECT_GRID, key=lambda lr: (scores[f"{lr:g}"], -lr))
+    return {"lr": best, "dev_success": scores, "dev_games": len(dev), "grid": list(SELECT_GRID)}
+
+
+def estimate_hours(records: Records, missing: dict[str, int]) -> dict[str, Any]:
+    """Hours the missing stages will take, from the recorded seconds of stages of the same kind."""
+    out: dict[str, Any] = {}
+    total = 0.0
+    for kind, count in missing.items():
+        seen = records.seconds(kind)
+        if not count:
+            continue
+        each = statistics.fmean(seen) if seen else None
+        out[kind] = {"stages": count, "seconds_each": round(each, 1) if each else None}
+        total += (each or 0.0) * count
+    out["hours"] = round(total / 3600, 2)
+    return out
+
+
+def build_scale(args: argparse.Namespace) -> Scale:
+    scale = replace(SMOKE if args.smoke else PREMISE)
+    scale.cells = list(scale.cells)
+    if args.model == "smollm2":
+        scale = replace(scale, **smollm2_sft())
+    for name in (
+        "test_games",
+        "sft_games",
+        "sft_steps",
+        "sft_seeds",
+        "rl_seeds",
+        "iterations",
+        "window",
+        "max_steps",
+    ):
+        if getattr(args, name) is not None:
+            setattr(scale, name, getattr(args, name))
+    if args.cells:
+        scale.cells = args.cells.split(",")
+    return scale
 
 
 def skipped_variants(text: str) -> tuple[str, ...]:
     """``--skip``'s value: trained variants a run leaves out (an unknown name is a usage error, exit 2)."""
     names = tuple(n for n in text.split(",") if n)
-    unknown = [n for n in names if n not in SKIPPABLE]
+    unknown = [n for n in names if n not in TRAINED]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown variant {unknown[0]!r} (skippable: {', '.join(SKIPPABLE)})")
+        raise argparse.ArgumentTypeError(f"unknown variant {unknown[0]!r} (trained variants: {', '.join(TRAINED)})")
     return names
 
 
+def run_name(text: str) -> str:
+    if not text or "/" in text or text in (".", ".."):
+        raise argparse.ArgumentTypeError(f"--run must be one path component, got {text!r}")
+    return text
+
+
+def parser() -> argparse.ArgumentParser:
+    p = bench_parser(__doc__, seed=False)
+    p.set_defaults(threads=max(1, min(2, os.cpu_count() or 1)))
+    p.add_argument("--smoke", action="store_true", help="small cells where long context sees everything")
+    p.add_argument("--model", choices=("tiny", "smollm2", "none"), default="tiny", help="the memory model trained")
+    p.add_argument("--engine", choices=("hf", "vllm"), default=None, help="default: hf (tiny), vllm (smollm2)")
+    p.add_argument("--run", type=run_name, default=None, help="the records' folder name (default: from the settings)")
+    p.add_argument("--records", default=str(ROOT / "docs" / "figures" / "textworld"), help="where runs' records go")
+    p.add_argument("--work", default=str(ROOT / "runs" / "bench-textworld"), help="big artefacts (not committed)")
+    p.add_argument("--game-cache", default=str(ROOT / ".cache" / "textworld"))
+    p.add_argument("--model-cache", default=str(ROOT / ".cache" / "models"))
+    p.add_argument("--reasoner-tokenizer", default="smollm2", help="smollm2, tiny or a tokenizer folder")
+    p.add_argument("--chunk", type=int, default=25, help="games per evaluation stage")
+    p.add_argument("--max-minutes", type=float, default=90.0, help="start no stage past this many minutes")
+    p.add_argument("--max-stages", type=int, default=None, help="stop after running this many stages")
+    p.add_argument("--lr", type=float, default=None, help="RL learning rate (default: chosen on dev, see --select)")
+    p.add_argument("--select", action="store_true", help="choose the RL learning rate on dev games first")
+    p.add_argument("--dev-games", type=int, default=24, help="dev games for --select (over all cells)")
+    p.add_argument(
+        "--skip", type=skipped_variants, default=(), help=f"trained variants left out (of {', '.join(TRAINED)})"
+    )
+    p.add_argument("--cells", default=None, help="comma-separated challenge/size cells")
+    for name, help_text in (
+        ("test-games", "test games over all cells"),
+        ("sft-games", "expert episodes distilled"),
+        ("sft-steps", "SFT optimizer steps"),
+        ("sft-seeds", "SFT seeds"),
+        ("rl-seeds", "RL seeds under each SFT seed"),
+        ("iterations", "RL iterations per run"),
+        ("window", "the reasoner's window in its tokens"),
+        ("max-steps", "game commands per episode"),
+    ):
+        p.add_argument(f"--{name}", type=int, default=None, help=f"{help_text} (default: the setting's)")
+    return p
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 cells x 8 test games, tiny model, 2 seeds")
-    parser.add_argument("--select", action="store_true", help="choose the RL learning rate on dev, then stop")
-    parser.add_argument(
-        "--model",
-        choices=("tiny", "smollm2", "none"),
-        default="tiny",
-        help="the memory model trained (none: only the scripted variants)",
-    )
-    parser.add_argument("--engine", choices=("hf", "vllm"), default=None, help="default: hf (tiny), vllm (smollm2)")
-    parser.add_argument("--seeds", type=int, default=None, help="training seeds (default: the scale's)")
-    parser.add_argument("--test-games", type=int, default=None, help="test games per cell (default: the scale's)")
-    parser.add_argument("--cells", default=None, help="comma-separated challenge/size cells (default: the scale's)")
-    parser.add_argument("--dev-games", type=int, default=None, help="dev games per cell (default: the scale's)")
-    parser.add_argument("--sft-games", type=int, default=None, help="expert episodes distilled (default: the scale's)")
-    parser.add_argument("--sft-steps", type=int, default=None, help="SFT optimizer steps (default: the scale's)")
-    parser.add_argument("--iterations", type=int, default=None, help="RL iterations per run (default: the scale's)")
-    parser.add_argument(
-        "--skip",
-        type=skipped_variants,
-        default=(),
-        help=f"comma-separated trained variants left out to fit a budget (of {', '.join(SKIPPABLE)}); the JSON says so",
-    )
-    parser.add_argument("--work", default=str(ROOT / "runs" / "bench-textworld"))
-    parser.add_argument("--game-cache", default=str(ROOT / ".cache" / "textworld"))
-    parser.add_argument("--model-cache", default=str(ROOT / ".cache" / "models"))
-    parser.add_argument("--out", default=None, help="also write the JSON here")
-    args = parser.parse_args()
+    args = parser().parse_args()
     args.engine = args.engine or ("vllm" if args.model == "smollm2" else "hf")
-
-    import torch
-
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    pin_threads(args.threads)
     from memrl.data.envs.ms_textworld import require_textworld
 
     require_textworld()
-    scale = QUICK if args.quick else FULL
-    if args.model == "smollm2":
-        scale = replace(scale, **smollm2_sft())
-    if args.seeds is not None:
-        scale.seeds = args.seeds
-    if args.test_games is not None:
-        scale.test_games = args.test_games
-    if args.cells:
-        scale.cells = args.cells.split(",")
-    for name in ("dev_games", "sft_games", "sft_steps", "iterations"):
-        if getattr(args, name) is not None:
-            setattr(scale, name, getattr(args, name))
-    work = Path(args.work) / ("quick" if args.quick else "full") / args.model
-    work.mkdir(parents=True, exist_ok=True)
-    check_scale(work, scale)
-    bench = Bench(args, scale, work)
-    t_start = time.perf_counter()
-    load = os.getloadavg()[0]
-    say(f"generating games into {args.game_cache} (cached across runs)")
-    generated = bench.generate()
-    say(f"games ready in {generated['seconds']:.0f} s: {generated['games']}")
-    selection_path = work / "selected_on_dev.json"
-
-    if args.select:
-        dev = bench.games("dev", scale.dev_games)
-        sft = bench.sft()
-        scores = {"sft": bench.evaluate("sam_sft", sft, dev, "dev")["success"]}
-        for lr in SELECT_GRID:
-            policy = bench.rl("tree", 0, lr, f"select-oat-lr{lr:g}")
-            scores[f"{lr:g}"] = bench.evaluate("sam_oat", policy, dev, "dev")["success"]
-            say(f"dev: OAT-GRPO at lr {lr:g}: {scores[f'{lr:g}']:.1%} (SFT {scores['sft']:.1%})")
-        best = max(SELECT_GRID, key=lambda lr: (scores[f"{lr:g}"], -lr))
-        selection = {
-            "lr": best,
-            "dev_success": scores,
-            "dev_games": len(dev),
-            "grid": list(SELECT_GRID),
-            "rule": "highest dev success of OAT-GRPO (seed 0); ties to the smaller lr",
-        }
-        selection_path.write_text(json.dumps(selection, indent=2) + "\n")
-        print(json.dumps({"benchmark": "textworld", "select": selection}))
-        return
-
-    selection = json.loads(selection_path.read_text()) if selection_path.exists() else None
-    lr = selection["lr"] if selection else DEFAULT_LR
-    if selection is None and args.model != "none":
-        say(f"no dev selection in {selection_path}: OAT/flat at lr {DEFAULT_LR:g} (not chosen on dev)")
-    test = bench.games("test", scale.test_games)
-    names = [t.task_id for t in test]
-    cells = {t.task_id: t.horizon_label for t in test}
-    seeds = list(range(scale.seeds))
-    evals: dict[str, dict[int, dict[str, Any]]] = {}
-    for variant in SCRIPTED:
-        result = bench.evaluate(variant, None, test, "test")
-        evals[variant] = dict.fromkeys(seeds, result)
-        say(f"{variant}: {result['success']:.1%} ({result['seconds']:.0f} s)")
-    rl_runs: dict[str, Any] = {}
-    if args.model != "none":
-        if "sam_untrained" not in args.skip:
-            untrained = bench.evaluate("sam_untrained", bench.base_model(), test, "test")
-            evals["sam_untrained"] = dict.fromkeys(seeds, untrained)
-            say(f"untrained: {untrained['success']:.1%}")
-        sft = bench.sft()
-        sft_eval = bench.evaluate("sam_sft", sft, test, "test")
-        evals["sam_sft"] = dict.fromkeys(seeds, sft_eval)
-        say(f"SFT: {sft_eval['success']:.1%}")
-        sft_weights = digest(sft)
-        for variant, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
-            if variant in args.skip:
-                continue
-            evals[variant] = {}
-            for seed in seeds:
-                policy = bench.rl(mode, seed, lr, f"{mode}-s{seed}")
-                evals[variant][seed] = bench.evaluate(variant, policy, test, f"test-s{seed}")
-                run = json.loads((work / "rl" / f"{mode}-s{seed}.json").read_text())
-                run["same_weights_as_sft"] = digest(policy) == sft_weights
-                rl_runs[f"{variant}/{seed}"] = run
-                say(f"{variant} seed {seed}: {evals[variant][seed]['success']:.1%} ({run['updates']} updates)")
-                if run["same_weights_as_sft"]:
-                    say(f"{variant} seed {seed} kept the SFT weights: its differences from SFT measure nothing")
-    replay = bench.replay_check(test)
-    say(
-        f"replay re-entry exact on {replay['exact']} of {replay['games']} test games "
-        f"({replay['commands_replayed']} commands replayed)"
+    scale = build_scale(args)
+    name = args.run or f"{'smoke' if args.smoke else 'premise'}-{args.model}"
+    records = Records(
+        root=Path(args.records) / name,
+        deadline=time.perf_counter() + args.max_minutes * 60,
+        max_stages=args.max_stages,
+        ran=[],
+        commit=git_commit(),
     )
-    out = {
-        "benchmark": "textworld",
-        "quick": args.quick,
+    bench = TextWorldRun(args, scale, records, Path(args.work) / name)
+
+    def stop_after_this_stage(signum: int, _frame: Any) -> None:
+        if records.stop_requested:  # a second signal: stop now (the running stage is lost, no record is half-written)
+            raise KeyboardInterrupt
+        records.stop_requested = True
+        say(f"signal {signum}: stopping after the running stage (send it again to stop now)")
+
+    signal.signal(signal.SIGTERM, stop_after_this_stage)
+    signal.signal(signal.SIGINT, stop_after_this_stage)
+    t_start = time.perf_counter()
+    try:
+        result = run(bench)
+    except RecordMismatch as exc:
+        say(str(exc))
+        raise SystemExit(2) from None
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    result["stages_run"] = records.ran
+    emit(result, args.json_out)
+
+
+def run(bench: TextWorldRun) -> dict[str, Any]:
+    """Every stage in order (each read from its record when there is one); the figures when all are done, else
+    what stopped, what is left and the hours it should take."""
+    from memrl.data.io import atomic_write_text
+
+    args, scale, records = bench.args, bench.scale, bench.records
+    skip = set(args.skip) | (set(TRAINED) if args.model == "none" else set())
+    variants = [*SCRIPTED, *(v for v in TRAINED if v not in skip)]
+    draws = {
+        "sam_untrained": ["base"],
+        "sam_sft": [f"sft{k}" for k in range(scale.sft_seeds)],
+        **{
+            v: [f"sft{k}/rl{j}" for k in range(scale.sft_seeds) for j in range(scale.rl_seeds)]
+            for v in ("sam_oat", "sam_flat")
+        },
+    }
+    chunks = -(-scale.test_games // args.chunk)
+    todo = {f"eval/scripted/{v}": chunks for v in SCRIPTED}
+    for v in variants:
+        for d in draws.get(v, []):
+            todo[f"eval/{d}/{v}"] = chunks
+    trains = "sam_sft" in variants or bool({"sam_oat", "sam_flat"} & set(variants))
+    if trains:
+        todo.update({"games/test": 1, "games/sft": 1, "distill": 1})
+    for k in range(scale.sft_seeds) if trains else []:
+        todo[f"sft/seed{k}"] = 1
+    for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
+        if v in variants:
+            for d in draws[v]:
+                k, j = d.removeprefix("sft").split("/rl")
+                todo[f"rl/{mode}-sft{k}-rl{j}"] = 1
+    config = {
+        "scale": asdict(scale),
         "model": args.model,
         "engine": args.engine,
-        "scale": asdict(scale),
-        "lr": lr,
-        "skipped": sorted(args.skip),
+        "reasoner_tokenizer": args.reasoner_tokenizer,
+        "variants": variants,
+        "lr": args.lr if args.lr is not None else "chosen on dev (or the default)",
+    }
+    records.root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(records.root / "run.json", json.dumps(config, indent=1) + "\n")
+    evals: dict[str, dict[str, dict[str, Any]]] = {}
+    rl_runs: dict[str, Any] = {}
+    selection: dict[str, Any] | None = None
+    try:
+        if args.select:
+            selection = select_lr(bench)
+        lr = args.lr if args.lr is not None else selection["lr"] if selection else DEFAULT_LR
+        test = bench.games("test", scale.test_games)
+        for v in SCRIPTED:
+            evals[v] = {"scripted": bench.evaluate(v, "scripted", test, None, "scripted")}
+        if "sam_untrained" in variants:
+            evals["sam_untrained"] = {"base": bench.evaluate("sam_untrained", "base", test, bench.base_model, "base")}
+        if "sam_sft" in variants:
+            evals["sam_sft"] = {}
+            for k in range(scale.sft_seeds):
+                evals["sam_sft"][f"sft{k}"] = bench.evaluate(
+                    "sam_sft", f"sft{k}", test, lambda k=k: bench.sft(k), bench.sft_weights(k)
+                )
+        for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
+            if v not in variants:
+                continue
+            evals[v] = {}
+            for d in draws[v]:
+                k, j = (int(x) for x in d.removeprefix("sft").split("/rl"))
+                _, summary = bench.rl(mode, k, j, lr)
+                rl_runs[f"{v}/{d}"] = summary
+                evals[v][d] = bench.evaluate(
+                    v, d, test, lambda mode=mode, k=k, j=j: bench.rl(mode, k, j, lr)[0], summary["weights"]
+                )
+        replay = records.run("replay", {"games": [t.task_id for t in test]}, lambda: bench.replay_check(test))
+    except Stopped as stop:
+        done = {p.relative_to(records.root).with_suffix("").as_posix() for p in records.root.glob("**/*.json")}
+        missing: dict[str, int] = {}
+        for kind, count in todo.items():
+            have = sum(1 for d in done if d.startswith(kind))
+            missing[kind] = max(count - have, 0)
+        status = {
+            "benchmark": "textworld",
+            "run": records.root.name,
+            "complete": False,
+            "stopped_before": str(stop),
+            "stages_recorded": len(done),
+            "remaining": estimate_hours(records, {k: v for k, v in missing.items() if v}),
+            "finished_so_far": finished_so_far(records),
+            "command": "python -m benchmarks.textworld " + " ".join(sys.argv[1:]),
+        }
+        atomic_write_text(records.root / "status.json", json.dumps(status, indent=1) + "\n")
+        say(f"stopped before {stop}: about {status['remaining']['hours']} h of stages left (status.json)")
+        return status
+    names = [t.task_id for t in test]
+    cells = {t.task_id: t.horizon_label for t in test}
+    out = {
+        "benchmark": "textworld",
+        "run": records.root.name,
+        "complete": True,
+        **config,
+        "rl_lr": lr,
         "settings_chosen_on_dev": selection,
-        **figures(evals, names, cells, seeds),
+        **figures(evals, names, cells),
         "replay": replay,
         "rl_runs": rl_runs,
+        "rebuilt_weights_differ": bench.rebuilt_differs,
         "records": {
             "games": names,
             "cells": cells,
-            "success": per_game(evals, names, seeds),
-            "steps": {
-                v: {str(s): [by[s]["games"][g]["steps"] for g in names] for s in seeds} for v, by in evals.items()
+            "won": {v: {d: [r[g]["won"] for g in names] for d, r in by.items()} for v, by in evals.items()},
+            "reasoner_tokens": {
+                v: {d: [r[g]["reasoner_tokens"] for g in names] for d, r in by.items()} for v, by in evals.items()
             },
         },
-        "generated": generated,
-        "phases_s": bench.phases,
-        "wall_s": round(time.perf_counter() - t_start, 1),
-        "load_average_start": round(load, 1),
-        "load_average_end": round(os.getloadavg()[0], 1),
     }
-    text = json.dumps(out)
-    (work / "result.json").write_text(text + "\n")
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(text)
+    atomic_write_text(records.root / "result.json", json.dumps(out, indent=1) + "\n")
+    atomic_write_text(
+        records.root / "status.json",
+        json.dumps({"benchmark": "textworld", "run": records.root.name, "complete": True}, indent=1) + "\n",
+    )
+    return out
 
 
 if __name__ == "__main__":

@@ -51,6 +51,16 @@ batch while its previous batch runs; an engine whose requests are independent (a
 of every branch goes to its engine as one request list, one engine after the other. Both build the same trees: node
 ids come from the rollout path, budgets are split, and every request carries its own seed; only batch compositions,
 and so prefix-cache hits, differ.
+
+**Equal greedy calls are computed once** (``share_greedy_calls``, on by default). Siblings are copies of one rollout
+that differ in one sampled action: until their paths part, they make the same greedy calls (a consolidation of the
+same page under the same cue bank). On an engine whose greedy answer is a pure function of the request
+(``Engine.greedy_is_deterministic``: the transformers engine), a greedy request equal to one already answered in
+this build (prompt, sampling limits, served weights; not the seed, which greedy decoding does not read) takes that
+answer instead of being generated again (``TreeRolloutStats.shared_greedy_calls`` counts them). On transformers the
+trees are those built without sharing: each branch receives the same tokens, log-probs and usage. vLLM's CPU kernels
+give a greedy answer that can depend on the batch it was computed in (a profile's shared and unshared builds parted
+where a near-tie flipped), so vLLM engines share nothing and their trees are those of a build without sharing.
 """
 
 from __future__ import annotations
@@ -94,6 +104,7 @@ class TreeConfig(ConfigModel):
     scheduler: Literal["async", "wavefront"] = "async"  # async: each branch advances when its own call returns
     # (a Monte-Carlo difference between two copies of one text is never trained as a preference)
     merge_identical_siblings: bool = True  # siblings with equal token ids are one node whose V(n) pools their leaves
+    share_greedy_calls: bool = True  # an equal greedy request answered once per build (module docstring)
     # dynamic sampling (DAPO): build more trees until the batch holds this many sibling groups whose V(n) differ
     informative_groups: int = Field(0, ge=0)  # dynamic sampling: outcome-informative groups wanted per batch (0: off)
     max_extra_trees: int = Field(0, ge=0)  # dynamic sampling: trees built beyond the iteration's tasks at most
@@ -119,6 +130,7 @@ class TreeRolloutStats:
 
     engine_calls: dict[str, int] = field(default_factory=dict)
     wavefronts: int = 0
+    shared_greedy_calls: int = 0  # greedy requests answered from an equal one of this build (share_greedy_calls)
 
     def count(self, engine: Engine) -> None:
         """Record one call of ``engine``."""
@@ -146,6 +158,57 @@ class _Branch:
 
 
 _Call = tuple[_Branch, PendingCall, int]  # a branch, its pending call, and how many samples the call draws
+
+
+@dataclass
+class _GreedyShare:
+    """The greedy answers of one build, by engine and request (module docstring: equal greedy calls)."""
+
+    enabled: bool
+    stats: TreeRolloutStats
+    answers: dict[tuple[Any, ...], GenerationResult] = field(default_factory=dict)
+
+    def key(self, engine: Engine, request: Any) -> tuple[Any, ...] | None:
+        """What makes two greedy requests to ``engine`` the same computation; None for one that is not shared."""
+        s = request.sampling
+        if not self.enabled or not engine.greedy_is_deterministic or s.temperature != 0:
+            return None
+        prompt = (
+            tuple(request.prompt_ids)
+            if request.prompt_ids is not None
+            else tuple(m.model_dump_json() for m in request.messages)
+        )
+        limits = (s.n, s.top_p, s.top_k, s.max_tokens, tuple(s.stop), s.logprobs, s.ignore_eos)
+        return (id(engine), engine.policy_version, limits, prompt)
+
+    def to_send(self, engine: Engine, items: list[_Call]) -> tuple[list[int], list[tuple[Any, ...] | None]]:
+        """The indices of ``items`` the engine must generate (the first of each new greedy request), and every
+        item's key."""
+        keys = [self.key(engine, call.request) for _, call, _ in items]
+        send, seen = [], set(self.answers)
+        for i, k in enumerate(keys):
+            if k is None or k not in seen:
+                send.append(i)
+                if k is not None:
+                    seen.add(k)
+        return send, keys
+
+    def answer(
+        self, keys: list[tuple[Any, ...] | None], send: list[int], results: list[GenerationResult]
+    ) -> list[GenerationResult]:
+        """Every item's result: the engine's for the ones sent, the shared answer for the others."""
+        out: list[GenerationResult | None] = [None] * len(keys)
+        for i, result in zip(send, results, strict=True):
+            out[i] = result
+            if keys[i] is not None:
+                self.answers[keys[i]] = result  # type: ignore[index]
+        for i, k in enumerate(keys):
+            if out[i] is None:
+                out[i] = self.answers[k]  # type: ignore[index]
+                self.stats.shared_greedy_calls += 1
+        return out  # type: ignore[return-value]
+
+
 # a trainable action about to be taken: the rollout at its state, the pending call, the samples, their node ids
 OnAction = Callable[[Rollout, PendingCall, GenerationResult, list[str]], None]
 
@@ -204,11 +267,12 @@ def build_trees(
             if b.tree.live == 0:
                 bar.update(1)
     branches = [b for b in branches if not b.rollout.done]
+    share = _GreedyShare(cfg.share_greedy_calls, stats)
     try:
         if cfg.scheduler == "wavefront":
-            _run_wavefronts(branches, engines, cfg, stats, advance)
+            _run_wavefronts(branches, engines, cfg, stats, advance, share)
         else:
-            _run_blocking(_run_async(branches, engines, cfg, stats, advance))
+            _run_blocking(_run_async(branches, engines, cfg, stats, advance, share))
     finally:
         bar.close()
     out = []
@@ -372,7 +436,12 @@ Advance = Callable[[_Branch, PendingCall, GenerationResult, int], list[_Branch]]
 
 
 def _run_wavefronts(
-    active: list[_Branch], engines: EngineSet, cfg: TreeConfig, stats: TreeRolloutStats, advance: Advance
+    active: list[_Branch],
+    engines: EngineSet,
+    cfg: TreeConfig,
+    stats: TreeRolloutStats,
+    advance: Advance,
+    share: _GreedyShare,
 ) -> None:
     """Lock-step: every pending call goes to its engine in one request list per engine, then every branch moves."""
     active = [b for b in active if not b.rollout.done]
@@ -385,14 +454,22 @@ def _run_wavefronts(
             batches.setdefault(id(engine), (engine, []))[1].append((branch, call, n))
         active = []
         for engine, items in batches.values():
-            results = engine.generate([call.request for _, call, _ in items])
-            stats.count(engine)
+            send, keys = share.to_send(engine, items)
+            answers = engine.generate([items[i][1].request for i in send]) if send else []
+            if send:
+                stats.count(engine)
+            results = share.answer(keys, send, answers)
             for (branch, call, n), result in zip(items, results, strict=True):
                 active.extend(advance(branch, call, result, n))
 
 
 async def _run_async(
-    active: list[_Branch], engines: EngineSet, cfg: TreeConfig, stats: TreeRolloutStats, advance: Advance
+    active: list[_Branch],
+    engines: EngineSet,
+    cfg: TreeConfig,
+    stats: TreeRolloutStats,
+    advance: Advance,
+    share: _GreedyShare,
 ) -> None:
     """Each branch advances as soon as its own call returns; engines generate concurrently (module docstring)."""
     waiting: dict[int, tuple[Engine, list[_Call]]] = {}  # per engine: calls not sent yet
@@ -400,7 +477,12 @@ async def _run_async(
     in_flight: set[asyncio.Task[tuple[Engine, list[_Call], list[GenerationResult]]]] = set()
 
     async def generate(engine: Engine, items: list[_Call]) -> tuple[Engine, list[_Call], list[GenerationResult]]:
-        return engine, items, await engine.agenerate([call.request for _, call, _ in items])
+        # a batching engine has one batch in flight, so an equal greedy request is never generated twice at once
+        send, keys = share.to_send(engine, items)
+        answers = await engine.agenerate([items[i][1].request for i in send]) if send else []
+        if send:
+            stats.count(engine)
+        return engine, items, share.answer(keys, send, answers)
 
     def send(engine: Engine, items: list[_Call]) -> None:
         in_flight.add(asyncio.create_task(generate(engine, items)))
@@ -430,7 +512,6 @@ async def _run_async(
                 in_flight.discard(task)
                 engine, items, results = task.result()
                 busy.discard(id(engine))
-                stats.count(engine)
                 for (branch, call, n), result in zip(items, results, strict=True):
                     for running in advance(branch, call, result, n):
                         wait_for_engine(running)

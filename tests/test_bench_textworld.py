@@ -1,175 +1,197 @@
-"""benchmarks/textworld.py at its smallest setting: one treasure_hunter game, the scripted variants (no memory, long
-context, BM25, SAM with the expert) and the replay check, into a temporary work folder and game cache."""
+"""benchmarks/textworld.py: per-stage records (reused when their inputs match, refused naming the fields when not), a
+sitting that stops cleanly between stages, the figures over SFT and RL draws, and the staged run stopped, committed
+and resumed from its records in a fresh clone."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import bench_process
 
 
-def test_a_work_folder_refuses_another_scale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A work folder caches its SFT checkpoint, RL runs and evaluations: another training scale in it exits 2 naming
-    the fields, while more test games, dev games or seeds reuse it."""
-    from dataclasses import replace
+def records(root: Path, **budget: object) -> object:
+    from benchmarks.textworld import Records
 
-    from benchmarks.textworld import QUICK, check_scale
-
-    check_scale(tmp_path, QUICK)
-    check_scale(tmp_path, replace(QUICK, test_games=225, dev_games=12, seeds=3))
-    with pytest.raises(SystemExit) as exit_info:
-        check_scale(tmp_path, replace(QUICK, sft_steps=1500, iterations=8))
-    assert exit_info.value.code == 2
-    assert "iterations 2 -> 8, sft_steps 30 -> 1500" in capsys.readouterr().err
-    older = tmp_path / "older"  # stages cached before the folder recorded its scale
-    (older / "rl").mkdir(parents=True)
-    with pytest.raises(SystemExit):
-        check_scale(older, QUICK)
-    assert "cached stages of an unrecorded scale" in capsys.readouterr().err
+    return Records(root=root, deadline=budget.get("deadline"), max_stages=budget.get("max_stages"), ran=[], commit="x")
 
 
-# protects: benchmarks/textworld.py's JSON at its smallest setting on a generated Microsoft TextWorld game
-@pytest.mark.slow
-def test_textworld_benchmark_smallest_setting(tmp_path: Path) -> None:
-    pytest.importorskip("textworld", reason="the textworld extra is not installed")
-    cmd = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "textworld.py"),
-        "--quick",
-        "--model",
-        "none",
-        "--cells",
-        "treasure_hunter/small",
-        "--test-games",
-        "2",
-        "--seeds",
-        "2",
-        "--work",
-        str(tmp_path / "work"),
-        "--game-cache",
-        str(tmp_path / "games"),
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["benchmark"] == "textworld" and result["records"]["games"] == ["test-400000", "test-400001"]
-    table = result["table"]
-    assert set(table) == {"no_memory", "long_context", "bm25", "sam_expert"}
-    assert table["sam_expert"]["all"]["success"] == 1.0 and table["sam_expert"]["all"]["steps_to_win"] > 0
-    assert set(result["paired"]) == {"bm25-no_memory", "long_context-no_memory"}
-    assert result["paired"]["bm25-no_memory"]["all"]["seeds"] == 2
-    assert (
-        result["replay"]
-        == {"games": 2, "exact": 2, "commands_replayed": result["replay"]["commands_replayed"], "mismatched": []}
-        and result["replay"]["commands_replayed"] >= 2
-    )
-    assert "replay re-entry exact on 2 of 2 test games" in out.stderr
-    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)  # everything cached
-    assert rerun.returncode == 0 and json.loads(rerun.stdout.strip().splitlines()[-1])["table"] == table
-    assert "games ready in 0 s" in rerun.stderr
+def test_a_recorded_stage_is_reused_and_other_inputs_are_refused_naming_them(tmp_path: Path) -> None:
+    from benchmarks.textworld import RecordMismatch
+
+    rec = records(tmp_path)
+    calls: list[int] = []
+    inputs = {"seed": 0, "steps": 30, "games": ["test-400000"]}
+    assert rec.run("sft/seed0", inputs, lambda: calls.append(1) or {"weights": "abc"}) == {"weights": "abc"}
+    again = records(tmp_path)
+    assert again.run("sft/seed0", dict(inputs), lambda: calls.append(2) or {}) == {"weights": "abc"}
+    assert calls == [1] and again.ran == []
+    saved = json.loads((tmp_path / "sft" / "seed0.json").read_text())
+    assert saved["inputs"] == inputs and saved["seconds"] >= 0 and saved["commit"] == "x"
+    with pytest.raises(RecordMismatch, match=r"seed0.json: recorded with other inputs \(steps\)"):
+        again.run("sft/seed0", {**inputs, "steps": 31}, dict)
 
 
-def test_an_unchanged_policy_reuses_its_weights_evaluation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An RL run that made no update has the SFT weights: its greedy evaluation on the same games is the same
-    computation, so the cached one is reused (and named); other weights are evaluated."""
-    from types import SimpleNamespace
+def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) -> None:
+    """``--max-stages`` N runs N stages and stops before the next; ``--max-minutes`` stops before a stage that would
+    start past the deadline, a signal before the next stage; recorded stages are read whatever the budget."""
+    from benchmarks.textworld import Stopped
 
-    from benchmarks.textworld import QUICK, Bench, digest
-
-    model = tmp_path / "policy"
-    model.mkdir()
-    (model / "model.safetensors").write_bytes(b"weights")
-    weights = digest(model)
-    (tmp_path / "evals").mkdir()
-    sft = {"success": 0.5, "games": {"test-400000": {"won": 1.0}}, "seconds": 9.0}
-    (tmp_path / "evals" / f"test-sam_sft-{weights}-2-test-400000.json").write_text(json.dumps(sft))
-    bench = Bench(SimpleNamespace(engine="hf"), QUICK, tmp_path)
-    games = [SimpleNamespace(task_id="test-400000"), SimpleNamespace(task_id="test-400001")]
-    reused = bench.evaluate("sam_oat", model, games, "test-s1")
-    assert reused["success"] == 0.5 and reused["same_weights_as"] == f"test-sam_sft-{weights}-2-test-400000"
-    assert (tmp_path / "evals" / f"test-s1-sam_oat-{weights}-2-test-400000.json").exists()
-    (model / "model.safetensors").write_bytes(b"other weights")
-
-    class EvaluationStarted(Exception):
-        pass
-
-    def build_engine(*_args: object, **_kwargs: object) -> None:
-        raise EvaluationStarted
-
-    monkeypatch.setattr("memrl.rollout.engines.factory.build_engine", build_engine)
-    with pytest.raises(EvaluationStarted):  # other weights: a real evaluation starts
-        bench.evaluate("sam_oat", model, games, "test-s2")
+    rec = records(tmp_path, max_stages=1)
+    rec.run("a", {}, lambda: {"n": 1})
+    with pytest.raises(Stopped, match="b"):
+        rec.run("b", {}, lambda: {"n": 2})
+    late = records(tmp_path, deadline=time.perf_counter() - 1)
+    assert late.run("a", {}, dict) == {"n": 1}
+    with pytest.raises(Stopped):
+        late.run("b", {}, lambda: {"n": 2})
+    assert not (tmp_path / "b.json").exists()
+    signalled = records(tmp_path)
+    signalled.stop_requested = True  # SIGTERM: the running stage finished, no other starts
+    with pytest.raises(Stopped):
+        signalled.run("b", {}, lambda: {"n": 2})
 
 
-def test_skip_names_only_trained_variants_and_smollm2_takes_the_recipes_sft() -> None:
-    """``--skip`` accepts the skippable trained variants and rejects anything else (a usage error); SmolLM2's SFT
-    settings are the recipe's, not the tiny model's learning rate."""
-    import argparse
+def test_figures_pair_each_draw_with_its_own_sft_and_count_tokens_at_equal_cost() -> None:
+    """An RL draw ``sft1/rl0`` is paired with SFT seed 1 (never a copy of seed 0); success at long context's cost
+    counts a game won on no more reasoner tokens than long context spent on it."""
+    from benchmarks.textworld import figures
 
-    import yaml
+    games, cells = ["g0", "g1"], {"g0": "c", "g1": "c"}
 
-    from benchmarks.textworld import QUICK, skipped_variants, smollm2_sft
+    def game(won: float, tokens: int) -> dict[str, object]:
+        return {
+            "won": won,
+            "steps": 3,
+            "reasoner_tokens": tokens,
+            "reasoner_tokens_spent": tokens // 2,
+            "peak_context": 10,
+        }
+
+    evals = {
+        "long_context": {"scripted": {"g0": game(1.0, 100), "g1": game(0.0, 900)}},
+        "sam_expert": {"scripted": {"g0": game(1.0, 90), "g1": game(1.0, 95)}},
+        "sam_sft": {
+            "sft0": {"g0": game(1.0, 101), "g1": game(0.0, 50)},
+            "sft1": {"g0": game(1.0, 40), "g1": game(1.0, 60)},
+        },
+        "sam_oat": {
+            "sft0/rl0": {"g0": game(1.0, 40), "g1": game(0.0, 50)},
+            "sft1/rl0": {"g0": game(1.0, 40), "g1": game(1.0, 60)},
+        },
+    }
+    out = figures(evals, games, cells)
+    sft = out["table"]["sam_sft"]["all"]
+    assert sft["success"] == 0.75 and sft["draws"] == 2 and sft["reasoner_tokens_per_game"] == pytest.approx(62.75)
+    assert sft["reasoner_tokens_spent_per_game"] == pytest.approx(31.25)
+    assert sft["success_at_long_context_cost"] == 0.5  # sft0/g0 spent 101 > 100; sft1 won both under the cost
+    assert out["table"]["long_context"]["all"]["success_at_long_context_cost"] == 0.5
+    oat_sft = out["paired"]["sam_oat-sam_sft"]["all"]
+    assert oat_sft["per_seed_mean"] == [0.0, 0.0] and oat_sft["seeds"] == 2
+    expert_sft = out["paired"]["sam_expert-sam_sft"]["all"]  # the expert against each SFT seed, not the first only
+    assert expert_sft["per_seed_mean"] == [0.5, 0.0] and expert_sft["seeds"] == 2
+
+
+def test_usage_errors_name_the_flag() -> None:
+    from benchmarks.textworld import run_name, skipped_variants
 
     assert skipped_variants("sam_untrained,sam_flat") == ("sam_untrained", "sam_flat")
-    with pytest.raises(argparse.ArgumentTypeError, match="unknown variant 'sam_oat'"):
-        skipped_variants("sam_flat,sam_oat")
-    recipe = yaml.safe_load((ROOT / "configs" / "textworld_smollm2.yaml").read_text())
-    sft = smollm2_sft()
-    assert {"lr_sft": recipe["sft"]["lr"], "max_length": recipe["sft"]["max_length"]} == sft
-    assert QUICK.lr_sft != sft["lr_sft"]
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown variant 'bm25'"):
+        skipped_variants("sam_flat,bm25")
+    with pytest.raises(argparse.ArgumentTypeError, match="one path component"):
+        run_name("a/b")
 
 
-def test_an_unknown_skipped_variant_exits_2_naming_the_flag() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "textworld.py"), "--skip", "sam_sft"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert out.returncode == 2 and "--skip: unknown variant 'sam_sft'" in out.stderr
+# protects: the staged benchmark on real TextWorld games and the tiny model, stopped between stages and resumed from
+# its committed records in a fresh clone, the SFT checkpoint rebuilt there to the recorded weights
+@pytest.mark.slow
+def test_a_stopped_run_resumes_from_its_committed_records_in_a_fresh_clone(tmp_path: Path) -> None:
+    pytest.importorskip("textworld", reason="the textworld extra is not installed")
+    origin = tmp_path / "origin"
+    (origin / "records").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(origin)], check=True)
+
+    def bench(repo: Path, work: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        args = [
+            "--smoke",
+            "--model",
+            "tiny",
+            "--skip",
+            "sam_untrained,sam_oat,sam_flat",
+            "--cells",
+            "treasure_hunter/medium",
+            "--test-games",
+            "2",
+            "--chunk",
+            "1",
+            "--sft-games",
+            "2",
+            "--sft-steps",
+            "2",
+            "--sft-seeds",
+            "1",
+            "--max-steps",
+            "20",
+            "--reasoner-tokenizer",
+            "tiny",
+            "--threads",
+            "1",
+            "--run",
+            "tiny",
+            "--records",
+            str(repo / "records"),
+            "--work",
+            str(tmp_path / work),
+            "--game-cache",
+            str(tmp_path / f"games-{work}"),
+            "--model-cache",
+            str(tmp_path / "models"),
+            *extra,
+        ]
+        out = bench_process("textworld", args, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out
+
+    # test games, 4 scripted variants x 2 chunks, SFT games, distill, SFT seed 0: stopped before its first evaluation
+    first = json.loads(bench(origin, "work-a", "--max-stages", "12").stdout.splitlines()[-1])
+    assert first["complete"] is False and first["stopped_before"] == "eval/sft0/sam_sft/0000-0000"
+    assert first["remaining"]["eval/sft0/sam_sft"]["stages"] == 2
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "-C", str(origin), "add", "records"], check=True)
+    subprocess.run([*git, "-C", str(origin), "commit", "-qm", "records"], check=True)
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(origin), str(clone)], check=True)
+    resumed = bench(clone, "work-b")  # a fresh machine: no checkpoint, no games, no distilled rows
+    result = json.loads(resumed.stdout.splitlines()[-1])
+    assert result["complete"] is True
+    assert result["stages_run"] == ["eval/sft0/sam_sft/0000-0000", "eval/sft0/sam_sft/0001-0001", "replay"]
+    assert "SFT seed 0 rebuilt: weights match the record" in resumed.stderr and result["rebuilt_weights_differ"] == []
+    assert set(result["table"]) == {"no_memory", "long_context", "bm25", "sam_expert", "sam_sft"}
+    assert result["table"]["sam_expert"]["all"]["success"] == 1.0 and result["replay"]["exact"] == 2
+    assert result["table"]["long_context"]["all"]["reasoner_tokens_per_game"] > 0
+    status = subprocess.run(["git", "-C", str(clone), "status", "--porcelain"], capture_output=True, text=True)
+    modified = {line[3:] for line in status.stdout.splitlines() if not line.startswith("??")}
+    assert modified == {"records/tiny/status.json"}  # every committed stage record was read, none rewritten
 
 
-def test_an_evaluation_resumes_at_its_next_chunk_and_more_games_add_only_new_chunks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Evaluations are cached per chunk of games: a run stopped mid-evaluation redoes only the unfinished chunks, a
-    longer game list (more test games) only the chunks that changed, and the result is the same as in one go."""
-    from types import SimpleNamespace
+def test_a_stopped_run_reports_what_its_finished_chunks_cover(tmp_path: Path) -> None:
+    from benchmarks.textworld import finished_so_far
 
-    import benchmarks.textworld as tw
+    rec = records(tmp_path)
 
-    monkeypatch.setattr(tw, "EVAL_CHUNK", 2)
-    played: list[list[str]] = []
+    def chunk(*games: tuple[str, float, int]) -> dict[str, object]:
+        return {"games": {g: {"won": won, "reasoner_tokens": tokens} for g, won, tokens in games}}
 
-    class Stopped(Exception):
-        pass
-
-    def evaluate_chunk(variant: str, memory: object, tasks: list[object], desc: str) -> dict[str, object]:
-        names = [t.task_id for t in tasks]
-        if "test-4" in names and not played.count(["stop"]):
-            played.append(["stop"])
-            raise Stopped
-        played.append(names)
-        games = {n: {"won": float(int(n.split("-")[1]) % 3 == 0), "cell": "c", "steps": 1} for n in names}
-        return {"success": sum(g["won"] for g in games.values()) / len(games), "games": games, "seconds": 1.0}
-
-    bench = tw.Bench(SimpleNamespace(engine="hf"), tw.QUICK, tmp_path)
-    monkeypatch.setattr(bench, "evaluate_chunk", evaluate_chunk)
-    games = [SimpleNamespace(task_id=f"test-{i}") for i in range(5)]
-    with pytest.raises(Stopped):  # stopped in the third chunk
-        bench.evaluate("bm25", None, games, "test")
-    assert played == [["test-0", "test-1"], ["test-2", "test-3"], ["stop"]]
-    result = bench.evaluate("bm25", None, games, "test")
-    assert played[3:] == [["test-4"]]  # resumed at the unfinished chunk
-    assert result["success"] == pytest.approx(2 / 5) and list(result["games"]) == [f"test-{i}" for i in range(5)]
-    assert bench.evaluate("bm25", None, games, "test") == result and len(played) == 4  # cached whole
-    more = [*games, SimpleNamespace(task_id="test-5"), SimpleNamespace(task_id="test-6")]
-    grown = bench.evaluate("bm25", None, more, "test")
-    assert played[4:] == [["test-4", "test-5"], ["test-6"]]  # only the chunks that changed
-    assert grown["success"] == pytest.approx(3 / 7) and grown["seconds"] == 4.0  # its four chunks' compute
+    rec.run("eval/scripted/long_context/0000-0001", {}, lambda: chunk(("g0", 1.0, 100), ("g1", 0.0, 300)))
+    rec.run("eval/scripted/long_context/0002-0002", {}, lambda: chunk(("g2", 1.0, 200)))
+    rec.run("eval/sft0/sam_sft/0000-0001", {}, lambda: chunk(("g0", 1.0, 10), ("g1", 1.0, 30)))
+    rec.run("eval/dev-sft/sam_sft/0000-0000", {}, lambda: chunk(("d0", 0.0, 5)))  # dev: not a test figure
+    assert finished_so_far(rec) == {
+        "long_context": {"scripted": {"games": 3, "success": 2 / 3, "reasoner_tokens_per_game": 200.0}},
+        "sam_sft": {"sft0": {"games": 2, "success": 1.0, "reasoner_tokens_per_game": 20.0}},
+    }

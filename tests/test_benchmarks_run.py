@@ -10,9 +10,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = {"harness", "sam_start"}  # modules benchmarks import; not benchmarks themselves
-# sys.path edits their owners remove: textworld.py's keeps its own file from shadowing the textworld package when run
-# as a script (its documented commands say `python benchmarks/textworld.py`)
-SYS_PATH_EDITS_TO_GO = {"textworld"}
 
 
 def _benchmarks() -> list[str]:
@@ -80,7 +77,7 @@ def test_no_benchmark_edits_sys_path() -> None:
             if isinstance(target, ast.Subscript):
                 target = target.value
             text = ast.unparse(target) if target is not None else ""
-            if text.startswith("sys.path") and name not in SYS_PATH_EDITS_TO_GO:
+            if text.startswith("sys.path"):
                 edits.append(f"benchmarks/{name}.py:{node.lineno}: {ast.unparse(node)[:80]}")
     assert not edits, "run benchmarks as python -m benchmarks.<name> instead:\n" + "\n".join(edits)
 

@@ -8,6 +8,7 @@ from fakes import CountEnv, FakeEngine, RecallAwareMemory
 from memrl.rewards.credit import CreditConfig, assign_credit, assign_flat_credit
 from memrl.rewards.groups import trees_to_groups
 from memrl.rollout.loop import EngineSet, Rollout
+from memrl.rollout.memory.base import MemoryRequest, RoleSampling
 from memrl.rollout.tree import TreeConfig, build_trees
 
 
@@ -117,3 +118,41 @@ def test_a_sam_recall_is_one_node_and_the_tree_expands_at_every_recall() -> None
         for g in follow_ups:  # a later page of a recall carries its action's advantage
             assert len(g.samples) == 1 and g.samples[0].advantage == nodes[g.samples[0].node_id].advantage
     assert deepest >= 2  # the second recall of a path branches too: depth is not used up inside one recall
+
+
+class GreedySecondPart(RecallAwareMemory):
+    """The memory tool's second call is a greedy consolidation: every sibling of the first call's branching makes it
+    with the same prompt."""
+
+    def next_memory_request(self) -> MemoryRequest | None:
+        request = super().next_memory_request()
+        if request is None or request.messages[0].content != "part b":
+            return request
+        return MemoryRequest(role="consolidate", messages=request.messages, sampling=RoleSampling(temperature=0.0))
+
+
+class DeterministicFake(FakeEngine):
+    greedy_is_deterministic = True
+
+
+@pytest.mark.parametrize("scheduler", ["async", "wavefront"])
+def test_equal_greedy_calls_are_computed_once_and_the_trees_stay_the_same(scheduler: str) -> None:
+    """Siblings repeat each other's greedy calls until their paths part: with sharing on, an equal greedy request to
+    an engine whose greedy answer is a pure function of the request takes the answer already computed in the build
+    (one per extra sibling), the engine generates only the rest, and the trees are those built without sharing. An
+    engine that does not say so (a scripted policy may read its seed) is never shared."""
+
+    def build(engine: FakeEngine, share: bool) -> tuple[list, int, int]:
+        def make_greedy(task: str, rollout_id: str) -> Rollout:
+            return Rollout(CountEnv(task), GreedySecondPart(), reasoner_system="sys", seed=0, rollout_id=rollout_id)
+
+        cfg = TreeConfig(branch_factor=3, max_branch_depth=1, scheduler=scheduler, share_greedy_calls=share)
+        eng = EngineSet(reasoner=FakeEngine("reasoner"), memory=engine)
+        trees, stats = build_trees(["t0", "t1"], make_greedy, eng, cfg)
+        return [t.model_dump(mode="json") for t in trees], stats.shared_greedy_calls, sum(engine.batch_sizes)
+
+    unshared, none, rows = build(DeterministicFake("memory"), share=False)
+    shared, hits, fewer = build(DeterministicFake("memory"), share=True)
+    assert shared == unshared and none == 0
+    assert hits == 5 and fewer == rows - hits  # "part b" of 3 siblings x 2 trees, one prompt: generated once
+    assert build(FakeEngine("memory"), share=True)[1] == 0

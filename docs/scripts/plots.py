@@ -186,6 +186,36 @@ def textworld_success() -> Any:
     return fig
 
 
+@plot("textworld_premise")
+def textworld_premise() -> Any:
+    """Games won against the reasoner's tokens per game, per memory system, on the large cells (each draw a point)."""
+    run = load("textworld_premise.json")
+    points = (
+        run["finished_so_far"]
+        if not run["complete"]
+        else {k: {"all": {**v["all"], "games": v["all"]["games"] * v["all"]["draws"]}} for k, v in run["table"].items()}
+    )
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    for k, label in TEXTWORLD_VARIANTS:
+        for _draw, entry in sorted(points.get(k, {}).items()):
+            won, tokens = 100 * entry["success"], entry["reasoner_tokens_per_game"] / 1000
+            colour = BLUE if k.startswith("sam_") and k != "sam_expert" else GREEN if k == "sam_expert" else GREY
+            ax.plot([tokens], [won], "o", color=colour, markersize=7)
+            ax.annotate(f"{label} ({entry['games']} games)", (tokens, won), xytext=(6, -3.5),
+                        textcoords="offset points", fontsize=8, color=colour)  # fmt: skip
+    ax.set_xlabel("reasoner tokens per game (thousands, SmolLM2's tokenizer)")
+    ax.set_ylabel("games won (%)")
+    ax.set_ylim(-5, 105)
+    most = max((e["reasoner_tokens_per_game"] for draws in points.values() for e in draws.values()), default=1000)
+    ax.set_xlim(0, most / 1000 * 1.45)  # room for the rightmost point's label
+    ax.grid(color="#ddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Quickstart
 @plot("quickstart_success")

@@ -152,6 +152,10 @@ class Engine(abc.ABC):
     concurrent_requests: bool = False
     """True when requests are served independently and concurrently (an HTTP endpoint with continuous batching):
     the asynchronous tree scheduler then sends each request the moment it is ready instead of batching what waits."""
+    greedy_is_deterministic: bool = False
+    """True when a greedy request (temperature 0) is a function of the prompt, the sampling limits and the served
+    weights (the transformers engine; not vLLM, whose greedy answer can depend on its batch): the tree scheduler then
+    computes equal greedy requests once per build."""
 
     @abc.abstractmethod
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

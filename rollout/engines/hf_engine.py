@@ -72,6 +72,8 @@ class _SeededSampler(LogitsProcessor):
 class HFEngine(Engine):
     """A transformers causal LM and its tokenizer behind the engine interface."""
 
+    greedy_is_deterministic = True
+
     def __init__(
         self,
         model: Any,

@@ -190,6 +190,7 @@ class DelayedEngine(Engine):
         self.latency_s = latency_s
         self.capacity = capacity
         self.concurrent_requests = concurrent_requests
+        self.greedy_is_deterministic = engine.greedy_is_deterministic
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None  # a semaphore serves one loop
 
     def _seconds(self, requests: list[GenerationRequest]) -> float:

@@ -90,6 +90,9 @@ def _modules_hidden_from_vllm_kernel_scan() -> Iterator[None]:
 class VLLMEngine(Engine):
     """A ``vllm.LLM`` behind the engine interface, with LoRA hot-swap and in-place full-weight updates."""
 
+    # greedy_is_deterministic stays False: on vLLM's CPU kernels a greedy answer can depend on the batch it was
+    # computed in, so a tree build that shared equal greedy calls would not be the build without sharing
+
     def __init__(
         self,
         llm: Any,
