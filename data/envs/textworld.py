@@ -97,17 +97,14 @@ class TextWorldEnv(Env):
     name = "textworld"
     params_model = TextWorldParams
     params: TextWorldParams
-
-    def __init__(self, params: dict[str, Any] | ConfigModel | None = None, seed: int = 0) -> None:
-        super().__init__(params, seed)
-        self.s = TextWorldState()
+    state_model = TextWorldState
+    s: TextWorldState
 
     # ------------------------------------------------------------------------------------------------ building
     def reset(self) -> str:
         """Build the world from the seed and return the first observation."""
         p = self.params
-        rng = random.Random(self.seed)
-        s = TextWorldState(rng=random.Random(rng.getrandbits(64)))
+        rng, s = self._seeded_state()
         s.rooms = self._room_names(rng, p.n_rooms)
         self._layout(rng, s)
         kinds = list(CONTAINERS[: p.n_container_kinds])
@@ -200,12 +197,6 @@ class TextWorldEnv(Env):
                     s.exits[room][d] = other
                     s.exits[other][OPPOSITE[d]] = room
 
-    def _state(self) -> Any:
-        return self.s
-
-    def _set_state(self, state: Any) -> None:
-        self.s = state
-
     # ------------------------------------------------------------------------------------------------ rendering
     def _fact(self, item: str, place: str) -> str:
         v = self.params.verbosity
@@ -274,11 +265,6 @@ class TextWorldEnv(Env):
         if step[0] == "bring":
             return f"take the {step[1]} to the {step[2]}"
         return f"put the {step[1]} in {step[2]}"
-
-    def goal_text(self) -> str:
-        """The current goal (the whole chain) as text."""
-        assert self.s.goal is not None
-        return ", then ".join(self.step_text(g) for g in self.s.chain)
 
     def step_met(self, step: tuple[str, str, str]) -> bool:
         """Whether the true state satisfies one chain step."""
