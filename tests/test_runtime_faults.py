@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.resume_faults import env
 from memrl.launch.cli import main
 from tests.fault_server import BOMB_BYTES, PlanServer
 from tests.timing import scaled
@@ -33,14 +34,20 @@ LIMITED = ROOT / "tests" / "scripts" / "limited_run.py"
 
 
 def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "offline",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": str(ROOT),
-    }
+    return {**env(), "PYTHONPATH": str(ROOT)}
+
+
+def _run_script(source: str) -> subprocess.CompletedProcess[str]:
+    """Run a Python script in its own session (a signal it sends reaches only it), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", source],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
 
 
 def one_line(err: str) -> str:
@@ -533,15 +540,7 @@ sys.exit(cli.main(["config", "show", "--command", "sft"]))
 def test_an_endpoint_failing_in_a_ray_worker_is_one_line() -> None:
     """Ray hands the driver RayTaskError(EndpointError), whose text is the worker's traceback: the line is the
     endpoint's own message."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _RAY_WORKER_ENDPOINT],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,
-    )
+    proc = _run_script(_RAY_WORKER_ENDPOINT)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert one_line(proc.stderr) == (
         "memrl: error: reasoner: request failed after 3 attempt(s); last endpoint http://h:8000/v1 -> HTTP 503"
@@ -552,15 +551,7 @@ def test_an_endpoint_failing_in_a_ray_worker_is_one_line() -> None:
 @pytest.mark.slow
 def test_sigterm_during_ray_get_exits_143() -> None:
     """The fleet path for real: SIGTERM while the driver waits in ray.get (a rollout in flight)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _RAY_GET],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,
-    )
+    proc = _run_script(_RAY_GET)
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert one_line(proc.stderr) == "memrl: terminated (SIGTERM): stopped"
 
