@@ -310,3 +310,16 @@ def test_a_fresh_lora_adapter_is_drawn_from_the_trainer_seed(tiny_model_dir: Pat
     assert torch.equal(torch.rand(3), expected_draw)
     assert first and all(torch.equal(first[n], again[n]) for n in first)
     assert not any(torch.equal(first[n], other[n]) for n in first)
+
+
+def test_a_loop_collecting_during_the_update_needs_the_policy_engine_apart_on_gpus() -> None:
+    """``loop.max_staleness`` > 0 generates while the trainer updates: refused with a colocated engine on GPUs only."""
+    from memrl.data.config import ConfigError, PolicyPlacement
+    from memrl.train.online import LoopConfig, check_staleness_placement
+
+    stale, colocated = LoopConfig(max_staleness=1), PolicyPlacement(mode="colocate")
+    check_staleness_placement(stale, PolicyPlacement(mode="separate", gpus_per_node=1), gpu=True)
+    check_staleness_placement(stale, colocated, gpu=False)
+    check_staleness_placement(LoopConfig(max_staleness=0), colocated, gpu=True)
+    with pytest.raises(ConfigError, match=r"loop.max_staleness=1 .* placement.policy.mode must be 'separate'"):
+        check_staleness_placement(stale, colocated, gpu=True)
