@@ -7,6 +7,10 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tests.served import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def run_ok(
     cmd: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = 900
@@ -16,3 +20,20 @@ def run_ok(
     done = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     assert done.returncode == 0, f"{shlex.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}"
     return done
+
+
+def cpu_torchrun(nproc: int) -> list[str]:
+    """``launch/torchrun.sh`` with ``nproc`` CPU processes on a free rendezvous port, up to the ``--`` that the memrl
+    command follows."""
+    launcher = str(ROOT / "launch" / "torchrun.sh")
+    return [
+        "bash",
+        launcher,
+        "--device",
+        "cpu",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(free_port()),
+        "--",
+    ]
