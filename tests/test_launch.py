@@ -802,6 +802,13 @@ def test_serve_plan_splits_gpus_into_tensor_parallel_servers() -> None:
     assert [r["env"] for r in plan.info["replicas"]] == [{"CUDA_VISIBLE_DEVICES": "4,5"}]
 
 
+def local_cpu_servers(port: int, log_dir: Path, replicas: int | None = None) -> list[str]:
+    """``serve_endpoints.sh`` options for CPU servers on 127.0.0.1 from ``port`` up (``replicas`` of them, or the
+    script's default), logging to ``log_dir``."""
+    count = ["--replicas", str(replicas)] if replicas is not None else []
+    return ["--device", "cpu", *count, "--host", "127.0.0.1", "--port", str(port), "--log-dir", str(log_dir)]
+
+
 def test_serve_start_wait_stop_with_a_fake_vllm(tmp_path: Path, fake_vllm: Path) -> None:
     port = free_port(2)
     env = clean_env(PYTHONPATH=str(fake_vllm))
@@ -816,16 +823,7 @@ def test_serve_start_wait_stop_with_a_fake_vllm(tmp_path: Path, fake_vllm: Path)
         "m",
         "--served-model-name",
         "reasoner",
-        "--device",
-        "cpu",
-        "--replicas",
-        "2",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-dir",
-        str(tmp_path / "logs"),
+        *local_cpu_servers(port, tmp_path / "logs", replicas=2),
         env=env,
     )
     assert res.returncode == 0, res.stdout + res.stderr
@@ -860,16 +858,7 @@ def test_serve_run_stops_everything_when_one_server_dies(tmp_path: Path, fake_vl
         "run",
         "--model",
         "m",
-        "--device",
-        "cpu",
-        "--replicas",
-        "2",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-dir",
-        str(tmp_path / "logs"),
+        *local_cpu_servers(port, tmp_path / "logs", replicas=2),
         "--",
         "--exit-after",
         "2",
@@ -912,14 +901,7 @@ def test_serve_a_real_cpu_vllm_server(tmp_path: Path, tiny_model_dir: Path) -> N
         str(tiny_model_dir),
         "--served-model-name",
         "tiny",
-        "--device",
-        "cpu",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-dir",
-        str(tmp_path / "logs"),
+        *local_cpu_servers(port, tmp_path / "logs"),
         env=env,
     )
     assert res.returncode == 0, res.stdout + res.stderr
