@@ -960,16 +960,12 @@ def test_a_resume_that_forgets_the_trainer_rng_is_caught(
     stopped after its first iteration and resumed ends on the uninterrupted run's weights only if the checkpoint
     carried that RNG. A resume that forgets it (set_rng_state a no-op) ends elsewhere: this test would fail."""
     import torch
-    from test_group_trainer import groups_for
+    from test_group_trainer import checkpointed_updates, groups_for
 
-    from memrl.data.tracking import MetricsLogger
     from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
-    from memrl.train.online import LoopConfig, OnlineLoop
     from memrl.train.policy import LoraSettings, PolicySpec
 
     def run(name: str, stop_after: int | None, resume: bool = False) -> dict[str, torch.Tensor]:
-        run_dir = tmp_path / name
-        run_dir.mkdir(exist_ok=True)
         torch.manual_seed(0)
         trainer = GroupTrainer(
             PolicySpec(base=str(tiny_model_dir)),
@@ -980,21 +976,7 @@ def test_a_resume_that_forgets_the_trainer_rng_is_caught(
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant", n_groups=6)
         for k, group in enumerate(groups):  # rows that differ, so their order changes the steps
             group.samples[0].response_ids = group.samples[0].response_ids[: 3 + k]
-        logger = MetricsLogger(run_dir, None, {}, name=name, console=False)
-        loop = OnlineLoop(
-            trainer=trainer,
-            engine=None,
-            cfg=LoopConfig(iterations=2, checkpoint_every=1),
-            run_dir=run_dir,
-            resume=resume,
-            logger=logger,
-        )
-        for iteration in loop.start(lambda i: None, None):
-            loop.update(groups)
-            loop.checkpoint(iteration)
-            if iteration == stop_after:
-                break
-        logger.close()
+        checkpointed_updates(trainer, groups, tmp_path / name, stop_after, resume)
         return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
     def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
