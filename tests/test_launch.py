@@ -654,35 +654,20 @@ def test_launched_commands_run_from_the_installed_package_outside_the_checkout(t
     """No checkout goes on PYTHONPATH: torchrun.sh and the Slurm script (srun running torchrun.sh on the fake
     cluster) run a real command from a temporary folder with the installed memrl, and every script the Slurm plan
     names exists."""
-    env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
-    synth = ["data", "synth", "sources=[{family: sam, count: 2}]", "arrow=false", "run.name=synth"]
-    res = run(
-        ROOT / "launch" / "torchrun.sh",
-        "--",
-        *synth,
-        f"run.output_dir={tmp_path / 'torchrun'}",
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert (tmp_path / "torchrun" / "synth" / "train.jsonl").is_file() and "PYTHONPATH" not in res.stdout
 
+    def synth_through(out: str, env: dict[str, str], script: Path, *options: str) -> None:
+        """``memrl data synth`` through a launcher ``script``, run from ``tmp_path``, writing in ``tmp_path / out``."""
+        synth = ["data", "synth", "sources=[{family: sam, count: 2}]", "arrow=false", "run.name=synth"]
+        run_dir = f"run.output_dir={tmp_path / out}"
+        res = run(script, *options, "--", *synth, run_dir, env=env, cwd=tmp_path, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert (tmp_path / out / "synth" / "train.jsonl").is_file() and "PYTHONPATH" not in res.stdout
+
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
+    synth_through("torchrun", env, ROOT / "launch" / "torchrun.sh")
     cluster = {k: v for k, v in cluster_env(tmp_path, FAKE_TRAIN_REAL="1").items() if k != "PYTHONPATH"}
     cluster["SLURM_SUBMIT_DIR"] = str(tmp_path)  # submitted from outside the checkout
-    res = run(
-        ROOT / "launch" / "slurm" / "memrl.sbatch",
-        "--setup",
-        "none",
-        "--",
-        *synth,
-        f"run.output_dir={tmp_path / 'slurm'}",
-        env=cluster,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert (tmp_path / "slurm" / "synth" / "train.jsonl").is_file() and "PYTHONPATH" not in res.stdout
+    synth_through("slurm", cluster, ROOT / "launch" / "slurm" / "memrl.sbatch", "--setup", "none")
     srun_calls = [line for line in (tmp_path / "calls.log").read_text().splitlines() if line.startswith("srun ")]
     assert len(srun_calls) == 1 and "PYTHONPATH" not in srun_calls[0], srun_calls
     plan = plan_slurm(["--dry-run", "--", "train", "oat-grpo", "--config", str(oat_config(tmp_path))], slurm_env(0))
