@@ -55,6 +55,13 @@ def run(script: Path, *args: str, env: dict[str, str], cwd: Path = ROOT, timeout
     )
 
 
+def sbatch_oat_grpo(cfg: Path, *options: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``launch/slurm/memrl.sbatch [options] -- train oat-grpo --config CFG``."""
+    return run(
+        ROOT / "launch" / "slurm" / "memrl.sbatch", *options, "--", "train", "oat-grpo", "--config", str(cfg), env=env
+    )
+
+
 def slurm_env(node: int, nodes: int = 4, **extra: str) -> dict[str, str]:
     """What srun sets on node ``node`` of a job over gpu[01-NN] with 8 GPUs per node."""
     values = {
@@ -408,16 +415,7 @@ def oat_config(tmp_path: Path, **run_keys: object) -> Path:
 def test_slurm_dry_run_four_nodes_sam_setup(tmp_path: Path) -> None:
     cfg = oat_config(tmp_path)
     env = slurm_env(0, SLURM_CPUS_ON_NODE="64")
-    res = run(
-        ROOT / "launch" / "slurm" / "memrl.sbatch",
-        "--dry-run",
-        "--",
-        "train",
-        "oat-grpo",
-        "--config",
-        str(cfg),
-        env=env,
-    )
+    res = sbatch_oat_grpo(cfg, "--dry-run", env=env)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "setup sam-9b (auto for 'train oat-grpo')" in out
@@ -480,18 +478,7 @@ def test_slurm_one_node_needs_setup_none(tmp_path: Path) -> None:
     env = slurm_env(0, nodes=1)
     with pytest.raises(LaunchError, match="the plan needs at least 3"):
         plan_slurm(["--dry-run", "--", "train", "oat-grpo", "--config", str(cfg)], env)
-    res = run(
-        ROOT / "launch" / "slurm" / "memrl.sbatch",
-        "--dry-run",
-        "--setup",
-        "none",
-        "--",
-        "train",
-        "oat-grpo",
-        "--config",
-        str(cfg),
-        env=env,
-    )
+    res = sbatch_oat_grpo(cfg, "--dry-run", "--setup", "none", env=env)
     assert res.returncode == 0, res.stderr
     assert "gpu01  train  node rank 0, global ranks 0-7" in res.stdout
     assert "[serve" not in res.stdout and "placement." not in res.stdout
@@ -625,7 +612,7 @@ def wait_gone(pids: list[int], seconds: float = 30) -> list[int]:
 def test_sbatch_on_a_fake_cluster_serves_waits_trains_and_stops(tmp_path: Path) -> None:
     cfg = oat_config(tmp_path)
     env = cluster_env(tmp_path)
-    res = run(ROOT / "launch" / "slurm" / "memrl.sbatch", "--", "train", "oat-grpo", "--config", str(cfg), env=env)
+    res = sbatch_oat_grpo(cfg, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     calls = (tmp_path / "calls.log").read_text()
     assert "scontrol show hostnames gpu-[a-d]" in calls
@@ -713,17 +700,7 @@ def test_sbatch_stops_servers_and_training_on_sigterm(tmp_path: Path) -> None:
 def test_sbatch_fails_fast_when_a_server_dies(tmp_path: Path) -> None:
     cfg = oat_config(tmp_path)
     env = cluster_env(tmp_path, FAKE_SERVER_EXIT="1", FAKE_CURL_RC="7")
-    res = run(
-        ROOT / "launch" / "slurm" / "memrl.sbatch",
-        "--health-timeout",
-        "60",
-        "--",
-        "train",
-        "oat-grpo",
-        "--config",
-        str(cfg),
-        env=env,
-    )
+    res = sbatch_oat_grpo(cfg, "--health-timeout", "60", env=env)
     assert res.returncode == 1
     assert "exited before every server was healthy" in res.stderr and "did not become healthy" in res.stderr
     assert "torchrun.sh" not in "".join(
