@@ -44,6 +44,7 @@ __all__ = [
     "seed_task_interval",
     "start_workers",
     "stop_workers",
+    "tiny_oat_overrides",
     "wait_for",
     "weights_digest",
 ]
@@ -52,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures"  # the committed figures
 
 # ------------------------------------------------------------------------------------------------------------------
-# The command line
+# The command line and the tiny recipe
 
 
 def bench_parser(doc: str | None, *, seed: bool = True) -> argparse.ArgumentParser:
@@ -72,6 +73,29 @@ def bench_parser(doc: str | None, *, seed: bool = True) -> argparse.ArgumentPars
     if seed:
         parser.add_argument("--seed", type=int, default=0, help="the seed of the benchmark's tasks and runs")
     return parser
+
+
+def tiny_oat_overrides(model: Path, out: Path, name: str, *, train_tasks: int = 8) -> list[str]:
+    """Overrides of ``configs/oat_grpo_tiny.yaml`` for about a second per iteration: ``model`` as the policy and
+    its engine, the run ``out/name``, short SAM tasks, two an iteration, trees of 4 leaves branching at cue writing
+    (sampled) and recall, 12-token memory answers."""
+    return [
+        f"policy.base={model}",
+        f"engine.model={model}",
+        f"run.output_dir={out}",
+        f"run.name={name}",
+        f"train_tasks.count={train_tasks}",
+        "train_tasks.sam.horizon_steps=6",
+        "eval_tasks.count=2",
+        "eval_tasks.sam.horizon_steps=6",
+        "tasks_per_iteration=2",
+        "tree.branch_factor=2",
+        "tree.max_leaves=4",
+        "tree.branch_roles=[consolidate, recall]",
+        "memory.sampling.consolidate.temperature=1.0",
+        "memory.sampling.consolidate.max_tokens=12",
+        "memory.sampling.recall.max_tokens=12",
+    ]
 
 
 def emit(record: dict[str, Any], json_out: str | os.PathLike[str] | None = None) -> None:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import bench_parser, emit, pin_threads
+from benchmarks.harness import bench_parser, emit, pin_threads, tiny_oat_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,21 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def overrides(model: Path, out: Path, iterations: int, workers: int, checkpoint_every: int) -> list[str]:
     """The tiny OAT-GRPO recipe at about a second per iteration on a fleet of ``workers`` Ray workers."""
     return [
-        f"policy.base={model}",
-        f"engine.model={model}",
-        f"run.output_dir={out}",
-        "run.name=soak",
-        "train_tasks.count=64",
-        "train_tasks.sam.horizon_steps=6",
-        "eval_tasks.count=2",
-        "eval_tasks.sam.horizon_steps=6",
-        "tasks_per_iteration=2",
-        "tree.branch_factor=2",
-        "tree.max_leaves=4",
-        "tree.branch_roles=[consolidate, recall]",
-        "memory.sampling.consolidate.temperature=1.0",
-        "memory.sampling.consolidate.max_tokens=12",
-        "memory.sampling.recall.max_tokens=12",
+        *tiny_oat_overrides(model, out, "soak", train_tasks=64),
         f"loop.iterations={iterations}",
         f"loop.eval_every={iterations * 10}",  # no held-out evaluation
         f"loop.checkpoint_every={checkpoint_every}",

@@ -187,29 +187,20 @@ def _c_locked_after(idx: _Index, turns: list[Turn], rng: random.Random) -> Candi
     if not targets:
         return None
     target = rng.choice(targets)
+
+    def asked(n: int, locked: bool, needle: int) -> Candidate:
+        """The question about turn ``n``, answered by the lock seen (``locked``) or the unlock at turn ``needle``."""
+        meta, evidence = {"target": target, "turn": n}, {needle: [target, "locked" if locked else "unlock"]}
+        return f"Was the {target} still locked after turn {n}?", "yes" if locked else "no", [needle], meta, evidence
+
     unlock = next((t for t, tg, _ in idx.unlocks if tg == target), None)
     seen = idx.lock_seen.get(target, [])
     if unlock is not None and (not seen or seen[0] > unlock or rng.random() < 0.5):
-        n = _pick_turn(rng, unlock, idx.n_turns - 1)
-        return (
-            f"Was the {target} still locked after turn {n}?",
-            "no",
-            [unlock],
-            {"target": target, "turn": n},
-            {unlock: [target, "unlock"]},
-        )
+        return asked(_pick_turn(rng, unlock, idx.n_turns - 1), False, unlock)
     if not seen:
         return None
-    t = seen[0]
-    n = _pick_turn(rng, t, (unlock - 1) if unlock is not None else idx.n_turns - 1)
-    last_seen = max(s for s in seen if s <= n)
-    return (
-        f"Was the {target} still locked after turn {n}?",
-        "yes",
-        [last_seen],
-        {"target": target, "turn": n},
-        {last_seen: [target, "locked"]},
-    )
+    n = _pick_turn(rng, seen[0], (unlock - 1) if unlock is not None else idx.n_turns - 1)
+    return asked(n, True, max(s for s in seen if s <= n))
 
 
 # ---------------------------------------------------------------------------------------------------- D abstraction

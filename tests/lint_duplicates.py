@@ -1,12 +1,13 @@
 """Fail on newly copied library code: pylint's similarity checker (``symilar``, the engine of pylint's
 ``duplicate-code``) over the library's Python files, against a committed baseline of the copies that exist today.
 
-A copy is a run of at least ``MIN_LINES`` lines (comments, docstrings and blank lines left out) that stands in two or
-more library files. The baseline (``tests/duplicate_code_baseline.txt``) records each place of each known copy as
-``path  sha1-of-the-shared-lines  line-count``, without line numbers, so editing elsewhere in a file does not disturb
-it. A place not in the baseline fails the check: move the shared lines to one home and call it from both places. A
-copy that is deliberate can be accepted with ``--update`` (the baseline is rewritten; review its diff). Places in the
-baseline that are gone are reported, and dropped by ``--update``.
+A copy is a run of at least ``MIN_LINES`` lines (comments, docstrings, imports and blank lines left out, as pylint's
+``duplicate-code`` does by default) that stands in two or more library files. The baseline
+(``tests/duplicate_code_baseline.txt``) records each place of each known copy as ``path  sha1-of-the-shared-lines
+line-count``, without line numbers, so editing elsewhere in a file does not disturb it. A place not in the baseline
+fails the check: move the shared lines to one home and call it from both places. A copy that is deliberate can be
+accepted with ``--update`` (the baseline is rewritten; review its diff). Places in the baseline that are gone are
+reported, and dropped by ``--update``.
 
     python tests/lint_duplicates.py [--root DIR] [--baseline FILE] [--update]
 
@@ -64,7 +65,8 @@ def find_copies(root: Path, min_lines: int = MIN_LINES) -> list[Copy]:
     files = library_files(root)
     if len(files) < 2:
         return []
-    command = [sys.executable, "-m", "pylint.checkers.symilar", "-d", str(min_lines), "-i", "--ignore-docstrings"]
+    symilar = [sys.executable, "-m", "pylint.checkers.symilar", "-d", str(min_lines)]
+    command = [*symilar, "-i", "--ignore-docstrings", "--ignore-imports"]
     out = subprocess.run([*command, *files], cwd=root, capture_output=True, text=True, check=False)
     if out.returncode != 0 or "TOTAL lines=" not in out.stdout:
         raise RuntimeError(f"symilar failed (exit {out.returncode}): {out.stderr.strip() or out.stdout[-2000:]}")

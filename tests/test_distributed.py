@@ -13,6 +13,8 @@ import pytest
 from served import free_port
 from test_oat_grpo import tiny_overrides
 
+from tests.commands import cpu_torchrun
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -72,15 +74,7 @@ def oat_grpo_run(nproc: int, model: Path, out: Path, name: str) -> Path:
         "MEMRL_PYTHON": sys.executable,
     }
     cmd = [
-        "bash",
-        str(ROOT / "launch" / "torchrun.sh"),
-        "--device",
-        "cpu",
-        "--nproc-per-node",
-        str(nproc),
-        "--master-port",
-        str(free_port()),
-        "--",
+        *cpu_torchrun(nproc),
         "train",
         "oat-grpo",
         "--config",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from test_own_agent import vault_eval_config
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMRL = [sys.executable, "-m", "memrl.launch.cli"]
@@ -80,21 +81,7 @@ def test_the_gym_example_distils_and_evaluates_through_its_components(tmp_path: 
     from memrl.train.sft_data import SFTDataConfig, load_role_rows
 
     assert len(load_role_rows(SFTDataConfig(dir=str(sft), roles=["note"]))["note"]) == len(rows)
-    config = tmp_path / "eval.yaml"
-    config.write_text(f"""command: eval
-run: {{output_dir: {tmp_path}, name: eval}}
-datasets:
-  - name: vault
-    kind: tasks
-    tasks: {{entry: "vault_game:VaultGame", params: {{corridor: 3}}, max_steps: 12, count: 4, seed: 500}}
-    reasoner: {{backend: scripted, name: reasoner, scripted_policy: "components:VaultPlayer"}}
-systems:
-  - memory: {{entry: "components:NotesMemory", every: 1, window: 1}}
-  - memory: {{name: long_context}}
-models:
-  - name: expert
-    engine: {{backend: scripted, name: expert, scripted_policy: "components:NoteExpert"}}
-""")
+    config = vault_eval_config(tmp_path, corridor=3, count=4, baselines=("long_context",))
     env_path = str(ROOT / "examples" / "gym_env")
     done = subprocess.run(
         [*MEMRL, "eval", "--config", str(config)],

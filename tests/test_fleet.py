@@ -21,6 +21,7 @@ import pytest
 import torch
 from fakes import ONE_STEP
 
+from benchmarks import rollout_scaling
 from memrl.data.config import PolicyPlacement
 from memrl.data.tasks import TaskSetConfig, load_tasks
 from memrl.data.tasks.sam import SamTaskParams
@@ -40,17 +41,7 @@ from tests.timing import scaled
 
 ray = pytest.importorskip("ray")
 
-MEMORY = SamConfig.model_validate(
-    {
-        "page_turns": 1,
-        "live_capacity_turns": 4,
-        "keep_recent_turns": 3,
-        "sampling": {
-            "consolidate": {"temperature": 0.0, "max_tokens": 48},
-            "recall": {"temperature": 1.0, "max_tokens": 48},
-        },
-    }
-)
+MEMORY = SamConfig.model_validate(rollout_scaling.MEMORY)  # the tiny recipe's one-turn pages
 TASKS = TaskSetConfig(
     count=6, sam=SamTaskParams(horizon_steps=8, facts_per_obs=1, containers_per_room=2, repeat_evidence_frac=0.5)
 )

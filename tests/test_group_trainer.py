@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -36,6 +37,34 @@ def groups_for(tok, good: str, bad: str, n_groups: int = 2) -> list[Group]:
         )
         for k in range(n_groups)
     ]
+
+
+def checkpointed_updates(
+    trainer: GroupTrainer, groups: list[Group], run_dir: Path, stop_after: int | None, resume: bool
+) -> list[dict[str, Any]]:
+    """Two iterations of an online loop updating ``trainer`` on ``groups`` in ``run_dir`` (resumed with ``resume``),
+    a checkpoint after each, stopped after iteration ``stop_after`` (None: not stopped); the updates' records."""
+    from memrl.data.tracking import MetricsLogger
+    from memrl.train.online import LoopConfig, OnlineLoop
+
+    run_dir.mkdir(exist_ok=True)
+    logger = MetricsLogger(run_dir, None, {}, name=run_dir.name, console=False)
+    loop = OnlineLoop(
+        trainer=trainer,
+        engine=None,
+        cfg=LoopConfig(iterations=2, checkpoint_every=1),
+        run_dir=run_dir,
+        resume=resume,
+        logger=logger,
+    )
+    updates = []
+    for iteration in loop.start(lambda i: None, None):
+        updates.append(loop.update(groups))
+        loop.checkpoint(iteration)
+        if iteration == stop_after:
+            break
+    logger.close()
+    return updates
 
 
 def sequence_logprob(trainer: GroupTrainer, group: Group, sample: int) -> float:
@@ -243,31 +272,14 @@ def test_kl_to_the_initial_policy_after_a_resume_is_to_the_run_s_start(tiny_mode
     from memrl.train.online import LoopConfig, OnlineLoop
 
     def run(name: str, stop_after: int | None, resume: bool = False) -> list[float]:
-        run_dir = tmp_path / name
-        run_dir.mkdir(exist_ok=True)
         torch.manual_seed(0)  # the same LoRA initialisation in every run
         trainer = GroupTrainer(
             PolicySpec(base=str(tiny_model_dir)),
             GroupTrainerConfig(**ONE_STEP, lr=5e-3, lora=LoraSettings(r=8, alpha=16), probe_rows=3, probe_every=1),
         )
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant")
-        logger = MetricsLogger(run_dir, None, {}, name=name, console=False)
-        loop = OnlineLoop(
-            trainer=trainer,
-            engine=None,
-            cfg=LoopConfig(iterations=2, checkpoint_every=1),
-            run_dir=run_dir,
-            resume=resume,
-            logger=logger,
-        )
-        kls = []
-        for iteration in loop.start(lambda i: None, None):
-            kls.append(loop.update(groups)["kl_initial_probe"])
-            loop.checkpoint(iteration)
-            if iteration == stop_after:
-                break
-        logger.close()
-        return kls
+        updates = checkpointed_updates(trainer, groups, tmp_path / name, stop_after, resume)
+        return [update["kl_initial_probe"] for update in updates]
 
     uninterrupted = run("whole", None)
     assert uninterrupted[1] > uninterrupted[0] > 1e-4
@@ -310,3 +322,16 @@ def test_a_fresh_lora_adapter_is_drawn_from_the_trainer_seed(tiny_model_dir: Pat
     assert torch.equal(torch.rand(3), expected_draw)
     assert first and all(torch.equal(first[n], again[n]) for n in first)
     assert not any(torch.equal(first[n], other[n]) for n in first)
+
+
+def test_a_loop_collecting_during_the_update_needs_the_policy_engine_apart_on_gpus() -> None:
+    """``loop.max_staleness`` > 0 generates while the trainer updates: refused with a colocated engine on GPUs only."""
+    from memrl.data.config import ConfigError, PolicyPlacement
+    from memrl.train.online import LoopConfig, check_staleness_placement
+
+    stale, colocated = LoopConfig(max_staleness=1), PolicyPlacement(mode="colocate")
+    check_staleness_placement(stale, PolicyPlacement(mode="separate", gpus_per_node=1), gpu=True)
+    check_staleness_placement(stale, colocated, gpu=False)
+    check_staleness_placement(LoopConfig(max_staleness=0), colocated, gpu=True)
+    with pytest.raises(ConfigError, match=r"loop.max_staleness=1 .* placement.policy.mode must be 'separate'"):
+        check_staleness_placement(stale, colocated, gpu=True)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.commands import run_ok
 
 # protects: a second HTTP agent written from the docs alone trains through memrl as its own process (the docs'
 # protocol, not only the shipped example)
@@ -97,16 +98,9 @@ loop: {{iterations: 2, eval_every: 0, checkpoint_every: 1}}
 eval_samples: 0
 """)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    done = subprocess.run(
-        [sys.executable, "-m", "memrl.launch.cli", "train", "oat-grpo", "--config", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+    run_ok(
+        [sys.executable, "-m", "memrl.launch.cli", "train", "oat-grpo", "--config", str(config)], cwd=tmp_path, env=env
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "runs" / "shopper"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] >= 0]

@@ -55,6 +55,13 @@ def run(script: Path, *args: str, env: dict[str, str], cwd: Path = ROOT, timeout
     )
 
 
+def sbatch_oat_grpo(cfg: Path, *options: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``launch/slurm/memrl.sbatch [options] -- train oat-grpo --config CFG``."""
+    return run(
+        ROOT / "launch" / "slurm" / "memrl.sbatch", *options, "--", "train", "oat-grpo", "--config", str(cfg), env=env
+    )
+
+
 def slurm_env(node: int, nodes: int = 4, **extra: str) -> dict[str, str]:
     """What srun sets on node ``node`` of a job over gpu[01-NN] with 8 GPUs per node."""
     values = {
@@ -408,16 +415,7 @@ def oat_config(tmp_path: Path, **run_keys: object) -> Path:
 def test_slurm_dry_run_four_nodes_sam_setup(tmp_path: Path) -> None:
     cfg = oat_config(tmp_path)
     env = slurm_env(0, SLURM_CPUS_ON_NODE="64")
-    res = run(
-        ROOT / "launch" / "slurm" / "memrl.sbatch",
-        "--dry-run",
-        "--",
-        "train",
-        "oat-grpo",
-        "--config",
-        str(cfg),
-        env=env,
-    )
+    res = sbatch_oat_grpo(cfg, "--dry-run", env=env)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "setup sam-9b (auto for 'train oat-grpo')" in out
@@ -480,18 +478,7 @@ def test_slurm_one_node_needs_setup_none(tmp_path: Path) -> None:
     env = slurm_env(0, nodes=1)
     with pytest.raises(LaunchError, match="the plan needs at least 3"):
         plan_slurm(["--dry-run", "--", "train", "oat-grpo", "--config", str(cfg)], env)
-    res = run(
-        ROOT / "launch" / "slurm" / "memrl.sbatch",
-        "--dry-run",
-        "--setup",
-        "none",
-        "--",
-        "train",
-        "oat-grpo",
-        "--config",
-        str(cfg),
-        env=env,
-    )
+    res = sbatch_oat_grpo(cfg, "--dry-run", "--setup", "none", env=env)
     assert res.returncode == 0, res.stderr
     assert "gpu01  train  node rank 0, global ranks 0-7" in res.stdout
     assert "[serve" not in res.stdout and "placement." not in res.stdout
@@ -625,7 +612,7 @@ def wait_gone(pids: list[int], seconds: float = 30) -> list[int]:
 def test_sbatch_on_a_fake_cluster_serves_waits_trains_and_stops(tmp_path: Path) -> None:
     cfg = oat_config(tmp_path)
     env = cluster_env(tmp_path)
-    res = run(ROOT / "launch" / "slurm" / "memrl.sbatch", "--", "train", "oat-grpo", "--config", str(cfg), env=env)
+    res = sbatch_oat_grpo(cfg, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     calls = (tmp_path / "calls.log").read_text()
     assert "scontrol show hostnames gpu-[a-d]" in calls
@@ -654,35 +641,20 @@ def test_launched_commands_run_from_the_installed_package_outside_the_checkout(t
     """No checkout goes on PYTHONPATH: torchrun.sh and the Slurm script (srun running torchrun.sh on the fake
     cluster) run a real command from a temporary folder with the installed memrl, and every script the Slurm plan
     names exists."""
-    env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
-    synth = ["data", "synth", "sources=[{family: sam, count: 2}]", "arrow=false", "run.name=synth"]
-    res = run(
-        ROOT / "launch" / "torchrun.sh",
-        "--",
-        *synth,
-        f"run.output_dir={tmp_path / 'torchrun'}",
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert (tmp_path / "torchrun" / "synth" / "train.jsonl").is_file() and "PYTHONPATH" not in res.stdout
 
+    def synth_through(out: str, env: dict[str, str], script: Path, *options: str) -> None:
+        """``memrl data synth`` through a launcher ``script``, run from ``tmp_path``, writing in ``tmp_path / out``."""
+        synth = ["data", "synth", "sources=[{family: sam, count: 2}]", "arrow=false", "run.name=synth"]
+        run_dir = f"run.output_dir={tmp_path / out}"
+        res = run(script, *options, "--", *synth, run_dir, env=env, cwd=tmp_path, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert (tmp_path / out / "synth" / "train.jsonl").is_file() and "PYTHONPATH" not in res.stdout
+
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
+    synth_through("torchrun", env, ROOT / "launch" / "torchrun.sh")
     cluster = {k: v for k, v in cluster_env(tmp_path, FAKE_TRAIN_REAL="1").items() if k != "PYTHONPATH"}
     cluster["SLURM_SUBMIT_DIR"] = str(tmp_path)  # submitted from outside the checkout
-    res = run(
-        ROOT / "launch" / "slurm" / "memrl.sbatch",
-        "--setup",
-        "none",
-        "--",
-        *synth,
-        f"run.output_dir={tmp_path / 'slurm'}",
-        env=cluster,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert (tmp_path / "slurm" / "synth" / "train.jsonl").is_file() and "PYTHONPATH" not in res.stdout
+    synth_through("slurm", cluster, ROOT / "launch" / "slurm" / "memrl.sbatch", "--setup", "none")
     srun_calls = [line for line in (tmp_path / "calls.log").read_text().splitlines() if line.startswith("srun ")]
     assert len(srun_calls) == 1 and "PYTHONPATH" not in srun_calls[0], srun_calls
     plan = plan_slurm(["--dry-run", "--", "train", "oat-grpo", "--config", str(oat_config(tmp_path))], slurm_env(0))
@@ -728,17 +700,7 @@ def test_sbatch_stops_servers_and_training_on_sigterm(tmp_path: Path) -> None:
 def test_sbatch_fails_fast_when_a_server_dies(tmp_path: Path) -> None:
     cfg = oat_config(tmp_path)
     env = cluster_env(tmp_path, FAKE_SERVER_EXIT="1", FAKE_CURL_RC="7")
-    res = run(
-        ROOT / "launch" / "slurm" / "memrl.sbatch",
-        "--health-timeout",
-        "60",
-        "--",
-        "train",
-        "oat-grpo",
-        "--config",
-        str(cfg),
-        env=env,
-    )
+    res = sbatch_oat_grpo(cfg, "--health-timeout", "60", env=env)
     assert res.returncode == 1
     assert "exited before every server was healthy" in res.stderr and "did not become healthy" in res.stderr
     assert "torchrun.sh" not in "".join(
@@ -802,6 +764,13 @@ def test_serve_plan_splits_gpus_into_tensor_parallel_servers() -> None:
     assert [r["env"] for r in plan.info["replicas"]] == [{"CUDA_VISIBLE_DEVICES": "4,5"}]
 
 
+def local_cpu_servers(port: int, log_dir: Path, replicas: int | None = None) -> list[str]:
+    """``serve_endpoints.sh`` options for CPU servers on 127.0.0.1 from ``port`` up (``replicas`` of them, or the
+    script's default), logging to ``log_dir``."""
+    count = ["--replicas", str(replicas)] if replicas is not None else []
+    return ["--device", "cpu", *count, "--host", "127.0.0.1", "--port", str(port), "--log-dir", str(log_dir)]
+
+
 def test_serve_start_wait_stop_with_a_fake_vllm(tmp_path: Path, fake_vllm: Path) -> None:
     port = free_port(2)
     env = clean_env(PYTHONPATH=str(fake_vllm))
@@ -816,16 +785,7 @@ def test_serve_start_wait_stop_with_a_fake_vllm(tmp_path: Path, fake_vllm: Path)
         "m",
         "--served-model-name",
         "reasoner",
-        "--device",
-        "cpu",
-        "--replicas",
-        "2",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-dir",
-        str(tmp_path / "logs"),
+        *local_cpu_servers(port, tmp_path / "logs", replicas=2),
         env=env,
     )
     assert res.returncode == 0, res.stdout + res.stderr
@@ -860,16 +820,7 @@ def test_serve_run_stops_everything_when_one_server_dies(tmp_path: Path, fake_vl
         "run",
         "--model",
         "m",
-        "--device",
-        "cpu",
-        "--replicas",
-        "2",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-dir",
-        str(tmp_path / "logs"),
+        *local_cpu_servers(port, tmp_path / "logs", replicas=2),
         "--",
         "--exit-after",
         "2",
@@ -912,14 +863,7 @@ def test_serve_a_real_cpu_vllm_server(tmp_path: Path, tiny_model_dir: Path) -> N
         str(tiny_model_dir),
         "--served-model-name",
         "tiny",
-        "--device",
-        "cpu",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-dir",
-        str(tmp_path / "logs"),
+        *local_cpu_servers(port, tmp_path / "logs"),
         env=env,
     )
     assert res.returncode == 0, res.stdout + res.stderr

@@ -1,5 +1,6 @@
 """The duplicate-code check of the test command (tests/lint_duplicates.py): a block copied into a second library file
-fails it, naming both places; a run one line shorter than the threshold does not; an accepted copy passes."""
+fails it, naming both places; a run one line shorter than the threshold does not; an accepted copy passes; a shared
+block of imports is no copy."""
 
 from __future__ import annotations
 
@@ -42,4 +43,10 @@ def test_a_copied_block_fails_the_check_naming_both_places(tmp_path: Path, capsy
 
 def test_a_run_shorter_than_the_threshold_is_no_copy(tmp_path: Path) -> None:
     root = _tree(tmp_path, BLOCK[: MIN_LINES - 1])
+    assert check(root, root / "tests" / "baseline.txt") == ([], set())
+
+
+def test_a_shared_import_block_is_no_copy(tmp_path: Path) -> None:
+    imports = [f"from package.module_{i} import name_{i}" for i in range(MIN_LINES + 2)]
+    root = _tree(tmp_path, imports)
     assert check(root, root / "tests" / "baseline.txt") == ([], set())

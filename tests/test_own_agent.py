@@ -27,6 +27,27 @@ def memrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*MEMRL, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+def vault_eval_config(out: Path, *, corridor: int, count: int, baselines: tuple[str, ...] = ()) -> Path:
+    """``out/eval.yaml``: an evaluation, from examples/gym_env, of its notes memory system (and the built-in
+    ``baselines``) on ``count`` vault games of ``corridor`` rooms, with its scripted expert as the memory model."""
+    systems = "".join(f"\n  - memory: {{name: {name}}}" for name in baselines)
+    config = out / "eval.yaml"
+    config.write_text(f"""command: eval
+run: {{output_dir: {out}, name: eval}}
+datasets:
+  - name: vault
+    kind: tasks
+    tasks: {{entry: "vault_game:VaultGame", params: {{corridor: {corridor}}}, max_steps: 12, count: {count}, seed: 500}}
+    reasoner: {{backend: scripted, name: reasoner, scripted_policy: "components:VaultPlayer"}}
+systems:
+  - memory: {{entry: "components:NotesMemory", every: 1, window: 1}}{systems}
+models:
+  - name: expert
+    engine: {{backend: scripted, name: expert, scripted_policy: "components:NoteExpert"}}
+""")
+    return config
+
+
 def test_config_show_imports_components_beside_the_config(tmp_path: Path) -> None:
     folder = tmp_path / "mine"
     folder.mkdir()
@@ -210,20 +231,7 @@ def test_reentries_are_counted_per_iteration_and_shown() -> None:
 
 
 def test_the_report_of_a_task_dataset_counts_only_episodes_that_failed_for_a_reason(tmp_path: Path) -> None:
-    config = tmp_path / "eval.yaml"
-    config.write_text(f"""command: eval
-run: {{output_dir: {tmp_path}, name: eval}}
-datasets:
-  - name: vault
-    kind: tasks
-    tasks: {{entry: "vault_game:VaultGame", params: {{corridor: 2}}, max_steps: 12, count: 3, seed: 500}}
-    reasoner: {{backend: scripted, name: reasoner, scripted_policy: "components:VaultPlayer"}}
-systems:
-  - memory: {{entry: "components:NotesMemory", every: 1, window: 1}}
-models:
-  - name: expert
-    engine: {{backend: scripted, name: expert, scripted_policy: "components:NoteExpert"}}
-""")
+    config = vault_eval_config(tmp_path, corridor=2, count=3)
     done = memrl("eval", "--config", str(config), cwd=ROOT / "examples" / "gym_env")
     assert done.returncode == 0, done.stderr[-3000:]
     report = (tmp_path / "eval" / "report.md").read_text()

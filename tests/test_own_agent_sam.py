@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.commands import run_ok
 from tests.tutorial_blocks import ROOT, parse_page
 
 # protects: a user's own Gym environment, reasoner and SAM expert (memrl.api only) from a folder outside the
@@ -45,16 +45,7 @@ def test_the_courier_game_goes_through_every_command_from_a_folder_of_its_own(
     for line in commands.code.replace("\\\n", " ").splitlines():
         argv = shlex.split(line)
         assert argv[0] == "memrl"
-        done = subprocess.run(
-            [sys.executable, "-m", "memrl.launch.cli", *argv[1:]],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        assert done.returncode == 0, f"{line}\n{done.stderr[-3000:]}"
+        done = run_ok([sys.executable, "-m", "memrl.launch.cli", *argv[1:]], cwd=tmp_path, env=env, timeout=600)
         outputs[" ".join(argv[1:3])] = done.stdout
     assert "entry: courier:CourierGame" in outputs["config show"]
     runs = tmp_path / "runs"

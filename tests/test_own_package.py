@@ -5,11 +5,11 @@ with `memrl train oat-grpo`."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.commands import run_ok
 from tests.wheel_venv import wheel_venv
 
 GAME = '''
@@ -152,16 +152,7 @@ def test_a_wheel_trains_a_package_of_your_own(tmp_path: Path, tiny_model_dir: Pa
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
-    done = subprocess.run(
-        [str(venv / "bin" / "memrl"), "train", "oat-grpo", "--config", "config.yaml"],
-        cwd=user,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_ok([str(venv / "bin" / "memrl"), "train", "oat-grpo", "--config", "config.yaml"], cwd=user, env=env)
     run = user / "runs" / "own"
     resolved = (run / "config.yaml").read_text()
     assert "myagent.memory:Diary" in resolved and "myagent.terms:shares_letters" in resolved
@@ -170,14 +161,5 @@ def test_a_wheel_trains_a_package_of_your_own(tmp_path: Path, tiny_model_dir: Pa
     assert len(trained) == 2 and trained[-1]["updates"] >= 1 and trained[0]["memory_calls_trained"] > 0
     nodes = [n for line in (run / "trees_last.jsonl").read_text().splitlines() for n in json.loads(line)["nodes"]]
     assert {n["call"]["role"] for n in nodes if n["kind"] == "memory"} == {"diary"}
-    assert (
-        "/site-packages/memrl/"
-        in subprocess.run(
-            [str(python), "-c", "import memrl.api; print(memrl.api.__file__)"],
-            cwd=user,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )  # the wheel's memrl, not the checkout's
+    where = run_ok([str(python), "-c", "import memrl.api; print(memrl.api.__file__)"], cwd=user, env=env).stdout
+    assert "/site-packages/memrl/" in where  # the wheel's memrl, not the checkout's

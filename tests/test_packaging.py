@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from tests.commands import run_ok
 from tests.lint_imports import lint
 from tests.wheel_venv import build_wheel, wheel_venv
 
@@ -118,16 +119,10 @@ def test_built_wheel_installs_one_namespace(tmp_path):
     )
     assert shown.returncode == 0, shown.stderr
     assert "command: train oat-grpo" in shown.stdout
-    assert (
-        "deepspeed"
-        in subprocess.run(
-            [str(python), "-c", "from memrl.data.config import resolve_deepspeed_config as r; print(r('zero2'))"],
-            cwd=user,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+    resolved = run_ok(
+        [str(python), "-c", "from memrl.data.config import resolve_deepspeed_config as r; print(r('zero2'))"], cwd=user
     )
+    assert "deepspeed" in resolved.stdout
     tiny = subprocess.run(
         [str(memrl), "model", "tiny", "--out", str(tmp_path / "tiny")],
         cwd=user,

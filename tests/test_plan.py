@@ -50,35 +50,12 @@ def test_plan_flags_a_recipe_that_cannot_fit_and_names_the_key(capsys: pytest.Ca
     assert code == 1 and "placement.policy.gpu_memory_utilization" in out
 
 
-def real_vocab_model(out: Path, tokenizer_dir: Path) -> Path:
-    """The tiny Qwen3 of benchmarks/trainer_scaling.py: hidden 64, 2 layers, Qwen's vocabulary (151,936)."""
-    import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=151_936,
-        hidden_size=64,
-        intermediate_size=192,
-        num_hidden_layers=2,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=64,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    Qwen3ForCausalLM(config).save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 # protects: memrl plan's trainer memory estimate against a measured CPU step at the real vocabulary (within 25%)
 @pytest.mark.slow
-def test_trainer_estimate_within_25_percent_of_a_measured_cpu_run(tiny_model_dir: Path, tmp_path: Path) -> None:
-    model = real_vocab_model(tmp_path / "model", tiny_model_dir)
+def test_trainer_estimate_within_25_percent_of_a_measured_cpu_run(tmp_path: Path) -> None:
+    from benchmarks.trainer_scaling import build_model  # the benchmark's tiny Qwen3 at Qwen's vocabulary (151,936)
+
+    model = build_model(tmp_path / "model", max_position=2048)
     context, response, rows = 1024, 256, 2
     cfg = GroupTrainerConfig(lora=LoraSettings(enabled=False), max_tokens_per_micro_batch=context)
     shape = ModelShape.from_hf_config(json.loads((model / "config.json").read_text()))

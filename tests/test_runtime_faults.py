@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.resume_faults import env
 from memrl.launch.cli import main
 from tests.fault_server import BOMB_BYTES, PlanServer
 from tests.timing import scaled
@@ -33,14 +34,20 @@ LIMITED = ROOT / "tests" / "scripts" / "limited_run.py"
 
 
 def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "offline",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": str(ROOT),
-    }
+    return {**env(), "PYTHONPATH": str(ROOT)}
+
+
+def _run_script(source: str) -> subprocess.CompletedProcess[str]:
+    """Run a Python script in its own session (a signal it sends reaches only it), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", source],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
 
 
 def one_line(err: str) -> str:
@@ -533,15 +540,7 @@ sys.exit(cli.main(["config", "show", "--command", "sft"]))
 def test_an_endpoint_failing_in_a_ray_worker_is_one_line() -> None:
     """Ray hands the driver RayTaskError(EndpointError), whose text is the worker's traceback: the line is the
     endpoint's own message."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _RAY_WORKER_ENDPOINT],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,
-    )
+    proc = _run_script(_RAY_WORKER_ENDPOINT)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert one_line(proc.stderr) == (
         "memrl: error: reasoner: request failed after 3 attempt(s); last endpoint http://h:8000/v1 -> HTTP 503"
@@ -552,15 +551,7 @@ def test_an_endpoint_failing_in_a_ray_worker_is_one_line() -> None:
 @pytest.mark.slow
 def test_sigterm_during_ray_get_exits_143() -> None:
     """The fleet path for real: SIGTERM while the driver waits in ray.get (a rollout in flight)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _RAY_GET],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,
-    )
+    proc = _run_script(_RAY_GET)
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert one_line(proc.stderr) == "memrl: terminated (SIGTERM): stopped"
 
@@ -969,16 +960,12 @@ def test_a_resume_that_forgets_the_trainer_rng_is_caught(
     stopped after its first iteration and resumed ends on the uninterrupted run's weights only if the checkpoint
     carried that RNG. A resume that forgets it (set_rng_state a no-op) ends elsewhere: this test would fail."""
     import torch
-    from test_group_trainer import groups_for
+    from test_group_trainer import checkpointed_updates, groups_for
 
-    from memrl.data.tracking import MetricsLogger
     from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
-    from memrl.train.online import LoopConfig, OnlineLoop
     from memrl.train.policy import LoraSettings, PolicySpec
 
     def run(name: str, stop_after: int | None, resume: bool = False) -> dict[str, torch.Tensor]:
-        run_dir = tmp_path / name
-        run_dir.mkdir(exist_ok=True)
         torch.manual_seed(0)
         trainer = GroupTrainer(
             PolicySpec(base=str(tiny_model_dir)),
@@ -989,21 +976,7 @@ def test_a_resume_that_forgets_the_trainer_rng_is_caught(
         groups = groups_for(trainer.tokenizer, "the red key is in drawer 5", "nothing relevant", n_groups=6)
         for k, group in enumerate(groups):  # rows that differ, so their order changes the steps
             group.samples[0].response_ids = group.samples[0].response_ids[: 3 + k]
-        logger = MetricsLogger(run_dir, None, {}, name=name, console=False)
-        loop = OnlineLoop(
-            trainer=trainer,
-            engine=None,
-            cfg=LoopConfig(iterations=2, checkpoint_every=1),
-            run_dir=run_dir,
-            resume=resume,
-            logger=logger,
-        )
-        for iteration in loop.start(lambda i: None, None):
-            loop.update(groups)
-            loop.checkpoint(iteration)
-            if iteration == stop_after:
-                break
-        logger.close()
+        checkpointed_updates(trainer, groups, tmp_path / name, stop_after, resume)
         return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
     def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

@@ -8,7 +8,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -33,6 +32,7 @@ from memrl.data.io import write_jsonl
 from memrl.data.schemas import EpisodeTrace, MemoryCall, Message, SFTExample
 from memrl.train.sft import SFTRunConfig, build_sft_trainer, latest_checkpoint, run_sft, sft_args
 from memrl.train.sft_data import mix_rows
+from tests.commands import cpu_torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 COLORS = ["red", "blue", "green", "brass", "silver", "golden", "black", "white"]
@@ -287,24 +287,11 @@ def test_resume_continues_to_the_same_final_step(tiny_model_dir: Path, sam_dir: 
 
 
 def test_role_mixtures(tmp_path: Path) -> None:
-    rows = {
-        "a": [
-            SFTExample(
-                row_id=f"a{i}",
-                role="a",
-                messages=_m([{"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]),
-            )
-            for i in range(10)
-        ],
-        "b": [
-            SFTExample(
-                row_id=f"b{i}",
-                role="b",
-                messages=_m([{"role": "user", "content": "q"}, {"role": "assistant", "content": "y"}]),
-            )
-            for i in range(40)
-        ],
-    }
+    def role_rows(role: str, answer: str, count: int) -> list[SFTExample]:
+        chat = _m([{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}])
+        return [SFTExample(row_id=f"{role}{i}", role=role, messages=chat) for i in range(count)]
+
+    rows = {"a": role_rows("a", "x", 10), "b": role_rows("b", "y", 40)}
     assert [r.row_id for r in mix_rows(rows, None, None, 0)] == [f"a{i}" for i in range(10)] + [
         f"b{i}" for i in range(40)
     ]
@@ -349,29 +336,11 @@ def test_shipped_configs_load(name: str) -> None:
 # (d) 2 processes under torchrun with DeepSpeed ZeRO-2 on CPU
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cli(args: list[str], env: dict[str, str], nproc: int = 1) -> subprocess.CompletedProcess[str]:
     """``memrl sft`` in this process's interpreter: plainly for 1 process, through launch/torchrun.sh on CPU for more
     (the path the docs give for CPU runs: gloo, DS_ACCELERATOR=cpu)."""
     if nproc > 1:
-        cmd = [
-            "bash",
-            str(ROOT / "launch" / "torchrun.sh"),
-            "--device",
-            "cpu",
-            "--nproc-per-node",
-            str(nproc),
-            "--master-port",
-            str(_free_port()),
-            "--",
-            "sft",
-            *args,
-        ]
+        cmd = [*cpu_torchrun(nproc), "sft", *args]
     else:
         cmd = [sys.executable, "-m", "memrl.launch.cli", "sft", *args]
     proc = subprocess.run(

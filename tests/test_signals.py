@@ -22,19 +22,9 @@ import psutil
 import pytest
 from safetensors.torch import load_file
 
-from benchmarks.resume_faults import same_weights, steps
+from benchmarks.resume_faults import env, same_weights, steps
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "offline",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
 
 
 def _cli(*args: str) -> list[str]:
@@ -42,7 +32,7 @@ def _cli(*args: str) -> list[str]:
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-4000:]
     return proc
@@ -70,7 +60,7 @@ def signal_when(cmd: list[str], ready: Path, sig: int) -> tuple[int, str, list[p
     """Start ``cmd``, send ``sig`` to its driver once ``ready`` exists; returns (exit code, stderr, the processes
     of its tree at the signal, their command lines then)."""
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     tree: list[psutil.Process] = []
     try:
@@ -278,7 +268,7 @@ def test_sft_resume_of_a_finished_changed_or_emptied_run_exits_2(
         proc = subprocess.run(
             sft(tiny_model_dir, data, tmp_path, reference.name, *extra, "--resume"),
             cwd=ROOT,
-            env=_env(),
+            env=env(),
             capture_output=True,
             text=True,
             timeout=300,
@@ -316,7 +306,7 @@ def test_a_huge_count_shows_progress_and_an_estimate_at_once_and_stops_cleanly(t
     )
     started = time.monotonic()
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
     seen = {"out": "", "err": ""}
     first: dict[str, float] = {}

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.harness import tiny_oat_overrides
 from memrl.data.config import load_config
 from memrl.rollout.engines.base import Engine
 from memrl.rollout.engines.config import EngineConfig
@@ -35,21 +36,7 @@ def oat_config(model: Path, out: Path, name: str, *extra: str) -> OATGRPOConfig:
         OATGRPOConfig,
         ROOT / "configs" / "oat_grpo_tiny.yaml",
         [
-            f"policy.base={model}",
-            f"engine.model={model}",
-            f"run.output_dir={out}",
-            f"run.name={name}",
-            "train_tasks.count=8",
-            "train_tasks.sam.horizon_steps=6",
-            "eval_tasks.count=2",
-            "eval_tasks.sam.horizon_steps=6",
-            "tasks_per_iteration=2",
-            "tree.branch_factor=2",
-            "tree.max_leaves=4",
-            "tree.branch_roles=[consolidate, recall]",
-            "memory.sampling.consolidate.temperature=1.0",
-            "memory.sampling.consolidate.max_tokens=12",
-            "memory.sampling.recall.max_tokens=12",
+            *tiny_oat_overrides(model, out, name),
             "loop.iterations=2",
             "loop.eval_every=0",
             "loop.checkpoint_every=0",

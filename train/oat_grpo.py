@@ -67,7 +67,7 @@ from memrl.rollout.memory.registry import MemoryConfig, family_memory, parse_mem
 from memrl.rollout.tree import TreeConfig, check_trained_sampling
 from memrl.rollout.worker import Scorer, WorkerSpec
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
-from memrl.train.online import LoopConfig, OnlineLoop, stale_sampling_tis
+from memrl.train.online import LoopConfig, OnlineLoop, check_staleness_placement, stale_sampling_tis
 from memrl.train.policy import PolicySpec
 from memrl.train.weight_sync import InMemoryWeightSync
 
@@ -615,11 +615,7 @@ def setup_oat_grpo(
     trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
     main = trainer.accelerator.is_main_process
     gpu = torch.cuda.is_available()
-    if cfg.loop.max_staleness and gpu and cfg.placement.policy.mode == "colocate":
-        raise ConfigError(
-            "loop.max_staleness > 0 generates while the trainer updates: placement.policy.mode must be "
-            "'separate' on GPUs"
-        )
+    check_staleness_placement(cfg.loop, cfg.placement.policy, gpu)
     in_memory = use_in_memory_sync(cfg, gpu)
     reasoner_cfg, reference_cfgs, judge_cfg = resolve_engines(cfg)
     settings = cfg.committee.settings

@@ -48,7 +48,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 
-from memrl.data.config import ConfigError, ConfigModel
+from memrl.data.config import ConfigError, ConfigModel, PolicyPlacement
 from memrl.data.schemas import Group
 from memrl.data.tracking import MetricsLogger, progress_bar
 from memrl.train.checkpoint import CheckpointManager
@@ -185,6 +185,16 @@ def broadcast_groups(groups: list[Group] | None, accelerator: Any) -> list[Group
     payload = [json.dumps([g.model_dump(mode="json") for g in groups]) if accelerator.is_main_process else ""]
     broadcast_object_list(payload, from_process=0)
     return [Group.model_validate(g) for g in json.loads(payload[0])]
+
+
+def check_staleness_placement(loop: LoopConfig, policy: PolicyPlacement, gpu: bool) -> None:
+    """Refuse ``loop.max_staleness`` > 0 with the policy's engine colocated on GPUs: collection goes on while the
+    trainer updates, and a colocated engine sleeps through the update."""
+    if loop.max_staleness and gpu and policy.mode == "colocate":
+        raise ConfigError(
+            f"loop.max_staleness={loop.max_staleness} generates while the trainer updates: placement.policy.mode "
+            "must be 'separate' on GPUs"
+        )
 
 
 def stale_sampling_tis(trainer: GroupTrainerConfig, loop: LoopConfig) -> GroupTrainerConfig:

@@ -86,7 +86,7 @@ from memrl.rollout.pivots import (
     sample_pivot_groups,
 )
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig, make_accelerator
-from memrl.train.online import LoopConfig, OnlineLoop, stale_sampling_tis
+from memrl.train.online import LoopConfig, OnlineLoop, check_staleness_placement, stale_sampling_tis
 from memrl.train.policy import PolicySpec
 
 log = logging.getLogger(__name__)
@@ -508,11 +508,7 @@ def setup_pivot_grpo(cfg: PivotGRPOConfig, run_dir: Path, accelerator: Any = Non
     sets and the loop of a pivot-turn GRPO run."""
     trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
     main = trainer.accelerator.is_main_process
-    if cfg.loop.max_staleness and torch.cuda.is_available() and cfg.placement.policy.mode == "colocate":
-        raise ConfigError(
-            "loop.max_staleness > 0 keeps the policy engine awake during the update: "
-            "placement.policy.mode must be 'separate' on GPUs"
-        )
+    check_staleness_placement(cfg.loop, cfg.placement.policy, torch.cuda.is_available())
     train_tasks, eval_tasks = load_task_set(cfg.train_tasks, "train"), load_task_set(cfg.eval_tasks, "eval")
     engines, policy_engine = build_engines(cfg, train_tasks + eval_tasks) if main else (None, None)
     logger = (

@@ -69,6 +69,7 @@ class Env(abc.ABC):
 
     name: ClassVar[str]
     params_model: ClassVar[type[ConfigModel]]
+    state_model: ClassVar[type]  # the dataclass of the latent state ``s`` (with its own ``rng``)
 
     def __init__(self, params: dict[str, Any] | ConfigModel | None = None, seed: int = 0) -> None:
         if isinstance(params, ConfigModel):
@@ -77,6 +78,7 @@ class Env(abc.ABC):
             self.params = self.params_model.model_validate(params or {})
         self.seed = seed
         self.events: list[Event] = []
+        self.s: Any = self.state_model()
 
     @classmethod
     def from_spec(cls, spec: EnvSpec) -> Env:
@@ -99,37 +101,49 @@ class Env(abc.ABC):
         is done, count the goal and draw a new one. Returns whether the whole goal was done. For worlds whose state
         ``s`` has ``chain``, ``chain_pos``, ``goal``, ``goals_done`` and that define ``step_met``, ``step_text``,
         ``goal_text`` and ``_new_goal``."""
-        s: Any = self.s  # type: ignore[attr-defined]
+        s = self.s
         world: Any = self
         while s.chain_pos + 1 < len(s.chain):
             text = world.step_text(s.chain[s.chain_pos])
             s.chain_pos += 1
             s.goal = s.chain[s.chain_pos]
-            self.events.append(Event("goal_step", (world.goal_text(), text)))
+            self.events.append(Event("goal_step", (self.goal_text(), text)))
             lines.append(f"goal step {s.chain_pos} of {len(s.chain)} done: {text}")
             if not world.step_met(s.goal):
                 return False
-        text = world.goal_text()
+        text = self.goal_text()
         s.goals_done += 1
         self.events.append(Event("goal_done", (text,)))
         lines.append(f"goal done: {text}")
         lines += world._new_goal()
         return True
 
+    def goal_text(self) -> str:
+        """The current goal (the whole chain, each step as ``step_text`` writes it) as text."""
+        assert self.s.goal is not None
+        world: Any = self
+        return ", then ".join(world.step_text(g) for g in self.s.chain)
+
     def _progress(self) -> str:
         """`` (step i of k)`` while a goal chain is under way (empty for single-step goals)."""
-        s: Any = self.s  # type: ignore[attr-defined]
+        s = self.s
         return f" (step {s.chain_pos + 1} of {len(s.chain)})" if len(s.chain) > 1 else ""
 
     @abc.abstractmethod
     def reset(self) -> str:
         """Build the initial state from the seed; return the first observation (the answer to ``look``)."""
 
+    def _seeded_state(self) -> tuple[random.Random, Any]:
+        """For :meth:`reset`: the seed's generator, and a fresh state whose own ``rng`` (the world's randomness after
+        the build) is drawn from it."""
+        rng = random.Random(self.seed)
+        return rng, self.state_model(rng=random.Random(rng.getrandbits(64)))
+
     def step(self, action: str) -> str:
         """Apply ``action``; return the observation. ``self.events`` then holds what happened; an impossible action
         fails with a diagnostic and leaves the state unchanged. A met goal-chain step advances the chain; at
         verbosity 2 the observation ends with what the agent carries and the goal."""
-        s: Any = self.s  # type: ignore[attr-defined]
+        s = self.s
         world: Any = self
         self.events = []
         s.last_failure = None
@@ -138,7 +152,7 @@ class Env(abc.ABC):
             return lines
         done = s.goal is not None and world.step_met(s.goal) and self._advance_goal(lines)
         if not done and self.params.verbosity >= 2:  # type: ignore[attr-defined]
-            lines += [self._carry_line(), f"goal: {world.goal_text()}{self._progress()}"]
+            lines += [self._carry_line(), f"goal: {self.goal_text()}{self._progress()}"]
         return "\n".join(lines)
 
     @abc.abstractmethod
@@ -152,7 +166,7 @@ class Env(abc.ABC):
 
     def _fail(self, action: str, reason: str) -> str:
         """Record a failed action (``last_failure``, a ``fail`` event); its diagnostic observation."""
-        self.s.last_failure = reason  # type: ignore[attr-defined]
+        self.s.last_failure = reason
         self.events.append(Event("fail", (action, reason)))
         return f"you cannot {action}: {reason}." if self.params.verbosity else f"failed: {reason}"  # type: ignore[attr-defined]
 
@@ -171,17 +185,11 @@ class Env(abc.ABC):
 
     def snapshot(self) -> Any:
         """A copy of the whole latent state (including the environment's own random generator)."""
-        return copy.deepcopy(self._state())
+        return copy.deepcopy(self.s)
 
     def restore(self, snap: Any) -> None:
         """Return to a state taken by :meth:`snapshot`."""
-        self._set_state(copy.deepcopy(snap))
-
-    @abc.abstractmethod
-    def _state(self) -> Any: ...
-
-    @abc.abstractmethod
-    def _set_state(self, state: Any) -> None: ...
+        self.s = copy.deepcopy(snap)
 
 
 REGISTRY: dict[str, type[Env]] = {}

@@ -70,6 +70,8 @@ class GridWorldEnv(Env):
     name = "gridworld"
     params_model = GridWorldParams
     params: GridWorldParams
+    state_model = GridState
+    s: GridState
 
     def __init__(self, params: dict[str, Any] | ConfigModel | None = None, seed: int = 0) -> None:
         super().__init__(params, seed)
@@ -77,7 +79,6 @@ class GridWorldEnv(Env):
         self.step_size = p.room_size + 1
         self.width = p.rooms_x * self.step_size + 1
         self.height = p.rooms_y * self.step_size + 1
-        self.s = GridState()
 
     # ------------------------------------------------------------------------------------------------ geometry
     def room_of(self, cell: Cell) -> str:
@@ -112,8 +113,7 @@ class GridWorldEnv(Env):
     def reset(self) -> str:
         """Build the world from the seed and return the first observation."""
         p = self.params
-        rng = random.Random(self.seed)
-        s = GridState(rng=random.Random(rng.getrandbits(64)))
+        rng, s = self._seeded_state()
         half = p.room_size // 2
         for j in range(p.rooms_y):
             for i in range(p.rooms_x):
@@ -180,12 +180,6 @@ class GridWorldEnv(Env):
                 seen.add(nxt)
                 queue.append(nxt)
         return seen
-
-    def _state(self) -> Any:
-        return self.s
-
-    def _set_state(self, state: Any) -> None:
-        self.s = state
 
     # ------------------------------------------------------------------------------------------------ rendering
     def _describe(self, full: bool) -> list[str]:
@@ -266,11 +260,6 @@ class GridWorldEnv(Env):
         if step[0] == "put":
             return f"put the {step[1]} in {step[2]}"
         return f"go to {step[1]}"
-
-    def goal_text(self) -> str:
-        """The current goal (the whole chain) as text."""
-        assert self.s.goal is not None
-        return ", then ".join(self.step_text(g) for g in self.s.chain)
 
     def step_met(self, step: tuple[str, ...]) -> bool:
         """Whether the true state satisfies one chain step."""

@@ -97,17 +97,14 @@ class TextWorldEnv(Env):
     name = "textworld"
     params_model = TextWorldParams
     params: TextWorldParams
-
-    def __init__(self, params: dict[str, Any] | ConfigModel | None = None, seed: int = 0) -> None:
-        super().__init__(params, seed)
-        self.s = TextWorldState()
+    state_model = TextWorldState
+    s: TextWorldState
 
     # ------------------------------------------------------------------------------------------------ building
     def reset(self) -> str:
         """Build the world from the seed and return the first observation."""
         p = self.params
-        rng = random.Random(self.seed)
-        s = TextWorldState(rng=random.Random(rng.getrandbits(64)))
+        rng, s = self._seeded_state()
         s.rooms = self._room_names(rng, p.n_rooms)
         self._layout(rng, s)
         kinds = list(CONTAINERS[: p.n_container_kinds])
@@ -200,12 +197,6 @@ class TextWorldEnv(Env):
                     s.exits[room][d] = other
                     s.exits[other][OPPOSITE[d]] = room
 
-    def _state(self) -> Any:
-        return self.s
-
-    def _set_state(self, state: Any) -> None:
-        self.s = state
-
     # ------------------------------------------------------------------------------------------------ rendering
     def _fact(self, item: str, place: str) -> str:
         v = self.params.verbosity
@@ -275,11 +266,6 @@ class TextWorldEnv(Env):
             return f"take the {step[1]} to the {step[2]}"
         return f"put the {step[1]} in {step[2]}"
 
-    def goal_text(self) -> str:
-        """The current goal (the whole chain) as text."""
-        assert self.s.goal is not None
-        return ", then ".join(self.step_text(g) for g in self.s.chain)
-
     def step_met(self, step: tuple[str, str, str]) -> bool:
         """Whether the true state satisfies one chain step."""
         s = self.s
@@ -306,8 +292,8 @@ class TextWorldEnv(Env):
             lines = ([f"you go {d}."] if v else []) + self._describe_room(full=v >= 2)
         elif kind in ("open", "close"):
             c = _strip_the(m.group(1))
-            if s.container_room.get(c) != s.room:
-                return self._fail(action, f"there is no {c} here")
+            if reason := self._unusable(c):
+                return self._fail(action, reason)
             if kind == "close":
                 if c not in s.opened:
                     return self._fail(action, f"{c} is already closed")
@@ -336,10 +322,8 @@ class TextWorldEnv(Env):
                     lines.append(f"{c} is empty" if v else f"{c}: empty")
         elif kind == "take_from":
             item, c = _strip_the(m.group(1)), _strip_the(m.group(2))
-            if s.container_room.get(c) != s.room:
-                return self._fail(action, f"there is no {c} here")
-            if c not in s.opened:
-                return self._fail(action, f"{c} is closed")
+            if reason := self._unusable(c, must_be_open=True):
+                return self._fail(action, reason)
             if s.loc.get(item) != c:
                 return self._fail(action, f"there is no {item} in {c}")
             self._move(item, INVENTORY)
@@ -354,19 +338,15 @@ class TextWorldEnv(Env):
             lines = [f"you take the {item} from the floor of the {s.room}." if v else f"took {item} from {s.room}"]
         elif kind == "put":
             item, c = _strip_the(m.group(1)), _strip_the(m.group(2))
-            if s.loc.get(item) != INVENTORY:
-                return self._fail(action, f"you do not carry the {item}")
-            if s.container_room.get(c) != s.room:
-                return self._fail(action, f"there is no {c} here")
-            if c not in s.opened:
-                return self._fail(action, f"{c} is closed")
+            if reason := self._unusable(c, must_be_open=True, carrying=item):
+                return self._fail(action, reason)
             self._move(item, c)
             self.events.append(Event("move", (item, INVENTORY, c)))
             lines = [f"you put the {item} in {c}." if v else f"put {item} in {c}"]
         elif kind == "unlock":
             c, key = _strip_the(m.group(1)), _strip_the(m.group(2))
-            if s.container_room.get(c) != s.room:
-                return self._fail(action, f"there is no {c} here")
+            if reason := self._unusable(c):
+                return self._fail(action, reason)
             if c not in s.locked:
                 return self._fail(action, f"{c} is not locked")
             if s.loc.get(key) != INVENTORY:
@@ -382,6 +362,18 @@ class TextWorldEnv(Env):
             carried = sorted(self._contents(INVENTORY))
             lines = [f"you carry: {', '.join(carried) or 'nothing'}." if v else f"carry: {' '.join(carried) or '-'}"]
         return lines
+
+    def _unusable(self, c: str, *, must_be_open: bool = False, carrying: str | None = None) -> str | None:
+        """Why an action cannot use container ``c`` (with ``must_be_open``, open) while carrying ``carrying``, the
+        carrying checked first; None when it can."""
+        s = self.s
+        if carrying is not None and s.loc.get(carrying) != INVENTORY:
+            return f"you do not carry the {carrying}"
+        if s.container_room.get(c) != s.room:
+            return f"there is no {c} here"
+        if must_be_open and c not in s.opened:
+            return f"{c} is closed"
+        return None
 
     def _carry_line(self) -> str:
         return f"you carry: {', '.join(sorted(self._contents(INVENTORY))) or 'nothing'}."

@@ -8,7 +8,8 @@ from typing import Any, ClassVar
 
 from typing_extensions import Self
 
-from memrl.data.schemas import EnvSpec, Message
+from memrl.data.envs.base import turn_tokens
+from memrl.data.schemas import EnvSpec, Episode, Message, QAPair, Turn
 
 __all__ = ["SpecTask", "as_messages", "content_of", "normalize_answer", "role_of"]
 
@@ -20,6 +21,8 @@ class SpecTask:
     family: ClassVar[str]
     params: Any  # the family's parameter model
     seed: int
+    task_id: str
+    task: str  # the task statement
 
     @classmethod
     def from_spec(cls, spec: EnvSpec, task_id: str = "") -> Self:
@@ -30,6 +33,23 @@ class SpecTask:
     def spec(self) -> EnvSpec:
         """The spec that rebuilds this task."""
         return EnvSpec(name=self.family, seed=self.seed, params=self.params.model_dump(mode="json"))
+
+    def _episode(
+        self, turns: list[Turn], qa_pairs: list[QAPair], *, task_type: str, domain: str, metadata: dict[str, Any]
+    ) -> Episode:
+        """This task as an episode in AMA-Bench's shape: ``turns`` its trajectory (the horizon their token count),
+        the spec that rebuilds it as its environment."""
+        return Episode(
+            episode_id=self.task_id,
+            task=self.task,
+            task_type=task_type,
+            domain=domain,
+            trajectory=turns,
+            qa_pairs=qa_pairs,
+            env=self.spec,
+            horizon_tokens=sum(turn_tokens(t.action, t.observation) for t in turns),
+            metadata=metadata,
+        )
 
 
 def normalize_answer(text: str | None) -> str:

@@ -405,15 +405,11 @@ class SamTask(SpecTask):
             qa_id=f"{self.task_id}/q0",
             metadata={"gold_entities": self.gold_entities, "hops": self.params.n_evidence},
         )
-        return Episode(
-            episode_id=self.task_id,
-            task=self.task,
+        return self._episode(
+            turns,
+            [qa],
             task_type="sam",
             domain="textworld",
-            trajectory=turns,
-            qa_pairs=[qa],
-            env=self.spec,
-            horizon_tokens=sum(turn_tokens(t.action, t.observation) for t in turns),
             metadata={
                 "family": "sam",
                 "tour_steps": len(self.tour),

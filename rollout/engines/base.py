@@ -183,6 +183,16 @@ class Engine(abc.ABC):
                 out.append(exc)
         return out
 
+    def _result(self, prompt_ids: list[int], completions: list[Completion], usage: Usage) -> GenerationResult:
+        """One request's result, stamped with this engine's name and the policy version it serves."""
+        return GenerationResult(
+            prompt_ids=prompt_ids,
+            completions=completions,
+            usage=usage,
+            engine=self.name,
+            policy_version=self.policy_version,
+        )
+
     def request_seed(self, sampling: SamplingParams) -> int:
         """The request's seed, or for an unseeded request the next seed of this engine's counter."""
         if sampling.seed is not None:

@@ -153,15 +153,7 @@ class HFEngine(Engine):
                 prompt_tokens=len(prompts[r]) * req.sampling.n,
                 completion_tokens=sum(len(c.response_ids) for c in done),
             )
-            results.append(
-                GenerationResult(
-                    prompt_ids=prompts[r],
-                    completions=done,
-                    usage=usage,
-                    engine=self.name,
-                    policy_version=self.policy_version,
-                )
-            )
+            results.append(self._result(prompts[r], done, usage))
         return results
 
     @torch.inference_mode()

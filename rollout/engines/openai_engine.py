@@ -131,15 +131,12 @@ class TokenBucket:
 
 
 @dataclass
-class EndpointStats:
-    """What one endpoint did: requests answered, attempts that failed, tokens and cost."""
+class EndpointStats(Usage):
+    """What one endpoint did: the tokens and cost of what it answered (:class:`Usage`), the requests answered and
+    the attempts that failed."""
 
     requests: int = 0
     failed_attempts: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
 
 
 @dataclass
@@ -382,15 +379,7 @@ class OpenAIEngine(Engine):
                 cached_prompt_tokens=sum(s.cached_tokens for s in samples),
                 cost_usd=sum(s.cost for s in samples),
             )
-            results.append(
-                GenerationResult(
-                    prompt_ids=prompt_ids,
-                    completions=[s.completion for s in samples],
-                    usage=usage,
-                    engine=self.name,
-                    policy_version=self.policy_version,
-                )
-            )
+            results.append(self._result(prompt_ids, [s.completion for s in samples], usage))
         return results
 
     def _choose(self, avoid: _Endpoint | None) -> _Endpoint:

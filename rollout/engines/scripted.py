@@ -102,15 +102,7 @@ class ScriptedEngine(Engine):
                     usage.completion_tokens += len(completion.response_ids)
                     usage.cached_prompt_tokens += self.cache.lookup(prompt_ids)
                     finished.append((prompt_ids, completion.response_ids))
-            results.append(
-                GenerationResult(
-                    prompt_ids=prompt_ids,
-                    completions=completions,
-                    usage=usage,
-                    engine=self.name,
-                    policy_version=self.policy_version,
-                )
-            )
+            results.append(self._result(prompt_ids, completions, usage))
         # Generated blocks become reusable only after the batch's prompts were scheduled, as in vLLM.
         for prompt_ids, response_ids in finished:
             self.cache.insert(prompt_ids, response_ids)

@@ -244,15 +244,7 @@ class VLLMEngine(Engine):
                 usage.prompt_tokens += len(ids)
                 usage.completion_tokens += len(token_ids)
                 usage.cached_prompt_tokens += int(out.num_cached_tokens or 0)
-            results.append(
-                GenerationResult(
-                    prompt_ids=ids,
-                    completions=completions,
-                    usage=usage,
-                    engine=self.name,
-                    policy_version=self.policy_version,
-                )
-            )
+            results.append(self._result(ids, completions, usage))
         return results
 
     # ------------------------------------------------------------------------------------------------------------

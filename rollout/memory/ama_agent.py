@@ -41,7 +41,7 @@ from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
 from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, Turn, register_memory
-from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
+from memrl.rollout.memory.embedders import EmbedderName, top_k
 from memrl.rollout.memory.prompts_ama import (
     AMA_REASONER_SYSTEM,
     parse_ama_record,
@@ -52,9 +52,9 @@ from memrl.rollout.memory.prompts_ama import (
     render_ama_sufficiency,
 )
 from memrl.rollout.memory.sandbox import SandboxConfig, run_script
-from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
+from memrl.rollout.memory.workflow import EmbeddingJobQueueMemory, Inbound, Job, action_of, truncate
 
-__all__ = ["AMAConfig", "AMAMemory", "AMAMemoryConfig", "StateNode"]
+__all__ = ["AMAConfig", "AMAMemory", "StateNode"]
 
 
 @dataclass
@@ -74,6 +74,7 @@ class StateNode:
 class AMAConfig(ConfigModel):
     """AMA-Agent's switches (the paper's ablations), retrieval limits and sandbox limits."""
 
+    name: Literal["ama_agent"] = "ama_agent"  # selects this memory system
     graph: bool = True  # build the causality graph; false: w/o Causality Graph
     tool_retrieval: bool = True  # sufficiency check + tools; false: similarity top-k only
     top_k: int = 5  # nodes retrieved by similarity per query
@@ -96,24 +97,15 @@ class AMAConfig(ConfigModel):
     }
 
 
-class AMAMemoryConfig(AMAConfig):
-    """:class:`AMAConfig` selectable by ``name: ama_agent``."""
-
-    name: Literal["ama_agent"] = "ama_agent"  # selects this memory system
-
-
-@register_memory("ama_agent", config=AMAMemoryConfig)
-class AMAMemory(JobQueueMemory):
+@register_memory("ama_agent", config=AMAConfig)
+class AMAMemory(EmbeddingJobQueueMemory):
     """AMA-Agent behind the memory-system interface (see the module docstring)."""
 
     name = "ama"
     tools = ("retrieve",)
 
     config: AMAConfig
-
-    def __init__(self, config: AMAConfig | None = None, embedder: Embedder | None = None) -> None:
-        super().__init__(config or AMAConfig())
-        self.embedder = embedder or make_embedder(self.config.embedder)
+    config_model = AMAConfig
 
     def _clear(self) -> None:
         super()._clear()

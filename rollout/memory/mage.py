@@ -53,7 +53,7 @@ from memrl.rollout.memory.prompts_mage import (
 )
 from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
 
-__all__ = ["BottomNode", "ExecutionState", "Hints", "MageConfig", "MageMemory", "MageMemoryConfig", "TopNode"]
+__all__ = ["BottomNode", "ExecutionState", "Hints", "MageConfig", "MageMemory", "TopNode"]
 
 
 @dataclass
@@ -101,6 +101,7 @@ class ExecutionState:
 class MageConfig(ConfigModel):
     """Mage's switches (the paper's ablations) and limits."""
 
+    name: Literal["mage"] = "mage"  # selects this memory system
     compress: bool = True  # Compress on; false: w/o Compress (no Maintain, no Revise either)
     maintain: bool = True  # Maintain validates each new summary; false: w/o Maintain
     revise: bool = True  # Revise on a Maintain failure and the revise tool; false: only noted
@@ -116,22 +117,17 @@ class MageConfig(ConfigModel):
     }
 
 
-class MageMemoryConfig(MageConfig):
-    """:class:`MageConfig` selectable by ``name: mage``."""
-
-    name: Literal["mage"] = "mage"  # selects this memory system
-
-
-@register_memory("mage", config=MageMemoryConfig)
+@register_memory("mage", config=MageConfig)
 class MageMemory(JobQueueMemory):
     """Mage behind the memory-system interface (see the module docstring)."""
 
     name = "mage"
 
     config: MageConfig
+    config_model = MageConfig
 
     def __init__(self, config: MageConfig | None = None) -> None:
-        super().__init__(config or MageConfig())
+        super().__init__(config)
         revise = self.config.revise and self.config.compress  # without Compress there is no boundary to revise to
         self.tools = tuple(t for t, on in (("compress", self.config.compress), ("revise", revise)) if on)
 

@@ -43,7 +43,7 @@ from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall
 from memrl.data.schemas import Message
 from memrl.rollout.memory.base import MemoryRequest, RoleSampling, ToolResult, Turn, register_memory
-from memrl.rollout.memory.embedders import Embedder, EmbedderName, make_embedder, top_k
+from memrl.rollout.memory.embedders import EmbedderName, top_k
 from memrl.rollout.memory.prompts_memma import (
     MEMMA_REASONER_SYSTEM,
     parse_memma_answer,
@@ -65,14 +65,15 @@ from memrl.rollout.memory.prompts_memma import (
     render_memma_repair,
     render_memma_verify,
 )
-from memrl.rollout.memory.workflow import Inbound, Job, JobQueueMemory, action_of, truncate
+from memrl.rollout.memory.workflow import EmbeddingJobQueueMemory, Inbound, Job, action_of, truncate
 
-__all__ = ["Entry", "MemMAConfig", "MemMAMemory", "MemMAMemoryConfig", "lexical_match"]
+__all__ = ["Entry", "MemMAConfig", "MemMAMemory", "lexical_match"]
 
 
 class MemMAConfig(ConfigModel):
     """MemMA's switches (the paper's /C, /R, /E ablations), budgets and chunking."""
 
+    name: Literal["memma"] = "memma"  # selects this memory system
     construction_guidance: bool = True  # /C when False
     iterative_retrieval: bool = True  # /R when False
     self_evolution: bool = True  # /E when False
@@ -131,24 +132,15 @@ def lexical_match(predicted: str, gold: str, threshold: float = 0.5) -> bool:
     return 2 * precision * recall / (precision + recall) >= threshold
 
 
-class MemMAMemoryConfig(MemMAConfig):
-    """:class:`MemMAConfig` selectable by ``name: memma``."""
-
-    name: Literal["memma"] = "memma"  # selects this memory system
-
-
-@register_memory("memma", config=MemMAMemoryConfig)
-class MemMAMemory(JobQueueMemory):
+@register_memory("memma", config=MemMAConfig)
+class MemMAMemory(EmbeddingJobQueueMemory):
     """MemMA behind the memory-system interface (see the module docstring)."""
 
     name = "memma"
     tools = ("memory",)
 
     config: MemMAConfig
-
-    def __init__(self, config: MemMAConfig | None = None, embedder: Embedder | None = None) -> None:
-        super().__init__(config or MemMAConfig())
-        self.embedder = embedder or make_embedder(self.config.embedder)
+    config_model = MemMAConfig
 
     def _clear(self) -> None:
         super()._clear()

@@ -24,18 +24,18 @@ from memrl.rollout.memory import mage as _mage  # noqa: F401 - registers mage
 from memrl.rollout.memory import memma as _memma  # noqa: F401 - registers memma
 from memrl.rollout.memory import proactive as _proactive  # noqa: F401 - registers proactive
 from memrl.rollout.memory import sam as _sam  # noqa: F401 - registers sam
-from memrl.rollout.memory.ama_agent import AMAMemoryConfig
+from memrl.rollout.memory.ama_agent import AMAConfig
 from memrl.rollout.memory.base import MEMORY_SYSTEMS, MemoryConfigBase, MemorySystem, register_memory
 from memrl.rollout.memory.embedders import Embedder
-from memrl.rollout.memory.mage import MageMemoryConfig
-from memrl.rollout.memory.memma import MemMAMemoryConfig
+from memrl.rollout.memory.mage import MageConfig
+from memrl.rollout.memory.memma import MemMAConfig
 from memrl.rollout.memory.sam import TokenCounter
 
 __all__ = [
     "MEMORY_SYSTEMS",
-    "AMAMemoryConfig",
-    "MageMemoryConfig",
-    "MemMAMemoryConfig",
+    "AMAConfig",
+    "MageConfig",
+    "MemMAConfig",
     "MemoryConfig",
     "MemoryConfigBase",
     "RegisteredConfig",

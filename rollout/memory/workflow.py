@@ -30,12 +30,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.data.config import ConfigModel
 from memrl.data.formats import ToolCall, parse_tool_calls
 from memrl.data.schemas import MemoryCall, Message, turn_steps
 from memrl.data.schemas import Turn as TrajectoryTurn
 from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling, ToolResult, Turn
+from memrl.rollout.memory.embedders import Embedder, make_embedder
 
-__all__ = ["Inbound", "Job", "JobQueueMemory", "action_of", "feed_episode", "truncate"]
+__all__ = ["EmbeddingJobQueueMemory", "Inbound", "Job", "JobQueueMemory", "action_of", "feed_episode", "truncate"]
 
 
 def action_of(action_text: str) -> str:
@@ -91,14 +93,17 @@ class JobQueueMemory(MemorySystem):
     Subclasses implement :meth:`_ingest`, :meth:`_request`, :meth:`_consume`, :meth:`_start_tool` and
     :meth:`reasoner_messages` (and :meth:`_on_start`, :meth:`_on_question` where the start or the question needs
     work); they finish a tool with :meth:`_finish_tool`. ``config`` is the system's settings (its ``sampling`` holds
-    each memory role's sampling); a subclass empties its own per-episode structures in :meth:`_clear` (calling
-    ``super()._clear()``), which runs at construction and at every :meth:`reset`.
+    each memory role's sampling; ``config_model`` its class, whose defaults serve when no config is given); a
+    subclass empties its own per-episode structures in :meth:`_clear` (calling ``super()._clear()``), which runs at
+    construction and at every :meth:`reset`.
     """
 
-    def __init__(self, config: Any) -> None:
+    config_model: type[ConfigModel]
+
+    def __init__(self, config: Any = None) -> None:
         super().__init__()
-        self.config = config
-        self._role_sampling: dict[str, RoleSampling] = dict(config.sampling)
+        self.config = config if config is not None else self.config_model()
+        self._role_sampling: dict[str, RoleSampling] = dict(self.config.sampling)
         self._clear()
 
     def _clear(self) -> None:
@@ -252,3 +257,12 @@ class JobQueueMemory(MemorySystem):
 
     def _system_message(self, system_prompt: str, default: str) -> Message:
         return Message(role="system", content=system_prompt or default)
+
+
+class EmbeddingJobQueueMemory(JobQueueMemory):
+    """A :class:`JobQueueMemory` that embeds what it stores with ``embedder`` (default: the one ``config.embedder``
+    names)."""
+
+    def __init__(self, config: Any = None, embedder: Embedder | None = None) -> None:
+        super().__init__(config)
+        self.embedder = embedder or make_embedder(self.config.embedder)

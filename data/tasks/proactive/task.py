@@ -11,7 +11,6 @@ import random
 import re
 from typing import Any
 
-from memrl.data.envs.base import turn_tokens
 from memrl.data.formats import ACTION_AGENT_SYSTEM
 from memrl.data.registry import register_task
 from memrl.data.schemas import Episode, QAPair
@@ -273,16 +272,11 @@ class ProactiveTask(SpecTask):
             )
             for kind in self.facts
         ]
-        turns = self.reference.turns
-        return Episode(
-            episode_id=self.task_id,
-            task=self.task,
+        return self._episode(
+            self.reference.turns,
+            qas,
             task_type="proactive",
             domain="terminal",
-            trajectory=turns,
-            qa_pairs=qas,
-            env=self.spec,
-            horizon_tokens=sum(turn_tokens(t.action, t.observation) for t in turns),
             metadata={
                 "family": "proactive",
                 "pivots": self.pivots,
