@@ -35,6 +35,16 @@ from memrl.rollout.memory.sam import SamMemory
 from memrl.train.oat_grpo import OATGRPOConfig, check_inputs
 
 
+@pytest.fixture(autouse=True)
+def _registries_as_they_were() -> Any:
+    """What a test registers stays in that test: the config reference and other tests read the registries later."""
+    saved = {r: dict(r._items) for r in (MEMORY_SYSTEMS, ENGINES, TASK_FAMILIES, REASONERS)}
+    yield
+    for registry, items in saved.items():
+        registry._items.clear()
+        registry._items.update(items)
+
+
 def test_the_builtins_are_registered_by_their_decorators() -> None:
     families = {r.name: r.obj for r in TASK_FAMILIES.items()}
     assert families.items() >= {"sam": SamTask, "dialogue": DialogueTask, "proactive": ProactiveTask}.items()
