@@ -6,10 +6,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from memrl.data.formats import ToolCall, render_tool_call
-from memrl.data.schemas import Episode, MemoryCall, Message, QAPair
+from memrl.data.schemas import Episode, MemoryCall, MemoryCallTree, Message, QAPair, TreeNode
 from memrl.data.schemas import Turn as TrajectoryTurn
 from memrl.data.tasks.common import content_of
 from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
@@ -192,3 +193,63 @@ class QACase:
             trajectory=[TrajectoryTurn.model_validate(t) for t in self.turns],
             qa_pairs=[QAPair(question=self.question, answer=self.answer, type="A")],
         )
+
+
+def random_lora(model_dir: Path, out: Path, targets: list[str], *, std: float, rank: int = 8, seed: int = 0) -> Path:
+    """A PEFT LoRA adapter (alpha = 2 x rank) on ``model_dir`` saved in ``out``, with random A and B ~ N(0, std): a
+    fresh LoRA's B is zero, this one changes the model's outputs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from memrl.rollout.models import load_causal_lm
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False)
+    peft_model = get_peft_model(load_causal_lm(model_dir, dtype="float32"), config)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, std)
+    peft_model.save_pretrained(out)
+    return out
+
+
+def sibling_group_tree(
+    task_id: str,
+    outcomes: list[list[float]],
+    calls: Callable[[str, int], tuple[MemoryCall, list[MemoryCall]]],
+    *,
+    merge: bool,
+) -> MemoryCallTree:
+    """root -> one sibling group of memory nodes ``r.k:1``, node k with the call and follow-up calls
+    ``calls(node_id, k)`` and one leaf per outcome in ``outcomes[k]`` below it (``merge``: identical siblings merged,
+    as the tree builder does)."""
+    from memrl.rollout.tree import merge_identical_siblings
+
+    nodes = {"root": TreeNode(node_id="root", kind="root")}
+    for k, leaf_outcomes in enumerate(outcomes):
+        sid = f"r.{k}:1"
+        nodes["root"].children.append(sid)
+        call, follow = calls(sid, k)
+        leaves = [f"r.{k}.{j}:leaf" for j in range(len(leaf_outcomes))]
+        nodes[sid] = TreeNode(
+            node_id=sid,
+            parent_id="root",
+            depth=1,
+            kind="memory",
+            group_id="g:r:1",
+            call=call,
+            follow_up_calls=follow,
+            children=leaves,
+            metadata={"sample": k, "samples": len(outcomes)},
+        )
+        for leaf, outcome in zip(leaves, leaf_outcomes, strict=True):
+            nodes[leaf] = TreeNode(node_id=leaf, parent_id=sid, depth=2, kind="leaf", outcome=outcome)
+    merged = merge_identical_siblings(nodes) if merge else 0
+    return MemoryCallTree(
+        tree_id=f"{task_id}/tree",
+        task_id=task_id,
+        root_id="root",
+        nodes=list(nodes.values()),
+        metadata={"branched_nodes": len(outcomes), "merged_siblings": merged},
+    )

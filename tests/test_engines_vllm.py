@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import random_lora
 
 from memrl.data.errors import UserError
 from memrl.data.schemas import Message
@@ -59,19 +60,9 @@ def hf_model(tiny_model_dir: Path):
 
 
 def make_lora(model_dir: Path, out: Path, seed: int) -> Path:
-    """A PEFT LoRA adapter with large random A and B (non-zero B, so it changes outputs)."""
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    base = load_causal_lm(model_dir, dtype="float32")
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    peft_model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False))
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.5)
-    peft_model.save_pretrained(out)
-    return out
+    """A LoRA adapter on every projection, of the trainer's default rank, with large random A and B."""
+    projections = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    return random_lora(model_dir, out, projections, std=0.5, seed=seed)
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from fakes import random_lora
 
 # protects: a real pretrained model and BPE tokenizer through memrl (conversion, vLLM and LoRA, token integrity)
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -131,25 +132,6 @@ def _hf_greedy(model: Any, prompt_ids: list[int], eos: set[int]) -> list[int]:
     return ids[: next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))]
 
 
-def _make_lora(model_dir: Path, out: Path) -> Path:
-    """A PEFT LoRA adapter with random non-zero A and B (it changes greedy answers)."""
-    from peft import LoraConfig, get_peft_model
-
-    from memrl.rollout.models import load_causal_lm
-
-    torch.manual_seed(0)
-    peft_model = get_peft_model(
-        load_causal_lm(model_dir, dtype="float32"),
-        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False),
-    )
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.02)
-    peft_model.save_pretrained(out)
-    return out
-
-
 def test_vllm_greedy_equals_transformers_with_and_without_lora(engine, hf_model, smollm2_dir, tmp_path) -> None:
     from peft import PeftModel
 
@@ -164,7 +146,7 @@ def test_vllm_greedy_equals_transformers_with_and_without_lora(engine, hf_model,
     for res, req in zip(base, requests, strict=True):
         assert res.prompt_ids == chat_prompt_ids(engine.tokenizer, req.messages)
         assert res.completions[0].response_ids == _hf_greedy(hf_model, res.prompt_ids, eos)
-    adapter = _make_lora(smollm2_dir, tmp_path / "lora")
+    adapter = random_lora(smollm2_dir, tmp_path / "lora", ["q_proj", "v_proj", "down_proj"], std=0.02)
     engine.load_adapter(str(adapter), version=1)
     try:
         tuned = engine.generate(requests)
