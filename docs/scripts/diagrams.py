@@ -9,10 +9,11 @@ committed files are what this script writes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from html import escape
 from pathlib import Path
+
+from generated import write_or_check
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "docs" / "figures"
@@ -227,22 +228,7 @@ FIGS = {"pipeline.svg": pipeline, "iteration.svg": iteration}
 
 def main(argv: list[str] | None = None) -> int:
     """Write (or with ``--check``, compare) the diagrams."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when a committed diagram differs")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, make in FIGS.items():
-        path = FIGURES / name
-        text = make()
-        if args.check:
-            if not path.exists() or path.read_text(encoding="utf-8") != text:
-                stale.append(name)
-        else:
-            path.write_text(text, encoding="utf-8")
-    if stale:
-        print(f"stale: {', '.join(stale)}: run python docs/scripts/diagrams.py", file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check({FIGURES / name: make() for name, make in FIGS.items()}, __file__, __doc__, argv)
 
 
 if __name__ == "__main__":
