@@ -767,23 +767,22 @@ def local_cpu_servers(port: int, log_dir: Path, replicas: int | None = None) -> 
     return ["--device", "cpu", *count, "--host", "127.0.0.1", "--port", str(port), "--log-dir", str(log_dir)]
 
 
+def start_servers(
+    pid_file: Path, model: str, name: str, servers: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess:
+    """``serve_endpoints.sh start``: the ``servers`` of ``model`` served as ``name``, their pids in ``pid_file``."""
+    script = ROOT / "launch" / "serve_endpoints.sh"
+    return run(
+        script, "start", "--pid-file", str(pid_file), "--model", model, "--served-model-name", name, *servers, env=env
+    )
+
+
 def test_serve_start_wait_stop_with_a_fake_vllm(tmp_path: Path, fake_vllm: Path) -> None:
     port = free_port(2)
     env = clean_env(PYTHONPATH=str(fake_vllm))
     script = ROOT / "launch" / "serve_endpoints.sh"
     pid_file = tmp_path / "serve.pid"
-    res = run(
-        script,
-        "start",
-        "--pid-file",
-        str(pid_file),
-        "--model",
-        "m",
-        "--served-model-name",
-        "reasoner",
-        *local_cpu_servers(port, tmp_path / "logs", replicas=2),
-        env=env,
-    )
+    res = start_servers(pid_file, "m", "reasoner", local_cpu_servers(port, tmp_path / "logs", replicas=2), env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"http://127.0.0.1:{port}/v1 http://127.0.0.1:{port + 1}/v1" in res.stdout
     try:
@@ -850,18 +849,7 @@ def test_serve_a_real_cpu_vllm_server(tmp_path: Path, tiny_model_dir: Path) -> N
     script = ROOT / "launch" / "serve_endpoints.sh"
     pid_file = tmp_path / "serve.pid"
     env = clean_env()
-    res = run(
-        script,
-        "start",
-        "--pid-file",
-        str(pid_file),
-        "--model",
-        str(tiny_model_dir),
-        "--served-model-name",
-        "tiny",
-        *local_cpu_servers(port, tmp_path / "logs"),
-        env=env,
-    )
+    res = start_servers(pid_file, str(tiny_model_dir), "tiny", local_cpu_servers(port, tmp_path / "logs"), env)
     assert res.returncode == 0, res.stdout + res.stderr
     try:
         res = run(
