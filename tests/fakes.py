@@ -22,6 +22,27 @@ from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling,
 ONE_STEP = {"update_epochs": 1, "optimizer_steps_per_epoch": 1}
 
 
+class TextEnv:
+    """An environment of fixed text: ``first`` at reset, ``observe(n, action)`` after the n-th step (never done); the
+    episode succeeds when the answer is ``answer``."""
+
+    def __init__(
+        self, task_id: str, task: str, first: str, observe: Callable[[int, str], str], answer: str, max_steps: int = 8
+    ) -> None:
+        self.task_id, self.task, self.max_steps = task_id, task, max_steps
+        self.first, self.observe, self.answer, self.steps = first, observe, answer, 0
+
+    def reset(self) -> str:
+        return self.first
+
+    def step(self, action: str) -> tuple[str, bool]:
+        self.steps += 1
+        return self.observe(self.steps, action), False
+
+    def finish(self, answer: str | None) -> float:
+        return float(answer == self.answer)
+
+
 class CountEnv:
     """Say `act(tick)` until the counter reaches 3, then answer with the number of recalls seen."""
 

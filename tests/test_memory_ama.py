@@ -8,7 +8,7 @@ import copy
 from typing import Any
 
 import pytest
-from fakes import QACase, RecordingEngine
+from fakes import QACase, RecordingEngine, TextEnv
 
 from memrl.data.formats import render_tool_call
 from memrl.data.schemas import Episode, MemoryCall
@@ -186,26 +186,18 @@ def walk_script(last: str, metadata: dict[str, Any]) -> str:
     return render_tool_call("act", {"action": "walk"})
 
 
-class WalkEnv:
-    def __init__(self) -> None:
-        self.task_id, self.task, self.max_steps, self.steps = "walk", "find the key", 8, 0
-
-    def reset(self) -> str:
-        return "a room"
-
-    def step(self, action: str) -> tuple[str, bool]:
-        self.steps += 1
-        return ("a key on the floor" if self.steps == 1 else "a corridor"), False
-
-    def finish(self, answer: str | None) -> float:
-        return float(answer == "key")
+def walk_env() -> TextEnv:
+    """A room, then a key on the floor, then corridors; won by answering "key"."""
+    return TextEnv(
+        "walk", "find the key", "a room", lambda n, _: "a key on the floor" if n == 1 else "a corridor", "key"
+    )
 
 
 def test_agent_mode_retrieve_tool_in_the_loop() -> None:
     reasoner, memory = RecordingEngine(walk_script, "reasoner"), RecordingEngine(walk_script, "memory")
     mem = AMAMemory(AMAConfig(top_k=2), embedder=HashingEmbedder())
     (trace,) = run_rollouts(
-        [Rollout(WalkEnv(), mem, reasoner_system="", rollout_id="a")], EngineSet(reasoner=reasoner, memory=memory)
+        [Rollout(walk_env(), mem, reasoner_system="", rollout_id="a")], EngineSet(reasoner=reasoner, memory=memory)
     )
     assert trace.outcome == 1.0 and [e.kind for e in trace.events] == ["act", "act", "memory_tool", "answer"]
     assert [c.role for c in trace.memory_calls] == ["ama_graph_build", "ama_graph_build", "ama_sufficiency"]

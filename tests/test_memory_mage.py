@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fakes import QACase, RecordingEngine
+from fakes import QACase, RecordingEngine, TextEnv
 
 from memrl.data.formats import ToolCall, render_tool_call
 from memrl.data.schemas import MemoryCall
@@ -202,20 +202,6 @@ def test_deepcopy_at_a_pending_call_gives_independent_branches() -> None:
     assert mem.state().C == [(0, "did a")] and twin.state().C == [] and twin.p_b == 0
 
 
-class ShopEnv:
-    def __init__(self) -> None:
-        self.task_id, self.task, self.max_steps = "shop", TASK, 12
-
-    def reset(self) -> str:
-        return "the shop is open"
-
-    def step(self, action: str) -> tuple[str, bool]:
-        return f"done: {action}", False
-
-    def finish(self, answer: str | None) -> float:
-        return float(answer == "gold")
-
-
 def shop_script(last: str, metadata: dict[str, Any]) -> str:
     """Reasoner: two acts, compress, one act, answer. Memory model: answers by role."""
     role = metadata["role"]
@@ -236,7 +222,8 @@ def shop_script(last: str, metadata: dict[str, Any]) -> str:
 
 def test_runs_in_the_agent_loop() -> None:
     reasoner, memory = RecordingEngine(shop_script, "reasoner"), RecordingEngine(shop_script, "memory")
-    rollout = Rollout(ShopEnv(), MageMemory(), reasoner_system="", seed=0, rollout_id="r")
+    shop = TextEnv("shop", TASK, "the shop is open", lambda _, action: f"done: {action}", "gold", max_steps=12)
+    rollout = Rollout(shop, MageMemory(), reasoner_system="", seed=0, rollout_id="r")
     (trace,) = run_rollouts([rollout], EngineSet(reasoner=reasoner, memory=memory))
     assert trace.outcome == 1.0 and [e.kind for e in trace.events] == ["act", "act", "memory_tool", "act", "answer"]
     assert [c.role for c in trace.memory_calls] == ["mage_maintain"]
