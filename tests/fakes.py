@@ -157,6 +157,17 @@ def _fixed_reply(text: str) -> Reply:
     return lambda last, metadata: text
 
 
+def by_role(memory_replies: dict[str, str], reasoner: Callable[[str], str]) -> Reply:
+    """A :data:`Reply` that plays both engines: the memory model answers ``memory_replies[role]``, the reasoner
+    ``reasoner(last message)``."""
+
+    def reply(last: str, metadata: dict[str, Any]) -> str:
+        role = metadata["role"]
+        return memory_replies[role] if role in memory_replies else reasoner(last)
+
+    return reply
+
+
 class RecordingEngine(ScriptedEngine):
     """The tests' recording engine: a :class:`ScriptedEngine` (token ids and usage when given a ``tokenizer``)
     answering with ``reply``: a scripted policy (``respond(messages, rng, metadata)``), a :data:`Reply` function or a

@@ -5,10 +5,9 @@ tolerance, and runs through the agent loop."""
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
-from fakes import QACase, RecordingEngine, TextEnv
+from fakes import QACase, RecordingEngine, TextEnv, by_role
 
 from memrl.data.formats import render_tool_call
 from memrl.data.schemas import Episode, MemoryCall
@@ -172,18 +171,18 @@ def test_tool_budget_and_garbage() -> None:
     assert garbage.next_memory_request() is None and garbage.stats["ama_sufficiency_unparsed"] == 1
 
 
-def walk_script(last: str, metadata: dict[str, Any]) -> str:
-    """Reasoner: act until a corridor is seen, retrieve, answer with the turn the evidence names. Memory: by role."""
-    role = metadata["role"]
-    if role == "ama_graph_build":
-        return "state: somewhere\ncauses: none\nobjects: key"
-    if role == "ama_sufficiency":
-        return "SUFFICIENT"
+def walk_reasoner(last: str) -> str:
+    """Act until a corridor is seen, retrieve, answer with the turn the evidence names."""
     if "evidence:" in last:
         return render_tool_call("answer", {"answer": "key" if "key" in last.split("evidence:")[1] else "?"})
     if "corridor" in last:
         return render_tool_call("retrieve", {"query": "where is the key?"})
     return render_tool_call("act", {"action": "walk"})
+
+
+walk_script = by_role(
+    {"ama_graph_build": "state: somewhere\ncauses: none\nobjects: key", "ama_sufficiency": "SUFFICIENT"}, walk_reasoner
+)
 
 
 def walk_env() -> TextEnv:

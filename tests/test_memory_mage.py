@@ -4,9 +4,8 @@ tolerance, and runs through the agent loop (agent mode and question-answering mo
 from __future__ import annotations
 
 import copy
-from typing import Any
 
-from fakes import QACase, RecordingEngine, TextEnv
+from fakes import QACase, RecordingEngine, TextEnv, by_role
 
 from memrl.data.formats import ToolCall, render_tool_call
 from memrl.data.schemas import MemoryCall
@@ -202,13 +201,8 @@ def test_deepcopy_at_a_pending_call_gives_independent_branches() -> None:
     assert mem.state().C == [(0, "did a")] and twin.state().C == [] and twin.p_b == 0
 
 
-def shop_script(last: str, metadata: dict[str, Any]) -> str:
-    """Reasoner: two acts, compress, one act, answer. Memory model: answers by role."""
-    role = metadata["role"]
-    if role == "mage_maintain":
-        return "PASS"
-    if role == "mage_compress":
-        return "summary of the steps"
+def shop_reasoner(last: str) -> str:
+    """Two acts, compress, one act, answer."""
     if "question:" in last:
         return render_tool_call("answer", {"answer": "gold" if "[@0]" in last else "?"})
     if "compressed into" in last:
@@ -218,6 +212,9 @@ def shop_script(last: str, metadata: dict[str, Any]) -> str:
     if "done: pay" in last:
         return render_tool_call("answer", {"answer": "gold"})
     return render_tool_call("act", {"action": f"pick {last.count('done:')}"})
+
+
+shop_script = by_role({"mage_maintain": "PASS", "mage_compress": "summary of the steps"}, shop_reasoner)
 
 
 def test_runs_in_the_agent_loop() -> None:
