@@ -285,3 +285,19 @@ def sibling_group_tree(
         nodes=list(nodes.values()),
         metadata={"branched_nodes": len(outcomes), "merged_siblings": merged},
     )
+
+
+def branching_sam(live: int, keep: int, consolidate_tokens: int, recall_tokens: int) -> Any:
+    """A SAM config over one-turn pages with both roles sampled at temperature 1, so that trees branch at cue writing
+    and at recall: ``live`` turns in the live window, ``keep`` of them kept, the roles' answers capped as given."""
+    from memrl.rollout.memory.sam import SamConfig
+
+    return SamConfig(
+        page_turns=1,
+        live_capacity_turns=live,
+        keep_recent_turns=keep,
+        sampling={
+            "consolidate": RoleSampling(temperature=1.0, max_tokens=consolidate_tokens),
+            "recall": RoleSampling(temperature=1.0, max_tokens=recall_tokens),
+        },
+    )

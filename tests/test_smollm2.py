@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import random_lora
+from fakes import branching_sam, random_lora
 
 # protects: a real pretrained model and BPE tokenizer through memrl (conversion, vLLM and LoRA, token integrity)
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -194,23 +194,13 @@ def test_token_integrity_over_multi_turn_memory_calls(engine, smollm2_dir) -> No
     from memrl.rollout.agents import sam_rollout
     from memrl.rollout.engines import build_engine
     from memrl.rollout.loop import EngineSet
-    from memrl.rollout.memory.base import RoleSampling
-    from memrl.rollout.memory.sam import SamConfig
     from memrl.rollout.tree import TreeConfig, build_trees
     from memrl.train.group_trainer import GroupTrainerConfig
     from memrl.train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs
     from memrl.train.oat_grpo import default_reasoner
     from memrl.train.rows import rows_from_groups
 
-    memory = SamConfig(
-        page_turns=1,
-        live_capacity_turns=4,
-        keep_recent_turns=3,
-        sampling={
-            "consolidate": RoleSampling(temperature=1.0, max_tokens=24),
-            "recall": RoleSampling(temperature=1.0, max_tokens=24),
-        },
-    )
+    memory = branching_sam(live=4, keep=3, consolidate_tokens=24, recall_tokens=24)
     params = SamTaskParams(horizon_steps=10, facts_per_obs=1, containers_per_room=2)
     tasks = [SamTask(params, seed=500 + i, task_id=f"smollm2-{i}") for i in range(7)]
     recording = _Recording(engine)
