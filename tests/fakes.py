@@ -301,3 +301,18 @@ def branching_sam(live: int, keep: int, consolidate_tokens: int, recall_tokens: 
             "recall": RoleSampling(temperature=1.0, max_tokens=recall_tokens),
         },
     )
+
+
+def vllm_lora_config(model: Path, *, max_model_len: int, max_lora_rank: int, **fields: Any) -> Any:
+    """A float32 vLLM engine config of ``model`` that serves LoRA adapters of rank up to ``max_lora_rank``."""
+    from memrl.rollout.engines import EngineConfig
+
+    return EngineConfig(
+        backend="vllm",
+        model=str(model),
+        dtype="float32",
+        max_model_len=max_model_len,
+        enable_lora=True,
+        max_lora_rank=max_lora_rank,
+        **fields,
+    )

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakes import random_lora
+from fakes import random_lora, vllm_lora_config
 
 from memrl.data.errors import UserError
 from memrl.data.schemas import Message
 from memrl.rollout.engines import (
-    EngineConfig,
     EngineError,
     GenerationRequest,
     GenerationResult,
@@ -37,16 +36,8 @@ MSGS = [
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path):
-    cfg = EngineConfig(
-        backend="vllm",
-        model=str(tiny_model_dir),
-        dtype="float32",
-        max_model_len=1024,
-        block_size=32,
-        enable_lora=True,
-        max_lora_rank=16,  # the trainer's default LoRA rank (the sync check's adapters)
-    )
-    eng = build_engine(cfg)
+    # LoRA rank 16: the trainer's default (the sync check's adapters)
+    eng = build_engine(vllm_lora_config(tiny_model_dir, max_model_len=1024, max_lora_rank=16, block_size=32))
     yield eng
     eng.close()
     with pytest.raises(EngineError, match="closed"):

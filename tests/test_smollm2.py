@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import branching_sam, random_lora
+from fakes import branching_sam, random_lora, vllm_lora_config
 
 # protects: a real pretrained model and BPE tokenizer through memrl (conversion, vLLM and LoRA, token integrity)
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -62,19 +62,9 @@ def smollm2_dir(model_cache: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(smollm2_dir: Path):
-    from memrl.rollout.engines import EngineConfig, build_engine
+    from memrl.rollout.engines import build_engine
 
-    eng = build_engine(
-        EngineConfig(
-            backend="vllm",
-            name="smollm2",
-            model=str(smollm2_dir),
-            dtype="float32",
-            max_model_len=2048,
-            enable_lora=True,
-            max_lora_rank=8,
-        )
-    )
+    eng = build_engine(vllm_lora_config(smollm2_dir, max_model_len=2048, max_lora_rank=8, name="smollm2"))
     yield eng
     eng.close()
 
