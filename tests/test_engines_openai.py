@@ -27,7 +27,6 @@ from memrl.rollout.engines import (
 from memrl.rollout.engines.openai_engine import OpenAIEngine, TokenBucket
 from tests.fault_server import PlannedServer, QuietHandler
 
-ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-0123456789-secret"
 
 OK_COMPLETION = {
