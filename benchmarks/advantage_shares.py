@@ -49,6 +49,20 @@ from benchmarks.harness import bench_parser, emit, pin_threads
 NOISY_ORACLE = {"error_rate": 0.3, "verbatim": 1.0, "omission": 0.5}
 
 
+def number(record: dict[str, Any], key: str, spec: str) -> str:
+    """``record[key]`` in the format ``spec``; ``-`` where it is missing or None."""
+    return "-" if record.get(key) is None else format(record[key], spec)
+
+
+def print_row(cells: list[Any], widths: list[int]) -> None:
+    """One row of the console table: the first cell left-aligned, the others right-aligned, to ``widths``."""
+    label, *rest = cells
+    print(
+        f"{label:<{widths[0]}} " + " ".join(f"{cell:>{width}}" for cell, width in zip(rest, widths[1:], strict=True)),
+        flush=True,
+    )
+
+
 def option_shares(
     trees: list[Any], preset: str, shared_prefix: str, committee_weight: float, seed: int
 ) -> dict[str, Any]:
@@ -216,23 +230,19 @@ def pivot_main(args: argparse.Namespace) -> None:
     batches = build_pivot_batch(args)
     built_s = time.perf_counter() - t0
     out: dict[str, Any] = {}
-    print(
-        f"{'sites/option':<30} {'groups':>6} {'tied':>5} {'rows':>5} {'tied |A|':>8} {'A(remind)':>9} {'A(silent)':>9}"
-    )
+    widths = [30, 6, 5, 5, 8, 9, 9]
+    keys = [
+        "outcome_tied_advantage_fraction",
+        "tied_mixed_groups_advantage_remind",
+        "tied_mixed_groups_advantage_silent",
+    ]
+    print_row(["sites/option", "groups", "tied", "rows", "tied |A|", "A(remind)", "A(silent)"], widths)
     for sites, results in batches.items():
         for preset in ADVANTAGE_PRESETS:
             o = pivot_option_shares(results, preset, args.reminder_cost)
             out[f"{sites}/{preset}"] = o
-
-            def fmt(key: str, o: dict[str, Any] = o) -> str:
-                return "-" if o.get(key) is None else f"{o[key]:+.2f}"
-
-            print(
-                f"{sites + '/' + preset:<30} {o['groups']:>6} {o['outcome_tied_groups']:>5} {o['rows']:>5} "
-                f"{fmt('outcome_tied_advantage_fraction'):>8} {fmt('tied_mixed_groups_advantage_remind'):>9} "
-                f"{fmt('tied_mixed_groups_advantage_silent'):>9}",
-                flush=True,
-            )
+            counts = [o["groups"], o["outcome_tied_groups"], o["rows"]]
+            print_row([f"{sites}/{preset}", *counts, *(number(o, key, "+.2f") for key in keys)], widths)
     print(
         json.dumps(
             {
@@ -298,22 +308,21 @@ def main() -> None:
     trees, start = build_batch(args)
     built_s = time.perf_counter() - t0
     options: dict[str, Any] = {}
-    print(f"{'option':<34} {'rows':>5} {'tied rows':>9} {'tied |A|':>8} {'cancels':>8} {'|A| tied':>8} {'|A| inf':>8}")
+    widths = [34, 5, 9, 8, 8, 8, 8]
+    print_row(["option", "rows", "tied rows", "tied |A|", "cancels", "|A| tied", "|A| inf"], widths)
+    keys = [
+        "outcome_tied_row_fraction",
+        "outcome_tied_advantage_fraction",
+        "identical_row_cancelled_advantage_fraction",
+        "abs_advantage_tied_mean",
+        "abs_advantage_informative_mean",
+    ]
     for shared_prefix in ("separate", "branch"):
         for preset in ADVANTAGE_PRESETS:
             out = option_shares(trees, preset, shared_prefix, args.committee_weight, args.seed)
             name = f"{preset}/{shared_prefix}"
             options[name] = out
-
-            def fmt(key: str, o: dict[str, Any] = out) -> str:
-                return "-" if o.get(key) is None else f"{o[key]:.3f}"
-
-            print(
-                f"{name:<34} {out['rows']:>5} {fmt('outcome_tied_row_fraction'):>9} "
-                f"{fmt('outcome_tied_advantage_fraction'):>8} {fmt('identical_row_cancelled_advantage_fraction'):>8} "
-                f"{fmt('abs_advantage_tied_mean'):>8} {fmt('abs_advantage_informative_mean'):>8}",
-                flush=True,
-            )
+            print_row([name, out["rows"], *(number(out, key, ".3f") for key in keys)], widths)
     record = {
         "benchmark": "advantage_shares",
         "setting": args.setting,

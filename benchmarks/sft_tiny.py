@@ -27,12 +27,23 @@ ITEMS = ["key", "gem", "coin", "book", "lamp", "map", "ring", "note"]
 PLACES = ["drawer", "chest", "box", "shelf", "cabinet", "crate"]
 
 
-def traces(n: int, seed: int) -> list[EpisodeTrace]:
+def traces(
+    n: int,
+    seed: int,
+    *,
+    colors: list[str] = COLORS,
+    items: list[str] = ITEMS,
+    places: list[str] = PLACES,
+    last_turn: int = 99,
+) -> list[EpisodeTrace]:
+    """Correct SAM expert traces over one-turn pages ("t12> open drawer 5\nthe red key is in drawer 5", a turn up to
+    ``last_turn``, the fact drawn from the vocabularies given): a consolidation call (cue = the entities) and a recall
+    call (target = the fact line) each."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        color, item, place = rng.choice(COLORS), rng.choice(ITEMS), f"{rng.choice(PLACES)} {rng.randint(1, 9)}"
-        t = rng.randint(1, 99)
+        color, item, place = rng.choice(colors), rng.choice(items), f"{rng.choice(places)} {rng.randint(1, 9)}"
+        t = rng.randint(1, last_turn)
         fact = f"the {color} {item} is in {place}"
         page = f"t{t}> open {place}\n{fact}"
         calls = [

@@ -6,10 +6,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from memrl.data.formats import ToolCall, render_tool_call
-from memrl.data.schemas import Episode, MemoryCall, Message, QAPair
+from memrl.data.schemas import Episode, MemoryCall, MemoryCallTree, Message, QAPair, TreeNode
 from memrl.data.schemas import Turn as TrajectoryTurn
 from memrl.data.tasks.common import content_of
 from memrl.rollout.engines.base import Completion, Engine, GenerationRequest, GenerationResult, Usage
@@ -19,6 +20,27 @@ from memrl.rollout.memory.base import MemoryRequest, MemorySystem, RoleSampling,
 # GroupTrainerConfig fields of one optimizer step per batch: the trainer's default before issue 39 (now 2 x 2), for the
 # tests of one step's update mechanics
 ONE_STEP = {"update_epochs": 1, "optimizer_steps_per_epoch": 1}
+
+
+class TextEnv:
+    """An environment of fixed text: ``first`` at reset, ``observe(n, action)`` after the n-th step (never done); the
+    episode succeeds when the answer is ``answer``."""
+
+    def __init__(
+        self, task_id: str, task: str, first: str, observe: Callable[[int, str], str], answer: str, max_steps: int = 8
+    ) -> None:
+        self.task_id, self.task, self.max_steps = task_id, task, max_steps
+        self.first, self.observe, self.answer, self.steps = first, observe, answer, 0
+
+    def reset(self) -> str:
+        return self.first
+
+    def step(self, action: str) -> tuple[str, bool]:
+        self.steps += 1
+        return self.observe(self.steps, action), False
+
+    def finish(self, answer: str | None) -> float:
+        return float(answer == self.answer)
 
 
 class CountEnv:
@@ -135,6 +157,17 @@ def _fixed_reply(text: str) -> Reply:
     return lambda last, metadata: text
 
 
+def by_role(memory_replies: dict[str, str], reasoner: Callable[[str], str]) -> Reply:
+    """A :data:`Reply` that plays both engines: the memory model answers ``memory_replies[role]``, the reasoner
+    ``reasoner(last message)``."""
+
+    def reply(last: str, metadata: dict[str, Any]) -> str:
+        role = metadata["role"]
+        return memory_replies[role] if role in memory_replies else reasoner(last)
+
+    return reply
+
+
 class RecordingEngine(ScriptedEngine):
     """The tests' recording engine: a :class:`ScriptedEngine` (token ids and usage when given a ``tokenizer``)
     answering with ``reply``: a scripted policy (``respond(messages, rng, metadata)``), a :data:`Reply` function or a
@@ -192,3 +225,94 @@ class QACase:
             trajectory=[TrajectoryTurn.model_validate(t) for t in self.turns],
             qa_pairs=[QAPair(question=self.question, answer=self.answer, type="A")],
         )
+
+
+def random_lora(model_dir: Path, out: Path, targets: list[str], *, std: float, rank: int = 8, seed: int = 0) -> Path:
+    """A PEFT LoRA adapter (alpha = 2 x rank) on ``model_dir`` saved in ``out``, with random A and B ~ N(0, std): a
+    fresh LoRA's B is zero, this one changes the model's outputs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from memrl.rollout.models import load_causal_lm
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False)
+    peft_model = get_peft_model(load_causal_lm(model_dir, dtype="float32"), config)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, std)
+    peft_model.save_pretrained(out)
+    return out
+
+
+def sibling_group_tree(
+    task_id: str,
+    outcomes: list[list[float]],
+    calls: Callable[[str, int], tuple[MemoryCall, list[MemoryCall]]],
+    *,
+    merge: bool,
+) -> MemoryCallTree:
+    """root -> one sibling group of memory nodes ``r.k:1``, node k with the call and follow-up calls
+    ``calls(node_id, k)`` and one leaf per outcome in ``outcomes[k]`` below it (``merge``: identical siblings merged,
+    as the tree builder does)."""
+    from memrl.rollout.tree import merge_identical_siblings
+
+    nodes = {"root": TreeNode(node_id="root", kind="root")}
+    for k, leaf_outcomes in enumerate(outcomes):
+        sid = f"r.{k}:1"
+        nodes["root"].children.append(sid)
+        call, follow = calls(sid, k)
+        leaves = [f"r.{k}.{j}:leaf" for j in range(len(leaf_outcomes))]
+        nodes[sid] = TreeNode(
+            node_id=sid,
+            parent_id="root",
+            depth=1,
+            kind="memory",
+            group_id="g:r:1",
+            call=call,
+            follow_up_calls=follow,
+            children=leaves,
+            metadata={"sample": k, "samples": len(outcomes)},
+        )
+        for leaf, outcome in zip(leaves, leaf_outcomes, strict=True):
+            nodes[leaf] = TreeNode(node_id=leaf, parent_id=sid, depth=2, kind="leaf", outcome=outcome)
+    merged = merge_identical_siblings(nodes) if merge else 0
+    return MemoryCallTree(
+        tree_id=f"{task_id}/tree",
+        task_id=task_id,
+        root_id="root",
+        nodes=list(nodes.values()),
+        metadata={"branched_nodes": len(outcomes), "merged_siblings": merged},
+    )
+
+
+def branching_sam(live: int, keep: int, consolidate_tokens: int, recall_tokens: int) -> Any:
+    """A SAM config over one-turn pages with both roles sampled at temperature 1, so that trees branch at cue writing
+    and at recall: ``live`` turns in the live window, ``keep`` of them kept, the roles' answers capped as given."""
+    from memrl.rollout.memory.sam import SamConfig
+
+    return SamConfig(
+        page_turns=1,
+        live_capacity_turns=live,
+        keep_recent_turns=keep,
+        sampling={
+            "consolidate": RoleSampling(temperature=1.0, max_tokens=consolidate_tokens),
+            "recall": RoleSampling(temperature=1.0, max_tokens=recall_tokens),
+        },
+    )
+
+
+def vllm_lora_config(model: Path, *, max_model_len: int, max_lora_rank: int, **fields: Any) -> Any:
+    """A float32 vLLM engine config of ``model`` that serves LoRA adapters of rank up to ``max_lora_rank``."""
+    from memrl.rollout.engines import EngineConfig
+
+    return EngineConfig(
+        backend="vllm",
+        model=str(model),
+        dtype="float32",
+        max_model_len=max_model_len,
+        enable_lora=True,
+        max_lora_rank=max_lora_rank,
+        **fields,
+    )

@@ -19,11 +19,83 @@ import json
 import random
 import re
 import select
+import sys
 import threading
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that speaks HTTP/1.1 (keep-alive, as the clients under test expect) and logs nothing."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def drip(self, count: int) -> None:
+        """A 200 whose headers promise 1000 bytes, then a byte every 0.2 s, ``count`` of them (until the client
+        leaves)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        for _ in range(count):
+            try:
+                self.wfile.write(b" ")
+                self.wfile.flush()
+            except OSError:
+                return
+            time.sleep(0.2)
+
+
+class LocalServer(ThreadingHTTPServer):
+    """A threaded HTTP server on a free port of 127.0.0.1, serving from a daemon thread from the start; a client that
+    gives up mid-request (its timeout, a redirect loop it cut short) is expected here, not an error."""
+
+    request_queue_size = 128  # the default backlog of 5 would refuse bursts before they reach the handler
+    daemon_threads = True
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+        self.port = self.server_address[1]
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class PlannedServer:
+    """A :class:`LocalServer` whose faults are planned in the request path: attempt k of ``/<tag>/<plan>/v1/...``
+    follows item k of the comma-separated ``plan`` (the last item repeats). ``attempts[tag]`` counts the requests."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.attempts: dict[str, int] = defaultdict(int)
+        self.lock = threading.Lock()
+        self.httpd = LocalServer(handler)
+        self.port = self.httpd.port
+
+    def next_attempt(self, tag: str, plan: str) -> tuple[int, str]:
+        """Count an attempt of ``tag`` (call it holding :attr:`lock`): its number k and the plan's item k."""
+        k = self.attempts[tag]
+        self.attempts[tag] += 1
+        steps = plan.split(",")
+        return k, steps[min(k, len(steps) - 1)]
+
+    def url(self, tag: str, plan: str) -> str:
+        """The API base whose attempts follow ``plan``."""
+        return f"http://127.0.0.1:{self.port}/{tag}/{plan}/v1"
+
+    def close(self) -> None:
+        self.httpd.close()
 
 
 @dataclass
@@ -94,14 +166,8 @@ class FaultServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client timed out and left
 
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 128  # the default backlog of 5 would refuse bursts before they reach the log
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self._thread.start()
+        self.httpd = LocalServer(Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.port}/v1"
 
     @staticmethod
     def answer(body: dict[str, Any]) -> dict[str, Any]:
@@ -117,8 +183,7 @@ class FaultServer:
         }
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.close()
 
     def counts(self, model: str) -> dict[str, int]:
         """Attempts by outcome, and logical requests (payload hashes) answered at least once / never."""
@@ -161,7 +226,7 @@ def gzip_bomb() -> bytes:
     return _bomb[0]
 
 
-class PlanServer:
+class PlanServer(PlannedServer):
     """An OpenAI-compatible endpoint whose every fault is planned: ``url(tag, plan)`` answers attempt k of ``tag``
     with item k of the comma-separated ``plan`` (the last item repeats). Items: ``ok``; an HTTP status (``500``,
     ``503``, ``400``); ``retry-huge`` (429 with ``Retry-After: 1000000000``); ``retry-date`` (429 with an HTTP-date
@@ -172,20 +237,11 @@ class PlanServer:
     0.2 s). ``attempts[tag]`` counts requests, ``auth[tag]`` the Authorization headers they carried."""
 
     def __init__(self) -> None:
-        from collections import defaultdict
-
-        self.attempts: dict[str, int] = defaultdict(int)
         self.auth: dict[str, list[str | None]] = defaultdict(list)
         self.methods: dict[str, list[str]] = defaultdict(list)
-        self._lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 self._handle("GET")
 
@@ -197,13 +253,10 @@ class PlanServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
-                with server._lock:
-                    k = server.attempts[tag]
-                    server.attempts[tag] += 1
+                with server.lock:
+                    k, action = server.next_attempt(tag, plan)
                     server.auth[tag].append(self.headers.get("Authorization"))
                     server.methods[tag].append(method)
-                steps = plan.split(",")
-                action = steps[min(k, len(steps) - 1)]
                 tail = "/".join(rest)
                 ok = CHAT_OK if tail.endswith("chat/completions") else COMPLETION_OK
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up and left
@@ -260,37 +313,8 @@ class PlanServer:
                 elif action == "bomb":
                     self._send(200, gzip_bomb(), {"Content-Encoding": "gzip"})
                 elif action == "drip":
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", "1000")
-                    self.end_headers()
-                    for _ in range(200):
-                        self.wfile.write(b" ")
-                        self.wfile.flush()
-                        time.sleep(0.2)
+                    self.drip(200)
                 else:
                     raise ValueError(f"unknown plan item {action!r}")
 
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 128
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                """A client that gave up mid-request (its timeout, a redirect loop it cut short) is expected here."""
-                import sys
-
-                if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-                    super().handle_error(request, client_address)
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self._thread.start()
-
-    def url(self, tag: str, plan: str) -> str:
-        """The API base whose attempts follow ``plan``."""
-        return f"http://127.0.0.1:{self.port}/{tag}/{plan}/v1"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)

@@ -12,8 +12,9 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -597,6 +598,16 @@ def _cases(ws: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
     )
 
 
+def _replace_runner(monkeypatch: pytest.MonkeyPatch, runner: Callable[[Any], Any]) -> None:
+    """Every command runs ``runner(cfg)`` in place of its own runner (all else it loads stays real)."""
+    real_load = jobs.Job.load
+
+    def load(self: jobs.Job, attr: str):
+        return runner if attr == "runner" else real_load(self, attr)
+
+    monkeypatch.setattr(jobs.Job, "load", load)
+
+
 def _all_cases(ws: dict[str, Path]) -> list[tuple[str, list[str], list[str]]]:
     cases = list(_cases(ws))
     ids = [c[0] for c in cases]
@@ -608,18 +619,11 @@ def test_bad_input_corpus(
     ws: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Every case: exit 2, one paragraph naming the file/key/path, no traceback, nothing written anywhere."""
-    real_load = jobs.Job.load
 
-    def guarded(self: jobs.Job, attr: str):
-        if attr == "runner":
+    def reached(cfg):
+        raise RunnerReached("the bad input got past every check")
 
-            def reached(cfg):
-                raise RunnerReached("the bad input got past every check")
-
-            return reached
-        return real_load(self, attr)
-
-    monkeypatch.setattr(jobs.Job, "load", guarded)
+    _replace_runner(monkeypatch, reached)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(ws["root"])
     cases = _all_cases(ws)
@@ -659,23 +663,16 @@ def test_failed_start_removes_the_run_folder(
     from memrl.data.errors import UserError
     from memrl.data.run_dir import prepare_run_dir
 
-    real_load = jobs.Job.load
     calls = []
 
-    def fake(self: jobs.Job, attr: str):
-        if attr != "runner":
-            return real_load(self, attr)
+    def runner(cfg):
+        run_dir = prepare_run_dir(cfg, cfg.run, "synth")
+        calls.append(run_dir)
+        if len(calls) == 1:
+            raise UserError(f"{run_dir}: a problem found late")
+        return 0
 
-        def runner(cfg):
-            run_dir = prepare_run_dir(cfg, cfg.run, "synth")
-            calls.append(run_dir)
-            if len(calls) == 1:
-                raise UserError(f"{run_dir}: a problem found late")
-            return 0
-
-        return runner
-
-    monkeypatch.setattr(jobs.Job, "load", fake)
+    _replace_runner(monkeypatch, runner)
     out_dir = tmp_path / "new" / "runs"
     argv = ["data", "synth", f"run.output_dir={out_dir}", "run.name=late"]
     assert main(argv) == 2
@@ -687,21 +684,13 @@ def test_failed_start_removes_the_run_folder(
 def test_bug_gets_traceback_file_and_exit_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    real_load = jobs.Job.load
+    from memrl.data.run_dir import prepare_run_dir
 
-    def fake(self: jobs.Job, attr: str):
-        if attr != "runner":
-            return real_load(self, attr)
+    def runner(cfg):
+        prepare_run_dir(cfg, cfg.run, "synth")
+        return {}["missing"]
 
-        def runner(cfg):
-            from memrl.data.run_dir import prepare_run_dir
-
-            prepare_run_dir(cfg, cfg.run, "synth")
-            return {}["missing"]
-
-        return runner
-
-    monkeypatch.setattr(jobs.Job, "load", fake)
+    _replace_runner(monkeypatch, runner)
     assert main(["data", "synth", f"run.output_dir={tmp_path}", "run.name=bug"]) == 1
     err = capsys.readouterr().err
     log = tmp_path / "bug" / "run.log"
@@ -782,22 +771,15 @@ def test_resume_refuses_a_changed_config_unless_the_keys_are_named(
 ) -> None:
     """A changed key that alters the run is exit 2 naming it (nothing written); --allow-config-change KEY lets the
     resume go ahead and keeps the previous config beside the new one; a finished run says it is finished."""
-    real_load = jobs.Job.load
+    from memrl.data.run_dir import prepare_run_dir
+
     reached = []
 
-    def fake(self: jobs.Job, attr: str):
-        if attr != "runner":
-            return real_load(self, attr)
+    def runner(cfg):
+        reached.append(prepare_run_dir(cfg, cfg.run, "train oat-grpo"))
+        return 0
 
-        def runner(cfg):
-            from memrl.data.run_dir import prepare_run_dir
-
-            reached.append(prepare_run_dir(cfg, cfg.run, "train oat-grpo"))
-            return 0
-
-        return runner
-
-    monkeypatch.setattr(jobs.Job, "load", fake)
+    _replace_runner(monkeypatch, runner)
     base = [
         "train",
         "oat-grpo",

@@ -87,23 +87,13 @@ def test_two_jobs_share_the_runs_a_rerun_reads_them_back_and_select_chooses_on_d
 
 
 def test_settings_chosen_on_dev_are_applied_before_the_command_line_and_key_the_runs(tmp_path: Path) -> None:
-    from benchmarks.pivot_learning import grpo_overrides, runs_folder, selection_file
+    from benchmarks.pivot_learning import SETTINGS, grpo_overrides, runs_folder, selection_file
 
     start = tmp_path / "starts" / "clean_long"
     start.mkdir(parents=True)
     (start / "start.json").write_text(json.dumps({"weights": "abc"}))
-    args = argparse.Namespace(
-        overrides=["trainer.lr=5e-5", "loop.iterations=3"],
-        config="configs/pivot_grpo_tiny.yaml",
-        dev_tasks=1,
-        test_tasks=2,
-        samples=1,
-        iterations=1,
-        label_tasks=1,
-        pivots_per_iteration=1,
-        non_pivots_per_iteration=1,
-        group_size=2,
-    )
+    overrides = ["trainer.lr=5e-5", "loop.iterations=3"]
+    args = argparse.Namespace(overrides=overrides, config="configs/pivot_grpo_tiny.yaml", **SETTINGS["quick"])
     plain, report = grpo_overrides(args, tmp_path, "clean_long")
     assert plain == args.overrides and report["chosen_on_dev"] is None
     chosen = {"trainer.lr": 1e-4, "reward.reminder_cost": 0.0}

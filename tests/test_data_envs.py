@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -109,6 +111,14 @@ def _step_holds(name: str, step: tuple[str, ...], view: dict) -> bool:
     return view["locations"][step[1]] == step[2]  # put
 
 
+def chain_envs(name: str, seeds: int, chain_length: int) -> Iterator[tuple[int, Any]]:
+    """``(seed, env)`` for seeds 0.. of the environment ``name`` with a chain goal of ``chain_length`` steps, reset."""
+    for seed in range(seeds):
+        env = make_env(EnvSpec(name=name, seed=seed, params={"chain_length": chain_length}))
+        env.reset()
+        yield seed, env
+
+
 @pytest.mark.parametrize("name", ENVS)
 @pytest.mark.parametrize("verbosity", [0, 1, 2])
 def test_chained_goals_are_solved_by_the_optimal_policy(name: str, verbosity: int) -> None:
@@ -129,9 +139,7 @@ def test_chained_goals_are_solved_by_the_optimal_policy(name: str, verbosity: in
 @pytest.mark.parametrize("name", ENVS)
 def test_each_chain_step_is_checked_by_the_transition_function(name: str) -> None:
     steps_seen = 0
-    for seed in range(3):
-        env = make_env(EnvSpec(name=name, seed=seed, params={"chain_length": 3}))
-        env.reset()
+    for seed, env in chain_envs(name, seeds=3, chain_length=3):
         rng = random.Random(seed)
         for _ in range(400):
             chain, pos = list(env.s.chain), env.s.chain_pos
@@ -159,9 +167,7 @@ def test_each_chain_step_is_checked_by_the_transition_function(name: str) -> Non
 @pytest.mark.parametrize("name", ENVS)
 def test_a_later_chain_step_does_not_count_before_the_current_one(name: str) -> None:
     checked = 0
-    for seed in range(10):
-        env = make_env(EnvSpec(name=name, seed=seed, params={"chain_length": 2}))
-        env.reset()
+    for _, env in chain_envs(name, seeds=10, chain_length=2):
         first, second = env.s.chain
         # a twin whose only goal is the chain's second step shows a way to do it first
         twin = copy.deepcopy(env)

@@ -79,7 +79,9 @@ def test_restore_continues_identically_and_violations_fail_the_verifier() -> Non
     rest = [task.step(a) for a in actions[5:]]
     assert task.finish(None) == 1.0
     task.restore(snap)
-    assert [task.step(a) for a in actions[5:]] == rest
+    task.step("rm -rf build/tmp data/*/tmp")  # diverge, then restore again: the same observations, the same outcome
+    task.restore(snap)
+    assert [task.step(a) for a in actions[5:]] == rest and task.finish(None) == 1.0
     task.restore(snap)
     twin = copy.deepcopy(task)
     twin.step(f"rm -rf {task.values['protected']}")

@@ -41,8 +41,9 @@ ITEMS = ["key", "gem", "coin", "book", "lamp"]
 PLACES = ["drawer", "chest", "box", "shelf"]
 
 
-def _msgs(raw: list[dict[str, str]]) -> list[Message]:
-    return [Message(**m) for m in raw]
+def _call(call_id: str, role: str, step: int, prompt: list[dict[str, str]], text: str) -> MemoryCall:
+    """A memory call of the expert at ``step``: its rendered prompt and what it answered."""
+    return MemoryCall(call_id=call_id, role=role, step=step, messages=[Message(**m) for m in prompt], text=text)
 
 
 def expert_trace(i: int, error_rate: float, rng: random.Random) -> tuple[EpisodeTrace, bool]:
@@ -54,46 +55,25 @@ def expert_trace(i: int, error_rate: float, rng: random.Random) -> tuple[Episode
     needle = rng.randrange(3)
     pages[needle] = f"t{3 * needle}> open {place}\nthe {item} is in {place}"
     calls = [
-        MemoryCall(
-            call_id=f"c{p}",
-            role="consolidate",
-            messages=_msgs(render_sam_consolidate_prompt(p, page)),
-            text=page.split("\n")[1].removeprefix("the ").replace(" is in ", ", "),
-            step=p,
+        _call(
+            f"c{p}",
+            "consolidate",
+            p,
+            render_sam_consolidate_prompt(p, page),
+            page.split("\n")[1].removeprefix("the ").replace(" is in ", ", "),
         )
         for p, page in enumerate(pages)
     ]
     right = rng.random() >= error_rate
     said = place if right else f"{place.split()[0]} {int(place.split()[1]) % 9 + 1}"
-    calls.append(
-        MemoryCall(
-            call_id="r0",
-            role="recall",
-            step=3,
-            messages=_msgs(render_sam_recall_prompt(f"where is the {item}?", needle, pages[needle], "")),
-            text=f"the {item} is in {said}",
-        )
-    )
+    recall_prompt = render_sam_recall_prompt(f"where is the {item}?", needle, pages[needle], "")
+    calls.append(_call("r0", "recall", 3, recall_prompt, f"the {item} is in {said}"))
     bank = "status: none\nknowledge: none\nprocedural: none"
     window = f"[step 1] action: cat notes\nremember to use {place}"
-    calls.append(
-        MemoryCall(
-            call_id="b0",
-            role="bank_edit",
-            step=4,
-            messages=_msgs(render_phase1_prompt("tidy up", window, bank)),
-            text=render_tool_call("memory_save_knowledge", {"content": f"use {place}"}),
-        )
-    )
-    calls.append(
-        MemoryCall(
-            call_id="i0",
-            role="intervene",
-            step=4,
-            messages=_msgs(render_phase2_prompt("tidy up", window, bank)),
-            text=render_intervention(f"use {place}" if i % 2 else None),
-        )
-    )
+    save = render_tool_call("memory_save_knowledge", {"content": f"use {place}"})
+    calls.append(_call("b0", "bank_edit", 4, render_phase1_prompt("tidy up", window, bank), save))
+    reminder = render_intervention(f"use {place}" if i % 2 else None)
+    calls.append(_call("i0", "intervene", 4, render_phase2_prompt("tidy up", window, bank), reminder))
     trace = EpisodeTrace(
         trace_id=f"trace-{i:04d}",
         task_id=f"task-{i:04d}",

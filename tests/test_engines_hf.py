@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import random_lora
 
 from memrl.data.schemas import Message
 from memrl.rollout.engines import (
@@ -101,19 +102,9 @@ def test_stop_strings_eos_and_lengths(engine) -> None:
 
 
 def test_adapter_and_weight_updates(engine, tiny_model_dir, tmp_path) -> None:
-    from peft import LoraConfig, get_peft_model
-
     before = ids(engine.generate([req(0, n=2)])[0])
-    torch.manual_seed(0)
-    peft_model = get_peft_model(
-        load_causal_lm(tiny_model_dir), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    )
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.5)
-    peft_model.save_pretrained(tmp_path / "adapter")
-    engine.load_adapter(str(tmp_path / "adapter"), version=1)
+    adapter = random_lora(tiny_model_dir, tmp_path / "adapter", ["q_proj", "v_proj"], std=0.5, rank=4)
+    engine.load_adapter(str(adapter), version=1)
     with_adapter = engine.generate([req(0, n=2)])[0]
     assert ids(with_adapter) != before and with_adapter.policy_version == 1
     engine.use_base()

@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 from collections import defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +25,8 @@ from memrl.rollout.engines import (
     chat_prompt_ids,
 )
 from memrl.rollout.engines.openai_engine import OpenAIEngine, TokenBucket
+from tests.fault_server import PlannedServer, QuietHandler
 
-ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-0123456789-secret"
 
 OK_COMPLETION = {
@@ -43,38 +41,28 @@ OK_CHAT = {
 }
 
 
-class FaultServer:
+class FaultServer(PlannedServer):
     """Answers ``/<tag>/<plan>/v1/...``: attempt k of a tag follows item k of the comma-separated plan (the last item
     repeats). Items: ok, 400, 429, 500, 503, slow (sleeps 3 s, then ok), drop (closes without answering), drip
     (headers, then a byte every 0.2 s), garbage (200 with a non-JSON body), pause (0.3 s, then ok)."""
 
     def __init__(self) -> None:
-        self.attempts: dict[str, int] = defaultdict(int)
         self.headers: dict[str, list[dict[str, str]]] = defaultdict(list)
         self.bodies: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.in_flight: dict[str, int] = defaultdict(int)
         self.max_in_flight: dict[str, int] = defaultdict(int)
-        self.lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 _, tag, plan, *_ = self.path.split("/")
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server.lock:
-                    k = server.attempts[tag]
-                    server.attempts[tag] += 1
+                    _, action = server.next_attempt(tag, plan)
                     server.headers[tag].append(dict(self.headers))
                     server.bodies[tag].append(body)
                     server.in_flight[tag] += 1
                     server.max_in_flight[tag] = max(server.max_in_flight[tag], server.in_flight[tag])
-                steps = plan.split(",")
-                action = steps[min(k, len(steps) - 1)]
                 self.tag, self.counted = tag, True
                 try:
                     self.act(action, OK_CHAT if self.path.endswith("/chat/completions") else OK_COMPLETION)
@@ -97,17 +85,7 @@ class FaultServer:
                     self.close_connection = True
                     return
                 if action == "drip":
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", "1000")
-                    self.end_headers()
-                    for _ in range(100):
-                        try:
-                            self.wfile.write(b" ")
-                            self.wfile.flush()
-                        except OSError:
-                            return
-                        time.sleep(0.2)
+                    self.drip(100)
                     return
                 status = 200 if action in ("ok", "garbage") else int(action)
                 payload = (
@@ -124,17 +102,7 @@ class FaultServer:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, tag: str, plan: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{tag}/{plan}/v1"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture(scope="module")

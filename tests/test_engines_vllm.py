@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import random_lora, vllm_lora_config
 
 from memrl.data.errors import UserError
 from memrl.data.schemas import Message
 from memrl.rollout.engines import (
-    EngineConfig,
     EngineError,
     GenerationRequest,
     GenerationResult,
@@ -36,16 +36,8 @@ MSGS = [
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path):
-    cfg = EngineConfig(
-        backend="vllm",
-        model=str(tiny_model_dir),
-        dtype="float32",
-        max_model_len=1024,
-        block_size=32,
-        enable_lora=True,
-        max_lora_rank=16,  # the trainer's default LoRA rank (the sync check's adapters)
-    )
-    eng = build_engine(cfg)
+    # LoRA rank 16: the trainer's default (the sync check's adapters)
+    eng = build_engine(vllm_lora_config(tiny_model_dir, max_model_len=1024, max_lora_rank=16, block_size=32))
     yield eng
     eng.close()
     with pytest.raises(EngineError, match="closed"):
@@ -59,19 +51,9 @@ def hf_model(tiny_model_dir: Path):
 
 
 def make_lora(model_dir: Path, out: Path, seed: int) -> Path:
-    """A PEFT LoRA adapter with large random A and B (non-zero B, so it changes outputs)."""
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    base = load_causal_lm(model_dir, dtype="float32")
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    peft_model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False))
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.5)
-    peft_model.save_pretrained(out)
-    return out
+    """A LoRA adapter on every projection, of the trainer's default rank, with large random A and B."""
+    projections = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    return random_lora(model_dir, out, projections, std=0.5, seed=seed)
 
 
 @torch.no_grad()

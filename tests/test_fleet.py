@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import ONE_STEP
+from fakes import ONE_STEP, vllm_lora_config
 
 from benchmarks import rollout_scaling
 from memrl.data.config import PolicyPlacement
@@ -371,16 +371,7 @@ def test_vllm_fleet_two_workers_match_one_and_weight_syncs_reach_every_worker(
 
     from memrl.rollout.worker import TreeJob
 
-    policy = EngineConfig(
-        backend="vllm",
-        name="policy",
-        model=str(tiny_model_dir),
-        dtype="float32",
-        seed=0,
-        max_model_len=2048,
-        enable_lora=True,
-        max_lora_rank=8,
-    )
+    policy = vllm_lora_config(tiny_model_dir, max_model_len=2048, max_lora_rank=8, name="policy", seed=0)
     tree = TreeConfig(branch_factor=2, max_leaves=4, branch_roles=["consolidate", "recall"])
     fleet = RolloutFleet(
         dataclasses.replace(spec(tiny_model_dir), policy=policy, tree=tree),

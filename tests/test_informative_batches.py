@@ -6,12 +6,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from fakes import sibling_group_tree
 
 from memrl.data.schemas import MemoryCall, MemoryCallTree, TreeNode
 from memrl.rewards.credit import CreditConfig, assign_batch_credit, assign_credit, informative_groups, node_values
 from memrl.rewards.groups import credit_and_groups, trees_to_groups
 from memrl.rollout.fleet import FleetResult
-from memrl.rollout.tree import TreeConfig, merge_identical_siblings
+from memrl.rollout.tree import TreeConfig
 from memrl.train.oat_grpo import _Collected
 
 
@@ -21,31 +22,8 @@ def recall(node_id: str, ids: list[int]) -> MemoryCall:
 
 def sibling_tree(task_id: str, siblings: list[tuple[list[int], list[float]]]) -> MemoryCallTree:
     """root -> one sibling group; sibling k has recall token ids ``ids`` and one leaf per outcome below it."""
-    nodes = {"root": TreeNode(node_id="root", kind="root")}
-    for k, (ids, outcomes) in enumerate(siblings):
-        sid = f"r.{k}:1"
-        nodes["root"].children.append(sid)
-        leaves = [f"r.{k}.{j}:leaf" for j in range(len(outcomes))]
-        nodes[sid] = TreeNode(
-            node_id=sid,
-            parent_id="root",
-            depth=1,
-            kind="memory",
-            group_id="g:r:1",
-            call=recall(sid, ids),
-            children=leaves,
-            metadata={"sample": k, "samples": len(siblings)},
-        )
-        for leaf, outcome in zip(leaves, outcomes, strict=True):
-            nodes[leaf] = TreeNode(node_id=leaf, parent_id=sid, depth=2, kind="leaf", outcome=outcome)
-    merged = merge_identical_siblings(nodes)
-    return MemoryCallTree(
-        tree_id=f"{task_id}/tree",
-        task_id=task_id,
-        root_id="root",
-        nodes=list(nodes.values()),
-        metadata={"branched_nodes": len(siblings), "merged_siblings": merged},
-    )
+    outcomes = [leaf_outcomes for _, leaf_outcomes in siblings]
+    return sibling_group_tree(task_id, outcomes, lambda sid, k: (recall(sid, siblings[k][0]), []), merge=True)
 
 
 def test_identical_recall_siblings_are_one_node_whose_value_pools_their_leaves() -> None:

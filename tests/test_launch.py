@@ -205,22 +205,47 @@ def test_torchrun_usage_errors_and_help() -> None:
     assert res.returncode == 0 and "--nproc-per-node" in res.stdout
 
 
+# Probe modules the launchers start on every rank: each writes what its rank saw beside itself.
+DIST_PROBE = (
+    "import json, os, sys, torch, torch.distributed as dist\n"
+    "dist.init_process_group('gloo')\n"
+    "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+    "dist.all_reduce(t)\n"
+    "out = {'rank': dist.get_rank(), 'world': dist.get_world_size(), 'sum': t.item(), 'argv': sys.argv[1:],\n"
+    "       'ds': os.environ.get('DS_ACCELERATOR'), 'local': os.environ['LOCAL_RANK']}\n"
+    "open(os.path.join(os.path.dirname(__file__), f'rank{dist.get_rank()}.json'), 'w').write(json.dumps(out))\n"
+    "dist.destroy_process_group()\n"
+)
+RANK_PROBE = (
+    "import os, sys\n"
+    "rank = os.environ['RANK']\n"
+    "open(os.path.join(os.path.dirname(__file__), f'rank{rank}.txt'), 'w').write("
+    "f\"{rank} {os.environ['WORLD_SIZE']} {os.environ['DS_ACCELERATOR']} {' '.join(sys.argv[1:])}\")\n"
+)
+
+
+def run_probe(tmp_path: Path, launcher: str, probe: str, args: list[str], argv: list[str]) -> None:
+    """``launch/<launcher> ARGS --module probe -- ARGV`` from ``tmp_path``, the module's source ``probe``: exit 0."""
+    (tmp_path / "probe.py").write_text(probe)
+    res = run(
+        ROOT / "launch" / launcher,
+        *args,
+        "--master-port",
+        str(free_port()),
+        "--module",
+        "probe",
+        "--",
+        *argv,
+        env=clean_env(PYTHONPATH=str(tmp_path)),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 @pytest.mark.distributed
 def test_torchrun_really_runs_two_cpu_processes(tmp_path: Path) -> None:
-    (tmp_path / "probe_dist.py").write_text(
-        "import json, os, sys, torch, torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "t = torch.tensor([float(dist.get_rank() + 1)])\n"
-        "dist.all_reduce(t)\n"
-        "out = {'rank': dist.get_rank(), 'world': dist.get_world_size(), 'sum': t.item(), 'argv': sys.argv[1:],\n"
-        "       'ds': os.environ.get('DS_ACCELERATOR'), 'local': os.environ['LOCAL_RANK']}\n"
-        "open(os.path.join(os.path.dirname(__file__), f'rank{dist.get_rank()}.json'), 'w').write(json.dumps(out))\n"
-        "dist.destroy_process_group()\n"
-    )
-    env = clean_env(PYTHONPATH=str(tmp_path))
-    args = ["--device", "cpu", "--nproc-per-node", "2", "--master-port", str(free_port()), "--module", "probe_dist"]
-    res = run(ROOT / "launch" / "torchrun.sh", *args, "--", "a", "b=1", env=env, cwd=tmp_path, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
+    run_probe(tmp_path, "torchrun.sh", DIST_PROBE, ["--device", "cpu", "--nproc-per-node", "2"], ["a", "b=1"])
     for rank in (0, 1):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert out == {"rank": rank, "world": 2, "sum": 3.0, "argv": ["a", "b=1"], "ds": "cpu", "local": str(rank)}
@@ -368,40 +393,11 @@ def test_deepspeed_dry_run_four_nodes_from_slurm_and_from_a_hostfile(tmp_path: P
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_deepspeed_launcher_really_runs_two_cpu_processes(tmp_path: Path) -> None:
-    (tmp_path / "probe_ds.py").write_text(
-        "import os, sys\n"
-        "rank = os.environ['RANK']\n"
-        "open(os.path.join(os.path.dirname(__file__), f'ds{rank}.txt'), 'w').write("
-        "f\"{rank} {os.environ['WORLD_SIZE']} {os.environ['DS_ACCELERATOR']} {' '.join(sys.argv[1:])}\")\n"
-    )
     hostfile = tmp_path / "hostfile"
-    args = [
-        "--device",
-        "cpu",
-        "--hosts",
-        "localhost",
-        "--num-gpus",
-        "2",
-        "--hostfile-out",
-        str(hostfile),
-        "--master-port",
-        str(free_port()),
-        "--module",
-        "probe_ds",
-    ]
-    res = run(
-        ROOT / "launch" / "deepspeed.sh",
-        *args,
-        "--",
-        "x",
-        "k=v",
-        env=clean_env(PYTHONPATH=str(tmp_path)),
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
+    args = ["--device", "cpu", "--hosts", "localhost", "--num-gpus", "2", "--hostfile-out", str(hostfile)]
+    run_probe(tmp_path, "deepspeed.sh", RANK_PROBE, args, ["x", "k=v"])
     assert not hostfile.exists()  # one local node: no hostfile
-    assert sorted(p.read_text() for p in tmp_path.glob("ds*.txt")) == ["0 2 cpu x k=v", "1 2 cpu x k=v"]
+    assert sorted(p.read_text() for p in tmp_path.glob("rank*.txt")) == ["0 2 cpu x k=v", "1 2 cpu x k=v"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -771,23 +767,22 @@ def local_cpu_servers(port: int, log_dir: Path, replicas: int | None = None) -> 
     return ["--device", "cpu", *count, "--host", "127.0.0.1", "--port", str(port), "--log-dir", str(log_dir)]
 
 
+def start_servers(
+    pid_file: Path, model: str, name: str, servers: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess:
+    """``serve_endpoints.sh start``: the ``servers`` of ``model`` served as ``name``, their pids in ``pid_file``."""
+    script = ROOT / "launch" / "serve_endpoints.sh"
+    return run(
+        script, "start", "--pid-file", str(pid_file), "--model", model, "--served-model-name", name, *servers, env=env
+    )
+
+
 def test_serve_start_wait_stop_with_a_fake_vllm(tmp_path: Path, fake_vllm: Path) -> None:
     port = free_port(2)
     env = clean_env(PYTHONPATH=str(fake_vllm))
     script = ROOT / "launch" / "serve_endpoints.sh"
     pid_file = tmp_path / "serve.pid"
-    res = run(
-        script,
-        "start",
-        "--pid-file",
-        str(pid_file),
-        "--model",
-        "m",
-        "--served-model-name",
-        "reasoner",
-        *local_cpu_servers(port, tmp_path / "logs", replicas=2),
-        env=env,
-    )
+    res = start_servers(pid_file, "m", "reasoner", local_cpu_servers(port, tmp_path / "logs", replicas=2), env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"http://127.0.0.1:{port}/v1 http://127.0.0.1:{port + 1}/v1" in res.stdout
     try:
@@ -854,18 +849,7 @@ def test_serve_a_real_cpu_vllm_server(tmp_path: Path, tiny_model_dir: Path) -> N
     script = ROOT / "launch" / "serve_endpoints.sh"
     pid_file = tmp_path / "serve.pid"
     env = clean_env()
-    res = run(
-        script,
-        "start",
-        "--pid-file",
-        str(pid_file),
-        "--model",
-        str(tiny_model_dir),
-        "--served-model-name",
-        "tiny",
-        *local_cpu_servers(port, tmp_path / "logs"),
-        env=env,
-    )
+    res = start_servers(pid_file, str(tiny_model_dir), "tiny", local_cpu_servers(port, tmp_path / "logs"), env)
     assert res.returncode == 0, res.stdout + res.stderr
     try:
         res = run(

@@ -5,10 +5,9 @@ tolerance, and runs through the agent loop."""
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
-from fakes import QACase, RecordingEngine
+from fakes import QACase, RecordingEngine, TextEnv, by_role
 
 from memrl.data.formats import render_tool_call
 from memrl.data.schemas import Episode, MemoryCall
@@ -172,13 +171,8 @@ def test_tool_budget_and_garbage() -> None:
     assert garbage.next_memory_request() is None and garbage.stats["ama_sufficiency_unparsed"] == 1
 
 
-def walk_script(last: str, metadata: dict[str, Any]) -> str:
-    """Reasoner: act until a corridor is seen, retrieve, answer with the turn the evidence names. Memory: by role."""
-    role = metadata["role"]
-    if role == "ama_graph_build":
-        return "state: somewhere\ncauses: none\nobjects: key"
-    if role == "ama_sufficiency":
-        return "SUFFICIENT"
+def walk_reasoner(last: str) -> str:
+    """Act until a corridor is seen, retrieve, answer with the turn the evidence names."""
     if "evidence:" in last:
         return render_tool_call("answer", {"answer": "key" if "key" in last.split("evidence:")[1] else "?"})
     if "corridor" in last:
@@ -186,26 +180,23 @@ def walk_script(last: str, metadata: dict[str, Any]) -> str:
     return render_tool_call("act", {"action": "walk"})
 
 
-class WalkEnv:
-    def __init__(self) -> None:
-        self.task_id, self.task, self.max_steps, self.steps = "walk", "find the key", 8, 0
+walk_script = by_role(
+    {"ama_graph_build": "state: somewhere\ncauses: none\nobjects: key", "ama_sufficiency": "SUFFICIENT"}, walk_reasoner
+)
 
-    def reset(self) -> str:
-        return "a room"
 
-    def step(self, action: str) -> tuple[str, bool]:
-        self.steps += 1
-        return ("a key on the floor" if self.steps == 1 else "a corridor"), False
-
-    def finish(self, answer: str | None) -> float:
-        return float(answer == "key")
+def walk_env() -> TextEnv:
+    """A room, then a key on the floor, then corridors; won by answering "key"."""
+    return TextEnv(
+        "walk", "find the key", "a room", lambda n, _: "a key on the floor" if n == 1 else "a corridor", "key"
+    )
 
 
 def test_agent_mode_retrieve_tool_in_the_loop() -> None:
     reasoner, memory = RecordingEngine(walk_script, "reasoner"), RecordingEngine(walk_script, "memory")
     mem = AMAMemory(AMAConfig(top_k=2), embedder=HashingEmbedder())
     (trace,) = run_rollouts(
-        [Rollout(WalkEnv(), mem, reasoner_system="", rollout_id="a")], EngineSet(reasoner=reasoner, memory=memory)
+        [Rollout(walk_env(), mem, reasoner_system="", rollout_id="a")], EngineSet(reasoner=reasoner, memory=memory)
     )
     assert trace.outcome == 1.0 and [e.kind for e in trace.events] == ["act", "act", "memory_tool", "answer"]
     assert [c.role for c in trace.memory_calls] == ["ama_graph_build", "ama_graph_build", "ama_sufficiency"]

@@ -4,9 +4,8 @@ tolerance, and runs through the agent loop (agent mode and question-answering mo
 from __future__ import annotations
 
 import copy
-from typing import Any
 
-from fakes import QACase, RecordingEngine
+from fakes import QACase, RecordingEngine, TextEnv, by_role
 
 from memrl.data.formats import ToolCall, render_tool_call
 from memrl.data.schemas import MemoryCall
@@ -202,27 +201,8 @@ def test_deepcopy_at_a_pending_call_gives_independent_branches() -> None:
     assert mem.state().C == [(0, "did a")] and twin.state().C == [] and twin.p_b == 0
 
 
-class ShopEnv:
-    def __init__(self) -> None:
-        self.task_id, self.task, self.max_steps = "shop", TASK, 12
-
-    def reset(self) -> str:
-        return "the shop is open"
-
-    def step(self, action: str) -> tuple[str, bool]:
-        return f"done: {action}", False
-
-    def finish(self, answer: str | None) -> float:
-        return float(answer == "gold")
-
-
-def shop_script(last: str, metadata: dict[str, Any]) -> str:
-    """Reasoner: two acts, compress, one act, answer. Memory model: answers by role."""
-    role = metadata["role"]
-    if role == "mage_maintain":
-        return "PASS"
-    if role == "mage_compress":
-        return "summary of the steps"
+def shop_reasoner(last: str) -> str:
+    """Two acts, compress, one act, answer."""
     if "question:" in last:
         return render_tool_call("answer", {"answer": "gold" if "[@0]" in last else "?"})
     if "compressed into" in last:
@@ -234,9 +214,13 @@ def shop_script(last: str, metadata: dict[str, Any]) -> str:
     return render_tool_call("act", {"action": f"pick {last.count('done:')}"})
 
 
+shop_script = by_role({"mage_maintain": "PASS", "mage_compress": "summary of the steps"}, shop_reasoner)
+
+
 def test_runs_in_the_agent_loop() -> None:
     reasoner, memory = RecordingEngine(shop_script, "reasoner"), RecordingEngine(shop_script, "memory")
-    rollout = Rollout(ShopEnv(), MageMemory(), reasoner_system="", seed=0, rollout_id="r")
+    shop = TextEnv("shop", TASK, "the shop is open", lambda _, action: f"done: {action}", "gold", max_steps=12)
+    rollout = Rollout(shop, MageMemory(), reasoner_system="", seed=0, rollout_id="r")
     (trace,) = run_rollouts([rollout], EngineSet(reasoner=reasoner, memory=memory))
     assert trace.outcome == 1.0 and [e.kind for e in trace.events] == ["act", "act", "memory_tool", "act", "answer"]
     assert [c.role for c in trace.memory_calls] == ["mage_maintain"]

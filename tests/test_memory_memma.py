@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fakes import QACase, RecordingEngine
+from fakes import QACase, RecordingEngine, TextEnv
 
 from memrl.data.formats import ToolCall, render_tool_call
 from memrl.data.schemas import MemoryCall
@@ -195,25 +195,17 @@ def tick_script(last: str, metadata: dict[str, Any]) -> str:
     return render_tool_call("act", {"action": "tick"})
 
 
-class TickEnv:
-    def __init__(self) -> None:
-        self.task_id, self.task, self.max_steps, self.ticks = "tick", "find the door code", 8, 0
-
-    def reset(self) -> str:
-        return "the note says 4172 is the door code"
-
-    def step(self, action: str) -> tuple[str, bool]:
-        self.ticks += 1
-        return f"ticks={self.ticks}", False
-
-    def finish(self, answer: str | None) -> float:
-        return float(answer == "4172")
+def tick_env() -> TextEnv:
+    """A note with the door code, then a tick count; won by answering the code."""
+    return TextEnv(
+        "tick", "find the door code", "the note says 4172 is the door code", lambda n, _: f"ticks={n}", "4172"
+    )
 
 
 def test_agent_mode_memory_tool_in_the_loop() -> None:
     reasoner, memory = RecordingEngine(tick_script, "reasoner"), RecordingEngine(tick_script, "memory")
     mem = MemMAMemory(MemMAConfig(chunk_turns=3, session_chunks=4), embedder=HashingEmbedder())
-    rollout = Rollout(TickEnv(), mem, reasoner_system="", rollout_id="a")
+    rollout = Rollout(tick_env(), mem, reasoner_system="", rollout_id="a")
     (trace,) = run_rollouts([rollout], EngineSet(reasoner=reasoner, memory=memory))
     assert trace.outcome == 1.0 and [e.kind for e in trace.events] == ["act", "act", "memory_tool", "answer"]
     roles = [c.role for c in trace.memory_calls]

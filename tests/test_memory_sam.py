@@ -233,17 +233,23 @@ def test_parse_page_ids_is_lenient_but_never_guesses() -> None:
     assert parse_page_ids(["three"]) is None and parse_page_ids([True]) is None and parse_page_ids(1.5) is None
 
 
-@pytest.mark.parametrize(
-    ("text", "finish", "kind"),
-    [
-        ("", "stop", "empty"),
-        ("  \n <|endoftext|> the rest", "stop", "empty"),
-        ("?!... --", "stop", "no_text"),
-        ('<tool_call>{"name": "memory", "arguments": {"intent": "x"', "stop", "tool_call"),
-        ("<tool_call><function=memory><parameter=intent>x</parameter>", "stop", "tool_call"),
-        ("the red cup 3 is in bo", "length", "truncated"),
-    ],
-)
+# malformed memory outputs: (text, finish reason, error kind counted, what the reasoner is told of the page)
+MALFORMED = [
+    ("", "stop", "empty", "empty output"),
+    ("  \n <|endoftext|> the rest", "stop", "empty", "empty output"),
+    ("?!... --", "stop", "no_text", "no letters or digits"),
+    ('<tool_call>{"name": "memory", "arguments": {"intent": "x"', "stop", "tool_call", "a tool call, not memory text"),
+    (
+        "<tool_call><function=memory><parameter=intent>x</parameter>",
+        "stop",
+        "tool_call",
+        "a tool call, not memory text",
+    ),
+    ("the red cup 3 is in bo", "length", "truncated", "output cut at max_tokens"),
+]
+
+
+@pytest.mark.parametrize(("text", "finish", "kind"), [case[:3] for case in MALFORMED])
 def test_malformed_memory_outputs_are_recorded_counted_and_skipped(text: str, finish: str, kind: str) -> None:
     memory = SamMemory(SamConfig(**ONE_TURN))
     feed(memory, 8)
@@ -265,17 +271,9 @@ def test_malformed_memory_outputs_are_recorded_counted_and_skipped(text: str, fi
     assert memory.stats["sam_recall_errors"] == 2 and memory.stats["sam_error_recall_failed"] == 1
 
 
-@pytest.mark.parametrize(
-    ("text", "finish", "note"),
-    [
-        ("", "stop", "p3 (empty output)"),
-        ("?!... --", "stop", "p3 (no letters or digits)"),
-        ('<tool_call>{"name": "memory", "arguments": {"intent": "x"', "stop", "p3 (a tool call, not memory text)"),
-        ("the red cup 3 is in bo", "length", "p3 (output cut at max_tokens)"),
-    ],
-)
+@pytest.mark.parametrize(("text", "finish", "brief"), [(text, finish, brief) for text, finish, _, brief in MALFORMED])
 def test_a_recall_with_a_failed_page_returns_what_was_read_and_names_the_failure(
-    text: str, finish: str, note: str
+    text: str, finish: str, brief: str
 ) -> None:
     memory = SamMemory(SamConfig(**ONE_TURN))
     feed(memory, 12)
@@ -296,9 +294,9 @@ def test_a_recall_with_a_failed_page_returns_what_was_read_and_names_the_failure
     result = memory.tool_result()
     # the recovered extraction is returned, and the reasoner is told which page failed and why
     assert result is not None and result.error is None
-    assert result.content == f"recalled for: {intent}\npages: 2,3,5\nfailed pages: {note}\n{good[5]}"
+    assert result.content == f"recalled for: {intent}\npages: 2,3,5\nfailed pages: p3 ({brief})\n{good[5]}"
     assert parse_sam_recalled(result.content) == (intent, [2, 3, 5], good[5])
-    assert parse_sam_recall_failures(result.content) == [note]
+    assert parse_sam_recall_failures(result.content) == [f"p3 ({brief})"]
     assert calls[3].error and calls[2].error is None and calls[5].error is None
     assert memory.stats["sam_partial_recalls"] == 1 and memory.stats["sam_recall_errors"] == 1
     assert "sam_tool_errors" not in memory.stats

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import branching_sam
 
 from memrl.data.config import ConfigError, ConfigModel, load_config
 
@@ -248,7 +249,6 @@ def test_acceptance_generated_game_played_replayed_and_one_oat_grpo_iteration(
     from memrl.data.run_dir import prepare_run_dir
     from memrl.data.tasks import TaskSetConfig, load_tasks
     from memrl.rollout.engines.config import EngineConfig
-    from memrl.rollout.memory.sam import SamConfig
     from memrl.rollout.tree import TreeConfig
     from memrl.train.oat_grpo import OATGRPOConfig, train_oat_grpo
     from memrl.train.online import LoopConfig
@@ -269,15 +269,7 @@ def test_acceptance_generated_game_played_replayed_and_one_oat_grpo_iteration(
     replayed = __import__("copy").deepcopy(twin)
     assert replayed.reentries["replay"] == 1 and [o for _, o in replayed.log] == observations[1:]
 
-    memory = SamConfig(
-        page_turns=1,
-        live_capacity_turns=2,
-        keep_recent_turns=1,  # a page (and its cue) every step
-        sampling={
-            "consolidate": {"temperature": 1.0, "max_tokens": 16},
-            "recall": {"temperature": 1.0, "max_tokens": 16},
-        },
-    )
+    memory = branching_sam(live=2, keep=1, consolidate_tokens=16, recall_tokens=16)  # a page (and its cue) every step
     cfg = OATGRPOConfig(
         run=RunConfig(output_dir=str(tmp_path / "runs"), name="oat", seed=0),
         policy=PolicySpec(base=str(tiny_model_dir)),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import RecordingEngine
+from fakes import RecordingEngine, branching_sam
 
 from memrl.data.formats import render_sam_recall_prompt
 from memrl.data.schemas import MemoryCall, MemoryCallTree, TreeNode
@@ -170,23 +170,13 @@ def test_cue_siblings_differ_and_get_advantages_from_downstream_outcomes() -> No
     later recall finds the page, their values differ and so do their advantages."""
     from memrl.data.tasks.sam import SamTask
     from memrl.rollout.agents import sam_engines, sam_rollout
-    from memrl.rollout.memory.base import RoleSampling
-    from memrl.rollout.memory.sam import SamConfig
     from memrl.rollout.tree import TreeConfig, build_trees
 
     tasks = [
         SamTask({"horizon_steps": 6, "facts_per_obs": 2, "containers_per_room": 2, "evidence_frac": 0.5}, seed=s)
         for s in range(6)
     ]
-    config = SamConfig(
-        page_turns=1,
-        live_capacity_turns=3,
-        keep_recent_turns=2,
-        sampling={
-            "consolidate": RoleSampling(temperature=1.0, max_tokens=48),
-            "recall": RoleSampling(temperature=1.0, max_tokens=64),
-        },
-    )
+    config = branching_sam(live=3, keep=2, consolidate_tokens=48, recall_tokens=64)
     engines = sam_engines(oracle={"cue_omission": 0.5}, max_pages=1, recall_budget=1)  # each cue drops half
     trees, _ = build_trees(
         tasks,

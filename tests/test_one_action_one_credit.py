@@ -5,11 +5,12 @@ trajectory by its trained calls, and the update's diagnostics say where its adva
 from __future__ import annotations
 
 import pytest
+from fakes import sibling_group_tree
 
 from memrl.data.schemas import MemoryCall, MemoryCallTree, TreeNode
 from memrl.rewards.credit import CreditConfig, assign_flat_credit, node_values
 from memrl.rewards.groups import credit_and_groups, trees_to_groups
-from memrl.rollout.tree import branch_at_first_difference, merge_identical_siblings
+from memrl.rollout.tree import branch_at_first_difference
 from memrl.train.group_trainer import batch_metrics
 from memrl.train.rows import Row, advantage_shares, rows_from_groups
 
@@ -38,36 +39,8 @@ def tree_of(
 ) -> MemoryCallTree:
     """root -> one sibling group: sibling k reads pages with the responses given and has one leaf per outcome
     (``merge``: identical siblings merged, as the tree builder does)."""
-    nodes = [TreeNode(node_id="root", kind="root", children=[f"r.{k}:1" for k in range(len(siblings))])]
-    for k, (responses, outcomes) in enumerate(siblings):
-        sid = f"r.{k}:1"
-        call, follow = reads(sid, responses)
-        leaves = [f"r.{k}.{j}:leaf" for j in range(len(outcomes))]
-        nodes.append(
-            TreeNode(
-                node_id=sid,
-                parent_id="root",
-                depth=1,
-                kind="memory",
-                call=call,
-                follow_up_calls=follow,
-                group_id="g:r:1",
-                children=leaves,
-            )
-        )
-        nodes += [
-            TreeNode(node_id=leaf, parent_id=sid, depth=2, kind="leaf", outcome=o)
-            for leaf, o in zip(leaves, outcomes, strict=True)
-        ]
-    by_id = {n.node_id: n for n in nodes}
-    merged = merge_identical_siblings(by_id) if merge else 0
-    return MemoryCallTree(
-        tree_id=f"{task}/tree",
-        task_id=task,
-        root_id="root",
-        nodes=list(by_id.values()),
-        metadata={"branched_nodes": len(siblings), "merged_siblings": merged},
-    )
+    outcomes = [leaf_outcomes for _, leaf_outcomes in siblings]
+    return sibling_group_tree(task, outcomes, lambda sid, k: reads(sid, siblings[k][0]), merge=merge)
 
 
 # two siblings read page 1 the same way and page 2 differently (one succeeds, one fails); a third differs at once

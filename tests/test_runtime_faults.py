@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness import tiny_oat_overrides
 from benchmarks.resume_faults import env
 from memrl.launch.cli import main
 from tests.fault_server import BOMB_BYTES, PlanServer
@@ -162,17 +163,7 @@ def _oat(model: Path, out: Path) -> list[str]:
         "oat-grpo",
         "--config",
         str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
-        f"policy.base={model}",
-        f"engine.model={model}",
-        f"run.output_dir={out}",
-        "run.name=o",
-        "train_tasks.count=8",
-        "train_tasks.sam.horizon_steps=6",
-        "eval_tasks.count=2",
-        "eval_tasks.sam.horizon_steps=6",
-        "tasks_per_iteration=2",
-        "tree.branch_factor=2",
-        "tree.max_leaves=4",
+        *tiny_oat_overrides(model, out, "o"),
         "loop.iterations=2",
         "loop.eval_every=0",
         "loop.checkpoint_every=1",
@@ -617,6 +608,11 @@ def test_a_deleted_working_folder_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
+def _run_with_output_closed(argv: list[str], timeout: int) -> subprocess.CompletedProcess:
+    """``argv >&- 2>&-``: the command with its stdout and stderr closed."""
+    return subprocess.run(argv, cwd=ROOT, env=_env(), preexec_fn=lambda: (os.close(1), os.close(2)), timeout=timeout)
+
+
 def test_a_closed_stdout_is_given_dev_null(tmp_path: Path) -> None:
     """``memrl config show >&-`` (sys.stdout is None) and ``memrl data synth >&- 2>&-``: exit 0, the files written;
     nothing of the run lands in a file that took descriptor 1."""
@@ -632,13 +628,7 @@ def test_a_closed_stdout_is_given_dev_null(tmp_path: Path) -> None:
         timeout=120,
     )
     assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr[-2000:]
-    synth = subprocess.run(
-        [*cli, *_synth(tmp_path, "run.name=closed")],
-        cwd=ROOT,
-        env=_env(),
-        preexec_fn=lambda: (os.close(1), os.close(2)),
-        timeout=120,
-    )
+    synth = _run_with_output_closed([*cli, *_synth(tmp_path, "run.name=closed")], timeout=120)
     assert synth.returncode == 0 and (tmp_path / "closed" / "train.jsonl").is_file()
     log = (tmp_path / "closed" / "run.log").read_text()
     assert "Traceback" not in log and (tmp_path / "closed" / "config.yaml").read_text().startswith("command:")
@@ -650,13 +640,7 @@ def test_a_closed_stdout_or_a_closed_pipe_does_not_stop_an_eval(tmp_path: Path) 
     """``memrl eval ... >&- 2>&-`` and ``memrl eval ... -v | head -c 1``: the eval completes (exit 0) and writes its
     report; its console output goes nowhere (the run's log has it)."""
     cli = [sys.executable, "-m", "memrl.launch.cli"]
-    both = subprocess.run(
-        [*cli, *_eval(tmp_path, "closed")],
-        cwd=ROOT,
-        env=_env(),
-        preexec_fn=lambda: (os.close(1), os.close(2)),
-        timeout=300,
-    )
+    both = _run_with_output_closed([*cli, *_eval(tmp_path, "closed")], timeout=300)
     assert both.returncode == 0 and (tmp_path / "closed" / "report.md").is_file()
     reader = subprocess.Popen(
         [*cli, *_eval(tmp_path, "piped"), "-v"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT

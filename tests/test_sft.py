@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from benchmarks.sft_tiny import traces
 from memrl.data.config import ConfigError, load_config
 from memrl.data.distill import distill_traces
 from memrl.data.formats import (
@@ -29,7 +29,7 @@ from memrl.data.formats import (
     render_tool_call,
 )
 from memrl.data.io import write_jsonl
-from memrl.data.schemas import EpisodeTrace, MemoryCall, Message, SFTExample
+from memrl.data.schemas import EpisodeTrace, Message, SFTExample
 from memrl.train.sft import SFTRunConfig, build_sft_trainer, latest_checkpoint, run_sft, sft_args
 from memrl.train.sft_data import mix_rows
 from tests.commands import cpu_torchrun
@@ -45,33 +45,8 @@ def _m(raw: list[dict[str, str]]) -> list[Message]:
 
 
 def sam_traces(n: int, seed: int = 0) -> list[EpisodeTrace]:
-    """Correct expert traces over one-turn pages ("t12> open drawer 5\\nthe red key is in drawer 5"): a consolidation
-    call (cue = the entities) and a recall call (target = the fact line) per trace."""
-    rng = random.Random(seed)
-    traces = []
-    for i in range(n):
-        color, item, place = rng.choice(COLORS), rng.choice(ITEMS), f"{rng.choice(PLACES)} {rng.randint(1, 9)}"
-        t = rng.randint(1, 60)
-        fact = f"the {color} {item} is in {place}"
-        page = f"t{t}> open {place}\n{fact}"
-        calls = [
-            MemoryCall(
-                call_id="c",
-                role="consolidate",
-                messages=_m(render_sam_consolidate_prompt(t, page)),
-                text=f"{color} {item}, {place}",
-            ),
-            MemoryCall(
-                call_id="r",
-                role="recall",
-                text=fact,
-                messages=_m(render_sam_recall_prompt(f"where is the {color} {item}?", t, page, "")),
-            ),
-        ]
-        traces.append(
-            EpisodeTrace(trace_id=f"t{i}", task_id=f"task{i}", memory_system="sam", outcome=1.0, memory_calls=calls)
-        )
-    return traces
+    """The SFT benchmark's correct expert traces, over a smaller vocabulary and turns up to 60."""
+    return traces(n, seed, colors=COLORS, items=ITEMS, places=PLACES, last_turn=60)
 
 
 def every_role_rows() -> list[SFTExample]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from fakes import branching_sam, random_lora, vllm_lora_config
 
 # protects: a real pretrained model and BPE tokenizer through memrl (conversion, vLLM and LoRA, token integrity)
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -61,19 +62,9 @@ def smollm2_dir(model_cache: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(smollm2_dir: Path):
-    from memrl.rollout.engines import EngineConfig, build_engine
+    from memrl.rollout.engines import build_engine
 
-    eng = build_engine(
-        EngineConfig(
-            backend="vllm",
-            name="smollm2",
-            model=str(smollm2_dir),
-            dtype="float32",
-            max_model_len=2048,
-            enable_lora=True,
-            max_lora_rank=8,
-        )
-    )
+    eng = build_engine(vllm_lora_config(smollm2_dir, max_model_len=2048, max_lora_rank=8, name="smollm2"))
     yield eng
     eng.close()
 
@@ -131,25 +122,6 @@ def _hf_greedy(model: Any, prompt_ids: list[int], eos: set[int]) -> list[int]:
     return ids[: next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))]
 
 
-def _make_lora(model_dir: Path, out: Path) -> Path:
-    """A PEFT LoRA adapter with random non-zero A and B (it changes greedy answers)."""
-    from peft import LoraConfig, get_peft_model
-
-    from memrl.rollout.models import load_causal_lm
-
-    torch.manual_seed(0)
-    peft_model = get_peft_model(
-        load_causal_lm(model_dir, dtype="float32"),
-        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False),
-    )
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.02)
-    peft_model.save_pretrained(out)
-    return out
-
-
 def test_vllm_greedy_equals_transformers_with_and_without_lora(engine, hf_model, smollm2_dir, tmp_path) -> None:
     from peft import PeftModel
 
@@ -164,7 +136,7 @@ def test_vllm_greedy_equals_transformers_with_and_without_lora(engine, hf_model,
     for res, req in zip(base, requests, strict=True):
         assert res.prompt_ids == chat_prompt_ids(engine.tokenizer, req.messages)
         assert res.completions[0].response_ids == _hf_greedy(hf_model, res.prompt_ids, eos)
-    adapter = _make_lora(smollm2_dir, tmp_path / "lora")
+    adapter = random_lora(smollm2_dir, tmp_path / "lora", ["q_proj", "v_proj", "down_proj"], std=0.02)
     engine.load_adapter(str(adapter), version=1)
     try:
         tuned = engine.generate(requests)
@@ -212,23 +184,13 @@ def test_token_integrity_over_multi_turn_memory_calls(engine, smollm2_dir) -> No
     from memrl.rollout.agents import sam_rollout
     from memrl.rollout.engines import build_engine
     from memrl.rollout.loop import EngineSet
-    from memrl.rollout.memory.base import RoleSampling
-    from memrl.rollout.memory.sam import SamConfig
     from memrl.rollout.tree import TreeConfig, build_trees
     from memrl.train.group_trainer import GroupTrainerConfig
     from memrl.train.logprobs import pack_rows, packed_hidden_states, response_token_logprobs
     from memrl.train.oat_grpo import default_reasoner
     from memrl.train.rows import rows_from_groups
 
-    memory = SamConfig(
-        page_turns=1,
-        live_capacity_turns=4,
-        keep_recent_turns=3,
-        sampling={
-            "consolidate": RoleSampling(temperature=1.0, max_tokens=24),
-            "recall": RoleSampling(temperature=1.0, max_tokens=24),
-        },
-    )
+    memory = branching_sam(live=4, keep=3, consolidate_tokens=24, recall_tokens=24)
     params = SamTaskParams(horizon_steps=10, facts_per_obs=1, containers_per_room=2)
     tasks = [SamTask(params, seed=500 + i, task_id=f"smollm2-{i}") for i in range(7)]
     recording = _Recording(engine)

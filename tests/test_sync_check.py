@@ -18,9 +18,11 @@ import torch
 
 from benchmarks.harness import tiny_oat_overrides
 from memrl.data.config import load_config
+from memrl.rollout.agents import sam_engines
 from memrl.rollout.engines.base import Engine
 from memrl.rollout.engines.config import EngineConfig
 from memrl.rollout.engines.factory import build_engine
+from memrl.rollout.models import load_tokenizer
 from memrl.train.group_trainer import GroupTrainer, GroupTrainerConfig
 from memrl.train.oat_grpo import OATGRPOConfig, train_oat_grpo
 from memrl.train.online import sync_policy
@@ -176,14 +178,7 @@ def test_an_engine_without_log_probs_turns_the_check_off_with_a_warning(
     """A scripted policy has no distribution: the check says once that it is off, and the run goes on."""
     torch.manual_seed(0)
     trainer = GroupTrainer(PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lora=LoraSettings(enabled=False)))
-    scripted = build_engine(
-        EngineConfig(
-            backend="scripted",
-            name="policy",
-            tokenizer=str(tiny_model_dir),
-            scripted_policy="memrl.data.experts.sam:SamOracle",
-        )
-    )
+    scripted = sam_engines(tokenizer=load_tokenizer(tiny_model_dir)).memory  # the SAM oracle, a scripted policy
     verifier = SyncVerifier(trainer, SyncCheckConfig())
     with caplog.at_level("WARNING", logger="memrl.train.weight_sync"):
         assert verifier.check(scripted) == {} and verifier.check(scripted) == {}

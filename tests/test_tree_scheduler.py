@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.textworld_tree import dumped
 from memrl.data.tasks.sam import SamTask
 from memrl.rollout.agents import sam_engines, sam_rollout
 from memrl.rollout.engines.base import GenerationRequest
@@ -35,19 +36,6 @@ def engines(tokenizer: Any = None) -> EngineSet:
     return sam_engines(oracle={"verbatim": 1, "omission": 1}, max_pages=2, tokenizer=tokenizer)
 
 
-def dumped(trees: list[Any]) -> list[dict[str, Any]]:
-    """Trees as data, without prefix-cache hits (they follow the batches, which follow the timing)."""
-
-    def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k != "cached_prompt_tokens"}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
-    return [strip(t.model_dump(mode="json")) for t in trees]
-
-
 @pytest.mark.parametrize("budgets", [{"max_leaves": 3}, {"reasoner_token_budget": 8000}])
 def test_async_builds_the_wavefronts_trees_whatever_the_timing(budgets: dict[str, int], tiny_model_dir: Any) -> None:
     """Random per-call latencies (two different draws) reorder every branch's progress; the trees stay those of the
@@ -64,7 +52,7 @@ def test_async_builds_the_wavefronts_trees_whatever_the_timing(budgets: dict[str
             memory=DelayedEngine(base.memory, lambda _, r=jitter: r.uniform(0.0, 0.004)),
         )
         trees, stats = build_trees(tasks, make, jittery, cfg)
-        assert stats.wavefronts == 0 and dumped(trees) == dumped(reference)
+        assert stats.wavefronts == 0 and list(map(dumped, trees)) == list(map(dumped, reference))
     nodes = [n for t in reference for n in t.nodes if n.kind == "memory"]
     assert {n.metadata["samples"] for n in nodes} == {1, 2}  # branched, and past the budget sampled once
     assert max(sum(n.kind == "leaf" for n in t.nodes) for t in reference) <= budgets.get("max_leaves", 16)
@@ -96,7 +84,7 @@ def test_a_slow_branch_does_not_hold_up_the_others() -> None:
         tasks, make, EngineSet(reasoner=Endpoint(base.reasoner, 0.0), memory=base.memory), TreeConfig(branch_factor=2)
     )
     assert waited == [True]  # the other trees finished while the slow call was out
-    assert dumped(trees) == dumped(reference)
+    assert list(map(dumped, trees)) == list(map(dumped, reference))
 
 
 def test_the_memory_model_and_the_reasoner_generate_at_the_same_time() -> None:

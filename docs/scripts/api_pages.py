@@ -8,10 +8,11 @@ generated so a new module cannot be forgotten: ``tests/test_docs.py`` fails when
 
 from __future__ import annotations
 
-import argparse
 import ast
 import sys
 from pathlib import Path
+
+from generated import write_or_check
 
 ROOT = Path(__file__).resolve().parents[2]
 API = ROOT / "docs" / "api"
@@ -69,23 +70,7 @@ def page(layer: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Write (or with ``--check``, compare) every API page."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when a committed page differs")
-    args = parser.parse_args(argv)
-    stale = []
-    for layer in LAYERS:
-        path = API / f"{layer}.md"
-        text = page(layer)
-        if args.check:
-            if not path.exists() or path.read_text(encoding="utf-8") != text:
-                stale.append(str(path.relative_to(ROOT)))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-    if stale:
-        print(f"stale: {', '.join(stale)}: run python docs/scripts/api_pages.py", file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check({API / f"{layer}.md": page(layer) for layer in LAYERS}, __file__, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ committed files are what this script writes.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
+
+from generated import write_or_check
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "docs" / "figures"
@@ -81,6 +83,37 @@ def path_arrow(points: list[tuple[float, float]], label: str = "", label_at: tup
     return "\n".join(out)
 
 
+# (fill, stroke) of the boxes by kind
+BLUE_BOX = ("#eef1fb", "#3949ab")
+ORANGE_BOX = ("#fff4e5", "#e07b00")
+GREEN_BOX = ("#eef8f0", "#2e7d32")
+GREY_BOX = ("#f1f1f4", "#5c6273")
+
+
+def box_row(
+    xs: list[float],
+    y: float,
+    w: float,
+    h: float,
+    items: list[tuple[str, list[str]]],
+    colours: Callable[[int, str], tuple[str, str]],
+    *,
+    mono: bool = False,
+    leftward: bool = False,
+) -> list[str]:
+    """One row of boxes, ``items`` (title, lines) at ``xs``, box i coloured ``colours(i, title)`` (fill, stroke), each
+    joined to the one before by an arrow (``leftward``: the row runs right to left)."""
+    out = []
+    for i, (x, (title, lines)) in enumerate(zip(xs, items, strict=True)):
+        fill, stroke = colours(i, title)
+        out.append(box(x, y, w, h, title, lines, fill=fill, stroke=stroke, mono=mono))
+        if i and leftward:
+            out.append(arrow(xs[i - 1], y + h / 2, x + w + 2, y + h / 2))
+        elif i:
+            out.append(arrow(xs[i - 1] + w, y + h / 2, x - 2, y + h / 2))
+    return out
+
+
 def svg(width: int, height: int, body: list[str], title: str) -> str:
     """The document around ``body``."""
     return "\n".join(
@@ -113,12 +146,7 @@ def pipeline() -> str:
         "from expert traces to a trained, exported checkpoint</text>"
     ]
     xs = [20 + i * (w + gap) for i in range(len(stages))]
-    for i, (x, (title, lines)) in enumerate(zip(xs, stages, strict=True)):
-        fill = "#fff4e5" if title == "RL" else "#eef1fb"
-        stroke = "#e07b00" if title == "RL" else "#3949ab"
-        body.append(box(x, y, w, h, title, lines, fill=fill, stroke=stroke))
-        if i:
-            body.append(arrow(xs[i - 1] + w, y + h / 2, x - 2, y + h / 2))
+    body += box_row(xs, y, w, h, stages, lambda _, title: ORANGE_BOX if title == "RL" else BLUE_BOX)
     # the RL loop under the RL box
     rl = xs[3]
     ly, lw, lh = 200, 150, 74
@@ -140,10 +168,7 @@ def pipeline() -> str:
         f"<text x='{start - 4}' y='{ly - 14}' font-size='12' {FONT} fill='#9a5400'>one RL iteration "
         "(the frozen reasoner continues every sample; only the memory model is trained)</text>"
     )
-    for i, (x, (title, lines)) in enumerate(zip(lxs, loop, strict=True)):
-        body.append(box(x, ly, lw, lh, title, lines, fill="#ffffff", stroke="#e07b00"))
-        if i:
-            body.append(arrow(lxs[i - 1] + lw, ly + lh / 2, x - 2, ly + lh / 2))
+    body += box_row(lxs, ly, lw, lh, loop, lambda *_: ("#ffffff", "#e07b00"))
     body.append(
         path_arrow(
             [
@@ -187,17 +212,10 @@ def iteration() -> str:
         f"<text x='20' y='28' font-size='15' font-weight='bold' {FONT} fill='#1a1f36'>One OAT-GRPO iteration, "
         "module by module</text>"
     ]
-    for i, (x, (title, lines)) in enumerate(zip(xs, top, strict=True)):
-        fill, stroke = ("#f1f1f4", "#5c6273") if i < 2 else ("#eef1fb", "#3949ab")
-        body.append(box(x, y1, w, h, title, lines, fill=fill, stroke=stroke, mono=True))
-        if i:
-            body.append(arrow(xs[i - 1] + w, y1 + h / 2, x - 2, y1 + h / 2))
-    rxs = list(reversed(xs))
-    for i, (x, (title, lines)) in enumerate(zip(rxs, bottom, strict=True)):
-        fill, stroke = ("#eef8f0", "#2e7d32") if i < 3 else ("#fff4e5", "#e07b00")
-        body.append(box(x, y2, w, h, title, lines, fill=fill, stroke=stroke, mono=True))
-        if i:
-            body.append(arrow(rxs[i - 1], y2 + h / 2, x + w + 2, y2 + h / 2))
+    body += box_row(xs, y1, w, h, top, lambda i, _: GREY_BOX if i < 2 else BLUE_BOX, mono=True)
+    body += box_row(
+        xs[::-1], y2, w, h, bottom, lambda i, _: GREEN_BOX if i < 3 else ORANGE_BOX, mono=True, leftward=True
+    )
     body.append(arrow(xs[-1] + w / 2, y1 + h, xs[-1] + w / 2, y2 - 2, "trees"))
     mid = (y1 + h + y2) / 2
     body.append(
@@ -227,22 +245,7 @@ FIGS = {"pipeline.svg": pipeline, "iteration.svg": iteration}
 
 def main(argv: list[str] | None = None) -> int:
     """Write (or with ``--check``, compare) the diagrams."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when a committed diagram differs")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, make in FIGS.items():
-        path = FIGURES / name
-        text = make()
-        if args.check:
-            if not path.exists() or path.read_text(encoding="utf-8") != text:
-                stale.append(name)
-        else:
-            path.write_text(text, encoding="utf-8")
-    if stale:
-        print(f"stale: {', '.join(stale)}: run python docs/scripts/diagrams.py", file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check({FIGURES / name: make() for name, make in FIGS.items()}, __file__, __doc__, argv)
 
 
 if __name__ == "__main__":

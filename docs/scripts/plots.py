@@ -73,6 +73,25 @@ def points(interval: dict[str, Any], scale: float = 100.0) -> tuple[float, tuple
     return mean * scale if scale != 1 else mean, (low * scale, high * scale) if scale != 1 else (low, high)
 
 
+def finish(fig: Any, *axes: Any) -> Any:
+    """``fig`` laid out tight, the top and right frame lines of ``axes`` hidden."""
+    for ax in axes:
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def paired_barh(ax: Any, series: list[tuple[list[float], list[str], str, str]]) -> None:
+    """Two horizontal bars per row, side by side: each series (values, the text beside each bar, colour, label)."""
+    width = 0.38
+    for i, (values, texts, colour, label) in enumerate(series):
+        ys = [y + (i - 0.5) * width for y in range(len(values))]
+        ax.barh(ys, values, width, color=colour, label=label)
+        for y, v, text in zip(ys, values, texts, strict=True):
+            ax.annotate(text, (v, y), xytext=(3, -3), textcoords="offset points", fontsize=8)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Learning evidence: OAT-GRPO
 @plot("learning_paired")
@@ -99,8 +118,7 @@ def learning_paired() -> Any:
                 ax.set_yticklabels([])
     for ax in axes[1]:
         ax.set_xlabel("paired difference (points), 95% two-level interval", fontsize=8)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 @plot("credit_accuracy")
@@ -124,10 +142,7 @@ def credit_accuracy() -> Any:
     ax.set_ylabel("sign agreement with the truth")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return finish(fig, ax)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -145,8 +160,7 @@ def pivot_paired() -> Any:
     forest(ax, rows)
     widen_for_labels(ax, rows)
     ax.set_xlabel("paired difference in test pass rate (points), 95% two-level interval", fontsize=8)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -180,10 +194,7 @@ def textworld_success() -> Any:
         ax.set_xlim(0, 115)
         ax.set_title(title, fontsize=10, loc="left")
         ax.set_xlabel("games won (%)")
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return finish(fig, *axes)
 
 
 @plot("textworld_premise")
@@ -210,10 +221,7 @@ def textworld_premise() -> Any:
     ax.set_xlim(0, most / 1000 * 1.45)  # room for the rightmost point's label
     ax.grid(color="#ddd", linewidth=0.6)
     ax.set_axisbelow(True)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return finish(fig, ax)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -226,23 +234,18 @@ def quickstart_success() -> Any:
     rows += [("SFT", summary["success_sft"], summary["success_sft_greedy"]),
              ("SFT + OAT-GRPO", summary["success_rl"], summary["success_rl_greedy"])]  # fmt: skip
     fig, ax = plt.subplots(figsize=(8, 2.8))
-    width = 0.38
+    series = []
     for i, (mode, colour) in enumerate((("sampled", ORANGE), ("greedy", BLUE))):
-        ys = [y + (i - 0.5) * width for y in range(len(rows))]
         values = [row[1 + i] for row in rows]
-        ax.barh(ys, [100 * v if v is not None else 0.0 for v in values], width, color=colour, label=f"recall {mode}")
-        for y, v in zip(ys, values, strict=True):
-            text = "n/a" if v is None else f"{100 * v:.1f}%"
-            ax.annotate(text, (100 * v if v else 0.0, y), xytext=(3, -3), textcoords="offset points", fontsize=8)
+        texts = ["n/a" if v is None else f"{100 * v:.1f}%" for v in values]
+        series.append(([100 * v if v else 0.0 for v in values], texts, colour, f"recall {mode}"))
+    paired_barh(ax, series)
     ax.set_yticks(range(len(rows)), [row[0] for row in rows], fontsize=9)
     ax.invert_yaxis()
     ax.set_xlim(0, 112)
     ax.set_xlabel("held-out success (%)")
     ax.legend(fontsize=8, frameon=False, loc="lower right")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return finish(fig, ax)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -259,24 +262,18 @@ def gpu_trainer() -> Any:
         best[key] = max(best.get(key, 0.0), line["tokens_per_s"])
     workloads = sorted({w for w, _ in best}, key=lambda w: (w != "mix", int(w[3:]) if w.startswith("ctx") else 0))
     fig, ax = plt.subplots(figsize=(8, 2.8))
-    width = 0.38
-    for i, (impl, colour, label) in enumerate((("memrl", BLUE, "memrl (packed rows)"),
-                                                ("reference", GREY, "padded reference (TRL-style)"))):  # fmt: skip
-        ys = [y + (i - 0.5) * width for y in range(len(workloads))]
+    series = []
+    for impl, colour, label in (("memrl", BLUE, "memrl (packed rows)"),
+                                ("reference", GREY, "padded reference (TRL-style)")):  # fmt: skip
         values = [best.get((w, impl), 0.0) for w in workloads]
-        ax.barh(ys, values, width, color=colour, label=label)
-        for y, v in zip(ys, values, strict=True):
-            ax.annotate(f"{v:,.0f}" if v else "not run", (v, y), xytext=(3, -3), textcoords="offset points",
-                        fontsize=8)  # fmt: skip
+        series.append((values, [f"{v:,.0f}" if v else "not run" for v in values], colour, label))
+    paired_barh(ax, series)
     ax.set_yticks(range(len(workloads)), workloads)
     ax.invert_yaxis()
     ax.set_xlabel(f"tokens/s, Qwen3-4B shape, LoRA, bf16 ({data['device'].split(' (')[0]})")
     ax.set_xlim(0, 1.15 * max(best.values()))
     ax.legend(fontsize=8, frameon=False, ncol=2, loc="lower center", bbox_to_anchor=(0.5, 1.0))
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return finish(fig, ax)
 
 
 @plot("packed_attention_cpu")
@@ -296,10 +293,7 @@ def packed_attention_cpu() -> Any:
     ax.set_xlabel("tokens in the packed micro-batch (rows of mixed lengths)")
     ax.set_ylabel("CPU s, one attention layer")
     ax.legend(fontsize=8, frameon=False)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return finish(fig, ax)
 
 
 @plot("reentry")
@@ -315,10 +309,7 @@ def reentry() -> Any:
     ax.set_xlabel("steps already taken (horizon)")
     ax.set_ylabel("ms per branch")
     ax.legend(fontsize=8, frameon=False)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return finish(fig, ax)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
