@@ -11,7 +11,8 @@ its share counts during rollouts and, unless it sleeps, during updates. A recipe
 to change.
 
 The model's shape comes from ``--model-config`` (a ``config.json``), the base checkpoint's own ``config.json`` when it
-is on disk, or, for the recipes' bases before their SFT runs exist, the assumed shapes in :data:`ASSUMED_SHAPES`.
+is on disk, or, for the recipes' bases before their SFT runs exist, the assumed shapes in :data:`ASSUMED_SHAPES`
+(one table with the benchmarks' shapes, :data:`MODEL_SHAPES`, read from ``launch/model_shapes.yaml``).
 
     memrl plan --config configs/oat_grpo_sam_qwen3.5-9b.yaml --nodes 4 --gpus-per-node 8
 """
@@ -27,10 +28,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from memrl.data.config import ConfigError
 
 __all__ = [
     "ASSUMED_SHAPES",
+    "MODEL_SHAPES",
     "EngineEstimate",
     "ModelShape",
     "Plan",
@@ -123,30 +127,14 @@ class ModelShape:
         }
 
 
-# Shapes assumed for the recipes' bases when no config.json is on disk (every layer counted as full attention, which
-# over-states the KV cache of hybrid-attention models); pass --model-config with the real checkpoint's to replace them.
-ASSUMED_SHAPES = {
-    "qwen3.5-9b": ModelShape(
-        hidden=4096,
-        layers=32,
-        vocab=248_320,
-        heads=16,
-        kv_heads=4,
-        head_dim=256,
-        intermediate=12_288,
-        tied_embeddings=False,
-    ),
-    "qwen3.5-27b": ModelShape(
-        hidden=5120,
-        layers=64,
-        vocab=248_320,
-        heads=24,
-        kv_heads=4,
-        head_dim=256,
-        intermediate=17_408,
-        tied_embeddings=False,
-    ),
+# Named shapes (``launch/model_shapes.yaml``): the recipes' bases, assumed when no config.json is on disk (every layer
+# counted as full attention, which over-states the KV cache of hybrid-attention models; --model-config replaces them),
+# and the published and tiny shapes the trainer benchmarks and the GPU suite build.
+MODEL_SHAPES = {
+    name: ModelShape.from_hf_config(config)
+    for name, config in yaml.safe_load(Path(__file__).with_name("model_shapes.yaml").read_text()).items()
 }
+ASSUMED_SHAPES = {name: MODEL_SHAPES[name] for name in ("qwen3.5-9b", "qwen3.5-27b")}
 
 
 def model_shape(base: str, model_config: str | None = None) -> tuple[ModelShape, str]:
