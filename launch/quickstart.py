@@ -312,11 +312,9 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         reasoner = build_engine(reasoner_cfg)
         engine = (
             build_engine(
-                EngineConfig(
-                    backend="vllm",
-                    name="memory",
-                    model=str(model_dir),
-                    dtype="float32",
+                EngineConfig.vllm(
+                    "memory",
+                    model_dir,
                     max_model_len=cfg.max_model_len,
                     enable_lora=adapter is not None,
                     max_lora_rank=64,
@@ -384,9 +382,7 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         policy=sft_policy,
         reasoner=reasoner_cfg,
         memory=cfg.memory,
-        engine=EngineConfig(
-            backend="vllm", name="policy", model=sft_policy.base, dtype="float32", max_model_len=cfg.max_model_len
-        ),
+        engine=EngineConfig.vllm("policy", sft_policy.base, max_model_len=cfg.max_model_len),
         train_tasks=_task_set(cfg, cfg.rl_tasks, 100_000, cfg.horizon),
         eval_tasks=TaskSetConfig(family=cfg.task_family, count=0),
         tasks_per_iteration=cfg.tasks_per_iteration,

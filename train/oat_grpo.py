@@ -292,7 +292,7 @@ def policy_engine_config(cfg: OATGRPOConfig) -> EngineConfig:
     as ``placement.policy`` says."""
     lora = cfg.trainer.lora
     adapter = cfg.policy.adapter is not None or lora.enabled
-    base = cfg.engine or EngineConfig(backend="vllm", name="policy", model=cfg.policy.base, dtype="float32")
+    base = cfg.engine or EngineConfig.vllm("policy", cfg.policy.base)
     updates: dict[str, Any] = {"model": base.model or cfg.policy.base}
     if adapter:
         updates.update(enable_lora=True, max_lora_rank=max(base.max_lora_rank, lora.r))
@@ -650,13 +650,12 @@ def setup_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, **options: Unpack[RunOptio
         console=main,
         logging=cfg.run.logging if main else None,
     )
-    loop = OnlineLoop(
-        trainer=trainer,
-        engine=fleet,
-        cfg=cfg.loop,
-        run_dir=run_dir,
-        resume=cfg.run.resume,
-        logger=logger,
+    loop = OnlineLoop.for_recipe(
+        cfg,
+        trainer,
+        fleet,
+        run_dir,
+        logger,
         desc="oat-grpo",
         attach={"reward_cache": Path(str(settings.cache_dir))},
         in_memory=InMemoryWeightSync(trainer, fleet) if in_memory else None,
