@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from memrl.data.config import ConfigError
+from memrl.rollout.models import ModelShape
 
 __all__ = [
     "ASSUMED_SHAPES",
@@ -48,83 +49,6 @@ __all__ = [
 
 GIB = 2**30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the estimate needs of a decoder-only transformer."""
-
-    hidden: int
-    layers: int
-    vocab: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    tied_embeddings: bool = True
-
-    @property
-    def layer_params(self) -> int:
-        """Parameters of one decoder layer (attention, SwiGLU MLP, two norms)."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.intermediate + 2 * self.hidden
-
-    @property
-    def params(self) -> int:
-        """All parameters (the embedding counted once when tied)."""
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return embeddings + self.layers * self.layer_params + self.hidden
-
-    @property
-    def largest_layer_params(self) -> int:
-        """The largest single module's parameters (what ZeRO-3 gathers at once)."""
-        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
-
-    def lora_params(self, rank: int, targets: list[str]) -> int:
-        """Trainable parameters of a rank-``rank`` LoRA on ``targets`` in every layer."""
-        q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
-        dims = {
-            "q_proj": (h, q),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (q, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-        unknown = sorted(set(targets) - set(dims))
-        if unknown:
-            raise ConfigError(f"trainer.lora.target_modules: cannot size {unknown} (known: {sorted(dims)})")
-        return self.layers * sum(rank * (dims[t][0] + dims[t][1]) for t in targets)
-
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> ModelShape:
-        """From a transformers ``config.json`` (a ``text_config`` section is used when present)."""
-        c = config.get("text_config", config)
-        heads = c["num_attention_heads"]
-        return cls(
-            hidden=c["hidden_size"],
-            layers=c["num_hidden_layers"],
-            vocab=c["vocab_size"],
-            heads=heads,
-            kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-            intermediate=c["intermediate_size"],
-            tied_embeddings=bool(c.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
-        )
-
-    def to_hf_config(self) -> dict[str, Any]:
-        """The transformers ``config.json`` keys of this shape (the inverse of :meth:`from_hf_config`)."""
-        return {
-            "hidden_size": self.hidden,
-            "num_hidden_layers": self.layers,
-            "vocab_size": self.vocab,
-            "num_attention_heads": self.heads,
-            "num_key_value_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate,
-            "tie_word_embeddings": self.tied_embeddings,
-        }
 
 
 # Named shapes (``launch/model_shapes.yaml``): the recipes' bases, assumed when no config.json is on disk (every layer
