@@ -58,7 +58,7 @@ class RecordError(UserError, ValueError):
 
 def read_mapping(path: Path) -> dict[str, Any]:
     """The mapping a ``.json`` file, or any other file read as YAML (safe loader), holds; a ValueError saying why
-    (``cannot be read as JSON (...)``, ``holds no mapping of keys``) when it cannot be read or holds something else."""
+    (``does not parse as JSON (...)``, ``holds no mapping of keys``) when it cannot be read or holds something else."""
     json_file = path.suffix == ".json"
     kind, parse, error = (
         ("JSON", json.loads, json.JSONDecodeError) if json_file else ("YAML", yaml.safe_load, yaml.YAMLError)
@@ -66,7 +66,7 @@ def read_mapping(path: Path) -> dict[str, Any]:
     try:
         data = parse(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, error) as exc:
-        raise ValueError(f"cannot be read as {kind} ({exc})") from None
+        raise ValueError(f"does not parse as {kind} ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError("holds no mapping of keys")
     return data
