@@ -68,7 +68,7 @@ from typing import Any
 
 import torch
 
-from memrl.launch.plan import ASSUMED_SHAPES
+from memrl.launch.plan import MODEL_SHAPES
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "oat_grpo_sam_qwen3.5-9b.yaml"
@@ -78,29 +78,9 @@ MIX_PROMPT = (1024, 16384)  # prompt tokens of a memory call (log-uniform)
 MIX_RESPONSE = (10, 400)  # its answer's tokens (uniform)
 SIBLINGS = 4  # rows of a mix group (the recipe's branch_factor)
 
-# Qwen3 (dense) configs: the 9B is memrl plan's assumed shape (one table), Qwen3-4B's published shape, a tiny one.
+# Qwen3 (dense) configs from memrl plan's table of shapes: the 9B it assumes, Qwen3-4B's published shape, a tiny one.
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3.5-9b": ASSUMED_SHAPES["qwen3.5-9b"].to_hf_config(),
-    "qwen3-4b": dict(
-        hidden_size=2560,
-        num_hidden_layers=36,
-        vocab_size=151_936,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=9728,
-        tie_word_embeddings=True,
-    ),
-    "tiny": dict(
-        hidden_size=128,
-        num_hidden_layers=2,
-        vocab_size=8192,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        intermediate_size=384,
-        tie_word_embeddings=False,
-    ),
+    name: MODEL_SHAPES[name].to_hf_config() for name in ("qwen3.5-9b", "qwen3-4b", "tiny")
 }
 
 

@@ -44,9 +44,11 @@ from typing import Any
 import torch
 
 from benchmarks.harness import bench_parser, emit, pin_threads
+from memrl.launch.plan import MODEL_SHAPES
 
 ROOT = Path(__file__).resolve().parents[1]
-VOCAB = 151_936
+SHAPE = MODEL_SHAPES["tiny-qwen-vocab"]  # Qwen's vocabulary on a tiny body: the logits weigh as in the recipes
+VOCAB = SHAPE.vocab
 
 
 def build_model(out: Path, max_position: int) -> Path:
@@ -58,15 +60,8 @@ def build_model(out: Path, max_position: int) -> Path:
     tokenizer = load_tokenizer(ensure_tiny_model(ROOT / ".cache" / "models", TinyModelSpec()))
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=192,
-        num_hidden_layers=2,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=64,
+        **SHAPE.to_hf_config(),
         max_position_embeddings=max_position,
-        tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.data.errors import UserError
+from memrl.data.io import read_mapping
 
 __all__ = [
     "check_adapter_dir",
@@ -101,14 +102,9 @@ def safetensors_shapes(path: Path) -> dict[str, list[int]]:
 
 def _json_file(path: Path, key: str) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(
-            f"{key}: {path} does not parse as JSON ({exc}); the folder is damaged or not a saved model"
-        ) from None
-    if not isinstance(data, dict):
-        raise UserError(f"{key}: {path} is not a JSON object; the folder is damaged or not a saved model")
-    return data
+        return read_mapping(path)
+    except ValueError as exc:
+        raise UserError(f"{key}: {path} {exc}; the folder is damaged or not a saved model") from None
 
 
 def _check_weights(path: Path, key: str) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "NOTHING_RELEVANT",
     "PHASE1_SYSTEM",
     "PHASE2_SYSTEM",
+    "PROACTIVE_PHASES",
     "RECALL_SYSTEM",
     "RETRIEVAL_REASONER_SYSTEM",
     "SAM_FAILED_PAGES_PREFIX",
@@ -56,6 +57,7 @@ __all__ = [
     "render_memory_context",
     "render_phase1_prompt",
     "render_phase2_prompt",
+    "render_proactive_prompt",
     "render_sam_consolidate_prompt",
     "render_sam_memory_block",
     "render_sam_recall_prompt",
@@ -627,6 +629,16 @@ def render_phase2_prompt(task: str, window: str, bank: str) -> list[dict[str, st
         {"role": "system", "content": PHASE2_SYSTEM},
         {"role": "user", "content": _proactive_body(task, window, bank, "decision:")},
     ]
+
+
+PROACTIVE_PHASES = {"bank_edit": 1, "intervene": 2}  # a proactive memory role's phase
+
+
+def render_proactive_prompt(role: str, task: str, window: str, bank: str) -> list[dict[str, str]]:
+    """The messages of a proactive memory role: :func:`render_phase1_prompt` for ``bank_edit``,
+    :func:`render_phase2_prompt` for ``intervene``."""
+    render = render_phase1_prompt if PROACTIVE_PHASES[role] == 1 else render_phase2_prompt
+    return render(task, window, bank)
 
 
 _PHASE_RE = re.compile(r"\Atask: (.*?)\nrecent steps:\n(.*)\nbank:\n(.*)\n(tool calls|decision):\Z", re.DOTALL)

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from memrl.data.errors import RunFault, UserError
@@ -39,6 +40,7 @@ __all__ = [
     "iter_lines",
     "read_arrow",
     "read_jsonl",
+    "read_mapping",
     "replace_folder",
     "storage_error",
     "storage_guard",
@@ -52,6 +54,22 @@ M = TypeVar("M", bound=BaseModel)
 
 class RecordError(UserError, ValueError):
     """A malformed record: the message names the file, the line (or row) and the field."""
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """The mapping a ``.json`` file, or any other file read as YAML (safe loader), holds; a ValueError saying why
+    (``does not parse as JSON (...)``, ``holds no mapping of keys``) when it cannot be read or holds something else."""
+    json_file = path.suffix == ".json"
+    kind, parse, error = (
+        ("JSON", json.loads, json.JSONDecodeError) if json_file else ("YAML", yaml.safe_load, yaml.YAMLError)
+    )
+    try:
+        data = parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, error) as exc:
+        raise ValueError(f"does not parse as {kind} ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError("holds no mapping of keys")
+    return data
 
 
 # ----------------------------------------------------------------------------------------------------------------

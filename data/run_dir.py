@@ -20,10 +20,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 
 from memrl.data.config import ConfigError, RunConfig, write_resolved_config
+from memrl.data.io import read_mapping
 from memrl.data.tracking import bind_run_log
 
 __all__ = [
@@ -104,13 +104,9 @@ def check_resume_config(cfg: BaseModel, run: RunConfig, run_dir: Path) -> list[s
     ones that are not."""
     path = run_dir / "config.yaml"
     try:
-        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"--resume: {path} cannot be read ({exc}); the run's saved config is needed to resume it"
-        ) from None
-    if not isinstance(saved, dict):
-        raise ConfigError(f"--resume: {path} is not a mapping of keys; the run's saved config is needed to resume it")
+        saved = read_mapping(path)
+    except ValueError as exc:
+        raise ConfigError(f"--resume: {path} {exc}; the run's saved config is needed to resume it") from None
     changes = config_changes(saved, cfg.model_dump(mode="json"))
     refused = [k for k in changes if not _matches(k, run.allow_config_change)]
     if refused:

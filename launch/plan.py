@@ -11,7 +11,8 @@ its share counts during rollouts and, unless it sleeps, during updates. A recipe
 to change.
 
 The model's shape comes from ``--model-config`` (a ``config.json``), the base checkpoint's own ``config.json`` when it
-is on disk, or, for the recipes' bases before their SFT runs exist, the assumed shapes in :data:`ASSUMED_SHAPES`.
+is on disk, or, for the recipes' bases before their SFT runs exist, the assumed shapes in :data:`ASSUMED_SHAPES`
+(one table with the benchmarks' shapes, :data:`MODEL_SHAPES`, read from ``launch/model_shapes.yaml``).
 
     memrl plan --config configs/oat_grpo_sam_qwen3.5-9b.yaml --nodes 4 --gpus-per-node 8
 """
@@ -27,10 +28,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from memrl.data.config import ConfigError
+from memrl.rollout.models import ModelShape
 
 __all__ = [
     "ASSUMED_SHAPES",
+    "MODEL_SHAPES",
     "EngineEstimate",
     "ModelShape",
     "Plan",
@@ -46,107 +51,14 @@ GIB = 2**30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """What the estimate needs of a decoder-only transformer."""
-
-    hidden: int
-    layers: int
-    vocab: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    tied_embeddings: bool = True
-
-    @property
-    def layer_params(self) -> int:
-        """Parameters of one decoder layer (attention, SwiGLU MLP, two norms)."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.intermediate + 2 * self.hidden
-
-    @property
-    def params(self) -> int:
-        """All parameters (the embedding counted once when tied)."""
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return embeddings + self.layers * self.layer_params + self.hidden
-
-    @property
-    def largest_layer_params(self) -> int:
-        """The largest single module's parameters (what ZeRO-3 gathers at once)."""
-        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
-
-    def lora_params(self, rank: int, targets: list[str]) -> int:
-        """Trainable parameters of a rank-``rank`` LoRA on ``targets`` in every layer."""
-        q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
-        dims = {
-            "q_proj": (h, q),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (q, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-        unknown = sorted(set(targets) - set(dims))
-        if unknown:
-            raise ConfigError(f"trainer.lora.target_modules: cannot size {unknown} (known: {sorted(dims)})")
-        return self.layers * sum(rank * (dims[t][0] + dims[t][1]) for t in targets)
-
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> ModelShape:
-        """From a transformers ``config.json`` (a ``text_config`` section is used when present)."""
-        c = config.get("text_config", config)
-        heads = c["num_attention_heads"]
-        return cls(
-            hidden=c["hidden_size"],
-            layers=c["num_hidden_layers"],
-            vocab=c["vocab_size"],
-            heads=heads,
-            kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-            intermediate=c["intermediate_size"],
-            tied_embeddings=bool(c.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
-        )
-
-    def to_hf_config(self) -> dict[str, Any]:
-        """The transformers ``config.json`` keys of this shape (the inverse of :meth:`from_hf_config`)."""
-        return {
-            "hidden_size": self.hidden,
-            "num_hidden_layers": self.layers,
-            "vocab_size": self.vocab,
-            "num_attention_heads": self.heads,
-            "num_key_value_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate,
-            "tie_word_embeddings": self.tied_embeddings,
-        }
-
-
-# Shapes assumed for the recipes' bases when no config.json is on disk (every layer counted as full attention, which
-# over-states the KV cache of hybrid-attention models); pass --model-config with the real checkpoint's to replace them.
-ASSUMED_SHAPES = {
-    "qwen3.5-9b": ModelShape(
-        hidden=4096,
-        layers=32,
-        vocab=248_320,
-        heads=16,
-        kv_heads=4,
-        head_dim=256,
-        intermediate=12_288,
-        tied_embeddings=False,
-    ),
-    "qwen3.5-27b": ModelShape(
-        hidden=5120,
-        layers=64,
-        vocab=248_320,
-        heads=24,
-        kv_heads=4,
-        head_dim=256,
-        intermediate=17_408,
-        tied_embeddings=False,
-    ),
+# Named shapes (``launch/model_shapes.yaml``): the recipes' bases, assumed when no config.json is on disk (every layer
+# counted as full attention, which over-states the KV cache of hybrid-attention models; --model-config replaces them),
+# and the published and tiny shapes the trainer benchmarks and the GPU suite build.
+MODEL_SHAPES = {
+    name: ModelShape.from_hf_config(config)
+    for name, config in yaml.safe_load(Path(__file__).with_name("model_shapes.yaml").read_text()).items()
 }
+ASSUMED_SHAPES = {name: MODEL_SHAPES[name] for name in ("qwen3.5-9b", "qwen3.5-27b")}
 
 
 def model_shape(base: str, model_config: str | None = None) -> tuple[ModelShape, str]:

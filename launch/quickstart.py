@@ -82,6 +82,10 @@ class QuickstartSFT(ConfigModel):
     bf16: bool = False  # bf16 mixed precision (several times faster on this CPU for a model of SmolLM2's size)
 
 
+# The quickstart's keys that are the OAT-GRPO stage's own, passed to its config unchanged.
+RL_KEYS = ("memory", "tasks_per_iteration", "tree", "credit", "trainer", "loop", "eval_samples")
+
+
 class QuickstartConfig(ConfigModel):
     """The embedded default of ``memrl quickstart`` (every value measured to fit minutes on 2 CPU cores)."""
 
@@ -312,11 +316,9 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         reasoner = build_engine(reasoner_cfg)
         engine = (
             build_engine(
-                EngineConfig(
-                    backend="vllm",
-                    name="memory",
-                    model=str(model_dir),
-                    dtype="float32",
+                EngineConfig.vllm(
+                    "memory",
+                    model_dir,
                     max_model_len=cfg.max_model_len,
                     enable_lora=adapter is not None,
                     max_lora_rank=64,
@@ -383,18 +385,10 @@ def run_quickstart(cfg: QuickstartConfig) -> int:
         run=RunConfig(output_dir=str(run_dir), name="rl", seed=cfg.run.seed, wandb=cfg.run.wandb),
         policy=sft_policy,
         reasoner=reasoner_cfg,
-        memory=cfg.memory,
-        engine=EngineConfig(
-            backend="vllm", name="policy", model=sft_policy.base, dtype="float32", max_model_len=cfg.max_model_len
-        ),
+        engine=EngineConfig.vllm("policy", sft_policy.base, max_model_len=cfg.max_model_len),
         train_tasks=_task_set(cfg, cfg.rl_tasks, 100_000, cfg.horizon),
         eval_tasks=TaskSetConfig(family=cfg.task_family, count=0),
-        tasks_per_iteration=cfg.tasks_per_iteration,
-        tree=cfg.tree,
-        credit=cfg.credit,
-        trainer=cfg.trainer,
-        loop=cfg.loop,
-        eval_samples=cfg.eval_samples,
+        **{key: getattr(cfg, key) for key in RL_KEYS},
     )
     logger = MetricsLogger(
         run_dir, cfg.run.wandb, cfg.model_dump(mode="json"), name=run_dir.name, console=True, logging=cfg.run.logging

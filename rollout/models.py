@@ -17,12 +17,13 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-from memrl.data.config import ConfigModel
+from memrl.data.config import ConfigError, ConfigModel
 from memrl.data.errors import UserError
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "SMOLLM2_CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
     "TEXT_TAG_TOKENS",
+    "ModelShape",
     "TinyModelSpec",
     "build_tiny_model",
     "build_tokenizer",
@@ -41,6 +43,85 @@ __all__ = [
     "load_tokenizer",
     "smollm2_gguf_path",
 ]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of a dense decoder-only transformer (Qwen3 layout): what ``memrl plan`` estimates from and what a
+    tiny model is built with."""
+
+    hidden: int
+    layers: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied_embeddings: bool = True
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (attention, SwiGLU MLP, two norms)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.intermediate + 2 * self.hidden
+
+    @property
+    def params(self) -> int:
+        """All parameters (the embedding counted once when tied)."""
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return embeddings + self.layers * self.layer_params + self.hidden
+
+    @property
+    def largest_layer_params(self) -> int:
+        """The largest single module's parameters (what ZeRO-3 gathers at once)."""
+        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
+
+    def lora_params(self, rank: int, targets: list[str]) -> int:
+        """Trainable parameters of a rank-``rank`` LoRA on ``targets`` in every layer."""
+        q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
+        dims = {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+        unknown = sorted(set(targets) - set(dims))
+        if unknown:
+            raise ConfigError(f"trainer.lora.target_modules: cannot size {unknown} (known: {sorted(dims)})")
+        return self.layers * sum(rank * (dims[t][0] + dims[t][1]) for t in targets)
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> ModelShape:
+        """From a transformers ``config.json`` (a ``text_config`` section is used when present)."""
+        c = config.get("text_config", config)
+        heads = c["num_attention_heads"]
+        return cls(
+            hidden=c["hidden_size"],
+            layers=c["num_hidden_layers"],
+            vocab=c["vocab_size"],
+            heads=heads,
+            kv_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            intermediate=c["intermediate_size"],
+            tied_embeddings=bool(c.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
+        )
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The transformers ``config.json`` keys of this shape (the inverse of :meth:`from_hf_config`)."""
+        return {
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "vocab_size": self.vocab,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "tie_word_embeddings": self.tied_embeddings,
+        }
+
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 """Control tokens (skipped when decoding)."""
@@ -94,6 +175,18 @@ class TinyModelSpec(ConfigModel):
     def heads(self) -> int:
         """Attention heads (hidden / head_dim)."""
         return self.hidden // self.head_dim
+
+    def shape(self, vocab: int) -> ModelShape:
+        """The model's shape with ``vocab`` embedding rows (the tokenizer's, padded)."""
+        return ModelShape(
+            hidden=self.hidden,
+            layers=self.layers,
+            vocab=vocab,
+            heads=self.heads,
+            kv_heads=self.kv_heads or self.heads,
+            head_dim=self.head_dim,
+            intermediate=self.intermediate or 3 * self.hidden,
+        )
 
     def digest(self) -> str:
         """A short hash of the spec, the corpus and the library versions (names a cache directory)."""
@@ -158,15 +251,8 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen3Config(
-        vocab_size=padded_vocab,
-        hidden_size=spec.hidden,
-        intermediate_size=spec.intermediate or 3 * spec.hidden,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads,
-        num_key_value_heads=spec.kv_heads or spec.heads,
-        head_dim=spec.head_dim,
+        **spec.shape(padded_vocab).to_hf_config(),
         max_position_embeddings=spec.max_position,
-        tie_word_embeddings=True,
         bos_token_id=pad_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,

@@ -267,12 +267,12 @@ def build_trees(
             if b.tree.live == 0:
                 bar.update(1)
     branches = [b for b in branches if not b.rollout.done]
-    share = _GreedyShare(cfg.share_greedy_calls, stats)
+    schedule = _Schedule(engines, cfg, stats, advance, _GreedyShare(cfg.share_greedy_calls, stats))
     try:
         if cfg.scheduler == "wavefront":
-            _run_wavefronts(branches, engines, cfg, stats, advance, share)
+            _run_wavefronts(branches, schedule)
         else:
-            _run_blocking(_run_async(branches, engines, cfg, stats, advance, share))
+            _run_blocking(_run_async(branches, schedule))
     finally:
         bar.close()
     out = []
@@ -433,25 +433,36 @@ def _share_prefixes(
 
 
 Advance = Callable[[_Branch, PendingCall, GenerationResult, int], list[_Branch]]
+_Queues = dict[int, tuple[Engine, list[_Call]]]  # per engine (by id): the engine and the calls queued for it
 
 
-def _run_wavefronts(
-    active: list[_Branch],
-    engines: EngineSet,
-    cfg: TreeConfig,
-    stats: TreeRolloutStats,
-    advance: Advance,
-    share: _GreedyShare,
-) -> None:
+@dataclass
+class _Schedule:
+    """What a scheduler drives: the engines, the tree settings, the build's counters, the step that moves a branch on
+    with its call's result, and the greedy answers shared within the build."""
+
+    engines: EngineSet
+    cfg: TreeConfig
+    stats: TreeRolloutStats
+    advance: Advance
+    share: _GreedyShare
+
+    def queue(self, branch: _Branch, queues: _Queues) -> None:
+        """Queue the branch's pending call for the engine that answers it."""
+        call, n = _next_call(branch, self.cfg)
+        engine = self.engines.for_call(call)
+        queues.setdefault(id(engine), (engine, []))[1].append((branch, call, n))
+
+
+def _run_wavefronts(active: list[_Branch], schedule: _Schedule) -> None:
     """Lock-step: every pending call goes to its engine in one request list per engine, then every branch moves."""
+    share, stats = schedule.share, schedule.stats
     active = [b for b in active if not b.rollout.done]
     while active:
         stats.wavefronts += 1
-        batches: dict[int, tuple[Engine, list[_Call]]] = {}
+        batches: _Queues = {}
         for branch in active:
-            call, n = _next_call(branch, cfg)
-            engine = engines.for_call(call)
-            batches.setdefault(id(engine), (engine, []))[1].append((branch, call, n))
+            schedule.queue(branch, batches)
         active = []
         for engine, items in batches.values():
             send, keys = share.to_send(engine, items)
@@ -460,19 +471,13 @@ def _run_wavefronts(
                 stats.count(engine)
             results = share.answer(keys, send, answers)
             for (branch, call, n), result in zip(items, results, strict=True):
-                active.extend(advance(branch, call, result, n))
+                active.extend(schedule.advance(branch, call, result, n))
 
 
-async def _run_async(
-    active: list[_Branch],
-    engines: EngineSet,
-    cfg: TreeConfig,
-    stats: TreeRolloutStats,
-    advance: Advance,
-    share: _GreedyShare,
-) -> None:
+async def _run_async(active: list[_Branch], schedule: _Schedule) -> None:
     """Each branch advances as soon as its own call returns; engines generate concurrently (module docstring)."""
-    waiting: dict[int, tuple[Engine, list[_Call]]] = {}  # per engine: calls not sent yet
+    share, stats = schedule.share, schedule.stats
+    waiting: _Queues = {}  # calls not sent yet
     busy: set[int] = set()  # batching engines with a batch in flight
     in_flight: set[asyncio.Task[tuple[Engine, list[_Call], list[GenerationResult]]]] = set()
 
@@ -487,14 +492,9 @@ async def _run_async(
     def send(engine: Engine, items: list[_Call]) -> None:
         in_flight.add(asyncio.create_task(generate(engine, items)))
 
-    def wait_for_engine(branch: _Branch) -> None:
-        call, n = _next_call(branch, cfg)
-        engine = engines.for_call(call)
-        waiting.setdefault(id(engine), (engine, []))[1].append((branch, call, n))
-
     for branch in active:
         if not branch.rollout.done:
-            wait_for_engine(branch)
+            schedule.queue(branch, waiting)
     try:
         while waiting or in_flight:
             for key, (engine, items) in list(waiting.items()):
@@ -513,8 +513,8 @@ async def _run_async(
                 engine, items, results = task.result()
                 busy.discard(id(engine))
                 for (branch, call, n), result in zip(items, results, strict=True):
-                    for running in advance(branch, call, result, n):
-                        wait_for_engine(running)
+                    for running in schedule.advance(branch, call, result, n):
+                        schedule.queue(running, waiting)
     finally:
         for task in in_flight:
             task.cancel()

@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "KERNELS",
+    "PackedRows",
     "attention_over_rows",
     "document_block_mask",
     "packed_forward",
@@ -59,9 +61,31 @@ FLEX_BLOCK = 128  # FlexAttention's default sparse block size
 # Set while a packed forward builds its masks: the registered mask functions then build none.
 _building_packed_masks: ContextVar[bool] = ContextVar("memrl_building_packed_masks", default=False)
 
-# kernel(query, key, value, cu_seqlens, max_length, scaling, dropout) -> [1, T, H, D]; query [1, H, T, D], key and
-# value [1, H_kv, T, D], cu_seqlens [rows + 1] int32 on the tensors' device.
-Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float, float], torch.Tensor]
+
+@dataclass(frozen=True)
+class PackedRows:
+    """What a packed-attention kernel reads: query ``[1, H, T, D]``, key and value ``[1, H_kv, T, D]``, the row
+    boundaries ``cu_seqlens`` (``[rows + 1]`` on the tensors' device), the longest row, the softmax scale and the
+    attention dropout."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_length: int
+    scaling: float
+    dropout: float = 0.0
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (1 without grouped-query attention)."""
+        heads, kv_heads = self.query.shape[1], self.key.shape[1]
+        if heads % kv_heads:
+            raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} key/value heads")
+        return heads // kv_heads
+
+
+Kernel = Callable[[PackedRows], torch.Tensor]  # -> [1, T, H, D]
 
 
 def rows_can_share_a_sequence(config: Any) -> bool:
@@ -99,32 +123,17 @@ def repeats_kv_heads() -> bool:
     return found is not None and "enable_gqa" not in found[1]
 
 
-def _groups(query: torch.Tensor, key: torch.Tensor) -> int:
-    heads, kv_heads = query.shape[1], key.shape[1]
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} key/value heads")
-    return heads // kv_heads
-
-
-def _varlen_rows(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_length: int,
-    scaling: float,
-    dropout: float,
-) -> torch.Tensor:
+def _varlen_rows(rows: PackedRows) -> torch.Tensor:
     """``varlen_attn`` over ``[T, H, D]`` views; its causal flag and grouped-query option as the installed torch names
     them (torch 2.10: ``is_causal``; later: ``window_size=(-1, 0)`` and ``enable_gqa``)."""
     found = _varlen()
     if found is None:
         raise RuntimeError("this torch has no torch.nn.attention.varlen.varlen_attn")
-    if dropout:
+    if rows.dropout:
         raise ValueError("varlen_attn has no attention dropout: use the per_row_sdpa kernel")
     varlen_attn, params = found
-    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
-    groups = _groups(query, key)
+    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (rows.query, rows.key, rows.value))
+    groups = rows.groups
     kwargs: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     if groups > 1:
         if "enable_gqa" in params:
@@ -132,36 +141,27 @@ def _varlen_rows(
         else:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if "scale" in params:
-        kwargs["scale"] = scaling
+        kwargs["scale"] = rows.scaling
     else:  # the kernel's own scale is head_dim ** -0.5
-        q = q * (scaling * math.sqrt(q.shape[-1]))
-    cu = cu_seqlens.to(torch.int32)
-    return varlen_attn(q, k, v, cu, cu, max_length, max_length, **kwargs).unsqueeze(0)
+        q = q * (rows.scaling * math.sqrt(q.shape[-1]))
+    cu = rows.cu_seqlens.to(torch.int32)
+    return varlen_attn(q, k, v, cu, cu, rows.max_length, rows.max_length, **kwargs).unsqueeze(0)
 
 
-def _per_row_sdpa(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_length: int,
-    scaling: float,
-    dropout: float,
-) -> torch.Tensor:
+def _per_row_sdpa(rows: PackedRows) -> torch.Tensor:
     """One causal SDPA call per row, on views of the packed tensors: no mask, memory of one row's attention."""
-    gqa = _groups(query, key) > 1
-    bounds = cu_seqlens.tolist()
+    gqa = rows.groups > 1
     outs = [
         F.scaled_dot_product_attention(
-            query[:, :, start:end],
-            key[:, :, start:end],
-            value[:, :, start:end],
-            dropout_p=dropout,
+            rows.query[:, :, start:end],
+            rows.key[:, :, start:end],
+            rows.value[:, :, start:end],
+            dropout_p=rows.dropout,
             is_causal=True,
-            scale=scaling,
+            scale=rows.scaling,
             enable_gqa=gqa,
         )
-        for start, end in itertools.pairwise(bounds)
+        for start, end in itertools.pairwise(rows.cu_seqlens.tolist())
     ]
     return torch.cat(outs, dim=2).transpose(1, 2)
 
@@ -211,28 +211,22 @@ def document_block_mask(cu_seqlens: torch.Tensor, length: int, block: int = FLEX
 _last_block_mask: list[tuple[weakref.ref[torch.Tensor], int, Any]] = []
 
 
-def _flex_rows(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_length: int,
-    scaling: float,
-    dropout: float,
-) -> torch.Tensor:
+def _flex_rows(rows: PackedRows) -> torch.Tensor:
     """FlexAttention with :func:`document_block_mask` (compiled on CUDA; built once per micro-batch, not per layer)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    if dropout:
+    if rows.dropout:
         raise ValueError("FlexAttention has no attention dropout: use the per_row_sdpa kernel")
-    length = query.shape[2]
-    if _last_block_mask and _last_block_mask[0][0]() is cu_seqlens and _last_block_mask[0][1] == length:
+    length = rows.query.shape[2]
+    if _last_block_mask and _last_block_mask[0][0]() is rows.cu_seqlens and _last_block_mask[0][1] == length:
         block_mask = _last_block_mask[0][2]
     else:
-        block_mask = document_block_mask(cu_seqlens, length)
-        _last_block_mask[:] = [(weakref.ref(cu_seqlens), length, block_mask)]
-    kernel = _compiled_flex() if query.is_cuda else flex_attention
-    out = kernel(query, key, value, block_mask=block_mask, scale=scaling, enable_gqa=_groups(query, key) > 1)
+        block_mask = document_block_mask(rows.cu_seqlens, length)
+        _last_block_mask[:] = [(weakref.ref(rows.cu_seqlens), length, block_mask)]
+    kernel = _compiled_flex() if rows.query.is_cuda else flex_attention
+    out = kernel(
+        rows.query, rows.key, rows.value, block_mask=block_mask, scale=rows.scaling, enable_gqa=rows.groups > 1
+    )
     return out.transpose(1, 2)
 
 
@@ -266,7 +260,7 @@ def attention_over_rows(
         dtype = torch.get_autocast_dtype(device)
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     name = kernel or packed_kernel_for(query.device, query.dtype, dropout)
-    return KERNELS[name](query, key, value, cu_seqlens, max_length, scaling, dropout)
+    return KERNELS[name](PackedRows(query, key, value, cu_seqlens, max_length, scaling, dropout))
 
 
 def _wrapped_forward(base: str, module: torch.nn.Module) -> Callable[..., Any]:

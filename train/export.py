@@ -177,11 +177,9 @@ def _generate_vllm(model_dir: Path, cfg: VerifyConfig) -> dict[str, Any]:
     from memrl.rollout.engines.factory import build_engine
 
     engine = build_engine(
-        EngineConfig(
-            backend="vllm",
-            name="export-check",
-            model=str(model_dir),
-            dtype="float32",
+        EngineConfig.vllm(
+            "export-check",
+            model_dir,
             kv_cache_memory_bytes=cfg.vllm_kv_cache_memory_bytes,
             max_model_len=cfg.vllm_max_model_len,
             gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,

@@ -31,10 +31,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import torch
 from pydantic import Field, model_validator
+from typing_extensions import Unpack
 
 from memrl.data.config import (
     ConfigError,
@@ -71,7 +72,15 @@ from memrl.train.online import LoopConfig, OnlineLoop, check_staleness_placement
 from memrl.train.policy import PolicySpec
 from memrl.train.weight_sync import InMemoryWeightSync
 
-__all__ = ["OATGRPOConfig", "check_inputs", "load_sam_tasks", "run_oat_grpo", "summarize_eval", "train_oat_grpo"]
+__all__ = [
+    "OATGRPOConfig",
+    "RunOptions",
+    "check_inputs",
+    "load_sam_tasks",
+    "run_oat_grpo",
+    "summarize_eval",
+    "train_oat_grpo",
+]
 
 NO_REASONER = "memrl.rollout.episodes:NoReasoner"  # an episode/HTTP family's reasoner when none is configured
 
@@ -283,7 +292,7 @@ def policy_engine_config(cfg: OATGRPOConfig) -> EngineConfig:
     as ``placement.policy`` says."""
     lora = cfg.trainer.lora
     adapter = cfg.policy.adapter is not None or lora.enabled
-    base = cfg.engine or EngineConfig(backend="vllm", name="policy", model=cfg.policy.base, dtype="float32")
+    base = cfg.engine or EngineConfig.vllm("policy", cfg.policy.base)
     updates: dict[str, Any] = {"model": base.model or cfg.policy.base}
     if adapter:
         updates.update(enable_lora=True, max_lora_rank=max(base.max_lora_rank, lora.r))
@@ -601,18 +610,19 @@ def job_seed(cfg: OATGRPOConfig, iteration: int) -> int:
     return cfg.run.seed * 7919 + iteration
 
 
-def setup_oat_grpo(
-    cfg: OATGRPOConfig,
-    run_dir: Path,
-    *,
-    logger: MetricsLogger | None = None,
-    eval_tasks: list[Any] | None = None,
-    accelerator: Any = None,
-    initial_eval: dict[str, Any] | None = None,
-) -> OATRun:
+class RunOptions(TypedDict, total=False):
+    """What a caller of :func:`train_oat_grpo` may pass beside the config and the run folder."""
+
+    logger: MetricsLogger  # the caller's metrics logger (default: one of the run's own, closed at the end)
+    eval_tasks: list[Any]  # the held-out tasks (default: the config's eval_tasks)
+    accelerator: Any  # an Accelerator already made (default: the trainer makes one)
+    initial_eval: dict[str, Any]  # the starting policy's held-out figures, when the caller already has them
+
+
+def setup_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, **options: Unpack[RunOptions]) -> OATRun:
     """The trainer, the engines (a fleet of rollout workers, each building trees and scoring them with the
     committee), the task sets and the loop of an OAT-GRPO run."""
-    trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=accelerator)
+    trainer = GroupTrainer(cfg.policy, cfg.trainer, accelerator=options.get("accelerator"))
     main = trainer.accelerator.is_main_process
     gpu = torch.cuda.is_available()
     check_staleness_placement(cfg.loop, cfg.placement.policy, gpu)
@@ -630,6 +640,7 @@ def setup_oat_grpo(
         weight_transfer="nccl" if in_memory else None,
     )
     fleet = build_fleet(spec, cfg.fleet, cfg.placement.policy) if main else None
+    logger = options.get("logger")
     own_logger = logger is None
     logger = logger or MetricsLogger(
         run_dir,
@@ -639,17 +650,17 @@ def setup_oat_grpo(
         console=main,
         logging=cfg.run.logging if main else None,
     )
-    loop = OnlineLoop(
-        trainer=trainer,
-        engine=fleet,
-        cfg=cfg.loop,
-        run_dir=run_dir,
-        resume=cfg.run.resume,
-        logger=logger,
+    loop = OnlineLoop.for_recipe(
+        cfg,
+        trainer,
+        fleet,
+        run_dir,
+        logger,
         desc="oat-grpo",
         attach={"reward_cache": Path(str(settings.cache_dir))},
         in_memory=InMemoryWeightSync(trainer, fleet) if in_memory else None,
     )
+    initial_eval, eval_tasks = options.get("initial_eval"), options.get("eval_tasks")
     last_eval = {} if initial_eval is None else {"version": trainer.version, "result": initial_eval}
     return OATRun(
         cfg,
@@ -665,22 +676,12 @@ def setup_oat_grpo(
     )
 
 
-def train_oat_grpo(
-    cfg: OATGRPOConfig,
-    run_dir: Path,
-    *,
-    logger: MetricsLogger | None = None,
-    eval_tasks: list[Any] | None = None,
-    accelerator: Any = None,
-    initial_eval: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def train_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, **options: Unpack[RunOptions]) -> dict[str, Any]:
     """The loop behind ``memrl train oat-grpo`` (also called by the quickstart, which passes its own logger and a
-    held-out set spanning several horizons); returns a summary dict. ``initial_eval``: the starting policy's held-out
-    figures when the caller already has them (a benchmark starting many runs from one checkpoint), used instead of
-    evaluating it again. One iteration: collect -> credit -> groups -> update -> sync -> log -> checkpoint."""
-    run = setup_oat_grpo(
-        cfg, run_dir, logger=logger, eval_tasks=eval_tasks, accelerator=accelerator, initial_eval=initial_eval
-    )
+    held-out set spanning several horizons; ``options``: :class:`RunOptions`); returns a summary dict. ``initial_eval``
+    (a benchmark starting many runs from one checkpoint) is used instead of evaluating the start again. One iteration:
+    collect -> credit -> groups -> update -> sync -> log -> checkpoint."""
+    run = setup_oat_grpo(cfg, run_dir, **options)
     loop, main = run.loop, run.trainer.accelerator.is_main_process
     warned = False
     try:

@@ -48,7 +48,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 
-from memrl.data.config import ConfigError, ConfigModel, PolicyPlacement
+from memrl.data.config import ConfigError, ConfigModel, PolicyPlacement, RunConfig
 from memrl.data.schemas import Group
 from memrl.data.tracking import MetricsLogger, progress_bar
 from memrl.train.checkpoint import CheckpointManager
@@ -89,6 +89,18 @@ class WeightSender(Protocol):
 
     def send(self, saved_dir: str | None) -> None:
         """Broadcast the trainer's weights to the engines (``saved_dir``: where they were also written)."""
+
+
+class Recipe(Protocol):
+    """What the loop reads of an online recipe's config (OAT-GRPO, pivot GRPO)."""
+
+    @property
+    def loop(self) -> LoopConfig:
+        """The recipe's ``loop`` section."""
+
+    @property
+    def run(self) -> RunConfig:
+        """The recipe's ``run`` section (``run.resume``)."""
 
 
 log = logging.getLogger(__name__)
@@ -224,6 +236,28 @@ class OnlineLoop:
 
     ``launch(iteration)`` runs on the main process only; ``payload`` is None on the others.
     """
+
+    @classmethod
+    def for_recipe(
+        cls,
+        recipe: Recipe,
+        trainer: GroupTrainer,
+        engine: PolicyEngine | None,
+        run_dir: Path,
+        logger: MetricsLogger,
+        **options: Any,
+    ) -> OnlineLoop:
+        """The loop of ``recipe`` (its ``loop`` section, resuming when ``run.resume``); ``options``: ``desc``,
+        ``attach``, ``in_memory``."""
+        return cls(
+            trainer=trainer,
+            engine=engine,
+            cfg=recipe.loop,
+            run_dir=run_dir,
+            resume=recipe.run.resume,
+            logger=logger,
+            **options,
+        )
 
     def __init__(
         self,

@@ -516,15 +516,7 @@ def setup_pivot_grpo(cfg: PivotGRPOConfig, run_dir: Path, accelerator: Any = Non
         if main
         else None
     )
-    loop = OnlineLoop(
-        trainer=trainer,
-        engine=policy_engine,
-        cfg=cfg.loop,
-        run_dir=run_dir,
-        resume=cfg.run.resume,
-        logger=logger,
-        desc="pivot-grpo",
-    )
+    loop = OnlineLoop.for_recipe(cfg, trainer, policy_engine, run_dir, logger, desc="pivot-grpo")
     return PivotRun(cfg, run_dir, trainer, engines, loop, train_tasks, eval_tasks, logger)
 
 

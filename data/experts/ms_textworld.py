@@ -28,10 +28,9 @@ from typing import Any
 from pydantic import Field
 
 from memrl.data.config import ConfigModel
+from memrl.data.experts.sam import SamPromptOracle
 from memrl.data.formats import (
     NOTHING_RELEVANT,
-    parse_sam_consolidate_prompt,
-    parse_sam_recall_prompt,
     parse_sam_recalled,
     parse_tool_calls,
 )
@@ -87,7 +86,7 @@ def _memory_subject(action: str, observation: str) -> tuple[str, str] | None:
     return subject, "" if content.strip().lower() == NOTHING_RELEVANT else " ".join(content.split())
 
 
-class TwOracle:
+class TwOracle(SamPromptOracle):
     """Programmatic expert for SAM's memory roles on TextWorld pages (a :class:`~memrl.data.schemas.ScriptedPolicy`)."""
 
     name = "ms-textworld-oracle"
@@ -99,17 +98,15 @@ class TwOracle:
             config = {"error_rate": getattr(config, "error_rate", 0.0)}
         self.config = config if isinstance(config, TwOracleConfig) else TwOracleConfig.model_validate(config or {})
 
-    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
-        """The cue or the recall for the prompt in ``messages`` (empty text for any other prompt)."""
-        gold = [str(g).lower() for g in metadata.get("gold_entities", [])]
-        consolidate = parse_sam_consolidate_prompt(messages)
-        if consolidate is not None:
-            return self.cue(consolidate[1], rng, gold)
-        recall = parse_sam_recall_prompt(messages)
-        if recall is not None:
-            intent, _, page_text, so_far = recall
-            return self.recall(intent, page_text, so_far, rng, gold)
-        return ""
+    def gold(self, metadata: dict[str, Any]) -> list[str]:
+        """The task's gold entities, lower-cased as the pages' text is matched."""
+        return [str(g).lower() for g in metadata.get("gold_entities", [])]
+
+    def answer_recall(
+        self, intent: str, page_text: str, so_far: str, rng: random.Random, metadata: dict[str, Any]
+    ) -> str:
+        """:meth:`recall` with the task's gold entities."""
+        return self.recall(intent, page_text, so_far, rng, self.gold(metadata))
 
     # ------------------------------------------------------------------------------------------------ cues
     def _unit_cue(self, action: str, observation: str, rng: random.Random, gold: list[str]) -> TwCue:

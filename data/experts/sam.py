@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import random
 import re
+from abc import ABC, abstractmethod
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -37,7 +38,7 @@ from memrl.data.config import ConfigModel
 from memrl.data.formats import NOTHING_RELEVANT, parse_sam_consolidate_prompt, parse_sam_recall_prompt
 from memrl.data.tasks.sam import parse_facts
 
-__all__ = ["SamOracle", "SamOracleConfig"]
+__all__ = ["SamOracle", "SamOracleConfig", "SamPromptOracle"]
 
 _ROOM = re.compile(r"^you are in the (.+)\.$", re.MULTILINE)
 _STEP = re.compile(r"^t(\d+)> ", re.MULTILINE)
@@ -65,7 +66,36 @@ def _mentions(text: str, entity: str) -> bool:
     return re.search(rf"(?<![\w]){re.escape(entity)}(?![\w]| \d)", text) is not None
 
 
-class SamOracle:
+class SamPromptOracle(ABC):
+    """An expert answering SAM's two memory prompts: the cue of a consolidate prompt, the recall of a recall prompt."""
+
+    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
+        """The cue or the recall for the prompt in ``messages`` (empty text for any other prompt)."""
+        consolidate = parse_sam_consolidate_prompt(messages)
+        if consolidate is not None:
+            return self.cue(consolidate[1], rng, self.gold(metadata))
+        recall = parse_sam_recall_prompt(messages)
+        if recall is not None:
+            intent, _, page_text, so_far = recall
+            return self.answer_recall(intent, page_text, so_far, rng, metadata)
+        return ""
+
+    def gold(self, metadata: dict[str, Any]) -> list[str]:
+        """The task's gold entities, as the cue matches them."""
+        return list(metadata.get("gold_entities", []))
+
+    @abstractmethod
+    def cue(self, page_text: str, rng: random.Random, gold: list[str] | None = None) -> str:
+        """The cue of a page."""
+
+    @abstractmethod
+    def answer_recall(
+        self, intent: str, page_text: str, so_far: str, rng: random.Random, metadata: dict[str, Any]
+    ) -> str:
+        """``so_far`` plus what the page says that serves ``intent``."""
+
+
+class SamOracle(SamPromptOracle):
     """Programmatic expert for both SAM memory roles (a :class:`~memrl.data.schemas.ScriptedPolicy`)."""
 
     name = "sam-oracle"
@@ -73,22 +103,16 @@ class SamOracle:
     def __init__(self, config: SamOracleConfig | dict[str, Any] | None = None) -> None:
         self.config = config if isinstance(config, SamOracleConfig) else SamOracleConfig.model_validate(config or {})
 
-    def respond(self, messages: list[Any], rng: random.Random, metadata: dict[str, Any]) -> str:
-        """The cue or the recall for the prompt in ``messages`` (empty text for any other prompt)."""
-        gold = list(metadata.get("gold_entities", []))
-        consolidate = parse_sam_consolidate_prompt(messages)
-        if consolidate is not None:
-            return self.cue(consolidate[1], rng, gold)
-        recall = parse_sam_recall_prompt(messages)
-        if recall is not None:
-            intent, _, page_text, so_far = recall
-            later = [int(x) for x in metadata.get("evidence_steps", [])]
-            steps = [int(x) for x in _STEP.findall(page_text)]
-            restated_later = steps and any(e > max(steps) for e in later) and any(e in steps for e in later)
-            if restated_later and self.config.defer_to_later and rng.random() < self.config.defer_to_later:
-                return so_far or NOTHING_RELEVANT
-            return self.recall(intent, page_text, so_far, rng)
-        return ""
+    def answer_recall(
+        self, intent: str, page_text: str, so_far: str, rng: random.Random, metadata: dict[str, Any]
+    ) -> str:
+        """The recall, or ``so_far`` unchanged when a later page restates the facts and the oracle defers to it."""
+        later = [int(x) for x in metadata.get("evidence_steps", [])]
+        steps = [int(x) for x in _STEP.findall(page_text)]
+        restated_later = steps and any(e > max(steps) for e in later) and any(e in steps for e in later)
+        if restated_later and self.config.defer_to_later and rng.random() < self.config.defer_to_later:
+            return so_far or NOTHING_RELEVANT
+        return self.recall(intent, page_text, so_far, rng)
 
     def cue(self, page_text: str, rng: random.Random, gold: list[str] | None = None) -> str:
         """The entities the page locates, in order of appearance (noisy per the config)."""

@@ -17,6 +17,7 @@ from memrl.data.schemas import ScriptedPolicy
 from memrl.rollout.engines.base import unknown_backend
 
 __all__ = [
+    "RETRY_SETTINGS",
     "EndpointConfig",
     "EngineConfig",
     "load_scripted_policy",
@@ -24,6 +25,10 @@ __all__ = [
     "scripted_policy_class",
     "served_engine",
 ]
+
+# How an HTTP engine retries (EngineConfig keys, OpenAIEngine keywords): one attempt's timeout, the whole call's
+# deadline, the retries per sample and the jittered exponential backoff's first and longest wait.
+RETRY_SETTINGS = ("request_timeout_s", "deadline_s", "max_retries", "backoff_base_s", "backoff_max_s")
 
 
 class EndpointConfig(ConfigModel):
@@ -87,7 +92,7 @@ class EngineConfig(ConfigModel):
     device: str | None = None  # hf device; None: cuda if available, else cpu
     batch_size: int = Field(64, ge=1, le=2**16)  # hf: rows per generate() call
 
-    # openai
+    # openai (the retry settings: RETRY_SETTINGS)
     endpoints: list[EndpointConfig] = []
     api: Literal["auto", "completions", "chat"] = "auto"  # chat, or completions (token ids); auto: by tokenizer
     request_timeout_s: float = Field(120.0, gt=0)  # timeout of one HTTP attempt, seconds
@@ -139,6 +144,21 @@ class EngineConfig(ConfigModel):
         from memrl.rollout.models import load_tokenizer
 
         return load_tokenizer(name, trust_remote_code=self.trust_remote_code, revision=self.revision)
+
+    @classmethod
+    def vllm(cls, name: str, model: str | os.PathLike[str], **settings: Any) -> EngineConfig:
+        """A vLLM engine named ``name`` on the checkpoint ``model``, in float32 (the dtype the CPU backend runs and
+        memrl's default for the policy's engine); ``settings``: any other keys."""
+        return cls(backend="vllm", name=name, model=str(model), dtype="float32", **settings)
+
+    def engine_settings(self) -> dict[str, Any]:
+        """What every backend's engine takes from its config: the label its results carry, the seed of its samples
+        and the chat template's keywords."""
+        return {"name": self.engine_name, "seed": self.seed, "chat_template_kwargs": self.chat_template_kwargs}
+
+    def retry_settings(self) -> dict[str, Any]:
+        """The HTTP retry settings (:data:`RETRY_SETTINGS`) as the OpenAI engine's keyword arguments."""
+        return self.model_dump(include=set(RETRY_SETTINGS))
 
     @property
     def engine_name(self) -> str:

@@ -114,12 +114,10 @@ class HFEngine(Engine):
         return cls(
             model,
             cfg.load_tokenizer(),
-            seed=cfg.seed,
-            name=cfg.engine_name,
             batch_size=cfg.batch_size,
             max_model_len=cfg.max_model_len,
-            chat_template_kwargs=cfg.chat_template_kwargs,
             cpu_threads=cfg.cpu_threads,
+            **cfg.engine_settings(),
         )
 
     # ------------------------------------------------------------------------------------------------------------

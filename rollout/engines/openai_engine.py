@@ -267,14 +267,8 @@ class OpenAIEngine(Engine):
             model=cfg.model,
             tokenizer=tokenizer,
             api=cfg.api,
-            name=cfg.engine_name,
-            seed=cfg.seed,
-            request_timeout_s=cfg.request_timeout_s,
-            deadline_s=cfg.deadline_s,
-            max_retries=cfg.max_retries,
-            backoff_base_s=cfg.backoff_base_s,
-            backoff_max_s=cfg.backoff_max_s,
-            chat_template_kwargs=cfg.chat_template_kwargs,
+            **cfg.engine_settings(),
+            **cfg.retry_settings(),
         )
 
     def _headers(self, ep: EndpointConfig) -> dict[str, str]:

@@ -174,15 +174,7 @@ class VLLMEngine(Engine):
 
         with torch_threads(threads), _modules_hidden_from_vllm_kernel_scan(), _visible_gpus(cfg.cuda_devices):
             llm = LLM(**kwargs)
-        return cls(
-            llm,
-            cfg.load_tokenizer(),
-            name=cfg.engine_name,
-            seed=cfg.seed,
-            chat_template_kwargs=cfg.chat_template_kwargs,
-            cpu_threads=threads,
-            sleep_level=sleep_level,
-        )
+        return cls(llm, cfg.load_tokenizer(), cpu_threads=threads, sleep_level=sleep_level, **cfg.engine_settings())
 
     # ------------------------------------------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

@@ -9,7 +9,9 @@ SAM's scripted reasoner and oracle; the quickstart's).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypedDict
+
+from typing_extensions import Unpack
 
 from memrl.data.schemas import EpisodeTrace, episode_won
 from memrl.data.tasks.proactive import ProactiveTask
@@ -24,7 +26,7 @@ from memrl.rollout.memory.proactive import ProactiveConfig
 from memrl.rollout.memory.registry import MemoryConfig
 from memrl.rollout.memory.sam import TokenCounter
 
-__all__ = ["FAILURE_STATS", "episode_fields", "evaluate_memory", "evaluate_sam_memory", "run_tasks"]
+__all__ = ["FAILURE_STATS", "EvalOptions", "episode_fields", "evaluate_memory", "evaluate_sam_memory", "run_tasks"]
 
 FAILURE_STATS = ("env_errors", "env_timeouts", "episode_errors", "episode_timeouts", "episode_bad_outcomes")
 """Run statistics that mark an episode as failed, by kind: its environment raised or outlived ``episode_timeout_s``,
@@ -199,19 +201,25 @@ def evaluate_memory(
     }
 
 
+class EvalOptions(TypedDict, total=False):
+    """How :func:`evaluate_memory` runs (its keywords, which :func:`evaluate_sam_memory` passes through)."""
+
+    samples: int  # sampled runs per task beside the greedy one (default 1)
+    temperature: float | None  # of the sampled runs (default: the memory system's own)
+    seed: int  # of the runs and the engines (default 0)
+    count_tokens: TokenCounter | None  # the memory systems' token counter (default: the approximate one)
+    tasks_per_batch: int  # runs in flight at once (default 256)
+    progress: str | None  # the progress bar's label (default "eval"; None: no bar)
+
+
 def evaluate_sam_memory(
     tasks: Sequence[SamTask],
     memory_engine: Engine | None,
     memory: MemoryConfig | dict[str, Any] | None = None,
     *,
-    samples: int = 1,
-    temperature: float | None = None,
     tokenizer: Any = None,
     reasoner: Engine | None = None,
-    seed: int = 0,
-    count_tokens: TokenCounter | None = None,
-    tasks_per_batch: int = 256,
-    progress: str | None = "eval",
+    **options: Unpack[EvalOptions],
 ) -> dict[str, Any]:
     """Evaluate a memory model inside SAM on SAM tasks, in process: one greedy run and ``samples`` sampled runs per
     task, ``tasks_per_batch`` runs in flight at once (one batched engine call per wavefront). ``memory_engine`` None
@@ -219,20 +227,9 @@ def evaluate_sam_memory(
     memory tokens per task (``spent`` and prompt + completion), per-horizon success and the records."""
     from memrl.rollout.agents import sam_engines
 
-    engines = sam_engines(memory_engine, tokenizer=tokenizer, seed=seed)
+    engines = sam_engines(memory_engine, tokenizer=tokenizer, seed=options.get("seed", 0))
     if reasoner is not None:
         engines = EngineSet(reasoner=reasoner, memory=engines.memory)
-    result = evaluate_memory(
-        tasks,
-        engines,
-        memory or {"name": "sam"},
-        samples=samples,
-        temperature=temperature,
-        seed=seed,
-        count_tokens=count_tokens,
-        tasks_per_batch=tasks_per_batch,
-        progress=progress,
-        dataset="sam",
-    )
+    result = evaluate_memory(tasks, engines, memory or {"name": "sam"}, dataset="sam", **options)
     result.pop("failed_episodes")
     return result

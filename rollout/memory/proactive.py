@@ -68,13 +68,13 @@ from pydantic import Field
 
 from memrl.data.config import ConfigModel, RegexPattern
 from memrl.data.formats import (
+    PROACTIVE_PHASES,
     ToolCall,
     parse_intervention,
     parse_tool_calls,
     render_bank,
     render_memory_context,
-    render_phase1_prompt,
-    render_phase2_prompt,
+    render_proactive_prompt,
     render_window,
 )
 from memrl.data.schemas import MemoryCall, Message
@@ -305,13 +305,12 @@ class ProactiveMemory(MemorySystem):
         return self._request
 
     def _build_request(self, role: str) -> MemoryRequest:
-        render = render_phase1_prompt if role == "bank_edit" else render_phase2_prompt
         bank_text = self._prompt_bank() if self.config.uses_bank else render_bank("", [], [])
-        messages = as_messages(render(self.task, self._window_text(), bank_text))
+        messages = as_messages(render_proactive_prompt(role, self.task, self._window_text(), bank_text))
         sampling = self.config.sampling.get(role, RoleSampling())
         metadata = {
             "memory_step": self.step,
-            "phase": 1 if role == "bank_edit" else 2,
+            "phase": PROACTIVE_PHASES[role],
             "triggers": list(self._triggers),
         }
         return MemoryRequest(role=role, messages=messages, sampling=sampling, metadata=metadata)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-VOCAB = 1024
+from memrl.launch.plan import MODEL_SHAPES
+
+SHAPE = MODEL_SHAPES["tiny-gqa"]
+VOCAB = SHAPE.vocab
 # (prompt, response) lengths of very different sizes: a long prompt, one-token prompt and response, a long response.
 ROW_LENGTHS = [(700, 40), (3, 1), (150, 260), (1, 30), (60, 5)]
 
@@ -19,32 +22,23 @@ def random_rows(seed: int = 0, lengths: list[tuple[int, int]] = ROW_LENGTHS) -> 
 
 
 def tiny_causal_lm(arch: str, attn_implementation: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """A random 2-4 layer model: ``qwen3`` (the dense shape ``memrl plan`` assumes) or ``qwen3_5`` (Qwen3.5's hybrid of
-    gated-delta-net linear attention and full attention, the recipes' real base), in eval mode."""
+    """A random 2-4 layer model of the ``tiny-gqa`` shape: ``qwen3`` (the dense layout ``memrl plan`` assumes) or
+    ``qwen3_5`` (Qwen3.5's hybrid of gated-delta-net linear attention and full attention, the recipes' real base), in
+    eval mode."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    )
+    common = SHAPE.to_hf_config() | {"max_position_embeddings": 2048}
     if arch == "qwen3":
-        config = Qwen3Config(num_hidden_layers=2, **common)
+        config = Qwen3Config(**common)
     elif arch == "qwen3_5":
         from transformers import Qwen3_5TextConfig  # only here: an older transformers lacks it, Qwen3 tests still run
 
         config = Qwen3_5TextConfig(
-            num_hidden_layers=4,
+            **common | {"num_hidden_layers": 4},
             linear_key_head_dim=16,
             linear_value_head_dim=16,
             linear_num_key_heads=2,
             linear_num_value_heads=4,
-            **common,
         )
     else:
         raise ValueError(f"unknown arch {arch!r}")

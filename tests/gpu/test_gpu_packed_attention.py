@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import memrl.train.attention as attention
 from memrl.train.attention import (
     KERNELS,
+    PackedRows,
     attention_over_rows,
     document_block_mask,
     packed_kernel_for,
@@ -296,13 +297,14 @@ def test_varlen_call_adapts_to_the_installed_signature(params: frozenset[str], m
         if not kwargs.get("enable_gqa"):
             assert k.shape[1] == q.shape[1], "K/V must be repeated where the kernel has no grouped-query option"
         out = KERNELS["per_row_sdpa"](
-            q.transpose(0, 1)[None],
-            k.transpose(0, 1)[None],
-            v.transpose(0, 1)[None],
-            cu_q,
-            max_q,
-            kwargs.get("scale", q.shape[-1] ** -0.5),
-            0.0,
+            PackedRows(
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                cu_q,
+                max_q,
+                scaling=kwargs.get("scale", q.shape[-1] ** -0.5),
+            )
         )
         return out[0]
 

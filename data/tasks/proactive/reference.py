@@ -16,8 +16,7 @@ from memrl.data.formats import (
     parse_tool_calls,
     render_bank,
     render_memory_context,
-    render_phase1_prompt,
-    render_phase2_prompt,
+    render_proactive_prompt,
     render_tool_call,
     render_window,
 )
@@ -171,11 +170,11 @@ def simulate_proactive(
         window_text = render_window(window)
         reminder: str | None = None
         if memory is not None and t % trigger_every == 0:
-            prompt = as_messages(render_phase1_prompt(task.task, window_text, bank.render()))
+            prompt = as_messages(render_proactive_prompt("bank_edit", task.task, window_text, bank.render()))
             reply = memory.respond(prompt, rng, {**meta, "role": "bank_edit", "step": t})
             run.memory_calls.append(("bank_edit", prompt, reply))
             bank.apply(reply)
-            prompt = as_messages(render_phase2_prompt(task.task, window_text, bank.render()))
+            prompt = as_messages(render_proactive_prompt("intervene", task.task, window_text, bank.render()))
             reply = memory.respond(prompt, rng, {**meta, "role": "intervene", "step": t})
             run.memory_calls.append(("intervene", prompt, reply))
             reminder = parse_intervention(reply)[0]
