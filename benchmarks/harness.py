@@ -75,11 +75,13 @@ def bench_parser(doc: str | None, *, seed: bool = True) -> argparse.ArgumentPars
     return parser
 
 
-def tiny_oat_overrides(model: Path, out: Path, name: str, *, train_tasks: int = 8) -> list[str]:
+def tiny_oat_overrides(
+    model: Path, out: Path, name: str, *, train_tasks: int = 8, config_sampling: bool = False
+) -> list[str]:
     """Overrides of ``configs/oat_grpo_tiny.yaml`` for about a second per iteration: ``model`` as the policy and
     its engine, the run ``out/name``, short SAM tasks, two an iteration, trees of 4 leaves branching at cue writing
-    (sampled) and recall, 12-token memory answers."""
-    return [
+    (sampled) and recall, 12-token memory answers (``config_sampling``: the config's own branch roles and sampling)."""
+    overrides = [
         f"policy.base={model}",
         f"engine.model={model}",
         f"run.output_dir={out}",
@@ -91,6 +93,11 @@ def tiny_oat_overrides(model: Path, out: Path, name: str, *, train_tasks: int = 
         "tasks_per_iteration=2",
         "tree.branch_factor=2",
         "tree.max_leaves=4",
+    ]
+    if config_sampling:
+        return overrides
+    return [
+        *overrides,
         "tree.branch_roles=[consolidate, recall]",
         "memory.sampling.consolidate.temperature=1.0",
         "memory.sampling.consolidate.max_tokens=12",

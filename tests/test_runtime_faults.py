@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness import tiny_oat_overrides
 from benchmarks.resume_faults import env
 from memrl.launch.cli import main
 from tests.fault_server import BOMB_BYTES, PlanServer
@@ -162,17 +163,7 @@ def _oat(model: Path, out: Path) -> list[str]:
         "oat-grpo",
         "--config",
         str(ROOT / "configs" / "oat_grpo_tiny.yaml"),
-        f"policy.base={model}",
-        f"engine.model={model}",
-        f"run.output_dir={out}",
-        "run.name=o",
-        "train_tasks.count=8",
-        "train_tasks.sam.horizon_steps=6",
-        "eval_tasks.count=2",
-        "eval_tasks.sam.horizon_steps=6",
-        "tasks_per_iteration=2",
-        "tree.branch_factor=2",
-        "tree.max_leaves=4",
+        *tiny_oat_overrides(model, out, "o", config_sampling=True),
         "loop.iterations=2",
         "loop.eval_every=0",
         "loop.checkpoint_every=1",
