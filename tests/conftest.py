@@ -57,13 +57,16 @@ def tiny_model_dir(model_cache: Path) -> Path:
 def vllm_server_16k(model_cache: Path, tmp_path_factory: pytest.TempPathFactory):
     """One real vLLM OpenAI-compatible server for the slow tests that talk to one (starting it is most of their
     cost): the default tiny model with 16K positions (the LoCoMo recipe's replies pile up in its context), prompt-token
-    details on. Yields (the ``/v1`` base URL, the model's folder)."""
+    details on, started, awaited and stopped by launch/serve_endpoints.sh (tests/served.py). Yields (the ``/v1`` base
+    URL, the model's folder)."""
     from served import vllm_server
 
     from memrl.rollout.models import TinyModelSpec, ensure_tiny_model
 
     model = ensure_tiny_model(model_cache, TinyModelSpec(max_position=16384))
-    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    args = ("--max-model-len", "16384", "--gpu-memory-utilization", "0.1", "--enable-prompt-tokens-details")
-    with vllm_server(model, log_path, *args) as url:
+    # beside the script's CPU command line: a KV cache of 256 MiB, and no chunked prefill (seeded requests with
+    # chunked prefill crash the CPU sampler)
+    bounds = ("--kv-cache-memory-bytes", str(256 << 20), "--no-enable-chunked-prefill")
+    args = ("--max-model-len", "16384", "--", "--enable-prompt-tokens-details", *bounds)
+    with vllm_server(model, tmp_path_factory.mktemp("vllm-server"), *args) as url:
         yield url, model

@@ -841,41 +841,20 @@ def test_wait_times_out_on_a_closed_port() -> None:
 
 
 # protects: launch/serve_endpoints.sh's real vLLM command line starts a CPU server that answers with log-probs and
-# stops (the fast tests use a fake vllm)
+# stops (the fast tests use a fake vllm); the session's server (tests/conftest.py) is started, awaited and stopped by
+# the script, its start and stop checked there
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_serve_a_real_cpu_vllm_server(tmp_path: Path, tiny_model_dir: Path) -> None:
-    port = free_port()
-    script = ROOT / "launch" / "serve_endpoints.sh"
-    pid_file = tmp_path / "serve.pid"
-    env = clean_env()
-    res = start_servers(pid_file, str(tiny_model_dir), "tiny", local_cpu_servers(port, tmp_path / "logs"), env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    try:
-        res = run(
-            script,
-            "wait",
-            "--timeout",
-            "600",
-            "--watch-pid",
-            pid_file.read_text().strip(),
-            f"http://127.0.0.1:{port}/v1",
-            env=env,
-            timeout=700,
-        )
-        logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
-        assert res.returncode == 0, res.stderr + logs
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/completions",
-            data=json.dumps({"model": "tiny", "prompt": "t5 open chest", "max_tokens": 4, "logprobs": 1}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=120) as r:
-            answer = json.loads(r.read())
-        assert answer["choices"][0]["logprobs"]["token_logprobs"]
-    finally:
-        run(script, "stop", "--pid-file", str(pid_file), env=env, timeout=200)
-    assert not pid_file.exists()
+def test_serve_a_real_cpu_vllm_server(vllm_server_16k: tuple[str, Path]) -> None:
+    url, _ = vllm_server_16k
+    request = urllib.request.Request(
+        f"{url}/completions",
+        data=json.dumps({"model": "tiny", "prompt": "t5 open chest", "max_tokens": 4, "logprobs": 1}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as r:
+        answer = json.loads(r.read())
+    assert answer["choices"][0]["logprobs"]["token_logprobs"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
