@@ -68,10 +68,13 @@ def signal_when(cmd: list[str], ready: Path, sig: int) -> tuple[int, str, list[p
         while not ready.exists():
             assert proc.poll() is None, f"the run ended before {ready} appeared:\n{proc.stderr.read()[-4000:]}"
             assert time.monotonic() < deadline, f"{ready} did not appear"
-            time.sleep(0.05)
+            time.sleep(0.01)
+        # stopped at once, the driver writes nothing more while its tree is walked (seconds on a loaded machine)
+        os.kill(proc.pid, signal.SIGSTOP)
         tree = psutil.Process(proc.pid).children(recursive=True)
         commands = [_cmdline(p) for p in tree]
         os.kill(proc.pid, sig)
+        os.kill(proc.pid, signal.SIGCONT)  # a pending SIGTERM / SIGINT is handled once it runs again
         _, err = proc.communicate(timeout=180)
         deadline = time.monotonic() + 10
         while _alive(tree) and time.monotonic() < deadline:
@@ -175,16 +178,21 @@ def final_policy(run_dir: Path) -> Path:
 @pytest.mark.slow
 def test_fleet_run_stops_cleanly_and_resumes_equal(oat_reference: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     """One run, signalled twice: SIGTERM once its first checkpoint is complete, then kill -9 of its resumed run once
-    the second is, then a resume to the end (one start less than a run per signal)."""
+    it has completed a checkpoint of its own, then a resume to the end (one start less than a run per signal), which
+    must start from the newest complete checkpoint (a checkpoint the run completed before the kill landed counts)."""
     run_dir = tmp_path / "signalled"
-    for sig, ready, resumed in [(signal.SIGTERM, 0, ()), (signal.SIGKILL, 1, ("--resume",))]:
+    newest = -1
+    for sig, resumed in [(signal.SIGTERM, ()), (signal.SIGKILL, ("--resume",))]:
         cmd = oat(tiny_model_dir, tmp_path, "signalled", *resumed)
-        code, err, tree, commands = signal_when(cmd, run_dir / "checkpoints" / f"ckpt-{ready:06d}" / "COMPLETE", sig)
+        ready = run_dir / "checkpoints" / f"ckpt-{newest + 1:06d}" / "COMPLETE"
+        code, err, tree, commands = signal_when(cmd, ready, sig)
         assert sum("RolloutWorker" in c for c in commands) == 2, f"both workers were up: {commands}"
         check_ending(code, err, tree, sig)
         assert not (run_dir / "summary.json").exists()
+        newest = max(int(marker.parent.name.split("-")[1]) for marker in run_dir.glob("checkpoints/ckpt-*/COMPLETE"))
+    assert newest >= 1  # the kill -9 came after a checkpoint of the resumed run
     resumed = _run(oat(tiny_model_dir, tmp_path, "signalled", "--resume"))
-    assert "resumed from ckpt-000001" in resumed.stdout + resumed.stderr
+    assert f"resumed from ckpt-{newest:06d}" in resumed.stdout + resumed.stderr
     assert steps(run_dir) == steps(oat_reference)
     assert same_weights(weights(final_policy(run_dir)), weights(final_policy(oat_reference)))
 
