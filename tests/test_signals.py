@@ -163,8 +163,10 @@ def oat(model: Path, out: Path, name: str, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def oat_reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run, its rollouts in the driver: no Ray start (the fast
+    test_fleet.py::test_two_workers_match_one_and_the_trainer_agrees checks that 2 Ray workers give its groups)."""
     out = tmp_path_factory.mktemp("oat-signals")
-    _run(oat(tiny_model_dir, out, "reference"))
+    _run(oat(tiny_model_dir, out, "reference", "fleet.workers=0"))
     return out / "reference"
 
 
