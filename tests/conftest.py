@@ -37,6 +37,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(SERIAL_MODULES[module]))
         elif scopes & {"module", "class", "package"}:
             item.add_marker(pytest.mark.xdist_group(module))
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker under --dist loadgroup
+        _suffix_groups(items)
+
+
+def _suffix_groups(items: list[pytest.Item]) -> None:
+    """Give each grouped test's node id the ``@group`` suffix that pytest-xdist's scheduler groups by. pytest-xdist
+    (3.8) writes it to ``item._nodeid``, which pytest 9.2 no longer reads (the id is ``item._id``): without this no
+    group holds, every worker starts the shared fixtures again and the wheel builds overlap."""
+    for item in items:
+        names = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")
+        }
+        if names and hasattr(item, "_id") and "@" not in item.nodeid:
+            item._id = type(item._id).parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
 
 
 @pytest.fixture(scope="session")
