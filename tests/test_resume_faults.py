@@ -20,21 +20,20 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(tiny_model_dir: Path, 
     """One-step-off rollouts (``loop.max_staleness=1``, in the driver): a kill in the last checkpoint write (the
     one-step-off collection of the newest complete checkpoint needs a policy version the iteration after it no longer
     uses) and one at a random moment."""
-    iterations = 3  # the benchmark's 4 less one: a last checkpoint that still follows another
-    stale = ("loop.max_staleness=1", f"loop.iterations={iterations}")
-    started, wall = bench.run(bench.command(tiny_model_dir, tmp_path, "reference", *stale), tmp_path / "reference")
+    stale = "loop.max_staleness=1"
+    started, wall = bench.run(bench.command(tiny_model_dir, tmp_path, "reference", stale), tmp_path / "reference")
     reference = bench.weights(tmp_path / "reference")
     expected = bench.steps(tmp_path / "reference")
-    assert expected == [-1, 0, 1, 2]
-    kills = [(None, iterations - 1), (random.Random(1).uniform(started, wall), 0)]
+    assert expected == [-1, 0, 1, 2, 3]
+    kills = [(None, bench.ITERATIONS - 1), (random.Random(1).uniform(started, wall), 0)]
     for trial, (moment, in_write_of) in enumerate(kills):
         name = f"killed-{trial}"
         hit = bench.kill_at(
-            bench.command(tiny_model_dir, tmp_path, name, *stale), tmp_path / name, moment, in_write_of=in_write_of
+            bench.command(tiny_model_dir, tmp_path, name, stale), tmp_path / name, moment, in_write_of=in_write_of
         )
         if hit["finished"]:
             continue  # the run beat the kill on a slow machine: nothing to resume
-        bench.run(bench.command(tiny_model_dir, tmp_path, name, *stale, "--resume"))
+        bench.run(bench.command(tiny_model_dir, tmp_path, name, stale, "--resume"))
         assert bench.steps(tmp_path / name) == expected, hit
         assert bench.same_weights(bench.weights(tmp_path / name), reference), hit
         assert not list((tmp_path / name / "checkpoints").glob(".tmp-ckpt-*"))
