@@ -211,12 +211,7 @@ class Records:
         found = self.get(stage, inputs)
         if found is not None:
             return found
-        if self.deadline is not None and time.perf_counter() >= self.deadline:
-            raise Stopped(stage)
-        if self.max_stages is not None and len(self.ran) >= self.max_stages:
-            raise Stopped(stage)
-        if self.stop_requested:
-            raise Stopped(stage)
+        self.check_budget(stage)
         say(f"stage {stage}")
         t0 = time.perf_counter()
         result = compute()
@@ -234,6 +229,15 @@ class Records:
         atomic_write_text(self.path(stage), json.dumps(record, indent=1) + "\n")
         self.ran.append(stage)
         return result
+
+    def check_budget(self, stage: str) -> None:
+        """Raise :class:`Stopped` when the sitting may start no more work (its minutes, its stages, a signal)."""
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            raise Stopped(stage)
+        if self.max_stages is not None and len(self.ran) >= self.max_stages:
+            raise Stopped(stage)
+        if self.stop_requested:
+            raise Stopped(stage)
 
     def seconds(self, prefix: str) -> list[float]:
         """Seconds of the recorded stages whose name starts with ``prefix``."""
@@ -488,22 +492,49 @@ class TextWorldRun:
         }
 
     def sft(self, seed: int) -> Path:
-        """SFT seed ``seed`` (``memrl train sft``; full weights): the stage ``sft/seed<k>`` records its weights
-        digest; the checkpoint is rebuilt from the recorded seed when this machine lacks it (digest checked)."""
+        """SFT seed ``seed`` (``memrl train sft``; full weights) in sittings of ``--sft-block-steps`` steps: the stage
+        ``sft/seed<k>/to-step<n>`` records the digest of the checkpoint at step n, the stage ``sft/seed<k>`` the
+        final weights' digest. The checkpoints stay on this machine; on another, the missing steps are trained
+        again (the same seed gives the same weights, and the digests are compared with the records)."""
         out = self.work / f"sft-s{seed}" / "final"
         inputs = self.sft_inputs(seed)
         recorded = self.records.get(f"sft/seed{seed}", inputs)
         if recorded is not None and (out / "config.json").exists():
             return out
+        block = self.args.sft_block_steps
+        for step in range(block, self.scale.sft_steps, block) if block else ():
+            self.sft_sitting(seed, step, inputs)
         if recorded is None:
             self.records.run(f"sft/seed{seed}", inputs, lambda: self.train_sft(seed, out))
         else:
+            self.records.check_budget(f"sft/seed{seed}")
             rebuilt = self.train_sft(seed, out)
             same = rebuilt["weights"] == recorded["weights"]
             say(f"SFT seed {seed} rebuilt: weights {'match' if same else 'DIFFER from'} the record")
             if not same:
                 self.rebuilt_differs.append(f"sft/seed{seed}")
         return out
+
+    def sft_sitting(self, seed: int, step: int, inputs: dict[str, Any]) -> None:
+        """SFT seed ``seed`` trained to ``step`` (its stage's record), here: when the record exists but this machine
+        has no checkpoint at or past ``step``, the sitting is trained again and its digest compared."""
+        from memrl.train.sft import latest_checkpoint
+
+        stage, block_inputs = f"sft/seed{seed}/to-step{step}", {**inputs, "to_step": step}
+        out = self.work / f"sft-s{seed}" / "final"
+        recorded = self.records.get(stage, block_inputs)
+        if recorded is None:
+            self.records.run(stage, block_inputs, lambda: self.train_sft(seed, out, stop_at_step=step))
+            return
+        newest = latest_checkpoint(self.work / f"sft-s{seed}" / "checkpoints")
+        if newest is not None and int(newest.name.split("-")[-1]) >= step:
+            return
+        self.records.check_budget(stage)
+        rebuilt = self.train_sft(seed, out, stop_at_step=step)
+        same = rebuilt["checkpoint"] == recorded["checkpoint"]
+        say(f"SFT seed {seed} to step {step} rebuilt: checkpoint {'matches' if same else 'DIFFERS from'} the record")
+        if not same:
+            self.rebuilt_differs.append(stage)
 
     def sft_weights(self, seed: int) -> str:
         """SFT seed ``seed``'s recorded weights digest (the SFT stage runs first when it is not recorded)."""
@@ -514,7 +545,9 @@ class TextWorldRun:
         assert recorded is not None
         return str(recorded["weights"])
 
-    def train_sft(self, seed: int, out: Path) -> dict[str, Any]:
+    def train_sft(self, seed: int, out: Path, stop_at_step: int | None = None) -> dict[str, Any]:
+        """Train SFT seed ``seed`` to the end (the final weights' digest) or to ``stop_at_step`` (that checkpoint's),
+        going on from the newest checkpoint of an earlier sitting."""
         from memrl.data.config import RunConfig
         from memrl.train.policy import LoraSettings, PolicySpec
         from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
@@ -540,9 +573,12 @@ class TextWorldRun:
                     save_total_limit=1,
                     logging_steps=10,
                     bf16=self.args.model == "smollm2",
+                    stop_at_step=stop_at_step,
                 ),
             )
         )
+        if stop_at_step is not None:
+            return {"checkpoint": digest_weights(self.work / name / "checkpoints" / f"checkpoint-{stop_at_step}")}
         return {"weights": digest_weights(out)}
 
     def rl(self, mode: str, sft_seed: int, rl_seed: int, lr: float, tag: str = "") -> tuple[Path, dict[str, Any]]:
@@ -842,6 +878,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model-cache", default=str(ROOT / ".cache" / "models"))
     p.add_argument("--reasoner-tokenizer", default="smollm2", help="smollm2, tiny or a tokenizer folder")
     p.add_argument("--chunk", type=int, default=25, help="games per evaluation stage")
+    p.add_argument(
+        "--sft-block-steps", type=int, default=16, help="SFT steps per stage (a sitting's checkpoint; 0: one stage)"
+    )
     p.add_argument("--max-minutes", type=float, default=90.0, help="start no stage past this many minutes")
     p.add_argument("--max-stages", type=int, default=None, help="stop after running this many stages")
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (default: chosen on dev, see --select)")

@@ -18,6 +18,8 @@ object.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import sys
 import time
@@ -158,6 +160,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
                 "env_steps": sum(n.metadata["stats"].get("env_steps", 0) for n in leaves),
             }
             dumps[label] = [dumped(t) for t in trees]
+            builds[label]["trees_digest"] = digest(dumps[label])
     finally:
         memory.close()
     before, after = builds["without_sharing"], builds["with_sharing"]
@@ -193,6 +196,11 @@ def dumped(tree: Any) -> dict[str, Any]:
         return value
 
     return strip(tree.model_dump(mode="json"))
+
+
+def digest(trees: list[dict[str, Any]]) -> str:
+    """A short digest of the trees as data: equal across code versions when the trees are."""
+    return hashlib.sha256(json.dumps(trees, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def main() -> None:

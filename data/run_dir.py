@@ -48,6 +48,7 @@ IGNORED_ON_RESUME = (
     "run.allow_config_change",
     "run.output_dir",
     "run.wandb.*",
+    "train.stop_at_step",
     "fleet.*",
     "placement.*.endpoints",
     "placement.*.*.endpoints",

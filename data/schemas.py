@@ -437,6 +437,8 @@ class ScriptedPolicy(Protocol):
 
     ``respond`` returns the text answer to ``messages``; ``rng`` is the request's seeded random generator (for
     noise knobs), ``metadata`` the request's metadata (e.g. the task id an oracle looks its ground truth up by).
+    A policy that takes real time per answer (one that sleeps or calls out) sets ``answers_inline = False``: the tree
+    scheduler then answers it in a thread, like a model engine, instead of at once (``Engine.answers_inline``).
     """
 
     name: str

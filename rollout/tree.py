@@ -45,12 +45,15 @@ Token accounting: ``MemoryCallTree.reasoner_usage`` counts every reasoner call o
 
 **Schedulers** (``scheduler``). ``async`` (the default): every branch advances as soon as its own call returns, so
 the memory model and the frozen reasoner generate at the same time and a slow branch never holds up the others. An
-engine that batches in-process (vLLM's ``LLM``, transformers, scripted) gets every call that is waiting for it as one
-batch while its previous batch runs; an engine whose requests are independent (an HTTP endpoint:
-``Engine.concurrent_requests``) gets each request the moment it is ready. ``wavefront``: lock-step; every pending call
-of every branch goes to its engine as one request list, one engine after the other. Both build the same trees: node
-ids come from the rollout path, budgets are split, and every request carries its own seed; only batch compositions,
-and so prefix-cache hits, differ.
+engine that batches in-process (vLLM's ``LLM``, transformers) gets every call that is waiting for it as one batch
+while its previous batch runs; an engine whose requests are independent (an HTTP endpoint:
+``Engine.concurrent_requests``) gets each request the moment it is ready; an engine that answers at next to no cost
+in this process (``Engine.answers_inline``: a scripted reasoner) answers at once, so the branches it answers join the
+memory model's next batch. (Sent to a thread like the others, a scripted reasoner's answers arrive while the memory
+model's batch runs, and the branches split into two cohorts that take turns on the memory model, each batch about
+half as large.) ``wavefront``: lock-step; every pending call of every branch goes to its engine as one request list,
+one engine after the other. Both build the same trees: node ids come from the rollout path, budgets are split, and
+every request carries its own seed; only batch compositions, and so prefix-cache hits, differ.
 
 **Equal greedy calls are computed once** (``share_greedy_calls``, on by default). Siblings are copies of one rollout
 that differ in one sampled action: until their paths part, they make the same greedy calls (a consolidation of the
@@ -453,25 +456,33 @@ class _Schedule:
         engine = self.engines.for_call(call)
         queues.setdefault(id(engine), (engine, []))[1].append((branch, call, n))
 
+    def answer(self, engine: Engine, items: list[_Call]) -> list[GenerationResult]:
+        """The engine's answers to the calls, generated here and now (an equal greedy request once)."""
+        send, keys = self.share.to_send(engine, items)
+        answers = engine.generate([items[i][1].request for i in send]) if send else []
+        if send:
+            self.stats.count(engine)
+        return self.share.answer(keys, send, answers)
+
+    def move(self, items: list[_Call], results: list[GenerationResult]) -> list[_Branch]:
+        """Move every branch on with its call's result; the branches still running."""
+        running = []
+        for (branch, call, n), result in zip(items, results, strict=True):
+            running.extend(self.advance(branch, call, result, n))
+        return running
+
 
 def _run_wavefronts(active: list[_Branch], schedule: _Schedule) -> None:
     """Lock-step: every pending call goes to its engine in one request list per engine, then every branch moves."""
-    share, stats = schedule.share, schedule.stats
     active = [b for b in active if not b.rollout.done]
     while active:
-        stats.wavefronts += 1
+        schedule.stats.wavefronts += 1
         batches: _Queues = {}
         for branch in active:
             schedule.queue(branch, batches)
         active = []
         for engine, items in batches.values():
-            send, keys = share.to_send(engine, items)
-            answers = engine.generate([items[i][1].request for i in send]) if send else []
-            if send:
-                stats.count(engine)
-            results = share.answer(keys, send, answers)
-            for (branch, call, n), result in zip(items, results, strict=True):
-                active.extend(schedule.advance(branch, call, result, n))
+            active.extend(schedule.move(items, schedule.answer(engine, items)))
 
 
 async def _run_async(active: list[_Branch], schedule: _Schedule) -> None:
@@ -479,24 +490,34 @@ async def _run_async(active: list[_Branch], schedule: _Schedule) -> None:
     share, stats = schedule.share, schedule.stats
     waiting: _Queues = {}  # calls not sent yet
     busy: set[int] = set()  # batching engines with a batch in flight
-    in_flight: set[asyncio.Task[tuple[Engine, list[_Call], list[GenerationResult]]]] = set()
+    in_flight: set[asyncio.Task[tuple[list[_Call], list[GenerationResult], int]]] = set()
 
-    async def generate(engine: Engine, items: list[_Call]) -> tuple[Engine, list[_Call], list[GenerationResult]]:
+    async def generate(engine: Engine, items: list[_Call]) -> tuple[list[_Call], list[GenerationResult], int]:
         # a batching engine has one batch in flight, so an equal greedy request is never generated twice at once
         send, keys = share.to_send(engine, items)
         answers = await engine.agenerate([items[i][1].request for i in send]) if send else []
         if send:
             stats.count(engine)
-        return engine, items, share.answer(keys, send, answers)
+        return items, share.answer(keys, send, answers), id(engine)
 
     def send(engine: Engine, items: list[_Call]) -> None:
         in_flight.add(asyncio.create_task(generate(engine, items)))
+
+    def answer_inline() -> None:
+        # engines that answer at next to no cost (Engine.answers_inline) answer here, until no call waits for one,
+        # so the branches they answer join the batch that is sent next instead of waiting one batch behind it
+        while inline := [key for key, (engine, _) in waiting.items() if engine.answers_inline]:
+            for key in inline:
+                engine, items = waiting.pop(key)
+                for running in schedule.move(items, schedule.answer(engine, items)):
+                    schedule.queue(running, waiting)
 
     for branch in active:
         if not branch.rollout.done:
             schedule.queue(branch, waiting)
     try:
-        while waiting or in_flight:
+        while True:
+            answer_inline()
             for key, (engine, items) in list(waiting.items()):
                 if engine.concurrent_requests:
                     for item in items:
@@ -507,14 +528,15 @@ async def _run_async(active: list[_Branch], schedule: _Schedule) -> None:
                 else:
                     continue
                 del waiting[key]
+            if not in_flight:  # nothing waits either: a waiting call's engine always has a batch in flight
+                break
             done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 in_flight.discard(task)
-                engine, items, results = task.result()
-                busy.discard(id(engine))
-                for (branch, call, n), result in zip(items, results, strict=True):
-                    for running in schedule.advance(branch, call, result, n):
-                        schedule.queue(running, waiting)
+                items, results, engine_key = task.result()
+                busy.discard(engine_key)
+                for running in schedule.move(items, results):
+                    schedule.queue(running, waiting)
     finally:
         for task in in_flight:
             task.cancel()

@@ -87,6 +87,7 @@ class _Recording(Engine):
         self.engine = engine
         self.name = engine.name
         self.concurrent_requests = engine.concurrent_requests
+        self.answers_inline = engine.answers_inline
         self.calls: Counter[str] = Counter()
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

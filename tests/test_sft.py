@@ -257,6 +257,36 @@ def test_resume_continues_to_the_same_final_step(tiny_model_dir: Path, sam_dir: 
     assert info["kind"] == "lora" and info["base_dir"] == str(tiny_model_dir.resolve())
 
 
+def test_a_run_in_sittings_stops_at_its_step_and_resumes_to_the_same_final_weights(
+    tiny_model_dir: Path, sam_dir: Path, tmp_path: Path
+) -> None:
+    """``train.stop_at_step`` ends a sitting with a checkpoint of that step (off the save_steps grid), no final
+    model and no summary (so ``--resume`` goes on, with another stop step); the last sitting ends where one
+    uninterrupted run does."""
+    common = {"data": {"dir": str(sam_dir)}, "lora": {"enabled": True, "r": 8, "alpha": 16}}
+    train = {"max_steps": 6, "batch_size": 4, "save_steps": 0}
+    run_sft(make_cfg(tiny_model_dir, tmp_path, "straight", train=train, **common))
+    run_dir = tmp_path / "sittings"
+    for sitting, stop in enumerate((3, 5, None)):
+        cfg = make_cfg(
+            tiny_model_dir,
+            tmp_path,
+            "sittings",
+            run={"resume": sitting > 0},
+            train={**train, "stop_at_step": stop},
+            **common,
+        )
+        run_sft(cfg)
+        if stop is not None:
+            assert latest_checkpoint(run_dir / "checkpoints").name == f"checkpoint-{stop}"
+            assert not (run_dir / "final").exists() and not (run_dir / "summary.json").exists()
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == "checkpoint-5"
+    straight = load_file(tmp_path / "straight" / "final" / "adapter_model.safetensors")
+    resumed = load_file(run_dir / "final" / "adapter_model.safetensors")
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=1e-4, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # mixtures and configs
 

@@ -103,3 +103,35 @@ def test_the_memory_model_and_the_reasoner_generate_at_the_same_time() -> None:
     build_trees(sam_tasks(4), make, eng, TreeConfig(branch_factor=2))
     overlaps = sum(1 for a, b in spans["sam-oracle"] for c, d in spans["reasoner"] if a < d and c < b)
     assert overlaps > 0 and len(spans["sam-oracle"]) > 1
+
+
+def test_a_scripted_reasoner_answers_at_once_so_every_branch_is_in_each_memory_batch() -> None:
+    """With a scripted reasoner (it answers in the scheduler's loop) and a batching memory model, every branch that
+    is still running is in every memory batch: the memory model is called once per memory call of the longest path.
+    (Answered in a thread, the reasoner lets branches that make two memory calls in a row, a two-page recall, drift
+    into cohorts that take turns on the memory model.) The trees are the lock-step scheduler's."""
+    batches: list[list[GenerationRequest]] = []
+
+    class Recording(DelayedEngine):
+        async def agenerate(self, requests: list[GenerationRequest]) -> list[Any]:
+            batches.append(requests)
+            return await super().agenerate(requests)
+
+    tasks = [SamTask({"horizon_steps": 24, "n_evidence": 2, "facts_per_obs": 2}, seed=s) for s in range(6)]
+    cfg = TreeConfig(branch_factor=2, max_leaves=8)
+    base = sam_engines(oracle={"verbatim": 1, "omission": 1}, max_pages=3)
+    reference, _ = build_trees(tasks, make, base, cfg.model_copy(update={"scheduler": "wavefront"}))
+    assert base.reasoner.answers_inline and not Recording(base.memory, 0.0).answers_inline
+    memory = Recording(base.memory, 0.001, concurrent_requests=False)
+    trees, _ = build_trees(tasks, make, EngineSet(reasoner=base.reasoner, memory=memory), cfg)
+    assert list(map(dumped, trees)) == list(map(dumped, reference))
+
+    def on_path(leaf: str, r: GenerationRequest) -> bool:  # a request of the leaf's rollout or of one it forked from
+        task, rollout = leaf.split("/", 1)
+        made_by = str(r.metadata["rollout_id"])
+        return r.metadata["task_id"] == task and (rollout == made_by or rollout.startswith(made_by + "."))
+
+    sent = [r for batch in batches for r in batch]
+    leaves = [f"{t.task_id}/{n.metadata['rollout_id']}" for t in trees for n in t.nodes if n.kind == "leaf"]
+    longest = max(sum(on_path(leaf, r) for r in sent) for leaf in leaves)
+    assert len(leaves) > len(tasks) and longest > 0 and len(batches) == longest, (len(batches), longest)

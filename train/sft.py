@@ -97,6 +97,9 @@ class SFTTrainConfig(ConfigModel):
     # log metrics every N steps; None: about 20 points over the run (1 to 25 steps); at least 4 points in any case
     logging_steps: int | None = Field(None, ge=1)
     save_steps: int = Field(100, ge=0, description="checkpoint every N steps (0: only the final model)")
+    # stop once this optimizer step is done, with a checkpoint of it and no final model; `--resume` goes on from there
+    # on the schedule of max_steps (a run longer than one sitting: a Slurm time limit, a machine lent for an hour)
+    stop_at_step: int | None = Field(None, ge=1, le=10**8)
     save_total_limit: int | None = Field(2, ge=1)  # checkpoints kept on disk; None: all
     eval_steps: int | None = Field(None, ge=1, description="eval loss every N steps (needs data.eval_fraction)")
     progress: bool = True  # show the progress bar
@@ -177,6 +180,20 @@ def _torn_checkpoints_removed(ckpt_dir: Path, main: bool) -> Iterator[None]:
         if isinstance(exc, Exception) and (error := storage_error(exc, ckpt_dir, "sft checkpoint")) is not None:
             raise error from exc
         raise
+
+
+def _stop_at_step_callback(step: int) -> Any:
+    """A ``TrainerCallback`` that ends training with a checkpoint once optimizer step ``step`` is done."""
+    from transformers import TrainerCallback
+
+    class StopAtStep(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if state.global_step >= step:
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return StopAtStep()
 
 
 def _journal_callback(ckpt_dir: Path) -> Any:
@@ -528,19 +545,27 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
     metrics = _metrics_callback(run_dir, resume_step if resume_from else -1, main, cfg.run.logging)
     # The eval loss before training comes from inside train(): DeepSpeed engines exist only there.
     args.eval_on_start = bool(eval_rows) and resume_from is None
+    stop = [] if cfg.train.stop_at_step is None else [_stop_at_step_callback(cfg.train.stop_at_step)]
     trainer = build_sft_trainer(
-        cfg, args, train_rows, eval_rows, [metrics, _journal_callback(ckpt_dir), *(callbacks or [])]
+        cfg, args, train_rows, eval_rows, [metrics, _journal_callback(ckpt_dir), *stop, *(callbacks or [])]
     )
     start = time.perf_counter()
     with _torn_checkpoints_removed(ckpt_dir, main):
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     elapsed = time.perf_counter() - start
-    if eval_rows:
+    stopped_early = trainer.state.global_step < trainer.state.max_steps
+    if eval_rows and not stopped_early:
         trainer.evaluate()
     if metrics.logger is not None:
         metrics.logger.close()  # the TensorBoard / MLflow runs end after the last evaluation
     final = run_dir / "final"
-    _save_final(trainer, cfg, final, cfg.data.role_names)
+    if stopped_early:
+        log.info(
+            f"sft: stopped at step {trainer.state.global_step} of {trainer.state.max_steps} (train.stop_at_step): "
+            "its checkpoint is saved; --resume goes on from it"
+        )
+    else:
+        _save_final(trainer, cfg, final, cfg.data.role_names)
 
     if main:
         steps_done = trainer.state.global_step - resume_step
@@ -561,7 +586,8 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
             "final_dir": str(final),
             "resumed_from": resume_from.name if resume_from else None,
         }
-        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        if not stopped_early:  # a run stopped early is not finished: no summary, so --resume goes on
+            atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         log.info(json.dumps(summary))
     if main and "wandb" in args.report_to:
         import wandb

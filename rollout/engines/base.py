@@ -152,6 +152,10 @@ class Engine(abc.ABC):
     concurrent_requests: bool = False
     """True when requests are served independently and concurrently (an HTTP endpoint with continuous batching):
     the asynchronous tree scheduler then sends each request the moment it is ready instead of batching what waits."""
+    answers_inline: bool = False
+    """True when the engine answers in this process at next to no cost (a scripted agent): the asynchronous tree
+    scheduler then answers its calls at once instead of in a thread, so the branches it answers join the memory
+    model's next batch."""
     greedy_is_deterministic: bool = False
     """True when a greedy request (temperature 0) is a function of the prompt, the sampling limits and the served
     weights (the transformers engine; not vLLM, whose greedy answer can depend on its batch): the tree scheduler then

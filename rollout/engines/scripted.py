@@ -52,6 +52,7 @@ class ScriptedEngine(Engine):
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.policy = policy
+        self.answers_inline = getattr(policy, "answers_inline", True)  # False on a policy that takes its time
         self.tokenizer = tokenizer
         self.seed = seed
         self.name = name or f"scripted:{getattr(policy, 'name', type(policy).__name__)}"
@@ -145,6 +146,8 @@ class DelayedPolicy:
     """A scripted policy that answers like ``policy`` after ``latency_s`` seconds per call: an engine of simulated
     latency (benchmarks/rollout_scaling.py, the fleet's fault tests). ``policy`` is an import path
     ``"package.module:Class"`` built with ``kwargs``."""
+
+    answers_inline = False  # it sleeps: the tree scheduler sends it to a thread like a model engine
 
     def __init__(self, policy: str, latency_s: float, kwargs: dict[str, Any] | None = None) -> None:
         from memrl.rollout.engines.config import load_scripted_policy

@@ -44,6 +44,7 @@ class StickyEngine(Engine):
         self.name = name
         self.concurrent_requests = all(engine.concurrent_requests for engine in engines)
         self.greedy_is_deterministic = all(engine.greedy_is_deterministic for engine in engines)
+        self.answers_inline = all(engine.answers_inline for engine in engines)
 
     def endpoint_of(self, request: GenerationRequest) -> int:
         """The index of the engine that serves ``request``."""
