@@ -108,18 +108,15 @@ def test_converted_logits_equal_the_gguf_model(smollm2_dir: Path, hf_model) -> N
     assert "quantization_config" not in (smollm2_dir / "config.json").read_text()
 
 
-def _hf_greedy(model: Any, prompt_ids: list[int], eos: set[int]) -> list[int]:
+def _hf_greedy(model: Any, prompt_ids: list[int], response_ids: list[int], eos: set[int]) -> list[int]:
+    """What transformers' greedy decoding of ``prompt_ids`` returns as far as ``response_ids`` lets one forward pass
+    tell: the argmax after the prompt and after each prefix of ``response_ids``, cut as ``generate`` cuts (after its
+    first end-of-sequence token, or at GREEDY_TOKENS). It equals ``response_ids`` exactly when greedy ``generate``
+    would return ``response_ids`` (one forward pass instead of one per generated token)."""
     with torch.no_grad():
-        mask = torch.ones(1, len(prompt_ids), dtype=torch.long)
-        out = model.generate(
-            torch.tensor([prompt_ids]),
-            attention_mask=mask,
-            do_sample=False,
-            max_new_tokens=GREEDY_TOKENS,
-            pad_token_id=min(eos),
-        )
-    ids = out[0, len(prompt_ids) :].tolist()
-    return ids[: next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))]
+        logits = model(input_ids=torch.tensor([prompt_ids + response_ids])).logits[0]
+    picks = logits[len(prompt_ids) - 1 :].argmax(-1).tolist()[:GREEDY_TOKENS]
+    return picks[: next((i + 1 for i, t in enumerate(picks) if t in eos), len(picks))]
 
 
 def test_vllm_greedy_equals_transformers_with_and_without_lora(engine, hf_model, smollm2_dir, tmp_path) -> None:
@@ -135,7 +132,8 @@ def test_vllm_greedy_equals_transformers_with_and_without_lora(engine, hf_model,
     base = engine.generate(requests)
     for res, req in zip(base, requests, strict=True):
         assert res.prompt_ids == chat_prompt_ids(engine.tokenizer, req.messages)
-        assert res.completions[0].response_ids == _hf_greedy(hf_model, res.prompt_ids, eos)
+        response = res.completions[0].response_ids
+        assert response == _hf_greedy(hf_model, res.prompt_ids, response, eos)
     adapter = random_lora(smollm2_dir, tmp_path / "lora", ["q_proj", "v_proj", "down_proj"], std=0.02)
     engine.load_adapter(str(adapter), version=1)
     try:
@@ -145,7 +143,8 @@ def test_vllm_greedy_equals_transformers_with_and_without_lora(engine, hf_model,
     peft_model = PeftModel.from_pretrained(hf_model, str(adapter)).eval()
     try:
         for res in tuned:
-            assert res.completions[0].response_ids == _hf_greedy(peft_model, res.prompt_ids, eos)
+            response = res.completions[0].response_ids
+            assert response == _hf_greedy(peft_model, res.prompt_ids, response, eos)
     finally:
         peft_model.unload()
     changed = sum(
@@ -177,7 +176,7 @@ class _Recording:
         return self._keep(await self._engine.agenerate(requests))
 
 
-def test_token_integrity_over_multi_turn_memory_calls(engine, smollm2_dir) -> None:
+def test_token_integrity_over_multi_turn_memory_calls(engine, hf_model, smollm2_dir) -> None:
     from memrl.data.tasks import SamTask, SamTaskParams
     from memrl.rewards.credit import CreditConfig
     from memrl.rewards.groups import credit_and_groups
@@ -224,9 +223,7 @@ def test_token_integrity_over_multi_turn_memory_calls(engine, smollm2_dir) -> No
         retokenised_differ += tok(rendered, add_special_tokens=False)["input_ids"] != engine_ids
     assert retokenised_differ >= 1, "re-tokenising the rendered chats gave the engine's ids every time"
 
-    from memrl.rollout.models import load_causal_lm
-
-    model = load_causal_lm(smollm2_dir, dtype="float32").eval()
+    model = hf_model  # the module's fp32 model: the trainer's log-prob path over the same weights
     head = model.get_output_embeddings()
     gaps = []
     with torch.no_grad():

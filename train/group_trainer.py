@@ -205,6 +205,18 @@ class _MicroBatch:
         )
 
 
+def skip_deepspeed_shm_op() -> None:
+    """Keep DeepSpeed's CPU backend from compiling its shared-memory all-reduce op.
+
+    On CPU, DeepSpeed's torch backend JIT-builds ``deepspeed_shm_comm`` as it starts (one to two minutes of C++ on
+    two cores, again whenever another interpreter's build replaced the cached one). Only DeepSpeed's inference
+    all-reduce uses that op; ZeRO training reduces through the gloo process group, so the op is marked unavailable.
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def make_accelerator(cfg: GroupTrainerConfig) -> Any:
     """The accelerator of a group-trainer run: plain (DDP under torchrun) or DeepSpeed ZeRO from ``cfg.deepspeed``.
 
@@ -234,6 +246,7 @@ def make_accelerator(cfg: GroupTrainerConfig) -> Any:
         # DeepSpeed and gloo explicitly, before its shared state is first created.
         from accelerate import PartialState
 
+        skip_deepspeed_shm_op()
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         PartialState(backend="gloo")
     return Accelerator(deepspeed_plugin=plugin, mixed_precision=mixed, gradient_accumulation_steps=cfg.micro_batches)

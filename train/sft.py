@@ -303,6 +303,10 @@ def sft_args(cfg: SFTRunConfig, output_dir: Path, has_eval: bool) -> Any:
         "trust_remote_code": cfg.model.trust_remote_code,
         **t.sft_args,
     }
+    if t.deepspeed and not torch.cuda.is_available():
+        from memrl.train.group_trainer import skip_deepspeed_shm_op
+
+        skip_deepspeed_shm_op()
     try:
         args = SFTConfig(**kwargs)
     except TypeError as exc:  # an unknown sft_args key
