@@ -616,7 +616,7 @@ def _all_cases(ws: dict[str, Path]) -> list[tuple[str, list[str], list[str]]]:
 
 
 def test_bad_input_corpus(
-    ws: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ws: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Every case: exit 2, one paragraph naming the file/key/path, no traceback, nothing written anywhere."""
 
@@ -625,6 +625,9 @@ def test_bad_input_corpus(
 
     _replace_runner(monkeypatch, reached)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # this process's temporary files in a folder of their own: tests running beside it write theirs meanwhile
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     monkeypatch.chdir(ws["root"])
     cases = _all_cases(ws)
     commands = {c[0].split("/")[0] for c in cases}
