@@ -1,6 +1,6 @@
-"""SIGKILL at random moments of a 4-iteration OAT-GRPO run, each followed by ``--resume``: does every trial end with
-the uninterrupted run's weights and a ``metrics.jsonl`` holding each step once, and does the kill leave no process of
-the run behind?
+"""SIGKILL at random moments of a 4-iteration (``--iterations``) OAT-GRPO run, each followed by ``--resume``: does
+every trial end with the uninterrupted run's weights and a ``metrics.jsonl`` holding each step once, and does the kill
+leave no process of the run behind?
 
 The run is the tiny CPU recipe (configs/oat_grpo_tiny.yaml shrunk by :func:`overrides`, which the OAT-GRPO tests
 run too; a checkpoint after every iteration), by default on a Ray fleet of 2 rollout workers with one-step-off
@@ -36,13 +36,13 @@ from typing import Any
 from benchmarks.harness import bench_parser, emit, pin_threads
 
 ROOT = Path(__file__).resolve().parents[1]
-ITERATIONS = 4
+ITERATIONS = 4  # of every run (main() sets --iterations here)
 
 
 FLEET: list[str] = []  # the fleet overrides of this invocation (main() sets them; the tests run without a fleet)
 
 
-def overrides(model: Path, out: Path, name: str, *, iterations: int = ITERATIONS, eval_every: int = 2) -> list[str]:
+def overrides(model: Path, out: Path, name: str, *, iterations: int | None = None, eval_every: int = 2) -> list[str]:
     """The tiny recipe at seconds per iteration (the random-init tiny model; its cues are noise, so the scripted
     reasoner finds no page worth recalling: the trees also branch at cue writing, sampled). The OAT-GRPO tests run
     the same recipe."""
@@ -62,7 +62,7 @@ def overrides(model: Path, out: Path, name: str, *, iterations: int = ITERATIONS
         "memory.sampling.consolidate.temperature=1.0",
         "memory.sampling.consolidate.max_tokens=16",
         "memory.sampling.recall.max_tokens=24",
-        f"loop.iterations={iterations}",
+        f"loop.iterations={iterations or ITERATIONS}",
         f"loop.eval_every={eval_every}",
         "loop.checkpoint_every=1",
         "loop.keep_checkpoints=2",
@@ -204,6 +204,7 @@ def kill_at(
 
 
 def main() -> None:
+    global ITERATIONS
     parser = bench_parser(__doc__)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--work", default="/tmp/memrl-resume-faults")
@@ -217,8 +218,12 @@ def main() -> None:
         "iteration, a random 0-50 ms after its temporary folder appears) instead of a uniform "
         "moment; whether a kill did land in a write is recorded, not assumed",
     )
+    parser.add_argument("--iterations", type=int, default=ITERATIONS, help="OAT-GRPO iterations of every run")
     args = parser.parse_args()
     pin_threads(args.threads)
+    if args.iterations < 1:
+        parser.error(f"--iterations must be at least 1, got {args.iterations}")
+    ITERATIONS = args.iterations
     FLEET[:] = [f"fleet.workers={args.fleet_workers}", f"loop.max_staleness={args.max_staleness}"]
     if args.fleet_workers:
         # engine.batch_size=1: the hf engine samples each row alone. In shared batches the left padding changes the

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness import CPU_PROFILE
 from tests.bench_run import bench_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,13 +23,28 @@ def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return bench_process("ablations", list(args), cwd=cwd)
 
 
+BUILD = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+import torch
+from benchmarks.ablations import SMOKE
+from benchmarks.sam_start import SamStart
+start = SamStart("multihop", Path({out!r}), {cache!r}, start_dir=Path({out!r}) / "start",
+                 steps=SMOKE.sft_steps, distill_tasks=SMOKE.distill_tasks, shared=False)
+start.prepare()
+print(torch.get_num_threads(), start.start["sft_weights"])
+"""
+
+
 # protects: benchmarks/ablations.py end to end at --smoke: its JSON last line, --recompute from the records alone, a
-# rerun reusing every finished run
+# rerun reusing every finished run; and its SFT start's weights do not depend on the caller's thread count (the same
+# start built again by a process started with 2 threads); the fast test checks only that the count is pinned
 @pytest.mark.slow
 def test_smoke_run_keeps_the_records_recomputes_and_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
     common = [*shlex.split("--smoke --variants oat,sft_more"), "--work", str(tmp_path / "w")]
     common += ["--model-cache", str(tiny_model_dir.parent)]
-    first = _run(*common)
+    first = _run(*common)  # its start is built under tests/bench_run.py's OMP_NUM_THREADS=1
     assert first.returncode == 0, first.stderr[-3000:]
     record = json.loads(first.stdout.strip().splitlines()[-1])
     assert record["scale"] == "smoke" and record["seeds"] == 2 and record["setting"] == "multihop"
@@ -58,50 +74,18 @@ def test_smoke_run_keeps_the_records_recomputes_and_resumes(tmp_path: Path, tiny
     assert sorted(second["reused_runs"]) == sorted(f"{v}-s{s}" for v in ("sft", "oat", "sft_more") for s in (0, 1))
     assert second["records"] == records and second["sft_weights"] == record["sft_weights"]
 
-
-BUILD = """
-import sys
-from pathlib import Path
-sys.path.insert(0, {root!r})
-import torch
-from benchmarks.sam_start import build_sft_start
-from benchmarks.harness import weights_digest
-from memrl.data.tasks.sam import SAM_SETTINGS
-from memrl.rollout.memory.base import RoleSampling
-from memrl.rollout.memory.sam import SamConfig
-memory = SamConfig(page_turns=1, live_capacity_turns=4, keep_recent_turns=3,
-                   sampling={{"consolidate": RoleSampling(temperature=0.0, max_tokens=48),
-                              "recall": RoleSampling(temperature=1.0, max_tokens=64)}})
-out = Path({out!r})
-build_sft_start(out, SAM_SETTINGS["multihop"], Path({base!r}), memory, steps=6, distill_tasks=8, batch_size=16)
-print(torch.get_num_threads(), weights_digest(out / "sft" / "final"))
-"""
-
-
-# protects: the shared SFT start's weights do not depend on the caller's thread count (a real distil and SFT in
-# processes started with 1 and 2 threads); the fast test checks only that the count is pinned
-@pytest.mark.slow
-def test_the_sft_start_has_one_digest_with_1_and_2_threads(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """The shared SFT start built by processes that start with 1 and with 2 torch threads (OMP_NUM_THREADS): the
-    same weights, because the build pins its own thread count (START_THREADS) and gives the caller's back."""
-    digests = {}
-    for threads in (1, 2):
-        script = BUILD.format(root=str(ROOT), out=str(tmp_path / f"t{threads}"), base=str(tiny_model_dir))
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": str(threads),
-            "WANDB_MODE": "offline",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        done = subprocess.run(
-            [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        after, digest = done.stdout.split()[-2:]
-        assert int(after) == threads  # the caller's thread count is restored after the build
-        digests[threads] = digest
-    assert digests[1] == digests[2]
+    # The same start built by a process started with 2 torch threads (and the benchmark's kernels, CPU_PROFILE): the
+    # same weights, because the build pins its own thread count (START_THREADS) and gives the caller's back.
+    script = BUILD.format(root=str(ROOT), out=str(tmp_path / "t2"), cache=str(tiny_model_dir.parent))
+    two = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    env = {**os.environ, **CPU_PROFILE, **two, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    after, digest = done.stdout.split()[-2:]
+    assert int(after) == 2  # the caller's thread count is restored after the build
+    assert digest == record["sft_weights"]
 
 
 def test_the_sft_start_is_built_with_the_pinned_thread_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

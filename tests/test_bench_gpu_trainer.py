@@ -26,6 +26,10 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path) -> None:
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
         "MEMRL_GPU_SITE": str(tmp_path / "site"),
+        # the check's wall-clock budgets (fitted to a GPU machine's 9-minute call) would skip the benchmark's
+        # workloads on a loaded CI machine: here they are wide, so the dry run is the same whatever the load
+        "MEMRL_GPU_CHECK_S": "3600",
+        "MEMRL_GPU_SUITE_S": "900",
     }
     proc = subprocess.run(
         ["bash", "tests/gpu/run.sh", "check", "--device", "cpu", "--quick"],
