@@ -77,31 +77,6 @@ def test_samples_depend_on_seed_not_on_the_batch(engine, tiny_model_dir) -> None
     assert ids(first) != ids(second)
 
 
-def test_rows_of_every_temperature_share_one_generate_call(engine, monkeypatch) -> None:
-    """A greedy consolidation and sampled recalls (other temperature, top-p, top-k, length) go through one
-    ``generate`` call, and each row draws what it draws alone."""
-    requests = [
-        req(0, temperature=0.0, max_tokens=8),
-        req(1, n=2, temperature=1.0),
-        req(0, n=2, temperature=0.7, top_p=0.9, top_k=20, seed=5),
-    ]
-    alone = [engine.generate([r])[0] for r in requests]
-    calls = []
-    generate = engine.model.generate
-    monkeypatch.setattr(engine.model, "generate", lambda **kw: calls.append(kw["input_ids"].shape) or generate(**kw))
-    together = engine.generate(requests)
-    assert calls == [(5, calls[0][1])], calls  # one call over the 5 rows
-    assert [ids(r) for r in together] == [ids(r) for r in alone]
-    gaps = [
-        abs(a - b)
-        for x, y in zip(together, alone, strict=True)
-        for c, d in zip(x.completions, y.completions, strict=True)
-        for a, b in zip(c.logprobs, d.logprobs, strict=True)
-    ]
-    assert gaps and max(gaps) < 1e-4  # the same tokens; log-probs up to the padding's floating-point effects
-    assert len(together[0].completions[0].response_ids) <= 8
-
-
 def test_stop_strings_eos_and_lengths(engine) -> None:
     base = engine.generate([req(0, max_tokens=24, ignore_eos=True)])[0].completions[0]
     assert base.finish_reason == "length" and len(base.response_ids) == 24

@@ -1,14 +1,14 @@
 """The ``hf`` backend: transformers ``generate`` behind the engine interface (debugging, models vLLM cannot load).
 
-Requests are expanded to one row per sample and batched with left padding; rows that share their stop settings (stop
-strings, ``ignore_eos``, log-probs) share a ``generate`` call, each drawn at its own temperature, top-p and top-k (a
-consolidation at temperature 0 and a recall at 1 in one call). Sampling is done by a logits processor that draws each
-row with its own ``torch.Generator`` seeded by :func:`~memrl.rollout.engines.base.sample_seed`, so a sample does not
-depend on which other rows share its batch (up to floating-point effects of padding). The same processor sees the raw
-logits first, so it records the log-prob of the sampled token under the raw distribution (log-softmax of unprocessed
-logits, temperature 1, no top-k/top-p): the definition every backend and the trainer use. End-of-sequence tokens (the
-tokenizer's and the generation config's) and stop strings end a row as in vLLM. On CPU, generation runs with one torch
-thread unless ``cpu_threads`` says otherwise (see :func:`~memrl.rollout.engines.base.torch_threads`).
+Requests are expanded to one row per sample and batched with left padding (rows with the same sampling settings share
+a ``generate`` call). Sampling is done by a logits processor that draws each row with its own ``torch.Generator``
+seeded by :func:`~memrl.rollout.engines.base.sample_seed`, so a sample does not depend on which other rows share its
+batch (up to floating-point effects of padding). The same processor sees the raw logits first, so it records the
+log-prob
+of the sampled token under the raw distribution (log-softmax of unprocessed logits, temperature 1, no top-k/top-p):
+the definition every backend and the trainer use. End-of-sequence tokens (the tokenizer's and the generation
+config's) and stop strings end a row as in vLLM. On CPU, generation runs with one torch thread unless ``cpu_threads``
+says otherwise (see :func:`~memrl.rollout.engines.base.torch_threads`).
 """
 
 from __future__ import annotations
@@ -40,33 +40,29 @@ __all__ = ["HFEngine"]
 
 
 class _SeededSampler(LogitsProcessor):
-    """Draw one token per row with the row's own generator and sampling settings (rows at temperature 0 take the
-    argmax); record its raw log-prob; force ``generate`` to take it."""
+    """Draw one token per row with the row's own generator; record its raw log-prob; force ``generate`` to take it."""
 
-    def __init__(self, seeds: list[int], settings: list[SamplingParams], device: torch.device) -> None:
+    def __init__(self, seeds: list[int], sp: SamplingParams, device: torch.device) -> None:
         self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-        self.groups: dict[tuple[float, float, int], list[int]] = {}  # rows by (temperature, top_p, top_k)
-        for row, sp in enumerate(settings):
-            if sp.temperature != 0:
-                self.groups.setdefault((sp.temperature, sp.top_p, sp.top_k), []).append(row)
+        self.temperature, self.top_p, self.top_k = sp.temperature, sp.top_p, sp.top_k
         self.chosen_logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         logits = scores.float()
-        chosen = logits.argmax(-1)
-        for (temperature, top_p, top_k), rows in self.groups.items():
-            x = logits[rows] / temperature
-            if 0 < top_k < x.shape[-1]:
-                kth = torch.topk(x, top_k, dim=-1).values[:, -1:]
+        if self.temperature == 0:
+            chosen = logits.argmax(-1)
+        else:
+            x = logits / self.temperature
+            if 0 < self.top_k < x.shape[-1]:
+                kth = torch.topk(x, self.top_k, dim=-1).values[:, -1:]
                 x = x.masked_fill(x < kth, -math.inf)
-            if top_p < 1.0:
+            if self.top_p < 1.0:
                 sorted_x, order = torch.sort(x, dim=-1, descending=True)
                 cum = torch.softmax(sorted_x, -1).cumsum(-1)
-                drop = cum - torch.softmax(sorted_x, -1) >= top_p  # keep the smallest set reaching top_p
+                drop = cum - torch.softmax(sorted_x, -1) >= self.top_p  # keep the smallest set reaching top_p
                 x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -math.inf)
             probs = torch.softmax(x, -1)
-            for j, row in enumerate(rows):
-                chosen[row] = torch.multinomial(probs[j], 1, generator=self.generators[row])[0]
+            chosen = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
         self.chosen_logprobs.append(torch.log_softmax(logits, -1).gather(-1, chosen[:, None]).squeeze(-1))
         forced = torch.full_like(scores, -math.inf)
         return forced.scatter_(-1, chosen[:, None], 0.0)
@@ -126,14 +122,14 @@ class HFEngine(Engine):
 
     # ------------------------------------------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """Generate every sample of every request; rows with equal stop settings are batched together."""
+        """Generate every sample of every request; rows with equal sampling settings are batched together."""
         if self.model is None:
             raise EngineError(f"{self.name}: the engine is closed")
         prompts = request_prompt_ids(requests, self.tokenizer, self.chat_template_kwargs, self.max_model_len, self.name)
         rows: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
         for r, req in enumerate(requests):
             sp = req.sampling
-            key = (tuple(sp.stop), sp.ignore_eos, sp.logprobs)
+            key = (sp.temperature, sp.top_p, sp.top_k, tuple(sp.stop), sp.ignore_eos, sp.logprobs)
             seed = self.request_seed(sp)
             rows.setdefault(key, []).extend((r, i, sample_seed(seed, i)) for i in range(sp.n))
         completions: list[list[Completion | None]] = [[None] * req.sampling.n for req in requests]
@@ -144,11 +140,8 @@ class HFEngine(Engine):
                 limits = [
                     min(requests[r].sampling.max_tokens, self.max_model_len - len(prompts[r])) for r, _, _ in chunk
                 ]
-                settings = [requests[r].sampling for r, _, _ in chunk]
                 with torch_threads(self.cpu_threads):
-                    outs = self._generate_rows(
-                        [prompts[r] for r, _, _ in chunk], [s for _, _, s in chunk], limits, settings, sp
-                    )
+                    outs = self._generate_rows([prompts[r] for r, _, _ in chunk], [s for _, _, s in chunk], limits, sp)
                 for (r, i, _), completion in zip(chunk, outs, strict=True):
                     completions[r][i] = completion
         results = []
@@ -163,21 +156,15 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _generate_rows(
-        self,
-        prompts: list[list[int]],
-        seeds: list[int],
-        limits: list[int],
-        settings: list[SamplingParams],
-        sp: SamplingParams,
+        self, prompts: list[list[int]], seeds: list[int], limits: list[int], sp: SamplingParams
     ) -> list[Completion]:
-        """One ``generate`` over the rows; ``settings`` are each row's sampling, ``sp`` the stop settings they share."""
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, ids in enumerate(prompts):
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention[row, width - len(ids) :] = 1
-        sampler = _SeededSampler(seeds, settings, self.device)
+        sampler = _SeededSampler(seeds, sp, self.device)
         gen_cfg = GenerationConfig(
             do_sample=False,
             num_beams=1,
