@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine: set up .venv (skipped when done), then ruff (lint, and `ruff format --check`:
 # run `ruff format .` before committing), the import-layer contract
-# (import-linter), the documentation site's strict build (launch/docs.sh), the fast suite and the slow suite (on two
-# pytest-xdist workers; tests/conftest.py keeps tests that share a start on one). Each step prints its wall time and
-# each suite its 25 slowest tests.
+# (import-linter), the documentation site's strict build (launch/docs.sh), the fast suite and the slow suite (each on
+# two pytest-xdist workers; tests/conftest.py keeps tests that share a start on one). Each step prints its wall time
+# and each suite its 25 slowest tests.
 #
 #   bash launch/test.sh [--dry-run] [PYTEST ARGS ...]
 #
@@ -63,6 +63,6 @@ timed "ruff (format)" step "$VENV/bin/ruff" format --check .
 timed "import layers (import-linter)" step "$VENV/bin/python" tests/lint_imports.py
 timed "duplicate code (pylint symilar against tests/duplicate_code_baseline.txt)" step "$VENV/bin/python" tests/lint_duplicates.py
 timed "documentation site (mkdocs build --strict)" step bash "$MEMRL_ROOT/launch/docs.sh" build --quiet
-timed "fast suite" run_pytest -m "not slow" -q --durations=25
+timed "fast suite" run_pytest -m "not slow" -q --durations=25 -n 2 --dist loadgroup
 timed "slow suite" run_pytest -m "slow" -q --durations=25 -n 2 --dist loadgroup
 [ "$MEMRL_DRY_RUN" = 1 ] || echo "[memrl test] all steps: ${SECONDS} s"
