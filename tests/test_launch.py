@@ -997,6 +997,8 @@ ACCELERATE_PROBE = """
 import json, os, sys, types
 import torch
 from accelerate import Accelerator, PartialState
+from memrl.train.group_trainer import skip_deepspeed_shm_op
+skip_deepspeed_shm_op()  # as memrl's trainers do: no C++ build of an op only DeepSpeed inference uses
 PartialState(backend="gloo")  # accelerate does not create the process group on CPU by itself
 acc = Accelerator()
 model = torch.nn.Linear(4, 2)
