@@ -4,15 +4,17 @@ timed by component: the memory model's generation, the frozen reasoner, TextWorl
 re-enters a state for a fork, and the rest (SAM's bookkeeping, the scheduler).
 
 Each tree is built twice, with and without ``tree.share_greedy_calls`` (equal greedy calls computed once per build),
-and the two builds' trees are compared: the JSON says whether they are identical, and the seconds per tree of each.
-Only engines whose greedy answer is a function of the request share (transformers; on vLLM both builds are the same).
+and the two builds' trees are compared: the JSON says whether they are identical (a near-tie decided differently in
+another batch parts them), their digests, and the seconds per tree of each. Only engines whose greedy answer is a
+function of the request share (transformers; on vLLM both builds are the same). The transformers engine decodes by
+continuous batching unless ``--no-continuous-batching`` (batched ``generate`` calls, its fallback).
 
     python -m benchmarks.textworld_tree --cell treasure_hunter/large --trees 6            # the tiny model
     python -m benchmarks.textworld_tree --cell treasure_hunter/large --trees 2 --model smollm2 --engine vllm
 
-The components are wall-clock seconds inside each call, summed over calls; the memory model and the reasoner run
-in threads of their own, so they overlap and their sum may exceed the build's wall time. The last line is one JSON
-object.
+The components are wall-clock seconds inside each call, summed over calls (the memory model's: its decode steps and
+joins under continuous batching, else its ``generate`` calls); the memory model runs in a thread of its own, so the
+components overlap and their sum may exceed the build's wall time. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def timed(targets: list[tuple[Any, str, str]]) -> Iterator[tuple[dict[str, float
             setattr(cls, name, fn)
 
 
-def memory_engine(model: str, engine: str, model_cache: str) -> Any:
+def memory_engine(model: str, engine: str, model_cache: str, continuous_batching: bool = True) -> Any:
     """The memory model's engine: the tiny model, SmolLM2, or a checkpoint folder, float32."""
     from memrl.rollout.engines.config import EngineConfig
     from memrl.rollout.engines.factory import build_engine
@@ -79,6 +81,7 @@ def memory_engine(model: str, engine: str, model_cache: str) -> Any:
             dtype="float32",
             batch_size=64,
             max_model_len=4096 if engine == "vllm" else None,
+            continuous_batching=continuous_batching,
         )
     )
 
@@ -90,6 +93,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     from memrl.data.tasks import TaskSetConfig, load_tasks
     from memrl.data.tasks.ms_textworld import MS_TEXTWORLD_SPLITS, TwReasoner
     from memrl.rollout.agents import task_rollout
+    from memrl.rollout.engines.continuous_batching import RunningBatch
     from memrl.rollout.engines.scripted import ScriptedEngine
     from memrl.rollout.loop import EngineSet, Rollout
     from memrl.rollout.tree import TreeConfig, build_trees
@@ -112,10 +116,15 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
             "recall": {"temperature": 1.0, "max_tokens": 256},
         },
     }
-    memory = memory_engine(args.model, args.engine, args.model_cache)
-    model_engine = type(memory)
+    memory = memory_engine(args.model, args.engine, args.model_cache, not args.no_continuous_batching)
+    # the memory model's busy seconds: its decode steps and joins under continuous batching, else its generate calls
+    decoding = (
+        [(RunningBatch, "join", "memory_generation"), (RunningBatch, "step", "memory_generation")]
+        if getattr(memory, "decoder", None) is not None
+        else [(type(memory), "generate", "memory_generation")]
+    )
     targets = [
-        (model_engine, "generate", "memory_generation"),
+        *decoding,
         (TwReasoner, "respond", "reasoner"),
         (MsTextWorldEnv, "step", "textworld_steps"),
         (MsTextWorldEnv, "reset", "textworld_resets"),
@@ -169,6 +178,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "cell": args.cell,
         "model": args.model,
         "engine": args.engine,
+        "continuous_batching": getattr(memory, "decoder", None) is not None,
         "trees": args.trees,
         "settings": {
             "branch_factor": args.branch_factor,
@@ -210,6 +220,9 @@ def main() -> None:
     parser.add_argument("--trees", type=int, default=6, help="games, one tree each, built together")
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a checkpoint folder (the memory model)")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
+    parser.add_argument(
+        "--no-continuous-batching", action="store_true", help="hf: batched generate() calls (the engine's fallback)"
+    )
     parser.add_argument("--branch-factor", type=int, default=4)
     parser.add_argument("--max-leaves", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=100, help="game commands per episode")

@@ -45,30 +45,36 @@ Token accounting: ``MemoryCallTree.reasoner_usage`` counts every reasoner call o
 
 **Schedulers** (``scheduler``). ``async`` (the default): every branch advances as soon as its own call returns, so
 the memory model and the frozen reasoner generate at the same time and a slow branch never holds up the others. An
-engine that batches in-process (vLLM's ``LLM``, transformers) gets every call that is waiting for it as one batch
-while its previous batch runs; an engine whose requests are independent (an HTTP endpoint:
-``Engine.concurrent_requests``) gets each request the moment it is ready; an engine that answers at next to no cost
-in this process (``Engine.answers_inline``: a scripted reasoner) answers at once, so the branches it answers join the
-memory model's next batch. (Sent to a thread like the others, a scripted reasoner's answers arrive while the memory
-model's batch runs, and the branches split into two cohorts that take turns on the memory model, each batch about
-half as large.) ``wavefront``: lock-step; every pending call of every branch goes to its engine as one request list,
-one engine after the other. Both build the same trees: node ids come from the rollout path, budgets are split, and
-every request carries its own seed; only batch compositions, and so prefix-cache hits, differ.
+engine that batches in-process (vLLM's ``LLM``, transformers without continuous batching) gets every call that is
+waiting for it as one batch while its previous batch runs; an engine whose requests are independent
+(``Engine.concurrent_requests``: an HTTP endpoint, the transformers engine's continuous batching) gets each request the
+moment it is ready; an engine that answers at next to no cost in this process (``Engine.answers_inline``: a scripted
+reasoner) answers at once, so the branches it answers join the memory model's next batch. (Sent to a thread like the
+others, a scripted reasoner's answers arrive while the memory model's batch runs, and the branches split into two
+cohorts that take turns on the memory model, each batch about half as large.) The build runs its engines in
+``Engine.lockstep``: an engine that decodes continuously holds its next step after a completed call until the calls
+that follow from it are sent, so which rows decode together does not depend on thread timing. ``wavefront``:
+lock-step; every pending call of every branch goes to its engine as one request list, one engine after the other.
+Both build the same trees on engines whose answers do not depend on their batch (a scripted engine): node ids come
+from the rollout path, budgets are split, and every request carries its own seed; only batch compositions, and so
+prefix-cache hits, differ. On a model, a token's logits can differ in their last bits with the rows computed beside
+it, so a near-tie may be decided differently; a given build reproduces run to run with a scripted reasoner.
 
 **Equal greedy calls are computed once** (``share_greedy_calls``, on by default). Siblings are copies of one rollout
 that differ in one sampled action: until their paths part, they make the same greedy calls (a consolidation of the
-same page under the same cue bank). On an engine whose greedy answer is a pure function of the request
+same page under the same cue bank). On an engine that says a greedy answer is a function of the request
 (``Engine.greedy_is_deterministic``: the transformers engine), a greedy request equal to one already answered in
-this build (prompt, sampling limits, served weights; not the seed, which greedy decoding does not read) takes that
-answer instead of being generated again (``TreeRolloutStats.shared_greedy_calls`` counts them). On transformers the
-trees are those built without sharing: each branch receives the same tokens, log-probs and usage. vLLM's CPU kernels
-give a greedy answer that can depend on the batch it was computed in (a profile's shared and unshared builds parted
-where a near-tie flipped), so vLLM engines share nothing and their trees are those of a build without sharing.
+this build (prompt, sampling limits, served weights; not the seed, which greedy decoding does not read), or being
+generated, takes that answer instead of being generated again (``TreeRolloutStats.shared_greedy_calls`` counts them);
+an answer already known is handed out in the scheduler's loop at once, one being generated with it. Each branch
+receives the same tokens, log-probs and usage the first one did; a build without sharing computes them again in other
+batches, so its trees can part from the shared build's at a near-tie (above). vLLM engines share nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -170,6 +176,8 @@ class _GreedyShare:
     enabled: bool
     stats: TreeRolloutStats
     answers: dict[tuple[Any, ...], GenerationResult] = field(default_factory=dict)
+    # greedy requests being generated, and the equal calls sent meanwhile (answered with them, in the same step)
+    in_flight: dict[tuple[Any, ...], list[Any]] = field(default_factory=dict)
 
     def key(self, engine: Engine, request: Any) -> tuple[Any, ...] | None:
         """What makes two greedy requests to ``engine`` the same computation; None for one that is not shared."""
@@ -188,13 +196,19 @@ class _GreedyShare:
         """The indices of ``items`` the engine must generate (the first of each new greedy request), and every
         item's key."""
         keys = [self.key(engine, call.request) for _, call, _ in items]
-        send, seen = [], set(self.answers)
+        send, seen = [], set(self.answers) | set(self.in_flight)
         for i, k in enumerate(keys):
             if k is None or k not in seen:
                 send.append(i)
                 if k is not None:
                     seen.add(k)
         return send, keys
+
+    def known(self, engine: Engine, items: list[_Call]) -> list[_Call]:
+        """The calls whose greedy answer this build has already computed."""
+        if not self.answers:
+            return []
+        return [item for item in items if (k := self.key(engine, item[1].request)) is not None and k in self.answers]
 
     def answer(
         self, keys: list[tuple[Any, ...] | None], send: list[int], results: list[GenerationResult]
@@ -464,6 +478,32 @@ class _Schedule:
             self.stats.count(engine)
         return self.share.answer(keys, send, answers)
 
+    async def answer_async(
+        self, engine: Engine, items: list[_Call]
+    ) -> tuple[list[_Call], list[GenerationResult], bool]:
+        """:meth:`answer` in the event loop: the calls answered, their answers, and whether the engine was called. A
+        greedy call equal to one being generated by another call is answered with that one (and returned by it)."""
+        share = self.share
+        send, keys = share.to_send(engine, items)
+        sending = {keys[i] for i in send if keys[i] is not None}
+        kept = [i for i, k in enumerate(keys) if k is None or k in sending or k in share.answers]
+        for i in sorted(set(range(len(items))) - set(kept)):
+            share.in_flight[keys[i]].append(items[i])  # type: ignore[index]
+        share.in_flight.update({k: [] for k in sending})
+        try:
+            answers = await engine.agenerate([items[i][1].request for i in send]) if send else []
+        finally:
+            parked = {k: share.in_flight.pop(k) for k in sending}
+        if send:
+            self.stats.count(engine)
+        answered = [items[i] for i in kept]
+        results = share.answer([keys[i] for i in kept], [kept.index(i) for i in send], answers)
+        for k, calls in parked.items():
+            answered += calls
+            results += [share.answers[k]] * len(calls)
+            self.stats.shared_greedy_calls += len(calls)
+        return answered, results, bool(send)
+
     def move(self, items: list[_Call], results: list[GenerationResult]) -> list[_Branch]:
         """Move every branch on with its call's result; the branches still running."""
         running = []
@@ -487,59 +527,79 @@ def _run_wavefronts(active: list[_Branch], schedule: _Schedule) -> None:
 
 async def _run_async(active: list[_Branch], schedule: _Schedule) -> None:
     """Each branch advances as soon as its own call returns; engines generate concurrently (module docstring)."""
-    share, stats = schedule.share, schedule.stats
     waiting: _Queues = {}  # calls not sent yet
     busy: set[int] = set()  # batching engines with a batch in flight
-    in_flight: set[asyncio.Task[tuple[list[_Call], list[GenerationResult], int]]] = set()
+    in_flight: set[asyncio.Task[tuple[list[_Call], list[GenerationResult], bool, Engine]]] = set()
+    to_settle: list[Engine] = []  # engines whose completed calls' follow-ups are being sent (Engine.lockstep)
 
-    async def generate(engine: Engine, items: list[_Call]) -> tuple[list[_Call], list[GenerationResult], int]:
-        # a batching engine has one batch in flight, so an equal greedy request is never generated twice at once
-        send, keys = share.to_send(engine, items)
-        answers = await engine.agenerate([items[i][1].request for i in send]) if send else []
-        if send:
-            stats.count(engine)
-        return items, share.answer(keys, send, answers), id(engine)
+    async def generate(engine: Engine, items: list[_Call]) -> tuple[list[_Call], list[GenerationResult], bool, Engine]:
+        return (*await schedule.answer_async(engine, items), engine)
 
     def send(engine: Engine, items: list[_Call]) -> None:
         in_flight.add(asyncio.create_task(generate(engine, items)))
 
     def answer_inline() -> None:
-        # engines that answer at next to no cost (Engine.answers_inline) answer here, until no call waits for one,
-        # so the branches they answer join the batch that is sent next instead of waiting one batch behind it
-        while inline := [key for key, (engine, _) in waiting.items() if engine.answers_inline]:
-            for key in inline:
-                engine, items = waiting.pop(key)
+        # engines that answer at next to no cost (Engine.answers_inline) and greedy calls answered earlier in the
+        # build answer here, until no such call waits, so the branches they answer join the batch that is sent next
+        # instead of waiting one batch behind it (and, on a lockstep engine, the same batch whatever the timing)
+        while ready := [
+            (key, engine, items if engine.answers_inline else schedule.share.known(engine, items))
+            for key, (engine, items) in waiting.items()
+        ]:
+            ready = [(key, engine, items) for key, engine, items in ready if items]
+            if not ready:
+                return
+            for key, engine, items in ready:
+                answered = {id(item) for item in items}
+                left = [item for item in waiting[key][1] if id(item) not in answered]
+                if left:
+                    waiting[key] = (engine, left)
+                else:
+                    del waiting[key]
                 for running in schedule.move(items, schedule.answer(engine, items)):
                     schedule.queue(running, waiting)
 
     for branch in active:
         if not branch.rollout.done:
             schedule.queue(branch, waiting)
-    try:
-        while True:
-            answer_inline()
-            for key, (engine, items) in list(waiting.items()):
-                if engine.concurrent_requests:
-                    for item in items:
-                        send(engine, [item])
-                elif key not in busy:
-                    busy.add(key)
-                    send(engine, items)
-                else:
-                    continue
-                del waiting[key]
-            if not in_flight:  # nothing waits either: a waiting call's engine always has a batch in flight
-                break
-            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                in_flight.discard(task)
-                items, results, engine_key = task.result()
-                busy.discard(engine_key)
-                for running in schedule.move(items, results):
-                    schedule.queue(running, waiting)
-    finally:
-        for task in in_flight:
-            task.cancel()
+    each = schedule.engines
+    engines = {id(e): e for e in (each.reasoner, each.memory, *each.by_role.values())}
+    with contextlib.ExitStack() as lockstep:
+        for engine in engines.values():
+            lockstep.enter_context(engine.lockstep())
+        to_settle.extend(engines.values())  # their first calls, sent below
+        try:
+            while True:
+                answer_inline()
+                for key, (engine, items) in list(waiting.items()):
+                    if engine.concurrent_requests:
+                        for item in items:
+                            send(engine, [item])
+                    elif key not in busy:
+                        busy.add(key)
+                        send(engine, items)
+                    else:
+                        continue
+                    del waiting[key]
+                if to_settle:
+                    await asyncio.sleep(0)  # the calls just sent reach their engines before those go on
+                    for engine in to_settle:
+                        engine.settle()
+                    to_settle.clear()
+                if not in_flight:  # nothing waits either: a waiting call's engine always has a batch in flight
+                    break
+                done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    in_flight.discard(task)
+                    items, results, called, engine = task.result()
+                    busy.discard(id(engine))
+                    if called:
+                        to_settle.append(engine)
+                    for running in schedule.move(items, results):
+                        schedule.queue(running, waiting)
+        finally:
+            for task in in_flight:
+                task.cancel()
 
 
 def _run_blocking(coroutine: Any) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -97,6 +98,12 @@ class _Recording(Engine):
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         self.calls.update(str(r.metadata.get("task_id")) for r in requests)
         return await self.engine.agenerate(requests)
+
+    def lockstep(self) -> AbstractContextManager[None]:
+        return self.engine.lockstep()
+
+    def settle(self) -> None:
+        self.engine.settle()
 
 
 class RolloutWorker:

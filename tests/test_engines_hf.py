@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,42 @@ def test_adapter_and_weight_updates(engine, tiny_model_dir, tmp_path) -> None:
     assert ids(engine.generate([req(0, n=2)])[0]) == before
     with pytest.raises(EngineError, match="safetensors"):
         engine.update_weights(str(tmp_path / "missing"), version=4)
+
+
+def test_rows_join_and_leave_a_running_batch_with_the_answers_they_get_alone(engine) -> None:
+    """Continuous batching: rows that arrive while others decode join the batch (their longer prompts pad the running
+    rows on the left), leave it the step they end (their padding columns are then cut), and every row gets the tokens
+    and log-probs it gets alone."""
+    running = GenerationRequest(prompt_ids=list(range(10, 30)), sampling=SamplingParams(n=2, max_tokens=40, seed=1))
+    joining = [
+        GenerationRequest(prompt_ids=list(range(40, 100)), sampling=SamplingParams(n=2, max_tokens=5, seed=2)),
+        GenerationRequest(prompt_ids=list(range(50, 90)), sampling=SamplingParams(temperature=0.0, max_tokens=3)),
+    ]
+    for r in (running, *joining):
+        r.sampling.ignore_eos = True
+    alone = [engine.generate([r])[0] for r in (running, *joining)]
+    assert engine.decoder is not None and engine.concurrent_requests
+    rows = engine._rows([running])[0]
+    engine.decoder.submit(rows)
+    while len(rows[0].ids) < 8:  # the running rows are decoding
+        time.sleep(0.001)
+    later = engine.generate(joining)
+    assert not rows[0].done.done()  # the joining rows ended while the running ones went on
+    together = [engine._results([rows])[0], *later]
+    for a, b in zip(alone, together, strict=True):
+        assert ids(a) == ids(b)
+        for x, y in zip(a.completions, b.completions, strict=True):
+            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-5
+
+
+def test_closing_the_engine_fails_the_rows_in_flight(tiny_model_dir) -> None:
+    engine = build_engine(EngineConfig(backend="hf", model=str(tiny_model_dir), dtype="float32"))
+    rows = engine._rows([GenerationRequest(prompt_ids=list(range(10, 30)), sampling=SamplingParams(max_tokens=4000))])
+    engine.decoder.submit(rows[0])
+    while not rows[0][0].ids:
+        time.sleep(0.001)
+    engine.close()
+    with pytest.raises(EngineError, match="closed during generation"):
+        rows[0][0].done.result()
+    with pytest.raises(EngineError, match="closed"):
+        engine.generate([req(0)])

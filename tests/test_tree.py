@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from fakes import CountEnv, FakeEngine, RecallAwareMemory
 
@@ -135,12 +137,25 @@ class DeterministicFake(FakeEngine):
     greedy_is_deterministic = True
 
 
-@pytest.mark.parametrize("scheduler", ["async", "wavefront"])
+class ConcurrentDeterministicFake(DeterministicFake):
+    """Requests sent one by one and answered after a pause: equal greedy requests are in flight at once."""
+
+    concurrent_requests = True
+
+    async def agenerate(self, requests: list) -> list:
+        await asyncio.sleep(0.002)
+        return self.generate(requests)
+
+
+@pytest.mark.parametrize("scheduler", ["async", "wavefront", "async-concurrent"])
 def test_equal_greedy_calls_are_computed_once_and_the_trees_stay_the_same(scheduler: str) -> None:
     """Siblings repeat each other's greedy calls until their paths part: with sharing on, an equal greedy request to
     an engine whose greedy answer is a pure function of the request takes the answer already computed in the build
-    (one per extra sibling), the engine generates only the rest, and the trees are those built without sharing. An
-    engine that does not say so (a scripted policy may read its seed) is never shared."""
+    (one per extra sibling) or being computed (an engine taking requests one by one), the engine generates only the
+    rest, and the trees are those built without sharing. An engine that does not say so (a scripted policy may read
+    its seed) is never shared."""
+    fake = ConcurrentDeterministicFake if scheduler == "async-concurrent" else DeterministicFake
+    scheduler = scheduler.removesuffix("-concurrent")
 
     def build(engine: FakeEngine, share: bool) -> tuple[list, int, int]:
         def make_greedy(task: str, rollout_id: str) -> Rollout:
@@ -151,8 +166,8 @@ def test_equal_greedy_calls_are_computed_once_and_the_trees_stay_the_same(schedu
         trees, stats = build_trees(["t0", "t1"], make_greedy, eng, cfg)
         return [t.model_dump(mode="json") for t in trees], stats.shared_greedy_calls, sum(engine.batch_sizes)
 
-    unshared, none, rows = build(DeterministicFake("memory"), share=False)
-    shared, hits, fewer = build(DeterministicFake("memory"), share=True)
+    unshared, none, rows = build(fake("memory"), share=False)
+    shared, hits, fewer = build(fake("memory"), share=True)
     assert shared == unshared and none == 0
     assert hits == 5 and fewer == rows - hits  # "part b" of 3 siblings x 2 trees, one prompt: generated once
     assert build(FakeEngine("memory"), share=True)[1] == 0

@@ -135,3 +135,62 @@ def test_a_scripted_reasoner_answers_at_once_so_every_branch_is_in_each_memory_b
     leaves = [f"{t.task_id}/{n.metadata['rollout_id']}" for t in trees for n in t.nodes if n.kind == "leaf"]
     longest = max(sum(on_path(leaf, r) for r in sent) for leaf in leaves)
     assert len(leaves) > len(tasks) and longest > 0 and len(batches) == longest, (len(batches), longest)
+
+
+def test_continuous_batching_joins_the_same_rows_at_the_same_steps_whatever_the_timing(tiny_model_dir: Any) -> None:
+    """The transformers engine decodes continuously (rows join the running batch between steps); the tree scheduler
+    holds its next step until every call that follows from a completed one is sent (Engine.lockstep), so which rows
+    join at which step, and so every tree, is a function of the build, not of how fast the scheduler's loop runs:
+    random pauses in the loop (two draws) change nothing."""
+    from memrl.rollout.engines import continuous_batching
+    from memrl.rollout.engines.config import EngineConfig
+    from memrl.rollout.engines.factory import build_engine
+    from memrl.rollout.memory.base import RoleSampling
+    from memrl.rollout.tree import _Schedule
+
+    sampling = {"consolidate": RoleSampling(temperature=0.0, max_tokens=12), "recall": RoleSampling(max_tokens=5)}
+    config = CONFIG.model_copy(update={"sampling": sampling})
+    memory = build_engine(EngineConfig(backend="hf", model=str(tiny_model_dir), dtype="float32"))
+    assert memory.concurrent_requests
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    joins: list[tuple[int, int]] = []  # (steps decoded before it, rows joining)
+    steps = [0]
+    join, step, move = continuous_batching.RunningBatch.join, continuous_batching.RunningBatch.step, _Schedule.move
+
+    def logged_join(self: Any, decoder: Any, rows: list[Any]) -> None:
+        joins.append((steps[0], len(rows)))
+        join(self, decoder, rows)
+
+    def counted_step(self: Any, decoder: Any) -> None:
+        steps[0] += 1
+        step(self, decoder)
+
+    def build(draw: int) -> tuple[list[Any], list[tuple[int, int]]]:
+        jitter = random.Random(draw)
+
+        def slow_move(self: Any, items: list[Any], results: list[Any]) -> list[Any]:
+            time.sleep(jitter.uniform(0.0, 0.01))
+            return move(self, items, results)
+
+        joins.clear()
+        steps[0] = 0
+        _Schedule.move = slow_move  # type: ignore[method-assign]
+        try:
+            trees, _ = build_trees(
+                sam_tasks(3),
+                lambda task, rid: sam_rollout(task, config, rollout_id=rid),
+                EngineSet(reasoner=engines(tokenizer).reasoner, memory=memory),
+                TreeConfig(branch_factor=2, max_leaves=4),
+            )
+        finally:
+            _Schedule.move = move  # type: ignore[method-assign]
+        return list(map(dumped, trees)), list(joins)
+
+    continuous_batching.RunningBatch.join, continuous_batching.RunningBatch.step = logged_join, counted_step
+    try:
+        first, second = build(1), build(2)
+    finally:
+        continuous_batching.RunningBatch.join, continuous_batching.RunningBatch.step = join, step
+        memory.close()
+    assert first == second
+    assert any(rows > 1 for _, rows in first[1]) and len(first[1]) > 10

@@ -158,8 +158,21 @@ class Engine(abc.ABC):
     model's next batch."""
     greedy_is_deterministic: bool = False
     """True when a greedy request (temperature 0) is a function of the prompt, the sampling limits and the served
-    weights (the transformers engine; not vLLM, whose greedy answer can depend on its batch): the tree scheduler then
-    computes equal greedy requests once per build."""
+    weights, up to floating-point effects of the rows computed beside it (the transformers engine): the tree
+    scheduler then computes equal greedy requests once per build."""
+
+    @contextlib.contextmanager
+    def lockstep(self) -> Iterator[None]:
+        """While active, an engine that decodes continuously (rows joining a running batch) holds its next decode step
+        after each :meth:`agenerate` call it completes, until the caller :meth:`settle` s it: the caller first sends
+        every call that follows from the answer, so which rows decode together is a function of the calls, not of
+        thread timing (continuous batching stays reproducible). It holds from the start too, until the caller settles
+        once after sending its first calls. Others ignore it."""
+        yield
+
+    def settle(self) -> None:  # noqa: B027 - optional hook, only continuously decoding engines hold steps
+        """The caller has sent every call that follows from one completed :meth:`agenerate` call (see
+        :meth:`lockstep`)."""
 
     @abc.abstractmethod
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

@@ -90,7 +90,8 @@ class EngineConfig(ConfigModel):
 
     # hf
     device: str | None = None  # hf device; None: cuda if available, else cpu
-    batch_size: int = Field(64, ge=1, le=2**16)  # hf: rows per generate() call
+    batch_size: int = Field(64, ge=1, le=2**16)  # hf: rows decoded together at most
+    continuous_batching: bool = True  # hf: rows join and leave the running batch between steps (else generate())
 
     # openai (the retry settings: RETRY_SETTINGS)
     endpoints: list[EndpointConfig] = []

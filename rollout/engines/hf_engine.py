@@ -1,19 +1,26 @@
-"""The ``hf`` backend: transformers ``generate`` behind the engine interface (debugging, models vLLM cannot load).
+"""The ``hf`` backend: a transformers model behind the engine interface (debugging, models vLLM cannot load).
 
-Requests are expanded to one row per sample and batched with left padding (rows with the same sampling settings share
-a ``generate`` call). Sampling is done by a logits processor that draws each row with its own ``torch.Generator``
-seeded by :func:`~memrl.rollout.engines.base.sample_seed`, so a sample does not depend on which other rows share its
-batch (up to floating-point effects of padding). The same processor sees the raw logits first, so it records the
-log-prob
-of the sampled token under the raw distribution (log-softmax of unprocessed logits, temperature 1, no top-k/top-p):
-the definition every backend and the trainer use. End-of-sequence tokens (the tokenizer's and the generation
-config's) and stop strings end a row as in vLLM. On CPU, generation runs with one torch thread unless ``cpu_threads``
-says otherwise (see :func:`~memrl.rollout.engines.base.torch_threads`).
+Requests are expanded to one row per sample. By default the rows are decoded by continuous batching
+(:mod:`~memrl.rollout.engines.continuous_batching`): one thread owns the model, rows join the running batch between
+decode steps and leave it the step they end, so the engine takes each request the moment it is sent
+(``concurrent_requests``) and a short call never waits for a long one. Models whose KV cache cannot be padded and
+stacked row by row (sliding-window or recurrent layers), or ``continuous_batching=False``, run through ``generate``
+instead: rows with the same sampling settings share a call, which lasts as long as its longest row.
+
+Each row draws with its own ``torch.Generator`` seeded by :func:`~memrl.rollout.engines.base.sample_seed`, so a sample
+does not depend on which other rows share its batch (up to floating-point effects of padding), and records the
+log-prob of the drawn token under the raw distribution (log-softmax of unprocessed logits, temperature 1, no
+top-k/top-p): the definition every backend and the trainer use. End-of-sequence tokens (the tokenizer's and the
+generation config's) and stop strings end a row as in vLLM. On CPU, generation runs with one torch thread unless
+``cpu_threads`` says otherwise (see :func:`~memrl.rollout.engines.base.torch_threads`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,35 +42,22 @@ from memrl.rollout.engines.base import (
     torch_threads,
 )
 from memrl.rollout.engines.config import EngineConfig
+from memrl.rollout.engines.continuous_batching import Row, RowDecoder, draw, supports_continuous_batching
 
 __all__ = ["HFEngine"]
 
 
 class _SeededSampler(LogitsProcessor):
-    """Draw one token per row with the row's own generator; record its raw log-prob; force ``generate`` to take it."""
+    """``generate``'s sampler for models without continuous batching: :func:`draw` per row; records the raw
+    log-probs and forces ``generate`` to take the drawn tokens."""
 
-    def __init__(self, seeds: list[int], sp: SamplingParams, device: torch.device) -> None:
-        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-        self.temperature, self.top_p, self.top_k = sp.temperature, sp.top_p, sp.top_k
+    def __init__(self, rows: list[Row]) -> None:
+        self.rows = rows
         self.chosen_logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logits = scores.float()
-        if self.temperature == 0:
-            chosen = logits.argmax(-1)
-        else:
-            x = logits / self.temperature
-            if 0 < self.top_k < x.shape[-1]:
-                kth = torch.topk(x, self.top_k, dim=-1).values[:, -1:]
-                x = x.masked_fill(x < kth, -math.inf)
-            if self.top_p < 1.0:
-                sorted_x, order = torch.sort(x, dim=-1, descending=True)
-                cum = torch.softmax(sorted_x, -1).cumsum(-1)
-                drop = cum - torch.softmax(sorted_x, -1) >= self.top_p  # keep the smallest set reaching top_p
-                x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -math.inf)
-            probs = torch.softmax(x, -1)
-            chosen = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
-        self.chosen_logprobs.append(torch.log_softmax(logits, -1).gather(-1, chosen[:, None]).squeeze(-1))
+        chosen, logprobs = draw(scores, self.rows)
+        self.chosen_logprobs.append(logprobs)
         forced = torch.full_like(scores, -math.inf)
         return forced.scatter_(-1, chosen[:, None], 0.0)
 
@@ -85,6 +79,7 @@ class HFEngine(Engine):
         max_model_len: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         cpu_threads: int | None = None,
+        continuous_batching: bool = True,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -100,6 +95,13 @@ class HFEngine(Engine):
         self.stop_ids = sorted({i for i in [*eos_ids, tokenizer.eos_token_id] if i is not None})
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         self._base = model
+        self.decoder = RowDecoder(self) if continuous_batching and supports_continuous_batching(model) else None
+        self._lockstep = 0
+
+    @property
+    def concurrent_requests(self) -> bool:  # type: ignore[override]
+        """With continuous batching every request joins the running batch the moment it is sent."""
+        return self.decoder is not None
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> HFEngine:
@@ -117,58 +119,106 @@ class HFEngine(Engine):
             batch_size=cfg.batch_size,
             max_model_len=cfg.max_model_len,
             cpu_threads=cfg.cpu_threads,
+            continuous_batching=cfg.continuous_batching,
             **cfg.engine_settings(),
         )
 
     # ------------------------------------------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """Generate every sample of every request; rows with equal sampling settings are batched together."""
+        """Generate every sample of every request (one row each) and wait for them."""
+        rows = self._rows(requests)
+        todo = [row for request_rows in rows for row in request_rows if not row.done.done()]
+        if self.decoder is None:
+            self._generate_batches(todo)
+        elif todo:
+            self.decoder.submit(todo)
+        return self._results(rows)
+
+    async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """:meth:`generate` for callers in an event loop: with continuous batching the rows join the running batch
+        and the loop goes on until they end."""
+        if self.decoder is None:
+            return await super().agenerate(requests)
+        rows = self._rows(requests)
+        todo = [row for request_rows in rows for row in request_rows if not row.done.done()]
+        if todo:
+            self.decoder.submit(todo, holds=self._lockstep > 0)
+            await asyncio.gather(*(asyncio.wrap_future(row.done) for row in todo))
+        return self._results(rows)
+
+    @contextlib.contextmanager
+    def lockstep(self) -> Iterator[None]:
+        """While active, each completed :meth:`agenerate` call holds the next decode step until :meth:`settle`
+        (:meth:`Engine.lockstep <memrl.rollout.engines.base.Engine.lockstep>`); so does the start, until the caller
+        settles its first calls."""
+        self._lockstep += 1
+        if self.decoder is not None:
+            self.decoder.hold()  # until the caller has sent its first calls
+        try:
+            yield
+        finally:
+            self._lockstep -= 1
+            if self.decoder is not None and self._lockstep == 0:
+                self.decoder.settle(calls=1 << 30)  # a caller that stopped early holds nothing
+
+    def settle(self) -> None:
+        """The caller sent every call that follows from one completed :meth:`agenerate` call."""
+        if self.decoder is not None:
+            self.decoder.settle()
+
+    def _rows(self, requests: list[GenerationRequest]) -> list[list[Row]]:
+        """One row per sample of each request, seeded by :func:`sample_seed`, limited by the context."""
         if self.model is None:
             raise EngineError(f"{self.name}: the engine is closed")
         prompts = request_prompt_ids(requests, self.tokenizer, self.chat_template_kwargs, self.max_model_len, self.name)
-        rows: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
-        for r, req in enumerate(requests):
-            sp = req.sampling
-            key = (sp.temperature, sp.top_p, sp.top_k, tuple(sp.stop), sp.ignore_eos, sp.logprobs)
-            seed = self.request_seed(sp)
-            rows.setdefault(key, []).extend((r, i, sample_seed(seed, i)) for i in range(sp.n))
-        completions: list[list[Completion | None]] = [[None] * req.sampling.n for req in requests]
-        for group in rows.values():
-            sp = requests[group[0][0]].sampling
-            for start in range(0, len(group), self.batch_size):
-                chunk = group[start : start + self.batch_size]
-                limits = [
-                    min(requests[r].sampling.max_tokens, self.max_model_len - len(prompts[r])) for r, _, _ in chunk
-                ]
-                with torch_threads(self.cpu_threads):
-                    outs = self._generate_rows([prompts[r] for r, _, _ in chunk], [s for _, _, s in chunk], limits, sp)
-                for (r, i, _), completion in zip(chunk, outs, strict=True):
-                    completions[r][i] = completion
+        out = []
+        for prompt, req in zip(prompts, requests, strict=True):
+            sp, seed = req.sampling, self.request_seed(req.sampling)
+            limit = min(sp.max_tokens, self.max_model_len - len(prompt))
+            request_rows = [
+                Row(prompt, sp, limit, torch.Generator(device=self.device).manual_seed(sample_seed(seed, i)))
+                for i in range(sp.n)
+            ]
+            for row in request_rows:
+                if limit < 1:  # the prompt fills the context: nothing to generate
+                    row.done.set_result(([], []))
+            out.append(request_rows)
+        return out
+
+    def _results(self, rows: list[list[Row]]) -> list[GenerationResult]:
         results = []
-        for r, req in enumerate(requests):
-            done = [c for c in completions[r] if c is not None]
-            usage = Usage(
-                prompt_tokens=len(prompts[r]) * req.sampling.n,
-                completion_tokens=sum(len(c.response_ids) for c in done),
-            )
-            results.append(self._result(prompts[r], done, usage))
+        for request_rows in rows:
+            prompt, sp = request_rows[0].prompt, request_rows[0].sampling
+            done = [self._finish(*row.done.result(), row.limit, sp) for row in request_rows]
+            usage = Usage(prompt_tokens=len(prompt) * sp.n, completion_tokens=sum(len(c.response_ids) for c in done))
+            results.append(self._result(prompt, done, usage))
         return results
 
+    def _generate_batches(self, rows: list[Row]) -> None:
+        """Without continuous batching: rows with equal sampling settings share ``generate`` calls."""
+        groups: dict[tuple[Any, ...], list[Row]] = {}
+        for row in rows:
+            sp = row.sampling
+            groups.setdefault((sp.temperature, sp.top_p, sp.top_k, tuple(sp.stop), sp.ignore_eos), []).append(row)
+        for group in groups.values():
+            for start in range(0, len(group), self.batch_size):
+                with torch_threads(self.cpu_threads):
+                    self._generate_rows(group[start : start + self.batch_size])
+
     @torch.inference_mode()
-    def _generate_rows(
-        self, prompts: list[list[int]], seeds: list[int], limits: list[int], sp: SamplingParams
-    ) -> list[Completion]:
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention[row, width - len(ids) :] = 1
-        sampler = _SeededSampler(seeds, sp, self.device)
+    def _generate_rows(self, rows: list[Row]) -> None:
+        width = max(len(r.prompt) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
+            attention[i, width - len(row.prompt) :] = 1
+        sp = rows[0].sampling
+        sampler = _SeededSampler(rows)
         gen_cfg = GenerationConfig(
             do_sample=False,
             num_beams=1,
-            max_new_tokens=max(limits),
+            max_new_tokens=max(r.limit for r in rows),
             # [] (not None, which generate fills in from the model's generation config): no end-of-sequence stop
             eos_token_id=[] if sp.ignore_eos else self.stop_ids,
             pad_token_id=self.pad_id,
@@ -182,11 +232,9 @@ class HFEngine(Engine):
             tokenizer=self.tokenizer if sp.stop else None,
         )
         generated = out[:, width:].tolist()
-        logprobs = torch.stack(sampler.chosen_logprobs, 1).tolist() if sampler.chosen_logprobs else []
-        return [
-            self._finish(generated[row], logprobs[row] if logprobs else [], limits[row], sp)
-            for row in range(len(prompts))
-        ]
+        logprobs = torch.stack(sampler.chosen_logprobs, 1).tolist()
+        for i, row in enumerate(rows):
+            row.done.set_result((generated[i], logprobs[i]))
 
     def _finish(self, ids: list[int], logprobs: list[float], limit: int, sp: SamplingParams) -> Completion:
         finish = "length"
@@ -223,7 +271,9 @@ class HFEngine(Engine):
         return lo
 
     def close(self) -> None:
-        """Drop the model so its memory can be freed."""
+        """Stop the decoding thread and drop the model so its memory can be freed."""
+        if self.decoder is not None:
+            self.decoder.close()
         self.model = self._base = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

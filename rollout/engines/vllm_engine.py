@@ -90,8 +90,8 @@ def _modules_hidden_from_vllm_kernel_scan() -> Iterator[None]:
 class VLLMEngine(Engine):
     """A ``vllm.LLM`` behind the engine interface, with LoRA hot-swap and in-place full-weight updates."""
 
-    # greedy_is_deterministic stays False: on vLLM's CPU kernels a greedy answer can depend on the batch it was
-    # computed in, so a tree build that shared equal greedy calls would not be the build without sharing
+    # greedy_is_deterministic stays False: vLLM forms its batches by its own scheduler's timing, so a greedy answer
+    # can depend on rows the build does not control; trees built on it share no greedy call
 
     def __init__(
         self,
