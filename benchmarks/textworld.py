@@ -518,7 +518,7 @@ class TextWorldRun:
     def sft_sitting(self, seed: int, step: int, inputs: dict[str, Any]) -> None:
         """SFT seed ``seed`` trained to ``step`` (its stage's record), here: when the record exists but this machine
         has no checkpoint at or past ``step``, the sitting is trained again and its digest compared."""
-        from memrl.train.sft import latest_checkpoint
+        from memrl.train.sft import checkpoint_step, latest_checkpoint
 
         stage, block_inputs = f"sft/seed{seed}/to-step{step}", {**inputs, "to_step": step}
         out = self.work / f"sft-s{seed}" / "final"
@@ -527,7 +527,7 @@ class TextWorldRun:
             self.records.run(stage, block_inputs, lambda: self.train_sft(seed, out, stop_at_step=step))
             return
         newest = latest_checkpoint(self.work / f"sft-s{seed}" / "checkpoints")
-        if newest is not None and int(newest.name.split("-")[-1]) >= step:
+        if newest is not None and checkpoint_step(newest) >= step:
             return
         self.records.check_budget(stage)
         rebuilt = self.train_sft(seed, out, stop_at_step=step)

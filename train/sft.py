@@ -59,6 +59,7 @@ __all__ = [
     "SFTTrainConfig",
     "build_sft_trainer",
     "check_inputs",
+    "checkpoint_step",
     "latest_checkpoint",
     "run_sft",
     "sft_args",
@@ -145,7 +146,8 @@ def _complete(path: Path) -> bool:
     return (path / "trainer_state.json").is_file()
 
 
-def _step_of(path: Path) -> int:
+def checkpoint_step(path: Path) -> int:
+    """The optimizer step a ``checkpoint-N`` directory holds."""
     return int(path.name.rsplit("-", 1)[1])
 
 
@@ -153,7 +155,7 @@ def _checkpoints(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("checkpoint-") and p.name[11:].isdigit()]
-    return sorted(found, key=_step_of)
+    return sorted(found, key=checkpoint_step)
 
 
 def latest_checkpoint(folder: str | Path) -> Path | None:
@@ -544,7 +546,7 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
         if "wandb" in args.report_to:
             _init_wandb(cfg.run.wandb, run_dir, cfg.model_dump(mode="json"))
 
-    resume_step = _step_of(resume_from) if resume_from else 0
+    resume_step = checkpoint_step(resume_from) if resume_from else 0
     # A run restarted from scratch (no complete checkpoint) drops every earlier record.
     metrics = _metrics_callback(run_dir, resume_step if resume_from else -1, main, cfg.run.logging)
     # The eval loss before training comes from inside train(): DeepSpeed engines exist only there.
