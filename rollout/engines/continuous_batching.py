@@ -38,7 +38,7 @@ from transformers.cache_utils import DynamicLayer
 
 from memrl.rollout.engines.base import EngineError, SamplingParams, find_stop, torch_threads
 
-__all__ = ["CallState", "Row", "RowDecoder", "RunningBatch", "draw", "supports_continuous_batching"]
+__all__ = ["CallState", "Row", "RowDecoder", "RunningBatch", "draw", "left_padded", "supports_continuous_batching"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,17 @@ class Row:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     call: CallState | None = None
+
+
+def left_padded(rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' prompts as one left-padded batch: token ids and attention mask, ``(rows, longest prompt)``."""
+    width = max(len(r.prompt) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
+        mask[i, width - len(row.prompt) :] = 1
+    return ids, mask
 
 
 def draw(logits: torch.Tensor, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,12 +256,7 @@ class RunningBatch:
         """Prefill ``rows`` in one forward pass, draw their first tokens and stack them under the running rows."""
         engine = decoder.engine
         device = engine.device
-        width = max(len(r.prompt) for r in rows)
-        ids = torch.full((len(rows), width), engine.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
-            mask[i, width - len(row.prompt) :] = 1
+        ids, mask = left_padded(rows, engine.pad_id)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=engine.model.config)
         out = engine.model(

@@ -42,7 +42,13 @@ from memrl.rollout.engines.base import (
     torch_threads,
 )
 from memrl.rollout.engines.config import EngineConfig
-from memrl.rollout.engines.continuous_batching import Row, RowDecoder, draw, supports_continuous_batching
+from memrl.rollout.engines.continuous_batching import (
+    Row,
+    RowDecoder,
+    draw,
+    left_padded,
+    supports_continuous_batching,
+)
 
 __all__ = ["HFEngine"]
 
@@ -207,12 +213,8 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _generate_rows(self, rows: list[Row]) -> None:
-        width = max(len(r.prompt) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
-            attention[i, width - len(row.prompt) :] = 1
+        input_ids, attention = left_padded(rows, self.pad_id)
+        width = input_ids.shape[1]
         sp = rows[0].sampling
         sampler = _SeededSampler(rows)
         gen_cfg = GenerationConfig(
