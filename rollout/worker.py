@@ -22,13 +22,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from memrl.data.schemas import MemoryCallTree
 from memrl.rollout.engines.base import (
     Engine,
+    EngineFront,
     EngineProbe,
     GenerationRequest,
     GenerationResult,
@@ -81,14 +81,12 @@ class TreeBatch:
     seconds: float = 0.0
 
 
-class _Recording(Engine):
+class _Recording(EngineFront):
     """The policy engine, counting the memory requests it serves per task (the tests' proof of tree affinity)."""
 
     def __init__(self, engine: Engine) -> None:
+        super().__init__([engine], engine.name)
         self.engine = engine
-        self.name = engine.name
-        self.concurrent_requests = engine.concurrent_requests
-        self.answers_inline = engine.answers_inline
         self.calls: Counter[str] = Counter()
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -98,12 +96,6 @@ class _Recording(Engine):
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         self.calls.update(str(r.metadata.get("task_id")) for r in requests)
         return await self.engine.agenerate(requests)
-
-    def lockstep(self) -> AbstractContextManager[None]:
-        return self.engine.lockstep()
-
-    def settle(self) -> None:
-        self.engine.settle()
 
 
 class RolloutWorker:

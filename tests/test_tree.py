@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 
 import pytest
 from fakes import CountEnv, FakeEngine, RecallAwareMemory
 
 from memrl.rewards.credit import CreditConfig, assign_credit, assign_flat_credit
 from memrl.rewards.groups import trees_to_groups
+from memrl.rollout.engines.base import Engine
+from memrl.rollout.engines.scripted import DelayedEngine
+from memrl.rollout.engines.sticky import StickyEngine
 from memrl.rollout.loop import EngineSet, Rollout
 from memrl.rollout.memory.base import MemoryRequest, RoleSampling
 from memrl.rollout.tree import TreeConfig, build_trees
+from memrl.rollout.worker import _Recording
 
 
 def make(task: str, rollout_id: str) -> Rollout:
@@ -171,3 +177,46 @@ def test_equal_greedy_calls_are_computed_once_and_the_trees_stay_the_same(schedu
     assert shared == unshared and none == 0
     assert hits == 5 and fewer == rows - hits  # "part b" of 3 siblings x 2 trees, one prompt: generated once
     assert build(FakeEngine("memory"), share=True)[1] == 0
+
+
+class LockstepFake(DeterministicFake):
+    """Counts the lockstep sections it enters and the settles it gets."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.locksteps, self.settles = 0, 0
+
+    @contextlib.contextmanager
+    def lockstep(self) -> Iterator[None]:
+        self.locksteps += 1
+        yield
+
+    def settle(self) -> None:
+        self.settles += 1
+
+
+@pytest.mark.parametrize("front", ["recording", "sticky", "delayed"])
+def test_an_engine_in_front_of_others_passes_on_what_they_are(front: str) -> None:
+    """A fleet worker's recorder, a sticky router and a simulated latency in front of engines that compute greedy
+    calls deterministically keep greedy calls shared (5 of them here) and put every engine behind in lockstep; in front
+    of one engine that does not say so among others, nothing is shared."""
+
+    def put_in_front(behind: list[FakeEngine]) -> Engine:
+        if front == "recording":
+            return _Recording(behind[0]) if len(behind) == 1 else _Recording(StickyEngine(behind, "memory"))
+        if front == "sticky":
+            return StickyEngine(behind, "memory")
+        return DelayedEngine(StickyEngine(behind, "memory"), 0.0, concurrent_requests=False)
+
+    def shared(behind: list[FakeEngine]) -> int:
+        def make_greedy(task: str, rollout_id: str) -> Rollout:
+            return Rollout(CountEnv(task), GreedySecondPart(), reasoner_system="sys", seed=0, rollout_id=rollout_id)
+
+        cfg = TreeConfig(branch_factor=3, max_branch_depth=1, scheduler="async", share_greedy_calls=True)
+        eng = EngineSet(reasoner=FakeEngine("reasoner"), memory=put_in_front(behind))
+        return build_trees(["t0", "t1"], make_greedy, eng, cfg)[1].shared_greedy_calls
+
+    first, second = LockstepFake("memory"), LockstepFake("memory")
+    assert shared([first]) == 5 and shared([first, second]) == 5
+    assert (first.locksteps, second.locksteps) == (2, 1) and first.settles > 0 and second.settles > 0
+    assert shared([LockstepFake("memory"), FakeEngine("memory")]) == 0

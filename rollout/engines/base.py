@@ -37,6 +37,7 @@ __all__ = [
     "Completion",
     "Engine",
     "EngineError",
+    "EngineFront",
     "EngineProbe",
     "GenerationRequest",
     "GenerationResult",
@@ -255,6 +256,58 @@ class Engine(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class EngineFront(Engine):
+    """An engine in front of others (a router, a recorder, a simulated latency): the one rule by which it passes on
+    what the engines behind it are. It has a capability (``concurrent_requests``, ``answers_inline``,
+    ``greedy_is_deterministic``) only when every engine behind it has it, serves the newest policy version among
+    them, and passes :meth:`lockstep`, :meth:`settle` and :meth:`close` on to each. A subclass overrides a
+    capability only where it changes it (a simulated latency does not answer inline)."""
+
+    def __init__(self, engines: list[Engine], name: str) -> None:
+        if not engines:
+            raise ValueError(f"{type(self).__name__} needs at least one engine behind it")
+        self.engines = engines
+        self.name = name
+
+    @property
+    def concurrent_requests(self) -> bool:  # type: ignore[override]
+        """Every engine behind serves requests independently."""
+        return all(engine.concurrent_requests for engine in self.engines)
+
+    @property
+    def answers_inline(self) -> bool:  # type: ignore[override]
+        """Every engine behind answers in this process at next to no cost."""
+        return all(engine.answers_inline for engine in self.engines)
+
+    @property
+    def greedy_is_deterministic(self) -> bool:  # type: ignore[override]
+        """Every engine behind computes a greedy request as a function of the request and its weights."""
+        return all(engine.greedy_is_deterministic for engine in self.engines)
+
+    @property
+    def policy_version(self) -> int:  # type: ignore[override]
+        """The newest policy version served behind it."""
+        return max(engine.policy_version for engine in self.engines)
+
+    @contextlib.contextmanager
+    def lockstep(self) -> Iterator[None]:
+        """Every engine behind in lockstep (:meth:`Engine.lockstep`)."""
+        with contextlib.ExitStack() as stack:
+            for engine in self.engines:
+                stack.enter_context(engine.lockstep())
+            yield
+
+    def settle(self) -> None:
+        """Settle every engine behind."""
+        for engine in self.engines:
+            engine.settle()
+
+    def close(self) -> None:
+        """Close every engine behind."""
+        for engine in self.engines:
+            engine.close()
 
 
 def sample_seed(seed: int, index: int) -> int:

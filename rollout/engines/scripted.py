@@ -21,6 +21,7 @@ from memrl.rollout.engines.base import (
     Completion,
     Engine,
     EngineError,
+    EngineFront,
     EngineProbe,
     GenerationRequest,
     GenerationResult,
@@ -162,13 +163,15 @@ class DelayedPolicy:
         return self.inner.respond(messages, rng, metadata)
 
 
-class DelayedEngine(Engine):
+class DelayedEngine(EngineFront):
     """``engine`` behind a simulated latency: every request is answered ``latency_s`` after the engine started on
     it, and the engine works on at most ``capacity`` requests at a time (None: any number, an engine with spare
     capacity such as vLLM with continuous batching below its limits; 1: a saturated engine whose requests queue).
     ``latency_s`` may be a function of the requests (a slow task, jitter). ``concurrent_requests`` says whether the
     tree scheduler sends requests one by one (an endpoint; each returns when done) or batches what waits (an in-process
     engine; a batch returns when its last request is done)."""
+
+    answers_inline = False  # it sleeps: the tree scheduler answers it in a thread
 
     def __init__(
         self,
@@ -180,13 +183,17 @@ class DelayedEngine(Engine):
     ) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be None or >= 1, got {capacity}")
+        super().__init__([engine], engine.name)
         self.engine = engine
-        self.name = engine.name
         self.latency_s = latency_s
         self.capacity = capacity
-        self.concurrent_requests = concurrent_requests
-        self.greedy_is_deterministic = engine.greedy_is_deterministic
+        self._concurrent_requests = concurrent_requests
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None  # a semaphore serves one loop
+
+    @property
+    def concurrent_requests(self) -> bool:  # type: ignore[override]
+        """As set: the scheduler sends requests one by one (True) or batches what waits (False)."""
+        return self._concurrent_requests
 
     def _seconds(self, requests: list[GenerationRequest]) -> float:
         latency = self.latency_s(requests) if callable(self.latency_s) else self.latency_s

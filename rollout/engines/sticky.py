@@ -15,7 +15,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from memrl.rollout.engines.base import Engine, GenerationRequest, GenerationResult
+from memrl.rollout.engines.base import Engine, EngineFront, GenerationRequest, GenerationResult
 
 __all__ = ["StickyEngine", "sticky_index"]
 
@@ -34,17 +34,12 @@ def _route_key(request: GenerationRequest) -> str:
     return json.dumps([m.model_dump(mode="json") for m in request.messages or []])
 
 
-class StickyEngine(Engine):
-    """One engine per endpoint; a request goes to ``engines[sticky_index(task id, n)]``, the engines concurrently."""
+class StickyEngine(EngineFront):
+    """One engine per endpoint; a request goes to ``engines[sticky_index(task id, n)]``, the engines concurrently.
+    What it can do is what every endpoint can (:class:`~memrl.rollout.engines.base.EngineFront`)."""
 
     def __init__(self, engines: list[Engine], name: str) -> None:
-        if not engines:
-            raise ValueError("StickyEngine needs at least one engine")
-        self.engines = engines
-        self.name = name
-        self.concurrent_requests = all(engine.concurrent_requests for engine in engines)
-        self.greedy_is_deterministic = all(engine.greedy_is_deterministic for engine in engines)
-        self.answers_inline = all(engine.answers_inline for engine in engines)
+        super().__init__(engines, name)
 
     def endpoint_of(self, request: GenerationRequest) -> int:
         """The index of the engine that serves ``request``."""
@@ -93,8 +88,3 @@ class StickyEngine(Engine):
             with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="sticky") as pool:
                 list(pool.map(run, parts.items()))
         return out
-
-    def close(self) -> None:
-        """Close every endpoint's engine."""
-        for engine in self.engines:
-            engine.close()
