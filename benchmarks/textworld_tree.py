@@ -3,10 +3,11 @@ iteration (``--trees`` games, one :func:`memrl.rollout.tree.build_trees` call, a
 timed by component: the memory model's generation, the frozen reasoner, TextWorld's own steps, the replay that
 re-enters a state for a fork, and the rest (SAM's bookkeeping, the scheduler).
 
-Each tree is built twice, with and without ``tree.share_greedy_calls`` (equal greedy calls computed once per build),
-and the two builds' trees are compared: the JSON says whether they are identical (a near-tie decided differently in
-another batch parts them), their digests, and the seconds per tree of each. Only engines whose greedy answer is a
-function of the request share (transformers; on vLLM both builds are the same). The transformers engine decodes by
+Each tree is built twice, with and without ``tree.share_greedy_calls`` (equal greedy calls computed once per build;
+``--sharing on`` or ``off`` builds once), and the two builds' trees are compared: the JSON says whether they are
+identical (a near-tie decided differently in another batch parts them), their digests, and the seconds per tree of
+each. Only engines whose greedy answer is a function of the request share (transformers; on vLLM both builds are the
+same). The transformers engine decodes by
 continuous batching unless ``--no-continuous-batching`` (batched ``generate`` calls, its fallback).
 
     python -m benchmarks.textworld_tree --cell treasure_hunter/large --trees 6            # the tiny model
@@ -135,7 +136,8 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     builds: dict[str, Any] = {}
     dumps: dict[str, Any] = {}
     try:
-        for label, share in (("without_sharing", False), ("with_sharing", True)):
+        builds_wanted = {"both": (False, True), "off": (False,), "on": (True,)}[args.sharing]
+        for label, share in ((("with_sharing" if share else "without_sharing"), share) for share in builds_wanted):
             cfg = TreeConfig(
                 mode="tree",
                 branch_roles=["recall"],
@@ -172,7 +174,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
             builds[label]["trees_digest"] = digest(dumps[label])
     finally:
         memory.close()
-    before, after = builds["without_sharing"], builds["with_sharing"]
+    both = len(builds) == 2
     return {
         "benchmark": "textworld_tree",
         "cell": args.cell,
@@ -188,8 +190,8 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
             "memory": memory_cfg,
         },
         "builds": builds,
-        "trees_identical": dumps["without_sharing"] == dumps["with_sharing"],
-        "speedup": round(before["wall_s"] / after["wall_s"], 2),
+        "trees_identical": dumps["without_sharing"] == dumps["with_sharing"] if both else None,
+        "speedup": round(builds["without_sharing"]["wall_s"] / builds["with_sharing"]["wall_s"], 2) if both else None,
         "torch_threads": args.threads,
         "load_average": [round(x, 1) for x in os.getloadavg()],
     }
@@ -222,6 +224,9 @@ def main() -> None:
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument(
         "--no-continuous-batching", action="store_true", help="hf: batched generate() calls (the engine's fallback)"
+    )
+    parser.add_argument(
+        "--sharing", choices=("both", "on", "off"), default="both", help="build with and/or without greedy sharing"
     )
     parser.add_argument("--branch-factor", type=int, default=4)
     parser.add_argument("--max-leaves", type=int, default=8)
