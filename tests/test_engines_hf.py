@@ -136,7 +136,7 @@ def test_rows_join_and_leave_a_running_batch_with_the_answers_they_get_alone(eng
         r.sampling.ignore_eos = True
     alone = [engine.generate([r])[0] for r in (running, *joining)]
     assert engine.decoder is not None and engine.concurrent_requests
-    rows = engine._rows([running])[0]
+    rows = engine._rows([running])[1]
     engine.decoder.submit(rows)
     while len(rows[0].ids) < 8:  # the running rows are decoding
         time.sleep(0.001)
@@ -151,7 +151,9 @@ def test_rows_join_and_leave_a_running_batch_with_the_answers_they_get_alone(eng
 
 def test_closing_the_engine_fails_the_rows_in_flight(tiny_model_dir) -> None:
     engine = build_engine(EngineConfig(backend="hf", model=str(tiny_model_dir), dtype="float32"))
-    rows = engine._rows([GenerationRequest(prompt_ids=list(range(10, 30)), sampling=SamplingParams(max_tokens=4000))])
+    rows, _ = engine._rows(
+        [GenerationRequest(prompt_ids=list(range(10, 30)), sampling=SamplingParams(max_tokens=4000))]
+    )
     engine.decoder.submit(rows[0])
     while not rows[0][0].ids:
         time.sleep(0.001)

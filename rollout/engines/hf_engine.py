@@ -132,8 +132,7 @@ class HFEngine(Engine):
     # ------------------------------------------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Generate every sample of every request (one row each) and wait for them."""
-        rows = self._rows(requests)
-        todo = [row for request_rows in rows for row in request_rows if not row.done.done()]
+        rows, todo = self._rows(requests)
         if self.decoder is None:
             self._generate_batches(todo)
         elif todo:
@@ -145,8 +144,7 @@ class HFEngine(Engine):
         and the loop goes on until they end."""
         if self.decoder is None:
             return await super().agenerate(requests)
-        rows = self._rows(requests)
-        todo = [row for request_rows in rows for row in request_rows if not row.done.done()]
+        rows, todo = self._rows(requests)
         if todo:
             self.decoder.submit(todo, holds=self._lockstep > 0)
             await asyncio.gather(*(asyncio.wrap_future(row.done) for row in todo))
@@ -172,8 +170,9 @@ class HFEngine(Engine):
         if self.decoder is not None:
             self.decoder.settle()
 
-    def _rows(self, requests: list[GenerationRequest]) -> list[list[Row]]:
-        """One row per sample of each request, seeded by :func:`sample_seed`, limited by the context."""
+    def _rows(self, requests: list[GenerationRequest]) -> tuple[list[list[Row]], list[Row]]:
+        """One row per sample of each request, seeded by :func:`sample_seed`, limited by the context; and the rows
+        left to decode (a prompt that fills the context has nothing to generate)."""
         if self.model is None:
             raise EngineError(f"{self.name}: the engine is closed")
         prompts = request_prompt_ids(requests, self.tokenizer, self.chat_template_kwargs, self.max_model_len, self.name)
@@ -189,7 +188,7 @@ class HFEngine(Engine):
                 if limit < 1:  # the prompt fills the context: nothing to generate
                     row.done.set_result(([], []))
             out.append(request_rows)
-        return out
+        return out, [row for request_rows in out for row in request_rows if not row.done.done()]
 
     def _results(self, rows: list[list[Row]]) -> list[GenerationResult]:
         results = []
