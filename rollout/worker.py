@@ -130,7 +130,7 @@ class RolloutWorker:
         metrics: dict[str, Any] = self.score(trees) if self.score is not None else {}
         for tree in trees:
             tree.metadata.update(worker=self.index, policy_version=version)
-        metrics.update(engine_calls=sum(stats.engine_calls.values()))
+        metrics.update(engine_calls=sum(stats.engine_calls.values()), shared_greedy_calls=stats.shared_greedy_calls)
         return TreeBatch(
             trees=trees, metrics=metrics, memory_calls=dict(recording.calls), seconds=time.perf_counter() - t0
         )
