@@ -44,7 +44,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _suffix_groups(items: list[pytest.Item]) -> None:
     """Give each grouped test's node id the ``@group`` suffix that pytest-xdist's scheduler groups by. pytest-xdist
     (3.8) writes it to ``item._nodeid``, which pytest 9.2 no longer reads (the id is ``item._id``): without this no
-    group holds, every worker starts the shared fixtures again and the wheel builds overlap."""
+    group holds, every worker starts the shared fixtures again and the wheel builds overlap. This is pytest-xdist's
+    open issue 1386; its proposed fix (pull request 1388) writes the structured id as here. Delete this once a
+    pytest-xdist release carries it."""
     for item in items:
         names = {
             str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")
