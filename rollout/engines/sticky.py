@@ -15,7 +15,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from memrl.rollout.engines.base import Engine, EngineFront, GenerationRequest, GenerationResult
+from memrl.rollout.engines.base import EngineFront, GenerationRequest, GenerationResult
 
 __all__ = ["StickyEngine", "sticky_index"]
 
@@ -37,9 +37,6 @@ def _route_key(request: GenerationRequest) -> str:
 class StickyEngine(EngineFront):
     """One engine per endpoint; a request goes to ``engines[sticky_index(task id, n)]``, the engines concurrently.
     What it can do is what every endpoint can (:class:`~memrl.rollout.engines.base.EngineFront`)."""
-
-    def __init__(self, engines: list[Engine], name: str) -> None:
-        super().__init__(engines, name)
 
     def endpoint_of(self, request: GenerationRequest) -> int:
         """The index of the engine that serves ``request``."""
