@@ -239,13 +239,23 @@ class Records:
         if self.stop_requested:
             raise Stopped(stage)
 
-    def seconds(self, prefix: str) -> list[float]:
-        """Seconds of the recorded stages whose name starts with ``prefix``."""
-        return [
-            json.loads(p.read_text())["seconds"]
-            for p in sorted(self.root.glob("**/*.json"))
-            if str(p.relative_to(self.root).with_suffix("")).startswith(prefix)
-        ]
+    def seconds(self, kind: str) -> list[float]:
+        """Seconds of the recorded stages of ``kind`` (:func:`stage_kind`)."""
+        records = (json.loads(p.read_text()) for p in sorted(self.root.glob("**/*.json")))
+        return [r["seconds"] for r in records if "stage" in r and stage_kind(r["stage"]) == kind]
+
+
+def stage_kind(stage: str) -> str:
+    """The stages whose seconds estimate ``stage``'s: an evaluation chunk's, any draw's chunks of its variant; an SFT
+    sitting's, any seed's sittings; an RL run's, any run of its mode; another stage's, its own."""
+    parts = stage.split("/")
+    if parts[0] == "eval" and len(parts) >= 3:
+        return f"eval/*/{parts[2]}"
+    if parts[0] == "sft":
+        return "sft"
+    if parts[0] == "rl" and len(parts) == 2:
+        return "rl/" + parts[1].rsplit("-sft", 1)[0].rsplit("-", 1)[-1]
+    return stage
 
 
 def git_commit() -> str | None:
@@ -814,17 +824,20 @@ def select_lr(bench: TextWorldRun) -> dict[str, Any]:
 
 
 def estimate_hours(records: Records, missing: dict[str, int]) -> dict[str, Any]:
-    """Hours the missing stages will take, from the recorded seconds of stages of the same kind."""
+    """Hours the missing stages will take, from the mean recorded seconds of stages of the same kind
+    (:func:`stage_kind`); ``untimed_stages`` counts those of a kind with no recorded stage yet (not in ``hours``)."""
     out: dict[str, Any] = {}
-    total = 0.0
-    for kind, count in missing.items():
-        seen = records.seconds(kind)
+    total, untimed = 0.0, 0
+    for stages, count in missing.items():
         if not count:
             continue
+        seen = records.seconds(stage_kind(f"{stages}/0"))
         each = statistics.fmean(seen) if seen else None
-        out[kind] = {"stages": count, "seconds_each": round(each, 1) if each else None}
+        out[stages] = {"stages": count, "seconds_each": round(each, 1) if each is not None else None}
         total += (each or 0.0) * count
+        untimed += count if each is None else 0
     out["hours"] = round(total / 3600, 2)
+    out["untimed_stages"] = untimed
     return out
 
 
@@ -965,8 +978,9 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
     trains = "sam_sft" in variants or bool({"sam_oat", "sam_flat"} & set(variants))
     if trains:
         todo.update({"games/test": 1, "games/sft": 1, "distill": 1})
+    block = args.sft_block_steps
     for k in range(scale.sft_seeds) if trains else []:
-        todo[f"sft/seed{k}"] = 1
+        todo[f"sft/seed{k}"] = 1 + (len(range(block, scale.sft_steps, block)) if block else 0)  # its sittings
     for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
         if v in variants:
             for d in draws[v]:
@@ -1016,7 +1030,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
         done = {p.relative_to(records.root).with_suffix("").as_posix() for p in records.root.glob("**/*.json")}
         missing: dict[str, int] = {}
         for kind, count in todo.items():
-            have = sum(1 for d in done if d.startswith(kind))
+            have = sum(1 for d in done if d == kind or d.startswith(f"{kind}/"))
             missing[kind] = max(count - have, 0)
         status = {
             "benchmark": "textworld",
@@ -1029,7 +1043,9 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
             "command": "python -m benchmarks.textworld " + " ".join(sys.argv[1:]),
         }
         atomic_write_text(records.root / "status.json", json.dumps(status, indent=1) + "\n")
-        say(f"stopped before {stop}: about {status['remaining']['hours']} h of stages left (status.json)")
+        remaining = status["remaining"]
+        untimed = f", and {remaining['untimed_stages']} of kinds not timed yet" if remaining["untimed_stages"] else ""
+        say(f"stopped before {stop}: about {remaining['hours']} h of stages left{untimed} (status.json)")
         return status
     names = [t.task_id for t in test]
     cells = {t.task_id: t.horizon_label for t in test}
