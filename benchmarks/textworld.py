@@ -841,6 +841,20 @@ def estimate_hours(records: Records, missing: dict[str, int]) -> dict[str, Any]:
     return out
 
 
+def resume_arguments(argv: list[str]) -> list[str]:
+    """The command's arguments without the sitting's own budget (``--max-minutes``, ``--max-stages``): the command
+    that goes on with the run, whatever budget the next sitting gives it."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--max-minutes", "--max-stages"):
+            skip = True
+        elif not arg.startswith(("--max-minutes=", "--max-stages=")):
+            out.append(arg)
+    return out
+
+
 def build_scale(args: argparse.Namespace) -> Scale:
     scale = replace(SMOKE if args.smoke else PREMISE)
     scale.cells = list(scale.cells)
@@ -1040,7 +1054,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
             "stages_recorded": len(done),
             "remaining": estimate_hours(records, {k: v for k, v in missing.items() if v}),
             "finished_so_far": finished_so_far(records),
-            "command": "python -m benchmarks.textworld " + " ".join(sys.argv[1:]),
+            "command": "python -m benchmarks.textworld " + " ".join(resume_arguments(sys.argv[1:])),
         }
         atomic_write_text(records.root / "status.json", json.dumps(status, indent=1) + "\n")
         remaining = status["remaining"]

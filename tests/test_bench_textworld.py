@@ -208,6 +208,13 @@ def test_the_hours_left_are_estimated_from_stages_of_the_same_kind(tmp_path: Pat
     assert left["hours"] == round((6 * 200.0 + 3 * 10.0) / 3600, 2) and left["untimed_stages"] == 1
 
 
+def test_the_status_names_the_command_that_goes_on_without_the_sittings_budget() -> None:
+    from benchmarks.textworld import resume_arguments
+
+    argv = ["--model", "smollm2", "--max-stages", "0", "--run", "r", "--max-minutes=80", "--skip", "sam_oat"]
+    assert resume_arguments(argv) == ["--model", "smollm2", "--run", "r", "--skip", "sam_oat"]
+
+
 def test_a_stopped_run_reports_what_its_finished_chunks_cover(tmp_path: Path) -> None:
     from benchmarks.textworld import finished_so_far
 
