@@ -831,7 +831,7 @@ def estimate_hours(records: Records, missing: dict[str, int]) -> dict[str, Any]:
     for stages, count in missing.items():
         if not count:
             continue
-        seen = records.seconds(stage_kind(f"{stages}/0"))
+        seen = records.seconds(stage_kind(stages))
         each = statistics.fmean(seen) if seen else None
         out[stages] = {"stages": count, "seconds_each": round(each, 1) if each is not None else None}
         total += (each or 0.0) * count

@@ -197,15 +197,19 @@ def test_the_hours_left_are_estimated_from_stages_of_the_same_kind(tmp_path: Pat
         ("sft/seed0/to-step16", 100.0),
         ("sft/seed0/to-step32", 300.0),
         ("eval/sft0/sam_sft/0-9", 10.0),
+        ("games/test", 7.0),
     ):
         rec.run(stage, {}, dict)
         record = json.loads(rec.path(stage).read_text())
         rec.path(stage).write_text(json.dumps({**record, "seconds": seconds}))
     (tmp_path / "run.json").write_text("{}")  # the run's settings: not a stage
-    left = estimate_hours(rec, {"sft/seed0": 2, "sft/seed1": 4, "eval/sft1/sam_sft": 3, "rl/tree-sft0-rl0": 1})
+    left = estimate_hours(
+        rec, {"sft/seed0": 2, "sft/seed1": 4, "eval/sft1/sam_sft": 3, "rl/tree-sft0-rl0": 1, "games/test": 1}
+    )
     assert left["sft/seed1"] == {"stages": 4, "seconds_each": 200.0}
     assert left["eval/sft1/sam_sft"]["seconds_each"] == 10.0 and left["rl/tree-sft0-rl0"]["seconds_each"] is None
-    assert left["hours"] == round((6 * 200.0 + 3 * 10.0) / 3600, 2) and left["untimed_stages"] == 1
+    assert left["games/test"]["seconds_each"] == 7.0
+    assert left["hours"] == round((6 * 200.0 + 3 * 10.0 + 7.0) / 3600, 2) and left["untimed_stages"] == 1
 
 
 def test_the_status_names_the_command_that_goes_on_without_the_sittings_budget() -> None:
