@@ -239,10 +239,14 @@ class Records:
         if self.stop_requested:
             raise Stopped(stage)
 
-    def seconds(self, kind: str) -> list[float]:
-        """Seconds of the recorded stages of ``kind`` (:func:`stage_kind`)."""
-        records = (json.loads(p.read_text()) for p in sorted(self.root.glob("**/*.json")))
-        return [r["seconds"] for r in records if "stage" in r and stage_kind(r["stage"]) == kind]
+    def seconds_by_kind(self) -> dict[str, list[float]]:
+        """Seconds of every recorded stage, by :func:`stage_kind` (each record read once)."""
+        out: dict[str, list[float]] = {}
+        for path in sorted(self.root.glob("**/*.json")):
+            record = json.loads(path.read_text())
+            if "stage" in record:
+                out.setdefault(stage_kind(record["stage"]), []).append(record["seconds"])
+        return out
 
 
 def stage_kind(stage: str) -> str:
@@ -828,10 +832,11 @@ def estimate_hours(records: Records, missing: dict[str, int]) -> dict[str, Any]:
     (:func:`stage_kind`); ``untimed_stages`` counts those of a kind with no recorded stage yet (not in ``hours``)."""
     out: dict[str, Any] = {}
     total, untimed = 0.0, 0
+    recorded = records.seconds_by_kind()
     for stages, count in missing.items():
         if not count:
             continue
-        seen = records.seconds(stage_kind(stages))
+        seen = recorded.get(stage_kind(stages), [])
         each = statistics.fmean(seen) if seen else None
         out[stages] = {"stages": count, "seconds_each": round(each, 1) if each is not None else None}
         total += (each or 0.0) * count
