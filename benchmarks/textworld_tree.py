@@ -136,8 +136,8 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     builds: dict[str, Any] = {}
     dumps: dict[str, Any] = {}
     try:
-        builds_wanted = {"both": (False, True), "off": (False,), "on": (True,)}[args.sharing]
-        for label, share in ((("with_sharing" if share else "without_sharing"), share) for share in builds_wanted):
+        for share in {"both": (False, True), "off": (False,), "on": (True,)}[args.sharing]:
+            label = "with_sharing" if share else "without_sharing"
             cfg = TreeConfig(
                 mode="tree",
                 branch_roles=["recall"],
