@@ -26,7 +26,9 @@ treasure_hunter small and medium (at most 40 commands), where long context sees 
 cache, ``memrl data distill``'s :func:`~memrl.rollout.expert_traces.distill`, ``memrl train sft``'s
 :func:`~memrl.train.sft.run_sft`, ``memrl train oat-grpo``'s :func:`~memrl.train.oat_grpo.train_oat_grpo`, the
 harness's :func:`~memrl.rollout.evaluation.tasks.evaluate_memory`): the games of each split, the distilled traces,
-SFT per seed, every evaluation chunk (``--chunk`` games of one variant and seed), every RL run, the replay check. Each
+SFT per seed in sittings of ``--sft-block-steps`` steps, every evaluation chunk (``--chunk`` games of one variant and
+seed), every RL run in sittings of ``--rl-block-iterations`` iterations (``loop.stop_after_iterations``), the replay
+check. Each
 finished stage writes a small JSON record (its inputs, their digests, its result, its seconds) under ``--records``
 (commit that folder as it fills). The same command on any machine reads the records and runs only the stages missing;
 a checkpoint a later stage needs and this machine lacks is rebuilt from its recorded seed and inputs, and its weights
@@ -257,9 +259,14 @@ def stage_kind(stage: str) -> str:
         return f"eval/*/{parts[2]}"
     if parts[0] == "sft":
         return "sft"
-    if parts[0] == "rl" and len(parts) == 2:
+    if parts[0] == "rl" and len(parts) >= 2:
         return "rl/" + parts[1].rsplit("-sft", 1)[0].rsplit("-", 1)[-1]
     return stage
+
+
+def sitting_ends(block: int, total: int) -> range:
+    """Where the sittings of a run of ``total`` steps in blocks of ``block`` stop before its last (none for 0)."""
+    return range(block, total, block) if block else range(0)
 
 
 def git_commit() -> str | None:
@@ -516,7 +523,7 @@ class TextWorldRun:
         if recorded is not None and (out / "config.json").exists():
             return out
         block = self.args.sft_block_steps
-        for step in range(block, self.scale.sft_steps, block) if block else ():
+        for step in sitting_ends(block, self.scale.sft_steps):
             self.sft_sitting(seed, step, inputs)
         if recorded is None:
             self.records.run(f"sft/seed{seed}", inputs, lambda: self.train_sft(seed, out))
@@ -596,8 +603,10 @@ class TextWorldRun:
         return {"weights": digest_weights(out)}
 
     def rl(self, mode: str, sft_seed: int, rl_seed: int, lr: float, tag: str = "") -> tuple[Path, dict[str, Any]]:
-        """OAT-GRPO (``tree``) or flat GRPO (``flat``) from SFT seed ``sft_seed`` under RL seed ``rl_seed``: the
-        stage ``rl/<mode>-sft<k>-rl<j>`` records the run's summary and weights digest (rebuilt when missing)."""
+        """OAT-GRPO (``tree``) or flat GRPO (``flat``) from SFT seed ``sft_seed`` under RL seed ``rl_seed``, in
+        sittings of ``--rl-block-iterations`` iterations: the stage ``rl/<mode>-sft<k>-rl<j>/to-iter<n>`` records
+        the digest of the checkpoint after n iterations, the stage ``rl/<mode>-sft<k>-rl<j>`` the run's summary and
+        final weights digest (each rebuilt, and compared, when this machine lacks it)."""
         name = f"{tag}{mode}-sft{sft_seed}-rl{rl_seed}"
         s = self.scale
         inputs = {
@@ -614,17 +623,46 @@ class TextWorldRun:
         recorded = self.records.get(f"rl/{name}", inputs)
         if recorded is not None and (out / "config.json").exists():
             return out, recorded
+        block = self.args.rl_block_iterations
+        for stop in sitting_ends(block, s.iterations):
+            self.rl_sitting(mode, sft_seed, rl_seed, lr, name, stop, inputs)
         if recorded is None:
             result = self.records.run(
                 f"rl/{name}", inputs, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
             )
             return out, result
+        self.records.check_budget(f"rl/{name}")
         rebuilt = self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
         if rebuilt["weights"] != recorded["weights"]:
             self.rebuilt_differs.append(f"rl/{name}")
         return out, recorded
 
-    def train_rl(self, mode: str, sft_seed: int, rl_seed: int, lr: float, out: Path, name: str) -> dict[str, Any]:
+    def rl_sitting(
+        self, mode: str, sft_seed: int, rl_seed: int, lr: float, name: str, stop: int, inputs: dict[str, Any]
+    ) -> None:
+        """RL run ``name`` trained to ``stop`` iterations (its stage's record), here: when the record exists but this
+        machine has no checkpoint at or past it, the sitting is trained again and its digest compared."""
+        stage, block_inputs = f"rl/{name}/to-iter{stop}", {**inputs, "to_iteration": stop}
+        out = self.work / "rl" / f"{name}-final"
+        recorded = self.records.get(stage, block_inputs)
+        if recorded is None:
+            self.records.run(stage, block_inputs, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name, stop))
+            return
+        done = [int(c.parent.name.split("-")[1]) + 1 for c in (self.work / "rl" / name).glob("checkpoints/*/COMPLETE")]
+        if max(done, default=0) >= stop:
+            return
+        self.records.check_budget(stage)
+        rebuilt = self.train_rl(mode, sft_seed, rl_seed, lr, out, name, stop)
+        same = rebuilt["checkpoint"] == recorded["checkpoint"]
+        say(f"RL {name} to iteration {stop} rebuilt: checkpoint {'matches' if same else 'DIFFERS from'} the record")
+        if not same:
+            self.rebuilt_differs.append(stage)
+
+    def train_rl(
+        self, mode: str, sft_seed: int, rl_seed: int, lr: float, out: Path, name: str, stop: int | None = None
+    ) -> dict[str, Any]:
+        """Train RL run ``name`` to the end (its summary and final weights' digest) or for a sitting that ends after
+        ``stop`` iterations (that checkpoint's digest), going on from the newest checkpoint of an earlier sitting."""
         import shutil
 
         from memrl.data.config import RunConfig
@@ -660,11 +698,23 @@ class TextWorldRun:
             ),
             trainer=GroupTrainerConfig(lr=lr, lora=LoraSettings(enabled=smollm2), bf16=smollm2, seed=seed),
             loop=LoopConfig(
-                iterations=s.iterations, eval_every=0, checkpoint_every=min(s.iterations, 5), keep_checkpoints=1
+                iterations=s.iterations,
+                eval_every=0,
+                checkpoint_every=min(s.iterations, 5),
+                keep_checkpoints=1,
+                stop_after_iterations=stop,
             ),
             eval_samples=0,
         )
         result = train_oat_grpo(cfg, prepare_run_dir(cfg, cfg.run, "train-oat-grpo"))
+        history = result["history"]
+        if stop is not None:
+            checkpoint = self.work / "rl" / name / "checkpoints" / f"ckpt-{stop - 1:06d}"
+            return {
+                "checkpoint": digest_weights(checkpoint),
+                "updates": result["updates"],
+                "success_train": [h.get("success") for h in history],
+            }
         policy = Path(result["policy_dir"])
         if result["lora"]:  # a LoRA policy: evaluated merged on its base
             from memrl.train.export import ExportConfig, VerifyConfig, export_model
@@ -679,7 +729,6 @@ class TextWorldRun:
             )
         else:
             shutil.copytree(policy, out, dirs_exist_ok=True)
-        history = result["history"]
         return {
             "weights": digest_weights(out),
             "same_weights_as_sft": digest_weights(out) == digest_weights(sft),
@@ -913,6 +962,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sft-block-steps", type=int, default=16, help="SFT steps per stage (a sitting's checkpoint; 0: one stage)"
     )
+    p.add_argument(
+        "--rl-block-iterations", type=int, default=5, help="RL iterations per stage (a sitting; 0: one stage)"
+    )
     p.add_argument("--max-minutes", type=float, default=90.0, help="start no stage past this many minutes")
     p.add_argument("--max-stages", type=int, default=None, help="stop after running this many stages")
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (default: chosen on dev, see --select)")
@@ -997,14 +1049,14 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
     trains = "sam_sft" in variants or bool({"sam_oat", "sam_flat"} & set(variants))
     if trains:
         todo.update({"games/test": 1, "games/sft": 1, "distill": 1})
-    block = args.sft_block_steps
+    block, rl_block = args.sft_block_steps, args.rl_block_iterations
     for k in range(scale.sft_seeds) if trains else []:
-        todo[f"sft/seed{k}"] = 1 + (len(range(block, scale.sft_steps, block)) if block else 0)  # its sittings
+        todo[f"sft/seed{k}"] = 1 + len(sitting_ends(block, scale.sft_steps))  # its sittings
     for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
         if v in variants:
             for d in draws[v]:
                 k, j = d.removeprefix("sft").split("/rl")
-                todo[f"rl/{mode}-sft{k}-rl{j}"] = 1
+                todo[f"rl/{mode}-sft{k}-rl{j}"] = 1 + len(sitting_ends(rl_block, scale.iterations))
     config = {
         "scale": asdict(scale),
         "model": args.model,

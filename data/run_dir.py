@@ -49,6 +49,7 @@ IGNORED_ON_RESUME = (
     "run.output_dir",
     "run.wandb.*",
     "train.stop_at_step",
+    "loop.stop_after_iterations",
     "fleet.*",
     "placement.*.endpoints",
     "placement.*.*.endpoints",

@@ -186,8 +186,8 @@ def test_a_stopped_run_resumes_from_its_committed_records_in_a_fresh_clone(tmp_p
 
 
 def test_the_hours_left_are_estimated_from_stages_of_the_same_kind(tmp_path: Path) -> None:
-    """Another seed's SFT sittings and another draw's chunks of the same variant time the stages not run yet; a kind
-    never run is counted apart, not as zero hours."""
+    """Another seed's SFT sittings, another draw's chunks of the same variant and another RL run's sittings of the
+    same mode time the stages not run yet; a kind never run is counted apart, not as zero hours."""
     import json
 
     from benchmarks.textworld import estimate_hours
@@ -198,18 +198,28 @@ def test_the_hours_left_are_estimated_from_stages_of_the_same_kind(tmp_path: Pat
         ("sft/seed0/to-step32", 300.0),
         ("eval/sft0/sam_sft/0-9", 10.0),
         ("games/test", 7.0),
+        ("rl/flat-sft0-rl0/to-iter5", 50.0),
     ):
         rec.run(stage, {}, dict)
         record = json.loads(rec.path(stage).read_text())
         rec.path(stage).write_text(json.dumps({**record, "seconds": seconds}))
     (tmp_path / "run.json").write_text("{}")  # the run's settings: not a stage
     left = estimate_hours(
-        rec, {"sft/seed0": 2, "sft/seed1": 4, "eval/sft1/sam_sft": 3, "rl/tree-sft0-rl0": 1, "games/test": 1}
+        rec,
+        {
+            "sft/seed0": 2,
+            "sft/seed1": 4,
+            "eval/sft1/sam_sft": 3,
+            "rl/tree-sft0-rl0": 1,
+            "rl/flat-sft1-rl0": 2,  # timed by another run's sitting of the same mode
+            "games/test": 1,
+        },
     )
     assert left["sft/seed1"] == {"stages": 4, "seconds_each": 200.0}
     assert left["eval/sft1/sam_sft"]["seconds_each"] == 10.0 and left["rl/tree-sft0-rl0"]["seconds_each"] is None
     assert left["games/test"]["seconds_each"] == 7.0
-    assert left["hours"] == round((6 * 200.0 + 3 * 10.0 + 7.0) / 3600, 2) and left["untimed_stages"] == 1
+    assert left["rl/flat-sft1-rl0"]["seconds_each"] == 50.0
+    assert left["hours"] == round((6 * 200.0 + 3 * 10.0 + 7.0 + 2 * 50.0) / 3600, 2) and left["untimed_stages"] == 1
 
 
 def test_the_status_names_the_command_that_goes_on_without_the_sittings_budget() -> None:

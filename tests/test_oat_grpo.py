@@ -17,7 +17,8 @@ import pytest
 
 from benchmarks.resume_faults import env as cli_env
 from benchmarks.resume_faults import overrides as recipe_overrides
-from memrl.data.config import load_config
+from benchmarks.resume_faults import same_weights, steps, weights
+from memrl.data.config import ConfigError, load_config
 from memrl.data.io import read_jsonl
 from memrl.data.schemas import MemoryCallTree
 from memrl.train.oat_grpo import OATGRPOConfig, resolve_engines
@@ -81,6 +82,13 @@ def test_paper_config_puts_reasoner_committee_and_judge_behind_endpoints() -> No
     assert cfg.trainer.deepspeed == "zero3" and not cfg.trainer.lora.enabled
 
 
+def test_a_sitting_stops_before_the_run_s_last_iteration() -> None:
+    sittings = ["loop.iterations=3", "loop.stop_after_iterations=2"]
+    assert load_config(OATGRPOConfig, TINY, sittings).loop.end == 2
+    with pytest.raises(ConfigError, match=r"loop.*stop_after_iterations \(3\) must be below iterations \(3\)"):
+        load_config(OATGRPOConfig, TINY, ["loop.iterations=3", "loop.stop_after_iterations=3"])
+
+
 def test_slurm_placement_overrides_replace_the_engines() -> None:
     served = '{"model": "Qwen/Qwen3.5-35B-A3B", "endpoints": ["http://gpu01:8000/v1", "http://gpu01:8001/v1"]}'
     committee = '[{"model": "Qwen/Qwen3.5-122B-A10B", "endpoints": ["http://gpu02:8000/v1"]}]'
@@ -139,3 +147,27 @@ def test_cli_run_writes_config_metrics_checkpoints_policies_and_summary(uninterr
     assert ckpts == [f"ckpt-{ITERATIONS - 2:06d}", f"ckpt-{ITERATIONS - 1:06d}"]
     assert all((run_dir / "checkpoints" / c / "COMPLETE").exists() for c in ckpts)
     assert any((run_dir / "committee_cache").rglob("*"))
+
+
+# protects: a run in sittings (loop.stop_after_iterations): a checkpoint at the stop off the checkpoint_every grid, no
+# summary, a resume past its stop refused, and the last sitting ending with the uninterrupted run's weights and steps
+@pytest.mark.slow
+def test_a_run_in_sittings_stops_after_its_iterations_and_resumes_to_the_same_weights(
+    uninterrupted: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    sittings = [*tiny_overrides(tiny_model_dir, tmp_path, "sittings"), "loop.checkpoint_every=0"]  # the last only
+    run_dir = tmp_path / "sittings"
+    first = run_cli(*sittings, "loop.stop_after_iterations=1")
+    assert f"stopped after iteration 0 of {ITERATIONS}" in first.stdout + first.stderr
+    assert [p.name for p in (run_dir / "checkpoints").glob("ckpt-*")] == ["ckpt-000000"]
+    assert not (run_dir / "summary.json").exists()
+    again = subprocess.run(
+        cli(*sittings, "loop.stop_after_iterations=1", "--resume"), cwd=ROOT, env=cli_env(), capture_output=True,
+        text=True, timeout=900,
+    )  # fmt: skip
+    assert again.returncode == 2 and "resumed after iteration 0, past the stop" in again.stderr, again.stderr[-2000:]
+    last = run_cli(*sittings, "--resume")
+    assert "resumed from ckpt-000000" in last.stdout + last.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["iterations_run"] == ITERATIONS - 1
+    assert steps(run_dir) == steps(uninterrupted)
+    assert same_weights(weights(run_dir), weights(uninterrupted))

@@ -517,7 +517,7 @@ def run_oat_grpo(cfg: OATGRPOConfig) -> int:
     accelerator = make_accelerator(cfg.trainer)
     run_dir = shared_run_dir(cfg, cfg.run, "train-oat-grpo", accelerator)
     result = train_oat_grpo(cfg, run_dir, accelerator=accelerator)
-    if accelerator.is_main_process:
+    if accelerator.is_main_process and not result["stopped"]:  # a sitting's end writes no summary
         evals = result["evals"]
         summary = {
             **{k: result[k] for k in ("iterations_run", "updates", "policy_version", "policy_dir", "lora")},
@@ -720,4 +720,5 @@ def train_oat_grpo(cfg: OATGRPOConfig, run_dir: Path, **options: Unpack[RunOptio
         "history": result.history,
         "evals": result.evals,
         "lora": run.trainer.is_peft,
+        "stopped": result.stopped,
     }

@@ -33,6 +33,10 @@ is the order of an uninterrupted run, and metrics of iterations redone after the
 records after the restored iteration are dropped first; with no complete checkpoint, all of them). With k >= 1 the
 checkpoint also names the collections that were in flight and their policy versions: the resume relaunches them under
 those versions (their directories are kept), so the versions match an uninterrupted run too.
+
+Sittings: ``loop.stop_after_iterations: n`` ends the run once n iterations are done, with a checkpoint of the last
+and no summary; ``--resume`` goes on from it (with a later stop, or none). A run longer than one sitting (a Slurm
+time limit, a machine lent for an hour) so ends where the uninterrupted run does.
 """
 
 from __future__ import annotations
@@ -113,6 +117,9 @@ class LoopConfig(ConfigModel):
     eval_every: int = Field(0, ge=0)  # 0: only before the first and after the last iteration
     checkpoint_every: int = Field(5, ge=0)  # checkpoint every this many iterations (and after the last; 0: last only)
     keep_checkpoints: int = Field(2, ge=1)  # most recent checkpoints kept on disk
+    stop_after_iterations: int | None = Field(
+        None, ge=1, description="end this sitting once this many iterations are done, with a checkpoint (--resume)"
+    )
     max_staleness: int = Field(0, ge=0)  # k: collect iteration i + k under the policy of iteration i; 0: synchronous
     keep_policy_versions: int = Field(2, ge=1)  # newest policy/vNNNNN directories kept (checkpoints are separate)
     weight_sync: Literal["auto", "disk", "nccl"] = "auto"  # full weights: auto = nccl on GPUs with a fleet, else disk
@@ -126,6 +133,20 @@ class LoopConfig(ConfigModel):
                 f"({self.max_staleness + 1}): a resume relaunches collections under older versions"
             )
         return self
+
+    @model_validator(mode="after")
+    def _stop_before_the_end(self) -> LoopConfig:
+        if self.stop_after_iterations is not None and self.stop_after_iterations >= self.iterations:
+            raise ValueError(
+                f"stop_after_iterations ({self.stop_after_iterations}) must be below iterations ({self.iterations}): "
+                "the last sitting sets none"
+            )
+        return self
+
+    @property
+    def end(self) -> int:
+        """The iteration this sitting stops before: the stop, else the run's last plus one."""
+        return self.iterations if self.stop_after_iterations is None else self.stop_after_iterations
 
 
 STALE_TIS_CAP = 2.0  # truncated importance sampling cap forced on with max_staleness > 0 (verl's default cap)
@@ -141,6 +162,7 @@ class LoopResult:
     policy_dir: str
     history: list[dict[str, Any]]
     evals: list[dict[str, Any]]
+    stopped: bool = False  # the sitting ended at loop.stop_after_iterations, before the run's last iteration
 
 
 def sync_policy(
@@ -318,6 +340,11 @@ class OnlineLoop:
                     self.in_flight[iteration] = launch(iteration)
                 self.launched[iteration] = version
             self.checkpoint_needs = set(self.launched.values())
+            if self.first >= self.cfg.end:
+                raise ConfigError(
+                    f"loop.stop_after_iterations={self.cfg.stop_after_iterations}: the run resumed after iteration "
+                    f"{self.first - 1}, past the stop; set a later one (or none to finish the run)"
+                )
         elif self.main:
             # A start from scratch (also a --resume that finds no complete checkpoint, e.g. after a kill during the
             # first checkpoint write) logs every step again, the eval before training (step -1) included.
@@ -335,12 +362,12 @@ class OnlineLoop:
             self.evals.append({"iteration": -1, **evaluate(-1)})
             self.logger.log(-1, {f"eval/{k}": v for k, v in self.evals[-1].items() if k != "iteration"})
         self._bar = progress_bar(
-            range(self.first, self.cfg.iterations),
+            range(self.first, self.cfg.end),
             desc=self.desc,
             disable=not self.main,
             initial=self.first,
             total=self.cfg.iterations,
-            work=f"{self.cfg.iterations - self.first:,} iterations to run",
+            work=f"{self.cfg.end - self.first:,} iterations to run",
         )
         return self._bar
 
@@ -420,8 +447,9 @@ class OnlineLoop:
         return record
 
     def checkpoint(self, iteration: int) -> None:
-        """Every ``checkpoint_every`` iterations and after the last: policy, optimizer, RNG and loop state."""
-        last = iteration == self.cfg.iterations - 1
+        """Every ``checkpoint_every`` iterations and after the last (of the run or of the sitting): policy, optimizer,
+        RNG and loop state."""
+        last = iteration == self.cfg.end - 1
         if last or (self.cfg.checkpoint_every and (iteration + 1) % self.cfg.checkpoint_every == 0):
             trainer = self.trainer
             self.ckpt.save(
@@ -444,12 +472,19 @@ class OnlineLoop:
             self._prune()
 
     def result(self) -> LoopResult:
-        """What the finished loop reports."""
+        """What the finished loop (or sitting) reports; a stopped sitting says so in the log."""
+        stopped = self.cfg.end < self.cfg.iterations
+        if stopped and self.main:
+            log.info(
+                f"[{self.desc}] stopped after iteration {self.cfg.end - 1} of {self.cfg.iterations} "
+                "(loop.stop_after_iterations): its checkpoint is saved; --resume goes on from it"
+            )
         return LoopResult(
-            self.cfg.iterations - self.first,
+            self.cfg.end - self.first,
             self.trainer.updates,
             self.trainer.version,
             self.policy_dir,
             self.history,
             self.evals,
+            stopped,
         )

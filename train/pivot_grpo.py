@@ -542,8 +542,8 @@ def run_pivot_grpo(cfg: PivotGRPOConfig) -> int:
             loop.checkpoint(iteration)
     finally:
         run.close()
-    if main:
-        result = loop.result()
+    result = loop.result()
+    if main and not result.stopped:  # a sitting's end writes no summary
         evals, history = result.evals, result.history
         atomic_write_text(
             run_dir / "summary.json",
