@@ -364,6 +364,7 @@ class TextWorldRun:
             dtype="float32",
             batch_size=64,
             max_model_len=4096 if vllm else None,
+            kv_cache_memory_bytes=int(self.args.kv_cache_gib * 2**30) if vllm else None,
         )
 
     # ------------------------------------------------------------------------------------------------ evaluation
@@ -964,6 +965,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rl-block-iterations", type=int, default=5, help="RL iterations per stage (a sitting; 0: one stage)"
+    )
+    p.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=2.0,
+        help="vLLM's KV cache in GiB (the engine's CPU default, 0.25, holds 5,760 of SmolLM2's tokens)",
     )
     p.add_argument("--max-minutes", type=float, default=90.0, help="start no stage past this many minutes")
     p.add_argument("--max-stages", type=int, default=None, help="stop after running this many stages")
