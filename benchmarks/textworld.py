@@ -35,7 +35,10 @@ a checkpoint a later stage needs and this machine lacks is rebuilt from its reco
 digest is checked against the record. ``--max-minutes`` stops cleanly before a stage that would start past the limit
 (``--max-stages`` after that many stages; SIGTERM or Ctrl-C after the running stage): the last line then says what
 is left and the estimated hours, also in ``<records>/status.json``. A record whose inputs differ from the command's
-(another scale in the same folder) exits 2 naming the stage and the fields.
+(another scale in the same folder) exits 2 naming the stage and the fields. A second process of the same command on
+the same machine shares the run: it takes the evaluation chunks no other process has started (the memory model
+generates on one thread, so two processes use both cores of a 2-core machine) and waits for any other stage another
+process is computing (claims under ``--work``); start it once the first is past any rebuild of missing checkpoints.
 
     python -m benchmarks.textworld --model none --run premise-scripted        # scripted variants, large cells
     python -m benchmarks.textworld --model smollm2 --run premise-smollm2 --skip sam_untrained,sam_oat,sam_flat \\
@@ -178,7 +181,12 @@ class RecordMismatch(Exception):
 
 @dataclass
 class Records:
-    """The committed per-stage records of one run (``<root>/<stage>.json``) and the sitting's budget."""
+    """The committed per-stage records of one run (``<root>/<stage>.json``) and the sitting's budget.
+
+    With ``claims`` (a folder of this machine's), a process computing a stage holds ``<claims>/<stage>.claim`` (its
+    PID), so several processes of one run share its stages: a stage another live process holds is waited for and
+    read from its record, or (``elsewhere_ok``: evaluation chunks, which nothing later in the same pass needs) left
+    to it. A claim whose process is gone is taken over."""
 
     root: Path
     deadline: float | None  # perf_counter() past which no stage starts
@@ -186,6 +194,8 @@ class Records:
     ran: list[str]
     commit: str | None
     stop_requested: bool = False  # SIGTERM / SIGINT: finish the running stage, start no other
+    claims: Path | None = None
+    poll_s: float = 10.0  # how often a stage held by another process is looked for
 
     def path(self, stage: str) -> Path:
         return self.root / f"{stage}.json"
@@ -206,31 +216,78 @@ class Records:
             )
         return record["result"]
 
-    def run(self, stage: str, inputs: dict[str, Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """The stage's recorded result, or (budget allowing) compute it now and record it."""
+    def run(
+        self, stage: str, inputs: dict[str, Any], compute: Callable[[], dict[str, Any]], elsewhere_ok: bool = False
+    ) -> dict[str, Any] | None:
+        """The stage's recorded result, or (budget allowing) compute it now and record it. A stage another process
+        holds is waited for, or with ``elsewhere_ok`` left to it (None)."""
         from memrl.data.io import atomic_write_text
 
-        found = self.get(stage, inputs)
-        if found is not None:
+        said = False
+        while (found := self.get(stage, inputs)) is None:
+            self.check_budget(stage)
+            holder = self.claim(stage)
+            if holder is None:
+                break
+            if elsewhere_ok:
+                return None
+            if not said:
+                say(f"stage {stage}: waiting for process {holder}, which is computing it")
+                said = True
+            time.sleep(self.poll_s)
+        else:
             return found
-        self.check_budget(stage)
-        say(f"stage {stage}")
-        t0 = time.perf_counter()
-        result = compute()
-        record = {
-            "stage": stage,
-            "inputs": inputs,
-            "inputs_digest": digest_json(inputs),
-            "result": result,
-            "seconds": round(time.perf_counter() - t0, 1),
-            "finished": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": self.commit,
-            "load_average": round(os.getloadavg()[0], 1),
-        }
-        self.path(stage).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path(stage), json.dumps(record, indent=1) + "\n")
-        self.ran.append(stage)
-        return result
+        try:
+            if (found := self.get(stage, inputs)) is not None:  # recorded between the look and the claim
+                return found
+            say(f"stage {stage}")
+            t0 = time.perf_counter()
+            result = compute()
+            record = {
+                "stage": stage,
+                "inputs": inputs,
+                "inputs_digest": digest_json(inputs),
+                "result": result,
+                "seconds": round(time.perf_counter() - t0, 1),
+                "finished": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "commit": self.commit,
+                "load_average": round(os.getloadavg()[0], 1),
+            }
+            self.path(stage).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.path(stage), json.dumps(record, indent=1) + "\n")
+            self.ran.append(stage)
+            return result
+        finally:
+            self.release(stage)
+
+    def claim(self, stage: str) -> int | None:
+        """Claim ``stage`` for this process: None when it is ours now, else the PID of the live process holding it
+        (a claim whose process is gone is taken over)."""
+        if self.claims is None:
+            return None
+        path = self.claims / f"{stage}.claim"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mine = path.with_name(f"{path.name}.{os.getpid()}")
+        mine.write_text(str(os.getpid()))
+        try:
+            while True:
+                try:
+                    os.link(mine, path)  # atomic: the claim appears whole, or not at all when another holds it
+                    return None
+                except FileExistsError:
+                    holder = int(path.read_text())
+                    if process_alive(holder):
+                        return holder
+                    path.unlink(missing_ok=True)  # its process is gone
+        finally:
+            mine.unlink()
+
+    def release(self, stage: str) -> None:
+        if self.claims is None:
+            return
+        path = self.claims / f"{stage}.claim"
+        if path.exists() and path.read_text() == str(os.getpid()):
+            path.unlink()
 
     def check_budget(self, stage: str) -> None:
         """Raise :class:`Stopped` when the sitting may start no more work (its minutes, its stages, a signal)."""
@@ -262,6 +319,17 @@ def stage_kind(stage: str) -> str:
     if parts[0] == "rl" and len(parts) >= 2:
         return "rl/" + parts[1].rsplit("-sft", 1)[0].rsplit("-", 1)[-1]
     return stage
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def sitting_ends(block: int, total: int) -> range:
@@ -375,6 +443,7 @@ class TextWorldRun:
         chunk = self.args.chunk
         games: dict[str, Any] = {}
         engine: Any = None
+        elsewhere: list[tuple[str, dict[str, Any], Callable[[], dict[str, Any]]]] = []  # chunks another process holds
         try:
             for start in range(0, len(tasks), chunk):
                 part = tasks[start : start + chunk]
@@ -393,7 +462,15 @@ class TextWorldRun:
                     return self.play(variant, engine, part)
 
                 stage = f"eval/{tag}/{variant}/{start:04d}-{start + len(part) - 1:04d}"
-                games.update(self.records.run(stage, inputs, play)["games"])
+                result = self.records.run(stage, inputs, play, elsewhere_ok=True)
+                if result is None:
+                    elsewhere.append((stage, inputs, play))
+                else:
+                    games.update(result["games"])
+            for stage, inputs, play in elsewhere:  # their records (or the chunk, when its process stopped without)
+                result = self.records.run(stage, inputs, play)
+                assert result is not None
+                games.update(result["games"])
         finally:
             if engine is not None and model is not None:
                 engine.close()
@@ -1010,6 +1087,7 @@ def main() -> None:
         max_stages=args.max_stages,
         ran=[],
         commit=git_commit(),
+        claims=Path(args.work) / name / "claims",
     )
     bench = TextWorldRun(args, scale, records, Path(args.work) / name)
 

@@ -38,6 +38,47 @@ def test_a_recorded_stage_is_reused_and_other_inputs_are_refused_naming_them(tmp
         again.run("sft/seed0", {**inputs, "steps": 31}, dict)
 
 
+def test_processes_of_one_run_share_its_stages_through_claims(tmp_path: Path) -> None:
+    """A stage another live process holds is left to it (``elsewhere_ok``) or waited for and read from its record;
+    a claim whose process is gone is taken over; a finished stage leaves no claim."""
+    import subprocess
+    import sys
+    import threading
+
+    from benchmarks.textworld import Records
+
+    def rec() -> Records:
+        return Records(tmp_path / "records", None, None, [], "x", claims=tmp_path / "claims", poll_s=0.05)
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim = tmp_path / "claims" / "eval" / "c0.claim"
+        claim.parent.mkdir(parents=True)
+        claim.write_text(str(other.pid))
+        computed: list[str] = []
+        assert rec().run("eval/c0", {}, lambda: computed.append("c0") or {}, elsewhere_ok=True) is None
+        assert computed == []
+        holder = rec()
+
+        def finish_elsewhere() -> None:  # the other process records the stage and lets its claim go
+            time.sleep(0.3)
+            holder.path("eval/c0").parent.mkdir(parents=True, exist_ok=True)
+            holder.path("eval/c0").write_text(json.dumps({"inputs": {}, "result": {"games": 1}}))
+            claim.unlink()
+
+        thread = threading.Thread(target=finish_elsewhere)
+        thread.start()
+        assert rec().run("eval/c0", {}, lambda: computed.append("c0") or {}) == {"games": 1}
+        thread.join()
+        assert computed == []
+    finally:
+        other.kill()
+        other.wait()
+    (tmp_path / "claims" / "sft.claim").write_text(str(other.pid))  # left by a process that is gone
+    assert rec().run("sft", {}, lambda: {"n": 2}) == {"n": 2}
+    assert [p for p in (tmp_path / "claims").rglob("*") if p.is_file()] == []
+
+
 def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) -> None:
     """``--max-stages`` N runs N stages and stops before the next; ``--max-minutes`` stops before a stage that would
     start past the deadline, a signal before the next stage; recorded stages are read whatever the budget."""
