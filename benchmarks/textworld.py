@@ -160,9 +160,12 @@ def say(message: str) -> None:
 
 
 def digest_weights(path: Path) -> str:
-    """A digest of a model folder's weights."""
+    """A digest of a model folder's weights (an error for a folder without any: not the digest of nothing)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors weights to digest")
     h = hashlib.sha256()
-    for f in sorted(path.glob("*.safetensors")):
+    for f in files:
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 

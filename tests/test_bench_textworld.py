@@ -286,3 +286,14 @@ def test_a_stopped_run_reports_what_its_finished_chunks_cover(tmp_path: Path) ->
         "long_context": {"scripted": {"games": 3, "success": 2 / 3, "reasoner_tokens_per_game": 200.0}},
         "sam_sft": {"sft0": {"games": 2, "success": 1.0, "reasoner_tokens_per_game": 20.0}},
     }
+
+
+def test_a_weights_digest_needs_weights(tmp_path: Path) -> None:
+    from benchmarks.textworld import digest_weights
+
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
+        digest_weights(tmp_path)  # e.g. a checkpoint written in another format: not one digest for every run
+    (tmp_path / "model.safetensors").write_bytes(b"a")
+    first = digest_weights(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"b")
+    assert digest_weights(tmp_path) != first

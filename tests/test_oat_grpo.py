@@ -158,7 +158,7 @@ def test_a_run_in_sittings_stops_after_its_iterations_and_resumes_to_the_same_we
     sittings = [*tiny_overrides(tiny_model_dir, tmp_path, "sittings"), "loop.checkpoint_every=0"]  # the last only
     run_dir = tmp_path / "sittings"
     first = run_cli(*sittings, "loop.stop_after_iterations=1")
-    assert f"stopped after iteration 0 of {ITERATIONS}" in first.stdout + first.stderr
+    assert f"stopped after 1 of {ITERATIONS} iterations" in first.stdout + first.stderr
     assert [p.name for p in (run_dir / "checkpoints").glob("ckpt-*")] == ["ckpt-000000"]
     assert not (run_dir / "summary.json").exists()
     again = subprocess.run(

@@ -476,8 +476,8 @@ class OnlineLoop:
         stopped = self.cfg.end < self.cfg.iterations
         if stopped and self.main:
             log.info(
-                f"[{self.desc}] stopped after iteration {self.cfg.end - 1} of {self.cfg.iterations} "
-                "(loop.stop_after_iterations): its checkpoint is saved; --resume goes on from it"
+                f"[{self.desc}] stopped after {self.cfg.end} of {self.cfg.iterations} iterations "
+                "(loop.stop_after_iterations): the checkpoint is saved; --resume goes on from it"
             )
         return LoopResult(
             self.cfg.end - self.first,
