@@ -278,7 +278,10 @@ class Records:
                     os.link(mine, path)  # atomic: the claim appears whole, or not at all when another holds it
                     return None
                 except FileExistsError:
-                    holder = int(path.read_text())
+                    try:
+                        holder = int(path.read_text())
+                    except FileNotFoundError:  # released since: claim it again
+                        continue
                     if process_alive(holder):
                         return holder
                     path.unlink(missing_ok=True)  # its process is gone

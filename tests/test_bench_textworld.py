@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -38,7 +39,7 @@ def test_a_recorded_stage_is_reused_and_other_inputs_are_refused_naming_them(tmp
         again.run("sft/seed0", {**inputs, "steps": 31}, dict)
 
 
-def test_processes_of_one_run_share_its_stages_through_claims(tmp_path: Path) -> None:
+def test_processes_of_one_run_share_its_stages_through_claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stage another live process holds is left to it (``elsewhere_ok``) or waited for and read from its record;
     a claim whose process is gone is taken over; a finished stage leaves no claim."""
     import subprocess
@@ -77,6 +78,16 @@ def test_processes_of_one_run_share_its_stages_through_claims(tmp_path: Path) ->
     (tmp_path / "claims" / "sft.claim").write_text(str(other.pid))  # left by a process that is gone
     assert rec().run("sft", {}, lambda: {"n": 2}) == {"n": 2}
     assert [p for p in (tmp_path / "claims").rglob("*") if p.is_file()] == []
+    link, tries = os.link, []
+
+    def released_in_between(src: object, dst: object) -> None:  # the holder lets go between our link and our look
+        tries.append(dst)
+        if len(tries) == 1:
+            raise FileExistsError(dst)
+        link(src, dst)
+
+    monkeypatch.setattr(os, "link", released_in_between)
+    assert rec().run("games", {}, lambda: {"n": 3}) == {"n": 3} and len(tries) == 2
 
 
 def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) -> None:
