@@ -886,7 +886,7 @@ def run_all(
         for variant, seed, compute in pending:
             if progress.get(variant, seed) is not None:
                 continue
-            if not claims.take(variant, seed):
+            if not claims.take(f"{variant}-s{seed}"):
                 waiting.append((variant, seed, compute))
                 continue
             try:
@@ -898,7 +898,7 @@ def run_all(
                     if on_finished is not None:
                         on_finished(variant, seed, row, time.perf_counter() - t0)
             finally:
-                claims.release(variant, seed)
+                claims.release(f"{variant}-s{seed}")
         if waiting and len(waiting) == len(pending):
             time.sleep(poll_s)  # every remaining run is another process's: wait for it
         pending = waiting

@@ -342,53 +342,63 @@ class Progress:
 
 
 class Claims:
-    """Which process is computing which (variant, seed): a file per claim, created exclusively, holding the
-    claimant's PID. A claim whose process has died is taken over, so a killed worker's run is computed again."""
+    """Which process is computing what: a file per claim under ``folder`` (``<name>.pid``; a name may hold ``/``),
+    created exclusively, holding the claimant's PID. A claim whose process has died is taken over, so a killed
+    worker's work is computed again."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
 
-    def _file(self, variant: str, seed: int) -> Path:
-        return self.folder / f"{variant}-s{seed}.pid"
+    def _file(self, name: str) -> Path:
+        return self.folder / f"{name}.pid"
 
-    def take(self, variant: str, seed: int) -> bool:
-        """True when this process now holds the claim (newly, or it already did)."""
-        path, me = self._file(variant, seed), str(os.getpid())
-        mine = path.with_name(f"{path.name}.{me}.tmp")
-        mine.write_text(me)
+    def holder(self, name: str) -> int | None:
+        """The PID written in the claim of ``name``; None when nobody holds it."""
         try:
-            for _ in range(2):
+            return int(self._file(name).read_text())
+        except FileNotFoundError:
+            return None
+
+    def take(self, name: str) -> bool:
+        """True when this process now holds the claim (newly, or it already did); False when a live process does."""
+        path, me = self._file(name), os.getpid()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mine = path.with_name(f"{path.name}.{me}.tmp")
+        mine.write_text(str(me))
+        try:
+            while True:
                 try:
                     os.link(mine, path)  # created whole, PID inside, or not at all
                     return True
                 except FileExistsError:
-                    holder = path.read_text().strip() if path.exists() else ""
+                    holder = self.holder(name)
                     if holder == me:
                         return True
-                    if holder and _alive(int(holder)):
+                    if holder is not None and _alive(holder):
                         return False
-                    self._drop_stale(path, holder)
-            return False
+                    if holder is not None:  # None: released since our link; claim it again
+                        self._drop_stale(path, holder)
         finally:
             mine.unlink(missing_ok=True)
 
     @staticmethod
-    def _drop_stale(path: Path, holder: str) -> None:
+    def _drop_stale(path: Path, holder: int) -> None:
         """Remove a dead holder's claim, unless another process has replaced it meanwhile."""
         aside = path.with_name(f"{path.name}.{os.getpid()}.stale")
         try:
             os.rename(path, aside)
         except FileNotFoundError:
             return
-        if aside.read_text().strip() != holder:  # a live process's fresh claim: put it back
+        if int(aside.read_text()) != holder:  # a live process's fresh claim: put it back
             with contextlib.suppress(FileExistsError):
                 os.link(aside, path)
         aside.unlink()
 
-    def release(self, variant: str, seed: int) -> None:
-        """Give up the claim of (variant, seed)."""
-        self._file(variant, seed).unlink(missing_ok=True)
+    def release(self, name: str) -> None:
+        """Give up the claim of ``name`` if this process holds it."""
+        if self.holder(name) == os.getpid():
+            self._file(name).unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

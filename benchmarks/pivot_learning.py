@@ -518,14 +518,14 @@ def run_items(items: list[tuple[str, int, Path, Any]], claims: Claims, poll_s: f
         for name, seed, done, compute in pending:
             if done.is_file():
                 continue
-            if not claims.take(name, seed):
+            if not claims.take(f"{name}-s{seed}"):
                 waiting.append((name, seed, done, compute))
                 continue
             try:
                 if not done.is_file():
                     compute()
             finally:
-                claims.release(name, seed)
+                claims.release(f"{name}-s{seed}")
         if waiting and len(waiting) == len(pending):
             time.sleep(poll_s)
         pending = waiting

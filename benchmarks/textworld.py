@@ -65,7 +65,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import ROOT, bench_parser, emit, pin_threads
+from benchmarks.harness import ROOT, Claims, bench_parser, emit, pin_threads
 
 SCRIPTED = ("no_memory", "long_context", "bm25", "sam_expert")
 TRAINED = ("sam_untrained", "sam_sft", "sam_oat", "sam_flat")
@@ -186,10 +186,10 @@ class RecordMismatch(Exception):
 class Records:
     """The committed per-stage records of one run (``<root>/<stage>.json``) and the sitting's budget.
 
-    With ``claims`` (a folder of this machine's), a process computing a stage holds ``<claims>/<stage>.claim`` (its
-    PID), so several processes of one run share its stages: a stage another live process holds is waited for and
-    read from its record, or (``elsewhere_ok``: evaluation chunks, which nothing later in the same pass needs) left
-    to it. A claim whose process is gone is taken over."""
+    With ``claims`` (a folder of this machine's), a process computing a stage holds its claim, so several processes
+    of one run share its stages: a stage another live process holds is waited for and read from its record, or
+    (``elsewhere_ok``: evaluation chunks, which nothing later in the same pass needs) left to it. A claim whose
+    process is gone is taken over."""
 
     root: Path
     deadline: float | None  # perf_counter() past which no stage starts
@@ -197,7 +197,7 @@ class Records:
     ran: list[str]
     commit: str | None
     stop_requested: bool = False  # SIGTERM / SIGINT: finish the running stage, start no other
-    claims: Path | None = None
+    claims: Claims | None = None
     poll_s: float = 10.0  # how often a stage held by another process is looked for
 
     def path(self, stage: str) -> Path:
@@ -229,13 +229,12 @@ class Records:
         said = False
         while (found := self.get(stage, inputs)) is None:
             self.check_budget(stage)
-            holder = self.claim(stage)
-            if holder is None:
+            if self.claims is None or self.claims.take(stage):
                 break
             if elsewhere_ok:
                 return None
             if not said:
-                say(f"stage {stage}: waiting for process {holder}, which is computing it")
+                say(f"stage {stage}: waiting for process {self.claims.holder(stage)}, which is computing it")
                 said = True
             time.sleep(self.poll_s)
         else:
@@ -261,39 +260,8 @@ class Records:
             self.ran.append(stage)
             return result
         finally:
-            self.release(stage)
-
-    def claim(self, stage: str) -> int | None:
-        """Claim ``stage`` for this process: None when it is ours now, else the PID of the live process holding it
-        (a claim whose process is gone is taken over)."""
-        if self.claims is None:
-            return None
-        path = self.claims / f"{stage}.claim"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        mine = path.with_name(f"{path.name}.{os.getpid()}")
-        mine.write_text(str(os.getpid()))
-        try:
-            while True:
-                try:
-                    os.link(mine, path)  # atomic: the claim appears whole, or not at all when another holds it
-                    return None
-                except FileExistsError:
-                    try:
-                        holder = int(path.read_text())
-                    except FileNotFoundError:  # released since: claim it again
-                        continue
-                    if process_alive(holder):
-                        return holder
-                    path.unlink(missing_ok=True)  # its process is gone
-        finally:
-            mine.unlink()
-
-    def release(self, stage: str) -> None:
-        if self.claims is None:
-            return
-        path = self.claims / f"{stage}.claim"
-        if path.exists() and path.read_text() == str(os.getpid()):
-            path.unlink()
+            if self.claims is not None:
+                self.claims.release(stage)
 
     def check_budget(self, stage: str) -> None:
         """Raise :class:`Stopped` when the sitting may start no more work (its minutes, its stages, a signal)."""
@@ -325,17 +293,6 @@ def stage_kind(stage: str) -> str:
     if parts[0] == "rl" and len(parts) >= 2:
         return "rl/" + parts[1].rsplit("-sft", 1)[0].rsplit("-", 1)[-1]
     return stage
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 def sitting_ends(block: int, total: int) -> range:
@@ -1093,7 +1050,7 @@ def main() -> None:
         max_stages=args.max_stages,
         ran=[],
         commit=git_commit(),
-        claims=Path(args.work) / name / "claims",
+        claims=Claims(Path(args.work) / name / "claims"),
     )
     bench = TextWorldRun(args, scale, records, Path(args.work) / name)
 

@@ -198,16 +198,16 @@ def test_claims_are_exclusive_and_a_dead_holder_s_claim_is_taken_over(tmp_path) 
     from benchmarks.harness import Claims
 
     claims = Claims(tmp_path / "claims")
-    assert claims.take("oat", 0) and claims.take("oat", 0)  # taken, and still ours
+    assert claims.take("oat-s0") and claims.take("oat-s0")  # taken, and still ours
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (tmp_path / "claims" / "flat-s1.pid").write_text(str(live.pid))
-        assert not claims.take("flat", 1)  # a live process computes it
+        assert not claims.take("flat-s1")  # a live process computes it
     finally:
         live.kill()
         live.wait()
-    assert claims.take("flat", 1)  # its holder died: taken over
-    claims.release("oat", 0)
+    assert claims.take("flat-s1")  # its holder died: taken over
+    claims.release("oat-s0")
     assert not (tmp_path / "claims" / "oat-s0.pid").exists()
 
 

@@ -46,14 +46,15 @@ def test_processes_of_one_run_share_its_stages_through_claims(tmp_path: Path, mo
     import sys
     import threading
 
+    from benchmarks.harness import Claims
     from benchmarks.textworld import Records
 
     def rec() -> Records:
-        return Records(tmp_path / "records", None, None, [], "x", claims=tmp_path / "claims", poll_s=0.05)
+        return Records(tmp_path / "records", None, None, [], "x", claims=Claims(tmp_path / "claims"), poll_s=0.05)
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        claim = tmp_path / "claims" / "eval" / "c0.claim"
+        claim = tmp_path / "claims" / "eval" / "c0.pid"
         claim.parent.mkdir(parents=True)
         claim.write_text(str(other.pid))
         computed: list[str] = []
@@ -75,7 +76,7 @@ def test_processes_of_one_run_share_its_stages_through_claims(tmp_path: Path, mo
     finally:
         other.kill()
         other.wait()
-    (tmp_path / "claims" / "sft.claim").write_text(str(other.pid))  # left by a process that is gone
+    (tmp_path / "claims" / "sft.pid").write_text(str(other.pid))  # left by a process that is gone
     assert rec().run("sft", {}, lambda: {"n": 2}) == {"n": 2}
     assert [p for p in (tmp_path / "claims").rglob("*") if p.is_file()] == []
     link, tries = os.link, []
