@@ -38,7 +38,7 @@ is left and the estimated hours, also in ``<records>/status.json``. A record who
 (another scale in the same folder) exits 2 naming the stage and the fields. A second process of the same command on
 the same machine shares the run: it takes the evaluation chunks no other process has started (the memory model
 generates on one thread, so two processes use both cores of a 2-core machine) and waits for any other stage another
-process is computing (claims under ``--work``); start it once the first is past any rebuild of missing checkpoints.
+process is computing or rebuilding (claims under ``--work``).
 
     python -m benchmarks.textworld --model none --run premise-scripted        # scripted variants, large cells
     python -m benchmarks.textworld --model smollm2 --run premise-smollm2 --skip sam_untrained,sam_oat,sam_flat \\
@@ -259,6 +259,28 @@ class Records:
             atomic_write_text(self.path(stage), json.dumps(record, indent=1) + "\n")
             self.ran.append(stage)
             return result
+        finally:
+            if self.claims is not None:
+                self.claims.release(stage)
+
+    def rebuild(
+        self, stage: str, present: Callable[[], bool], compute: Callable[[], dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """Compute again, here, what a recorded stage left on the machine that ran it (a checkpoint, distilled rows)
+        and this one lacks: ``compute``'s result, or None when ``present()`` says it is here (another process of
+        the run rebuilt it; a process rebuilding holds the stage's claim, and the others wait for it)."""
+        said = False
+        while self.claims is not None and not self.claims.take(stage):
+            self.check_budget(stage)
+            if not said:
+                say(f"stage {stage}: waiting for process {self.claims.holder(stage)}, which is rebuilding it")
+                said = True
+            time.sleep(self.poll_s)
+        try:
+            if present():
+                return None
+            self.check_budget(stage)
+            return compute()
         finally:
             if self.claims is not None:
                 self.claims.release(stage)
@@ -525,10 +547,11 @@ class TextWorldRun:
 
         inputs = {**self.distill_inputs(), "tokenizer": self.args.model}
         recorded = self.records.get("distill", inputs)
-        if recorded is not None and (out / "stats.json").exists():
+        if recorded is None:
+            self.records.run("distill", inputs, run)
             return out
-        result = run() if recorded is not None else self.records.run("distill", inputs, run)
-        if recorded is not None and result["rows_digest"] != recorded["rows_digest"]:
+        result = self.records.rebuild("distill", (out / "stats.json").exists, run)
+        if result is not None and result["rows_digest"] != recorded["rows_digest"]:
             say(f"distill rebuilt with rows {result['rows_digest']}, recorded {recorded['rows_digest']}")
         return out
 
@@ -568,9 +591,11 @@ class TextWorldRun:
             self.sft_sitting(seed, step, inputs)
         if recorded is None:
             self.records.run(f"sft/seed{seed}", inputs, lambda: self.train_sft(seed, out))
-        else:
-            self.records.check_budget(f"sft/seed{seed}")
-            rebuilt = self.train_sft(seed, out)
+        elif (
+            rebuilt := self.records.rebuild(
+                f"sft/seed{seed}", (out / "config.json").exists, lambda: self.train_sft(seed, out)
+            )
+        ) is not None:
             same = rebuilt["weights"] == recorded["weights"]
             say(f"SFT seed {seed} rebuilt: weights {'match' if same else 'DIFFER from'} the record")
             if not same:
@@ -588,11 +613,14 @@ class TextWorldRun:
         if recorded is None:
             self.records.run(stage, block_inputs, lambda: self.train_sft(seed, out, stop_at_step=step))
             return
-        newest = latest_checkpoint(self.work / f"sft-s{seed}" / "checkpoints")
-        if newest is not None and checkpoint_step(newest) >= step:
+
+        def present() -> bool:
+            newest = latest_checkpoint(self.work / f"sft-s{seed}" / "checkpoints")
+            return newest is not None and checkpoint_step(newest) >= step
+
+        rebuilt = self.records.rebuild(stage, present, lambda: self.train_sft(seed, out, stop_at_step=step))
+        if rebuilt is None:
             return
-        self.records.check_budget(stage)
-        rebuilt = self.train_sft(seed, out, stop_at_step=step)
         same = rebuilt["checkpoint"] == recorded["checkpoint"]
         say(f"SFT seed {seed} to step {step} rebuilt: checkpoint {'matches' if same else 'DIFFERS from'} the record")
         if not same:
@@ -672,9 +700,10 @@ class TextWorldRun:
                 f"rl/{name}", inputs, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
             )
             return out, result
-        self.records.check_budget(f"rl/{name}")
-        rebuilt = self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
-        if rebuilt["weights"] != recorded["weights"]:
+        rebuilt = self.records.rebuild(
+            f"rl/{name}", (out / "config.json").exists, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
+        )
+        if rebuilt is not None and rebuilt["weights"] != recorded["weights"]:
             self.rebuilt_differs.append(f"rl/{name}")
         return out, recorded
 
@@ -689,11 +718,18 @@ class TextWorldRun:
         if recorded is None:
             self.records.run(stage, block_inputs, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name, stop))
             return
-        done = [int(c.parent.name.split("-")[1]) + 1 for c in (self.work / "rl" / name).glob("checkpoints/*/COMPLETE")]
-        if max(done, default=0) >= stop:
+
+        def present() -> bool:
+            done = (
+                int(c.parent.name.split("-")[1]) + 1 for c in (self.work / "rl" / name).glob("checkpoints/*/COMPLETE")
+            )
+            return max(done, default=0) >= stop
+
+        rebuilt = self.records.rebuild(
+            stage, present, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name, stop)
+        )
+        if rebuilt is None:
             return
-        self.records.check_budget(stage)
-        rebuilt = self.train_rl(mode, sft_seed, rl_seed, lr, out, name, stop)
         same = rebuilt["checkpoint"] == recorded["checkpoint"]
         say(f"RL {name} to iteration {stop} rebuilt: checkpoint {'matches' if same else 'DIFFERS from'} the record")
         if not same:

@@ -91,6 +91,48 @@ def test_processes_of_one_run_share_its_stages_through_claims(tmp_path: Path, mo
     assert rec().run("games", {}, lambda: {"n": 3}) == {"n": 3} and len(tries) == 2
 
 
+def test_a_checkpoint_this_machine_lacks_is_rebuilt_by_one_process_while_the_others_wait(tmp_path: Path) -> None:
+    """``Records.rebuild``: a process rebuilding a recorded stage's checkpoint holds the stage's claim; another
+    waits for it and does not rebuild once it is there; a dead rebuilder's claim is taken over; a checkpoint that is
+    here is not rebuilt; nothing is left claimed."""
+    import subprocess
+    import sys
+    import threading
+
+    from benchmarks.harness import Claims
+    from benchmarks.textworld import Records
+
+    def rec() -> Records:
+        return Records(tmp_path / "records", None, None, [], "x", claims=Claims(tmp_path / "claims"), poll_s=0.05)
+
+    checkpoint, computed = tmp_path / "ckpt", []
+    claim = tmp_path / "claims" / "sft" / "seed0.pid"
+    claim.parent.mkdir(parents=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim.write_text(str(other.pid))
+
+        def rebuilt_elsewhere() -> None:
+            time.sleep(0.3)
+            checkpoint.write_text("weights")
+            claim.unlink()
+
+        thread = threading.Thread(target=rebuilt_elsewhere)
+        thread.start()
+        assert rec().rebuild("sft/seed0", checkpoint.exists, lambda: computed.append(1) or {}) is None
+        thread.join()
+        assert computed == []
+    finally:
+        other.kill()
+        other.wait()
+    claim.write_text(str(other.pid))  # its process is gone
+    checkpoint.unlink()
+    assert rec().rebuild("sft/seed0", checkpoint.exists, lambda: {"weights": "w"}) == {"weights": "w"}
+    checkpoint.write_text("weights")
+    assert rec().rebuild("sft/seed0", checkpoint.exists, lambda: computed.append(2) or {}) is None
+    assert computed == [] and [p for p in (tmp_path / "claims").rglob("*") if p.is_file()] == []
+
+
 def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) -> None:
     """``--max-stages`` N runs N stages and stops before the next; ``--max-minutes`` stops before a stage that would
     start past the deadline, a signal before the next stage; recorded stages are read whatever the budget."""
