@@ -937,6 +937,26 @@ def finished_so_far(records: Records) -> dict[str, Any]:
     return out
 
 
+def figures_of_finished_draws(records: Records) -> dict[str, Any] | None:
+    """:func:`figures` over the draws whose evaluation chunks cover every test game (a stopped run's paired figures,
+    from its records alone); None before the test games are recorded."""
+    if not records.path("games/test").exists():
+        return None
+    names = sorted(json.loads(records.path("games/test").read_text())["result"]["z8_sha256"])
+    played: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in sorted((records.root / "eval").glob("*/*/*.json")):
+        draw, variant = path.parent.parent.name, path.parent.name
+        if not draw.startswith("dev-"):
+            played.setdefault(variant, {}).setdefault(draw, {}).update(json.loads(path.read_text())["result"]["games"])
+    evals = {
+        variant: finished
+        for variant, draws in played.items()
+        if (finished := {d: games for d, games in draws.items() if set(names) <= games.keys()})
+    }
+    cells = {g: game["cell"] for draws in evals.values() for games in draws.values() for g, game in games.items()}
+    return figures(evals, names, cells) if evals else None
+
+
 SELECT_GRID = (1e-4, 3e-4, 1e-3)
 
 
@@ -1195,6 +1215,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
             "stages_recorded": len(done),
             "remaining": estimate_hours(records, {k: v for k, v in missing.items() if v}),
             "finished_so_far": finished_so_far(records),
+            "figures_of_finished_draws": figures_of_finished_draws(records),
             "command": "python -m benchmarks.textworld " + " ".join(resume_arguments(sys.argv[1:])),
         }
         atomic_write_text(records.root / "status.json", json.dumps(status, indent=1) + "\n")

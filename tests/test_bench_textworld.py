@@ -153,6 +153,42 @@ def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) 
         signalled.run("b", {}, lambda: {"n": 2})
 
 
+def test_a_stopped_run_pairs_only_the_draws_that_cover_every_test_game(tmp_path: Path) -> None:
+    """``figures_of_finished_draws``: a draw whose chunks cover every test game is paired; one a chunk short, or a
+    dev evaluation, is left out; nothing before the test games are recorded."""
+    from benchmarks.textworld import figures_of_finished_draws
+
+    rec = records(tmp_path)
+    assert figures_of_finished_draws(rec) is None
+
+    def game(won: float) -> dict[str, object]:
+        return {
+            "won": won,
+            "cell": "c",
+            "steps": 3,
+            "reasoner_tokens": 10,
+            "reasoner_tokens_spent": 10,
+            "peak_context": 5,
+        }
+
+    def chunk(stage: str, won: dict[str, float]) -> None:
+        rec.path(stage).parent.mkdir(parents=True, exist_ok=True)
+        rec.path(stage).write_text(json.dumps({"result": {"games": {g: game(w) for g, w in won.items()}}}))
+
+    rec.path("games/test").parent.mkdir(parents=True)
+    rec.path("games/test").write_text(json.dumps({"result": {"z8_sha256": {"g0": "a", "g1": "b", "g2": "c"}}}))
+    chunk("eval/scripted/long_context/0000-0001", {"g0": 0.0, "g1": 1.0})
+    chunk("eval/scripted/long_context/0002-0002", {"g2": 0.0})
+    chunk("eval/sft0/sam_sft/0000-0001", {"g0": 1.0, "g1": 1.0})
+    chunk("eval/sft0/sam_sft/0002-0002", {"g2": 1.0})
+    chunk("eval/sft1/sam_sft/0000-0001", {"g0": 0.0, "g1": 0.0})  # its last chunk not run yet
+    chunk("eval/dev-sam_sft/sam_sft/0000-0002", {"g0": 0.0, "g1": 0.0, "g2": 0.0})
+    out = figures_of_finished_draws(rec)
+    assert out is not None and out["table"]["sam_sft"]["all"]["draws"] == 1
+    assert out["table"]["sam_sft"]["all"]["success"] == 1.0
+    assert out["paired"]["sam_sft-long_context"]["all"]["mean"] == pytest.approx(2 / 3)
+
+
 def test_figures_pair_each_draw_with_its_own_sft_and_count_tokens_at_equal_cost() -> None:
     """An RL draw ``sft1/rl0`` is paired with SFT seed 1 (never a copy of seed 0); success at long context's cost
     counts a game won on no more reasoner tokens than long context spent on it."""
