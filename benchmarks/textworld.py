@@ -27,8 +27,8 @@ cache, ``memrl data distill``'s :func:`~memrl.rollout.expert_traces.distill`, ``
 :func:`~memrl.train.sft.run_sft`, ``memrl train oat-grpo``'s :func:`~memrl.train.oat_grpo.train_oat_grpo`, the
 harness's :func:`~memrl.rollout.evaluation.tasks.evaluate_memory`): the games of each split, the distilled traces,
 SFT per seed in sittings of ``--sft-block-steps`` steps, every evaluation chunk (``--chunk`` games of one variant and
-seed), every RL run in sittings of ``--rl-block-iterations`` iterations (``loop.stop_after_iterations``), the replay
-check. Each
+seed), every RL run in sittings of ``--rl-block-iterations`` iterations (``loop.stop_after_iterations``; its trees
+built by ``--rl-workers`` Ray rollout workers, or in this process), the replay check. Each
 finished stage writes a small JSON record (its inputs, their digests, its result, its seconds) under ``--records``
 (commit that folder as it fills). The same command on any machine reads the records and runs only the stages missing;
 a checkpoint a later stage needs and this machine lacks is rebuilt from its recorded seed and inputs, and its weights
@@ -687,6 +687,7 @@ class TextWorldRun:
             "tasks_per_iteration": s.tasks_per_iteration,
             "train_games": s.train_games,
             "tree": [s.branch_factor, s.max_leaves, s.flat_group_size, s.informative_groups, s.max_extra_trees],
+            "workers": self.args.rl_workers,
         }
         out = self.work / "rl" / f"{name}-final"
         recorded = self.records.get(f"rl/{name}", inputs)
@@ -745,6 +746,7 @@ class TextWorldRun:
         from memrl.data.config import RunConfig
         from memrl.data.run_dir import prepare_run_dir
         from memrl.data.tasks import TaskSetConfig
+        from memrl.rollout.fleet import FleetConfig
         from memrl.rollout.tree import TreeConfig
         from memrl.train.group_trainer import GroupTrainerConfig
         from memrl.train.oat_grpo import OATGRPOConfig, train_oat_grpo
@@ -781,6 +783,7 @@ class TextWorldRun:
                 keep_checkpoints=1,
                 stop_after_iterations=stop,
             ),
+            fleet=FleetConfig(workers=self.args.rl_workers),
             eval_samples=0,
         )
         result = train_oat_grpo(cfg, prepare_run_dir(cfg, cfg.run, "train-oat-grpo"))
@@ -791,6 +794,8 @@ class TextWorldRun:
                 "checkpoint": digest_weights(checkpoint),
                 "updates": result["updates"],
                 "success_train": [h.get("success") for h in history],
+                "rollout_s": [round(h["rollout_s"], 1) for h in history],
+                "iteration_s": [round(h["iteration_s"], 1) for h in history],
             }
         policy = Path(result["policy_dir"])
         if result["lora"]:  # a LoRA policy: evaluated merged on its base
@@ -816,6 +821,8 @@ class TextWorldRun:
             "trained_tokens": sum(h.get("trained_tokens", 0) for h in history),
             "reasoner_tokens": sum(h.get("reasoner_tokens", 0) for h in history),
             "success_train": [h.get("success") for h in history],
+            "rollout_s": [round(h["rollout_s"], 1) for h in history],
+            "iteration_s": [round(h["iteration_s"], 1) for h in history],
         }
 
     # ------------------------------------------------------------------------------------------------ replay
@@ -1018,6 +1025,7 @@ def build_scale(args: argparse.Namespace) -> Scale:
         "sft_seeds",
         "rl_seeds",
         "iterations",
+        "tasks_per_iteration",
         "window",
         "max_steps",
     ):
@@ -1068,6 +1076,13 @@ def parser() -> argparse.ArgumentParser:
         default=2.0,
         help="vLLM's KV cache in GiB (the engine's CPU default, 0.25, holds 5,760 of SmolLM2's tokens)",
     )
+    p.add_argument(
+        "--rl-workers",
+        type=int,
+        default=0,
+        help="rollout workers of the RL runs (Ray actors, each an engine on one thread; 2 uses both cores of a "
+        "2-core machine); 0: the trees are built in this process",
+    )
     p.add_argument("--max-minutes", type=float, default=90.0, help="start no stage past this many minutes")
     p.add_argument("--max-stages", type=int, default=None, help="stop after running this many stages")
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (default: chosen on dev, see --select)")
@@ -1084,6 +1099,7 @@ def parser() -> argparse.ArgumentParser:
         ("sft-seeds", "SFT seeds"),
         ("rl-seeds", "RL seeds under each SFT seed"),
         ("iterations", "RL iterations per run"),
+        ("tasks-per-iteration", "games (one tree each) per RL iteration"),
         ("window", "the reasoner's window in its tokens"),
         ("max-steps", "game commands per episode"),
     ):
