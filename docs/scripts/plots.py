@@ -208,11 +208,14 @@ def textworld_premise() -> Any:
     )
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     for k, label in TEXTWORLD_VARIANTS:
-        for _draw, entry in sorted(points.get(k, {}).items()):
+        draws = points.get(k, {})
+        for draw, entry in sorted(draws.items()):
             won, tokens = 100 * entry["success"], entry["reasoner_tokens_per_game"] / 1000
             colour = BLUE if k.startswith("sam_") and k != "sam_expert" else GREEN if k == "sam_expert" else GREY
+            seed = draw.replace("sft", "SFT seed ").replace("/rl", ", RL seed ") if "/" in draw else f"seed {draw[3:]}"
+            name = f"{label}, {seed}" if len(draws) > 1 else label  # a stopped run: one point per training draw
             ax.plot([tokens], [won], "o", color=colour, markersize=7)
-            ax.annotate(f"{label} ({entry['games']} games)", (tokens, won), xytext=(6, -3.5),
+            ax.annotate(f"{name} ({entry['games']} games)", (tokens, won), xytext=(6, -3.5),
                         textcoords="offset points", fontsize=8, color=colour)  # fmt: skip
     ax.set_xlabel("reasoner tokens per game (thousands, SmolLM2's tokenizer)")
     ax.set_ylabel("games won (%)")
