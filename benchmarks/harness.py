@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -411,9 +411,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def start_workers(jobs: int) -> list[subprocess.Popen]:
-    """``jobs - 1`` copies of this command as ``--worker`` processes on the same work folder; each dies with its
-    parent (:func:`die_with_parent`), so killing the benchmark leaves no worker behind."""
+def start_workers(jobs: int, extra: Sequence[str] = ()) -> list[subprocess.Popen]:
+    """``jobs - 1`` copies of this command (and ``extra`` arguments) as ``--worker`` processes on the same work
+    folder; each dies with its parent (:func:`die_with_parent`), so killing the benchmark leaves no worker behind."""
     command, argv, skip = own_command(), [], False
     head = command[: len(command) - len(sys.argv) + 1]
     for a in sys.argv[1:]:
@@ -423,7 +423,7 @@ def start_workers(jobs: int) -> list[subprocess.Popen]:
             skip = True
         elif not a.startswith("--jobs="):
             argv.append(a)
-    return [subprocess.Popen([*head, *argv, "--worker", f"--worker-index={i}"]) for i in range(1, jobs)]
+    return [subprocess.Popen([*head, *argv, *extra, "--worker", f"--worker-index={i}"]) for i in range(1, jobs)]
 
 
 def die_with_parent() -> None:

@@ -35,14 +35,14 @@ a checkpoint a later stage needs and this machine lacks is rebuilt from its reco
 digest is checked against the record. ``--max-minutes`` stops cleanly before a stage that would start past the limit
 (``--max-stages`` after that many stages; SIGTERM or Ctrl-C after the running stage): the last line then says what
 is left and the estimated hours, also in ``<records>/status.json``. A record whose inputs differ from the command's
-(another scale in the same folder) exits 2 naming the stage and the fields. A second process of the same command on
-the same machine shares the run: it takes the evaluation chunks no other process has started (the memory model
-generates on one thread, so two processes use both cores of a 2-core machine) and waits for any other stage another
-process is computing or rebuilding (claims under ``--work``).
+(another scale in the same folder) exits 2 naming the stage and the fields. ``--jobs N`` runs N processes that share
+the run (so does the same command started again on the same machine): each takes the evaluation chunks no other has
+started (the memory model generates on one thread, so two processes use both cores of a 2-core machine) and waits
+for any other stage another is computing or rebuilding (claims under ``--work``); they stop by the same deadline.
 
     python -m benchmarks.textworld --model none --run premise-scripted        # scripted variants, large cells
     python -m benchmarks.textworld --model smollm2 --run premise-smollm2 --skip sam_untrained,sam_oat,sam_flat \\
-        --max-minutes 85                                                      # SFT-level comparison, one sitting
+        --jobs 2 --max-minutes 85                                             # SFT-level comparison, one sitting
     python -m benchmarks.textworld --smoke --model tiny --run smoke-tiny      # small cells, every variant
 
 The last line is one JSON object.
@@ -65,7 +65,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import ROOT, Claims, bench_parser, emit, pin_threads
+from benchmarks.harness import (
+    ROOT,
+    Claims,
+    bench_parser,
+    die_with_parent,
+    emit,
+    pin_threads,
+    start_workers,
+    stop_workers,
+    wait_for,
+)
 
 SCRIPTED = ("no_memory", "long_context", "bm25", "sam_expert")
 TRAINED = ("sam_untrained", "sam_sft", "sam_oat", "sam_flat")
@@ -155,8 +165,11 @@ def smollm2_sft() -> dict[str, Any]:
     return {"lr_sft": sft.lr, "max_length": sft.max_length}
 
 
+WORKER_TAG = ""  # " w<i>" in a --worker process
+
+
 def say(message: str) -> None:
-    print(f"[textworld] {message}", file=sys.stderr, flush=True)
+    print(f"[textworld{WORKER_TAG}] {message}", file=sys.stderr, flush=True)
 
 
 def digest_weights(path: Path) -> str:
@@ -341,6 +354,7 @@ class TextWorldRun:
     base: Path | None = None
     tokenizer: Any = None
     rebuilt_differs: list[str] = field(default_factory=list)  # rebuilt checkpoints whose digest is not the record's
+    workers: list[Any] = field(default_factory=list)  # the --jobs worker processes this one started
 
     # ------------------------------------------------------------------------------------------------ tasks
     def params(self) -> dict[str, Any]:
@@ -1045,6 +1059,13 @@ def skipped_variants(text: str) -> tuple[str, ...]:
     return names
 
 
+def jobs_count(text: str) -> int:
+    """``--jobs``' value: a whole number of processes, at least 1 (else a usage error, exit 2)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be a whole number of processes, at least 1, got {text!r}")
+    return int(text)
+
+
 def run_name(text: str) -> str:
     if not text or "/" in text or text in (".", ".."):
         raise argparse.ArgumentTypeError(f"--run must be one path component, got {text!r}")
@@ -1083,6 +1104,16 @@ def parser() -> argparse.ArgumentParser:
         help="rollout workers of the RL runs (Ray actors, each an engine on one thread; 2 uses both cores of a "
         "2-core machine); 0: the trees are built in this process",
     )
+    p.add_argument(
+        "--jobs",
+        type=jobs_count,
+        default=1,
+        help="processes sharing the run's stages (2 on a 2-core machine: evaluation chunks two at a time, each "
+        "engine generating on one thread; any other stage is computed by one while the others wait)",
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--until", type=float, default=None, help=argparse.SUPPRESS)  # a worker's deadline (epoch s)
     p.add_argument("--max-minutes", type=float, default=90.0, help="start no stage past this many minutes")
     p.add_argument("--max-stages", type=int, default=None, help="stop after running this many stages")
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (default: chosen on dev, see --select)")
@@ -1108,7 +1139,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
+    global WORKER_TAG
     args = parser().parse_args()
+    if args.worker:
+        WORKER_TAG = f" w{args.worker_index}"
+        die_with_parent()
     args.engine = args.engine or ("vllm" if args.model == "smollm2" else "hf")
     pin_threads(args.threads)
     from memrl.data.envs.ms_textworld import require_textworld
@@ -1116,9 +1151,10 @@ def main() -> None:
     require_textworld()
     scale = build_scale(args)
     name = args.run or f"{'smoke' if args.smoke else 'premise'}-{args.model}"
+    until = args.until if args.until is not None else time.time() + args.max_minutes * 60  # the workers' too
     records = Records(
         root=Path(args.records) / name,
-        deadline=time.perf_counter() + args.max_minutes * 60,
+        deadline=time.perf_counter() + (until - time.time()),
         max_stages=args.max_stages,
         ran=[],
         commit=git_commit(),
@@ -1130,16 +1166,26 @@ def main() -> None:
         if records.stop_requested:  # a second signal: stop now (the running stage is lost, no record is half-written)
             raise KeyboardInterrupt
         records.stop_requested = True
+        for w in bench.workers:  # they stop after their running stage too
+            if w.poll() is None:
+                w.send_signal(signum)
         say(f"signal {signum}: stopping after the running stage (send it again to stop now)")
 
     signal.signal(signal.SIGTERM, stop_after_this_stage)
     signal.signal(signal.SIGINT, stop_after_this_stage)
     t_start = time.perf_counter()
     try:
+        if args.jobs > 1 and not args.worker:
+            bench.workers = start_workers(args.jobs, [f"--until={until}"])
         result = run(bench)
+        wait_for(bench.workers, "textworld")
     except RecordMismatch as exc:
         say(str(exc))
         raise SystemExit(2) from None
+    finally:
+        stop_workers(bench.workers)  # left running only when this process failed
+    if args.worker:
+        return  # the stages it ran are recorded; the first process reports
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     result["stages_run"] = records.ran
     emit(result, args.json_out)
@@ -1218,6 +1264,9 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
                 )
         replay = records.run("replay", {"games": [t.task_id for t in test]}, lambda: bench.replay_check(test))
     except Stopped as stop:
+        if args.worker:
+            return {"stopped_before": str(stop)}
+        wait_for(bench.workers, "textworld")  # their running stages are recorded before the status counts them
         done = {p.relative_to(records.root).with_suffix("").as_posix() for p in records.root.glob("**/*.json")}
         missing: dict[str, int] = {}
         for kind, count in todo.items():
@@ -1239,6 +1288,8 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
         untimed = f", and {remaining['untimed_stages']} of kinds not timed yet" if remaining["untimed_stages"] else ""
         say(f"stopped before {stop}: about {remaining['hours']} h of stages left{untimed} (status.json)")
         return status
+    if args.worker:
+        return {"complete": True}
     names = [t.task_id for t in test]
     cells = {t.task_id: t.horizon_label for t in test}
     out = {

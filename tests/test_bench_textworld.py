@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -230,13 +231,16 @@ def test_figures_pair_each_draw_with_its_own_sft_and_count_tokens_at_equal_cost(
 
 
 def test_usage_errors_name_the_flag() -> None:
-    from benchmarks.textworld import run_name, skipped_variants
+    from benchmarks.textworld import jobs_count, run_name, skipped_variants
 
     assert skipped_variants("sam_untrained,sam_flat") == ("sam_untrained", "sam_flat")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown variant 'bm25'"):
         skipped_variants("sam_flat,bm25")
     with pytest.raises(argparse.ArgumentTypeError, match="one path component"):
         run_name("a/b")
+    assert jobs_count("1") == 1
+    with pytest.raises(argparse.ArgumentTypeError, match="at least 1, got '0'"):
+        jobs_count("0")
 
 
 # protects: the staged benchmark on real TextWorld games and the tiny model, stopped between stages and resumed from
@@ -303,11 +307,16 @@ def test_a_stopped_run_resumes_from_its_committed_records_in_a_fresh_clone(tmp_p
     subprocess.run([*git, "-C", str(origin), "commit", "-qm", "records"], check=True)
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(origin), str(clone)], check=True)
-    resumed = bench(clone, "work-b")  # a fresh work folder: no checkpoint, no distilled rows, no SFT game
+    # a fresh work folder (no checkpoint, no distilled rows, no SFT game) and two processes sharing the run: one
+    # rebuilds the SFT checkpoint while the other waits, and each missing stage runs once, in one of them
+    resumed = bench(clone, "work-b", "--jobs", "2")
     result = json.loads(resumed.stdout.splitlines()[-1])
-    assert result["complete"] is True
-    assert result["stages_run"] == ["eval/sft0/sam_sft/0000-0000", "eval/sft0/sam_sft/0001-0001", "replay"]
-    assert "SFT seed 0 rebuilt: weights match the record" in resumed.stderr and result["rebuilt_weights_differ"] == []
+    assert result["complete"] is True and resumed.stdout.count('{"benchmark"') == 1  # the worker reports nothing
+    started = re.findall(r"^\[textworld(?: w1)?\] stage (\S+)$", resumed.stderr, re.M)
+    assert sorted(started) == ["eval/sft0/sam_sft/0000-0000", "eval/sft0/sam_sft/0001-0001", "replay"]
+    assert set(result["stages_run"]) <= set(started)
+    assert resumed.stderr.count("SFT seed 0 rebuilt: weights match the record") == 1
+    assert result["rebuilt_weights_differ"] == []
     assert set(result["table"]) == {"no_memory", "long_context", "bm25", "sam_expert", "sam_sft"}
     assert result["table"]["sam_expert"]["all"]["success"] == 1.0 and result["replay"]["exact"] == 2
     assert result["table"]["long_context"]["all"]["reasoner_tokens_per_game"] > 0
