@@ -1266,7 +1266,8 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
     except Stopped as stop:
         if args.worker:
             return {"stopped_before": str(stop)}
-        wait_for(bench.workers, "textworld")  # their running stages are recorded before the status counts them
+        for w in bench.workers:  # their running stages are recorded before the status counts them
+            w.wait()  # (a worker that failed is reported once the status is written)
         done = {p.relative_to(records.root).with_suffix("").as_posix() for p in records.root.glob("**/*.json")}
         missing: dict[str, int] = {}
         for kind, count in todo.items():
