@@ -62,8 +62,11 @@ def timed(targets: list[tuple[Any, str, str]]) -> Iterator[tuple[dict[str, float
             setattr(cls, name, fn)
 
 
-def memory_engine(model: str, engine: str, model_cache: str, continuous_batching: bool = True) -> Any:
-    """The memory model's engine: the tiny model, SmolLM2, or a checkpoint folder, float32."""
+def memory_engine(
+    model: str, engine: str, model_cache: str, continuous_batching: bool = True, kv_cache_gib: float = 2.0
+) -> Any:
+    """The memory model's engine: the tiny model, SmolLM2, or a checkpoint folder, float32 (on vLLM with a KV cache
+    of ``kv_cache_gib``, as the TextWorld benchmark's RL engine)."""
     from memrl.rollout.engines.config import EngineConfig
     from memrl.rollout.engines.factory import build_engine
     from memrl.rollout.models import TinyModelSpec, ensure_smollm2, ensure_tiny_model
@@ -82,6 +85,7 @@ def memory_engine(model: str, engine: str, model_cache: str, continuous_batching
             dtype="float32",
             batch_size=64,
             max_model_len=4096 if engine == "vllm" else None,
+            kv_cache_memory_bytes=int(kv_cache_gib * 2**30) if engine == "vllm" else None,
             continuous_batching=continuous_batching,
         )
     )
@@ -117,7 +121,9 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
             "recall": {"temperature": 1.0, "max_tokens": 256},
         },
     }
-    memory = memory_engine(args.model, args.engine, args.model_cache, not args.no_continuous_batching)
+    memory = memory_engine(
+        args.model, args.engine, args.model_cache, not args.no_continuous_batching, args.kv_cache_gib
+    )
     # the memory model's busy seconds: its decode steps and joins under continuous batching, else its generate calls
     decoding = (
         [(RunningBatch, "join", "memory_generation"), (RunningBatch, "step", "memory_generation")]
@@ -180,6 +186,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "cell": args.cell,
         "model": args.model,
         "engine": args.engine,
+        "kv_cache_gib": args.kv_cache_gib if args.engine == "vllm" else None,
         "continuous_batching": getattr(memory, "decoder", None) is not None,
         "trees": args.trees,
         "settings": {
@@ -228,6 +235,7 @@ def main() -> None:
     parser.add_argument(
         "--sharing", choices=("both", "on", "off"), default="both", help="build with and/or without greedy sharing"
     )
+    parser.add_argument("--kv-cache-gib", type=float, default=2.0, help="vllm: the KV cache in GiB")
     parser.add_argument("--branch-factor", type=int, default=4)
     parser.add_argument("--max-leaves", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=100, help="game commands per episode")
