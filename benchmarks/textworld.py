@@ -938,37 +938,39 @@ def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells
     return {"table": table, "paired": paired}
 
 
-def finished_so_far(records: Records) -> dict[str, Any]:
-    """Per variant and draw, over the test games its finished evaluation chunks cover: games, success, reasoner
-    tokens per game (a stopped run's partial figures; unpaired, the variants may cover different games)."""
-    out: dict[str, Any] = {}
-    for path in sorted((records.root / "eval").glob("*/*/*.json")):
-        draw, variant = path.parent.parent.name, path.parent.name
-        if draw.startswith("dev-"):
-            continue
-        games = json.loads(path.read_text())["result"]["games"]
-        entry = out.setdefault(variant, {}).setdefault(draw, {"games": 0, "won": 0.0, "reasoner_tokens": 0})
-        entry["games"] += len(games)
-        entry["won"] += sum(g["won"] for g in games.values())
-        entry["reasoner_tokens"] += sum(g["reasoner_tokens"] for g in games.values())
-    for draws in out.values():
-        for entry in draws.values():
-            entry["success"] = entry.pop("won") / entry["games"]
-            entry["reasoner_tokens_per_game"] = entry.pop("reasoner_tokens") / entry["games"]
-    return out
-
-
-def figures_of_finished_draws(records: Records) -> dict[str, Any] | None:
-    """:func:`figures` over the draws whose evaluation chunks cover every test game (a stopped run's paired figures,
-    from its records alone); None before the test games are recorded."""
-    if not records.path("games/test").exists():
-        return None
-    names = sorted(json.loads(records.path("games/test").read_text())["result"]["z8_sha256"])
+def played_games(records: Records) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every recorded test game's result, by variant and draw (the evaluation chunks read once; dev draws left out)."""
     played: dict[str, dict[str, dict[str, Any]]] = {}
     for path in sorted((records.root / "eval").glob("*/*/*.json")):
         draw, variant = path.parent.parent.name, path.parent.name
         if not draw.startswith("dev-"):
             played.setdefault(variant, {}).setdefault(draw, {}).update(json.loads(path.read_text())["result"]["games"])
+    return played
+
+
+def finished_so_far(played: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Per variant and draw, over the test games its finished evaluation chunks cover (:func:`played_games`): games,
+    success, reasoner tokens per game (a stopped run's partial figures; unpaired, the variants may cover different
+    games)."""
+    return {
+        variant: {
+            draw: {
+                "games": len(games),
+                "success": sum(g["won"] for g in games.values()) / len(games),
+                "reasoner_tokens_per_game": sum(g["reasoner_tokens"] for g in games.values()) / len(games),
+            }
+            for draw, games in draws.items()
+        }
+        for variant, draws in played.items()
+    }
+
+
+def figures_of_finished_draws(records: Records, played: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any] | None:
+    """:func:`figures` over the draws whose evaluation chunks cover every test game (a stopped run's paired figures,
+    from its records alone: ``played`` is :func:`played_games`); None before the test games are recorded."""
+    if not records.path("games/test").exists():
+        return None
+    names = sorted(json.loads(records.path("games/test").read_text())["result"]["z8_sha256"])
     evals = {
         variant: finished
         for variant, draws in played.items()
@@ -1269,6 +1271,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
         for w in bench.workers:  # their running stages are recorded before the status counts them
             w.wait()  # (a worker that failed is reported once the status is written)
         done = {p.relative_to(records.root).with_suffix("").as_posix() for p in records.root.glob("**/*.json")}
+        played = played_games(records)
         missing: dict[str, int] = {}
         for kind, count in todo.items():
             have = sum(1 for d in done if d == kind or d.startswith(f"{kind}/"))
@@ -1280,8 +1283,8 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
             "stopped_before": str(stop),
             "stages_recorded": len(done),
             "remaining": estimate_hours(records, {k: v for k, v in missing.items() if v}),
-            "finished_so_far": finished_so_far(records),
-            "figures_of_finished_draws": figures_of_finished_draws(records),
+            "finished_so_far": finished_so_far(played),
+            "figures_of_finished_draws": figures_of_finished_draws(records, played),
             "command": "python -m benchmarks.textworld " + " ".join(resume_arguments(sys.argv[1:])),
         }
         atomic_write_text(records.root / "status.json", json.dumps(status, indent=1) + "\n")

@@ -157,10 +157,10 @@ def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) 
 def test_a_stopped_run_pairs_only_the_draws_that_cover_every_test_game(tmp_path: Path) -> None:
     """``figures_of_finished_draws``: a draw whose chunks cover every test game is paired; one a chunk short, or a
     dev evaluation, is left out; nothing before the test games are recorded."""
-    from benchmarks.textworld import figures_of_finished_draws
+    from benchmarks.textworld import figures_of_finished_draws, played_games
 
     rec = records(tmp_path)
-    assert figures_of_finished_draws(rec) is None
+    assert figures_of_finished_draws(rec, played_games(rec)) is None
 
     def game(won: float) -> dict[str, object]:
         return {
@@ -184,7 +184,7 @@ def test_a_stopped_run_pairs_only_the_draws_that_cover_every_test_game(tmp_path:
     chunk("eval/sft0/sam_sft/0002-0002", {"g2": 1.0})
     chunk("eval/sft1/sam_sft/0000-0001", {"g0": 0.0, "g1": 0.0})  # its last chunk not run yet
     chunk("eval/dev-sam_sft/sam_sft/0000-0002", {"g0": 0.0, "g1": 0.0, "g2": 0.0})
-    out = figures_of_finished_draws(rec)
+    out = figures_of_finished_draws(rec, played_games(rec))
     assert out is not None and out["table"]["sam_sft"]["all"]["draws"] == 1
     assert out["table"]["sam_sft"]["all"]["success"] == 1.0
     assert out["paired"]["sam_sft-long_context"]["all"]["mean"] == pytest.approx(2 / 3)
@@ -370,7 +370,7 @@ def test_the_status_names_the_command_that_goes_on_without_the_sittings_budget()
 
 
 def test_a_stopped_run_reports_what_its_finished_chunks_cover(tmp_path: Path) -> None:
-    from benchmarks.textworld import finished_so_far
+    from benchmarks.textworld import finished_so_far, played_games
 
     rec = records(tmp_path)
 
@@ -381,7 +381,7 @@ def test_a_stopped_run_reports_what_its_finished_chunks_cover(tmp_path: Path) ->
     rec.run("eval/scripted/long_context/0002-0002", {}, lambda: chunk(("g2", 1.0, 200)))
     rec.run("eval/sft0/sam_sft/0000-0001", {}, lambda: chunk(("g0", 1.0, 10), ("g1", 1.0, 30)))
     rec.run("eval/dev-sft/sam_sft/0000-0000", {}, lambda: chunk(("d0", 0.0, 5)))  # dev: not a test figure
-    assert finished_so_far(rec) == {
+    assert finished_so_far(played_games(rec)) == {
         "long_context": {"scripted": {"games": 3, "success": 2 / 3, "reasoner_tokens_per_game": 200.0}},
         "sam_sft": {"sft0": {"games": 2, "success": 1.0, "reasoner_tokens_per_game": 20.0}},
     }
