@@ -343,6 +343,26 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def memory_engine_config(
+    backend: str, name: str, model: Path, kv_cache_gib: float, continuous_batching: bool = True
+) -> Any:
+    """The engine of a memory model in these benchmarks: float32, batches of 64 and, on vLLM, a 4,096-token window
+    with a KV cache of ``kv_cache_gib``."""
+    from memrl.rollout.engines.config import EngineConfig
+
+    vllm = backend == "vllm"
+    return EngineConfig(
+        backend="vllm" if vllm else "hf",
+        name=name,
+        model=str(model),
+        dtype="float32",
+        batch_size=64,
+        max_model_len=4096 if vllm else None,
+        kv_cache_memory_bytes=int(kv_cache_gib * 2**30) if vllm else None,
+        continuous_batching=continuous_batching,
+    )
+
+
 @dataclass
 class TextWorldRun:
     """One run: its scale, its records, where its big artefacts live (``work``: rebuilt when missing)."""
@@ -421,18 +441,7 @@ class TextWorldRun:
         }
 
     def engine_config(self, name: str, model: Path) -> Any:
-        from memrl.rollout.engines.config import EngineConfig
-
-        vllm = self.args.engine == "vllm"
-        return EngineConfig(
-            backend="vllm" if vllm else "hf",
-            name=name,
-            model=str(model),
-            dtype="float32",
-            batch_size=64,
-            max_model_len=4096 if vllm else None,
-            kv_cache_memory_bytes=int(self.args.kv_cache_gib * 2**30) if vllm else None,
-        )
+        return memory_engine_config(self.args.engine, name, model, self.args.kv_cache_gib)
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(
@@ -1193,6 +1202,14 @@ def main() -> None:
     emit(result, args.json_out)
 
 
+def first_missing(stop: str, done: set[str], missing: dict[str, int]) -> str:
+    """The stage this process stopped before, or, when another process has since recorded it, the first kind of
+    stage still missing (``missing`` is in the order the stages run; the replay check comes last)."""
+    if stop not in done:
+        return stop
+    return next((kind for kind, count in missing.items() if count), "replay")
+
+
 def run(bench: TextWorldRun) -> dict[str, Any]:
     """Every stage in order (each read from its record when there is one); the figures when all are done, else
     what stopped, what is left and the hours it should take."""
@@ -1210,21 +1227,23 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
         },
     }
     chunks = -(-scale.test_games // args.chunk)
-    todo = {f"eval/scripted/{v}": chunks for v in SCRIPTED}
-    for v in variants:
-        for d in draws.get(v, []):
-            todo[f"eval/{d}/{v}"] = chunks
     trains = "sam_sft" in variants or bool({"sam_oat", "sam_flat"} & set(variants))
-    if trains:
-        todo.update({"games/test": 1, "games/sft": 1, "distill": 1})
     block, rl_block = args.sft_block_steps, args.rl_block_iterations
+    todo: dict[str, int] = {"games/test": 1} if trains else {}  # every kind of stage and its count, in run order
+    todo.update({f"eval/scripted/{v}": chunks for v in SCRIPTED})
+    if "sam_untrained" in variants:
+        todo["eval/base/sam_untrained"] = chunks
+    if trains:
+        todo.update({"games/sft": 1, "distill": 1})
     for k in range(scale.sft_seeds) if trains else []:
         todo[f"sft/seed{k}"] = 1 + len(sitting_ends(block, scale.sft_steps))  # its sittings
+        if "sam_sft" in variants:
+            todo[f"eval/sft{k}/sam_sft"] = chunks
     for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
-        if v in variants:
-            for d in draws[v]:
-                k, j = d.removeprefix("sft").split("/rl")
-                todo[f"rl/{mode}-sft{k}-rl{j}"] = 1 + len(sitting_ends(rl_block, scale.iterations))
+        for d in draws[v] if v in variants else []:
+            k, j = d.removeprefix("sft").split("/rl")
+            todo[f"rl/{mode}-sft{k}-rl{j}"] = 1 + len(sitting_ends(rl_block, scale.iterations))
+            todo[f"eval/{d}/{v}"] = chunks
     config = {
         "scale": asdict(scale),
         "model": args.model,
@@ -1280,7 +1299,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
             "benchmark": "textworld",
             "run": records.root.name,
             "complete": False,
-            "stopped_before": str(stop),
+            "stopped_before": first_missing(str(stop), done, missing),
             "stages_recorded": len(done),
             "remaining": estimate_hours(records, {k: v for k, v in missing.items() if v}),
             "finished_so_far": finished_so_far(played),

@@ -67,7 +67,7 @@ def memory_engine(
 ) -> Any:
     """The memory model's engine: the tiny model, SmolLM2, or a checkpoint folder, float32 (on vLLM with a KV cache
     of ``kv_cache_gib``, as the TextWorld benchmark's RL engine)."""
-    from memrl.rollout.engines.config import EngineConfig
+    from benchmarks.textworld import memory_engine_config
     from memrl.rollout.engines.factory import build_engine
     from memrl.rollout.models import TinyModelSpec, ensure_smollm2, ensure_tiny_model
 
@@ -77,18 +77,7 @@ def memory_engine(
         path = ensure_smollm2(model_cache)
     else:
         path = Path(model)
-    return build_engine(
-        EngineConfig(
-            backend=engine,
-            name="policy",
-            model=str(path),
-            dtype="float32",
-            batch_size=64,
-            max_model_len=4096 if engine == "vllm" else None,
-            kv_cache_memory_bytes=int(kv_cache_gib * 2**30) if engine == "vllm" else None,
-            continuous_batching=continuous_batching,
-        )
-    )
+    return build_engine(memory_engine_config(engine, "policy", path, kv_cache_gib, continuous_batching))
 
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:

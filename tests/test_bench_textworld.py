@@ -369,6 +369,16 @@ def test_the_status_names_the_command_that_goes_on_without_the_sittings_budget()
     assert resume_arguments(argv) == ["--model", "smollm2", "--run", "r", "--skip", "sam_oat"]
 
 
+def test_the_status_names_the_first_stage_still_missing_when_another_process_recorded_the_stop() -> None:
+    from benchmarks.textworld import first_missing
+
+    missing = {"games/test": 0, "eval/sft2/sam_sft": 0, "rl/tree-sft0-rl0": 3}
+    assert first_missing("eval/sft2/sam_sft/0025-0049", set(), missing) == "eval/sft2/sam_sft/0025-0049"
+    done = {"eval/sft2/sam_sft/0025-0049"}
+    assert first_missing("eval/sft2/sam_sft/0025-0049", done, missing) == "rl/tree-sft0-rl0"
+    assert first_missing("eval/sft2/sam_sft/0025-0049", done, {**missing, "rl/tree-sft0-rl0": 0}) == "replay"
+
+
 def test_a_stopped_run_reports_what_its_finished_chunks_cover(tmp_path: Path) -> None:
     from benchmarks.textworld import finished_so_far, played_games
 
