@@ -201,7 +201,7 @@ class Records:
 
     With ``claims`` (a folder of this machine's), a process computing a stage holds its claim, so several processes
     of one run share its stages: a stage another live process holds is waited for and read from its record, or
-    (``elsewhere_ok``: evaluation chunks, which nothing later in the same pass needs) left to it. A claim whose
+    (``elsewhere_ok``: evaluation chunks, and the RL runs of a first pass over them) left to it. A claim whose
     process is gone is taken over."""
 
     root: Path
@@ -694,11 +694,14 @@ class TextWorldRun:
             return {"checkpoint": digest_weights(self.work / name / "checkpoints" / f"checkpoint-{stop_at_step}")}
         return {"weights": digest_weights(out)}
 
-    def rl(self, mode: str, sft_seed: int, rl_seed: int, lr: float, tag: str = "") -> tuple[Path, dict[str, Any]]:
+    def rl(
+        self, mode: str, sft_seed: int, rl_seed: int, lr: float, tag: str = "", elsewhere_ok: bool = False
+    ) -> tuple[Path, dict[str, Any]] | None:
         """OAT-GRPO (``tree``) or flat GRPO (``flat``) from SFT seed ``sft_seed`` under RL seed ``rl_seed``, in
         sittings of ``--rl-block-iterations`` iterations: the stage ``rl/<mode>-sft<k>-rl<j>/to-iter<n>`` records
         the digest of the checkpoint after n iterations, the stage ``rl/<mode>-sft<k>-rl<j>`` the run's summary and
-        final weights digest (each rebuilt, and compared, when this machine lacks it)."""
+        final weights digest (each rebuilt, and compared, when this machine lacks it). With ``elsewhere_ok``, a run
+        whose next stage another process holds is left to it (None), so two processes train two runs at once."""
         name = f"{tag}{mode}-sft{sft_seed}-rl{rl_seed}"
         s = self.scale
         inputs = {
@@ -718,12 +721,13 @@ class TextWorldRun:
             return out, recorded
         block = self.args.rl_block_iterations
         for stop in sitting_ends(block, s.iterations):
-            self.rl_sitting(mode, sft_seed, rl_seed, lr, name, stop, inputs)
+            if not self.rl_sitting(mode, sft_seed, rl_seed, lr, name, stop, inputs, elsewhere_ok):
+                return None
         if recorded is None:
             result = self.records.run(
-                f"rl/{name}", inputs, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
+                f"rl/{name}", inputs, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name), elsewhere_ok
             )
-            return out, result
+            return None if result is None else (out, result)
         rebuilt = self.records.rebuild(
             f"rl/{name}", (out / "config.json").exists, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name)
         )
@@ -732,16 +736,25 @@ class TextWorldRun:
         return out, recorded
 
     def rl_sitting(
-        self, mode: str, sft_seed: int, rl_seed: int, lr: float, name: str, stop: int, inputs: dict[str, Any]
-    ) -> None:
+        self,
+        mode: str,
+        sft_seed: int,
+        rl_seed: int,
+        lr: float,
+        name: str,
+        stop: int,
+        inputs: dict[str, Any],
+        elsewhere_ok: bool = False,
+    ) -> bool:
         """RL run ``name`` trained to ``stop`` iterations (its stage's record), here: when the record exists but this
-        machine has no checkpoint at or past it, the sitting is trained again and its digest compared."""
+        machine has no checkpoint at or past it, the sitting is trained again and its digest compared. False when
+        the sitting was left to another process (``elsewhere_ok``)."""
         stage, block_inputs = f"rl/{name}/to-iter{stop}", {**inputs, "to_iteration": stop}
         out = self.work / "rl" / f"{name}-final"
         recorded = self.records.get(stage, block_inputs)
         if recorded is None:
-            self.records.run(stage, block_inputs, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name, stop))
-            return
+            train = lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name, stop)  # noqa: E731
+            return self.records.run(stage, block_inputs, train, elsewhere_ok) is not None
 
         def present() -> bool:
             done = (
@@ -752,12 +765,12 @@ class TextWorldRun:
         rebuilt = self.records.rebuild(
             stage, present, lambda: self.train_rl(mode, sft_seed, rl_seed, lr, out, name, stop)
         )
-        if rebuilt is None:
-            return
-        same = rebuilt["checkpoint"] == recorded["checkpoint"]
-        say(f"RL {name} to iteration {stop} rebuilt: checkpoint {'matches' if same else 'DIFFERS from'} the record")
-        if not same:
-            self.rebuilt_differs.append(stage)
+        if rebuilt is not None:
+            same = rebuilt["checkpoint"] == recorded["checkpoint"]
+            say(f"RL {name} to iteration {stop} rebuilt: checkpoint {'matches' if same else 'DIFFERS from'} the record")
+            if not same:
+                self.rebuilt_differs.append(stage)
+        return True
 
     def train_rl(
         self, mode: str, sft_seed: int, rl_seed: int, lr: float, out: Path, name: str, stop: int | None = None
@@ -996,6 +1009,8 @@ def select_lr(bench: TextWorldRun) -> dict[str, Any]:
     """OAT-GRPO from SFT seed 0 under each learning rate of :data:`SELECT_GRID`, evaluated on the dev games: the
     highest dev success wins (ties to the smaller rate). Every run and evaluation is a stage of its own."""
     dev = bench.games("dev", bench.args.dev_games)
+    for lr in SELECT_GRID:  # first the runs no other process holds: two processes train two at once
+        bench.rl("tree", 0, 0, lr, tag=f"select-lr{lr:g}-", elsewhere_ok=True)
     scores = {"sft": bench.dev_success("sam_sft", dev, lambda: bench.sft(0), bench.sft_weights(0))}
     for lr in SELECT_GRID:
         _, summary = bench.rl("tree", 0, 0, lr, tag=f"select-lr{lr:g}-")
@@ -1272,17 +1287,20 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
                 evals["sam_sft"][f"sft{k}"] = bench.evaluate(
                     "sam_sft", f"sft{k}", test, lambda k=k: bench.sft(k), bench.sft_weights(k)
                 )
-        for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
-            if v not in variants:
-                continue
-            evals[v] = {}
-            for d in draws[v]:
-                k, j = (int(x) for x in d.removeprefix("sft").split("/rl"))
-                _, summary = bench.rl(mode, k, j, lr)
-                rl_runs[f"{v}/{d}"] = summary
-                evals[v][d] = bench.evaluate(
-                    v, d, test, lambda mode=mode, k=k, j=j: bench.rl(mode, k, j, lr)[0], summary["weights"]
-                )
+        rl_draws = [
+            (v, mode, d, *(int(x) for x in d.removeprefix("sft").split("/rl")))
+            for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat"))
+            if v in variants
+            for d in draws[v]
+        ]
+        for _, mode, _, k, j in rl_draws:  # first the runs no other process holds: two processes train two at once
+            bench.rl(mode, k, j, lr, elsewhere_ok=True)
+        for v, mode, d, k, j in rl_draws:
+            _, summary = bench.rl(mode, k, j, lr)
+            rl_runs[f"{v}/{d}"] = summary
+            evals.setdefault(v, {})[d] = bench.evaluate(
+                v, d, test, lambda mode=mode, k=k, j=j: bench.rl(mode, k, j, lr)[0], summary["weights"]
+            )
         replay = records.run("replay", {"games": [t.task_id for t in test]}, lambda: bench.replay_check(test))
     except Stopped as stop:
         if args.worker:

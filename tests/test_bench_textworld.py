@@ -134,6 +134,46 @@ def test_a_checkpoint_this_machine_lacks_is_rebuilt_by_one_process_while_the_oth
     assert computed == [] and [p for p in (tmp_path / "claims").rglob("*") if p.is_file()] == []
 
 
+@pytest.mark.timeout(60)  # a run not left to the holder waits for it: the claim's process outlives the test
+def test_an_rl_run_whose_next_stage_another_process_holds_is_left_to_it(tmp_path: Path) -> None:
+    """``TextWorldRun.rl(elsewhere_ok=True)``, as each process's first pass over the RL runs: a run is trained up to
+    the first stage (a sitting or its summary) another live process holds and then left to it (None); a run nobody
+    holds is trained sitting by sitting to its summary."""
+    import subprocess
+    import sys
+    from dataclasses import replace
+
+    from benchmarks.harness import Claims
+    from benchmarks.textworld import SMOKE, Records, TextWorldRun
+
+    rec = Records(tmp_path / "records", None, None, [], "x", claims=Claims(tmp_path / "claims"), poll_s=0.05)
+    args = argparse.Namespace(rl_block_iterations=2, rl_workers=1)
+    bench = TextWorldRun(args, replace(SMOKE, iterations=6), rec, tmp_path / "work")  # sittings to 2 and 4
+    bench.sft_inputs = lambda seed: {"seed": seed}  # type: ignore[method-assign]
+    trained: list[tuple[str, int | None]] = []
+
+    def train_rl(mode, sft_seed, rl_seed, lr, out, name, stop=None):  # type: ignore[no-untyped-def]
+        trained.append((name, stop))
+        return {"checkpoint": f"{name}-{stop}"} if stop is not None else {"weights": name}
+
+    bench.train_rl = train_rl  # type: ignore[method-assign]
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        for held in ("rl/tree-sft0-rl0/to-iter4", "rl/flat-sft0-rl0"):
+            (tmp_path / "claims" / f"{held}.pid").parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "claims" / f"{held}.pid").write_text(str(other.pid))
+        assert bench.rl("tree", 0, 0, 1e-4, elsewhere_ok=True) is None
+        assert bench.rl("flat", 0, 0, 1e-4, elsewhere_ok=True) is None
+        assert trained == [("tree-sft0-rl0", 2), ("flat-sft0-rl0", 2), ("flat-sft0-rl0", 4)]
+        trained.clear()
+        out, summary = bench.rl("flat", 0, 1, 1e-4, elsewhere_ok=True)
+        assert summary == {"weights": "flat-sft0-rl1"} and out == tmp_path / "work" / "rl" / "flat-sft0-rl1-final"
+        assert trained == [("flat-sft0-rl1", 2), ("flat-sft0-rl1", 4), ("flat-sft0-rl1", None)]
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) -> None:
     """``--max-stages`` N runs N stages and stops before the next; ``--max-minutes`` stops before a stage that would
     start past the deadline, a signal before the next stage; recorded stages are read whatever the budget."""
