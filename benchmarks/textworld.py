@@ -1254,11 +1254,12 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
         todo[f"sft/seed{k}"] = 1 + len(sitting_ends(block, scale.sft_steps))  # its sittings
         if "sam_sft" in variants:
             todo[f"eval/sft{k}/sam_sft"] = chunks
-    for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")):
-        for d in draws[v] if v in variants else []:
+    rl_variants = [(v, mode) for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")) if v in variants]
+    for v, mode in rl_variants:  # every RL run is trained before any is evaluated
+        for d in draws[v]:
             k, j = d.removeprefix("sft").split("/rl")
             todo[f"rl/{mode}-sft{k}-rl{j}"] = 1 + len(sitting_ends(rl_block, scale.iterations))
-            todo[f"eval/{d}/{v}"] = chunks
+    todo.update({f"eval/{d}/{v}": chunks for v, _ in rl_variants for d in draws[v]})
     config = {
         "scale": asdict(scale),
         "model": args.model,
@@ -1289,8 +1290,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
                 )
         rl_draws = [
             (v, mode, d, *(int(x) for x in d.removeprefix("sft").split("/rl")))
-            for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat"))
-            if v in variants
+            for v, mode in rl_variants
             for d in draws[v]
         ]
         for _, mode, _, k, j in rl_draws:  # first the runs no other process holds: two processes train two at once
