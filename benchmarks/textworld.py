@@ -662,34 +662,36 @@ class TextWorldRun:
         """Train SFT seed ``seed`` to the end (the final weights' digest) or to ``stop_at_step`` (that checkpoint's),
         going on from the newest checkpoint of an earlier sitting."""
         from memrl.data.config import RunConfig
+        from memrl.rollout.engines.base import torch_threads
         from memrl.train.policy import LoraSettings, PolicySpec
         from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
         from memrl.train.sft_data import SFTDataConfig
 
         s, base, data = self.scale, self.base_model(), self.distilled()
         name = f"sft-s{seed}"
-        run_sft(
-            SFTRunConfig(
-                run=RunConfig(output_dir=str(self.work), name=name, seed=seed, resume=(self.work / name).exists()),
-                model=PolicySpec(base=str(base)),
-                lora=LoraSettings(enabled=False),
-                data=SFTDataConfig(
-                    dir=str(data), roles={"consolidate": 0.5, "recall": 0.5}, mixture_rows=s.sft_steps * s.sft_batch
-                ),
-                train=SFTTrainConfig(
-                    max_steps=s.sft_steps,
-                    batch_size=s.sft_batch,
-                    lr=s.lr_sft,
-                    warmup=0.05,
-                    max_length=s.max_length,
-                    save_steps=max(s.sft_steps, 1),
-                    save_total_limit=1,
-                    logging_steps=10,
-                    bf16=self.args.model == "smollm2",
-                    stop_at_step=stop_at_step,
-                ),
+        with torch_threads(self.args.sft_threads):  # the weights do not depend on it: only the seconds
+            run_sft(
+                SFTRunConfig(
+                    run=RunConfig(output_dir=str(self.work), name=name, seed=seed, resume=(self.work / name).exists()),
+                    model=PolicySpec(base=str(base)),
+                    lora=LoraSettings(enabled=False),
+                    data=SFTDataConfig(
+                        dir=str(data), roles={"consolidate": 0.5, "recall": 0.5}, mixture_rows=s.sft_steps * s.sft_batch
+                    ),
+                    train=SFTTrainConfig(
+                        max_steps=s.sft_steps,
+                        batch_size=s.sft_batch,
+                        lr=s.lr_sft,
+                        warmup=0.05,
+                        max_length=s.max_length,
+                        save_steps=max(s.sft_steps, 1),
+                        save_total_limit=1,
+                        logging_steps=10,
+                        bf16=self.args.model == "smollm2",
+                        stop_at_step=stop_at_step,
+                    ),
+                )
             )
-        )
         if stop_at_step is not None:
             return {"checkpoint": digest_weights(self.work / name / "checkpoints" / f"checkpoint-{stop_at_step}")}
         return {"weights": digest_weights(out)}
@@ -1085,11 +1087,18 @@ def skipped_variants(text: str) -> tuple[str, ...]:
     return names
 
 
-def jobs_count(text: str) -> int:
-    """``--jobs``' value: a whole number of processes, at least 1 (else a usage error, exit 2)."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"--jobs must be a whole number of processes, at least 1, got {text!r}")
-    return int(text)
+def at_least_one(flag: str, what: str) -> Callable[[str], int]:
+    """The parser of ``flag``'s value: a whole number of ``what``, at least 1 (else a usage error naming the flag)."""
+
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be a whole number of {what}, at least 1, got {text!r}")
+        return int(text)
+
+    return parse
+
+
+jobs_count = at_least_one("--jobs", "processes")
 
 
 def run_name(text: str) -> str:
@@ -1101,6 +1110,14 @@ def run_name(text: str) -> str:
 def parser() -> argparse.ArgumentParser:
     p = bench_parser(__doc__, seed=False)
     p.set_defaults(threads=max(1, min(2, os.cpu_count() or 1)))
+    p.add_argument(
+        "--sft-threads",
+        type=at_least_one("--sft-threads", "threads"),
+        default=None,
+        help="torch CPU threads of the SFT stages (default: --threads). More than --threads pays when the other "
+        "process waits for the same SFT seed, as when a new machine rebuilds it; the weights did not depend on it "
+        "where measured, and a rebuild compares them with the record anyway",
+    )
     p.add_argument("--smoke", action="store_true", help="small cells where long context sees everything")
     p.add_argument("--model", choices=("tiny", "smollm2", "none"), default="tiny", help="the memory model trained")
     p.add_argument("--engine", choices=("hf", "vllm"), default=None, help="default: hf (tiny), vllm (smollm2)")
@@ -1233,14 +1250,6 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
     args, scale, records = bench.args, bench.scale, bench.records
     skip = set(args.skip) | (set(TRAINED) if args.model == "none" else set())
     variants = [*SCRIPTED, *(v for v in TRAINED if v not in skip)]
-    draws = {
-        "sam_untrained": ["base"],
-        "sam_sft": [f"sft{k}" for k in range(scale.sft_seeds)],
-        **{
-            v: [f"sft{k}/rl{j}" for k in range(scale.sft_seeds) for j in range(scale.rl_seeds)]
-            for v in ("sam_oat", "sam_flat")
-        },
-    }
     chunks = -(-scale.test_games // args.chunk)
     trains = "sam_sft" in variants or bool({"sam_oat", "sam_flat"} & set(variants))
     block, rl_block = args.sft_block_steps, args.rl_block_iterations
@@ -1255,11 +1264,13 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
         if "sam_sft" in variants:
             todo[f"eval/sft{k}/sam_sft"] = chunks
     rl_variants = [(v, mode) for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")) if v in variants]
-    for v, mode in rl_variants:  # every RL run is trained before any is evaluated
-        for d in draws[v]:
-            k, j = d.removeprefix("sft").split("/rl")
-            todo[f"rl/{mode}-sft{k}-rl{j}"] = 1 + len(sitting_ends(rl_block, scale.iterations))
-    todo.update({f"eval/{d}/{v}": chunks for v, _ in rl_variants for d in draws[v]})
+    rl_draws = {  # SFT seed k: its RL runs (variant, mode, RL seed j), trained, then evaluated, before seed k + 1's
+        k: [(v, mode, j) for v, mode in rl_variants for j in range(scale.rl_seeds)] for k in range(scale.sft_seeds)
+    }
+    rl_stages = 1 + len(sitting_ends(rl_block, scale.iterations))  # a run's sittings and its summary
+    for k, runs in rl_draws.items():
+        todo.update({f"rl/{mode}-sft{k}-rl{j}": rl_stages for _, mode, j in runs})
+        todo.update({f"eval/sft{k}/rl{j}/{v}": chunks for v, _, j in runs})
     config = {
         "scale": asdict(scale),
         "model": args.model,
@@ -1288,19 +1299,16 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
                 evals["sam_sft"][f"sft{k}"] = bench.evaluate(
                     "sam_sft", f"sft{k}", test, lambda k=k: bench.sft(k), bench.sft_weights(k)
                 )
-        rl_draws = [
-            (v, mode, d, *(int(x) for x in d.removeprefix("sft").split("/rl")))
-            for v, mode in rl_variants
-            for d in draws[v]
-        ]
-        for _, mode, _, k, j in rl_draws:  # first the runs no other process holds: two processes train two at once
-            bench.rl(mode, k, j, lr, elsewhere_ok=True)
-        for v, mode, d, k, j in rl_draws:
-            _, summary = bench.rl(mode, k, j, lr)
-            rl_runs[f"{v}/{d}"] = summary
-            evals.setdefault(v, {})[d] = bench.evaluate(
-                v, d, test, lambda mode=mode, k=k, j=j: bench.rl(mode, k, j, lr)[0], summary["weights"]
-            )
+        for k, runs in rl_draws.items():  # a sitting that stops leaves whole seeds, not models a new machine retrains
+            for _, mode, j in runs:  # first the runs no other process holds: two processes train two at once
+                bench.rl(mode, k, j, lr, elsewhere_ok=True)
+            for v, mode, j in runs:
+                _, summary = bench.rl(mode, k, j, lr)
+                policy = lambda mode=mode, k=k, j=j: bench.rl(mode, k, j, lr)[0]  # noqa: E731
+                rl_runs[f"{v}/sft{k}/rl{j}"] = summary
+                evals.setdefault(v, {})[f"sft{k}/rl{j}"] = bench.evaluate(
+                    v, f"sft{k}/rl{j}", test, policy, summary["weights"]
+                )
         replay = records.run("replay", {"games": [t.task_id for t in test]}, lambda: bench.replay_check(test))
     except Stopped as stop:
         if args.worker:
