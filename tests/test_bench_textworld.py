@@ -174,6 +174,46 @@ def test_an_rl_run_whose_next_stage_another_process_holds_is_left_to_it(tmp_path
         other.wait()
 
 
+def test_rl_runs_go_sft_seed_by_sft_seed_each_seed_trained_then_evaluated(tmp_path: Path) -> None:
+    """``run``'s RL phase: SFT seed k's runs get a first pass (``elsewhere_ok``: two processes train two at once), then
+    each is trained and evaluated, all before seed k + 1's runs start; a sitting that ends then leaves whole seeds."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from benchmarks.textworld import SMOKE, TextWorldRun, run
+
+    args = argparse.Namespace(
+        skip=("sam_untrained", "sam_sft"), model="tiny", engine="hf", reasoner_tokenizer="smollm2", chunk=25,
+        sft_block_steps=0, rl_block_iterations=0, select=False, lr=1e-4, worker=False,
+    )  # fmt: skip
+    bench = TextWorldRun(args, replace(SMOKE, sft_seeds=2, rl_seeds=1), records(tmp_path, max_stages=0), tmp_path)
+    calls: list[tuple[object, ...]] = []
+
+    def games(split: str, n: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(task_id=f"g{i}", horizon_label="c") for i in range(n)]
+
+    def evaluate(variant: str, tag: str, *_: object) -> dict[str, object]:
+        calls.append(("eval", variant, tag))
+        return {}
+
+    def rl(mode: str, k: int, j: int, lr: float, elsewhere_ok: bool = False) -> tuple[Path, dict[str, str]]:
+        calls.append(("rl", mode, k, elsewhere_ok))
+        return tmp_path, {"weights": f"{mode}{k}"}
+
+    bench.games, bench.evaluate, bench.rl = games, evaluate, rl  # type: ignore[method-assign,assignment]
+    status = run(bench)  # stops before the replay check, the stage after the last evaluation
+    assert status["stopped_before"] == "replay"
+    rl_phase = [c for c in calls if c[0] == "rl" or c[1] in ("sam_oat", "sam_flat")]
+    assert rl_phase == [
+        *[("rl", "tree", 0, True), ("rl", "flat", 0, True)],
+        *[("rl", "tree", 0, False), ("eval", "sam_oat", "sft0/rl0"), ("rl", "flat", 0, False)],
+        ("eval", "sam_flat", "sft0/rl0"),
+        *[("rl", "tree", 1, True), ("rl", "flat", 1, True)],
+        *[("rl", "tree", 1, False), ("eval", "sam_oat", "sft1/rl0"), ("rl", "flat", 1, False)],
+        ("eval", "sam_flat", "sft1/rl0"),
+    ]
+
+
 def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) -> None:
     """``--max-stages`` N runs N stages and stops before the next; ``--max-minutes`` stops before a stage that would
     start past the deadline, a signal before the next stage; recorded stages are read whatever the budget."""
