@@ -50,6 +50,7 @@ from memrl.data.io import atomic_write_text, storage_error
 from memrl.data.run_dir import shared_run_dir
 from memrl.data.schemas import SFTExample
 from memrl.data.tracking import progress_bar
+from memrl.rollout.engines.base import release_freed_memory
 from memrl.train.checkpoint import record_saved, resume_point, verify_trainer_checkpoint
 from memrl.train.policy import LoraSettings, PolicySpec
 from memrl.train.sft_data import SFTDataConfig, load_role_rows, mix_rows, sft_dataset, split_eval
@@ -599,4 +600,6 @@ def run_sft(cfg: SFTRunConfig, *, callbacks: list[Any] | None = None) -> int:
         import wandb
 
         wandb.finish()
+    del trainer, result
+    release_freed_memory()  # the stage's peak pages, which a process going on to rollouts would otherwise keep
     return 0

@@ -29,7 +29,6 @@ faster than two on a shared 2-core machine). The block size is the backend's (12
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from memrl.rollout.engines.base import (
     GenerationResult,
     Usage,
     register_engine,
+    release_freed_memory,
     request_prompt_ids,
     sample_seed,
     torch_threads,
@@ -333,11 +333,7 @@ class VLLMEngine(Engine):
             llm.llm_engine.engine_core.shutdown()
         finally:
             del llm
-            gc.collect()
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            release_freed_memory()
 
     def _running(self, wake: bool = True) -> Any:
         """The live ``vllm.LLM``, woken from level-1 sleep unless ``wake`` is false."""
