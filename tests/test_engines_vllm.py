@@ -281,9 +281,10 @@ def test_full_weight_update(engine, tiny_model_dir) -> None:
 
 
 def test_a_sync_check_passes_taken_syncs_and_stops_on_an_ignored_one(engine, tiny_model_dir, tmp_path, monkeypatch):
-    """The weight-sync check on this engine, LoRA hot-swap and the in-place full-weight reload: taken syncs pass (the
-    fp32 gap is at rounding level), an ignored one stops the run (tests/test_sync_check.py checks the HF engine).
-    Last in the module: it leaves the trainer's weights in the engine until it reloads the tiny model's."""
+    """The weight-sync check on this engine, LoRA hot-swap, a LoRA policy sent merged (``lora_sync: merged``) and the
+    in-place full-weight reload: taken syncs pass (the fp32 gap is at rounding level), an ignored one stops the run
+    (tests/test_sync_check.py checks the HF engine). Last in the module: it leaves the trainer's weights in the engine
+    until it reloads the tiny model's."""
     from test_sync_check import trainer_groups
 
     from memrl.rollout.engines.vllm_engine import VLLMEngine
@@ -293,26 +294,27 @@ def test_a_sync_check_passes_taken_syncs_and_stops_on_an_ignored_one(engine, tin
     from memrl.train.weight_sync import SyncCheckConfig, SyncCheckError, SyncVerifier
 
     try:
-        for lora in (True, False):
+        for lora, merged in ((True, False), (True, True), (False, False)):  # adapter, merged adapter, full weights
             torch.manual_seed(0)
             trainer = GroupTrainer(
                 PolicySpec(base=str(tiny_model_dir)), GroupTrainerConfig(lr=1e-3, lora=LoraSettings(enabled=lora))
             )
             verifier = SyncVerifier(trainer, SyncCheckConfig())
-            root = tmp_path / ("lora" if lora else "full")
-            sync_policy(trainer, engine, root)
+            root = tmp_path / ("full" if not lora else "merged" if merged else "lora")
+            sync_policy(trainer, engine, root, merged=merged)
             assert verifier.check(engine)["sync_check_gap"] < 1e-5
             trainer.step(trainer_groups(verifier.prompts))
-            sync_policy(trainer, engine, root)
+            sync_policy(trainer, engine, root, merged=merged)
             assert verifier.check(engine)["sync_check_gap"] < 1e-5
+            assert (root / "v00001" / "merged" / "model.safetensors").exists() == merged
             trainer.step(trainer_groups(verifier.prompts))
             with monkeypatch.context() as patch:
                 patch.setattr(
                     VLLMEngine,
-                    "load_adapter" if lora else "update_weights",
+                    "load_adapter" if lora and not merged else "update_weights",
                     lambda self, path, version: setattr(self, "policy_version", version),
                 )
-                sync_policy(trainer, engine, root)
+                sync_policy(trainer, engine, root, merged=merged)
                 with pytest.raises(SyncCheckError, match=f"engine {engine.name} at policy version 2 answers the probe"):
                     verifier.check(engine)
             engine.use_base(0)

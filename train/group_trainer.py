@@ -602,6 +602,19 @@ class GroupTrainer:
         ]
         self._probe_initial = [torch.tensor(lp, dtype=torch.float32) for lp in state["initial_logprobs"]]
 
+    def save_merged_policy(self, out_dir: str) -> str:
+        """Save a LoRA policy's weights with its adapter folded in, as full safetensors (a copy is merged: the
+        trained base and adapter stay as they are)."""
+        import copy
+
+        if self.accelerator.is_main_process:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            merged = copy.deepcopy(unwrapped).merge_and_unload(adapter_names=[unwrapped.active_adapter])
+            save_policy(merged, out_dir, self.tokenizer)
+            del merged
+        self.accelerator.wait_for_everyone()
+        return out_dir
+
     def save_policy(self, out_dir: str) -> str:
         """Save the adapter (LoRA) or the full weights as safetensors for the rollout engine and for export."""
         unwrapped = self.accelerator.unwrap_model(self.model)

@@ -288,13 +288,13 @@ def resolve_engines(cfg: OATGRPOConfig) -> tuple[EngineConfig, list[EngineConfig
 
 
 def policy_engine_config(cfg: OATGRPOConfig) -> EngineConfig:
-    """The rollout engine of the policy (vLLM on the base; LoRA hot-swap when the trainer trains an adapter), placed
-    as ``placement.policy`` says."""
+    """The rollout engine of the policy (vLLM on the base; LoRA hot-swap when the trainer trains an adapter, unless
+    ``loop.lora_sync`` sends it merged), placed as ``placement.policy`` says."""
     lora = cfg.trainer.lora
     adapter = cfg.policy.adapter is not None or lora.enabled
     base = cfg.engine or EngineConfig.vllm("policy", cfg.policy.base)
     updates: dict[str, Any] = {"model": base.model or cfg.policy.base}
-    if adapter:
+    if adapter and cfg.loop.lora_sync == "adapter":  # 'merged' reloads full weights: no LoRA ops in the engine
         updates.update(enable_lora=True, max_lora_rank=max(base.max_lora_rank, lora.r))
     return place_policy_engine(base.model_copy(update=updates), cfg.placement.policy)
 
