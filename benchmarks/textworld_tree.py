@@ -63,13 +63,21 @@ def timed(targets: list[tuple[Any, str, str]]) -> Iterator[tuple[dict[str, float
 
 
 def memory_engine(
-    model: str, engine: str, model_cache: str, continuous_batching: bool = True, kv_cache_gib: float = 2.0
+    model: str,
+    engine: str,
+    model_cache: str,
+    continuous_batching: bool = True,
+    kv_cache_gib: float = 2.0,
+    served: str = "weights",
 ) -> Any:
     """The memory model's engine: the tiny model, SmolLM2, or a checkpoint folder, float32 (on vLLM with a KV cache
-    of ``kv_cache_gib``, as the TextWorld benchmark's RL engine)."""
+    of ``kv_cache_gib``, as the TextWorld benchmark's RL engine). ``served="adapter"`` serves it through a fresh LoRA
+    adapter, as an RL run that hot-loads its adapter does (``loop.lora_sync: adapter``): the adapter's update is zero,
+    so the outputs are the model's, and the engine's LoRA ops are what is added."""
     from benchmarks.textworld import memory_engine_config
     from memrl.rollout.engines.factory import build_engine
     from memrl.rollout.models import TinyModelSpec, ensure_smollm2, ensure_tiny_model
+    from memrl.train.policy import LoraSettings, PolicySpec, load_policy, save_policy
 
     if model == "tiny":
         path = ensure_tiny_model(model_cache, TinyModelSpec())
@@ -77,7 +85,18 @@ def memory_engine(
         path = ensure_smollm2(model_cache)
     else:
         path = Path(model)
-    return build_engine(memory_engine_config(engine, "policy", path, kv_cache_gib, continuous_batching))
+    cfg = memory_engine_config(engine, "policy", path, kv_cache_gib, continuous_batching)
+    if served == "weights":
+        return build_engine(cfg)
+    lora = LoraSettings()
+    adapter = (
+        Path(model_cache) / f"fresh-lora-r{lora.r}-{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]}"
+    )
+    if not (adapter / "adapter_config.json").exists():
+        save_policy(load_policy(PolicySpec(base=str(path)), lora, init_seed=0)[0], adapter)
+    built = build_engine(cfg.model_copy(update={"enable_lora": True, "max_lora_rank": lora.r}))
+    built.load_adapter(str(adapter), 0)
+    return built
 
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
@@ -111,7 +130,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         },
     }
     memory = memory_engine(
-        args.model, args.engine, args.model_cache, not args.no_continuous_batching, args.kv_cache_gib
+        args.model, args.engine, args.model_cache, not args.no_continuous_batching, args.kv_cache_gib, args.served
     )
     # the memory model's busy seconds: its decode steps and joins under continuous batching, else its generate calls
     decoding = (
@@ -176,6 +195,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "engine": args.engine,
         "kv_cache_gib": args.kv_cache_gib if args.engine == "vllm" else None,
+        "served": args.served,
         "continuous_batching": getattr(memory, "decoder", None) is not None,
         "trees": args.trees,
         "settings": {
@@ -225,6 +245,13 @@ def main() -> None:
         "--sharing", choices=("both", "on", "off"), default="both", help="build with and/or without greedy sharing"
     )
     parser.add_argument("--kv-cache-gib", type=float, default=2.0, help="vllm: the KV cache in GiB")
+    parser.add_argument(
+        "--served",
+        choices=("weights", "adapter"),
+        default="weights",
+        help="the model as weights (an RL run's lora_sync: merged) or through a fresh LoRA adapter (lora_sync: "
+        "adapter)",
+    )
     parser.add_argument("--branch-factor", type=int, default=4)
     parser.add_argument("--max-leaves", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=100, help="game commands per episode")
