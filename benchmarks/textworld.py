@@ -1234,7 +1234,9 @@ def main() -> None:
         return  # the stages it ran are recorded; the first process reports
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     result["stages_run"] = records.ran
-    emit(result, args.json_out)
+    # a stopped sitting's status goes to status.json only: --json-out keeps the last complete result (a page's plot)
+    # until the run, with the stages added since, completes again
+    emit(result, args.json_out if result["complete"] else None)
 
 
 def first_missing(stop: str, done: set[str], missing: dict[str, int]) -> str:
