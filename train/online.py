@@ -171,7 +171,7 @@ class LoopResult:
     stopped: bool = False  # the sitting ended at loop.stop_after_iterations, before the run's last iteration
 
 
-MERGED = "merged"  # the subfolder of a LoRA policy version that holds its weights with the adapter folded in
+MERGED_DIR = "merged"  # the subfolder of a LoRA policy version that holds its weights with the adapter folded in
 
 
 def sync_policy(
@@ -197,7 +197,7 @@ def sync_policy(
     trainer.save_policy(out)
     merged = merged and trainer.is_peft
     if merged:
-        trainer.save_merged_policy(str(Path(out) / MERGED))
+        trainer.save_merged_policy(str(Path(out) / MERGED_DIR))
     if engine is not None and trainer.accelerator.is_main_process:
         load_policy_version(engine, out, trainer.version, trainer.is_peft, merged)
     return out
@@ -209,7 +209,7 @@ def load_policy_version(
     """Load a saved policy version into the rollout engine (or every worker of a fleet): the adapter, the adapter's
     merged weights (``merged``), or the full weights."""
     if adapter and merged:
-        engine.update_weights(str(Path(directory) / MERGED), version)
+        engine.update_weights(str(Path(directory) / MERGED_DIR), version)
     elif adapter:
         engine.load_adapter(directory, version)
     else:
@@ -321,6 +321,7 @@ class OnlineLoop:
         self.trainer, self.engine, self.cfg, self.resume = trainer, engine, cfg, resume
         self.logger, self.desc, self.attach, self.in_memory = logger, desc, attach, in_memory
         self.main = trainer.accelerator.is_main_process
+        self.merged = cfg.lora_sync == "merged"  # a LoRA policy reaches the engines as merged full weights
         self.ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
         self.policy_root = run_dir / "policy"
         self.first = 0
@@ -358,7 +359,7 @@ class OnlineLoop:
                         str(self.policy_root / f"v{version:05d}"),
                         version,
                         trainer.is_peft,
-                        self.cfg.lora_sync == MERGED,
+                        self.merged,
                     )
                     self.in_flight[iteration] = launch(iteration)
                 self.launched[iteration] = version
@@ -383,7 +384,7 @@ class OnlineLoop:
             self.policy_root,
             self.in_memory,
             save=self.cfg.max_staleness > 0,
-            merged=self.cfg.lora_sync == MERGED,
+            merged=self.merged,
         )
         self.verifier.check(self.engine)
         if self.first == 0 and evaluate is not None and self.main:
@@ -446,7 +447,7 @@ class OnlineLoop:
             self.policy_root,
             self.in_memory,
             save=self.cfg.max_staleness > 0 or last,
-            merged=self.cfg.lora_sync == MERGED,
+            merged=self.merged,
         )
         sync_s = time.perf_counter() - t_sync
         self._prune()

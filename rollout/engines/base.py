@@ -420,8 +420,8 @@ def set_torch_threads(n: int) -> None:
 def release_freed_memory() -> None:
     """Collect garbage and hand the pages the C heap keeps after frees back to the OS (glibc's ``malloc_trim``; the
     collection alone elsewhere), and empty the CUDA cache. After a large CPU training stage the allocator otherwise
-    keeps the peak's pages: an SFT stage of SmolLM2-135M left its process at 19 GiB, and the next stage's engines
-    then did not fit a 24 GiB machine."""
+    keeps the peak's pages: an SFT stage of SmolLM2-135M left its process at 19 GiB, and as two processes then built
+    their RL engines a 24 GiB machine had 0.4 GiB free."""
     import ctypes
     import gc
     import sys
