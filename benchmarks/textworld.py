@@ -698,13 +698,22 @@ class TextWorldRun:
         return {"weights": digest_weights(out)}
 
     def rl(
-        self, mode: str, sft_seed: int, rl_seed: int, lr: float, tag: str = "", elsewhere_ok: bool = False
+        self,
+        mode: str,
+        sft_seed: int,
+        rl_seed: int,
+        lr: float,
+        tag: str = "",
+        elsewhere_ok: bool = False,
+        weights: bool = False,
     ) -> tuple[Path, dict[str, Any]] | None:
         """OAT-GRPO (``tree``) or flat GRPO (``flat``) from SFT seed ``sft_seed`` under RL seed ``rl_seed``, in
         sittings of ``--rl-block-iterations`` iterations: the stage ``rl/<mode>-sft<k>-rl<j>/to-iter<n>`` records
         the digest of the checkpoint after n iterations, the stage ``rl/<mode>-sft<k>-rl<j>`` the run's summary and
         final weights digest (each rebuilt, and compared, when this machine lacks it). With ``elsewhere_ok``, a run
-        whose next stage another process holds is left to it (None), so two processes train two runs at once."""
+        whose next stage another process holds is left to it (None), so two processes train two runs at once. A
+        recorded run's summary is returned as it is; its final weights are rebuilt on this machine only when asked for
+        (``weights``: an evaluation chunk still to play), not for runs whose evaluations are all recorded."""
         name = f"{tag}{mode}-sft{sft_seed}-rl{rl_seed}"
         s = self.scale
         inputs = {
@@ -721,7 +730,7 @@ class TextWorldRun:
         }
         out = self.work / "rl" / f"{name}-final"
         recorded = self.records.get(f"rl/{name}", inputs)
-        if recorded is not None and (out / "config.json").exists():
+        if recorded is not None and (not weights or (out / "config.json").exists()):
             return out, recorded
         block = self.args.rl_block_iterations
         for stop in sitting_ends(block, s.iterations):
@@ -1019,7 +1028,7 @@ def select_lr(bench: TextWorldRun) -> dict[str, Any]:
     scores = {"sft": bench.dev_success("sam_sft", dev, lambda: bench.sft(0), bench.sft_weights(0))}
     for lr in SELECT_GRID:
         _, summary = bench.rl("tree", 0, 0, lr, tag=f"select-lr{lr:g}-")
-        policy = lambda lr=lr: bench.rl("tree", 0, 0, lr, tag=f"select-lr{lr:g}-")[0]  # noqa: E731
+        policy = lambda lr=lr: bench.rl("tree", 0, 0, lr, tag=f"select-lr{lr:g}-", weights=True)[0]  # noqa: E731
         scores[f"{lr:g}"] = bench.dev_success(f"select-lr{lr:g}", dev, policy, summary["weights"])
     best = max(SELECT_GRID, key=lambda lr: (scores[f"{lr:g}"], -lr))
     return {"lr": best, "dev_success": scores, "dev_games": len(dev), "grid": list(SELECT_GRID)}
@@ -1309,7 +1318,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
                 bench.rl(mode, k, j, lr, elsewhere_ok=True)
             for v, mode, j in runs:
                 _, summary = bench.rl(mode, k, j, lr)
-                policy = lambda mode=mode, k=k, j=j: bench.rl(mode, k, j, lr)[0]  # noqa: E731
+                policy = lambda mode=mode, k=k, j=j: bench.rl(mode, k, j, lr, weights=True)[0]  # noqa: E731
                 rl_runs[f"{v}/sft{k}/rl{j}"] = summary
                 evals.setdefault(v, {})[f"sft{k}/rl{j}"] = bench.evaluate(
                     v, f"sft{k}/rl{j}", test, policy, summary["weights"]

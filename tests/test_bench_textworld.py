@@ -138,7 +138,8 @@ def test_a_checkpoint_this_machine_lacks_is_rebuilt_by_one_process_while_the_oth
 def test_an_rl_run_whose_next_stage_another_process_holds_is_left_to_it(tmp_path: Path) -> None:
     """``TextWorldRun.rl(elsewhere_ok=True)``, as each process's first pass over the RL runs: a run is trained up to
     the first stage (a sitting or its summary) another live process holds and then left to it (None); a run nobody
-    holds is trained sitting by sitting to its summary."""
+    holds is trained sitting by sitting to its summary; a recorded run is rebuilt only when its weights are asked
+    for."""
     import subprocess
     import sys
     from dataclasses import replace
@@ -168,6 +169,10 @@ def test_an_rl_run_whose_next_stage_another_process_holds_is_left_to_it(tmp_path
         trained.clear()
         out, summary = bench.rl("flat", 0, 1, 1e-4, elsewhere_ok=True)
         assert summary == {"weights": "flat-sft0-rl1"} and out == tmp_path / "work" / "rl" / "flat-sft0-rl1-final"
+        assert trained == [("flat-sft0-rl1", 2), ("flat-sft0-rl1", 4), ("flat-sft0-rl1", None)]
+        trained.clear()  # on a machine without the run's weights: its summary is read, the weights rebuilt if asked
+        assert bench.rl("flat", 0, 1, 1e-4) == (out, summary) and trained == []
+        assert bench.rl("flat", 0, 1, 1e-4, weights=True) == (out, summary)
         assert trained == [("flat-sft0-rl1", 2), ("flat-sft0-rl1", 4), ("flat-sft0-rl1", None)]
     finally:
         other.kill()
