@@ -9,7 +9,8 @@ real tokenizer (``--reasoner-tokenizer``): every variant's window and every reas
 that tokenizer's tokens (reasoner tokens per game: every token of every reasoner call, prompt and reply).
 Success is TextWorld's own ``won``.
 
-Variants, every one on the same test games (differences are paired by game):
+Variants, every one on the same test games (the RL variants on the first ``--rl-test-games`` of them where a run's
+budget asks for it; differences are paired by game, over the games both sides played):
 
 - ``no_memory``: the most recent turns that fit ``live_window`` reasoner tokens (the few turns SAM keeps raw);
 - ``long_context``: the history truncated to the reasoner's window (``window`` reasoner tokens);
@@ -79,6 +80,7 @@ from benchmarks.harness import (
 
 SCRIPTED = ("no_memory", "long_context", "bm25", "sam_expert")
 TRAINED = ("sam_untrained", "sam_sft", "sam_oat", "sam_flat")
+RL_VARIANTS = {"sam_oat": "tree", "sam_flat": "flat"}  # variant: its RL mode
 PAIRS = (
     ("sam_sft", "long_context"),
     ("sam_sft", "bm25"),
@@ -120,6 +122,7 @@ class Scale:
     max_extra_trees: int = 3
     lr_sft: float = 2e-3
     max_length: int = 768
+    rl_test_games: int = 0  # the RL variants play the first this many test games (0: all), paired on those
 
 
 PREMISE = Scale(
@@ -934,11 +937,14 @@ def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells
     for variant, draws in evals.items():
         row = {}
         for c in groups:
-            per = [d[g] for d in draws.values() for g in chosen[c]]
+            own = [g for g in chosen[c] if all(g in d for d in draws.values())]  # the games every draw played
+            if not own:
+                continue
+            per = [d[g] for d in draws.values() for g in own]
             wins = [p for p in per if p["won"]]
             row[c] = {
                 "success": statistics.fmean(p["won"] for p in per),
-                "games": len(chosen[c]),
+                "games": len(own),
                 "draws": len(draws),
                 "steps_to_win": statistics.fmean(p["steps"] for p in wins) if wins else None,
                 "reasoner_tokens_per_game": statistics.fmean(p["reasoner_tokens"] for p in per),
@@ -949,7 +955,7 @@ def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells
                 row[c]["success_at_long_context_cost"] = statistics.fmean(
                     float(bool(d[g]["won"]) and d[g]["reasoner_tokens"] <= budget[g]["reasoner_tokens"])
                     for d in draws.values()
-                    for g in chosen[c]
+                    for g in own
                 )
         table[variant] = row
     paired: dict[str, Any] = {}
@@ -957,17 +963,17 @@ def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells
         if a not in evals or b not in evals:
             continue
         entry = {}
+        keys = list(evals[a]) if len(evals[a]) >= len(evals[b]) else list(evals[b])  # the trained side's draws
+        sides = [(of_draw(evals[a], draw), of_draw(evals[b], draw)) for draw in keys]
         for c in groups:
-            keys = list(evals[a]) if len(evals[a]) >= len(evals[b]) else list(evals[b])  # the trained side's draws
-            rows = []
-            for draw in keys:
-                mine, other = of_draw(evals[a], draw), of_draw(evals[b], draw)
-                rows.append([mine[g]["won"] - other[g]["won"] for g in chosen[c]])
-            if len(chosen[c]) < 2:
+            both = [g for g in chosen[c] if all(g in mine and g in other for mine, other in sides)]
+            if len(both) < 2:
                 entry[c] = None
                 continue
+            rows = [[mine[g]["won"] - other[g]["won"] for g in both] for mine, other in sides]
             entry[c] = {
                 **two_level_interval(rows),
+                "games": len(both),
                 "per_draw_interval": [task_level_interval([r]) for r in rows],
             }
         paired[f"{a}-{b}"] = entry
@@ -977,8 +983,9 @@ def figures(evals: dict[str, dict[str, dict[str, Any]]], games: list[str], cells
 def played_games(records: Records) -> dict[str, dict[str, dict[str, Any]]]:
     """Every recorded test game's result, by variant and draw (the evaluation chunks read once; dev draws left out)."""
     played: dict[str, dict[str, dict[str, Any]]] = {}
-    for path in sorted((records.root / "eval").glob("*/*/*.json")):
-        draw, variant = path.parent.parent.name, path.parent.name
+    eval_root = records.root / "eval"
+    for path in sorted(eval_root.glob("**/*.json")):  # eval/<draw>/<variant>/<chunk>, an RL draw sft<k>/rl<j>
+        draw, variant = path.parent.parent.relative_to(eval_root).as_posix(), path.parent.name
         if not draw.startswith("dev-"):
             played.setdefault(variant, {}).setdefault(draw, {}).update(json.loads(path.read_text())["result"]["games"])
     return played
@@ -1001,16 +1008,26 @@ def finished_so_far(played: dict[str, dict[str, dict[str, Any]]]) -> dict[str, A
     }
 
 
-def figures_of_finished_draws(records: Records, played: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any] | None:
-    """:func:`figures` over the draws whose evaluation chunks cover every test game (a stopped run's paired figures,
-    from its records alone: ``played`` is :func:`played_games`); None before the test games are recorded."""
+def figures_of_finished_draws(
+    records: Records, played: dict[str, dict[str, dict[str, Any]]], rl_test_games: int = 0
+) -> dict[str, Any] | None:
+    """:func:`figures` over the draws whose evaluation chunks cover every game their variant plays (every test game;
+    an RL variant's, the first ``rl_test_games`` when set): a stopped run's paired figures, from its records alone
+    (``played`` is :func:`played_games`); None before the test games are recorded."""
     if not records.path("games/test").exists():
         return None
-    names = sorted(json.loads(records.path("games/test").read_text())["result"]["z8_sha256"])
+    names = list(json.loads(records.path("games/test").read_text())["result"]["z8_sha256"])  # in play order
+    rl_names = set(names[: rl_test_games or None])
     evals = {
         variant: finished
         for variant, draws in played.items()
-        if (finished := {d: games for d, games in draws.items() if set(names) <= games.keys()})
+        if (
+            finished := {
+                d: games
+                for d, games in draws.items()
+                if (rl_names if variant in RL_VARIANTS else set(names)) <= games.keys()
+            }
+        )
     }
     cells = {g: game["cell"] for draws in evals.values() for games in draws.values() for g, game in games.items()}
     return figures(evals, names, cells) if evals else None
@@ -1082,6 +1099,7 @@ def build_scale(args: argparse.Namespace) -> Scale:
         "tasks_per_iteration",
         "window",
         "max_steps",
+        "rl_test_games",
     ):
         if getattr(args, name) is not None:
             setattr(scale, name, getattr(args, name))
@@ -1188,6 +1206,7 @@ def parser() -> argparse.ArgumentParser:
         ("tasks-per-iteration", "games (one tree each) per RL iteration"),
         ("window", "the reasoner's window in its tokens"),
         ("max-steps", "game commands per episode"),
+        ("rl-test-games", "test games the RL variants play, the first ones (0: all)"),
     ):
         p.add_argument(f"--{name}", type=int, default=None, help=f"{help_text} (default: the setting's)")
     return p
@@ -1265,6 +1284,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
     skip = set(args.skip) | (set(TRAINED) if args.model == "none" else set())
     variants = [*SCRIPTED, *(v for v in TRAINED if v not in skip)]
     chunks = -(-scale.test_games // args.chunk)
+    rl_chunks = -(-min(scale.rl_test_games or scale.test_games, scale.test_games) // args.chunk)
     trains = "sam_sft" in variants or bool({"sam_oat", "sam_flat"} & set(variants))
     block, rl_block = args.sft_block_steps, args.rl_block_iterations
     todo: dict[str, int] = {"games/test": 1} if trains else {}  # every kind of stage and its count, in run order
@@ -1277,14 +1297,21 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
         todo[f"sft/seed{k}"] = 1 + len(sitting_ends(block, scale.sft_steps))  # its sittings
         if "sam_sft" in variants:
             todo[f"eval/sft{k}/sam_sft"] = chunks
-    rl_variants = [(v, mode) for v, mode in (("sam_oat", "tree"), ("sam_flat", "flat")) if v in variants]
+    rl_variants = [(v, mode) for v, mode in RL_VARIANTS.items() if v in variants]
     rl_draws = {  # SFT seed k: its RL runs (variant, mode, RL seed j), trained, then evaluated, before seed k + 1's
         k: [(v, mode, j) for v, mode in rl_variants for j in range(scale.rl_seeds)] for k in range(scale.sft_seeds)
     }
     rl_stages = 1 + len(sitting_ends(rl_block, scale.iterations))  # a run's sittings and its summary
+    if args.select:  # the learning rate's dev selection: its runs, then each model on the dev games
+        todo["games/dev"] = 1
+        todo.update({f"rl/select-lr{lr:g}-tree-sft0-rl0": rl_stages for lr in SELECT_GRID})
+        dev_chunks = -(-args.dev_games // args.chunk)
+        todo.update(
+            {f"eval/dev-{tag}/sam_sft": dev_chunks for tag in ("sft", *(f"select-lr{lr:g}" for lr in SELECT_GRID))}
+        )
     for k, runs in rl_draws.items():
         todo.update({f"rl/{mode}-sft{k}-rl{j}": rl_stages for _, mode, j in runs})
-        todo.update({f"eval/sft{k}/rl{j}/{v}": chunks for v, _, j in runs})
+        todo.update({f"eval/sft{k}/rl{j}/{v}": rl_chunks for v, _, j in runs})
     config = {
         "scale": asdict(scale),
         "model": args.model,
@@ -1303,6 +1330,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
             selection = select_lr(bench)
         lr = args.lr if args.lr is not None else selection["lr"] if selection else DEFAULT_LR
         test = bench.games("test", scale.test_games)
+        rl_test = test[: scale.rl_test_games or None]
         for v in SCRIPTED:
             evals[v] = {"scripted": bench.evaluate(v, "scripted", test, None, "scripted")}
         if "sam_untrained" in variants:
@@ -1321,7 +1349,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
                 policy = lambda mode=mode, k=k, j=j: bench.rl(mode, k, j, lr, weights=True)[0]  # noqa: E731
                 rl_runs[f"{v}/sft{k}/rl{j}"] = summary
                 evals.setdefault(v, {})[f"sft{k}/rl{j}"] = bench.evaluate(
-                    v, f"sft{k}/rl{j}", test, policy, summary["weights"]
+                    v, f"sft{k}/rl{j}", rl_test, policy, summary["weights"]
                 )
         replay = records.run("replay", {"games": [t.task_id for t in test]}, lambda: bench.replay_check(test))
     except Stopped as stop:
@@ -1343,7 +1371,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
             "stages_recorded": len(done),
             "remaining": estimate_hours(records, {k: v for k, v in missing.items() if v}),
             "finished_so_far": finished_so_far(played),
-            "figures_of_finished_draws": figures_of_finished_draws(records, played),
+            "figures_of_finished_draws": figures_of_finished_draws(records, played, scale.rl_test_games),
             "command": "python -m benchmarks.textworld " + " ".join(resume_arguments(sys.argv[1:])),
         }
         atomic_write_text(records.root / "status.json", json.dumps(status, indent=1) + "\n")
@@ -1369,9 +1397,13 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
         "records": {
             "games": names,
             "cells": cells,
-            "won": {v: {d: [r[g]["won"] for g in names] for d, r in by.items()} for v, by in evals.items()},
+            "won": {
+                v: {d: [r[g]["won"] if g in r else None for g in names] for d, r in by.items()}
+                for v, by in evals.items()
+            },
             "reasoner_tokens": {
-                v: {d: [r[g]["reasoner_tokens"] for g in names] for d, r in by.items()} for v, by in evals.items()
+                v: {d: [r[g]["reasoner_tokens"] if g in r else None for g in names] for d, r in by.items()}
+                for v, by in evals.items()
             },
         },
     }

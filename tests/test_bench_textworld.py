@@ -181,42 +181,53 @@ def test_an_rl_run_whose_next_stage_another_process_holds_is_left_to_it(tmp_path
 
 def test_rl_runs_go_sft_seed_by_sft_seed_each_seed_trained_then_evaluated(tmp_path: Path) -> None:
     """``run``'s RL phase: SFT seed k's runs get a first pass (``elsewhere_ok``: two processes train two at once), then
-    each is trained and evaluated, all before seed k + 1's runs start; a sitting that ends then leaves whole seeds."""
+    each is trained and evaluated, all before seed k + 1's runs start; a sitting that ends then leaves whole seeds.
+    The RL variants play the first ``rl_test_games`` test games; the status counts the dev selection's stages."""
     from dataclasses import replace
     from types import SimpleNamespace
 
     from benchmarks.textworld import SMOKE, TextWorldRun, run
 
     args = argparse.Namespace(
-        skip=("sam_untrained", "sam_sft"), model="tiny", engine="hf", reasoner_tokenizer="smollm2", chunk=25,
-        sft_block_steps=0, rl_block_iterations=0, select=False, lr=1e-4, worker=False,
+        skip=("sam_untrained", "sam_sft"), model="tiny", engine="hf", reasoner_tokenizer="smollm2", chunk=2,
+        sft_block_steps=0, rl_block_iterations=0, select=True, dev_games=3, lr=1e-4, worker=False,
     )  # fmt: skip
-    bench = TextWorldRun(args, replace(SMOKE, sft_seeds=2, rl_seeds=1), records(tmp_path, max_stages=0), tmp_path)
+    scale = replace(SMOKE, sft_seeds=2, rl_seeds=1, rl_test_games=5)
+    bench = TextWorldRun(args, scale, records(tmp_path, max_stages=0), tmp_path)
     calls: list[tuple[object, ...]] = []
 
     def games(split: str, n: int) -> list[SimpleNamespace]:
-        return [SimpleNamespace(task_id=f"g{i}", horizon_label="c") for i in range(n)]
+        return [SimpleNamespace(task_id=f"{split}{i}", horizon_label="c") for i in range(n)]
 
-    def evaluate(variant: str, tag: str, *_: object) -> dict[str, object]:
-        calls.append(("eval", variant, tag))
+    def evaluate(variant: str, tag: str, tasks: list[SimpleNamespace], *_: object) -> dict[str, object]:
+        calls.append(("eval", variant, tag, [t.task_id for t in tasks][-1]))
         return {}
 
-    def rl(mode: str, k: int, j: int, lr: float, elsewhere_ok: bool = False) -> tuple[Path, dict[str, str]]:
-        calls.append(("rl", mode, k, elsewhere_ok))
+    def rl(
+        mode: str, k: int, j: int, lr: float, tag: str = "", elsewhere_ok: bool = False, weights: bool = False
+    ) -> tuple[Path, dict[str, str]]:
+        calls.append(("rl", mode, k, elsewhere_ok) if not tag else ("select", tag))
         return tmp_path, {"weights": f"{mode}{k}"}
 
     bench.games, bench.evaluate, bench.rl = games, evaluate, rl  # type: ignore[method-assign,assignment]
+    bench.dev_success = lambda *_: 0.5  # type: ignore[method-assign]
+    bench.sft_weights = lambda k: f"sft{k}"  # type: ignore[method-assign]
     status = run(bench)  # stops before the replay check, the stage after the last evaluation
     assert status["stopped_before"] == "replay"
     rl_phase = [c for c in calls if c[0] == "rl" or c[1] in ("sam_oat", "sam_flat")]
     assert rl_phase == [
         *[("rl", "tree", 0, True), ("rl", "flat", 0, True)],
-        *[("rl", "tree", 0, False), ("eval", "sam_oat", "sft0/rl0"), ("rl", "flat", 0, False)],
-        ("eval", "sam_flat", "sft0/rl0"),
+        *[("rl", "tree", 0, False), ("eval", "sam_oat", "sft0/rl0", "test4"), ("rl", "flat", 0, False)],
+        ("eval", "sam_flat", "sft0/rl0", "test4"),
         *[("rl", "tree", 1, True), ("rl", "flat", 1, True)],
-        *[("rl", "tree", 1, False), ("eval", "sam_oat", "sft1/rl0"), ("rl", "flat", 1, False)],
-        ("eval", "sam_flat", "sft1/rl0"),
+        *[("rl", "tree", 1, False), ("eval", "sam_oat", "sft1/rl0", "test4"), ("rl", "flat", 1, False)],
+        ("eval", "sam_flat", "sft1/rl0", "test4"),
     ]
+    assert ("eval", "long_context", "scripted", "test15") in calls  # the other variants play all 16
+    left = status["remaining"]
+    assert left["eval/sft0/rl0/sam_oat"]["stages"] == 3 and left["eval/scripted/long_context"]["stages"] == 8
+    assert left["rl/select-lr0.001-tree-sft0-rl0"]["stages"] == 1 and left["eval/dev-sft/sam_sft"]["stages"] == 2
+    assert left["eval/dev-select-lr0.0001/sam_sft"]["stages"] == 2 and left["games/dev"]["stages"] == 1
 
 
 def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) -> None:
@@ -240,8 +251,9 @@ def test_a_sitting_stops_before_the_first_stage_past_its_budget(tmp_path: Path) 
 
 
 def test_a_stopped_run_pairs_only_the_draws_that_cover_every_test_game(tmp_path: Path) -> None:
-    """``figures_of_finished_draws``: a draw whose chunks cover every test game is paired; one a chunk short, or a
-    dev evaluation, is left out; nothing before the test games are recorded."""
+    """``figures_of_finished_draws``: a draw whose chunks cover every test game (an RL draw: the first
+    ``rl_test_games``) is paired, on the games both sides played; one a chunk short, or a dev evaluation, is left out;
+    nothing before the test games are recorded."""
     from benchmarks.textworld import figures_of_finished_draws, played_games
 
     rec = records(tmp_path)
@@ -269,10 +281,19 @@ def test_a_stopped_run_pairs_only_the_draws_that_cover_every_test_game(tmp_path:
     chunk("eval/sft0/sam_sft/0002-0002", {"g2": 1.0})
     chunk("eval/sft1/sam_sft/0000-0001", {"g0": 0.0, "g1": 0.0})  # its last chunk not run yet
     chunk("eval/dev-sam_sft/sam_sft/0000-0002", {"g0": 0.0, "g1": 0.0, "g2": 0.0})
+    chunk("eval/sft0/rl0/sam_oat/0000-0001", {"g0": 1.0, "g1": 0.0})  # the RL variants play the first 2 games
     out = figures_of_finished_draws(rec, played_games(rec))
     assert out is not None and out["table"]["sam_sft"]["all"]["draws"] == 1
     assert out["table"]["sam_sft"]["all"]["success"] == 1.0
     assert out["paired"]["sam_sft-long_context"]["all"]["mean"] == pytest.approx(2 / 3)
+    assert "sam_oat" not in out["table"]  # short of every test game
+    rl = figures_of_finished_draws(rec, played_games(rec), rl_test_games=2)
+    assert rl is not None and rl["table"]["sam_oat"]["all"] == pytest.approx(
+        rl["table"]["sam_oat"]["all"] | {"games": 2, "success": 0.5}
+    )
+    assert rl["paired"]["sam_oat-sam_sft"]["all"]["mean"] == -0.5  # on the 2 games both played
+    assert rl["paired"]["sam_oat-sam_sft"]["all"]["games"] == 2
+    assert figures_of_finished_draws(rec, played_games(rec), rl_test_games=3)["table"].keys() == out["table"].keys()
 
 
 def test_figures_pair_each_draw_with_its_own_sft_and_count_tokens_at_equal_cost() -> None:
