@@ -1128,9 +1128,6 @@ def at_least_one(flag: str, what: str) -> Callable[[str], int]:
     return parse
 
 
-jobs_count = at_least_one("--jobs", "processes")
-
-
 def run_name(text: str) -> str:
     if not text or "/" in text or text in (".", ".."):
         raise argparse.ArgumentTypeError(f"--run must be one path component, got {text!r}")
@@ -1179,7 +1176,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--jobs",
-        type=jobs_count,
+        type=at_least_one("--jobs", "processes"),
         default=1,
         help="processes sharing the run's stages (2 on a 2-core machine: evaluation chunks two at a time, each "
         "engine generating on one thread; any other stage is computed by one while the others wait)",

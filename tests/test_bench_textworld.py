@@ -337,18 +337,18 @@ def test_figures_pair_each_draw_with_its_own_sft_and_count_tokens_at_equal_cost(
 
 
 def test_usage_errors_name_the_flag() -> None:
-    from benchmarks.textworld import at_least_one, jobs_count, run_name, skipped_variants
+    from benchmarks.textworld import at_least_one, run_name, skipped_variants
 
     assert skipped_variants("sam_untrained,sam_flat") == ("sam_untrained", "sam_flat")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown variant 'bm25'"):
         skipped_variants("sam_flat,bm25")
     with pytest.raises(argparse.ArgumentTypeError, match="one path component"):
         run_name("a/b")
-    assert jobs_count("1") == 1
+    assert at_least_one("--jobs", "processes")("1") == 1
     with pytest.raises(
         argparse.ArgumentTypeError, match="--jobs must be a whole number of processes, at least 1, got '0'"
     ):
-        jobs_count("0")
+        at_least_one("--jobs", "processes")("0")
     assert at_least_one("--sft-threads", "threads")("1") == 1
     with pytest.raises(argparse.ArgumentTypeError, match=r"--sft-threads must be .* threads, at least 1, got '-2'"):
         at_least_one("--sft-threads", "threads")("-2")

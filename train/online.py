@@ -195,11 +195,11 @@ def sync_policy(
         in_memory.send(out if save else None)
         return out
     trainer.save_policy(out)
-    merged = merged and trainer.is_peft
-    if merged:
+    fold_adapter = merged and trainer.is_peft
+    if fold_adapter:
         trainer.save_merged_policy(str(Path(out) / MERGED_DIR))
     if engine is not None and trainer.accelerator.is_main_process:
-        load_policy_version(engine, out, trainer.version, trainer.is_peft, merged)
+        load_policy_version(engine, out, trainer.version, trainer.is_peft, fold_adapter)
     return out
 
 
