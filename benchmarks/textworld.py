@@ -187,12 +187,44 @@ def digest_weights(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def cpu_description() -> str:
+    """The CPU a record was made on: its model name and the vector capability torch uses on it."""
+    import platform
+
+    from memrl.train.precision import cpu_capability
+
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
+    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {cpu_capability()}"
+
+
+def require_fast_bf16(model: str, what: str) -> None:
+    """SmolLM2 trains under bf16 autocast (its recipe, and how its records were made): refuse, before any step, on a
+    CPU whose bf16 matmuls take torch's fallback path, where a stage would take many hours (:class:`UnfitMachine`)."""
+    import torch
+
+    from memrl.train.precision import cpu_bf16_is_slow, cpu_bf16_slowdown
+
+    if model == "smollm2" and not torch.cuda.is_available() and cpu_bf16_is_slow():
+        raise UnfitMachine(
+            f"{what} trains SmolLM2 under bf16 autocast, but bf16 matmuls on this CPU ({cpu_description()}) are "
+            f"{cpu_bf16_slowdown():.0f}x slower than fp32: an SFT step of about a minute elsewhere took over 14 "
+            "minutes on such a CPU. Run this command on a CPU with native bf16 (lscpu lists avx512_bf16 or "
+            "amx_bf16); the stages that need no training run here with --skip sam_sft,sam_oat,sam_flat"
+        )
+
+
 def digest_json(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class Stopped(Exception):
     """The sitting's budget (``--max-minutes`` / ``--max-stages``) is spent: stop before the next stage."""
+
+
+class UnfitMachine(Exception):
+    """This machine cannot run a stage the command needs in reasonable time (the message says why and where to)."""
 
 
 class RecordMismatch(Exception):
@@ -271,6 +303,7 @@ class Records:
                 "finished": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "commit": self.commit,
                 "load_average": round(os.getloadavg()[0], 1),
+                "cpu": cpu_description(),
             }
             self.path(stage).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.path(stage), json.dumps(record, indent=1) + "\n")
@@ -671,6 +704,7 @@ class TextWorldRun:
         from memrl.train.sft import SFTRunConfig, SFTTrainConfig, run_sft
         from memrl.train.sft_data import SFTDataConfig
 
+        require_fast_bf16(self.args.model, f"SFT seed {seed}")
         s, base, data = self.scale, self.base_model(), self.distilled()
         name = f"sft-s{seed}"
         with torch_threads(self.args.sft_threads):  # the weights do not depend on it: only the seconds
@@ -805,6 +839,7 @@ class TextWorldRun:
         from memrl.train.online import LoopConfig
         from memrl.train.policy import LoraSettings, PolicySpec
 
+        require_fast_bf16(self.args.model, f"RL run {name}")
         s, sft = self.scale, self.sft(sft_seed)
         seed = 1000 * sft_seed + rl_seed
         smollm2 = self.args.model == "smollm2"
@@ -1221,6 +1256,10 @@ def main() -> None:
 
     require_textworld()
     scale = build_scale(args)
+    try:
+        require_fast_bf16(args.model, "Each SFT or RL stage to train or rebuild")
+    except UnfitMachine as exc:  # the stages already recorded, and those that train nothing, still run
+        say(f"warning: {exc}")
     name = args.run or f"{'smoke' if args.smoke else 'premise'}-{args.model}"
     until = args.until if args.until is not None else time.time() + args.max_minutes * 60  # the workers' too
     records = Records(
@@ -1250,7 +1289,7 @@ def main() -> None:
             bench.workers = start_workers(args.jobs, [f"--until={until}"])
         result = run(bench)
         wait_for(bench.workers, "textworld")
-    except RecordMismatch as exc:
+    except (RecordMismatch, UnfitMachine) as exc:
         say(str(exc))
         raise SystemExit(2) from None
     finally:

@@ -44,6 +44,7 @@ from memrl.train.logprobs import (
     token_loss_and_logprobs,
 )
 from memrl.train.policy import LoraSettings, PolicySpec, load_policy, save_policy
+from memrl.train.precision import warn_if_cpu_bf16_slow
 from memrl.train.rows import Row, advantage_shares, rows_from_groups, split_across_ranks, token_budget_bins
 
 __all__ = [
@@ -228,6 +229,8 @@ def make_accelerator(cfg: GroupTrainerConfig) -> Any:
     from memrl.data.config import resolve_deepspeed_config
 
     mixed = "bf16" if cfg.bf16 else "no"
+    if cfg.bf16 and not torch.cuda.is_available():
+        warn_if_cpu_bf16_slow("trainer.bf16")
     if cfg.deepspeed is None:
         return Accelerator(
             cpu=not torch.cuda.is_available(), mixed_precision=mixed, gradient_accumulation_steps=cfg.micro_batches

@@ -53,6 +53,7 @@ from memrl.data.tracking import progress_bar
 from memrl.rollout.engines.base import release_freed_memory
 from memrl.train.checkpoint import record_saved, resume_point, verify_trainer_checkpoint
 from memrl.train.policy import LoraSettings, PolicySpec
+from memrl.train.precision import warn_if_cpu_bf16_slow
 from memrl.train.sft_data import SFTDataConfig, load_role_rows, mix_rows, sft_dataset, split_eval
 
 __all__ = [
@@ -267,6 +268,8 @@ def sft_args(cfg: SFTRunConfig, output_dir: Path, has_eval: bool) -> Any:
     from trl import SFTConfig
 
     t = cfg.train
+    if t.bf16 and not torch.cuda.is_available():
+        warn_if_cpu_bf16_slow("train.bf16")
     per_device, accumulation = _batch_layout(t, _world_size())
     wandb_on = (cfg.run.wandb.enabled or "wandb" in cfg.run.logging.backends) and cfg.run.wandb.mode != "disabled"
     kwargs: dict[str, Any] = {
