@@ -208,7 +208,7 @@ def require_fast_bf16(model: str, what: str) -> None:
 
     if model == "smollm2" and not torch.cuda.is_available() and cpu_bf16_is_slow():
         raise UnfitMachine(
-            f"{what} trains SmolLM2 under bf16 autocast, but bf16 matmuls on this CPU ({cpu_description()}) are "
+            f"{what}: SmolLM2 trains under bf16 autocast, but bf16 matmuls on this CPU ({cpu_description()}) are "
             f"{cpu_bf16_slowdown():.0f}x slower than fp32: an SFT step of about a minute elsewhere took over 14 "
             "minutes on such a CPU. Run this command on a CPU with native bf16 (lscpu lists avx512_bf16 or "
             "amx_bf16); the stages that need no training run here with --skip sam_sft,sam_oat,sam_flat"
@@ -1257,7 +1257,7 @@ def main() -> None:
     require_textworld()
     scale = build_scale(args)
     try:
-        require_fast_bf16(args.model, "Each SFT or RL stage to train or rebuild")
+        require_fast_bf16(args.model, "the SFT and RL stages this command must train or rebuild")
     except UnfitMachine as exc:  # the stages already recorded, and those that train nothing, still run
         say(f"warning: {exc}")
     name = args.run or f"{'smoke' if args.smoke else 'premise'}-{args.model}"

@@ -66,7 +66,7 @@ def test_the_textworld_benchmark_refuses_to_train_smollm2_on_such_a_cpu(monkeypa
     from benchmarks.textworld import UnfitMachine, require_fast_bf16
 
     fake_slowdown(monkeypatch, 30.0)
-    with pytest.raises(UnfitMachine, match=r"SFT seed 3 trains SmolLM2 under bf16 .* 30x slower than fp32"):
+    with pytest.raises(UnfitMachine, match=r"SFT seed 3: SmolLM2 trains under bf16 .* 30x slower than fp32"):
         require_fast_bf16("smollm2", "SFT seed 3")
     require_fast_bf16("tiny", "SFT seed 3")
     fake_slowdown(monkeypatch, 4.0)
