@@ -79,7 +79,7 @@ class QuickstartSFT(ConfigModel):
     role_weights: dict[str, float] = {"consolidate": 0.4, "recall": 0.6}  # share of the SFT mixture per memory role
     max_length: int = Field(512, ge=16)  # tokens per SFT example at most
     lora: LoraSettings = LoraSettings(enabled=False)  # LoRA SFT (RL and evaluation run the adapter on its base)
-    bf16: bool = False  # bf16 mixed precision (several times faster on this CPU for a model of SmolLM2's size)
+    bf16: bool = False  # bf16 mixed precision (faster on CPUs with native bf16 for a model of SmolLM2's size)
 
 
 # The quickstart's keys that are the OAT-GRPO stage's own, passed to its config unchanged.

@@ -39,7 +39,7 @@ def test_bf16_over_4x_slower_than_fp32_is_warned_naming_the_key(
     with caplog.at_level(logging.WARNING, logger="memrl.train.precision"):
         assert warn_if_cpu_bf16_slow("trainer.bf16") is True
     assert "trainer.bf16 is true, but bf16 matmuls on this CPU are 4x slower than fp32" in caplog.text
-    assert "set trainer.bf16=false" in caplog.text
+    assert "set it to false to train in fp32" in caplog.text
 
 
 def test_sft_and_the_group_trainer_warn_on_such_a_cpu(
@@ -54,7 +54,7 @@ def test_sft_and_the_group_trainer_warn_on_such_a_cpu(
         sft_args(make_cfg(tiny_model_dir, tmp_path, "x", data={"dir": "d"}, train={"bf16": False}), tmp_path, False)
         assert caplog.text == ""  # fp32 asked for: nothing to say
         sft_args(make_cfg(tiny_model_dir, tmp_path, "x", data={"dir": "d"}, train={"bf16": True}), tmp_path, False)
-        assert "train.bf16 is true" in caplog.text
+        assert "train.bf16 (sft.bf16 in a quickstart config) is true" in caplog.text
         monkeypatch.setattr("accelerate.Accelerator", lambda **kw: kw)  # accelerate's state is process-wide
         assert make_accelerator(GroupTrainerConfig(bf16=True))["mixed_precision"] == "bf16"
         assert "trainer.bf16 is true" in caplog.text

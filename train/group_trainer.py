@@ -97,7 +97,7 @@ class GroupTrainerConfig(ConfigModel):
     kl_reference: Literal["initial", "initial-adapter", "base"] = "initial"
     tis_cap: float | None = Field(None, gt=0, le=1e6)  # cap of the truncated importance weight pi_old/pi_rollout
     skip_zero_advantage: bool = True  # drop groups whose advantages are all zero
-    bf16: bool = False  # autocast forward passes (several times faster on recent CPUs and on GPUs)
+    bf16: bool = False  # autocast forward passes (faster on GPUs and CPUs with native bf16; memrl warns on others)
     deepspeed: str | None = None  # a configs/deepspeed name (zero2, zero3, zero2_cpu, ...) or a JSON path
     lora: LoraSettings = LoraSettings()
     seed: int = Field(0, ge=0, lt=2**32)  # RNG seed of the row shuffling and of a fresh LoRA adapter's init

@@ -64,10 +64,9 @@ def warn_if_cpu_bf16_slow(key: str) -> bool:
         return False
     log.warning(
         "%s is true, but bf16 matmuls on this CPU are %.0fx slower than fp32 (torch reports %s: no native bf16); "
-        "set %s=false to train in fp32 here, or train on a CPU with AVX512-BF16 or AMX, or on a GPU",
+        "set it to false to train in fp32 here, or train on a CPU with AVX512-BF16 or AMX, or on a GPU",
         key,
         cpu_bf16_slowdown(),
         cpu_capability(),
-        key,
     )
     return True

@@ -94,7 +94,9 @@ class SFTTrainConfig(ConfigModel):
     weight_decay: float = Field(0.0, ge=0, le=1)  # AdamW weight decay
     max_grad_norm: float = Field(1.0, gt=0, le=1e6)  # gradient-norm clipping threshold
     max_length: int | None = Field(1024, ge=8, description="tokens per row (longer rows are cut at the end)")
-    bf16: bool = Field(False, description="bf16 mixed precision (GPUs, and much faster on recent CPUs)")
+    bf16: bool = Field(
+        False, description="bf16 mixed precision (GPUs, CPUs with native bf16; far slower on other CPUs: memrl warns)"
+    )
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, slower)
     deepspeed: str | None = Field(None, description="DeepSpeed JSON: a name under configs/deepspeed/ or a path")
     # log metrics every N steps; None: about 20 points over the run (1 to 25 steps); at least 4 points in any case
@@ -269,7 +271,7 @@ def sft_args(cfg: SFTRunConfig, output_dir: Path, has_eval: bool) -> Any:
 
     t = cfg.train
     if t.bf16 and not torch.cuda.is_available():
-        warn_if_cpu_bf16_slow("train.bf16")
+        warn_if_cpu_bf16_slow("train.bf16 (sft.bf16 in a quickstart config)")
     per_device, accumulation = _batch_layout(t, _world_size())
     wandb_on = (cfg.run.wandb.enabled or "wandb" in cfg.run.logging.backends) and cfg.run.wandb.mode != "disabled"
     kwargs: dict[str, Any] = {
