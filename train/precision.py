@@ -1,11 +1,12 @@
 """bf16 on a CPU: fast where the CPU multiplies bf16 natively, many times slower where torch falls back to its own
-loops.
+gemm.
 
-A CPU with AVX512-BF16 or AMX (recent Intel Xeons) runs a bf16 matmul faster than an fp32 one; on an AVX2-only CPU
-(many AMD EPYC machines) torch's bf16 matmul falls back to a scalar loop. There one 1024 x 576 by 576 x 1536 product
-took 1.55 s against 35 ms in fp32, and a SmolLM2-135M SFT step under bf16 autocast had not finished after 14 minutes
-(62 s on a CPU with native bf16). :func:`cpu_bf16_slowdown` measures the ratio on the machine at hand;
-:func:`warn_if_cpu_bf16_slow` tells a user who asked for bf16 on such a CPU, naming the setting.
+A CPU with AVX512-BF16 or AMX (recent Xeons, Zen 4 EPYCs) runs a bf16 matmul faster than an fp32 one; on an AVX2-only
+CPU (older EPYCs among them) torch's bf16 matmul falls back to its own unoptimised gemm
+(``at::native::cpublas::gemm``). On such a CPU one 1024 x 576 by 576 x 1536 product took 1.55 s against 35 ms in fp32,
+and a SmolLM2-135M SFT step under bf16 autocast had not finished after 14 minutes (62 s on a CPU with native bf16).
+:func:`cpu_bf16_slowdown` measures the ratio on the machine at hand; :func:`warn_if_cpu_bf16_slow` tells a user who
+asked for bf16 on such a CPU, naming the setting.
 """
 
 from __future__ import annotations
