@@ -187,26 +187,12 @@ def digest_weights(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def cpu_description() -> str:
-    """The CPU a record was made on: its model name and the vector capability torch uses on it."""
-    import platform
-
-    from memrl.train.precision import cpu_capability
-
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
-    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {cpu_capability()}"
-
-
 def require_fast_bf16(model: str, what: str) -> None:
     """SmolLM2 trains under bf16 autocast (its recipe, and how its records were made): refuse, before any step, on a
     CPU whose bf16 matmuls take torch's fallback path, where a stage would take many hours (:class:`UnfitMachine`)."""
-    import torch
+    from memrl.train.precision import cpu_bf16_is_slow, cpu_bf16_slowdown, cpu_description
 
-    from memrl.train.precision import cpu_bf16_is_slow, cpu_bf16_slowdown
-
-    if model == "smollm2" and not torch.cuda.is_available() and cpu_bf16_is_slow():
+    if model == "smollm2" and cpu_bf16_is_slow():
         raise UnfitMachine(
             f"{what}: SmolLM2 trains under bf16 autocast, but bf16 matmuls on this CPU ({cpu_description()}) are "
             f"{cpu_bf16_slowdown():.0f}x slower than fp32: an SFT step of about a minute elsewhere took over 14 "
@@ -274,6 +260,7 @@ class Records:
         """The stage's recorded result, or (budget allowing) compute it now and record it. A stage another process
         holds is waited for, or with ``elsewhere_ok`` left to it (None)."""
         from memrl.data.io import atomic_write_text
+        from memrl.train.precision import cpu_description
 
         said = False
         while (found := self.get(stage, inputs)) is None:

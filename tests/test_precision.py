@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ def fake_slowdown(monkeypatch: pytest.MonkeyPatch, ratio: float) -> None:
 
 
 @pytest.fixture(autouse=True)
-def measured_again() -> None:
+def measured_again() -> Iterator[None]:
     from memrl.train.precision import cpu_bf16_slowdown
 
     yield
@@ -70,4 +71,18 @@ def test_the_textworld_benchmark_refuses_to_train_smollm2_on_such_a_cpu(monkeypa
         require_fast_bf16("smollm2", "SFT seed 3")
     require_fast_bf16("tiny", "SFT seed 3")
     fake_slowdown(monkeypatch, 4.0)
+    require_fast_bf16("smollm2", "SFT seed 3")
+
+
+def test_a_machine_with_a_cuda_gpu_trains_there_so_its_cpu_is_not_judged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from benchmarks.textworld import require_fast_bf16
+    from memrl.train.precision import warn_if_cpu_bf16_slow
+
+    fake_slowdown(monkeypatch, 30.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="memrl.train.precision"):
+        assert warn_if_cpu_bf16_slow("trainer.bf16") is False
+    assert caplog.text == ""
     require_fast_bf16("smollm2", "SFT seed 3")

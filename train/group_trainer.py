@@ -229,7 +229,7 @@ def make_accelerator(cfg: GroupTrainerConfig) -> Any:
     from memrl.data.config import resolve_deepspeed_config
 
     mixed = "bf16" if cfg.bf16 else "no"
-    if cfg.bf16 and not torch.cuda.is_available():
+    if cfg.bf16:
         warn_if_cpu_bf16_slow("trainer.bf16")
     if cfg.deepspeed is None:
         return Accelerator(

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import platform
 import time
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,11 @@ def cpu_bf16_slowdown() -> float:
 
 
 def cpu_bf16_is_slow() -> bool:
-    """Whether bf16 matmuls on this CPU take the fallback path (:data:`SLOW_BF16`)."""
-    return cpu_bf16_slowdown() > SLOW_BF16
+    """Whether bf16 training here runs on a CPU whose bf16 matmuls take the fallback path (:data:`SLOW_BF16`): never
+    on a machine with a CUDA GPU, which trains there."""
+    import torch
+
+    return not torch.cuda.is_available() and cpu_bf16_slowdown() > SLOW_BF16
 
 
 def cpu_capability() -> str:
@@ -56,6 +61,15 @@ def cpu_capability() -> str:
     import torch
 
     return str(torch.backends.cpu.get_cpu_capability())
+
+
+@functools.cache
+def cpu_description() -> str:
+    """The CPU a figure was measured on: its model name and the vector capability torch uses on it."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
+    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {cpu_capability()}"
 
 
 def warn_if_cpu_bf16_slow(key: str) -> bool:

@@ -270,7 +270,7 @@ def sft_args(cfg: SFTRunConfig, output_dir: Path, has_eval: bool) -> Any:
     from trl import SFTConfig
 
     t = cfg.train
-    if t.bf16 and not torch.cuda.is_available():
+    if t.bf16:
         warn_if_cpu_bf16_slow("train.bf16 (sft.bf16 in a quickstart config)")
     per_device, accumulation = _batch_layout(t, _world_size())
     wandb_on = (cfg.run.wandb.enabled or "wandb" in cfg.run.logging.backends) and cfg.run.wandb.mode != "disabled"
