@@ -1073,9 +1073,11 @@ def select_lr(bench: TextWorldRun) -> dict[str, Any]:
     return {"lr": best, "dev_success": scores, "dev_games": len(dev), "grid": list(SELECT_GRID)}
 
 
-def estimate_hours(records: Records, missing: dict[str, int]) -> dict[str, Any]:
+def estimate_hours(records: Records, missing: dict[str, int], jobs: int = 1) -> dict[str, Any]:
     """Hours the missing stages will take, from the mean recorded seconds of stages of the same kind
-    (:func:`stage_kind`); ``untimed_stages`` counts those of a kind with no recorded stage yet (not in ``hours``)."""
+    (:func:`stage_kind`): ``hours`` summed over the stages (each one process), ``wall_hours`` that sum spread over
+    ``jobs`` processes (a lower bound: a stage waiting on another's result idles its process).
+    ``untimed_stages`` counts those of a kind with no recorded stage yet (in neither)."""
     out: dict[str, Any] = {}
     total, untimed = 0.0, 0
     recorded = records.seconds_by_kind()
@@ -1088,6 +1090,8 @@ def estimate_hours(records: Records, missing: dict[str, int]) -> dict[str, Any]:
         total += (each or 0.0) * count
         untimed += count if each is None else 0
     out["hours"] = round(total / 3600, 2)
+    out["wall_hours"] = round(total / 3600 / jobs, 2)
+    out["jobs"] = jobs
     out["untimed_stages"] = untimed
     return out
 
@@ -1392,7 +1396,7 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
             "complete": False,
             "stopped_before": first_missing(str(stop), done, missing),
             "stages_recorded": len(done),
-            "remaining": estimate_hours(records, {k: v for k, v in missing.items() if v}),
+            "remaining": estimate_hours(records, {k: v for k, v in missing.items() if v}, args.jobs),
             "finished_so_far": finished_so_far(played),
             "figures_of_finished_draws": figures_of_finished_draws(records, played, scale.rl_test_games),
             "command": "python -m benchmarks.textworld " + " ".join(resume_arguments(sys.argv[1:])),
@@ -1400,7 +1404,10 @@ def run(bench: TextWorldRun) -> dict[str, Any]:
         atomic_write_text(records.root / "status.json", json.dumps(status, indent=1) + "\n")
         remaining = status["remaining"]
         untimed = f", and {remaining['untimed_stages']} of kinds not timed yet" if remaining["untimed_stages"] else ""
-        say(f"stopped before {stop}: about {remaining['hours']} h of stages left{untimed} (status.json)")
+        say(
+            f"stopped before {stop}: about {remaining['hours']} h of stages left{untimed}, at least "
+            f"{remaining['wall_hours']} h of wall time with {args.jobs} process(es) (status.json)"
+        )
         return status
     if args.worker:
         return {"complete": True}

@@ -465,12 +465,14 @@ def test_the_hours_left_are_estimated_from_stages_of_the_same_kind(tmp_path: Pat
             "rl/flat-sft1-rl0": 2,  # timed by another run's sitting of the same mode
             "games/test": 1,
         },
+        jobs=2,
     )
     assert left["sft/seed1"] == {"stages": 4, "seconds_each": 200.0}
     assert left["eval/sft1/sam_sft"]["seconds_each"] == 10.0 and left["rl/tree-sft0-rl0"]["seconds_each"] is None
     assert left["games/test"]["seconds_each"] == 7.0
     assert left["rl/flat-sft1-rl0"]["seconds_each"] == 50.0
     assert left["hours"] == round((6 * 200.0 + 3 * 10.0 + 7.0 + 2 * 50.0) / 3600, 2) and left["untimed_stages"] == 1
+    assert left["wall_hours"] == round((6 * 200.0 + 3 * 10.0 + 7.0 + 2 * 50.0) / 3600 / 2, 2) and left["jobs"] == 2
 
 
 def test_the_status_names_the_command_that_goes_on_without_the_sittings_budget() -> None:
