@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine: set up .venv (skipped when done), then ruff (lint, and `ruff format --check`:
-# run `ruff format .` before committing), the import-layer contract
-# (import-linter), the documentation site's strict build (launch/docs.sh), the fast suite and the slow suite (each on
-# two pytest-xdist workers; tests/conftest.py keeps tests that share a start on one). Each step prints its wall time
-# and each suite its 25 slowest tests.
+# run `ruff format .` before committing), the import-layer contract (import-linter), the documentation site's strict
+# build (launch/docs.sh), the fast suite and the slow suite (each on two pytest-xdist workers; tests/conftest.py keeps
+# tests that share a start on one and hands out the longest first). Each step prints its wall time and each suite its
+# 25 slowest tests.
 #
 #   bash launch/test.sh [--dry-run] [PYTEST ARGS ...]
 #

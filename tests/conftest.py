@@ -20,6 +20,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # build/ in the tree): those run on one worker, one after the other.
 SHARED_SESSION_FIXTURES = ("vllm_server_16k",)
 SERIAL_MODULES = {"test_packaging": "wheel-build", "test_own_package": "wheel-build"}
+# Modules that hold the slow tier's longest tests (90-160 s each on a 2-core machine), run first, in this order: the
+# workers take tests in collection order, and a long test taken last leaves the other worker idle for its length (the
+# SmolLM2 tutorial, 116 s, came last but one alphabetically).
+LONGEST_FIRST = (
+    "test_tutorials",
+    "test_signals",
+    "test_bench_pivot_learning",
+    "test_bench_gpu_trainer",
+    "test_bench_textworld",
+    "test_smollm2",
+)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -37,8 +48,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(SERIAL_MODULES[module]))
         elif scopes & {"module", "class", "package"}:
             item.add_marker(pytest.mark.xdist_group(module))
+    items.sort(key=longest_first)  # stable: within a module, and among the other modules, collection order
     if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker under --dist loadgroup
         _suffix_groups(items)
+
+
+def longest_first(item: pytest.Item) -> int:
+    """Sort key: the position of the item's module in :data:`LONGEST_FIRST`, after them every other module."""
+    module = Path(str(item.path)).stem
+    return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
 def _suffix_groups(items: list[pytest.Item]) -> None:

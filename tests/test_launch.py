@@ -1107,3 +1107,23 @@ def test_slurm_dry_run_shows_the_rollout_fleet_on_every_node(tmp_path: Path) -> 
     assert len(two.info["fleet"]["engines"]) == 2 and two.info["fleet"]["hosts"] == ["gpu01"]
     without = plan_slurm([*argv, "fleet.workers=0"], slurm_env(0))
     assert without.info["fleet"] is None and without.shell["ray_count"] == "0"
+
+
+def test_the_longest_slow_modules_are_collected_first() -> None:
+    """tests/conftest.py hands the workers the modules of the longest slow tests first, in its order; every module it
+    names exists (a renamed one would silently go back to the end)."""
+    from types import SimpleNamespace
+
+    from tests.conftest import LONGEST_FIRST, longest_first
+
+    assert all((ROOT / "tests" / f"{module}.py").is_file() for module in LONGEST_FIRST)
+    names = ["test_a", LONGEST_FIRST[1], "test_b", LONGEST_FIRST[0], LONGEST_FIRST[1]]
+    items = [SimpleNamespace(path=ROOT / "tests" / f"{name}.py", name=i) for i, name in enumerate(names)]
+    ordered = sorted(items, key=longest_first)
+    assert [(Path(i.path).stem, i.name) for i in ordered] == [
+        (LONGEST_FIRST[0], 3),
+        (LONGEST_FIRST[1], 1),
+        (LONGEST_FIRST[1], 4),
+        ("test_a", 0),
+        ("test_b", 2),
+    ]
