@@ -190,7 +190,7 @@ def test_rl_runs_go_sft_seed_by_sft_seed_each_seed_trained_then_evaluated(tmp_pa
 
     args = argparse.Namespace(
         skip=("sam_untrained", "sam_sft"), model="tiny", engine="hf", reasoner_tokenizer="smollm2", chunk=2,
-        sft_block_steps=0, rl_block_iterations=0, select=True, dev_games=3, lr=1e-4, worker=False,
+        sft_block_steps=0, rl_block_iterations=0, select=True, dev_games=3, lr=1e-4, worker=False, jobs=1,
     )  # fmt: skip
     scale = replace(SMOKE, sft_seeds=2, rl_seeds=1, rl_test_games=5)
     bench = TextWorldRun(args, scale, records(tmp_path, max_stages=0), tmp_path)
